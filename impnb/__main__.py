@@ -1,0 +1,5 @@
+"""`python -m impnb` entry point."""
+
+from impnb.cli import main
+
+raise SystemExit(main())

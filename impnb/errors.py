@@ -1,0 +1,21 @@
+"""Typed errors for mistakes a user can make; the CLI prints them as one line and exits 2."""
+
+
+class ImpnbError(Exception):
+    """A user-facing error: bad file, bad parameter, unsupported model."""
+
+
+class GGUFError(ImpnbError):
+    """The file is missing, truncated or not a valid GGUF."""
+
+
+class UnsupportedError(ImpnbError):
+    """A valid GGUF that impnb cannot run: architecture or tensor type."""
+
+
+class ParameterError(ImpnbError):
+    """A bad generation parameter or a prompt that does not fit."""
+
+
+class DeviceError(ImpnbError):
+    """No usable GPU, or not enough GPU memory."""

@@ -1,0 +1,1 @@
+"""CUDA graph capture and replay for decode and prefill."""

@@ -1,0 +1,1 @@
+"""Numba CUDA kernels, each beside its numpy reference."""
