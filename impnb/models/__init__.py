@@ -1,0 +1,50 @@
+"""Architectures impnb runs, by GGUF `general.architecture`, and the numpy reference model."""
+
+import numpy as np
+
+from impnb.errors import ParameterError, UnsupportedError
+from impnb.gguf_file import ModelFile
+from impnb.models import gemma3, llama, qwen3, qwen3moe
+from impnb.models.config import ModelConfig
+from impnb.models.kv_cache import KVCache
+from impnb.models.numpy_ops import NumpyOps
+
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "qwen3": qwen3, "qwen3moe": qwen3moe}
+
+
+def architecture(mf: ModelFile):
+    """The module describing mf's architecture; UnsupportedError if impnb has none."""
+    module = ARCHITECTURES.get(mf.arch)
+    if module is None:
+        raise UnsupportedError(f"{mf.path}: architecture '{mf.arch}' is not supported "
+                               f"(supported: {', '.join(ARCHITECTURES)})")
+    return module
+
+
+def model_config(mf: ModelFile) -> ModelConfig:
+    return architecture(mf).config(mf)
+
+
+class ReferenceModel:
+    """The numpy float32 forward pass: the CPU path and every GPU test's reference."""
+
+    def __init__(self, mf: ModelFile):
+        self.arch = architecture(mf)
+        self.cfg = self.arch.config(mf)
+        self.ops = NumpyOps(mf, self.cfg)
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        return KVCache(self.cfg, n_ctx or self.cfg.n_ctx)
+
+    def forward(self, tokens, cache: KVCache) -> np.ndarray:
+        """tokens (T,) at positions cache.pos.. -> logits (T, n_vocab) float32."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if cache.pos + len(tokens) > cache.n_ctx:
+            raise ParameterError(f"{cache.pos + len(tokens)} tokens exceed the context of {cache.n_ctx}")
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab):
+            raise ParameterError(f"token id out of range [0, {self.cfg.n_vocab})")
+        return self.arch.forward(self.ops, self.cfg, tokens, cache)
+
+
+def load_reference(mf: ModelFile) -> ReferenceModel:
+    return ReferenceModel(mf)

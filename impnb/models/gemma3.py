@@ -1,0 +1,40 @@
+"""gemma3 (text): scaled embeddings, QK-norm, post-norms, GeGLU, local/global attention."""
+
+import numpy as np
+
+from impnb.gguf_file import ModelFile
+from impnb.models.config import ModelConfig, common_fields, positive_int
+from impnb.models.layers import attention_block, gated_ffn
+
+# Every sixth layer is global; the others attend within the sliding window with RoPE base 10k.
+SWA_PATTERN = 6
+ROPE_BASE_SWA = 10000.0
+
+
+def config(mf: ModelFile) -> ModelConfig:
+    fields = common_fields(mf)
+    n_layer = fields["n_layer"]
+    return ModelConfig(
+        **fields,
+        rope_neox=True,
+        embed_scale=float(np.sqrt(fields["n_embd"])),
+        act="gelu",
+        qk_norm=True,
+        post_norms=True,
+        sliding_window=positive_int(mf, "attention.sliding_window", 512),
+        swa_layers=tuple((il + 1) % SWA_PATTERN != 0 for il in range(n_layer)),
+        rope_base_swa=ROPE_BASE_SWA,
+    )
+
+
+def forward(ops, cfg: ModelConfig, tokens, cache):
+    pos = np.arange(cache.pos, cache.pos + len(tokens))
+    x = ops.embed(tokens)
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        h = attention_block(ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
+        x = x + ops.norm(h, p + "post_attention_norm")
+        h = gated_ffn(ops, il, ops.norm(x, p + "ffn_norm"))
+        x = x + ops.norm(h, p + "post_ffw_norm")
+    cache.pos += len(tokens)
+    return ops.output(x)
