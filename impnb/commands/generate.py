@@ -1,0 +1,61 @@
+"""`python -m impnb generate`: validate everything, load, then stream the continuation."""
+
+import sys
+
+from impnb.chat import render_chat
+from impnb.devices import select_device
+from impnb.errors import ParameterError
+from impnb.generate import generate
+from impnb.gguf_file import open_model_file
+from impnb.model_registry import resolve_model
+from impnb.models import model_config
+from impnb.sampling import SamplingParams
+from impnb.tokenizer import Tokenizer
+
+
+def _prompt_text(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ParameterError("no prompt: give one as an argument or on stdin")
+    return sys.stdin.read()
+
+
+def _prompt_ids(args, mf, tokenizer) -> list[int]:
+    text = _prompt_text(args)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": text})
+        return tokenizer.encode(render_chat(mf.metadata, messages), add_special=False)
+    if args.system:
+        raise ParameterError("--system needs --chat")
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise ParameterError("the prompt is empty")
+    return ids
+
+
+def run(args) -> int:
+    if args.max_tokens <= 0:
+        raise ParameterError(f"--max-tokens must be > 0, got {args.max_tokens}")
+    if args.ctx <= 0:
+        raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
+                            args.repeat_penalty, seed=args.seed).validate()
+    mf = open_model_file(resolve_model(args.model))
+    cfg = model_config(mf)
+    tokenizer = Tokenizer.from_metadata(mf.metadata)
+    ids = _prompt_ids(args, mf, tokenizer)
+    n_ctx = min(args.ctx, cfg.n_ctx)
+    if len(ids) >= n_ctx:
+        raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
+    engine = select_device(args.device).engine(mf, n_ctx)
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    _, stats = generate(engine, tokenizer, ids, args.max_tokens, params, emit)
+    sys.stdout.write("\n")
+    print(f"impnb: {engine.device}: {stats.line()}", file=sys.stderr)
+    return 0

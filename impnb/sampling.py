@@ -1,0 +1,85 @@
+"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, repetition penalty.
+
+The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature.
+Random draws come from a Philox generator seeded by the user (the GPU sampler uses Philox too).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from impnb.errors import ParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = 0
+
+    def validate(self) -> "SamplingParams":
+        if not self.temperature >= 0:
+            raise ParameterError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ParameterError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ParameterError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ParameterError(f"min-p must be in [0, 1], got {self.min_p}")
+        if not self.repeat_penalty > 0:
+            raise ParameterError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed < 0:
+            raise ParameterError(f"seed must be >= 0, got {self.seed}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repeat_penalty(logits: np.ndarray, history, penalty: float) -> np.ndarray:
+    """Divide positive / multiply negative logits of recently seen tokens by `penalty`."""
+    if penalty == 1.0 or not len(history):
+        return logits
+    logits = logits.copy()
+    ids = np.unique(np.asarray(history, dtype=np.int64))
+    seen = logits[ids]
+    logits[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    return logits
+
+
+def filter_probs(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates after top-k, top-p and min-p: (token ids, probabilities summing to 1)."""
+    order = np.argsort(-logits, kind="stable")
+    if p.top_k > 0:
+        order = order[: p.top_k]
+    z = logits[order].astype(np.float64) / p.temperature
+    probs = np.exp(z - z[0])
+    probs /= probs.sum()
+    if p.top_p < 1:
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        order, probs = order[:keep], probs[:keep]
+    if p.min_p > 0:
+        keep = probs >= p.min_p * probs[0]
+        order, probs = order[keep], probs[keep]
+    return order, probs / probs.sum()
+
+
+class Sampler:
+    """Picks the next token from a row of logits; owns the seeded RNG."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params.validate()
+        self.rng = np.random.Generator(np.random.Philox(params.seed))
+
+    def __call__(self, logits: np.ndarray, history=()) -> int:
+        p = self.params
+        logits = apply_repeat_penalty(logits, list(history)[-p.repeat_last_n:], p.repeat_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        ids, probs = filter_probs(logits, p)
+        return int(ids[self.rng.choice(len(ids), p=probs)])

@@ -1,0 +1,49 @@
+"""Shared fixtures: real model paths, and skipping `gpu` tests where no GPU is usable."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from impnb.errors import ImpnbError
+from impnb.model_registry import resolve_model
+
+DEV_MODELS = Path(__file__).parents[1] / ".dev" / "models"
+REAL_MODELS = {
+    "smollm2-135m": "smollm2-135m-instruct-q4_1.gguf",
+    "gemma3-270m": "gemma3-270m-q4_k_m.gguf",
+}
+
+
+def real_model_path(name: str) -> Path:
+    """A real model's GGUF: $IMPNB_MODELS_DIR, .dev/models, then installed packages; else skip."""
+    local = DEV_MODELS / REAL_MODELS[name]
+    if not os.environ.get("IMPNB_MODELS_DIR") and local.is_file():
+        return local
+    try:
+        return resolve_model(name)
+    except ImpnbError as e:
+        pytest.skip(f"real model {name} unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return real_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return real_model_path("gemma3-270m")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from impnb.devices import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
