@@ -47,3 +47,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/sim/ runs only inside the simulator subprocess (tests/test_simulator.py)."""
+    if collection_path.name == "sim" and collection_path.parent == Path(__file__).parent:
+        return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+    return None

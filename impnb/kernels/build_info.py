@@ -1,0 +1,47 @@
+"""Compile a numba.cuda kernel for sm_90 without a GPU and read its registers and spills.
+
+`compile_ptx` gives PTX; nvJitLink assembles it as ptxas would and its verbose log names
+the register count and spill bytes, which CI asserts for every kernel.
+"""
+
+import re
+from dataclasses import dataclass
+
+from numba import cuda
+
+CC = (9, 0)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    ptx: str
+    registers: int
+    spill_bytes: int  # spill stores + loads
+    log: str
+
+
+def link_ptx(ptx: str, arch: str = "sm_90") -> str:
+    """Assemble PTX with nvJitLink; returns its verbose info log."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        size = nvjitlink.get_info_log_size(handle)
+        log = bytearray(size)
+        nvjitlink.get_info_log(handle, log)
+        return log.decode(errors="replace").rstrip("\x00")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def build_info(fn, sig, cc=CC) -> BuildInfo:
+    """PTX, registers and spill bytes of `fn` (a @cuda.jit kernel or its Python function)."""
+    ptx, _ = cuda.compile_ptx(getattr(fn, "py_func", fn), sig, cc=cc)
+    log = link_ptx(ptx, f"sm_{cc[0]}{cc[1]}")
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
+    spills = [int(a) + int(b) for a, b in
+              re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    return BuildInfo(ptx, max(regs, default=0), sum(spills), log)

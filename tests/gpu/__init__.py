@@ -1,0 +1,1 @@
+"""GPU tests: each kernel against its numpy reference, each model against the reference."""

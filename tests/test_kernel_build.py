@@ -1,0 +1,39 @@
+"""Every kernel compiles for sm_90 (compile_ptx + nvJitLink) with its registers and no spills.
+
+Kernel modules list what to build in `BUILD_SIGNATURES`: (kernel, signature, checks) where
+checks is a dict with optional `max_registers` and `ptx_contains` (instruction substrings).
+"""
+
+import importlib
+import pkgutil
+
+import pytest
+
+import impnb.kernels
+from impnb.kernels.build_info import build_info
+
+
+def _cases():
+    for mod in pkgutil.iter_modules(impnb.kernels.__path__):
+        module = importlib.import_module(f"impnb.kernels.{mod.name}")
+        for kernel, sig, checks in getattr(module, "BUILD_SIGNATURES", ()):
+            name = getattr(kernel, "__name__", None) or kernel.py_func.__name__
+            yield pytest.param(kernel, sig, checks, id=f"{mod.name}.{name}[{sig}]")
+
+
+CASES = list(_cases())
+
+
+def test_there_are_kernels_to_build():
+    assert CASES
+
+
+@pytest.mark.parametrize("kernel,sig,checks", CASES)
+def test_kernel_builds_for_sm90(kernel, sig, checks):
+    info = build_info(kernel, sig)
+    print(f"{info.registers} registers, {info.spill_bytes} spill bytes")
+    assert info.registers > 0, info.log
+    assert info.spill_bytes == 0, info.log
+    assert info.registers <= checks.get("max_registers", 255), info.log
+    for needle in checks.get("ptx_contains", ()):
+        assert needle in info.ptx, f"{needle} not in PTX"
