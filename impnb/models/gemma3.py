@@ -33,8 +33,8 @@ def forward(ops, cfg: ModelConfig, tokens, cache):
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         h = attention_block(ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
-        x = x + ops.norm(h, p + "post_attention_norm")
+        x = ops.add(x, ops.norm(h, p + "post_attention_norm"))
         h = gated_ffn(ops, il, ops.norm(x, p + "ffn_norm"))
-        x = x + ops.norm(h, p + "post_ffw_norm")
+        x = ops.add(x, ops.norm(h, p + "post_ffw_norm"))
     cache.pos += len(tokens)
     return ops.output(x)

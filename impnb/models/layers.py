@@ -32,7 +32,7 @@ def pre_norm_forward(ops, cfg: ModelConfig, tokens: np.ndarray, cache, ffn):
     pos = np.arange(cache.pos, cache.pos + len(tokens))
     x = ops.embed(tokens)
     for il in range(cfg.n_layer):
-        x = x + attention_block(ops, cfg, il, ops.norm(x, f"blk.{il}.attn_norm"), pos, cache)
-        x = x + ffn(ops, il, ops.norm(x, f"blk.{il}.ffn_norm"))
+        x = ops.add(x, attention_block(ops, cfg, il, ops.norm(x, f"blk.{il}.attn_norm"), pos, cache))
+        x = ops.add(x, ffn(ops, il, ops.norm(x, f"blk.{il}.ffn_norm")))
     cache.pos += len(tokens)
     return ops.output(x)

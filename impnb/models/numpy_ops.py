@@ -22,6 +22,10 @@ class NumpyOps:
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return self.w["token_embd"][tokens] * np.float32(self.cfg.embed_scale)
 
+    def add(self, x: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The residual update x + h."""
+        return x + h
+
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         """x (T, K) @ W(name) (N, K)ᵀ -> (T, N)."""
         return x @ self.w[name].T
