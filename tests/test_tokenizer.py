@@ -1,0 +1,240 @@
+"""Tokenizer: ids identical to HF transformers' GGUF tokenizer, decode round trips, streaming decode."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from impnb.errors import GGUFError, UnsupportedError
+from impnb.gguf_file import open_model_file
+from impnb.tokenizer import Tokenizer, bytes_to_unicode, derived_merges
+from tests.hf_ref import hf_tokenizer
+
+CORPUS = [
+    "",
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog. It wasn't the fox's fault; they'd said so!",
+    "In 1969, Apollo 11 landed on the Moon.\nNeil Armstrong's words were: \"That's one small step...\"",
+    "def fib(n):\n    if n < 2:\n        return n\n\treturn fib(n - 1) + fib(n - 2)\n",
+    "class A:\n    x = {'a': [1, 2, 3]}  # comment\n\n\n    def f(self) -> int: ...\n",
+    "emoji 😀🎉👍🏽 and 🤖🧑‍🚀 flags 🇫🇷",
+    "中文测试，日本語のテキスト、한국어 텍스트",
+    "مرحبا بالعالم، كيف حالك؟",
+    "ñandú café naïve Ωμέγα Привет",
+    "rare: 𓀀 𝔘𝔫𝔦 \U0001FAE8 \u200b",
+    "a  b   c    d\n\n\n  \t\t x \r\n y",
+    "      six leading spaces",
+    " leading space",
+    "\tleading tab",
+    "\n",
+    " ",
+    "trailing spaces   ",
+    "1234567 3.14159 000 1,000,000 2024-01-31",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    "not special: <|im_start <start_of_turn <eos",
+    "<table><tr><td>1</td></tr></table> <b>bold</b>",
+]
+
+MODELS_DIR = Path(os.environ.get("IMPNB_MODELS_DIR") or Path(__file__).parents[1] / ".dev/models")
+MODEL_FILES = {"smollm2": "smollm2-135m-instruct-q4_1.gguf", "gemma3": "gemma3-270m-q4_k_m.gguf"}
+
+
+def model_path(name: str) -> Path:
+    """A real model's GGUF under $IMPNB_MODELS_DIR (default .dev/models); skip the test if absent."""
+    path = MODELS_DIR / MODEL_FILES[name]
+    if not path.is_file():
+        pytest.skip(f"real model {path} not found (set IMPNB_MODELS_DIR)")
+    return path
+
+
+@pytest.fixture(scope="module", params=MODEL_FILES)
+def model(request):
+    """(our tokenizer, HF's tokenizer) for one real model, built once per module."""
+    path = model_path(request.param)
+    return request.param, Tokenizer.from_metadata(open_model_file(path).metadata), hf_tokenizer(path)
+
+
+def stream_text(tok, ids, skip_special=False):
+    stream = tok.stream(skip_special)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    return pieces, "".join(pieces)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", CORPUS)
+def test_ids_match_hf(model, text):
+    _, tok, hf = model
+    assert tok.encode(text) == hf(text).input_ids
+    assert tok.encode(text, add_special=False) == hf(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", CORPUS)
+def test_decode_round_trip(model, text):
+    _, tok, hf = model
+    ids = tok.encode(text)
+    assert tok.decode(tok.encode(text, add_special=False)) == text
+    assert tok.decode(ids) == hf.decode(ids)
+    assert tok.decode(ids, skip_special=True) == hf.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", CORPUS)
+def test_stream_equals_decode(model, text):
+    _, tok, _ = model
+    ids = tok.encode(text)
+    pieces, joined = stream_text(tok, ids)
+    assert joined == tok.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)
+    assert stream_text(tok, ids, skip_special=True)[1] == tok.decode(ids, skip_special=True)
+
+
+@pytest.mark.slow
+def test_stream_holds_back_partial_characters(model):
+    _, tok, _ = model
+    text = "𓀀 𝔘𝔫𝔦 \U0001FAE8"  # rare characters: byte tokens in both vocabularies
+    ids = tok.encode(text, add_special=False)
+    assert any(len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80 for i in ids)
+    pieces, joined = stream_text(tok, ids)
+    assert joined == text
+    assert "" in pieces[:-1] and not any("\ufffd" in p for p in pieces)
+
+
+@pytest.mark.slow
+def test_special_tokens_and_bos(model):
+    name, tok, hf = model
+    if name == "smollm2":
+        assert tok.kind == "gpt2" and tok.bos_id == 1 and tok.eos_id == 2
+        assert tok.encode("<|im_start|>user") == [1, *tok.encode("user")]
+        assert tok.encode("Hello")[0] != tok.bos_id
+        assert 2 in tok.eog_ids and 0 in tok.eog_ids  # <|im_end|>, <|endoftext|>
+    else:
+        end_of_turn, start_of_turn = hf.convert_tokens_to_ids(["<end_of_turn>", "<start_of_turn>"])
+        assert tok.kind == "llama" and tok.bos_id == 2 and tok.eos_id == 1
+        assert tok.encode("Hello")[0] == 2 and tok.encode("") == [2]
+        assert tok.encode("<start_of_turn>user", add_special=False)[0] == start_of_turn
+        assert {1, end_of_turn} <= tok.eog_ids
+    assert tok.vocab_size == len(hf)
+
+
+def tiny_llama_metadata() -> dict:
+    """A SentencePiece vocabulary with byte fallback: specials, 256 byte tokens, a few pieces."""
+    pieces = ["\u2581", "a", "\u2581a", "b", "\u2581b", "ab", "\u2581ab", "<|im_end|>", "<think>"]
+    return {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces],
+        "tokenizer.ggml.scores": [0.0] * 259 + [-1.0, -2.0, -0.5, -0.7, -0.6, -0.8, -0.4, 0.0, 0.0],
+        "tokenizer.ggml.token_type": [2, 3, 3, *[6] * 256, 1, 1, 1, 1, 1, 1, 1, 3, 4],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+
+
+def tiny_gpt2_metadata(pre: str) -> dict:
+    """A byte-level BPE vocabulary: the 256 byte characters, two control tokens, and merges that
+    cross the boundaries some split regexes draw ("3 4" in 123456, "o W" in HelloWorld)."""
+    merged = ["34", "oW", "\u0120t", "he", "\u0120the", "12", "123", "\u0120\u0120", "\u010a\u010a"]
+    tokens = [*bytes_to_unicode().values(), *merged, "<|endoftext|>", "<|eot_id|>"]
+    return {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * (len(tokens) - 2) + [3, 3],
+        "tokenizer.ggml.merges": ["3 4", "o W", "\u0120 t", "h e", "\u0120t he", "1 2", "12 3", "\u0120 \u0120",
+                                  "\u010a \u010a"],
+        "tokenizer.ggml.bos_token_id": len(tokens) - 2,
+        "tokenizer.ggml.eos_token_id": len(tokens) - 2,
+    }
+
+
+def hf_tokenizer_for(metadata: dict, directory):
+    """HF's tokenizer for a GGUF holding only `metadata` (and a token llama config)."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    writer = gguf.GGUFWriter(str(directory / "tiny.gguf"), "llama")
+    for key, value in {"llama.context_length": 64, "llama.block_count": 1, "llama.embedding_length": 8,
+                       "llama.feed_forward_length": 16, "llama.attention.head_count": 1}.items():
+        writer.add_uint32(key, value)
+    for key, value in metadata.items():
+        if key == "general.architecture":
+            continue
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return AutoTokenizer.from_pretrained(str(directory), gguf_file="tiny.gguf")
+
+
+TINY_TEXTS = ["", "ab ab", " ab", "a€b", "  ab  b ", "<|im_end|>ab<think> b", "b",
+              "the 123456 1234  the\n\n\nthe", "<|endoftext|>the<|eot_id|> x", "é😀  \t\n", "HelloWorld"]
+
+
+def test_tiny_sentencepiece_matches_hf(tmp_path):
+    metadata = tiny_llama_metadata()
+    tok, hf = Tokenizer.from_metadata(metadata), hf_tokenizer_for(metadata, tmp_path)
+    for text in TINY_TEXTS:
+        ids = tok.encode(text)
+        assert ids == hf(text).input_ids, text
+        assert tok.decode(ids) == hf.decode(ids) == stream_text(tok, ids)[1]
+
+
+@pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
+def test_tiny_byte_level_matches_hf(tmp_path, pre):
+    metadata = tiny_gpt2_metadata(pre)
+    tok, hf = Tokenizer.from_metadata(metadata), hf_tokenizer_for(metadata, tmp_path)
+    for text in TINY_TEXTS:
+        ids = tok.encode(text)
+        assert ids == hf(text).input_ids, text
+        assert tok.decode(ids) == hf.decode(ids) == stream_text(tok, ids)[1] == text
+    assert tok.eog_ids == {len(metadata["tokenizer.ggml.tokens"]) - i for i in (1, 2)}
+
+
+def test_byte_fallback_stream_buffers_incomplete_utf8():
+    tok = Tokenizer.from_metadata(tiny_llama_metadata())
+    ids = tok.encode("a€")
+    euro = [3 + b for b in "€".encode()]  # byte tokens follow the three specials
+    assert ids == [1, 261, *euro]
+    stream = tok.stream()
+    assert [stream.push(i) for i in ids] == ["<s>", " a", "", "", "€"]
+    assert stream.flush() == ""
+    assert tok.decode(ids) == "<s> a€"
+
+
+def test_stream_strips_first_space_like_decode_and_flushes_partial_bytes():
+    tok = Tokenizer.from_metadata(tiny_llama_metadata())
+    ids = tok.encode("a a", add_special=False)
+    assert "".join(map(tok.stream().push, ids)) == tok.decode(ids) == "a a"
+    stream = tok.stream()
+    assert stream.push(3 + 0xE2) == ""
+    assert stream.flush() == "\ufffd"
+    assert tok.eog_ids == {2, 266}  # </s> and <|im_end|>
+
+
+def test_derived_merges_match_hf_generate_merges():
+    from transformers.tokenization_utils_base import generate_merges
+
+    tokens = ["a", "b", "c", "ab", "bc", "abc", "ca", "cab", "bca", "aa", "aaa", "aaaa"]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    scores = dict(zip(tokens, [0.0, 0.0, 0.0, -1.0, -1.0, -2.0, -1.0, -3.0, -2.0, -1.0, -2.0, -2.0]))
+    assert derived_merges(vocab, scores) == generate_merges(vocab, scores)
+    assert derived_merges(vocab, {tok: -i for tok, i in vocab.items()}) == generate_merges(
+        vocab, {tok: -i for tok, i in vocab.items()})
+
+
+def test_unsupported_or_incomplete_tokenizer_metadata():
+    with pytest.raises(UnsupportedError, match="'bert'"):
+        Tokenizer.from_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
+    metadata = tiny_gpt2_metadata("default")
+    del metadata["tokenizer.ggml.merges"]
+    with pytest.raises(GGUFError, match="tokenizer.ggml.merges"):
+        Tokenizer.from_metadata(metadata)
