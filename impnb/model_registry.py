@@ -6,6 +6,7 @@ located without importing that package (its own dependencies are heavy).
 """
 
 import importlib.util
+from fnmatch import fnmatch
 import os
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def _from_models_dir(name: str) -> Path | None:
     if exact.is_file():
         return exact
     pattern = KNOWN.get(name, (None,))[0]
-    matches = sorted(p for p in Path(root).glob(pattern, case_sensitive=False)) if pattern else []
+    matches = sorted(p for p in Path(root).iterdir() if pattern and fnmatch(p.name.lower(), pattern))
     return matches[0] if matches else None
 
 
