@@ -24,8 +24,8 @@ def cuda_unavailable_reason() -> str | None:
         if err != driver.CUresult.CUDA_SUCCESS:
             return f"no CUDA driver or GPU ({err.name})"
         err, count = driver.cuDeviceGetCount()
-    except RuntimeError as e:  # libcuda.so missing
-        return f"no CUDA driver ({e})"
+    except RuntimeError:  # libcuda.so missing
+        return "no CUDA driver found"
     if err != driver.CUresult.CUDA_SUCCESS or count == 0:
         return "no CUDA GPU found"
     return None
