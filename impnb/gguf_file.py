@@ -6,6 +6,7 @@ tensor types (its `GGUFReader` builds a numpy view per string and takes 9 s on G
 fails with a GGUFError, never a huge allocation or a traceback. Tensors stay in the mmap.
 """
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class _TensorInfo:
 def _parse_header(buf, size: int):
     """Magic, version, key/values and tensor infos -> (metadata, infos, data_start)."""
     w = _Walker(buf, size)
-    if size < 24 or bytes(buf[:4]) != GGUF_MAGIC:
+    if bytes(buf[:4]) != GGUF_MAGIC:
         raise GGUFError(f"not a GGUF file (magic {bytes(buf[:4])!r})")
     w.pos = 4
     version = w.scalar("I")
@@ -120,6 +121,8 @@ def _parse_header(buf, size: int):
     metadata = {}
     for _ in range(n_kv):
         key = w.string()
+        if key in metadata:
+            raise GGUFError(f"metadata key {key} appears twice")
         metadata[key] = w.value(w.scalar("I"))
     infos = []
     for _ in range(n_tensors):
@@ -166,7 +169,7 @@ class ModelFile:
                 raise GGUFError(f"{self.path}: tensor {info.name} row of {shape[-1]} is not a "
                                 f"multiple of the {fmt.name} block ({fmt.block_size})")
             row_bytes = fmt.row_bytes(shape[-1])
-            n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+            n_rows = math.prod(shape[:-1])  # Python ints: four 2**40 dims must not wrap
             start = data_start + info.offset
             if start + n_rows * row_bytes > size:
                 raise GGUFError(f"{self.path}: tensor {info.name} ({n_rows * row_bytes} bytes at "
@@ -222,4 +225,4 @@ def open_model_file(path) -> ModelFile:
     except (GGUFError, UnsupportedError):
         raise
     except (OSError, ValueError) as e:
-        raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise GGUFError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
