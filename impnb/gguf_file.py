@@ -138,6 +138,9 @@ def _parse_header(buf, size: int):
     align = metadata.get("general.alignment", 32)
     if not isinstance(align, int) or align < 1 or align & (align - 1):
         raise GGUFError(f"general.alignment {align!r} is not a power of two")
+    for info in infos:
+        if info.offset % align:
+            raise GGUFError(f"tensor {info.name} data offset {info.offset} is not aligned to {align}")
     return metadata, infos, -(-w.pos // align) * align
 
 
