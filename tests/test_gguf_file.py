@@ -342,3 +342,7 @@ def test_architecture_of_wrong_type(tmp_path):
 def test_errors_name_the_file(tmp_path):
     path = one_tensor_gguf(arch=None).write(tmp_path / "named.gguf")
     assert str(path) in str(rejects(path, "general.architecture"))
+
+
+def test_tensor_offset_off_alignment(tmp_path):
+    rejects(one_tensor_gguf(offset=4).write(tmp_path / "a"), "tensor w data offset 4 is not aligned to 32")
