@@ -1,0 +1,15 @@
+"""cast_f16 in the simulator against its numpy reference."""
+
+import numpy as np
+from numba import cuda
+
+from impnb.kernels.cast import cast_f16, cast_f16_ref
+
+
+def test_cast_f16_matches_reference():
+    rng = np.random.default_rng(0)
+    for n, std in ((1, 1.0), (19, 10.0), (111, 1e5)):
+        x = (rng.standard_normal(n) * std).astype(np.float32)
+        out = cuda.to_device(np.full(n, np.nan, np.float16))
+        cast_f16(cuda.to_device(x), out, cuda.default_stream())
+        np.testing.assert_array_equal(out.copy_to_host(), cast_f16_ref(x))
