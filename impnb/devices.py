@@ -1,16 +1,10 @@
 """Choose where a model runs: the CUDA path when a usable GPU is present, else the CPU reference."""
 
 import sys
-from dataclasses import dataclass
 
-from impnb.engine_cpu import CpuEngine
 from impnb.errors import DeviceError
 
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    engine: type
+GPU_ARCHS = ("llama", "qwen3", "gemma3")
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -31,14 +25,22 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def select_device(name: str) -> Device:
-    """`cpu`, `cuda` (DeviceError without a GPU) or `auto`."""
-    if name == "cpu":
-        return Device("cpu", CpuEngine)
+def engine_class(device: str, arch: str):
+    """The engine for `cpu`, `cuda` (DeviceError without a GPU) or `auto`, for architecture arch."""
+    if device == "cpu":
+        from impnb.engine_cpu import CpuEngine
+
+        return CpuEngine
     reason = cuda_unavailable_reason()
+    if reason is None and arch not in GPU_ARCHS:
+        reason = f"architecture {arch} has no GPU path yet"
     if reason is None:
-        reason = "the CUDA path is not built yet"
-    if name == "cuda":
+        from impnb.engine_cuda import CudaEngine
+
+        return CudaEngine
+    if device == "cuda":
         raise DeviceError(f"--device cuda: {reason}")
     print(f"impnb: {reason}; running the CPU reference", file=sys.stderr)
-    return Device("cpu", CpuEngine)
+    from impnb.engine_cpu import CpuEngine
+
+    return CpuEngine

@@ -3,7 +3,7 @@
 import sys
 
 from impnb.chat import render_chat
-from impnb.devices import select_device
+from impnb.devices import engine_class
 from impnb.errors import ParameterError
 from impnb.generate import generate
 from impnb.gguf_file import open_model_file
@@ -49,7 +49,7 @@ def run(args) -> int:
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
-    engine = select_device(args.device).engine(mf, n_ctx)
+    engine = engine_class(args.device, cfg.arch)(mf, n_ctx)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
