@@ -1,0 +1,163 @@
+"""Quantized GEMV for decode: y[t, n] (+)= sum_k W[n, k] x[t, k], dequant fused, fp32 accumulation.
+
+One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
+quant_blocks.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, from_dtype, types
+
+from impnb.kernels import quant_blocks as qb
+from impnb.kernels.repack import LAYOUTS, PackedWeight
+from impnb.quants import dequantize
+
+WARPS = 4
+BLOCK = 32 * WARPS
+MAX_T = 8
+
+# type -> (load, unit decoder, column of a half-chunk): see quant_blocks.py
+DECODERS = {
+    T.Q8_0: (qb.q8_0_load, qb.q8_0_unit, qb.block32_k),
+    T.Q4_0: (qb.q4_0_load, qb.q4_0_unit, qb.block32_k),
+    T.Q4_1: (qb.q4_1_load, qb.q4_1_unit, qb.block32_k),
+    T.Q5_0: (qb.q5_0_load, qb.q5_0_unit, qb.block32_k),
+    T.Q4_K: (qb.q4_k_load, qb.q4_k_unit, qb.k4_k),
+    T.Q5_K: (qb.q5_k_load, qb.q5_k_unit, qb.k4_k),
+    T.Q6_K: (qb.q6_k_load, qb.q6_k_unit, qb.q6_k_k),
+    T.F16: (qb.f16_load, qb.f16_unit, qb.block32_k),
+    T.F32: (qb.f32_load, qb.f32_unit, qb.block32_k),
+}
+
+
+def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
+    """Raw GGUF weight bytes (N, row_bytes), x (T, K) -> (T, N) float64 = x @ dequant(W).T."""
+    wd = dequantize(np.asarray(w).view(np.uint8).reshape(w.shape[0], -1), ggml_type)
+    return x.astype(np.float64) @ wd.astype(np.float64).reshape(w.shape[0], -1).T
+
+
+def rows_per_block(n_tok: int) -> int:
+    """2 rows share each x load for T <= 2; one row for larger T keeps registers down."""
+    return 2 if n_tok <= 2 else 1
+
+
+def _make_gemv(load, unit, col, n_tok):
+    rows = rows_per_block(n_tok)
+
+    # grid (ceil(N/R),), block 128 = 4 warps, R = rows_per_block(T). A block owns rows R*b ..
+    # R*b+R-1 (the last clamped to N-1 when N is odd, computed and dropped); thread i takes
+    # chunks i, i+128, ... of its rows: 16-byte quant loads, 32 weights per chunk in two halves
+    # of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every token t.
+    # Partial sums acc[r, t] are reduced over the warp by shuffles, then over the 4 warps in
+    # shared memory red[4, R, T].
+    @cuda.jit(device=True, inline=True)
+    def half_chunk(raw_a, raw_b, ga, gb, c, h, x, K, acc, wa, wb):
+        # -- decode 16 weights of each row, FMA against every token --
+        # weights are a * w[i] + b with w[i] in [1, 2): dot = a * sum(w x) + b * sum(x)
+        aa, ba = unit(raw_a, ga, h, wa)
+        if rows == 2:
+            ab, bb = unit(raw_b, gb, h, wb)
+        k = col(c, h)
+        for t in range(n_tok):
+            pa = float32(0.0)
+            pb = float32(0.0)
+            sx = float32(0.0)
+            for v in range(4):
+                x0, x1, x2, x3 = qb.ldg_f32x4(x, t * K + k + 4 * v)
+                pa += wa[4 * v] * x0
+                pa += wa[4 * v + 1] * x1
+                pa += wa[4 * v + 2] * x2
+                pa += wa[4 * v + 3] * x3
+                if rows == 2:
+                    pb += wb[4 * v] * x0
+                    pb += wb[4 * v + 1] * x1
+                    pb += wb[4 * v + 2] * x2
+                    pb += wb[4 * v + 3] * x3
+                sx += (x0 + x1) + (x2 + x3)
+            acc[0, t] += aa * pa + ba * sx
+            if rows == 2:
+                acc[1, t] += ab * pb + bb * sx
+
+    @cuda.jit
+    def _gemv_kernel(parts, x, y, accumulate):
+        n_rows = y.shape[1]
+        K = x.shape[1]
+        cpr = K // 32
+        tid = cuda.threadIdx.x
+        row_a = cuda.blockIdx.x * rows
+        row_b = min(row_a + 1, n_rows - 1)
+        acc = cuda.local.array((rows, n_tok), float32)
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = 0.0
+        wa = cuda.local.array(16, float32)
+        wb = cuda.local.array(16, float32)
+        for c in range(tid, cpr, BLOCK):
+            # -- load the rows' chunk c --
+            ga = row_a * cpr + c
+            gb = row_b * cpr + c
+            raw_a = load(parts, ga)
+            raw_b = load(parts, gb) if rows == 2 else raw_a
+            half_chunk(raw_a, raw_b, ga, gb, c, 0, x, K, acc, wa, wb)
+            half_chunk(raw_a, raw_b, ga, gb, c, 1, x, K, acc, wa, wb)
+        # -- reduce: warp, then the 4 warps --
+        scratch = cuda.shared.array(BLOCK, float32)
+        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(rows):
+            for t in range(n_tok):
+                s = qb.warp_sum(acc[r, t], scratch)
+                if lane == 0:
+                    red[warp, r, t] = s
+        cuda.syncthreads()
+        if tid < rows * n_tok:
+            r = tid // n_tok
+            t = tid - r * n_tok
+            row = row_a + r
+            if row < n_rows:
+                s = red[0, r, t] + red[1, r, t] + red[2, r, t] + red[3, r, t]
+                if accumulate:
+                    s += y[t, row]
+                y[t, row] = s
+
+    return _gemv_kernel
+
+
+@lru_cache(maxsize=None)
+def gemv_kernel(ggml_type: T, n_tok: int):
+    """The compiled-on-first-use kernel for one type and token count."""
+    if not 1 <= n_tok <= MAX_T:
+        raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
+    return _make_gemv(*DECODERS[T(ggml_type)], n_tok)
+
+
+def _parts_type(ggml_type: T):
+    return types.Tuple(tuple(types.Array(from_dtype(np.dtype(dt)), 1, "C")
+                             for _, _, _, dt in LAYOUTS[ggml_type]))
+
+
+def _aligned16(a) -> bool:
+    ptr = getattr(a, "device_ctypes_pointer", None)
+    return ptr is None or (ptr.value or 0) % 16 == 0
+
+
+def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):
+    """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8."""
+    n_tok, K = x.shape
+    assert w.cols == K and y.shape == (n_tok, w.rows), (w.rows, w.cols, x.shape, y.shape)
+    assert x.dtype == np.float32 and y.dtype == np.float32
+    assert x.is_c_contiguous() and y.is_c_contiguous() and _aligned16(x)
+    kernel = gemv_kernel(w.ggml_type, n_tok)
+    rows = rows_per_block(n_tok)
+    kernel[(w.rows + rows - 1) // rows, BLOCK, stream](w.parts, x, y, np.int32(accumulate))
+
+
+_F32_2D = types.Array(types.float32, 2, "C")
+BUILD_SIGNATURES = [
+    (gemv_kernel(t, n), types.void(_parts_type(t), _F32_2D, _F32_2D, types.int32),
+     {"max_registers": 104})
+    for t in DECODERS for n in (1, 2, 3, 8)
+]

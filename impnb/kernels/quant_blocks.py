@@ -1,0 +1,550 @@
+"""Device functions that decode GGML quant blocks from impnb's repacked layout (kernels/repack.py).
+
+Every quant type is decoded in *chunks* of 32 weights: `<type>_load(parts, g)` reads global chunk
+`g` (row * cols/32 + c) with 16-byte loads, and `<type>_run(raw, g, h, w)` writes the 16 weights
+of half `h` into `w[0:16]` and returns their scale s, so that the weights are `w[i] * s`, bit-equal
+to `gguf.quants.dequantize` (symmetric types return q - offset and the block scale; types with a
+min return the finished weight and s = 1). Those 16 weights sit at row columns
+`<type>_k(c, h) + 0..15`. Integers become floats through the 2^23 trick: the float whose bits are
+0x4B000000 | q is 2^23 + q exactly, so q - offset is one float add and d*q is one exact fma.
+
+The small intrinsics (16-byte loads/stores, bit casts, fp16 conversion, warp sum) have plain-Python
+twins that numba's CUDA simulator runs.
+"""
+
+import numpy as np
+from numba import config, cuda, float32, uint32
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+MAGIC = np.uint32(0x4B000000)  # float bits of 2^23
+TWO23 = np.float32(8388608.0)
+NEG_TWO23 = np.float32(-8388608.0)
+LO4 = np.uint32(0x0F0F0F0F)
+LO1 = np.uint32(0x01010101)
+LO2 = np.uint32(0x03030303)
+BYTE = np.uint32(0xFF)
+SIGN8 = np.uint32(0x80808080)
+HALF = np.uint32(0xFFFF)
+SPREAD4 = np.uint32(0x02040810)  # bit b of a nibble -> bit 8b+4 (with BIT4)
+BIT4 = np.uint32(0x10101010)
+ONE = np.float32(1.0)
+FULL_MASK = 0xFFFFFFFF
+
+if SIM:
+    def _flat(a):
+        return a if len(a.shape) == 1 else a.reshape(a.size)
+
+    def ldg_u32x4(a, i):
+        """Four 32-bit words a[i:i+4] (i a multiple of 4), streamed past L1."""
+        f = _flat(a)
+        return (f[i], f[i + 1], f[i + 2], f[i + 3])
+
+    def ldg_f32x4(a, i):
+        """Four floats a[i:i+4] (i a multiple of 4) through the read-only L1 path."""
+        f = _flat(a)
+        return (f[i], f[i + 1], f[i + 2], f[i + 3])
+
+    def stg_x4(a, i, v0, v1, v2, v3):
+        """a[i:i+4] = v0..v3 for a 32-bit array (i a multiple of 4)."""
+        f = _flat(a)
+        f[i], f[i + 1], f[i + 2], f[i + 3] = v0, v1, v2, v3
+
+    def as_f32(u):
+        return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
+
+    def shr32(u, s):
+        return np.uint32((int(u) & 0xFFFFFFFF) >> int(s))
+
+    def f16_to_f32(u):
+        return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
+
+    def f32_to_f16_bits(v):
+        return np.uint32(np.float32(v).astype(np.float16).view(np.uint16))
+
+    def fma_f32(a, b, c):
+        # Exact here: every fma in these kernels has an exact float64 product and sum.
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+    @cuda.jit(device=True)
+    def warp_sum(v, scratch):
+        """Sum of v over the warp, returned to every lane (simulator: through shared scratch)."""
+        tid = cuda.threadIdx.x
+        scratch[tid] = v
+        cuda.syncthreads()
+        base = tid - (tid & 31)
+        s = np.float32(0.0)
+        for i in range(32):
+            s += scratch[base + i]
+        cuda.syncthreads()
+        return s
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def _element_ptr(context, builder, aty, ary, idx, ity):
+        data = context.make_array(aty)(context, builder, ary).data
+        idx = context.cast(builder, idx, ity, types.intp)
+        return builder.gep(data, [idx])
+
+    def _ld4(ptx, reg):
+        @intrinsic
+        def ld4(typingctx, a, i):
+            if not (isinstance(a, types.Array) and a.dtype.bitwidth == 32):
+                return None
+            sig = types.UniTuple(a.dtype, 4)(a, i)
+
+            def codegen(context, builder, sig, args):
+                elt = context.get_value_type(sig.args[0].dtype)
+                ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                fty = ir.FunctionType(ir.LiteralStructType([elt] * 4), [ptr.type])
+                asm = ir.InlineAsm(fty, ptx + " {$0, $1, $2, $3}, [$4];",
+                                   f"={reg},={reg},={reg},={reg},l")
+                res = builder.call(asm, [ptr])
+                return context.make_tuple(builder, sig.return_type,
+                                          [builder.extract_value(res, j) for j in range(4)])
+            return sig, codegen
+        return ld4
+
+    # Weights are read once: keep them out of L1 so x stays there.
+    ldg_u32x4 = _ld4("ld.global.nc.L1::no_allocate.v4.u32", "r")
+    ldg_f32x4 = _ld4("ld.global.nc.v4.f32", "f")
+
+    @intrinsic
+    def stg_x4(typingctx, a, i, v0, v1, v2, v3):
+        if not (isinstance(a, types.Array) and a.dtype.bitwidth == 32):
+            return None
+        sig = types.void(a, i, a.dtype, a.dtype, a.dtype, a.dtype)
+
+        def codegen(context, builder, sig, args):
+            elt = context.get_value_type(sig.args[0].dtype)
+            reg = "f" if isinstance(sig.args[0].dtype, types.Float) else "r"
+            ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            fty = ir.FunctionType(ir.VoidType(), [ptr.type] + [elt] * 4)
+            asm = ir.InlineAsm(fty, "st.global.v4.b32 [$0], {$1, $2, $3, $4};",
+                               f"l,{reg},{reg},{reg},{reg},~{{memory}}", side_effect=True)
+            builder.call(asm, [ptr] + list(args[2:]))
+            return context.get_dummy_value()
+        return sig, codegen
+
+    def _i32(builder, v):
+        return builder.trunc(v, ir.IntType(32)) if v.type.width > 32 else (
+            builder.zext(v, ir.IntType(32)) if v.type.width < 32 else v)
+
+    @intrinsic
+    def as_f32(typingctx, u):
+        """The float32 whose bits are the low 32 bits of integer u."""
+        if not isinstance(u, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(_i32(builder, args[0]), ir.FloatType())
+        return types.float32(u), codegen
+
+    @intrinsic
+    def shr32(typingctx, u, s):
+        """(u mod 2^32) >> s as a 32-bit shift (0 <= s < 32); numba would widen to 64 bits."""
+        if not (isinstance(u, types.Integer) and isinstance(s, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.lshr(_i32(builder, args[0]), _i32(builder, args[1]))
+        return types.uint32(u, s), codegen
+
+    @intrinsic
+    def f16_to_f32(typingctx, u):
+        """float32 value of the IEEE half in the low 16 bits of integer u."""
+        if not isinstance(u, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            h = builder.bitcast(builder.trunc(_i32(builder, args[0]), ir.IntType(16)), ir.HalfType())
+            return builder.fpext(h, ir.FloatType())
+        return types.float32(u), codegen
+
+    @intrinsic
+    def f32_to_f16_bits(typingctx, v):
+        """Bits of v rounded to IEEE half (round to nearest even), as uint32."""
+        if not isinstance(v, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            h = builder.bitcast(builder.fptrunc(f, ir.HalfType()), ir.IntType(16))
+            return builder.zext(h, ir.IntType(32))
+        return types.uint32(v), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def fma_f32(a, b, c):
+        return cuda.fma(float32(a), float32(b), float32(c))
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sum(v, scratch):
+        """Sum of v over the warp, returned to every lane (xor butterfly; scratch unused)."""
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 16)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 8)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        return v
+
+
+# -- byte helpers: 4 bytes of a word -> w[o:o+4] as 2^23 + byte - off (exact) --
+
+@cuda.jit(device=True, inline=True)
+def bytes4_minus(word, off, w, o):
+    w[o] = as_f32((word & BYTE) | MAGIC) - off
+    w[o + 1] = as_f32(((word >> 8) & BYTE) | MAGIC) - off
+    w[o + 2] = as_f32(((word >> 16) & BYTE) | MAGIC) - off
+    w[o + 3] = as_f32((word >> 24) | MAGIC) - off
+
+
+@cuda.jit(device=True, inline=True)
+def bytes4_affine(word, d, nd23, m, w, o):
+    """w[o+b] = round(d * byte_b) + m, bit-equal to numpy's d * q + m in float32."""
+    w[o] = fma_f32(d, as_f32((word & BYTE) | MAGIC), nd23) + m
+    w[o + 1] = fma_f32(d, as_f32(((word >> 8) & BYTE) | MAGIC), nd23) + m
+    w[o + 2] = fma_f32(d, as_f32(((word >> 16) & BYTE) | MAGIC), nd23) + m
+    w[o + 3] = fma_f32(d, as_f32((word >> 24) | MAGIC), nd23) + m
+
+
+@cuda.jit(device=True, inline=True)
+def halves2(word, w, o):
+    w[o] = f16_to_f32(word & HALF)
+    w[o + 1] = f16_to_f32(word >> 16)
+
+
+@cuda.jit(device=True, inline=True)
+def k_scale_min(h1, h2, h3, j):
+    """6-bit scale and min of sub-block j (0..7) from the 12 scale bytes h1|h2|h3 (Q4_K, Q5_K).
+
+    Works on the byte pair (j, j+1) at once, so sub-blocks 2g and 2g+1 share every operation.
+    """
+    s = 8 * (j & 2)
+    b1 = shr32(h1, s)
+    b2 = shr32(h2, s)
+    b3 = shr32(h3, s)
+    sc = (b3 & 0x0F0F) | ((b1 >> 2) & 0x3030)
+    mn = ((b3 >> 4) & 0x0F0F) | ((b2 >> 2) & 0x3030)
+    if j < 4:
+        sc = b1 & 0x3F3F
+        mn = b2 & 0x3F3F
+    if j & 1:
+        sc = sc >> 8
+        mn = mn >> 8
+    return float32(sc & 0xFF), float32(mn & 0xFF)
+
+
+# -- Q8_0: qs int8 (4 u32 per half-chunk), d f16 per 32 --
+
+@cuda.jit(device=True, inline=True)
+def q8_0_load(parts, g):
+    qs, d = parts
+    a = ldg_u32x4(qs, 8 * g)
+    b = ldg_u32x4(qs, 8 * g + 4)
+    return a, b, float32(d[g])
+
+
+@cuda.jit(device=True, inline=True)
+def q8_0_run(raw, g, h, w):
+    q = raw[0] if h == 0 else raw[1]
+    off = np.float32(8388736.0)  # 2^23 + 128: bytes xor 0x80 are q + 128
+    for j in range(4):
+        bytes4_minus(q[j] ^ SIGN8, off, w, 4 * j)
+    return raw[2]
+
+
+# -- Q4_0 / Q4_1 / Q5_0: qs 16 bytes per block (byte i: elements i and 16+i) --
+
+@cuda.jit(device=True, inline=True)
+def q4_0_load(parts, g):
+    qs, d = parts
+    return ldg_u32x4(qs, 4 * g), float32(d[g])
+
+
+@cuda.jit(device=True, inline=True)
+def q4_0_run(raw, g, h, w):
+    q = raw[0]
+    sh = 4 * h
+    off = np.float32(8388616.0)  # 2^23 + 8
+    for j in range(4):
+        bytes4_minus(shr32(q[j], sh) & LO4, off, w, 4 * j)
+    return raw[1]
+
+
+@cuda.jit(device=True, inline=True)
+def q4_1_load(parts, g):
+    qs, dm = parts
+    return ldg_u32x4(qs, 4 * g), dm[g]
+
+
+@cuda.jit(device=True, inline=True)
+def q4_1_run(raw, g, h, w):
+    q = raw[0]
+    d = f16_to_f32(raw[1] & HALF)
+    m = f16_to_f32(raw[1] >> 16)
+    nd23 = d * NEG_TWO23
+    sh = 4 * h
+    for j in range(4):
+        bytes4_affine(shr32(q[j], sh) & LO4, d, nd23, m, w, 4 * j)
+    return ONE
+
+
+@cuda.jit(device=True, inline=True)
+def q5_0_load(parts, g):
+    qs, qh, d = parts
+    return ldg_u32x4(qs, 4 * g), qh[g], float32(d[g])
+
+
+@cuda.jit(device=True, inline=True)
+def q5_0_run(raw, g, h, w):
+    q = raw[0]
+    sh = 4 * h
+    off = np.float32(8388624.0)  # 2^23 + 16
+    for j in range(4):
+        hi = ((shr32(raw[1], 16 * h + 4 * j) & 15) * SPREAD4) & BIT4
+        bytes4_minus((shr32(q[j], sh) & LO4) | hi, off, w, 4 * j)
+    return raw[2]
+
+
+@cuda.jit(device=True, inline=True)
+def block32_k(c, h):
+    return 32 * c + 16 * h
+
+
+# -- Q4_K / Q5_K: 8 chunks per 256-superblock; chunk L holds sub-blocks 2(L//2) (low nibbles)
+#    and 2(L//2)+1 (high nibbles), columns 16(L%2)..+16 of each; hdr = d, dmin, 12 scale bytes --
+
+@cuda.jit(device=True, inline=True)
+def q4_k_load(parts, g):
+    qs, hdr = parts
+    return ldg_u32x4(qs, 4 * g), ldg_u32x4(hdr, 4 * (g >> 3))
+
+
+@cuda.jit(device=True, inline=True)
+def _k_affine_words(hdr, g, h):
+    j = 2 * ((g & 7) >> 1) + h
+    sc, mn = k_scale_min(hdr[1], hdr[2], hdr[3], j)
+    dd = f16_to_f32(hdr[0] & HALF) * sc
+    dm = f16_to_f32(hdr[0] >> 16) * mn
+    return dd, dd * NEG_TWO23, -dm
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_run(raw, g, h, w):
+    q = raw[0]
+    dd, nd23, m = _k_affine_words(raw[1], g, h)
+    sh = 4 * h
+    for j in range(4):
+        bytes4_affine(shr32(q[j], sh) & LO4, dd, nd23, m, w, 4 * j)
+    return ONE
+
+
+@cuda.jit(device=True, inline=True)
+def q5_k_load(parts, g):
+    qs, qh, hdr = parts
+    sb = g >> 3
+    return (ldg_u32x4(qs, 4 * g), ldg_u32x4(qh, 8 * sb + 4 * (g & 1)),
+            ldg_u32x4(hdr, 4 * sb))
+
+
+@cuda.jit(device=True, inline=True)
+def q5_k_run(raw, g, h, w):
+    q = raw[0]
+    qh = raw[1]
+    dd, nd23, m = _k_affine_words(raw[2], g, h)
+    sh = 4 * h
+    hb = 2 * ((g & 7) >> 1) + h
+    for j in range(4):
+        hi = (shr32(qh[j], hb) & LO1) << 4
+        bytes4_affine((shr32(q[j], sh) & LO4) | hi, dd, nd23, m, w, 4 * j)
+    return ONE
+
+
+@cuda.jit(device=True, inline=True)
+def k4_k(c, h):
+    L = c & 7
+    return 256 * (c >> 3) + 64 * (L >> 1) + 16 * (L & 1) + 32 * h
+
+
+# -- Q6_K: chunk L = 4*hb + cc of a superblock holds ql bytes 64hb+16cc..+16: low nibbles are
+#    columns 128hb+16cc+i, high nibbles +64; their 2 high bits sit in qh bytes 32hb+16(cc%2)+i --
+
+@cuda.jit(device=True, inline=True)
+def q6_k_load(parts, g):
+    ql, qh, sc, d = parts
+    sb = g >> 3
+    L = g & 7
+    s = 16 * sb + 8 * (L >> 2) + (L & 3)
+    return (ldg_u32x4(ql, 4 * g), ldg_u32x4(qh, 16 * sb + 8 * (L >> 2) + 4 * (L & 1)),
+            float32(d[sb]), float32(sc[s]), float32(sc[s + 4]))
+
+
+@cuda.jit(device=True, inline=True)
+def q6_k_run(raw, g, h, w):
+    ql = raw[0]
+    qh = raw[1]
+    sh = 4 * h
+    hs = 2 * (2 * h + ((g & 3) >> 1))
+    off = np.float32(8388640.0)  # 2^23 + 32
+    for j in range(4):
+        hi = (shr32(qh[j], hs) & LO2) << 4
+        bytes4_minus((shr32(ql[j], sh) & LO4) | hi, off, w, 4 * j)
+    return raw[2] * (raw[3] if h == 0 else raw[4])
+
+
+@cuda.jit(device=True, inline=True)
+def q6_k_k(c, h):
+    L = c & 7
+    return 256 * (c >> 3) + 128 * (L >> 2) + 16 * (L & 3) + 64 * h
+
+
+# -- F16 / F32: plain rows, 32 values per chunk --
+
+@cuda.jit(device=True, inline=True)
+def f16_load(parts, g):
+    (v,) = parts
+    return (ldg_u32x4(v, 16 * g), ldg_u32x4(v, 16 * g + 4),
+            ldg_u32x4(v, 16 * g + 8), ldg_u32x4(v, 16 * g + 12))
+
+
+@cuda.jit(device=True, inline=True)
+def f16_run(raw, g, h, w):
+    a = raw[0] if h == 0 else raw[2]
+    b = raw[1] if h == 0 else raw[3]
+    for j in range(4):
+        halves2(a[j], w, 2 * j)
+        halves2(b[j], w, 8 + 2 * j)
+    return ONE
+
+
+@cuda.jit(device=True, inline=True)
+def f32_load(parts, g):
+    (v,) = parts
+    return (ldg_u32x4(v, 32 * g), ldg_u32x4(v, 32 * g + 4),
+            ldg_u32x4(v, 32 * g + 8), ldg_u32x4(v, 32 * g + 12),
+            ldg_u32x4(v, 32 * g + 16), ldg_u32x4(v, 32 * g + 20),
+            ldg_u32x4(v, 32 * g + 24), ldg_u32x4(v, 32 * g + 28))
+
+
+@cuda.jit(device=True, inline=True)
+def f32_run(raw, g, h, w):
+    for i in range(4):
+        q = raw[4 * h + i]
+        for j in range(4):
+            w[4 * i + j] = as_f32(q[j])
+    return ONE
+
+
+# -- GEMV decoders: `<type>_unit(raw, g, h, w)` writes w[i] = 1 + q_i / 2^bits (exact, in [1, 2))
+#    and returns (a, b) with weight_i = a * w[i] + b, so a row's dot with x is a * sum(w x) + b * sum(x):
+#    one fma per weight and a sum of x shared by the rows. Rounding stays relative to |x|. --
+
+ONE_BITS = np.uint32(0x3F800000)
+
+
+@cuda.jit(device=True, inline=True)
+def unit(word, pos, bits):
+    """1 + v / 2^bits for the `bits`-wide field of word at bit `pos` (pos, bits constant)."""
+    top = 23 - bits
+    if pos <= top:
+        v = word << (top - pos)
+    else:
+        v = shr32(word, pos - top)
+    return as_f32((v & (((1 << bits) - 1) << top)) | ONE_BITS)
+
+
+@cuda.jit(device=True, inline=True)
+def units4(word, pos, bits, w, o):
+    """w[o+b] = unit of the field at bit pos + 8b, b = 0..3."""
+    w[o] = unit(word, pos, bits)
+    w[o + 1] = unit(word, pos + 8, bits)
+    w[o + 2] = unit(word, pos + 16, bits)
+    w[o + 3] = unit(word, pos + 24, bits)
+
+
+@cuda.jit(device=True, inline=True)
+def q8_0_unit(raw, g, h, w):
+    q = raw[0] if h == 0 else raw[1]
+    for j in range(4):
+        units4(q[j] ^ SIGN8, 0, 8, w, 4 * j)
+    d = raw[2]
+    return d * np.float32(256.0), d * np.float32(-384.0)
+
+
+@cuda.jit(device=True, inline=True)
+def q4_0_unit(raw, g, h, w):
+    q = raw[0]
+    for j in range(4):
+        units4(q[j], 4 * h, 4, w, 4 * j)
+    d = raw[1]
+    return d * np.float32(16.0), d * np.float32(-24.0)
+
+
+@cuda.jit(device=True, inline=True)
+def q4_1_unit(raw, g, h, w):
+    q = raw[0]
+    for j in range(4):
+        units4(q[j], 4 * h, 4, w, 4 * j)
+    d = f16_to_f32(raw[1] & HALF) * np.float32(16.0)
+    return d, f16_to_f32(raw[1] >> 16) - d
+
+
+@cuda.jit(device=True, inline=True)
+def q5_0_unit(raw, g, h, w):
+    q = raw[0]
+    for j in range(4):
+        hi = ((shr32(raw[1], 16 * h + 4 * j) & 15) * SPREAD4) & BIT4
+        units4((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
+    d = raw[2]
+    return d * np.float32(32.0), d * np.float32(-48.0)
+
+
+@cuda.jit(device=True, inline=True)
+def _k_unit_affine(hdr, g, h, scale):
+    j = 2 * ((g & 7) >> 1) + h
+    sc, mn = k_scale_min(hdr[1], hdr[2], hdr[3], j)
+    dd = f16_to_f32(hdr[0] & HALF) * sc * scale
+    return dd, -dd - f16_to_f32(hdr[0] >> 16) * mn
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_unit(raw, g, h, w):
+    q = raw[0]
+    for j in range(4):
+        units4(q[j], 4 * h, 4, w, 4 * j)
+    return _k_unit_affine(raw[1], g, h, np.float32(16.0))
+
+
+@cuda.jit(device=True, inline=True)
+def q5_k_unit(raw, g, h, w):
+    q = raw[0]
+    qh = raw[1]
+    hb = 2 * ((g & 7) >> 1) + h
+    for j in range(4):
+        hi = (shr32(qh[j], hb) & LO1) << 4
+        units4((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
+    return _k_unit_affine(raw[2], g, h, np.float32(32.0))
+
+
+@cuda.jit(device=True, inline=True)
+def q6_k_unit(raw, g, h, w):
+    ql = raw[0]
+    qh = raw[1]
+    hs = 2 * (2 * h + ((g & 3) >> 1))
+    for j in range(4):
+        hi = (shr32(qh[j], hs) & LO2) << 4
+        units4((shr32(ql[j], 4 * h) & LO4) | hi, 0, 6, w, 4 * j)
+    d = raw[2] * (raw[3] if h == 0 else raw[4])
+    return d * np.float32(64.0), d * np.float32(-96.0)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_unit(raw, g, h, w):
+    return f16_run(raw, g, h, w), np.float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def f32_unit(raw, g, h, w):
+    return f32_run(raw, g, h, w), np.float32(0.0)

@@ -1,0 +1,117 @@
+"""Load-time repack of GGUF weight blocks into the split, 16-byte-aligned layout the kernels read.
+
+A (rows, cols) tensor of type t becomes a few *parts*, each a flat array over all rows, so one
+chunk of 32 weights reads its quants with 16-byte loads (quant_blocks.py decodes them). Parts live
+in one buffer at 256-byte-aligned offsets; nothing is converted, so `unpack` rebuilds the GGUF
+bytes exactly. Layouts (per row, blocks in order; bytes as in the GGUF block):
+
+  Q8_0  qs int8 (cols)      | d f16 (cols/32)
+  Q4_0  qs (cols/2)         | d f16 (cols/32)
+  Q4_1  qs (cols/2)         | dm u32 (cols/32): d | m << 16
+  Q5_0  qs (cols/2)         | qh u32 (cols/32)         | d f16 (cols/32)
+  Q4_K  qs (cols/2)         | hdr 16 B per 256: d, dmin, 12 scale bytes
+  Q5_K  qs (cols/2)         | qh (cols/8)              | hdr 16 B per 256
+  Q6_K  ql (cols/2)         | qh (cols/4)              | scales int8 (cols/16) | d f16 (cols/256)
+  F16   values (u32 pairs)  ;  F32 values (u32 bits)
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+ALIGN = 256
+
+# type -> [(part name, first byte in block, end byte in block, dtype the kernel reads)]
+LAYOUTS = {
+    T.Q8_0: [("qs", 2, 34, np.uint32), ("d", 0, 2, np.float16)],
+    T.Q4_0: [("qs", 2, 18, np.uint32), ("d", 0, 2, np.float16)],
+    T.Q4_1: [("qs", 4, 20, np.uint32), ("dm", 0, 4, np.uint32)],
+    T.Q5_0: [("qs", 6, 22, np.uint32), ("qh", 2, 6, np.uint32), ("d", 0, 2, np.float16)],
+    T.Q4_K: [("qs", 16, 144, np.uint32), ("hdr", 0, 16, np.uint32)],
+    T.Q5_K: [("qs", 48, 176, np.uint32), ("qh", 16, 48, np.uint32), ("hdr", 0, 16, np.uint32)],
+    T.Q6_K: [("ql", 0, 128, np.uint32), ("qh", 128, 192, np.uint32),
+             ("scales", 192, 208, np.int8), ("d", 208, 210, np.float16)],
+    T.F16: [("v", 0, 2, np.uint32)],
+    T.F32: [("v", 0, 4, np.uint32)],
+}
+PACKED_TYPES = tuple(LAYOUTS)
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A repacked (rows, cols) weight: `parts` are flat views of `buffer` (host or device)."""
+
+    ggml_type: T
+    rows: int
+    cols: int
+    buffer: object
+    parts: tuple
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernels read: the GGUF size of the tensor."""
+        block, size = GGML_QUANT_SIZES[self.ggml_type]
+        return self.rows * self.cols // block * size
+
+    def to_device(self, stream=0) -> "PackedWeight":
+        """One device allocation holding every part (load time only)."""
+        from numba import cuda
+
+        dbuf = cuda.to_device(self.buffer, stream=stream)
+        parts = tuple(dbuf[off:off + p.nbytes].view(p.dtype)
+                      for off, p in zip(_offsets(self.parts), self.parts))
+        return PackedWeight(self.ggml_type, self.rows, self.cols, dbuf, parts)
+
+
+def _offsets(parts):
+    offs, pos = [], 0
+    for p in parts:
+        offs.append(pos)
+        pos += -(-p.nbytes // ALIGN) * ALIGN
+    return offs
+
+
+def _blocks(data: np.ndarray, ggml_type: T):
+    """Raw tensor bytes -> (rows, cols, (n_blocks, type_size) uint8 view)."""
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    raw = raw.reshape(-1, raw.shape[-1])
+    rows, row_bytes = raw.shape
+    if row_bytes % size:
+        raise ValueError(f"{ggml_type.name}: row of {row_bytes} bytes is not whole blocks")
+    cols = row_bytes // size * block
+    if cols % 32:
+        raise ValueError(f"{ggml_type.name}: {cols} columns is not a multiple of 32")
+    return rows, cols, raw.reshape(-1, size)
+
+
+def repack(data: np.ndarray, ggml_type: T) -> PackedWeight:
+    """GGUF tensor bytes (rows, row_bytes), or an F16/F32 array (rows, cols) -> PackedWeight."""
+    ggml_type = T(ggml_type)
+    if ggml_type not in LAYOUTS:
+        raise ValueError(f"no packed layout for {ggml_type.name}")
+    rows, cols, blocks = _blocks(data, ggml_type)
+    layout = LAYOUTS[ggml_type]
+    sizes = [blocks.shape[0] * (end - start) for _, start, end, _ in layout]
+    offs, pos = [], 0
+    for n in sizes:
+        offs.append(pos)
+        pos += -(-n // ALIGN) * ALIGN
+    buffer = np.zeros(max(pos, ALIGN), np.uint8)
+    parts = []
+    for (_, start, end, dtype), off, n in zip(layout, offs, sizes):
+        section = buffer[off:off + n]
+        section.reshape(blocks.shape[0], end - start)[:] = blocks[:, start:end]
+        parts.append(section.view(dtype))
+    return PackedWeight(ggml_type, rows, cols, buffer, tuple(parts))
+
+
+def unpack(packed: PackedWeight) -> np.ndarray:
+    """The GGUF bytes (rows, row_bytes) uint8 back from a host PackedWeight."""
+    block, size = GGML_QUANT_SIZES[packed.ggml_type]
+    n_blocks = packed.rows * packed.cols // block
+    out = np.empty((n_blocks, size), np.uint8)
+    for (_, start, end, _), part in zip(LAYOUTS[packed.ggml_type], packed.parts):
+        out[:, start:end] = np.asarray(part).view(np.uint8).reshape(n_blocks, end - start)
+    return out.reshape(packed.rows, -1)

@@ -1,0 +1,75 @@
+"""Quantized GEMV on the GPU, every weight type, real model shapes and odd row counts.
+
+Reference: gguf's dequantize, then a float64 matmul. Tolerance: |y - ref| <= 1e-4 * (|W| @ |x|)
+per output (the kernel accumulates in float32 from exact weights; its sum-of-x factoring rounds
+relative to |x|). Outputs are NaN-poisoned before each launch; x is Gaussian at std 0.1, 1, 10.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from impnb.kernels.gemv import DECODERS, gemv, gemv_ref
+from impnb.kernels.repack import repack
+from impnb.quants import dequantize
+from tests.test_repack import make_weight
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-4
+TYPES = list(DECODERS)
+SHAPES = [(576, 1536), (2048, 640), (19, 576), (111, 2048), (989, 640)]  # (N rows, K)
+
+
+@lru_cache(maxsize=4)
+def weight(ggml_type, rows, cols):
+    raw = make_weight(ggml_type, rows, cols, np.random.default_rng([int(ggml_type), rows, cols]))
+    wd = dequantize(raw, ggml_type).reshape(rows, cols).astype(np.float64)
+    return raw, np.abs(wd), repack(raw, ggml_type).to_device()
+
+
+def check_gemv(ggml_type, rows, cols, n_tok, std, seed, accumulate=False):
+    raw, wabs, w = weight(ggml_type, rows, cols)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    y0 = (rng.standard_normal((n_tok, rows)) * std).astype(np.float32)
+    stream = cuda.stream()
+    d_y = cuda.to_device(y0 if accumulate else np.full((n_tok, rows), np.nan, np.float32), stream=stream)
+    gemv(w, cuda.to_device(x, stream=stream), d_y, stream, accumulate=accumulate)
+    y = d_y.copy_to_host(stream=stream)
+    stream.synchronize()
+    assert np.isfinite(y).all(), "non-finite output"
+    got = y.astype(np.float64) - (y0 if accumulate else 0)
+    ref = gemv_ref(raw, ggml_type, x)
+    bound = RTOL * (np.abs(x.astype(np.float64)) @ wabs.T) + (np.abs(y0) * 1e-6 if accumulate else 0)
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert (err <= bound).all(), f"err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols", SHAPES)
+@pytest.mark.parametrize("n_tok", [1, 3, 8])
+def test_gemv(ggml_type, rows, cols, n_tok):
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_gemv(ggml_type, rows, cols, n_tok, std, seed=[rows, cols, n_tok, i])
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 8])
+def test_gemv_4096x14336(ggml_type, n_tok):
+    check_gemv(ggml_type, 4096, 14336, n_tok, 1.0, seed=n_tok)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gemv_every_token_count(ggml_type):
+    for n_tok in range(1, 9):
+        check_gemv(ggml_type, 111, 512, n_tok, 1.0, seed=n_tok)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gemv_accumulate(ggml_type):
+    for n_tok in (1, 3):
+        check_gemv(ggml_type, 989, 640, n_tok, 1.0, seed=[7, n_tok], accumulate=True)

@@ -1,0 +1,87 @@
+"""Repacked weights rebuild the GGUF bytes exactly; test weights for the kernel tests are made here.
+
+`make_weight` builds real blocks with `gguf.quants.quantize` where the package can quantize the type
+(Q4_0, Q4_1, Q5_0, Q8_0, F16, F32) and random blocks otherwise (K-quants: random bytes whose fp16
+scale fields are overwritten with finite Gaussian-derived values). Random-bytes blocks (with finite
+scales) and zero blocks are mixed in so every bit pattern of the quants occurs.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.quants import quantize
+
+from impnb.kernels.repack import ALIGN, PACKED_TYPES, repack, unpack
+from impnb.quants import dequantize
+
+QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0)
+# byte ranges of fp16 scale fields in a block
+SCALE_FIELDS = {
+    T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,),
+    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+}
+
+
+def _finite_scales(blocks: np.ndarray, ggml_type: T, rng, std: float):
+    for off in SCALE_FIELDS[ggml_type]:
+        d = (rng.standard_normal(blocks.shape[0]) * 0.02 * std).astype(np.float16)
+        blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+
+
+def make_weight(ggml_type: T, rows: int, cols: int, rng, std: float = 1.0) -> np.ndarray:
+    """Raw GGUF bytes (rows, row_bytes) uint8 of a plausible weight of this type."""
+    ggml_type = T(ggml_type)
+    if ggml_type in (T.F16, T.F32):
+        dt = np.float16 if ggml_type == T.F16 else np.float32
+        return (rng.standard_normal((rows, cols)) * std).astype(dt).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    n_blocks = rows * cols // block
+    if ggml_type in QUANTIZABLE:
+        data = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+        blocks = quantize(data, ggml_type).reshape(n_blocks, size).copy()
+        noisy = rng.random(n_blocks) < 0.25  # a quarter random bytes
+        rand = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+        _finite_scales(rand, ggml_type, rng, std)
+        blocks[noisy] = rand[noisy]
+    else:
+        blocks = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+        _finite_scales(blocks, ggml_type, rng, std)
+    blocks[rng.random(n_blocks) < 0.03] = 0  # some zero blocks
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("ggml_type", PACKED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols", [(1, 256), (19, 512), (111, 768)])
+def test_repack_is_lossless(ggml_type, rows, cols):
+    rng = np.random.default_rng([int(ggml_type), rows, cols])
+    raw = make_weight(ggml_type, rows, cols, rng)
+    packed = repack(raw, ggml_type)
+    assert (packed.rows, packed.cols) == (rows, cols)
+    assert packed.nbytes == raw.nbytes
+    assert np.array_equal(unpack(packed), raw)
+    for part in packed.parts:
+        # offsets in the buffer are aligned (a device allocation starts 256-byte aligned)
+        assert (part.ctypes.data - packed.buffer.ctypes.data) % ALIGN == 0
+        assert np.shares_memory(part, packed.buffer)
+
+
+def test_repack_takes_typed_f16_f32_rows():
+    rng = np.random.default_rng(1)
+    for dt, t in ((np.float16, T.F16), (np.float32, T.F32)):
+        w = rng.standard_normal((19, 64)).astype(dt)  # as ModelFile gives F16/F32 tensors
+        packed = repack(w, t)
+        assert (packed.rows, packed.cols) == (19, 64)
+        assert np.array_equal(unpack(packed).view(dt), w)
+
+
+@pytest.mark.parametrize("ggml_type", PACKED_TYPES, ids=lambda t: t.name)
+def test_make_weight_is_finite(ggml_type):
+    w = dequantize(make_weight(ggml_type, 19, 512, np.random.default_rng(7)), ggml_type)
+    assert np.isfinite(w).all() and np.std(w) > 0
+
+
+def test_repack_rejects_partial_rows():
+    with pytest.raises(ValueError):
+        repack(np.zeros((2, 20), np.uint8), T.Q8_0)
+    with pytest.raises(ValueError):
+        repack(np.zeros((2, 16), np.float16), T.F16)  # 16 columns: not whole 32-chunks
