@@ -56,6 +56,14 @@ if SIM:
     def shr32(u, s):
         return np.uint32((int(u) & 0xFFFFFFFF) >> int(s))
 
+    def prmt(a, b, sel):
+        """Byte permute: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a."""
+        x = ((int(b) & 0xFFFFFFFF) << 32) | (int(a) & 0xFFFFFFFF)
+        r = 0
+        for i in range(4):
+            r |= ((x >> (8 * ((int(sel) >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+        return np.uint32(r)
+
     def f16_to_f32(u):
         return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
 
@@ -153,6 +161,18 @@ else:
         return types.uint32(u, s), codegen
 
     @intrinsic
+    def prmt(typingctx, a, b, sel):
+        """prmt.b32: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a."""
+        if not all(isinstance(v, types.Integer) for v in (a, b, sel)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, [_i32(builder, v) for v in args])
+        return types.uint32(a, b, sel), codegen
+
+    @intrinsic
     def f16_to_f32(typingctx, u):
         """float32 value of the IEEE half in the low 16 bits of integer u."""
         if not isinstance(u, types.Integer):
@@ -216,24 +236,20 @@ def halves2(word, w, o):
 
 
 @cuda.jit(device=True, inline=True)
-def k_scale_min(h1, h2, h3, j):
-    """6-bit scale and min of sub-block j (0..7) from the 12 scale bytes h1|h2|h3 (Q4_K, Q5_K).
-
-    Works on the byte pair (j, j+1) at once, so sub-blocks 2g and 2g+1 share every operation.
-    """
-    s = 8 * (j & 2)
-    b1 = shr32(h1, s)
-    b2 = shr32(h2, s)
-    b3 = shr32(h3, s)
-    sc = (b3 & 0x0F0F) | ((b1 >> 2) & 0x3030)
-    mn = ((b3 >> 4) & 0x0F0F) | ((b2 >> 2) & 0x3030)
-    if j < 4:
+def k_scales(hdr, g):
+    """6-bit (scale, min) of sub-blocks 2(L//2) and 2(L//2)+1 of chunk L = g % 8 (Q4_K, Q5_K),
+    from the 12 scale bytes hdr[1..3]; the pair sits at the same byte offset, decoded at once."""
+    s = 8 * (g & 2)
+    b1 = shr32(hdr[1], s)
+    b2 = shr32(hdr[2], s)
+    b3 = shr32(hdr[3], s)
+    if g & 4:
+        sc = (b3 & 0x0F0F) | ((b1 >> 2) & 0x3030)
+        mn = ((b3 >> 4) & 0x0F0F) | ((b2 >> 2) & 0x3030)
+    else:
         sc = b1 & 0x3F3F
         mn = b2 & 0x3F3F
-    if j & 1:
-        sc = sc >> 8
-        mn = mn >> 8
-    return float32(sc & 0xFF), float32(mn & 0xFF)
+    return float32(sc & 0xFF), float32(mn & 0xFF), float32((sc >> 8) & 0xFF), float32((mn >> 8) & 0xFF)
 
 
 # -- Q8_0: qs int8 (4 u32 per half-chunk), d f16 per 32 --
@@ -324,8 +340,9 @@ def q4_k_load(parts, g):
 
 @cuda.jit(device=True, inline=True)
 def _k_affine_words(hdr, g, h):
-    j = 2 * ((g & 7) >> 1) + h
-    sc, mn = k_scale_min(hdr[1], hdr[2], hdr[3], j)
+    sc0, mn0, sc1, mn1 = k_scales(hdr, g)
+    sc = sc0 if h == 0 else sc1
+    mn = mn0 if h == 0 else mn1
     dd = f16_to_f32(hdr[0] & HALF) * sc
     dm = f16_to_f32(hdr[0] >> 16) * mn
     return dd, dd * NEG_TWO23, -dm
@@ -437,11 +454,13 @@ def f32_run(raw, g, h, w):
     return ONE
 
 
-# -- GEMV decoders: `<type>_unit(raw, g, h, w)` writes w[i] = 1 + q_i / 2^bits (exact, in [1, 2))
-#    and returns (a, b) with weight_i = a * w[i] + b, so a row's dot with x is a * sum(w x) + b * sum(x):
-#    one fma per weight and a sum of x shared by the rows. Rounding stays relative to |x|. --
+# -- GEMV decoders: `<type>_unit(raw, g, h, w)` writes w[i] = u_i, an exact float in [0.5, 2) affine
+#    in the quant q_i (u = (1 + q/2^bits)/2, or 1 + q/256 for Q8_0), and returns (a, b) with
+#    weight_i = a * u_i + b, so a row's dot with x is a * sum(u x) + b * sum(x): one fma per
+#    weight and a sum of x shared by the rows; rounding stays relative to |x|. --
 
 ONE_BITS = np.uint32(0x3F800000)
+ONE_HI = np.uint32(0x3F000000)  # byte 3 of 1.0f
 
 
 @cuda.jit(device=True, inline=True)
@@ -465,30 +484,49 @@ def units4(word, pos, bits, w, o):
 
 
 @cuda.jit(device=True, inline=True)
+def units4_bytes(word, pos, bits, w, o):
+    """w[o+b] = (1 + v_b / 2^bits) / 2 for the fields at bit pos of each byte (bits <= 7): one
+    shift and mask per word puts v at bits 7-bits..6 of its byte, then one byte permute per
+    weight builds the float 0x3F000000 | byte << 16."""
+    top = 7 - bits
+    mask = ((1 << bits) - 1) << top
+    mask4 = mask | (mask << 8) | (mask << 16) | (mask << 24)
+    if pos <= top:
+        v = word << (top - pos)
+    else:
+        v = shr32(word, pos - top)
+    p = v & mask4
+    w[o] = as_f32(prmt(p, ONE_HI, 0x7054))
+    w[o + 1] = as_f32(prmt(p, ONE_HI, 0x7154))
+    w[o + 2] = as_f32(prmt(p, ONE_HI, 0x7254))
+    w[o + 3] = as_f32(prmt(p, ONE_HI, 0x7354))
+
+
+@cuda.jit(device=True, inline=True)
 def q8_0_unit(raw, g, h, w):
     q = raw[0] if h == 0 else raw[1]
     for j in range(4):
         units4(q[j] ^ SIGN8, 0, 8, w, 4 * j)
     d = raw[2]
-    return d * np.float32(256.0), d * np.float32(-384.0)
+    return d * np.float32(256.0), d * np.float32(-384.0)  # q = 256 (u - 1) - 128
 
 
 @cuda.jit(device=True, inline=True)
 def q4_0_unit(raw, g, h, w):
     q = raw[0]
     for j in range(4):
-        units4(q[j], 4 * h, 4, w, 4 * j)
+        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
     d = raw[1]
-    return d * np.float32(16.0), d * np.float32(-24.0)
+    return d * np.float32(32.0), d * np.float32(-24.0)  # q = 16 (2u - 1), weight d (q - 8)
 
 
 @cuda.jit(device=True, inline=True)
 def q4_1_unit(raw, g, h, w):
     q = raw[0]
     for j in range(4):
-        units4(q[j], 4 * h, 4, w, 4 * j)
-    d = f16_to_f32(raw[1] & HALF) * np.float32(16.0)
-    return d, f16_to_f32(raw[1] >> 16) - d
+        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
+    d = f16_to_f32(raw[1] & HALF) * np.float32(16.0)  # q = 16 (2u - 1), weight d q + m
+    return d + d, f16_to_f32(raw[1] >> 16) - d
 
 
 @cuda.jit(device=True, inline=True)
@@ -496,24 +534,25 @@ def q5_0_unit(raw, g, h, w):
     q = raw[0]
     for j in range(4):
         hi = ((shr32(raw[1], 16 * h + 4 * j) & 15) * SPREAD4) & BIT4
-        units4((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
+        units4_bytes((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
     d = raw[2]
-    return d * np.float32(32.0), d * np.float32(-48.0)
+    return d * np.float32(64.0), d * np.float32(-48.0)  # q = 32 (2u - 1), weight d (q - 16)
 
 
 @cuda.jit(device=True, inline=True)
-def _k_unit_affine(hdr, g, h, scale):
-    j = 2 * ((g & 7) >> 1) + h
-    sc, mn = k_scale_min(hdr[1], hdr[2], hdr[3], j)
-    dd = f16_to_f32(hdr[0] & HALF) * sc * scale
-    return dd, -dd - f16_to_f32(hdr[0] >> 16) * mn
+def _k_unit_affine(hdr, g, h, two_bits):
+    sc0, mn0, sc1, mn1 = k_scales(hdr, g)
+    sc = sc0 if h == 0 else sc1
+    mn = mn0 if h == 0 else mn1
+    dd = f16_to_f32(hdr[0] & HALF) * sc * two_bits  # q = 2^bits (2u - 1)
+    return dd + dd, -dd - f16_to_f32(hdr[0] >> 16) * mn
 
 
 @cuda.jit(device=True, inline=True)
 def q4_k_unit(raw, g, h, w):
     q = raw[0]
     for j in range(4):
-        units4(q[j], 4 * h, 4, w, 4 * j)
+        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
     return _k_unit_affine(raw[1], g, h, np.float32(16.0))
 
 
@@ -524,7 +563,7 @@ def q5_k_unit(raw, g, h, w):
     hb = 2 * ((g & 7) >> 1) + h
     for j in range(4):
         hi = (shr32(qh[j], hb) & LO1) << 4
-        units4((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
+        units4_bytes((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
     return _k_unit_affine(raw[2], g, h, np.float32(32.0))
 
 
@@ -535,9 +574,9 @@ def q6_k_unit(raw, g, h, w):
     hs = 2 * (2 * h + ((g & 3) >> 1))
     for j in range(4):
         hi = (shr32(qh[j], hs) & LO2) << 4
-        units4((shr32(ql[j], 4 * h) & LO4) | hi, 0, 6, w, 4 * j)
+        units4_bytes((shr32(ql[j], 4 * h) & LO4) | hi, 0, 6, w, 4 * j)
     d = raw[2] * (raw[3] if h == 0 else raw[4])
-    return d * np.float32(64.0), d * np.float32(-96.0)
+    return d * np.float32(128.0), d * np.float32(-96.0)  # q = 64 (2u - 1), weight d (q - 32)
 
 
 @cuda.jit(device=True, inline=True)
