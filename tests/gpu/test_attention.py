@@ -1,0 +1,214 @@
+"""Paged KV write, decode and prefill attention on the GPU against the numpy references.
+
+The check_* functions run one case; tests/sim/test_attention.py runs them on tiny shapes in
+the simulator. Every case: Gaussian q/k/v, a shuffled block table, pool slots that hold no live
+position (including table entries past the live length) filled with fp16 NaN, outputs and
+scratch poisoned with NaN.
+
+Tolerances (max abs error, std = the q/k/v standard deviation):
+  kv_write         bit-exact against kv_write_ref (float32 -> fp16 round to nearest even).
+  attention        vs attention_ref (float64) on the fp16 K/V the cache holds: 1e-4 std max(1, std²)
+                   (the kernels' own float32 error);
+                   vs attention_ref on the float32 K/V before caching: 5e-3 std max(1, std²)
+                   (fp16 rounding of K/V; measured up to 1.5e-3 std max(1, std²)).
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from impnb.kernels.attention import attention_ref
+from impnb.kernels.attention_decode import attention_decode, num_splits, partials_shape
+from impnb.kernels.attention_prefill import attention_prefill
+from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
+
+pytestmark = pytest.mark.gpu
+
+TIGHT, LOOSE = 1e-4, 5e-3
+
+
+def gauss(rng, shape, std) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def paged_cache(rng, lengths, Hkv, D, page_size, std):
+    """NaN pools holding K/V for positions 0..L-1 of each sequence through a shuffled block table."""
+    B = len(lengths)
+    max_pages = pages_needed(max(lengths), page_size) + 1  # one table entry past every length
+    n_pages = B * max_pages + 2
+    block_table = rng.permutation(n_pages)[: B * max_pages].reshape(B, max_pages).astype(np.int32)
+    k_pool = np.full((n_pages, page_size, Hkv, D), np.nan, np.float16)
+    v_pool = np.full_like(k_pool, np.nan)
+    ks, vs = [], []
+    for b, L in enumerate(lengths):
+        ks.append(gauss(rng, (L, Hkv, D), std))
+        vs.append(gauss(rng, (L, Hkv, D), std))
+        kv_write_ref(k_pool, v_pool, block_table[b], ks[b], vs[b], np.arange(L, dtype=np.int32))
+    return k_pool, v_pool, block_table, ks, vs
+
+
+def assert_attention(got, q, k_pool, v_pool, table_row, k32, v32, pos, scale, window, softcap, std, what):
+    assert np.isfinite(got).all(), f"{what}: non-finite output"
+    L = k32.shape[0]
+    k16, v16 = kv_gather_ref(k_pool, table_row, L), kv_gather_ref(v_pool, table_row, L)
+    unit = std * max(1.0, std * std)
+    err16 = np.abs(got - attention_ref(q, k16, v16, pos, scale, window, softcap)).max()
+    err32 = np.abs(got - attention_ref(q, k32, v32, pos, scale, window, softcap)).max()
+    assert err16 <= TIGHT * unit, f"{what}: {err16:.3e} from the fp16-K/V reference"
+    assert err32 <= LOOSE * unit, f"{what}: {err32:.3e} from the float32-K/V reference"
+
+
+# ---------------------------------------------------------------- checks
+
+def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
+    """T new rows at the end of B sequences of random lengths, over stale random pool contents;
+    the last row of sequence 0 is padding (pos -1) and writes nothing. Whole pools compared."""
+    lengths = [int(x) for x in rng.integers(T, T + 3 * page_size, B)]
+    max_pages = pages_needed(max(lengths), page_size)
+    n_pages = B * max_pages + 1
+    block_table = rng.permutation(n_pages)[: B * max_pages].reshape(B, max_pages).astype(np.int32)
+    k_pool = gauss(rng, (n_pages, page_size, Hkv, D), 1.0).astype(np.float16)
+    v_pool = gauss(rng, k_pool.shape, 1.0).astype(np.float16)
+    k, v = gauss(rng, (B, T, Hkv, D), std), gauss(rng, (B, T, Hkv, D), std)
+    pos = np.array([[L - T + t for t in range(T)] for L in lengths], np.int32)
+    pos[0, T - 1] = -1
+    want_k, want_v = k_pool.copy(), v_pool.copy()
+    kv_write_ref(want_k, want_v, block_table, k, v, pos)
+    stream = cuda.stream()
+    dev = [cuda.to_device(a, stream=stream) for a in (k, v, pos, block_table, k_pool, v_pool)]
+    kv_write(*dev, stream)
+    got_k, got_v = dev[4].copy_to_host(stream=stream), dev[5].copy_to_host(stream=stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(got_k.view(np.uint16), want_k.view(np.uint16))
+    np.testing.assert_array_equal(got_v.view(np.uint16), want_v.view(np.uint16))
+
+
+def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
+                 n_splits=None):
+    """B = len(lengths) sequences, T queries each at positions L - T .. L - 1."""
+    B = len(lengths)
+    k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
+    q = gauss(rng, (B, T, H, D), std)
+    pos = np.array([[L - T + t for t in range(T)] for L in lengths], np.int32)
+    scale = D ** -0.5
+    n_splits = n_splits or num_splits(max(lengths), H, Hkv, T, B, window)
+    out = np.full(q.shape, np.nan, np.float32)
+    partials = np.full(partials_shape(B, n_splits, T, H, D), np.nan, np.float32)
+    stream = cuda.stream()
+    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table, pos, out, partials)]
+    attention_decode(*dev, n_splits, scale, window, softcap, stream)
+    got = dev[5].copy_to_host(stream=stream)
+    stream.synchronize()
+    for b, L in enumerate(lengths):
+        assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
+                         window, softcap, std,
+                         f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} splits={n_splits}")
+
+
+def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_size=16, std=1.0):
+    """One set of device buffers and launch arguments (as a captured graph holds them) while the
+    context grows a token per step from `first` to `steps`: kv_write then decode, the position
+    only on the device. Positions before `first` are cached up front."""
+    k_all, v_all = gauss(rng, (steps, Hkv, D), std), gauss(rng, (steps, Hkv, D), std)
+    k_pool, v_pool, block_table, _, _ = paged_cache(rng, [steps], Hkv, D, page_size, std)
+    k_pool[:] = np.nan
+    v_pool[:] = np.nan
+    kv_write_ref(k_pool, v_pool, block_table[0], k_all[:first], v_all[:first],
+                 np.arange(first, dtype=np.int32))
+    stream = cuda.stream()
+    d_k_pool, d_v_pool = cuda.to_device(k_pool, stream=stream), cuda.to_device(v_pool, stream=stream)
+    d_table = cuda.to_device(block_table, stream=stream)
+    d_pos = cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
+    d_q = cuda.device_array((1, 1, H, D), np.float32, stream=stream)
+    d_k = cuda.device_array((1, 1, Hkv, D), np.float32, stream=stream)
+    d_v = cuda.device_array((1, 1, Hkv, D), np.float32, stream=stream)
+    d_out = cuda.to_device(np.full((1, 1, H, D), np.nan, np.float32), stream=stream)
+    d_part = cuda.to_device(np.full(partials_shape(1, n_splits, 1, H, D), np.nan, np.float32), stream=stream)
+    for p in range(first, steps):
+        q = gauss(rng, (1, 1, H, D), std)
+        d_pos.copy_to_device(np.array([[p]], np.int32), stream=stream)
+        d_q.copy_to_device(q, stream=stream)
+        d_k.copy_to_device(k_all[p].reshape(1, 1, Hkv, D), stream=stream)
+        d_v.copy_to_device(v_all[p].reshape(1, 1, Hkv, D), stream=stream)
+        kv_write(d_k, d_v, d_pos, d_table, d_k_pool, d_v_pool, stream)
+        attention_decode(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, d_part, n_splits, D ** -0.5,
+                         window, None, stream)
+        got = d_out.copy_to_host(stream=stream)
+        kp, vp = d_k_pool.copy_to_host(stream=stream), d_v_pool.copy_to_host(stream=stream)
+        stream.synchronize()
+        assert_attention(got[0], q[0], kp, vp, block_table[0], k_all[: p + 1], v_all[: p + 1],
+                         np.array([p]), D ** -0.5, window, None, std, f"growing step {p}")
+
+
+def check_prefill(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=16):
+    """A chunk of T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache."""
+    L = pos0 + T
+    k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
+    q = gauss(rng, (T, H, D), std)
+    pos = np.arange(pos0, L, dtype=np.int32)
+    scale = D ** -0.5
+    out = np.full(q.shape, np.nan, np.float32)
+    stream = cuda.stream()
+    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
+    attention_prefill(*dev, scale, window, softcap, stream)
+    got = dev[5].copy_to_host(stream=stream)
+    stream.synchronize()
+    assert_attention(got, q, k_pool, v_pool, block_table[0], ks[0], vs[0], pos, scale, window, softcap,
+                     std, f"prefill pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std}")
+
+
+# ---------------------------------------------------------------- GPU cases
+
+# (H, Hkv, D, window): SmolLM2, Gemma3 local layers, 8/1 and 32/8 at D 128
+SHAPES = [(9, 3, 64, None), (4, 1, 256, 512), (8, 1, 128, None), (32, 8, 128, None)]
+CONTEXTS = (1, 17, 255, 1000, 4097)
+STDS = (0.1, 1.0, 3.0)
+
+
+def _seed(*xs):
+    return np.random.default_rng([int(x * 10) if isinstance(x, float) else int(x or 0) for x in xs])
+
+
+@pytest.mark.parametrize("page_size", (16, 32))
+@pytest.mark.parametrize("B,T,Hkv,D", [(1, 1, 3, 64), (1, 19, 1, 256), (3, 1, 8, 128), (2, 5, 1, 128)])
+def test_kv_write(B, T, Hkv, D, page_size):
+    check_kv_write(_seed(B, T, Hkv, D, page_size), B, T, Hkv, D, page_size)
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("L", CONTEXTS)
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode(H, Hkv, D, window, L, std):
+    check_decode(_seed(H, D, L, std), [L], 1, H, Hkv, D, std, window)
+    # the largest split count a graph for an 8k bucket would use: most splits idle at short L
+    check_decode(_seed(H, D, L, std, 1), [L], 1, H, Hkv, D, std, window, page_size=32,
+                 n_splits=num_splits(8192, H, Hkv, 1, 1, window))
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+@pytest.mark.parametrize("T", (2, 5, 8))
+def test_decode_multi_token_batch(H, Hkv, D, window, T):
+    check_decode(_seed(H, D, T), [T, 600, 1000], T, H, Hkv, D, 1.0, window)
+
+
+@pytest.mark.parametrize("softcap", (5.0, 30.0))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_softcap(H, Hkv, D, window, softcap):
+    check_decode(_seed(H, D, softcap), [1000], 1, H, Hkv, D, 3.0, window, softcap)
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", [(9, 3, 64, None), (4, 1, 256, 40)])
+def test_decode_growing_context(H, Hkv, D, window):
+    check_decode_growing(_seed(H, D), 0, 70, H, Hkv, D, window, n_splits=4)
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("pos0,T", [(0, 1), (0, 19), (0, 111), (17, 111), (1000, 19), (900, 200)])
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_prefill(H, Hkv, D, window, pos0, T, std):
+    check_prefill(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2))
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_prefill_softcap(H, Hkv, D, window):
+    check_prefill(_seed(H, D), 300, 40, H, Hkv, D, 3.0, window, softcap=20.0)

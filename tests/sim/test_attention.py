@@ -1,0 +1,59 @@
+"""Paged KV write, decode and prefill attention in the CUDA simulator: the GPU tests' checks on
+tiny shapes (H 4 / Hkv 2, D 64, page 16, contexts 1..40 across page boundaries, window 7)."""
+
+import numpy as np
+import pytest
+
+from impnb.kernels.kv_cache import kv_gather_ref, kv_write_ref
+from tests.gpu.test_attention import (check_decode, check_decode_growing, check_kv_write,
+                                      check_prefill)
+
+H, HKV, D = 4, 2, 64
+
+
+def test_kv_layout_roundtrip():
+    """The numpy twin: rows written through a shuffled table gather back in order, fp16-rounded."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 40, HKV, D)).astype(np.float32)
+    table = rng.permutation(8).astype(np.int32).reshape(2, 4)
+    k_pool = np.full((8, 16, HKV, D), np.nan, np.float16)
+    v_pool = k_pool.copy()
+    kv_write_ref(k_pool, v_pool, table, k, -k, np.tile(np.arange(40, dtype=np.int32), (2, 1)))
+    for b in range(2):
+        np.testing.assert_array_equal(kv_gather_ref(k_pool, table[b], 40), k[b].astype(np.float16))
+        np.testing.assert_array_equal(kv_gather_ref(v_pool, table[b], 40), -k[b].astype(np.float16))
+    assert np.isnan(k_pool[table[:, 2:], 8:]).all()  # positions 40..63 were never written
+
+
+@pytest.mark.parametrize("B,T,page_size", [(1, 1, 16), (2, 3, 32)])
+def test_kv_write(B, T, page_size):
+    check_kv_write(np.random.default_rng([B, T]), B, T, HKV, D, page_size)
+
+
+@pytest.mark.parametrize("L,T,window,n_splits,std", [
+    (1, 1, None, 1, 1.0),     # a single key, 4-row tile
+    (33, 1, None, 3, 0.1),    # two pages and a key, one split per 32-key tile
+    (17, 1, 7, 3, 3.0),       # window: keys 11..16 of page 0 and 1, two splits idle
+    (40, 5, 7, 2, 1.0),       # 5 queries in a window: 10 rows, two 8-row groups
+])
+def test_decode(L, T, window, n_splits, std):
+    check_decode(np.random.default_rng([L, T]), [L], T, H, HKV, D, std, window, n_splits=n_splits)
+
+
+def test_decode_batch_softcap():
+    check_decode(np.random.default_rng(7), [2, 35], 2, H, HKV, D, 3.0, window=7, softcap=5.0,
+                 page_size=32, n_splits=2)
+
+
+def test_decode_growing_context():
+    """Steps 15, 16 cross the page boundary at 16 with fixed buffers and split count."""
+    check_decode_growing(np.random.default_rng(3), 15, 17, H, HKV, D, window=7, n_splits=2)
+
+
+@pytest.mark.parametrize("pos0,T,window,softcap,std", [
+    (0, 1, None, None, 1.0),   # the first token
+    (0, 5, 7, None, 3.0),      # a prompt
+    (14, 3, 7, 5.0, 0.1),      # a later chunk across a page boundary, window and softcap
+])
+def test_prefill(pos0, T, window, softcap, std):
+    check_prefill(np.random.default_rng([pos0, T]), pos0, T, H, HKV, D, std, window, softcap)
