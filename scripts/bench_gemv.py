@@ -3,7 +3,7 @@
 For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 50 MB L2 are
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
-    python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--json PATH]
+    python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--json PATH]
 """
 
 import argparse
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 from numba import cuda  # noqa: E402
 
+from impnb.kernels import quant_blocks as qb  # noqa: E402
 from impnb.kernels.gemv import DECODERS, gemv  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
 
@@ -59,13 +60,14 @@ def bench(t, rows, cols, n_tok, reps, rng, copies=None):
     stream.synchronize()
     starts = [cuda.event() for _ in range(reps)]
     ends = [cuda.event() for _ in range(reps)]
-    _sleep[1, 1, stream](max(20, reps))  # the queue fills while the GPU sleeps
+    if not qb.SIM:  # (the simulator has no nanosleep)
+        _sleep[1, 1, stream](max(20, reps))  # the queue fills while the GPU sleeps
     for i in range(reps):
         starts[i].record(stream)
         gemv(weights[i % copies], x, y, stream)
         ends[i].record(stream)
     stream.synchronize()
-    us = np.array([cuda.event_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)])
+    us = np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])  # ms -> us
     assert np.isfinite(y.copy_to_host()).all()
     sec = float(np.median(us)) * 1e-6
     return {"type": t.name, "rows": rows, "cols": cols, "tokens": n_tok, "copies": copies,
@@ -76,7 +78,7 @@ def bench(t, rows, cols, n_tok, reps, rng, copies=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4096x14336", help="rows x cols of W")
-    ap.add_argument("--tokens", default="1", help="comma-separated T values")
+    ap.add_argument("--tokens", default="1,8", help="comma-separated T values")
     ap.add_argument("--types", default=",".join(t.name for t in DECODERS))
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--copies", type=int, help="weight copies to rotate (default: > 4x L2)")
