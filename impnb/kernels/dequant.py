@@ -57,7 +57,7 @@ def _make_dequant(load, run, col):
         raw = load(parts, g)
         w = cuda.local.array(16, float32)
         for h in range(2):
-            s = run(raw, g, h, w)
+            s = run(raw, c, h, w)
             base = row * out.shape[1] + col(c, h) // 2
             for v in range(2):
                 o = 8 * v

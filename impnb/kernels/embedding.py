@@ -48,7 +48,7 @@ def _make_embedding(load, run, col):
         g = row * cpr + c
         raw = load(parts, g)
         for h in range(2):
-            s = run(raw, g, h, w)
+            s = run(raw, c, h, w)
             base = t * K + col(c, h)
             for v in range(4):
                 o = 4 * v

@@ -56,9 +56,9 @@ def _make_gemv(load, unit, col, n_tok):
     def half_chunk(raw_a, raw_b, ga, gb, c, h, x, K, acc, wa, wb):
         # -- decode 16 weights of each row, FMA against every token --
         # weights are a * w[i] + b with w[i] in [1, 2): dot = a * sum(w x) + b * sum(x)
-        aa, ba = unit(raw_a, ga, h, wa)
+        aa, ba = unit(raw_a, c, h, wa)
         if rows == 2:
-            ab, bb = unit(raw_b, gb, h, wb)
+            ab, bb = unit(raw_b, c, h, wb)
         k = col(c, h)
         for t in range(n_tok):
             pa = float32(0.0)

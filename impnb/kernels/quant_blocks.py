@@ -1,8 +1,9 @@
 """Device functions that decode GGML quant blocks from impnb's repacked layout (kernels/repack.py).
 
 Every quant type is decoded in *chunks* of 32 weights: `<type>_load(parts, g)` reads global chunk
-`g` (row * cols/32 + c) with 16-byte loads, and `<type>_run(raw, g, h, w)` writes the 16 weights
-of half `h` into `w[0:16]` and returns their scale s, so that the weights are `w[i] * s`, bit-equal
+`g` = row * cols/32 + c with 16-byte loads, and `<type>_run(raw, c, h, w)` writes the 16 weights
+of half `h` into `w[0:16]` and returns their scale s (only c % 8 matters: rows hold whole
+superblocks), so that the weights are `w[i] * s`, bit-equal
 to `gguf.quants.dequantize` (symmetric types return q - offset and the block scale; types with a
 min return the finished weight and s = 1). Those 16 weights sit at row columns
 `<type>_k(c, h) + 0..15`. Integers become floats through the 2^23 trick: the float whose bits are
@@ -236,20 +237,21 @@ def halves2(word, w, o):
 
 
 @cuda.jit(device=True, inline=True)
-def k_scales(hdr, g):
-    """6-bit (scale, min) of sub-blocks 2(L//2) and 2(L//2)+1 of chunk L = g % 8 (Q4_K, Q5_K),
-    from the 12 scale bytes hdr[1..3]; the pair sits at the same byte offset, decoded at once."""
-    s = 8 * (g & 2)
+def k_scales(hdr, c):
+    """6-bit (scale, min) of sub-blocks 2p and 2p+1, p = (c % 8) // 2 (Q4_K, Q5_K), from the 12
+    scale bytes hdr[1..3]; the pair sits at the same byte offset and is decoded at once."""
+    s = 8 * (c & 2)
     b1 = shr32(hdr[1], s)
     b2 = shr32(hdr[2], s)
     b3 = shr32(hdr[3], s)
-    if g & 4:
+    if c & 4:
         sc = (b3 & 0x0F0F) | ((b1 >> 2) & 0x3030)
         mn = ((b3 >> 4) & 0x0F0F) | ((b2 >> 2) & 0x3030)
     else:
         sc = b1 & 0x3F3F
         mn = b2 & 0x3F3F
-    return float32(sc & 0xFF), float32(mn & 0xFF), float32((sc >> 8) & 0xFF), float32((mn >> 8) & 0xFF)
+    return (float32(uint32(sc & 0xFF)), float32(uint32(mn & 0xFF)),
+            float32(uint32((sc >> 8) & 0xFF)), float32(uint32((mn >> 8) & 0xFF)))
 
 
 # -- Q8_0: qs int8 (4 u32 per half-chunk), d f16 per 32 --
@@ -263,7 +265,7 @@ def q8_0_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q8_0_run(raw, g, h, w):
+def q8_0_run(raw, c, h, w):
     q = raw[0] if h == 0 else raw[1]
     off = np.float32(8388736.0)  # 2^23 + 128: bytes xor 0x80 are q + 128
     for j in range(4):
@@ -280,7 +282,7 @@ def q4_0_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_0_run(raw, g, h, w):
+def q4_0_run(raw, c, h, w):
     q = raw[0]
     sh = 4 * h
     off = np.float32(8388616.0)  # 2^23 + 8
@@ -296,7 +298,7 @@ def q4_1_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_1_run(raw, g, h, w):
+def q4_1_run(raw, c, h, w):
     q = raw[0]
     d = f16_to_f32(raw[1] & HALF)
     m = f16_to_f32(raw[1] >> 16)
@@ -314,7 +316,7 @@ def q5_0_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q5_0_run(raw, g, h, w):
+def q5_0_run(raw, c, h, w):
     q = raw[0]
     sh = 4 * h
     off = np.float32(8388624.0)  # 2^23 + 16
@@ -339,8 +341,8 @@ def q4_k_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def _k_affine_words(hdr, g, h):
-    sc0, mn0, sc1, mn1 = k_scales(hdr, g)
+def _k_affine_words(hdr, c, h):
+    sc0, mn0, sc1, mn1 = k_scales(hdr, c)
     sc = sc0 if h == 0 else sc1
     mn = mn0 if h == 0 else mn1
     dd = f16_to_f32(hdr[0] & HALF) * sc
@@ -349,9 +351,9 @@ def _k_affine_words(hdr, g, h):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_k_run(raw, g, h, w):
+def q4_k_run(raw, c, h, w):
     q = raw[0]
-    dd, nd23, m = _k_affine_words(raw[1], g, h)
+    dd, nd23, m = _k_affine_words(raw[1], c, h)
     sh = 4 * h
     for j in range(4):
         bytes4_affine(shr32(q[j], sh) & LO4, dd, nd23, m, w, 4 * j)
@@ -367,12 +369,12 @@ def q5_k_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q5_k_run(raw, g, h, w):
+def q5_k_run(raw, c, h, w):
     q = raw[0]
     qh = raw[1]
-    dd, nd23, m = _k_affine_words(raw[2], g, h)
+    dd, nd23, m = _k_affine_words(raw[2], c, h)
     sh = 4 * h
-    hb = 2 * ((g & 7) >> 1) + h
+    hb = 2 * ((c & 7) >> 1) + h
     for j in range(4):
         hi = (shr32(qh[j], hb) & LO1) << 4
         bytes4_affine((shr32(q[j], sh) & LO4) | hi, dd, nd23, m, w, 4 * j)
@@ -399,11 +401,11 @@ def q6_k_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def q6_k_run(raw, g, h, w):
+def q6_k_run(raw, c, h, w):
     ql = raw[0]
     qh = raw[1]
     sh = 4 * h
-    hs = 2 * (2 * h + ((g & 3) >> 1))
+    hs = 2 * (2 * h + ((c & 3) >> 1))
     off = np.float32(8388640.0)  # 2^23 + 32
     for j in range(4):
         hi = (shr32(qh[j], hs) & LO2) << 4
@@ -427,7 +429,7 @@ def f16_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def f16_run(raw, g, h, w):
+def f16_run(raw, c, h, w):
     a = raw[0] if h == 0 else raw[2]
     b = raw[1] if h == 0 else raw[3]
     for j in range(4):
@@ -446,7 +448,7 @@ def f32_load(parts, g):
 
 
 @cuda.jit(device=True, inline=True)
-def f32_run(raw, g, h, w):
+def f32_run(raw, c, h, w):
     for i in range(4):
         q = raw[4 * h + i]
         for j in range(4):
@@ -503,7 +505,7 @@ def units4_bytes(word, pos, bits, w, o):
 
 
 @cuda.jit(device=True, inline=True)
-def q8_0_unit(raw, g, h, w):
+def q8_0_unit(raw, c, h, w):
     q = raw[0] if h == 0 else raw[1]
     for j in range(4):
         units4(q[j] ^ SIGN8, 0, 8, w, 4 * j)
@@ -512,7 +514,7 @@ def q8_0_unit(raw, g, h, w):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_0_unit(raw, g, h, w):
+def q4_0_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
         units4_bytes(q[j], 4 * h, 4, w, 4 * j)
@@ -521,7 +523,7 @@ def q4_0_unit(raw, g, h, w):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_1_unit(raw, g, h, w):
+def q4_1_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
         units4_bytes(q[j], 4 * h, 4, w, 4 * j)
@@ -530,7 +532,7 @@ def q4_1_unit(raw, g, h, w):
 
 
 @cuda.jit(device=True, inline=True)
-def q5_0_unit(raw, g, h, w):
+def q5_0_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
         hi = ((shr32(raw[1], 16 * h + 4 * j) & 15) * SPREAD4) & BIT4
@@ -540,8 +542,8 @@ def q5_0_unit(raw, g, h, w):
 
 
 @cuda.jit(device=True, inline=True)
-def _k_unit_affine(hdr, g, h, two_bits):
-    sc0, mn0, sc1, mn1 = k_scales(hdr, g)
+def _k_unit_affine(hdr, c, h, two_bits):
+    sc0, mn0, sc1, mn1 = k_scales(hdr, c)
     sc = sc0 if h == 0 else sc1
     mn = mn0 if h == 0 else mn1
     dd = f16_to_f32(hdr[0] & HALF) * sc * two_bits  # q = 2^bits (2u - 1)
@@ -549,29 +551,29 @@ def _k_unit_affine(hdr, g, h, two_bits):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_k_unit(raw, g, h, w):
+def q4_k_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
         units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    return _k_unit_affine(raw[1], g, h, np.float32(16.0))
+    return _k_unit_affine(raw[1], c, h, np.float32(16.0))
 
 
 @cuda.jit(device=True, inline=True)
-def q5_k_unit(raw, g, h, w):
+def q5_k_unit(raw, c, h, w):
     q = raw[0]
     qh = raw[1]
-    hb = 2 * ((g & 7) >> 1) + h
+    hb = 2 * ((c & 7) >> 1) + h
     for j in range(4):
         hi = (shr32(qh[j], hb) & LO1) << 4
         units4_bytes((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
-    return _k_unit_affine(raw[2], g, h, np.float32(32.0))
+    return _k_unit_affine(raw[2], c, h, np.float32(32.0))
 
 
 @cuda.jit(device=True, inline=True)
-def q6_k_unit(raw, g, h, w):
+def q6_k_unit(raw, c, h, w):
     ql = raw[0]
     qh = raw[1]
-    hs = 2 * (2 * h + ((g & 3) >> 1))
+    hs = 2 * (2 * h + ((c & 3) >> 1))
     for j in range(4):
         hi = (shr32(qh[j], hs) & LO2) << 4
         units4_bytes((shr32(ql[j], 4 * h) & LO4) | hi, 0, 6, w, 4 * j)
@@ -580,10 +582,10 @@ def q6_k_unit(raw, g, h, w):
 
 
 @cuda.jit(device=True, inline=True)
-def f16_unit(raw, g, h, w):
-    return f16_run(raw, g, h, w), np.float32(0.0)
+def f16_unit(raw, c, h, w):
+    return f16_run(raw, c, h, w), np.float32(0.0)
 
 
 @cuda.jit(device=True, inline=True)
-def f32_unit(raw, g, h, w):
-    return f32_run(raw, g, h, w), np.float32(0.0)
+def f32_unit(raw, c, h, w):
+    return f32_run(raw, c, h, w), np.float32(0.0)
