@@ -39,8 +39,9 @@ def tiny_config(arch: str, vocab_size: int, seed: int = 0):
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
     if arch == "qwen3":
-        # head_dim * heads (128) != hidden (64): the file's key_length must be honoured.
-        return Qwen3Config(**common, num_hidden_layers=3, head_dim=32, tie_word_embeddings=True)
+        # head_dim * heads (256) != hidden (64): the file's key_length must be honoured; 64 is a
+        # head dim the GPU attention kernels take.
+        return Qwen3Config(**common, num_hidden_layers=3, head_dim=64, tie_word_embeddings=True)
     if arch == "qwen3moe":
         return Qwen3MoeConfig(**common, num_hidden_layers=2, head_dim=16, tie_word_embeddings=False,
                               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,

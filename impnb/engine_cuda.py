@@ -1,0 +1,100 @@
+"""The CUDA engine: a DeviceModel, prompt chunks and single-token steps, sampling on the GPU.
+
+A step uploads its token id and position (8 bytes from pinned memory), runs the stack, samples
+on the device and copies 4 bytes back.
+"""
+
+import numpy as np
+
+from impnb.errors import ParameterError
+from impnb.gguf_file import ModelFile
+from impnb.gpu.forward import forward
+from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
+from impnb.kernels import sample as sample_kernels
+from impnb.sampling import SamplingParams
+
+HISTORY = 64  # repetition-penalty window, tokens
+
+
+class CudaEngine:
+    """prefill(prompt ids) -> first token; step(token) -> next token (same API as CpuEngine)."""
+
+    device = "cuda"
+
+    def __init__(self, mf: ModelFile, n_ctx: int):
+        self.m = DeviceModel(mf, n_ctx)
+        self.cfg, self.n_ctx = self.m.cfg, n_ctx
+        ctx = self.m.ctx
+        cuda = ctx.cuda
+        self.host_ids = cuda.pinned_array(MAX_PREFILL_CHUNK, np.int32)
+        self.host_pos = cuda.pinned_array(MAX_PREFILL_CHUNK, np.int32)
+        self.host_out = cuda.pinned_array(1, np.int32)
+        self.host_step = cuda.pinned_array(1, np.int32)
+        self.out_ids = ctx.empty(1, np.int32)
+        self.step_no = ctx.empty(1, np.int32)
+        self.history = ctx.empty((1, HISTORY), np.int32)
+        self.params = ctx.empty((1, sample_kernels.NPARAM), np.float64)
+        self.scratch = sample_kernels.sample_scratch(1, self.cfg.n_vocab)
+        self.p = None
+        self.pos = 0
+        self.n_sampled = 0
+
+    def reset(self, params: SamplingParams) -> None:
+        self.p = params
+        self.params.copy_to_device(sample_kernels.sample_params([params]), stream=self.m.ctx.nb_stream)
+        self.history.copy_to_device(np.full((1, HISTORY), -1, np.int32), stream=self.m.ctx.nb_stream)
+        self.pos = 0
+        self.n_sampled = 0
+
+    def prefill(self, ids) -> int:
+        ids = np.asarray(ids, np.int32)
+        if self.pos + len(ids) > self.n_ctx:
+            raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
+        logits = None
+        for start in range(0, len(ids), MAX_PREFILL_CHUNK):
+            chunk = ids[start:start + MAX_PREFILL_CHUNK]
+            logits = self._run(chunk)
+        if self.p.repeat_penalty != 1.0:
+            for t in ids[-HISTORY:]:
+                self._push(int(t))
+        return self._sample(logits)
+
+    def step(self, token: int) -> int:
+        logits = self._run(np.array([token], np.int32))
+        return self._sample(logits)
+
+    def _run(self, chunk: np.ndarray):
+        T = len(chunk)
+        s = self.m.ctx.nb_stream
+        self.host_ids[:T] = chunk
+        self.host_pos[:T] = np.arange(self.pos, self.pos + T, dtype=np.int32)
+        self.m.ids[:T].copy_to_device(self.host_ids[:T], stream=s)
+        self.m.pos[:T].copy_to_device(self.host_pos[:T], stream=s)
+        self.pos += T
+        return forward(self.m, T)
+
+    def _push(self, token: int) -> None:
+        s = self.m.ctx.nb_stream
+        self.host_out[0] = token
+        self.host_step[0] = self.n_sampled
+        self.out_ids.copy_to_device(self.host_out, stream=s)
+        self.step_no.copy_to_device(self.host_step, stream=s)
+        sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
+        self.n_sampled += 1
+
+    def _sample(self, logits) -> int:
+        s = self.m.ctx.nb_stream
+        self.host_step[0] = self.n_sampled
+        self.step_no.copy_to_device(self.host_step, stream=s)
+        if self.p.repeat_penalty != 1.0:
+            sample_kernels.repeat_penalty(logits, self.history, self.params, s)
+        if self.p.greedy:
+            sample_kernels.argmax(logits, self.out_ids, s)
+        else:
+            sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
+        if self.p.repeat_penalty != 1.0:
+            sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
+        self.n_sampled += 1
+        self.out_ids.copy_to_host(self.host_out, stream=s)
+        self.m.ctx.sync()
+        return int(self.host_out[0])

@@ -1,0 +1,53 @@
+"""One CUDA context and stream (cuda.core) shared by numba kernels and cuBLAS."""
+
+import numpy as np
+
+from impnb.devices import cuda_unavailable_reason
+from impnb.errors import DeviceError
+
+
+class GpuContext:
+    """The primary context of GPU 0, one non-blocking stream, and numba's view of it."""
+
+    def __init__(self, device_id: int = 0):
+        from numba import cuda
+        from numba.cuda import config as cuda_config
+
+        self.cuda = cuda
+        self.simulator = bool(cuda_config.ENABLE_CUDASIM)
+        if self.simulator:  # numba's CUDA simulator: tests of the engine's wiring on the CPU
+            self.stream, self.handle, self.nb_stream = None, 0, cuda.stream()
+            return
+        reason = cuda_unavailable_reason()
+        if reason:
+            raise DeviceError(reason)
+        from cuda.core import Device
+
+        self.device = Device(device_id)
+        self.device.set_current()
+        self.stream = self.device.create_stream()
+        self.handle = int(self.stream.handle)
+        self.nb_stream = cuda.external_stream(self.handle)  # numba launches go here
+
+    def mem_free(self) -> tuple[int, int]:
+        """(free, total) bytes on the device."""
+        if self.simulator:
+            return 1 << 40, 1 << 40
+        return self.cuda.current_context().get_memory_info()
+
+    def check_fits(self, need: int, what: str) -> None:
+        """DeviceError naming what was needed and what is free when `need` bytes do not fit."""
+        free, total = self.mem_free()
+        if need > free:
+            raise DeviceError(f"out of GPU memory: {what} needs {need / 2**20:.0f} MiB, "
+                              f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB are free")
+
+    def empty(self, shape, dtype) -> "DeviceNDArray":
+        """An uninitialised device array (allocated at load time only)."""
+        return self.cuda.device_array(shape, dtype=np.dtype(dtype), stream=self.nb_stream)
+
+    def upload(self, array: np.ndarray) -> "DeviceNDArray":
+        return self.cuda.to_device(np.ascontiguousarray(array), stream=self.nb_stream)
+
+    def sync(self) -> None:
+        self.nb_stream.synchronize() if self.simulator else self.stream.sync()

@@ -1,0 +1,48 @@
+"""cuBLAS through nvmath-python's bindings: the prefill GEMM fallback, bound to our stream."""
+
+import numpy as np
+
+# cudaDataType / cublasComputeType / cublasOperation values from the CUDA headers.
+CUDA_R_32F, CUDA_R_16F = 0, 2
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20
+
+
+class Cublas:
+    """One handle and workspace, created once at load (before any graph capture)."""
+
+    def __init__(self, ctx):
+        from nvmath.bindings import cublas
+
+        self.lib = cublas
+        self.handle = cublas.create()
+        cublas.set_stream(self.handle, ctx.handle)
+        self.workspace = ctx.empty(WORKSPACE_BYTES, np.uint8)
+        cublas.set_workspace(self.handle, self.workspace.device_ctypes_pointer.value, WORKSPACE_BYTES)
+        self._alpha_beta = {b: (np.array([1.0], np.float32), np.array([b], np.float32)) for b in (0.0, 1.0)}
+
+    def gemm_f16(self, a, w, c, accumulate: bool = False) -> None:
+        """Row-major c (M, N) fp32 [+]= a (M, K) fp16 · w (N, K)ᵀ fp16, fp32 accumulation.
+
+        In cuBLAS's column-major terms: cᵀ (N, M) = op_T(w) · a.
+        """
+        M, K = a.shape
+        N = w.shape[0]
+        assert w.shape == (N, K) and c.shape == (M, N), (a.shape, w.shape, c.shape)
+        assert a.dtype == np.float16 and w.dtype == np.float16 and c.dtype == np.float32
+        alpha, beta = self._alpha_beta[1.0 if accumulate else 0.0]
+        self.lib.gemm_ex(self.handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
+                         alpha.ctypes.data, _ptr(w), CUDA_R_16F, K, _ptr(a), CUDA_R_16F, K,
+                         beta.ctypes.data, _ptr(c), CUDA_R_32F, N,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.destroy(self.handle)
+            self.handle = 0
+
+
+def _ptr(array) -> int:
+    return array.device_ctypes_pointer.value

@@ -1,0 +1,83 @@
+"""The decoder stack on the GPU for llama, qwen3 and gemma3, with fused residual norms.
+
+Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
+  h = norm(x) -> q, k, v = linear(h) -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write
+  -> attention (decode: split-K over the cache; prefill: causal over the cache)
+  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)          (one fused kernel)
+  -> act(linear_gate(h)) * linear_up(h) -> d = linear_down -> x += [post-norm](d), h = next norm(x)
+The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
+"""
+
+import numpy as np
+
+from impnb.kernels import activations, attention_decode, attention_prefill, kv_cache, norm, rope
+from impnb.kernels.embedding import embedding
+from impnb.models.config import ModelConfig
+
+
+def forward(m, T: int, last_only: bool = True):
+    """Run T tokens (ids in m.ids[:T], positions in m.pos[:T]) through model m -> logits buffer.
+
+    m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
+    launch the same kernels on the same memory (what a CUDA graph captures).
+    """
+    cfg: ModelConfig = m.cfg
+    s = m.ctx.nb_stream
+    a = m.arena
+    D, H, Hkv, Dh, Dv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+    ids, pos = m.ids[:T], m.pos[:T]
+    x = a.get("x", (T, D))
+    h = a.get("h", (T, D))
+    embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
+    norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        q = a.get("q", (T, H, Dh))
+        k = a.get("k", (T, Hkv, Dh))
+        v = a.get("v", (T, Hkv, Dv))
+        m.linear(h, p + "attn_q", q.reshape(T, H * Dh))
+        m.linear(h, p + "attn_k", k.reshape(T, Hkv * Dh))
+        m.linear(h, p + "attn_v", v.reshape(T, Hkv * Dv))
+        if cfg.qk_norm:
+            norm.rms_norm(q, m.w[p + "attn_q_norm"], q, cfg.eps, s)
+            norm.rms_norm(k, m.w[p + "attn_k_norm"], k, cfg.eps, s)
+        rope.rope(q, k, pos, m.inv_freq[il], cfg.rope_neox, s)
+        kv_cache.kv_write(k, v, pos, m.block_table, m.k_pool[il], m.v_pool[il], s)
+        attn = a.get("attn", (T, H, Dv))
+        _attention(m, il, q, pos, attn, T)
+        o = a.get("o", (T, D))
+        m.linear(attn.reshape(T, H * Dv), p + "attn_output", o)
+        _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
+        gate = a.get("gate", (T, cfg.n_ff))
+        up = a.get("up", (T, cfg.n_ff))
+        m.linear(h, p + "ffn_gate", gate)
+        m.linear(h, p + "ffn_up", up)
+        (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, s)
+        m.linear(gate, p + "ffn_down", o)
+        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
+        _residual(m, x, o, p + "post_ffw_norm", nxt, h)
+    rows = h[T - 1:T] if last_only else h
+    logits = a.get("logits", (rows.shape[0], cfg.n_vocab))
+    m.linear(rows, "output" if "output" in m.w else "token_embd", logits)
+    return logits
+
+
+def _residual(m, x, o, post_norm: str, next_norm: str, h):
+    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x); one kernel."""
+    if m.cfg.post_norms:
+        norm.rms_norm_post_add(x, o, m.w[post_norm], m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
+    else:
+        norm.rms_norm_add(x, o, m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
+
+
+def _attention(m, il: int, q, pos, out, T: int):
+    cfg, s = m.cfg, m.ctx.nb_stream
+    window = cfg.window(il)
+    if T <= attention_decode.MAX_T and m.decode_splits:
+        partials = m.arena.get("partials", attention_decode.partials_shape(
+            1, m.decode_splits, T, cfg.n_head, cfg.head_dim_v))
+        attention_decode.attention_decode(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+                                          partials, m.decode_splits, cfg.attn_scale, window, None, s)
+    else:
+        attention_prefill.attention_prefill(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+                                            cfg.attn_scale, window, None, s)

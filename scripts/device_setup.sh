@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# On the GPU host: install the wheels carried in .dev/whl (numpy 2.4, gguf, nvmath-python)
+# into /tmp/site. Source it: `source scripts/device_setup.sh`.
+if [ -d .dev/whl ] && [ ! -f /tmp/site/.impnb-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .dev/whl/*.whl && touch /tmp/site/.impnb-wheels
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
