@@ -1,16 +1,17 @@
 """Device functions that decode GGML quant blocks from impnb's repacked layout (kernels/repack.py).
 
 Every quant type is decoded in *chunks* of 32 weights: `<type>_load(parts, g)` reads global chunk
-`g` = row * cols/32 + c with 16-byte loads, and `<type>_run(raw, c, h, w)` writes the 16 weights
-of half `h` into `w[0:16]` and returns their scale s (only c % 8 matters: rows hold whole
-superblocks), so that the weights are `w[i] * s`, bit-equal
-to `gguf.quants.dequantize` (symmetric types return q - offset and the block scale; types with a
-min return the finished weight and s = 1). Those 16 weights sit at row columns
-`<type>_k(c, h) + 0..15`. Integers become floats through the 2^23 trick: the float whose bits are
-0x4B000000 | q is 2^23 + q exactly, so q - offset is one float add and d*q is one exact fma.
+g = row * cols/32 + c with 16-byte loads; `<type>_run(raw, c, h, w)` writes the 16 weights of half
+h into w[0:16] and returns their scale s, so the weights are w[i] * s, bit-equal to
+`gguf.quants.dequantize` (symmetric types return q - offset and the block scale; types with a min
+return the finished weight and s = 1; only c % 8 matters, rows hold whole superblocks). Those 16
+weights sit at row columns `<type>_k(c, h) + 0..15` (block32_k, k4_k, q6_k_k). Integers become
+floats through the 2^23 trick: the float whose bits are 0x4B000000 | q is 2^23 + q exactly, so
+q - offset is one float add and d*q is one exact fma. GEMV's faster affine decoders (gemv.py)
+reuse the loads and layouts.
 
-The small intrinsics (16-byte loads/stores, bit casts, fp16 conversion, warp sum) have plain-Python
-twins that numba's CUDA simulator runs.
+The small intrinsics (16-byte loads/stores, bit casts, byte permute, fp16 conversion, warp sum)
+have plain-Python twins that numba's CUDA simulator runs.
 """
 
 import numpy as np
@@ -19,7 +20,6 @@ from numba import config, cuda, float32, uint32
 SIM = bool(config.ENABLE_CUDASIM)
 
 MAGIC = np.uint32(0x4B000000)  # float bits of 2^23
-TWO23 = np.float32(8388608.0)
 NEG_TWO23 = np.float32(-8388608.0)
 LO4 = np.uint32(0x0F0F0F0F)
 LO1 = np.uint32(0x01010101)
@@ -454,138 +454,3 @@ def f32_run(raw, c, h, w):
         for j in range(4):
             w[4 * i + j] = as_f32(q[j])
     return ONE
-
-
-# -- GEMV decoders: `<type>_unit(raw, g, h, w)` writes w[i] = u_i, an exact float in [0.5, 2) affine
-#    in the quant q_i (u = (1 + q/2^bits)/2, or 1 + q/256 for Q8_0), and returns (a, b) with
-#    weight_i = a * u_i + b, so a row's dot with x is a * sum(u x) + b * sum(x): one fma per
-#    weight and a sum of x shared by the rows; rounding stays relative to |x|. --
-
-ONE_BITS = np.uint32(0x3F800000)
-ONE_HI = np.uint32(0x3F000000)  # byte 3 of 1.0f
-
-
-@cuda.jit(device=True, inline=True)
-def unit(word, pos, bits):
-    """1 + v / 2^bits for the `bits`-wide field of word at bit `pos` (pos, bits constant)."""
-    top = 23 - bits
-    if pos <= top:
-        v = word << (top - pos)
-    else:
-        v = shr32(word, pos - top)
-    return as_f32((v & (((1 << bits) - 1) << top)) | ONE_BITS)
-
-
-@cuda.jit(device=True, inline=True)
-def units4(word, pos, bits, w, o):
-    """w[o+b] = unit of the field at bit pos + 8b, b = 0..3."""
-    w[o] = unit(word, pos, bits)
-    w[o + 1] = unit(word, pos + 8, bits)
-    w[o + 2] = unit(word, pos + 16, bits)
-    w[o + 3] = unit(word, pos + 24, bits)
-
-
-@cuda.jit(device=True, inline=True)
-def units4_bytes(word, pos, bits, w, o):
-    """w[o+b] = (1 + v_b / 2^bits) / 2 for the fields at bit pos of each byte (bits <= 7): one
-    shift and mask per word puts v at bits 7-bits..6 of its byte, then one byte permute per
-    weight builds the float 0x3F000000 | byte << 16."""
-    top = 7 - bits
-    mask = ((1 << bits) - 1) << top
-    mask4 = mask | (mask << 8) | (mask << 16) | (mask << 24)
-    if pos <= top:
-        v = word << (top - pos)
-    else:
-        v = shr32(word, pos - top)
-    p = v & mask4
-    w[o] = as_f32(prmt(p, ONE_HI, 0x7054))
-    w[o + 1] = as_f32(prmt(p, ONE_HI, 0x7154))
-    w[o + 2] = as_f32(prmt(p, ONE_HI, 0x7254))
-    w[o + 3] = as_f32(prmt(p, ONE_HI, 0x7354))
-
-
-@cuda.jit(device=True, inline=True)
-def q8_0_unit(raw, c, h, w):
-    q = raw[0] if h == 0 else raw[1]
-    for j in range(4):
-        units4(q[j] ^ SIGN8, 0, 8, w, 4 * j)
-    d = raw[2]
-    return d * np.float32(256.0), d * np.float32(-384.0)  # q = 256 (u - 1) - 128
-
-
-@cuda.jit(device=True, inline=True)
-def q4_0_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    d = raw[1]
-    return d * np.float32(32.0), d * np.float32(-24.0)  # q = 16 (2u - 1), weight d (q - 8)
-
-
-@cuda.jit(device=True, inline=True)
-def q4_1_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    d = f16_to_f32(raw[1] & HALF) * np.float32(16.0)  # q = 16 (2u - 1), weight d q + m
-    return d + d, f16_to_f32(raw[1] >> 16) - d
-
-
-@cuda.jit(device=True, inline=True)
-def q5_0_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        hi = ((shr32(raw[1], 16 * h + 4 * j) & 15) * SPREAD4) & BIT4
-        units4_bytes((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
-    d = raw[2]
-    return d * np.float32(64.0), d * np.float32(-48.0)  # q = 32 (2u - 1), weight d (q - 16)
-
-
-@cuda.jit(device=True, inline=True)
-def _k_unit_affine(hdr, c, h, two_bits):
-    sc0, mn0, sc1, mn1 = k_scales(hdr, c)
-    sc = sc0 if h == 0 else sc1
-    mn = mn0 if h == 0 else mn1
-    dd = f16_to_f32(hdr[0] & HALF) * sc * two_bits  # q = 2^bits (2u - 1)
-    return dd + dd, -dd - f16_to_f32(hdr[0] >> 16) * mn
-
-
-@cuda.jit(device=True, inline=True)
-def q4_k_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    return _k_unit_affine(raw[1], c, h, np.float32(16.0))
-
-
-@cuda.jit(device=True, inline=True)
-def q5_k_unit(raw, c, h, w):
-    q = raw[0]
-    qh = raw[1]
-    hb = 2 * ((c & 7) >> 1) + h
-    for j in range(4):
-        hi = (shr32(qh[j], hb) & LO1) << 4
-        units4_bytes((shr32(q[j], 4 * h) & LO4) | hi, 0, 5, w, 4 * j)
-    return _k_unit_affine(raw[2], c, h, np.float32(32.0))
-
-
-@cuda.jit(device=True, inline=True)
-def q6_k_unit(raw, c, h, w):
-    ql = raw[0]
-    qh = raw[1]
-    hs = 2 * (2 * h + ((c & 3) >> 1))
-    for j in range(4):
-        hi = (shr32(qh[j], hs) & LO2) << 4
-        units4_bytes((shr32(ql[j], 4 * h) & LO4) | hi, 0, 6, w, 4 * j)
-    d = raw[2] * (raw[3] if h == 0 else raw[4])
-    return d * np.float32(128.0), d * np.float32(-96.0)  # q = 64 (2u - 1), weight d (q - 32)
-
-
-@cuda.jit(device=True, inline=True)
-def f16_unit(raw, c, h, w):
-    return f16_run(raw, c, h, w), np.float32(0.0)
-
-
-@cuda.jit(device=True, inline=True)
-def f32_unit(raw, c, h, w):
-    return f32_run(raw, c, h, w), np.float32(0.0)
