@@ -30,6 +30,7 @@ def _add_generate(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
 
 
 def _add_info(sub):

@@ -1,8 +1,12 @@
 """The CUDA engine: a DeviceModel, prompt chunks and single-token steps, sampling on the GPU.
 
-A step uploads its token id and position (8 bytes from pinned memory), runs the stack, samples
-on the device and copies 4 bytes back.
+A decode step uploads its token id, position and step number (12 bytes from pinned memory),
+replays the decode graph (the whole stack and the sampler, captured once after one eager
+warm-up step) and copies 4 bytes back. Without graphs (`graphs=False`, or capture failed
+with its reason logged) the same launches run eagerly.
 """
+
+import logging
 
 import numpy as np
 
@@ -10,10 +14,12 @@ from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
 from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
+from impnb.graphs.capture import CaptureError, Graph
 from impnb.kernels import sample as sample_kernels
 from impnb.sampling import SamplingParams
 
 HISTORY = 64  # repetition-penalty window, tokens
+log = logging.getLogger("impnb.engine")
 
 
 class CudaEngine:
@@ -21,8 +27,12 @@ class CudaEngine:
 
     device = "cuda"
 
-    def __init__(self, mf: ModelFile, n_ctx: int):
+    def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True):
+        self.mf = mf
         self.m = DeviceModel(mf, n_ctx)
+        self.use_graphs = graphs and not self.m.ctx.simulator
+        self.graphs = {}  # (greedy, penalty) -> Graph of one decode step
+        self.graph_disabled = None if self.use_graphs else "graphs off"
         self.cfg, self.n_ctx = self.m.cfg, n_ctx
         ctx = self.m.ctx
         cuda = ctx.cuda
@@ -60,8 +70,37 @@ class CudaEngine:
         return self._sample(logits)
 
     def step(self, token: int) -> int:
-        logits = self._run(np.array([token], np.int32))
-        return self._sample(logits)
+        key = (self.p.greedy, self.p.repeat_penalty != 1.0)
+        graph = self.graphs.get(key)
+        if graph is None:
+            token = self._sample(self._run(np.array([token], np.int32)))  # eager; also warm-up
+            if self.use_graphs and self.graph_disabled is None:
+                self._capture(key)
+            return token
+        s = self.m.ctx.nb_stream
+        self.host_ids[0], self.host_pos[0], self.host_step[0] = token, self.pos, self.n_sampled
+        self.m.ids[:1].copy_to_device(self.host_ids[:1], stream=s)
+        self.m.pos[:1].copy_to_device(self.host_pos[:1], stream=s)
+        self.step_no.copy_to_device(self.host_step, stream=s)
+        graph.replay()
+        self.pos += 1
+        self.n_sampled += 1
+        self.out_ids.copy_to_host(self.host_out, stream=s)
+        self.m.ctx.sync()
+        return int(self.host_out[0])
+
+    def _capture(self, key) -> None:
+        """Capture one decode step (stack + sampler) for the current sampling configuration."""
+        self.m.ctx.sync()
+        self.m.arena.frozen = True
+        try:
+            self.graphs[key] = Graph(self.m.ctx.handle, lambda: self._sample_launches(forward(self.m, 1)))
+            log.info("decode graph captured: %d nodes", self.graphs[key].n_nodes)
+        except (CaptureError, AssertionError) as e:
+            self.graph_disabled = f"disable_due_to_capture_failure: {e}"
+            log.warning("impnb: CUDA graphs off (%s); decoding eagerly", self.graph_disabled)
+        finally:
+            self.m.arena.frozen = False
 
     def _run(self, chunk: np.ndarray):
         T = len(chunk)
@@ -86,6 +125,15 @@ class CudaEngine:
         s = self.m.ctx.nb_stream
         self.host_step[0] = self.n_sampled
         self.step_no.copy_to_device(self.host_step, stream=s)
+        self._sample_launches(logits)
+        self.n_sampled += 1
+        self.out_ids.copy_to_host(self.host_out, stream=s)
+        self.m.ctx.sync()
+        return int(self.host_out[0])
+
+    def _sample_launches(self, logits) -> None:
+        """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""
+        s = self.m.ctx.nb_stream
         if self.p.repeat_penalty != 1.0:
             sample_kernels.repeat_penalty(logits, self.history, self.params, s)
         if self.p.greedy:
@@ -94,7 +142,3 @@ class CudaEngine:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
         if self.p.repeat_penalty != 1.0:
             sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
-        self.n_sampled += 1
-        self.out_ids.copy_to_host(self.host_out, stream=s)
-        self.m.ctx.sync()
-        return int(self.host_out[0])

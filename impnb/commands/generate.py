@@ -49,7 +49,8 @@ def run(args) -> int:
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
-    engine = engine_class(args.device, cfg.arch)(mf, n_ctx)
+    cls = engine_class(args.device, cfg.arch)
+    engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
