@@ -166,19 +166,28 @@ def rows_per_block(n_tok: int) -> int:
     return 2 if n_tok <= 2 else 1
 
 
-def _make_gemv(load, unit, col, n_tok):
-    rows = rows_per_block(n_tok)
+def span_for(cols: int) -> int:
+    """Threads per row group: enough for one chunk each (cols/32), from one warp up to 128."""
+    chunks = cols // 32
+    return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
-    # grid (ceil(N/R),), block 128 = 4 warps, R = rows_per_block(T). A block owns rows R*b ..
-    # R*b+R-1 (the last clamped to N-1 when N is odd, computed and dropped); thread i takes
-    # chunks i, i+128, ... of its rows: 16-byte quant loads, 32 weights per chunk in two halves
-    # of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every token t.
-    # Partial sums acc[r, t] are reduced over the warp by shuffles, then over the 4 warps in
-    # shared memory red[4, R, T].
+
+def _make_gemv(load, unit, col, n_tok, span):
+    rows = rows_per_block(n_tok)
+    wpg = span // 32  # warps per row group
+    groups = WARPS // wpg
+
+    # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads,
+    # R = rows_per_block(T). Group g of block b owns rows R*(G*b + g) .. +R-1 (past N-1: clamped,
+    # computed and dropped); its thread i takes chunks i, i+span, ... of those rows: 16-byte
+    # quant loads, 32 weights per chunk in two halves of 16, each half FMAed against
+    # x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums acc[r, t] are
+    # reduced over the warp by shuffles, then (span > 32) over the group's warps in shared
+    # memory red[4, R, T].
     @cuda.jit(device=True, inline=True)
-    def half_chunk(raw_a, raw_b, ga, gb, c, h, x, K, acc, wa, wb):
+    def half_chunk(raw_a, raw_b, c, h, x, K, acc, wa, wb):
         # -- decode 16 weights of each row, FMA against every token --
-        # weights are a * w[i] + b with w[i] in [1, 2): dot = a * sum(w x) + b * sum(x)
+        # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
         aa, ba = unit(raw_a, c, h, wa)
         if rows == 2:
             ab, bb = unit(raw_b, c, h, wb)
@@ -209,23 +218,23 @@ def _make_gemv(load, unit, col, n_tok):
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
-        row_a = cuda.blockIdx.x * rows
-        row_b = min(row_a + 1, n_rows - 1)
+        group = tid // span
+        first = (cuda.blockIdx.x * groups + group) * rows
+        row_a = min(first, n_rows - 1)
+        row_b = min(first + 1, n_rows - 1)
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
-        for c in range(tid, cpr, BLOCK):
+        for c in range(tid - group * span, cpr, span):
             # -- load the rows' chunk c --
-            ga = row_a * cpr + c
-            gb = row_b * cpr + c
-            raw_a = load(parts, ga)
-            raw_b = load(parts, gb) if rows == 2 else raw_a
-            half_chunk(raw_a, raw_b, ga, gb, c, 0, x, K, acc, wa, wb)
-            half_chunk(raw_a, raw_b, ga, gb, c, 1, x, K, acc, wa, wb)
-        # -- reduce: warp, then the 4 warps --
+            raw_a = load(parts, row_a * cpr + c)
+            raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
+            half_chunk(raw_a, raw_b, c, 0, x, K, acc, wa, wb)
+            half_chunk(raw_a, raw_b, c, 1, x, K, acc, wa, wb)
+        # -- reduce: warp, then the group's warps --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         lane = tid & 31
@@ -233,28 +242,38 @@ def _make_gemv(load, unit, col, n_tok):
         for r in range(rows):
             for t in range(n_tok):
                 s = qb.warp_sum(acc[r, t], scratch)
-                if lane == 0:
+                if wpg == 1:
+                    if lane == 0 and first + r < n_rows:
+                        if accumulate:
+                            s += y[t, first + r]
+                        y[t, first + r] = s
+                elif lane == 0:
                     red[warp, r, t] = s
-        cuda.syncthreads()
-        if tid < rows * n_tok:
-            r = tid // n_tok
-            t = tid - r * n_tok
-            row = row_a + r
-            if row < n_rows:
-                s = red[0, r, t] + red[1, r, t] + red[2, r, t] + red[3, r, t]
-                if accumulate:
-                    s += y[t, row]
-                y[t, row] = s
+        if wpg > 1:
+            cuda.syncthreads()
+            if tid < groups * rows * n_tok:
+                g = tid // (rows * n_tok)
+                r = (tid - g * rows * n_tok) // n_tok
+                t = tid - g * rows * n_tok - r * n_tok
+                row = (cuda.blockIdx.x * groups + g) * rows + r
+                if row < n_rows:
+                    s = float32(0.0)
+                    for i in range(wpg):
+                        s += red[g * wpg + i, r, t]
+                    if accumulate:
+                        s += y[t, row]
+                    y[t, row] = s
 
     return _gemv_kernel
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(ggml_type: T, n_tok: int):
-    """The compiled-on-first-use kernel for one type and token count."""
+def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK):
+    """The compiled-on-first-use kernel for one type, token count and row-group span."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
-    return _make_gemv(*DECODERS[T(ggml_type)], n_tok)
+    assert span in (32, 64, BLOCK)
+    return _make_gemv(*DECODERS[T(ggml_type)], n_tok, span)
 
 
 def _parts_type(ggml_type: T):
@@ -273,15 +292,17 @@ def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):
     assert w.cols == K and y.shape == (n_tok, w.rows), (w.rows, w.cols, x.shape, y.shape)
     assert x.dtype == np.float32 and y.dtype == np.float32
     assert x.is_c_contiguous() and y.is_c_contiguous() and _aligned16(x)
-    kernel = gemv_kernel(w.ggml_type, n_tok)
-    rows = rows_per_block(n_tok)
-    kernel[(w.rows + rows - 1) // rows, BLOCK, stream](w.parts, x, y, np.int32(accumulate))
+    span = span_for(K)
+    per_block = rows_per_block(n_tok) * BLOCK // span
+    kernel = gemv_kernel(w.ggml_type, n_tok, span)
+    kernel[(w.rows + per_block - 1) // per_block, BLOCK, stream](w.parts, x, y, np.int32(accumulate))
 
 
 _F32_2D = types.Array(types.float32, 2, "C")
 # T=1 kernels use 40-68 registers; T=2 (two rows) and T=8 (eight tokens in flight) up to ~110.
 BUILD_SIGNATURES = [
-    (gemv_kernel(t, n), types.void(_parts_type(t), _F32_2D, _F32_2D, types.int32),
+    (gemv_kernel(t, n, span), types.void(_parts_type(t), _F32_2D, _F32_2D, types.int32),
      {"max_registers": 72 if n == 1 else 112})
-    for t in DECODERS for n in (1, 2, 3, 8)
+    for t in DECODERS
+    for n, span in ((1, 32), (1, 64), (1, BLOCK), (2, BLOCK), (3, BLOCK), (8, 32), (8, BLOCK))
 ]

@@ -1,7 +1,8 @@
 """GEMV kernels in numba's CUDA simulator, every weight type, against dequantize + float64 matmul.
 
-Tolerance: |y - ref| <= 1e-4 * (|W| @ |x|) per output. The simulator has no warp shuffles, so
-there warp_sum goes through shared memory; everything else is the GPU code path.
+Tolerance: |y - ref| <= 1e-4 * (|W| @ |x|) per output. Row groups of 1, 2 and 4 warps (32, 64,
+128 chunks per row) and both rows-per-group settings (T <= 2, T > 2) run. The simulator has no warp
+shuffles, so there warp_sum goes through shared memory; everything else is the GPU code path.
 """
 
 import numpy as np
@@ -44,6 +45,16 @@ def test_gemv_matches_reference(ggml_type, rows, n_tok, cols):
     check(raw, ggml_type, x, run_gemv(raw, ggml_type, x))
 
 
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,cols", [(1, 2048), (2, 4096)])
+def test_gemv_wide_rows(ggml_type, n_tok, cols):
+    # 64 and 128 chunks per row: row groups of 2 and 4 warps, reduced through shared memory
+    rng = np.random.default_rng([int(ggml_type), cols])
+    raw = make_weight(ggml_type, 3, cols, rng)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    check(raw, ggml_type, x, run_gemv(raw, ggml_type, x))
+
+
 def test_gemv_19_rows():
     rng = np.random.default_rng(19)
     raw = make_weight(T.Q4_K, 19, 256, rng)
@@ -51,11 +62,11 @@ def test_gemv_19_rows():
     check(raw, T.Q4_K, x, run_gemv(raw, T.Q4_K, x))
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
-def test_gemv_accumulates_into_y(ggml_type):
+@pytest.mark.parametrize("ggml_type,cols", [(T.Q4_K, 256), (T.Q8_0, 4096)], ids=str)
+def test_gemv_accumulates_into_y(ggml_type, cols):
     rng = np.random.default_rng(5)
-    raw = make_weight(ggml_type, 3, 256, rng)
-    x = rng.standard_normal((2, 256)).astype(np.float32)
+    raw = make_weight(ggml_type, 3, cols, rng)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
     y0 = rng.standard_normal((2, 3)).astype(np.float32)
     y = run_gemv(raw, ggml_type, x, y0)
     check(raw, ggml_type, x, (y - y0).astype(np.float64))
