@@ -161,9 +161,16 @@ def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) @ wd.astype(np.float64).reshape(w.shape[0], -1).T
 
 
-def rows_per_block(n_tok: int) -> int:
-    """2 rows share each x load for T <= 2; one row for larger T keeps registers down."""
-    return 2 if n_tok <= 2 else 1
+# T = 1 types whose 4-row kernel stays under ~96 registers (5/6-bit types would need ~128)
+FOUR_ROW_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.F16, T.F32)
+
+
+def rows_per_block(ggml_type: T, n_tok: int) -> int:
+    """Rows a thread works on at once, sharing each x load: 4 for T = 1 (x held in registers;
+    2 for the 5/6-bit types), 2 for T = 2, 1 for larger T (keeps registers down)."""
+    if n_tok == 1:
+        return 4 if ggml_type in FOUR_ROW_TYPES else 2
+    return 2 if n_tok == 2 else 1
 
 
 def span_for(cols: int) -> int:
@@ -172,16 +179,15 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-def _make_gemv(load, unit, col, n_tok, span):
-    rows = rows_per_block(n_tok)
+def _make_gemv(load, unit, col, n_tok, span, rows):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
 
     # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads,
-    # R = rows_per_block(T). Group g of block b owns rows R*(G*b + g) .. +R-1 (past N-1: clamped,
+    # R = rows_per_block(type, T). Group g of block b owns rows R*(G*b + g) .. +R-1 (past N-1: clamped,
     # computed and dropped); its thread i takes chunks i, i+span, ... of those rows: 16-byte
-    # quant loads, 32 weights per chunk in two halves of 16, each half FMAed against
-    # x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums acc[r, t] are
+    # quant loads of all R rows first, 32 weights per chunk in two halves of 16, each half FMAed
+    # against x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums acc[r, t] are
     # reduced over the warp by shuffles, then (span > 32) over the group's warps in shared
     # memory red[4, R, T].
     @cuda.jit(device=True, inline=True)
@@ -212,6 +218,26 @@ def _make_gemv(load, unit, col, n_tok, span):
             if rows == 2:
                 acc[1, t] += ab * pb + bb * sx
 
+    @cuda.jit(device=True, inline=True)
+    def half_chunk_x1(raws, c, h, x, acc, w):
+        # -- T = 1: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
+        k = col(c, h)
+        xv = cuda.local.array(16, float32)
+        sx = float32(0.0)
+        for v in range(4):
+            x0, x1, x2, x3 = qb.ldg_f32x4(x, k + 4 * v)
+            xv[4 * v] = x0
+            xv[4 * v + 1] = x1
+            xv[4 * v + 2] = x2
+            xv[4 * v + 3] = x3
+            sx += (x0 + x1) + (x2 + x3)
+        for r in range(4):
+            a, b = unit(raws[r], c, h, w)
+            p = float32(0.0)
+            for i in range(16):
+                p += w[i] * xv[i]
+            acc[r, 0] += a * p + b * sx
+
     @cuda.jit
     def _gemv_kernel(parts, x, y, accumulate):
         n_rows = y.shape[1]
@@ -228,12 +254,20 @@ def _make_gemv(load, unit, col, n_tok, span):
                 acc[r, t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
+        row_c = min(first + 2, n_rows - 1)
+        row_d = min(first + 3, n_rows - 1)
         for c in range(tid - group * span, cpr, span):
             # -- load the rows' chunk c --
             raw_a = load(parts, row_a * cpr + c)
-            raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
-            half_chunk(raw_a, raw_b, c, 0, x, K, acc, wa, wb)
-            half_chunk(raw_a, raw_b, c, 1, x, K, acc, wa, wb)
+            if rows == 4:
+                raws = (raw_a, load(parts, row_b * cpr + c), load(parts, row_c * cpr + c),
+                        load(parts, row_d * cpr + c))
+                half_chunk_x1(raws, c, 0, x, acc, wa)
+                half_chunk_x1(raws, c, 1, x, acc, wa)
+            else:
+                raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
+                half_chunk(raw_a, raw_b, c, 0, x, K, acc, wa, wb)
+                half_chunk(raw_a, raw_b, c, 1, x, K, acc, wa, wb)
         # -- reduce: warp, then the group's warps --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -273,7 +307,8 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK):
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK)
-    return _make_gemv(*DECODERS[T(ggml_type)], n_tok, span)
+    ggml_type = T(ggml_type)
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows_per_block(ggml_type, n_tok))
 
 
 def _parts_type(ggml_type: T):
@@ -293,16 +328,17 @@ def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):
     assert x.dtype == np.float32 and y.dtype == np.float32
     assert x.is_c_contiguous() and y.is_c_contiguous() and _aligned16(x)
     span = span_for(K)
-    per_block = rows_per_block(n_tok) * BLOCK // span
+    per_block = rows_per_block(w.ggml_type, n_tok) * BLOCK // span
     kernel = gemv_kernel(w.ggml_type, n_tok, span)
     kernel[(w.rows + per_block - 1) // per_block, BLOCK, stream](w.parts, x, y, np.int32(accumulate))
 
 
 _F32_2D = types.Array(types.float32, 2, "C")
-# T=1 kernels use 40-68 registers; T=2 (two rows) and T=8 (eight tokens in flight) up to ~110.
+# Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
+# (two rows at T <= 2, eight tokens in flight at T = 8).
 BUILD_SIGNATURES = [
     (gemv_kernel(t, n, span), types.void(_parts_type(t), _F32_2D, _F32_2D, types.int32),
-     {"max_registers": 72 if n == 1 else 112})
+     {"max_registers": 112})
     for t in DECODERS
     for n, span in ((1, 32), (1, 64), (1, BLOCK), (2, BLOCK), (3, BLOCK), (8, 32), (8, BLOCK))
 ]
