@@ -3,7 +3,8 @@
 For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 50 MB L2 are
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
-    python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--json PATH]
+    python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
+                                 [--json PATH]
 """
 
 import argparse
@@ -19,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from impnb.kernels import quant_blocks as qb  # noqa: E402
+from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv import DECODERS, gemv  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
 
@@ -47,16 +49,18 @@ def _sleep(ms):
         cuda.nanosleep(1000000)  # at most ~1 ms each
 
 
-def bench(t, rows, cols, n_tok, reps, rng, copies=None):
+def device_copies(t, rows, cols, rng, copies=None):
+    """Enough distinct device copies of a random (rows, cols) weight of type t to exceed 4x L2."""
     one = repack(random_weight(t, rows, cols, rng), t)
     copies = copies or max(2, int(np.ceil(4 * L2_BYTES / one.nbytes)))
-    weights = [one.to_device()] + [repack(random_weight(t, rows, cols, rng), t).to_device()
-                                   for _ in range(copies - 1)]
-    stream = cuda.stream()
-    x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
-    y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-    for i in range(2 * copies):  # warm up: compile, load module, touch every copy
-        gemv(weights[i % copies], x, y, stream)
+    return [one.to_device()] + [repack(random_weight(t, rows, cols, rng), t).to_device()
+                                for _ in range(copies - 1)]
+
+
+def time_launches(launch, n_copies, reps, stream):
+    """Median and min microseconds of launch(i, stream) for i = 0..reps-1, each between events."""
+    for i in range(2 * n_copies):  # warm up: compile, load module, touch every copy
+        launch(i, stream)
     stream.synchronize()
     starts = [cuda.event() for _ in range(reps)]
     ends = [cuda.event() for _ in range(reps)]
@@ -64,15 +68,37 @@ def bench(t, rows, cols, n_tok, reps, rng, copies=None):
         _sleep[1, 1, stream](max(20, reps))  # the queue fills while the GPU sleeps
     for i in range(reps):
         starts[i].record(stream)
-        gemv(weights[i % copies], x, y, stream)
+        launch(i, stream)
         ends[i].record(stream)
     stream.synchronize()
     us = np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])  # ms -> us
-    assert np.isfinite(y.copy_to_host()).all()
-    sec = float(np.median(us)) * 1e-6
-    return {"type": t.name, "rows": rows, "cols": cols, "tokens": n_tok, "copies": copies,
-            "bytes": one.nbytes, "median_us": sec * 1e6, "min_us": float(us.min()),
-            "bytes_per_s": one.nbytes / sec, "pct_peak": 100 * one.nbytes / sec / PEAK}
+    return float(np.median(us)), float(us.min())
+
+
+def result(op, t, weights, n_tok, nbytes, med_us, min_us):
+    w = weights[0]
+    return {"op": op, "type": t.name, "rows": w.rows, "cols": w.cols, "tokens": n_tok,
+            "copies": len(weights), "bytes": nbytes, "median_us": med_us, "min_us": min_us,
+            "bytes_per_s": nbytes / (med_us * 1e-6), "pct_peak": 100 * nbytes / (med_us * 1e-6) / PEAK}
+
+
+def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False):
+    weights = device_copies(t, rows, cols, rng, copies)
+    stream = cuda.stream()
+    out = []
+    for n_tok in tokens:
+        x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
+        y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
+        med, low = time_launches(lambda i, s: gemv(weights[i % len(weights)], x, y, s),
+                                 len(weights), reps, stream)
+        assert np.isfinite(y.copy_to_host()).all()
+        out.append(result("gemv", t, weights, n_tok, weights[0].nbytes, med, low))
+    if with_dequant:
+        w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
+        med, low = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
+                                 len(weights), reps, stream)
+        out.append(result("dequant", t, weights, 0, weights[0].nbytes + w16.nbytes, med, low))
+    return out
 
 
 def main():
@@ -82,18 +108,21 @@ def main():
     ap.add_argument("--types", default=",".join(t.name for t in DECODERS))
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--copies", type=int, help="weight copies to rotate (default: > 4x L2)")
+    ap.add_argument("--dequant", action="store_true", help="also time dequant to fp16 (bytes read + written)")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
+    tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
     results = []
-    print(f"{'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'min us':>8} {'GB/s':>7} {'% 2.97TB/s':>10}")
+    print(f"{'op':7} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'min us':>8} {'GB/s':>7} "
+          f"{'% 2.97TB/s':>10}")
     for name in args.types.split(","):
-        for n_tok in (int(v) for v in args.tokens.split(",")):
-            r = bench(T[name], rows, cols, n_tok, args.reps, rng, args.copies)
+        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant):
             results.append(r)
-            print(f"{r['type']:6} {n_tok:>2} {r['bytes'] / 1e6:7.1f} {r['median_us']:10.2f} "
-                  f"{r['min_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} {r['pct_peak']:9.1f}%", flush=True)
+            print(f"{r['op']:7} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
+                  f"{r['median_us']:10.2f} {r['min_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
+                  f"{r['pct_peak']:9.1f}%", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"shape": [rows, cols], "peak_bytes_per_s": PEAK,
                                                "results": results}, indent=1))
