@@ -1,4 +1,4 @@
-"""Command line: `python -m impnb generate | info`."""
+"""Command line: `python -m impnb generate | info | bench`."""
 
 import argparse
 import sys
@@ -38,11 +38,23 @@ def _add_info(sub):
     p.add_argument("model", nargs="?", default=None, help="a .gguf path or a model name")
 
 
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="prompt and generation throughput (llama-bench style)")
+    p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name")
+    p.add_argument("-p", default="512", help="prompt lengths, comma-separated")
+    p.add_argument("-n", default="128", help="generation lengths, comma-separated")
+    p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m impnb", description="GGUF language models on numba.cuda kernels")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_info(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -51,6 +63,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             from impnb.commands.generate import run
+        elif args.command == "bench":
+            from impnb.commands.bench import run
         else:
             from impnb.commands.info import run
         return run(args)

@@ -30,6 +30,12 @@ if [[ $what == all || $what == e2e ]]; then
 fi
 
 if [[ $what == all || $what == bench ]]; then
+  for m in smollm2-135m gemma3-270m; do
+    for g in "" --no-graphs; do
+      timeout 150 python3 -m impnb bench -m "$m" -p 512 -n 128 -r 3 --device cuda $g >> "$OUT/bench.log" 2>&1
+      status[bench-$m${g:+-eager}]="rc=$? $(grep -E 'tg128' "$OUT/bench.log" | tail -n 1 | awk -F'|' '{print $8 $9}')"
+    done
+  done
   timeout 150 python3 scripts/bench_gemv.py --json "$OUT/bench-gemv.json" > "$OUT/bench-gemv.log" 2>&1
   status[bench-gemv]="rc=$? see bench-gemv.log"
 fi

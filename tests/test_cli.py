@@ -115,3 +115,14 @@ def test_prompt_from_stdin_and_sampling_is_seeded(smollm2_path):
     b = run_cli(*args, stdin="Once upon a time")
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout and len(a.stdout.strip()) > 0
+
+
+@pytest.mark.parametrize("flags,words", [(["-p", "x"], ["-p"]), (["-n", "0"], ["-n"]), (["-r", "0"], ["-r"])])
+def test_bench_bad_parameters(flags, words, smollm2_path):
+    assert_user_error(run_cli("bench", "-m", smollm2_path, *flags), *words)
+
+
+def test_bench_on_cpu(smollm2_path):
+    proc = run_cli("bench", "-m", smollm2_path, "-p", "8", "-n", "2", "-r", "1", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "pp8" in proc.stdout and "tg2" in proc.stdout

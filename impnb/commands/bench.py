@@ -1,0 +1,87 @@
+"""`python -m impnb bench`: llama-bench-style prompt (pp) and generation (tg) throughput, warm-up excluded."""
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from impnb.devices import engine_class
+from impnb.errors import ParameterError
+from impnb.gguf_file import open_model_file
+from impnb.model_registry import resolve_model
+from impnb.models import model_config
+from impnb.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ParameterError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise ParameterError(f"{flag} values must be > 0, got {text!r}")
+    return values
+
+
+def _pp(engine, ids) -> float:
+    engine.reset(GREEDY)
+    t0 = time.perf_counter()
+    engine.prefill(ids)
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def _tg(engine, n: int) -> float:
+    engine.reset(GREEDY)
+    token = engine.prefill([1])
+    t0 = time.perf_counter()
+    for _ in range(n):
+        token = engine.step(token)
+    return n / (time.perf_counter() - t0)
+
+
+def run(args) -> int:
+    pps, tgs = _ints(args.p, "-p"), _ints(args.n, "-n")
+    if args.r <= 0:
+        raise ParameterError(f"-r must be > 0, got {args.r}")
+    mf = open_model_file(resolve_model(args.model))
+    cfg = model_config(mf)
+    n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + 1)
+    cls = engine_class(args.device, cfg.arch)
+    engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
+    rng = np.random.default_rng(0)
+    rows = []
+    tests = [(f"pp{p}", lambda p=p: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist())) for p in pps]
+    tests += [(f"tg{n}", lambda n=n: _tg(engine, n)) for n in tgs]
+    for name, fn in tests:
+        fn()  # warm-up: compilation, buffers, graph capture
+        rates = [fn() for _ in range(args.r)]
+        rows.append(dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
+            t.data.nbytes for t in mf.tensors.values()) / 2**20, 1), params_m=round(mf.n_params() / 1e6, 1),
+            quant=_quant(mf), device=engine.device, graphs=getattr(engine, "use_graphs", False),
+            test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates)))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
+              f"| {'graphs':<6} | {'test':>6} | {'tok/s':>16} |")
+        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 8, 18)) + "|")
+        for r in rows:
+            print(f"| {r['model'][:28]:<28} | {r['size_mib']:>8} | {r['params_m']:>8} | {r['quant']:<8} "
+                  f"| {r['device']:<6} | {str(r['graphs']):<6} | {r['test']:>6} "
+                  f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} |")
+    sys.stdout.flush()
+    return 0
+
+
+def _quant(mf) -> str:
+    from collections import Counter
+
+    sizes = Counter()
+    for t in mf.tensors.values():
+        if len(t.shape) > 1:
+            sizes[t.fmt.name] += t.data.nbytes
+    return sizes.most_common(1)[0][0] if sizes else "?"
