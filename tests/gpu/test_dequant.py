@@ -6,11 +6,12 @@ from numba import cuda
 
 from impnb.kernels.dequant import DECODERS, dequant, dequant_ref
 from impnb.kernels.repack import repack
+from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(576, 1536), (2048, 640), (1, 256), (19, 576), (111, 2048), (989, 640)]
+SHAPES = [(576, 1536), (2048, 640), (1, 256), (19, 576), (111, 2048), (989, 640), (640, 1024), (19, 2048)]
 
 
 def check_dequant(ggml_type, rows, cols, std):
@@ -26,8 +27,8 @@ def check_dequant(ggml_type, rows, cols, std):
     assert len(bad) == 0, f"{len(bad)} values differ, first at {bad[:3].tolist()}"
 
 
-@pytest.mark.parametrize("ggml_type", list(DECODERS), ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,cols", SHAPES)
+
+@pytest.mark.parametrize("ggml_type,rows,cols", fitting(list(DECODERS), SHAPES))
 def test_dequant_bit_exact(ggml_type, rows, cols):
     for std in (0.1, 1.0, 10.0):
         check_dequant(ggml_type, rows, cols, std)

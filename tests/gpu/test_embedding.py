@@ -7,11 +7,12 @@ from numba import cuda
 
 from impnb.kernels.embedding import EMBEDDING_TYPES, embedding, embedding_ref
 from impnb.kernels.repack import repack
+from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
 
-TABLES = [(49152, 576), (4096, 640), (989, 2048)]  # (vocab, d): SmolLM2, Gemma3-like, odd vocab
+TABLES = [(49152, 576), (4096, 640), (989, 2048), (4099, 1024)]  # (vocab, d): SmolLM2, Gemma3-like, odd vocabs
 
 
 def check_embedding(ggml_type, vocab, d, ids, scale):
@@ -26,8 +27,8 @@ def check_embedding(ggml_type, vocab, d, ids, scale):
     assert np.array_equal(got, ref), f"{np.sum(got != ref)} values differ"
 
 
-@pytest.mark.parametrize("ggml_type", EMBEDDING_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("vocab,d", TABLES)
+
+@pytest.mark.parametrize("ggml_type,vocab,d", fitting(EMBEDDING_TYPES, TABLES))
 def test_embedding_bit_exact(ggml_type, vocab, d):
     rng = np.random.default_rng(vocab)
     for n_tok in (1, 3, 8, 111):

@@ -14,6 +14,7 @@ from numba import cuda
 
 from impnb.kernels.gemv import DECODERS, gemv, gemv_ref
 from impnb.kernels.repack import repack
+from tests.gpu.cases import fitting
 from impnb.quants import dequantize
 from tests.test_repack import make_weight
 
@@ -23,7 +24,7 @@ RTOL = 1e-4
 TYPES = list(DECODERS)
 # (N rows, K): SmolLM2 ffn_down, Gemma3 ffn_gate, odd row counts; K/32 chunks per row pick row groups
 # of one warp (K <= 1024), two (<= 2048) or four (the 14336 case below)
-SHAPES = [(576, 1536), (2048, 640), (19, 576), (111, 2048), (989, 640)]
+SHAPES = [(576, 1536), (2048, 640), (19, 576), (111, 2048), (989, 640), (640, 1024), (19, 2048)]
 
 
 @lru_cache(maxsize=4)
@@ -52,8 +53,8 @@ def check_gemv(ggml_type, rows, cols, n_tok, std, seed, accumulate=False):
     assert (err <= bound).all(), f"err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
 
 
-@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,cols", SHAPES)
+
+@pytest.mark.parametrize("ggml_type,rows,cols", fitting(TYPES, SHAPES))
 @pytest.mark.parametrize("n_tok", [1, 3, 8])
 def test_gemv(ggml_type, rows, cols, n_tok):
     for i, std in enumerate((0.1, 1.0, 10.0)):
