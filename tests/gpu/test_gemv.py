@@ -76,4 +76,4 @@ def test_gemv_every_token_count(ggml_type):
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_gemv_accumulate(ggml_type):
     for n_tok in (1, 3):
-        check_gemv(ggml_type, 989, 640, n_tok, 1.0, seed=[7, n_tok], accumulate=True)
+        check_gemv(ggml_type, 989, 1024, n_tok, 1.0, seed=[7, n_tok], accumulate=True)
