@@ -1,6 +1,5 @@
 """Chat templates: the GGUF's template rendered as HF transformers renders it, and the built-in Gemma one."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 from impnb.chat import GEMMA_CHAT_TEMPLATE, render_chat
 from impnb.errors import ParameterError, UnsupportedError
 from impnb.gguf_file import open_model_file
+from tests.conftest import real_model_path
 from tests.hf_ref import hf_tokenizer
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -16,16 +16,10 @@ MULTI_TURN = [*SYSTEM_USER, {"role": "assistant", "content": "4."},
               {"role": "user", "content": "  And 3 + 3?\n"}]
 CONVERSATIONS = {"user": USER, "system+user": SYSTEM_USER, "multi-turn": MULTI_TURN}
 
-MODELS_DIR = Path(os.environ.get("IMPNB_MODELS_DIR") or Path(__file__).parents[1] / ".dev/models")
-MODEL_FILES = {"smollm2": "smollm2-135m-instruct-q4_1.gguf", "gemma3": "gemma3-270m-q4_k_m.gguf"}
-
 
 def model_path(name: str) -> Path:
-    """A real model's GGUF under $IMPNB_MODELS_DIR (default .dev/models); skip the test if absent."""
-    path = MODELS_DIR / MODEL_FILES[name]
-    if not path.is_file():
-        pytest.skip(f"real model {path} not found (set IMPNB_MODELS_DIR)")
-    return path
+    """A real model's GGUF (tests/conftest.py finds it); the test skips if it is not installed."""
+    return real_model_path({"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}[name])
 
 
 GEMMA_META = {"general.architecture": "gemma3", "tokenizer.ggml.tokens": ["<pad>", "<eos>", "<bos>"],

@@ -1,6 +1,5 @@
 """Tokenizer: ids identical to HF transformers' GGUF tokenizer, decode round trips, streaming decode."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 from impnb.errors import GGUFError, UnsupportedError
 from impnb.gguf_file import open_model_file
 from impnb.tokenizer import Tokenizer, bytes_to_unicode, derived_merges
+from tests.conftest import real_model_path
 from tests.hf_ref import hf_tokenizer
 
 CORPUS = [
@@ -36,19 +36,12 @@ CORPUS = [
     "<table><tr><td>1</td></tr></table> <b>bold</b>",
 ]
 
-MODELS_DIR = Path(os.environ.get("IMPNB_MODELS_DIR") or Path(__file__).parents[1] / ".dev/models")
-MODEL_FILES = {"smollm2": "smollm2-135m-instruct-q4_1.gguf", "gemma3": "gemma3-270m-q4_k_m.gguf"}
-
-
 def model_path(name: str) -> Path:
-    """A real model's GGUF under $IMPNB_MODELS_DIR (default .dev/models); skip the test if absent."""
-    path = MODELS_DIR / MODEL_FILES[name]
-    if not path.is_file():
-        pytest.skip(f"real model {path} not found (set IMPNB_MODELS_DIR)")
-    return path
+    """A real model's GGUF (tests/conftest.py finds it); the test skips if it is not installed."""
+    return real_model_path({"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}[name])
 
 
-@pytest.fixture(scope="module", params=MODEL_FILES)
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def model(request):
     """(our tokenizer, HF's tokenizer) for one real model, built once per module."""
     path = model_path(request.param)
