@@ -102,7 +102,11 @@ class CudaEngine:
         finally:
             self.m.arena.frozen = False
 
-    def _run(self, chunk: np.ndarray):
+    def logits(self, ids) -> np.ndarray:
+        """Feed ids at the next positions (one chunk) -> float32 logits of every one (T, V), on the host."""
+        return self._run(np.asarray(ids, np.int32), last_only=False).copy_to_host()
+
+    def _run(self, chunk: np.ndarray, last_only: bool = True):
         T = len(chunk)
         s = self.m.ctx.nb_stream
         self.host_ids[:T] = chunk
@@ -110,7 +114,7 @@ class CudaEngine:
         self.m.ids[:T].copy_to_device(self.host_ids[:T], stream=s)
         self.m.pos[:T].copy_to_device(self.host_pos[:T], stream=s)
         self.pos += T
-        return forward(self.m, T)
+        return forward(self.m, T, last_only)
 
     def _push(self, token: int) -> None:
         s = self.m.ctx.nb_stream

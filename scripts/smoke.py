@@ -143,7 +143,7 @@ def parity(mf, tokenizer, engine) -> tuple[float, float]:
     ref_model = load_reference(mf)
     ref = ref_model.forward(ids, ref_model.new_cache(len(ids)))
     engine.reset(GREEDY)
-    out = np.stack([engine._run(np.array([t], np.int32)).copy_to_host()[0] for t in ids])
+    out = np.concatenate([engine.logits([t]) for t in ids])
     top1 = float(np.mean(out.argmax(-1) == ref.argmax(-1)))
     return top1, float(np.abs(out - ref).max() / np.abs(ref).max())
 
