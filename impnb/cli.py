@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from impnb.errors import ImpnbError, ParameterError
+from impnb.errors import ImpnbError
 
 DEFAULT_CTX = 4096
 

@@ -21,7 +21,7 @@ def hf_model(path: Path):
     return model.eval()
 
 
-def hf_logits(model, ids) -> "np.ndarray":
+def hf_logits(model, ids):
     """Logits (T, vocab) float32 of one sequence."""
     import torch
 

@@ -42,11 +42,11 @@ class GpuContext:
             raise DeviceError(f"out of GPU memory: {what} needs {need / 2**20:.0f} MiB, "
                               f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB are free")
 
-    def empty(self, shape, dtype) -> "DeviceNDArray":
+    def empty(self, shape, dtype):
         """An uninitialised device array (allocated at load time only)."""
         return self.cuda.device_array(shape, dtype=np.dtype(dtype), stream=self.nb_stream)
 
-    def upload(self, array: np.ndarray) -> "DeviceNDArray":
+    def upload(self, array: np.ndarray):
         return self.cuda.to_device(np.ascontiguousarray(array), stream=self.nb_stream)
 
     def sync(self) -> None:

@@ -8,8 +8,6 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
 """
 
-import numpy as np
-
 from impnb.kernels import activations, attention_decode, attention_prefill, kv_cache, norm, rope
 from impnb.kernels.embedding import embedding
 from impnb.models.config import ModelConfig
