@@ -171,46 +171,53 @@ def _scan(x, buf):
 @cuda.jit(device=True, inline="always")
 def _pick_bin(hist_w, hist_c, nb, target, strict, buf, state):
     """Scanning bins from the top, the first non-empty one where the running weight reaches
-    target (passes it if strict): (bin, weight of the bins above, its count). Thread t owns
-    nb / NT bins from the top; weights are counts when hist_w is hist_c."""
+    target (passes it if strict), else the last bin with weight: (bin, weight of the bins
+    above, its count); (-1, 0, 0) when every bin is empty. Thread t owns nb / NT bins from the
+    top; weights are counts when hist_w is hist_c. state: float64 (4,) scratch."""
     t = cuda.threadIdx.x
     per = nb // NT
     top = nb - 1 - t * per
     w = 0.0
     for q in range(per):
         w += float64(hist_w[top - q])
-    excl, incl, _ = _scan(w, buf)
-    hit = incl > target if strict else incl >= target
-    first = cuda.syncthreads_count(0 if hit else 1)
-    if first == NT:  # rounding put target past the total: take the last bin with weight
-        if t == 0:
-            state[0] = -1.0
-        cuda.syncthreads()
-        if w > 0:
-            cuda.atomic.max(state, 0, float64(t))
-        cuda.syncthreads()
-        first = int64(state[0])
-    if t == first:
-        acc = excl
-        found = -1
-        found_acc = 0.0
-        for q in range(per):
-            i = top - q
-            wq = float64(hist_w[i])
-            if found < 0 and hist_c[i] > 0:
-                if (acc + wq > target) if strict else (acc + wq >= target):
-                    found = i
-                    found_acc = acc
-                elif wq > 0:  # the fallback if rounding hides the crossing
-                    state[1] = i
-                    state[2] = acc
-                acc += wq
-        if found >= 0:
-            state[1] = found
-            state[2] = found_acc
-        state[3] = hist_c[int64(state[1])]
+    acc, _, _ = _scan(w, buf)
+    found = -1
+    found_acc = 0.0
+    last = -1
+    last_acc = 0.0
+    for q in range(per):
+        i = top - q
+        wq = float64(hist_w[i])
+        if hist_c[i] > 0:
+            if found < 0 and ((acc + wq > target) if strict else (acc + wq >= target)):
+                found = i
+                found_acc = acc
+            if wq > 0:
+                last = i
+                last_acc = acc
+        acc += wq
+    if t == 0:
+        state[0] = -1.0
+        state[1] = float64(nb)
     cuda.syncthreads()
-    d = int64(state[1])
+    if found >= 0:
+        cuda.atomic.max(state, 0, float64(found))
+    if last >= 0:
+        cuda.atomic.min(state, 1, float64(last))
+    cuda.syncthreads()
+    d = int64(state[0])
+    if d < 0:  # rounding put target past the total
+        d = int64(state[1])
+        if d == nb:
+            d = -1
+    cuda.syncthreads()
+    if d >= 0 and top - per < d <= top:
+        state[2] = found_acc if d == found else last_acc
+        state[3] = float64(hist_c[d])
+    elif d < 0 and t == 0:
+        state[2] = 0.0
+        state[3] = 0.0
+    cuda.syncthreads()
     above = state[2]
     cnt = int64(state[3])
     cuda.syncthreads()

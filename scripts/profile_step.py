@@ -1,0 +1,124 @@
+"""Where a decode step's time goes: every kernel node of the captured decode graph, timed alone.
+
+Each kernel node is copied REPS times into a graph of its own (a chain, as in the step) and
+replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kernel name. Also
+printed: the whole graph's replay time and engine.step()'s wall time (the host's share).
+    python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--json PATH]
+"""
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from cuda.bindings import driver  # noqa: E402
+
+from impnb.engine_cuda import CudaEngine  # noqa: E402
+from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.model_registry import resolve_model  # noqa: E402
+from impnb.sampling import SamplingParams  # noqa: E402
+
+
+def ok(result):
+    err, *rest = result
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    return rest[0] if len(rest) == 1 else rest
+
+
+def kernel_name(params) -> str:
+    """module.function of a numba kernel from its mangled symbol (_ZN6cudapy5impnb...)."""
+    raw = ok(driver.cuFuncGetName(params.func))
+    s = raw.decode() if isinstance(raw, bytes) else str(raw)
+    s = s[s.find("cudapy") + 6:] if "cudapy" in s else s
+    words = []
+    while (m := re.match(r"(\d+)", s)):
+        n, s = int(m.group(1)), s[len(m.group(1)):]
+        words.append(s[:n])
+        s = s[n:]
+    if words[:2] == ["impnb", "kernels"]:
+        words = words[2:4]
+    return ".".join(words) or s
+
+
+def time_graph(exec_, stream, reps: int) -> float:
+    """Median µs of one replay of exec_ over `reps` replays, after a warm-up."""
+    start, end = ok(driver.cuEventCreate(0)), ok(driver.cuEventCreate(0))
+    for _ in range(3):
+        ok(driver.cuGraphLaunch(exec_, stream))
+    times = []
+    for _ in range(reps):
+        ok(driver.cuEventRecord(start, stream))
+        ok(driver.cuGraphLaunch(exec_, stream))
+        ok(driver.cuEventRecord(end, stream))
+        ok(driver.cuEventSynchronize(end))
+        times.append(ok(driver.cuEventElapsedTime(start, end)) * 1e3)
+    return statistics.median(times)
+
+
+def node_cost(params, stream, copies: int) -> float:
+    """µs per launch of one kernel node, replayed `copies` times in a chain inside one graph."""
+    g = ok(driver.cuGraphCreate(0))
+    prev = []
+    for _ in range(copies):
+        prev = [ok(driver.cuGraphAddKernelNode(g, prev, len(prev), params))]
+    ex = ok(driver.cuGraphInstantiate(g, 0))
+    us = time_graph(ex, stream, 20) / copies
+    driver.cuGraphExecDestroy(ex)
+    driver.cuGraphDestroy(g)
+    return us
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--tokens", type=int, default=64, help="steps for the host wall time")
+    ap.add_argument("--reps", type=int, default=50, help="copies of a node in its timing graph")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    mf = open_model_file(resolve_model(args.model))
+    eng = CudaEngine(mf, 1024)
+    eng.reset(SamplingParams(temperature=0))
+    tok = eng.prefill(list(range(10, 74)))
+    for _ in range(3):  # eager step, capture, one replay
+        tok = eng.step(tok)
+    walls = []
+    for _ in range(args.tokens):
+        t0 = time.perf_counter()
+        tok = eng.step(tok)
+        walls.append((time.perf_counter() - t0) * 1e6)
+    (graph,) = eng.graphs.values()
+    stream = graph.stream
+    replay = time_graph(graph.exec, stream, 50)
+
+    nodes, _ = ok(driver.cuGraphGetNodes(graph.graph, graph.n_nodes))
+    by_name = defaultdict(list)
+    others = 0
+    for node in nodes:
+        if ok(driver.cuGraphNodeGetType(node)) != driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+            others += 1
+            continue
+        params = ok(driver.cuGraphKernelNodeGetParams(node))
+        by_name[kernel_name(params)].append(node_cost(params, stream, args.reps))
+    rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    print(f"{args.model}: {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
+          f"step() wall {statistics.median(walls):.1f} µs; sum of nodes alone {total:.1f} µs")
+    print(f"{'kernel':<44} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
+    for name, count, us in rows:
+        print(f"{name[:44]:<44} {count:>5} {us:>9.1f} {us / count:>8.2f} {us / total:>6.1%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "model": args.model, "nodes": len(nodes), "replay_us": replay,
+            "step_wall_us": statistics.median(walls), "kernels": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
