@@ -1,9 +1,11 @@
 """The CUDA engine: a DeviceModel, prompt chunks and single-token steps, sampling on the GPU.
 
-A decode step uploads its token id, position and step number (12 bytes from pinned memory),
-replays the decode graph (the whole stack and the sampler, captured once after one eager
-warm-up step) and copies 4 bytes back. Without graphs (`graphs=False`, or capture failed
-with its reason logged) the same launches run eagerly.
+A decode step replays the decode graph (the whole stack, the sampler and a kernel that makes the
+sampled id, position and step the next step's input, captured once after one eager warm-up
+step) and copies 4 bytes back. With lookahead the next step is queued before the host reads
+this one's token, so the GPU never waits on Python; a caller that feeds back another token
+(or prefills, resets) drops the queued step and uploads 12 bytes instead. Without graphs
+(`graphs=False`, or capture failed with its reason logged) the same launches run eagerly.
 """
 
 import logging
@@ -15,7 +17,10 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
 from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
 from impnb.graphs.capture import CaptureError, Graph
+from impnb.graphs.replays import Replays
+from impnb.kernels import argmax
 from impnb.kernels import sample as sample_kernels
+from impnb.kernels import step_state
 from impnb.sampling import SamplingParams
 
 HISTORY = 64  # repetition-penalty window, tokens
@@ -27,7 +32,7 @@ class CudaEngine:
 
     device = "cuda"
 
-    def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True):
+    def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True):
         self.mf = mf
         self.m = DeviceModel(mf, n_ctx)
         self.use_graphs = graphs and not self.m.ctx.simulator
@@ -45,18 +50,26 @@ class CudaEngine:
         self.history = ctx.empty((1, HISTORY), np.int32)
         self.params = ctx.empty((1, sample_kernels.NPARAM), np.float64)
         self.scratch = sample_kernels.sample_scratch(1, self.cfg.n_vocab)
+        self.argmax_scratch = argmax.argmax_scratch(1)
+        self.replays = None if self.m.ctx.simulator else Replays(self.m.ctx, self.out_ids)
+        self.lookahead = lookahead
+        self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
+        self.ahead = None  # the decode step queued on the device's own token, not yet read
         self.p = None
         self.pos = 0
         self.n_sampled = 0
 
     def reset(self, params: SamplingParams) -> None:
+        self._drain()
         self.p = params
         self.params.copy_to_device(sample_kernels.sample_params([params]), stream=self.m.ctx.nb_stream)
-        self.history.copy_to_device(np.full((1, HISTORY), -1, np.int32), stream=self.m.ctx.nb_stream)
+        self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
+        self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         self.pos = 0
         self.n_sampled = 0
 
     def prefill(self, ids) -> int:
+        self._drain()
         ids = np.asarray(ids, np.int32)
         if self.pos + len(ids) > self.n_ctx:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
@@ -77,24 +90,44 @@ class CudaEngine:
             if self.use_graphs and self.graph_disabled is None:
                 self._capture(key)
             return token
-        s = self.m.ctx.nb_stream
-        self.host_ids[0], self.host_pos[0], self.host_step[0] = token, self.pos, self.n_sampled
-        self.m.ids[:1].copy_to_device(self.host_ids[:1], stream=s)
-        self.m.pos[:1].copy_to_device(self.host_pos[:1], stream=s)
-        self.step_no.copy_to_device(self.host_step, stream=s)
-        graph.replay()
+        if self.ahead is None or self.ahead.token != token:  # the device's chain is not ours
+            self._drain()
+            s = self.m.ctx.nb_stream
+            self.host_ids[0], self.host_pos[0], self.host_step[0] = token, self.pos, self.n_sampled
+            self.m.ids[:1].copy_to_device(self.host_ids[:1], stream=s)
+            self.m.pos[:1].copy_to_device(self.host_pos[:1], stream=s)
+            self.step_no.copy_to_device(self.host_step, stream=s)
+            self.ahead = self.replays.launch(graph, token)
+        current, self.ahead = self.ahead, None
         self.pos += 1
+        if self.lookahead and self.pos < self.n_ctx:  # queue the next step on the device's token
+            self.ahead = self.replays.launch(graph, None)
+        token = self._sampled(self.replays.collect(current))
+        if self.ahead is not None:
+            self.ahead.token = token
+        return token
+
+    def _sampled(self, token: int) -> int:
+        """Count a sampled token; mirror the history push the sampler made for it."""
+        self.host_history[0, self.n_sampled % HISTORY] = token
         self.n_sampled += 1
-        self.out_ids.copy_to_host(self.host_out, stream=s)
-        self.m.ctx.sync()
-        return int(self.host_out[0])
+        return token
+
+    def _drain(self) -> None:
+        """Drop a step queued ahead: its KV row and position are rewritten before they are read,
+        and the history slot it pushed is restored from the host's mirror."""
+        if self.ahead is not None:
+            self.replays.collect(self.ahead)
+            self.ahead = None
+            if self.p.repeat_penalty != 1.0:
+                self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
 
     def _capture(self, key) -> None:
         """Capture one decode step (stack + sampler) for the current sampling configuration."""
         self.m.ctx.sync()
         self.m.arena.frozen = True
         try:
-            self.graphs[key] = Graph(self.m.ctx.handle, lambda: self._sample_launches(forward(self.m, 1)))
+            self.graphs[key] = Graph(self.m.ctx.handle, self._decode_launches)
             log.info("decode graph captured: %d nodes", self.graphs[key].n_nodes)
         except (CaptureError, AssertionError) as e:
             self.graph_disabled = f"disable_due_to_capture_failure: {e}"
@@ -102,8 +135,15 @@ class CudaEngine:
         finally:
             self.m.arena.frozen = False
 
+    def _decode_launches(self) -> None:
+        """One graph-captured decode step: stack, sampler, and the device-side advance."""
+        self._sample_launches(forward(self.m, 1))
+        s = self.m.ctx.nb_stream
+        step_state.advance(self.out_ids, self.m.ids[:1], self.m.pos[:1], self.step_no, s)
+
     def logits(self, ids) -> np.ndarray:
         """Feed ids at the next positions (one chunk) -> float32 logits of every one (T, V), on the host."""
+        self._drain()
         return self._run(np.asarray(ids, np.int32), last_only=False).copy_to_host()
 
     def _run(self, chunk: np.ndarray, last_only: bool = True):
@@ -123,17 +163,16 @@ class CudaEngine:
         self.out_ids.copy_to_device(self.host_out, stream=s)
         self.step_no.copy_to_device(self.host_step, stream=s)
         sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
-        self.n_sampled += 1
+        self._sampled(token)
 
     def _sample(self, logits) -> int:
         s = self.m.ctx.nb_stream
         self.host_step[0] = self.n_sampled
         self.step_no.copy_to_device(self.host_step, stream=s)
         self._sample_launches(logits)
-        self.n_sampled += 1
         self.out_ids.copy_to_host(self.host_out, stream=s)
         self.m.ctx.sync()
-        return int(self.host_out[0])
+        return self._sampled(int(self.host_out[0]))
 
     def _sample_launches(self, logits) -> None:
         """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""
@@ -141,7 +180,7 @@ class CudaEngine:
         if self.p.repeat_penalty != 1.0:
             sample_kernels.repeat_penalty(logits, self.history, self.params, s)
         if self.p.greedy:
-            sample_kernels.argmax(logits, self.out_ids, s)
+            argmax.argmax(logits, self.out_ids, self.argmax_scratch, s)
         else:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
         if self.p.repeat_penalty != 1.0:

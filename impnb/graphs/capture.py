@@ -13,7 +13,7 @@ class CaptureError(RuntimeError):
     """Capture or instantiation failed; the message is the named reason."""
 
 
-def _check(result, what: str):
+def check(result, what: str):
     from cuda.bindings import driver
 
     err, *rest = result
@@ -31,7 +31,7 @@ class Graph:
         self._driver = driver
         self.stream = driver.CUstream(stream_handle)
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        _check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
         try:
             body()
         except BaseException as e:
@@ -41,12 +41,12 @@ class Graph:
             if isinstance(e, Exception):
                 raise CaptureError(f"launching during capture failed: {e}") from e
             raise
-        self.graph = _check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
-        self.exec = _check(driver.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+        self.graph = check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        self.exec = check(driver.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
         self.n_nodes = driver.cuGraphGetNodes(self.graph, 0)[-1]
 
     def replay(self) -> None:
-        _check(self._driver.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+        check(self._driver.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
 
     def close(self) -> None:
         if getattr(self, "exec", None) is not None:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.kernels import quant_blocks as qb
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_max, warp_sum
 
@@ -23,49 +24,73 @@ MAX_SPLITS = 256
 NT = 128               # threads per block
 NW = NT // 32          # warps per block
 TILE = 32              # keys per inner step
+MIN_CHUNK = 2 * TILE   # keys per split at least: short contexts use few splits
 NEG = np.float32(-1e30)  # finite "minus infinity": neutral partials combine without NaN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
 
 
+@cuda.jit(device=True, inline=True)
+def _split_range(pos, b, r0, nrows, g, window, n_splits):
+    """Keys [lo, hi) seen by query rows r0 .. r0 + nrows - 1 of sequence b, the keys per split
+    (whole tiles, at least MIN_CHUNK) and the live splits: later splits have no keys."""
+    hi = 0
+    lo = 1 << 30
+    for r in range(nrows):
+        qp = pos[b, (r0 + r) // g]
+        hi = max(hi, qp + 1)
+        lo = min(lo, qp - window + 1 if window > 0 else 0)
+    lo = max(lo, 0)
+    chunk = max(MIN_CHUNK, ((hi - lo + n_splits - 1) // n_splits + TILE - 1) // TILE * TILE)
+    return lo, hi, chunk, (hi - lo + chunk - 1) // chunk
+
+
 def _make_split_kernel(D: int, RM: int):
     KP = D + 1           # padded K tile row: lane-per-key reads hit 32 distinct banks
     DW = D // NW         # dims each warp sums in the score stage
-    DT = min(D, NT)      # threads per key group in the P·V stage
-    KSPLIT = NT // DT    # key groups (2 when D = 64)
-    COLS = D // DT       # columns per thread (2 when D = 256)
+    WPK = D // 2         # 32-bit words (half pairs) per key row
+    KWT = TILE * WPK // NT   # K words each thread stages per tile
+    KB = min(KWT, 16)    # ... in batches of KB loads in flight
+    KSPLIT = NT // WPK   # key groups in the P·V stage (4, 2, 1 for D = 64, 128, 256)
+    KPG = TILE // KSPLIT  # keys per group: V words each thread prefetches per tile
     RPW = RM // NW       # rows each warp owns in the softmax stage
-    QS, KS, SP, PT, ACC = (RM, D), TILE * KP, (NW, RM, TILE), (RM, TILE), (RM, COLS)  # array shapes
+    QS, KS, SP, PT = (RM, D), TILE * KP, (NW, RM, TILE), (RM, TILE)  # shared array shapes
 
     # grid (n_splits, Hkv * n_row_groups, B), block 128 (4 warps).
     # A block owns up to RM query rows r = t * g + j (token t, head kh * g + j) of one KV head and
-    # one split of their key range [lo, hi); the range is cut into n_splits chunks of whole
-    # 32-key tiles. Per tile: K is staged fp16 -> f32 in shared; warp w forms partial scores over
+    # one split of their key range (_split_range); splits past the live ones return at once.
+    # Per 32-key tile, every load is issued up front: thread (kg, p) prefetches the V words
+    # (columns 2p, 2p + 1) of keys kg, kg + KSPLIT, ... into registers, and K is staged
+    # fp16 -> f32 into shared in batches of KB 32-bit loads. Warp w forms partial scores over
     # dims [w * D/4, (w + 1) * D/4) with lane = key; warp w then owns rows w, w + 4 for the online
-    # softmax (lane = key, shuffles); thread (kg, d0) accumulates P·V for columns d0 + c * DT of
-    # keys kg, kg + KSPLIT, ..., reading V straight from global (coalesced over d).
+    # softmax (lane = key, shuffles); P·V accumulates from the prefetched V.
     # shared: qs f32[RM][D] (q * scale), ks f32[32 * (D + 1)], sp f32[4][RM][32] (per-warp
     # partial scores), pt f32[RM][32] (probabilities), alpha f32[RM] (rescale per row),
     # tile_page, tile_off i32[32] (where each key of the tile lives).
-    # Writes unnormalized acc, running max m and sum l to partials[b, split, t, h, 0:D | D | D+1];
-    # a split with no keys writes (0, NEG, 0).
-    def split_kernel(q, k_pool, v_pool, block_table, pos, partials, scale, window, softcap):
+    # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2).
+    # With one live split the rows are normalized into out; else unnormalized acc, running max m
+    # and sum l go to partials[b, split, t, h, 0:D | D | D+1] (rows without keys: 0, NEG, 0).
+    def split_kernel(q, k_words, v_words, block_table, pos, partials, out, scale, window, softcap):
         split = cuda.blockIdx.x
-        n_splits = cuda.gridDim.x
         b = cuda.blockIdx.z
         T = q.shape[1]
-        Hkv = k_pool.shape[2]
-        page_size = k_pool.shape[1]
+        Hkv = k_words.shape[2]
+        page_size = k_words.shape[1]
         g = q.shape[2] // Hkv
         n_groups = (g * T + RM - 1) // RM
         kh = cuda.blockIdx.y // n_groups
         r0 = (cuda.blockIdx.y - kh * n_groups) * RM
         nrows = min(RM, g * T - r0)
+        lo, hi, chunk, n_live = _split_range(pos, b, r0, nrows, g, window, cuda.gridDim.x)
+        if split >= n_live:
+            return
+        k_begin = lo + split * chunk
+        k_end = min(hi, k_begin + chunk)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
-        kg = tid // DT
-        d0 = tid - kg * DT
+        kg = tid // WPK
+        p = tid - kg * WPK
 
         qs = cuda.shared.array(QS, types.float32)
         ks = cuda.shared.array(KS, types.float32)
@@ -74,18 +99,6 @@ def _make_split_kernel(D: int, RM: int):
         alpha = cuda.shared.array(RM, types.float32)
         tile_page = cuda.shared.array(TILE, types.int32)
         tile_off = cuda.shared.array(TILE, types.int32)
-
-        # -- the keys [lo, hi) these rows see, and this split's chunk [k_begin, k_end) --
-        hi = 0
-        lo = 1 << 30
-        for r in range(nrows):
-            qp = pos[b, (r0 + r) // g]
-            hi = max(hi, qp + 1)
-            lo = min(lo, qp - window + 1 if window > 0 else 0)
-        lo = max(lo, 0)
-        chunk = ((hi - lo + n_splits - 1) // n_splits + TILE - 1) // TILE * TILE
-        k_begin = lo + split * chunk
-        k_end = min(hi, k_begin + chunk)
 
         # -- q rows, pre-scaled; rows past nrows are zero --
         for i in range(tid, RM * D, NT):
@@ -104,11 +117,12 @@ def _make_split_kernel(D: int, RM: int):
             m[i] = NEG
             l[i] = _ZERO
             qpos[i] = pos[b, (r0 + r) // g] if r < nrows else -1
-        acc = cuda.local.array(ACC, types.float32)
+        acc = cuda.local.array((RM, 2), types.float32)
         for r in range(RM):
-            for c in range(COLS):
-                acc[r, c] = _ZERO
-        cuda.syncthreads()
+            acc[r, 0] = _ZERO
+            acc[r, 1] = _ZERO
+        vw = cuda.local.array(KPG, types.uint32)
+        kw = cuda.local.array(KB, types.uint32)
 
         for kt in range(k_begin, k_end, TILE):
             # -- where this tile's keys live; -1 past k_end (their pages may not exist) --
@@ -118,15 +132,25 @@ def _make_split_kernel(D: int, RM: int):
                 tile_off[tid] = key % page_size
             cuda.syncthreads()
 
-            # -- load K tile, fp16 -> f32; keys past k_end are zero --
-            for i in range(tid, TILE * D, NT):
-                kk = i // D
-                d = i - kk * D
+            # -- V words of this thread's keys into registers (0 past k_end) --
+            for j in range(KPG):
+                kk = kg + j * KSPLIT
                 page = tile_page[kk]
-                val = _ZERO
-                if page >= 0:
-                    val = types.float32(k_pool[page, tile_off[kk], kh, d])
-                ks[kk * KP + d] = val
+                vw[j] = v_words[max(page, 0), tile_off[kk], kh, p] if page >= 0 else types.uint32(0)
+            # -- K tile fp16 -> f32 into shared, KB loads in flight; keys past k_end are zero --
+            for i0 in range(0, KWT, KB):
+                for j in range(KB):
+                    i = tid + (i0 + j) * NT
+                    kk = i // WPK
+                    page = tile_page[kk]
+                    kw[j] = k_words[max(page, 0), tile_off[kk], kh, i - kk * WPK] \
+                        if page >= 0 else types.uint32(0)
+                for j in range(KB):
+                    i = tid + (i0 + j) * NT
+                    kk = i // WPK
+                    d = 2 * (i - kk * WPK)
+                    ks[kk * KP + d] = qb.f16_to_f32(kw[j] & qb.HALF)
+                    ks[kk * KP + d + 1] = qb.f16_to_f32(kw[j] >> 16)
             cuda.syncthreads()
 
             # -- partial scores: warp w, dims [w * DW, (w + 1) * DW), key = lane, all RM rows --
@@ -154,51 +178,65 @@ def _make_split_kernel(D: int, RM: int):
                 if not seen:
                     x = NEG
                 m_new = max(m[i], warp_max(x))
-                p = math.exp(x - m_new) if seen else _ZERO
+                pr = math.exp(x - m_new) if seen else _ZERO
                 a = math.exp(m[i] - m_new)
-                l[i] = l[i] * a + warp_sum(p)
+                l[i] = l[i] * a + warp_sum(pr)
                 m[i] = m_new
-                pt[r, lane] = p
+                pt[r, lane] = pr
                 if lane == 0:
                     alpha[r] = a
             cuda.syncthreads()
 
-            # -- P·V: columns d0 + c * DT of keys kg, kg + KSPLIT, ...; V from global --
+            # -- P·V: columns 2p, 2p + 1 of keys kg, kg + KSPLIT, ... from the prefetched words --
             for r in range(RM):
                 a = alpha[r]
-                for c in range(COLS):
-                    acc[r, c] *= a
-            for kk in range(kg, min(TILE, k_end - kt), KSPLIT):
-                page = tile_page[kk]
-                off = tile_off[kk]
-                for c in range(COLS):
-                    vv = types.float32(v_pool[page, off, kh, d0 + c * DT])
-                    for r in range(RM):
-                        acc[r, c] += pt[r, kk] * vv
+                acc[r, 0] *= a
+                acc[r, 1] *= a
+            for j in range(KPG):
+                kk = kg + j * KSPLIT
+                v0 = qb.f16_to_f32(vw[j] & qb.HALF)
+                v1 = qb.f16_to_f32(vw[j] >> 16)
+                for r in range(RM):
+                    pr = pt[r, kk]
+                    acc[r, 0] += pr * v0
+                    acc[r, 1] += pr * v1
             cuda.syncthreads()
 
-        # -- partials: key groups summed through shared (ks is free now), then acc, m, l --
+        # -- key groups summed through shared (ks is free now) --
         if KSPLIT > 1:
             if kg > 0:
                 for r in range(RM):
-                    ks[((kg - 1) * RM + r) * DT + d0] = acc[r, 0]
+                    ks[((kg - 1) * RM + r) * D + 2 * p] = acc[r, 0]
+                    ks[((kg - 1) * RM + r) * D + 2 * p + 1] = acc[r, 1]
             cuda.syncthreads()
             if kg == 0:
                 for g2 in range(1, KSPLIT):
                     for r in range(RM):
-                        acc[r, 0] += ks[((g2 - 1) * RM + r) * DT + d0]
+                        acc[r, 0] += ks[((g2 - 1) * RM + r) * D + 2 * p]
+                        acc[r, 1] += ks[((g2 - 1) * RM + r) * D + 2 * p + 1]
+        # -- one live split: normalized rows to out (l through shared); else the partials --
+        for i in range(RPW):
+            r = warp + NW * i
+            if lane == 0:
+                alpha[r] = l[i]
+            if lane == 0 and r < nrows and n_live > 1:
+                row = r0 + r
+                partials[b, split, row // g, kh * g + row % g, D] = m[i]
+                partials[b, split, row // g, kh * g + row % g, D + 1] = l[i]
+        cuda.syncthreads()
         if kg == 0:
             for r in range(RM):
                 if r < nrows:
                     row = r0 + r
-                    for c in range(COLS):
-                        partials[b, split, row // g, kh * g + row % g, d0 + c * DT] = acc[r, c]
-        for i in range(RPW):
-            r = warp + NW * i
-            if lane == 0 and r < nrows:
-                row = r0 + r
-                partials[b, split, row // g, kh * g + row % g, D] = m[i]
-                partials[b, split, row // g, kh * g + row % g, D + 1] = l[i]
+                    t = row // g
+                    h = kh * g + row % g
+                    if n_live == 1:
+                        inv = _ONE / alpha[r]
+                        out[b, t, h, 2 * p] = acc[r, 0] * inv
+                        out[b, t, h, 2 * p + 1] = acc[r, 1] * inv
+                    else:
+                        partials[b, split, t, h, 2 * p] = acc[r, 0]
+                        partials[b, split, t, h, 2 * p + 1] = acc[r, 1]
 
     split_kernel.__name__ = f"_decode_split_d{D}_r{RM}_kernel"
     return cuda.jit(split_kernel)
@@ -207,29 +245,38 @@ def _make_split_kernel(D: int, RM: int):
 _SPLIT_KERNELS = {(D, RM): _make_split_kernel(D, RM) for D in HEAD_DIMS for RM in ROW_TILES}
 
 
-# grid (T * H, B), block 128: one block merges the n_splits partials of query row (b, t, h);
-# thread i owns columns i, i + 128, ... shared: w f32[MAX_SPLITS] (exp(m_s - M) per split).
+# grid (T * H, B), block 128: one block merges the live partials of query row (b, t, h) (none to
+# merge with one live split: the split kernel wrote out); thread i owns columns i, i + 128, ...
+# shared: w f32[MAX_SPLITS] (exp(m_s - M) per split).
 @cuda.jit
-def _decode_combine_kernel(partials, n_splits, out):
+def _decode_combine_kernel(partials, n_splits, q_per_kv, rm, window, pos, out):
     b = cuda.blockIdx.y
     H = out.shape[2]
     t = cuda.blockIdx.x // H
     h = cuda.blockIdx.x - t * H
     D = out.shape[3]
+    T = out.shape[1]
+    row = t * q_per_kv + h % q_per_kv
+    r0 = row // rm * rm
+    nrows = min(rm, q_per_kv * T - r0)
+    _, _, _, n_live = _split_range(pos, b, r0, nrows, q_per_kv, window, n_splits)
+    if n_live == 1:
+        return
+    tid = cuda.threadIdx.x
     w = cuda.shared.array(MAX_SPLITS, types.float32)
     mx = NEG
-    for s in range(n_splits):
+    for s in range(n_live):
         mx = max(mx, partials[b, s, t, h, D])
-    for s in range(cuda.threadIdx.x, n_splits, cuda.blockDim.x):
+    for s in range(tid, n_live, NT):
         w[s] = math.exp(partials[b, s, t, h, D] - mx)
     cuda.syncthreads()
     total = _ZERO
-    for s in range(n_splits):
+    for s in range(n_live):
         total += w[s] * partials[b, s, t, h, D + 1]
     inv = _ONE / total
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+    for d in range(tid, D, NT):
         acc = _ZERO
-        for s in range(n_splits):
+        for s in range(n_live):
             acc += w[s] * partials[b, s, t, h, d]
         out[b, t, h, d] = acc * inv
 
@@ -292,19 +339,23 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_split
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     rm = row_tile(H, Hkv, T)
     n_groups = -(-(H // Hkv * T) // rm)
+    win = np.int32(window or 0)
     _SPLIT_KERNELS[(D, rm)][(n_splits, Hkv * n_groups, B), NT, stream](
-        q, k_pool, v_pool, block_table, pos, partials, np.float32(scale),
-        np.int32(window or 0), np.float32(softcap or 0.0))
-    _decode_combine_kernel[(T * H, B), NT, stream](partials, np.int32(n_splits), out)
+        q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, out, np.float32(scale), win, np.float32(softcap or 0.0))
+    _decode_combine_kernel[(T * H, B), NT, stream](partials, np.int32(n_splits), np.int32(H // Hkv),
+                                                   np.int32(rm), win, pos, out)
 
 
 _Q = types.float32[:, :, :, ::1]
-_POOL = types.float16[:, :, :, ::1]
+_POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
 _PART = types.float32[:, :, :, :, ::1]
-_SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, types.float32, types.int32, types.float32)
+_SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, _Q, types.float32, types.int32, types.float32)
 BUILD_SIGNATURES = [
-    (kernel, _SPLIT_SIG, {"max_registers": 136}) for kernel in _SPLIT_KERNELS.values()
+    # 170-245 registers: the unrolled score loop and the prefetched V words; few blocks run per
+    # step, so occupancy is not what limits them.
+    (kernel, _SPLIT_SIG, {"max_registers": 248}) for kernel in _SPLIT_KERNELS.values()
 ] + [
-    (_decode_combine_kernel, (_PART, types.int32, _Q), {"max_registers": 48}),
+    (_decode_combine_kernel, (_PART, types.int32, types.int32, types.int32, types.int32, _I2, _Q),
+     {"max_registers": 64}),
 ]

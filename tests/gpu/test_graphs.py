@@ -43,13 +43,36 @@ def test_graph_replay_equals_eager(model, params):
 
     mf, ids = model
     eager = CudaEngine(mf, 512, graphs=False)
-    graphed = CudaEngine(mf, 512, graphs=True)
+    graphed = CudaEngine(mf, 512, graphs=True, lookahead=False)  # logits read after each step
     t_eager, l_eager = decode(eager, ids, params)
     t_graph, l_graph = decode(graphed, ids, params)
     assert graphed.graphs and graphed.graph_disabled is None
     print(f"graph: {next(iter(graphed.graphs.values())).n_nodes} nodes")
     assert t_graph == t_eager
     assert np.array_equal(l_graph, l_eager)
+
+
+def test_lookahead_equals_step_by_step(model):
+    """Steps queued on the device's own token give the same tokens; feeding back another token
+    drops the queued step and continues from the host's token."""
+    from impnb.engine_cuda import CudaEngine
+
+    mf, ids = model
+    params = SamplingParams(temperature=0.8, seed=5, repeat_penalty=1.1)
+    plain = CudaEngine(mf, 512, graphs=True, lookahead=False)
+    ahead = CudaEngine(mf, 512, graphs=True, lookahead=True)
+    assert decode(ahead, ids, params)[0] == decode(plain, ids, params)[0]
+    forced = []
+    for engine in (plain, ahead):
+        engine.reset(params)
+        token = engine.prefill(ids)
+        out = []
+        for i in range(24):
+            token = engine.step(token if i != 12 else 1234)  # a forced token midway
+            out.append(token)
+        forced.append(out)
+    assert forced[0] == forced[1]
+    assert ahead.ahead is not None  # the last step queued one ahead
 
 
 def test_capture_failure_falls_back_to_eager(model, monkeypatch, caplog):

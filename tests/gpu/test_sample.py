@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.sample import (NT, _philox4x32, _pick_bin, _uniform, argmax, philox4x32_ref,
+from impnb.kernels.argmax import argmax, argmax_scratch
+from impnb.kernels.sample import (NT, _philox4x32, _pick_bin, _uniform, philox4x32_ref,
                                   push_history, repeat_penalty, sample, sample_params,
                                   sample_ref, sample_scratch, uniform_ref)
 from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
@@ -211,18 +212,21 @@ def check_pick_bin(rng, nb=2048):
 
 
 def check_argmax(rng, B, V, std, ties=False):
-    x = gauss(rng, (B, V), std)
-    if ties:  # the row's max at three places (one near the end): the lowest id wins
-        for b in range(B):
-            at = np.sort(rng.choice(V, size=min(3, V), replace=False))
-            at[-1] = V - 1
-            x[b, at] = x[b].max() + 1
-    d_out = cuda.to_device(np.full(B, -1, np.int32))
+    """Two launches on fresh rows: the scratch the first one leaves must serve the second."""
+    scratch = argmax_scratch(B)
     stream = cuda.stream()
-    argmax(cuda.to_device(x, stream=stream), d_out, stream)
-    got = d_out.copy_to_host(stream=stream)
-    stream.synchronize()
-    assert got.tolist() == np.argmax(x, axis=1).tolist()
+    for _ in range(2):
+        x = gauss(rng, (B, V), std)
+        if ties:  # the row's max at three places (one near the end): the lowest id wins
+            for b in range(B):
+                at = np.sort(rng.choice(V, size=min(3, V), replace=False))
+                at[-1] = V - 1
+                x[b, at] = x[b].max() + 1
+        d_out = cuda.to_device(np.full(B, -1, np.int32))
+        argmax(cuda.to_device(x, stream=stream), d_out, scratch, stream)
+        got = d_out.copy_to_host(stream=stream)
+        stream.synchronize()
+        assert got.tolist() == np.argmax(x, axis=1).tolist()
 
 
 def check_penalty(rng, B, V, std, penalties=(1.3, 1.0, 0.7, 2.0)):
@@ -370,7 +374,7 @@ def test_greedy_is_argmax(V):
     params = cuda.to_device(sample_params([SamplingParams(temperature=0.0, seed=b)
                                            for b in range(4)]))
     stream = cuda.stream()
-    argmax(d_x, d_a, stream)
+    argmax(d_x, d_a, argmax_scratch(4), stream)
     sample(d_x, params, cuda.to_device(np.array([3], np.int32)), d_s, sample_scratch(4, V), stream)
     stream.synchronize()
     assert d_s.copy_to_host().tolist() == d_a.copy_to_host().tolist() == np.argmax(x, 1).tolist()
