@@ -1,14 +1,16 @@
 """The decoder stack on the GPU for llama, qwen3 and gemma3, with fused residual norms.
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
-  h = norm(x) -> q, k, v = linear(h) -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write
+  h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
+  -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
   -> attention (decode: split-K over the cache; prefill: causal over the cache)
-  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)          (one fused kernel)
-  -> act(linear_gate(h)) * linear_up(h) -> d = linear_down -> x += [post-norm](d), h = next norm(x)
+  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
+  -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
+  -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
 """
 
-from impnb.kernels import activations, attention_decode, attention_prefill, kv_cache, norm, rope
+from impnb.kernels import activations, attention_decode, attention_prefill, norm, qkv_post
 from impnb.kernels.embedding import embedding
 from impnb.models.config import ModelConfig
 
@@ -33,24 +35,29 @@ def forward(m, T: int, last_only: bool = True):
         q = a.get("q", (T, H, Dh))
         k = a.get("k", (T, Hkv, Dh))
         v = a.get("v", (T, Hkv, Dv))
-        m.linear(h, p + "attn_q", q.reshape(T, H * Dh))
-        m.linear(h, p + "attn_k", k.reshape(T, Hkv * Dh))
-        m.linear(h, p + "attn_v", v.reshape(T, Hkv * Dv))
-        if cfg.qk_norm:
-            norm.rms_norm(q, m.w[p + "attn_q_norm"], q, cfg.eps, s)
-            norm.rms_norm(k, m.w[p + "attn_k_norm"], k, cfg.eps, s)
-        rope.rope(q, k, pos, m.inv_freq[il], cfg.rope_neox, s)
-        kv_cache.kv_write(k, v, pos, m.block_table, m.k_pool[il], m.v_pool[il], s)
+        qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
+        if p + "attn_qkv" in m.w:
+            m.linear_split(h, p + "attn_qkv", qkv)
+        else:
+            for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
+                m.linear(h, p + name, y)
+        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox,
+                          m.w[p + "attn_q_norm"] if cfg.qk_norm else None,
+                          m.w[p + "attn_k_norm"] if cfg.qk_norm else None, cfg.eps,
+                          m.block_table, m.k_pool[il], m.v_pool[il], s)
         attn = a.get("attn", (T, H, Dv))
         _attention(m, il, q, pos, attn, T)
         o = a.get("o", (T, D))
         m.linear(attn.reshape(T, H * Dv), p + "attn_output", o)
         _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
         gate = a.get("gate", (T, cfg.n_ff))
-        up = a.get("up", (T, cfg.n_ff))
-        m.linear(h, p + "ffn_gate", gate)
-        m.linear(h, p + "ffn_up", up)
-        (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, s)
+        if p + "ffn_gate_up" in m.w:
+            m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate)
+        else:
+            up = a.get("up", (T, cfg.n_ff))
+            m.linear(h, p + "ffn_gate", gate)
+            m.linear(h, p + "ffn_up", up)
+            (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, s)
         m.linear(gate, p + "ffn_down", o)
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         _residual(m, x, o, p + "post_ffw_norm", nxt, h)

@@ -11,18 +11,18 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from impnb.errors import UnsupportedError
+from impnb.devices import GPU_ARCHS
 from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
-from impnb.kernels import attention_decode, gemv, kv_cache, repack
+from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.rope import rope_inv_freq
 from impnb.models import model_config
 
 log = logging.getLogger("impnb.gpu")
-from impnb.devices import GPU_ARCHS
 PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
@@ -39,7 +39,7 @@ class DeviceModel:
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
-        self.w = {name.removesuffix(".weight"): self._upload(t) for name, t in mf.tensors.items()}
+        self.w = self._upload_all(mf)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         n_pages = kv_cache.pages_needed(n_ctx, PAGE_SIZE)
@@ -54,14 +54,33 @@ class DeviceModel:
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
 
-    def _upload(self, t):
-        """1-D weights as float32; matrices repacked in their GGUF type (F16 where no kernel reads it)."""
-        if len(t.shape) == 1:
-            return self.ctx.upload(t.dequantize())
-        data, ggml_type = t.data.reshape(-1, t.data.shape[-1]), t.ggml_type
-        if ggml_type not in repack.PACKED_TYPES:
-            log.info("%s: %s has no GPU kernel; converted to F16 at load", t.name, ggml_type.name)
-            data, ggml_type = t.dequantize().reshape(-1, t.shape[-1]).astype(np.float16), T.F16
+    def _upload_all(self, mf: ModelFile) -> dict:
+        """Every tensor by its GGUF name less ".weight"; a layer's Q, K, V (and gate, up) of one
+        type are stacked into one matrix, attn_qkv (ffn_gate_up), read by one GEMV."""
+        tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items()}
+        w = {}
+        for il in range(self.cfg.n_layer):
+            p = f"blk.{il}."
+            for fused, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                                 ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+                ts = [tensors.get(p + n) for n in parts]
+                if all(ts) and len({(t.ggml_type, t.data.shape[-1]) for t in ts}) == 1:
+                    w[p + fused] = self._upload_matrix(p + fused, ts)
+                    for n in parts:
+                        del tensors[p + n]
+        for name, t in tensors.items():
+            w[name] = self.ctx.upload(t.dequantize()) if len(t.shape) == 1 else self._upload_matrix(name, [t])
+        return w
+
+    def _upload_matrix(self, name: str, ts):
+        """Rows of ts stacked, repacked in their GGUF type (F16 where no kernel reads it)."""
+        ggml_type = ts[0].ggml_type
+        if ggml_type in repack.PACKED_TYPES:
+            data = np.concatenate([t.data.reshape(-1, t.data.shape[-1]) for t in ts])
+        else:
+            log.info("%s: %s has no GPU kernel; converted to F16 at load", name, ggml_type.name)
+            data = np.concatenate([t.dequantize().reshape(-1, t.shape[-1]).astype(np.float16) for t in ts])
+            ggml_type = T.F16
         return repack.repack(data, ggml_type).to_device(self.ctx.nb_stream)
 
     def _bytes_needed(self, mf: ModelFile, n_ctx: int) -> int:
@@ -72,13 +91,39 @@ class DeviceModel:
     def linear(self, x, name: str, y) -> None:
         """y (T, N) = x (T, K) · W(name)ᵀ, float32 in and out."""
         w = self.w[name]
-        T = x.shape[0]
-        s = self.ctx.nb_stream
-        if T <= GEMV_MAX_ROWS:
-            gemv.gemv(w, x, y, s)
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            gemv.gemv(w, x, y, self.ctx.nb_stream)
+        else:
+            self.cublas.gemm_f16(self._x16(x), self._w16(w), y)
+
+    def linear_split(self, x, name: str, ys) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv)."""
+        w = self.w[name]
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            gemv.gemv_split(w, x, ys, self.ctx.nb_stream)
             return
+        x16, w16, row = self._x16(x), self._w16(w), 0
+        for y in ys:
+            self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
+            row += y.shape[1]
+
+    def linear_glu(self, x, name: str, act: str, y) -> None:
+        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu."""
+        w, T, s = self.w[name], x.shape[0], self.ctx.nb_stream
+        if T <= GEMV_MAX_ROWS and gemv.glu_fits(w, T):
+            gemv.gemv_glu(w, x, y, gemv.GELU if act == "gelu" else gemv.SILU, s)
+            return
+        gate_up = self.arena.get("gate_up", (T, w.rows))
+        self.linear(x, name, gate_up)
+        (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
+
+    def _x16(self, x):
         x16 = self.arena.get("x16", x.shape, np.float16)
+        cast_f16(x, x16, self.ctx.nb_stream)
+        return x16
+
+    def _w16(self, w):
+        """The weight dequantized to fp16 into a scratch buffer (the prefill fallback)."""
         w16 = self.arena.get("w16", (w.rows, w.cols), np.float16)
-        cast_f16(x, x16, s)
-        dequant(w, w16, s)
-        self.cublas.gemm_f16(x16, w16, y)
+        dequant(w, w16, self.ctx.nb_stream)
+        return w16

@@ -11,12 +11,22 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, types
 
 from impnb.kernels import quant_blocks as qb
+from impnb.kernels.activations import _gelu_tanh, _silu
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.quants import dequantize
 
 WARPS = 4
 BLOCK = 32 * WARPS
 MAX_T = 8
+NO_GLU, SILU, GELU = 0, 1, 2  # epilogues: plain rows, act(gate) * up with SiLU or tanh GELU
+
+
+@cuda.jit(device=True, inline=True)
+def _identity(v):
+    return v
+
+
+GLU_ACTS = (_identity, _silu, _gelu_tanh)
 
 # -- GEMV decoders: `<type>_unit(raw, c, h, w)` writes w[i] = u_i, an exact float affine
 #    in the quant q_i (u = (1 + q/2^bits)/2; u = q + 1152 for Q8_0), and returns (a, b) with
@@ -179,17 +189,19 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-def _make_gemv(load, unit, col, n_tok, span, rows):
+def _make_gemv(load, unit, col, n_tok, span, rows, glu):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
+    act = GLU_ACTS[glu]
 
-    # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads,
-    # R = rows_per_block(type, T). Group g of block b owns rows R*(G*b + g) .. +R-1 (past N-1: clamped,
-    # computed and dropped); its thread i takes chunks i, i+span, ... of those rows: 16-byte
-    # quant loads of all R rows first, 32 weights per chunk in two halves of 16, each half FMAed
-    # against x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums acc[r, t] are
-    # reduced over the warp by shuffles, then (span > 32) over the group's warps in shared
-    # memory red[4, R, T].
+    # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128/span groups of `span`
+    # threads, R = rows_per_block(type, T) weight rows per group. Group gi = G*b + g owns rows
+    # R*gi .. +R-1 (past the last: clamped, computed and dropped), or with GLU the R/2 gate rows
+    # o = R/2*gi .. and their up rows F + o; its thread i takes chunks i, i+span, ... of those rows:
+    # 16-byte quant loads of all R rows first, 32 weights per chunk in two halves of 16, each half
+    # FMAed against x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums
+    # acc[r, t] are reduced over the warp by shuffles, then (span > 32) over the group's warps in
+    # shared memory red[4, R, T]; `store` writes a group's rows for one token.
     @cuda.jit(device=True, inline=True)
     def half_chunk(raw_a, raw_b, c, h, x, K, acc, wa, wb):
         # -- decode 16 weights of each row, FMA against every token --
@@ -238,24 +250,61 @@ def _make_gemv(load, unit, col, n_tok, span, rows):
                 p += w[i] * xv[i]
             acc[r, 0] += a * p + b * sx
 
+    pairs = rows // 2  # GLU: output rows per group (gate rows, then the same up rows)
+    out_rows = pairs if glu else rows
+
+    @cuda.jit(device=True, inline=True)
+    def weight_row(gi, r, n_rows):
+        # -- row r of group gi: GLU groups hold gate rows o.. and up rows F + o.. --
+        if glu:
+            F = n_rows // 2
+            return min(gi * pairs + r % pairs, F - 1) + (F if r >= pairs else 0)
+        return min(gi * rows + r, n_rows - 1)
+
+    @cuda.jit(device=True, inline=True)
+    def store(y0, y1, y2, n0, n1, n_rows, gi, t, tot, accumulate):
+        # -- GLU: y0[t, o] = act(gate) * up; else row i to y0, y1 or y2 by the splits n0, n1 --
+        for i in range(out_rows):
+            if glu:
+                o = gi * pairs + i
+                if o < n_rows // 2:
+                    v = act(tot[i]) * tot[pairs + i]
+                    if accumulate:
+                        v += y0[t, o]
+                    y0[t, o] = v
+            else:
+                row = gi * rows + i
+                v = tot[i]
+                if row < n0:
+                    if accumulate:
+                        v += y0[t, row]
+                    y0[t, row] = v
+                elif row < n0 + n1:
+                    if accumulate:
+                        v += y1[t, row - n0]
+                    y1[t, row - n0] = v
+                elif row < n_rows:
+                    if accumulate:
+                        v += y2[t, row - n0 - n1]
+                    y2[t, row - n0 - n1] = v
+
     @cuda.jit
-    def _gemv_kernel(parts, x, y, accumulate):
-        n_rows = y.shape[1]
+    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
         group = tid // span
-        first = (cuda.blockIdx.x * groups + group) * rows
-        row_a = min(first, n_rows - 1)
-        row_b = min(first + 1, n_rows - 1)
+        gi = cuda.blockIdx.x * groups + group
+        row_a = weight_row(gi, 0, n_rows)
+        row_b = weight_row(gi, 1, n_rows)
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
-        row_c = min(first + 2, n_rows - 1)
-        row_d = min(first + 3, n_rows - 1)
+        row_c = weight_row(gi, 2, n_rows)
+        row_d = weight_row(gi, 3, n_rows)
         for c in range(tid - group * span, cpr, span):
             # -- load the rows' chunk c --
             raw_a = load(parts, row_a * cpr + c)
@@ -268,47 +317,48 @@ def _make_gemv(load, unit, col, n_tok, span, rows):
                 raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
                 half_chunk(raw_a, raw_b, c, 0, x, K, acc, wa, wb)
                 half_chunk(raw_a, raw_b, c, 1, x, K, acc, wa, wb)
-        # -- reduce: warp, then the group's warps --
+        # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        tot = cuda.local.array(rows, float32)
         lane = tid & 31
         warp = tid >> 5
         for r in range(rows):
             for t in range(n_tok):
-                s = qb.warp_sum(acc[r, t], scratch)
-                if wpg == 1:
-                    if lane == 0 and first + r < n_rows:
-                        if accumulate:
-                            s += y[t, first + r]
-                        y[t, first + r] = s
-                elif lane == 0:
-                    red[warp, r, t] = s
-        if wpg > 1:
+                acc[r, t] = qb.warp_sum(acc[r, t], scratch)
+                if wpg > 1 and lane == 0:
+                    red[warp, r, t] = acc[r, t]
+        if wpg == 1:
+            if lane == 0:
+                for t in range(n_tok):
+                    for r in range(rows):
+                        tot[r] = acc[r, t]
+                    store(y0, y1, y2, n0, n1, n_rows, gi, t, tot, accumulate)
+        else:
             cuda.syncthreads()
-            if tid < groups * rows * n_tok:
-                g = tid // (rows * n_tok)
-                r = (tid - g * rows * n_tok) // n_tok
-                t = tid - g * rows * n_tok - r * n_tok
-                row = (cuda.blockIdx.x * groups + g) * rows + r
-                if row < n_rows:
+            if tid < groups * n_tok:
+                g = tid // n_tok
+                t = tid - g * n_tok
+                for r in range(rows):
                     s = float32(0.0)
                     for i in range(wpg):
                         s += red[g * wpg + i, r, t]
-                    if accumulate:
-                        s += y[t, row]
-                    y[t, row] = s
+                    tot[r] = s
+                store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, t, tot, accumulate)
 
     return _gemv_kernel
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK):
-    """The compiled-on-first-use kernel for one type, token count and row-group span."""
+def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU):
+    """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK)
     ggml_type = T(ggml_type)
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows_per_block(ggml_type, n_tok))
+    rows = rows_per_block(ggml_type, n_tok)
+    assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows, glu)
 
 
 def _parts_type(ggml_type: T):
@@ -321,24 +371,56 @@ def _aligned16(a) -> bool:
     return ptr is None or (ptr.value or 0) % 16 == 0
 
 
+def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
+            stream, accumulate: bool):
+    n_tok, K = x.shape
+    assert w.cols == K and x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
+    for y in (y0, y1, y2):
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
+    span = span_for(K)
+    per_block = rows_per_block(w.ggml_type, n_tok) // (2 if glu else 1) * BLOCK // span
+    kernel = gemv_kernel(w.ggml_type, n_tok, span, glu)
+    kernel[(out_rows + per_block - 1) // per_block, BLOCK, stream](
+        w.parts, x, y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+
+
 def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):
     """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8."""
-    n_tok, K = x.shape
-    assert w.cols == K and y.shape == (n_tok, w.rows), (w.rows, w.cols, x.shape, y.shape)
-    assert x.dtype == np.float32 and y.dtype == np.float32
-    assert x.is_c_contiguous() and y.is_c_contiguous() and _aligned16(x)
-    span = span_for(K)
-    per_block = rows_per_block(w.ggml_type, n_tok) * BLOCK // span
-    kernel = gemv_kernel(w.ggml_type, n_tok, span)
-    kernel[(w.rows + per_block - 1) // per_block, BLOCK, stream](w.parts, x, y, np.int32(accumulate))
+    assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
+    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate)
+
+
+def gemv_split(w: PackedWeight, x, ys, stream):
+    """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
+    one to three outputs whose N_i sum to W's rows."""
+    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
+    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
+    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
+    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False)
+
+
+def glu_fits(w: PackedWeight, n_tok: int) -> bool:
+    """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
+    return n_tok <= MAX_T and rows_per_block(w.ggml_type, n_tok) % 2 == 0
+
+
+def gemv_glu(w: PackedWeight, x, y, act: int, stream):
+    """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh)."""
+    assert act in (SILU, GELU) and w.rows % 2 == 0 and y.shape == (x.shape[0], w.rows // 2)
+    assert glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group for this type and T"
+    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False)
 
 
 _F32_2D = types.Array(types.float32, 2, "C")
+_I32 = types.int32
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
 # (two rows at T <= 2, eight tokens in flight at T = 8).
 BUILD_SIGNATURES = [
-    (gemv_kernel(t, n, span), types.void(_parts_type(t), _F32_2D, _F32_2D, types.int32),
+    (gemv_kernel(t, n, span, glu),
+     types.void(_parts_type(t), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32),
      {"max_registers": 112})
     for t in DECODERS
-    for n, span in ((1, 32), (1, 64), (1, BLOCK), (2, BLOCK), (3, BLOCK), (8, 32), (8, BLOCK))
+    for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
+                         (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
+                         (1, BLOCK, GELU), (2, 64, SILU))
 ]

@@ -72,6 +72,19 @@ def _rotate(x, t, head, i0, i1, cs, sn):
 # of token t (heads 0..H-1 of q, then 0..Hkv-1 of k). In place; no shared memory.
 # Angle: a = fl(p * hi), e = (p * hi - a) + p * lo (fma, exact), then cos/sin(a + e) from
 # cos/sin(a) by the second-order expansion in e (|e| < 4e-3 for positions below 2^17).
+@cuda.jit(device=True, inline=True)
+def cos_sin(pos, inv_freq, j):
+    """cos, sin of the angle pos * inv_freq[:, j] (hi + lo pair), float32."""
+    p = np.float32(pos)
+    f_hi = inv_freq[0, j]
+    a = p * f_hi
+    e = _fma(p, f_hi, -a) + p * inv_freq[1, j]
+    s = math.sin(a)
+    c = math.cos(a)
+    ce = np.float32(1) - np.float32(0.5) * e * e
+    return c * ce - s * e, s * ce + c * e
+
+
 @cuda.jit
 def _rope_kernel(q, k, pos, inv_freq, neox):
     t = cuda.blockIdx.x
@@ -82,15 +95,7 @@ def _rope_kernel(q, k, pos, inv_freq, neox):
     j = i - head * half
     if head >= H + k.shape[1]:
         return
-    p = np.float32(pos[t])
-    f_hi = inv_freq[0, j]
-    a = p * f_hi
-    e = _fma(p, f_hi, -a) + p * inv_freq[1, j]
-    s = math.sin(a)
-    c = math.cos(a)
-    ce = np.float32(1) - np.float32(0.5) * e * e
-    cs = c * ce - s * e
-    sn = s * ce + c * e
+    cs, sn = cos_sin(pos[t], inv_freq, j)
     if neox:
         i0 = j
         i1 = j + half

@@ -77,3 +77,44 @@ def test_gemv_every_token_count(ggml_type):
 def test_gemv_accumulate(ggml_type):
     for n_tok in (1, 3):
         check_gemv(ggml_type, 989, 1024, n_tok, 1.0, seed=[7, n_tok], accumulate=True)
+
+
+def check_fused(ggml_type, cols, splits, n_tok, glu, seed):
+    """Stacked rows (Q|K|V splits, or gate|up with glu) against the unfused float64 reference."""
+    from impnb.kernels.activations import geglu_ref, swiglu_ref
+    from impnb.kernels.gemv import GELU, gemv_glu, gemv_split
+
+    rows = sum(splits)
+    raw, wabs, w = weight(ggml_type, rows, cols)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    ref = gemv_ref(raw, ggml_type, x)
+    stream = cuda.stream()
+    d_x = cuda.to_device(x, stream=stream)
+    if glu:
+        F = rows // 2
+        d_y = cuda.to_device(np.full((n_tok, F), np.nan, np.float32), stream=stream)
+        gemv_glu(w, d_x, d_y, glu, stream)
+        y = d_y.copy_to_host(stream=stream)
+        gate, up = ref[:, :F].astype(np.float32), ref[:, F:].astype(np.float32)
+        want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
+        bound = RTOL * 10 * (np.abs(want) + np.abs(up) * (np.abs(x.astype(np.float64)) @ wabs[:F].T))
+        assert np.isfinite(y).all() and (np.abs(y - want) <= bound + 1e-6).all()
+        return
+    ys = [cuda.to_device(np.full((n_tok, n), np.nan, np.float32), stream=stream) for n in splits]
+    gemv_split(w, d_x, ys, stream)
+    y = np.concatenate([d.copy_to_host(stream=stream) for d in ys], axis=1)
+    bound = RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)
+    assert np.isfinite(y).all() and (np.abs(y - ref) <= bound).all()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 2, 5])
+def test_gemv_split_qkv(ggml_type, n_tok):
+    check_fused(ggml_type, 768, (576, 192, 192), n_tok, 0, seed=[int(ggml_type), n_tok])
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,glu,cols", [(1, 1, 768), (1, 2, 2048), (2, 1, 1536)])
+def test_gemv_glu(ggml_type, n_tok, glu, cols):
+    check_fused(ggml_type, cols, (1538 // 2, 1538 // 2), n_tok, glu, seed=[int(ggml_type), glu])

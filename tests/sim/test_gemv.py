@@ -70,3 +70,17 @@ def test_gemv_accumulates_into_y(ggml_type, cols):
     y0 = rng.standard_normal((2, 3)).astype(np.float32)
     y = run_gemv(raw, ggml_type, x, y0)
     check(raw, ggml_type, x, (y - y0).astype(np.float64))
+
+
+@pytest.mark.parametrize("ggml_type,n_tok", [(T.Q4_K, 1), (T.Q6_K, 2), (T.Q8_0, 3)], ids=str)
+def test_gemv_split_qkv(ggml_type, n_tok):
+    from tests.gpu.test_gemv import check_fused
+
+    check_fused(ggml_type, 256, (13, 5, 6), n_tok, 0, seed=n_tok)
+
+
+@pytest.mark.parametrize("ggml_type,glu,cols", [(T.Q4_K, 1, 256), (T.Q5_0, 2, 2048)], ids=str)
+def test_gemv_glu(ggml_type, glu, cols):
+    from tests.gpu.test_gemv import check_fused
+
+    check_fused(ggml_type, cols, (7, 7), 1, glu, seed=glu)

@@ -1,0 +1,14 @@
+"""The fused QK-norm + RoPE + KV write in the CUDA simulator (the GPU test's checks, small)."""
+
+import numpy as np
+import pytest
+
+from tests.gpu.test_qkv_post import check_qkv_post
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,n_rot,neox,norm", [
+    (1, 2, 1, 64, 64, True, True),
+    (3, 2, 1, 64, 32, False, False),
+])
+def test_qkv_post(T, H, Hkv, D, n_rot, neox, norm):
+    check_qkv_post(np.random.default_rng(T), T, H, Hkv, D, n_rot, neox, norm, 1.0)
