@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda, int64, types
 
 from impnb.kernels.sample import SIMULATOR, _comp_id, _key
+from impnb.launch import launch
 
 NT = 32 if SIMULATOR else 256       # threads per block
 CHUNK = 64 if SIMULATOR else 4096   # logits per block
@@ -70,7 +71,8 @@ def argmax(logits, out_ids, scratch: ArgmaxScratch, stream):
     assert out_ids.dtype == np.int32 and out_ids.shape == (B,)
     assert scratch.best.shape[0] >= B and V < 2**31
     grid = (-(-V // CHUNK), B)
-    _argmax_kernel[grid, NT, stream](logits.view(np.int32), scratch.best, scratch.done, out_ids)
+    launch(_argmax_kernel, grid, NT, stream, logits.view(np.int32), scratch.best, scratch.done,
+           out_ids)
 
 
 BUILD_SIGNATURES = [(_argmax_kernel, types.void(types.int32[:, ::1], types.int64[::1],

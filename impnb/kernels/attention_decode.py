@@ -16,6 +16,7 @@ from numba.core import types
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_max, warp_sum
+from impnb.launch import launch
 
 HEAD_DIMS = (64, 128, 256)
 ROW_TILES = (4, 8)     # query rows (token, head of the group) one block holds
@@ -340,10 +341,11 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_split
     rm = row_tile(H, Hkv, T)
     n_groups = -(-(H // Hkv * T) // rm)
     win = np.int32(window or 0)
-    _SPLIT_KERNELS[(D, rm)][(n_splits, Hkv * n_groups, B), NT, stream](
-        q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, out, np.float32(scale), win, np.float32(softcap or 0.0))
-    _decode_combine_kernel[(T * H, B), NT, stream](partials, np.int32(n_splits), np.int32(H // Hkv),
-                                                   np.int32(rm), win, pos, out)
+    launch(_SPLIT_KERNELS[(D, rm)], (n_splits, Hkv * n_groups, B), NT, stream,
+           q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, out,
+           np.float32(scale), win, np.float32(softcap or 0.0))
+    launch(_decode_combine_kernel, (T * H, B), NT, stream, partials, np.int32(n_splits),
+           np.int32(H // Hkv), np.int32(rm), win, pos, out)
 
 
 _Q = types.float32[:, :, :, ::1]

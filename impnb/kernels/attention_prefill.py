@@ -15,6 +15,7 @@ from numba.core import types
 from impnb.kernels.attention_decode import HEAD_DIMS, NEG
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_sum
+from impnb.launch import launch
 
 NT = 128
 NW = NT // 32
@@ -119,9 +120,8 @@ def attention_prefill(q, k_pool, v_pool, block_table, pos, out, scale: float,
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     if T:
-        _PREFILL_KERNELS[D][(T, H), NT, stream](q, k_pool, v_pool, block_table, pos, out,
-                                                np.float32(scale), np.int32(window or 0),
-                                                np.float32(softcap or 0.0))
+        launch(_PREFILL_KERNELS[D], (T, H), NT, stream, q, k_pool, v_pool, block_table, pos, out,
+               np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0))
 
 
 _SIG = (types.float32[:, :, ::1], types.float16[:, :, :, ::1], types.float16[:, :, :, ::1],

@@ -4,6 +4,8 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.launch import launch
+
 F16_MAX = np.float32(65504.0)
 THREADS = 256
 
@@ -26,7 +28,8 @@ def cast_f16(x, out, stream) -> None:
     assert x.is_c_contiguous() and out.is_c_contiguous()
     n = x.size
     if n:
-        _cast_f16_kernel[(n + THREADS - 1) // THREADS, THREADS, stream](x.reshape(n), out.reshape(n))
+        launch(_cast_f16_kernel, (n + THREADS - 1) // THREADS, THREADS, stream, x.reshape(n),
+               out.reshape(n))
 
 
 BUILD_SIGNATURES = [

@@ -13,6 +13,7 @@ from numba import cuda, float32, types
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
+from impnb.launch import launch
 from impnb.quants import dequantize
 
 BLOCK = 256
@@ -78,7 +79,7 @@ def dequant(w: PackedWeight, out, stream):
     assert out.shape == (w.rows, w.cols) and out.dtype == np.float16 and out.is_c_contiguous()
     out32 = out.view(np.uint32)
     n_chunks = w.rows * w.cols // 32
-    dequant_kernel(w.ggml_type)[(n_chunks + BLOCK - 1) // BLOCK, BLOCK, stream](w.parts, out32)
+    launch(dequant_kernel(w.ggml_type), (n_chunks + BLOCK - 1) // BLOCK, BLOCK, stream, w.parts, out32)
 
 
 BUILD_SIGNATURES = [

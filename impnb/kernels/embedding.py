@@ -14,6 +14,7 @@ from impnb.kernels import quant_blocks as qb
 from impnb.kernels.dequant import DECODERS
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
+from impnb.launch import launch
 from impnb.quants import dequantize
 
 BLOCK = 64
@@ -72,8 +73,8 @@ def embedding(table: PackedWeight, ids, out, scale: float, stream):
     assert out.shape == (n_tok, table.cols) and out.dtype == np.float32 and out.is_c_contiguous()
     assert ids.dtype == np.int32
     grid = ((table.cols // 32 + BLOCK - 1) // BLOCK, n_tok)
-    embedding_kernel(table.ggml_type)[grid, BLOCK, stream](
-        table.parts, ids, out, np.int32(table.rows), np.float32(scale))
+    launch(embedding_kernel(table.ggml_type), grid, BLOCK, stream,
+           table.parts, ids, out, np.int32(table.rows), np.float32(scale))
 
 
 BUILD_SIGNATURES = [

@@ -9,6 +9,8 @@ from numba import cuda
 from numba.core import types
 from numba.cuda.core import config as cuda_config
 
+from impnb.launch import launch
+
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
 WARP = 32
 WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, longer ones a block
@@ -192,9 +194,10 @@ def rms_norm(x, w, out, eps: float, stream) -> None:
     if R == 0:
         return
     if D <= WARP_ROWS_MAX_D:
-        _rms_norm_warp_kernel[(R + 3) // 4, (WARP, 4), stream](x2, _weight(w), out2, np.float32(eps))
+        launch(_rms_norm_warp_kernel, (R + 3) // 4, (WARP, 4), stream, x2, _weight(w), out2,
+               np.float32(eps))
     else:
-        _rms_norm_kernel[R, block_threads(D), stream](x2, _weight(w), out2, np.float32(eps))
+        launch(_rms_norm_kernel, R, block_threads(D), stream, x2, _weight(w), out2, np.float32(eps))
 
 
 def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
@@ -203,8 +206,8 @@ def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape, "x, h, out differ in shape"
     if x2.shape[0]:
-        _rms_norm_add_kernel[x2.shape[0], block_threads(D), stream](x2, h2, _weight(w), out2,
-                                                                    np.float32(eps))
+        launch(_rms_norm_add_kernel, x2.shape[0], block_threads(D), stream, x2, h2, _weight(w), out2,
+               np.float32(eps))
 
 
 def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream) -> None:
@@ -213,8 +216,8 @@ def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream) -> None:
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape and w_post.shape == (D,), "shapes differ"
     if x2.shape[0]:
-        _rms_norm_post_add_kernel[x2.shape[0], block_threads(D), stream](
-            x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
+        launch(_rms_norm_post_add_kernel, x2.shape[0], block_threads(D), stream,
+               x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
 
 
 _ROWS = types.float32[:, ::1]

@@ -23,6 +23,7 @@ from numba import cuda, float32, float64, int32, int64, void
 from numba.cuda.core import config as cuda_config
 
 from impnb.errors import ParameterError
+from impnb.launch import launch
 from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
 
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
@@ -673,7 +674,7 @@ def repeat_penalty(logits, history, params, stream):
     assert history.dtype == np.int32 and history.ndim == 2 and history.shape[0] == B
     assert history.is_c_contiguous()
     _check_rows("params", params, np.float64, (B, NPARAM))
-    _penalty_kernel[B, NT, stream](logits, history, params)
+    launch(_penalty_kernel, B, NT, stream, logits, history, params)
 
 
 def push_history(ids, step, history, stream):
@@ -682,7 +683,7 @@ def push_history(ids, step, history, stream):
     _check_rows("ids", ids, np.int32, (B,))
     assert step.dtype == np.int32 and step.shape in ((1,), (B,))
     _check_rows("history", history, np.int32, (B, history.shape[1]))
-    _push_kernel[(B + 31) // 32, 32, stream](ids, step, history)
+    launch(_push_kernel, (B + 31) // 32, 32, stream, ids, step, history)
 
 
 def argmax(logits, out_ids, stream):
@@ -690,7 +691,7 @@ def argmax(logits, out_ids, stream):
     _check_logits(logits)
     B = logits.shape[0]
     _check_rows("out_ids", out_ids, np.int32, (B,))
-    _argmax_kernel[B, ARGMAX_NT, stream](logits.view(np.int32), out_ids)
+    launch(_argmax_kernel, B, ARGMAX_NT, stream, logits.view(np.int32), out_ids)
 
 
 def sample(logits, params, step, out_ids, scratch: SampleScratch, stream):
@@ -705,10 +706,10 @@ def sample(logits, params, step, out_ids, scratch: SampleScratch, stream):
     assert scratch.cand_idx.shape[0] >= B and scratch.cand_idx.shape[1:] == (C, KMAX), \
         "scratch: sample_scratch(B, V)"
     bits = logits.view(np.int32)
-    _chunks_kernel[(C, B), NT, stream](logits, bits, params, scratch.cand_bits, scratch.cand_idx,
-                                       scratch.stats)
-    _pick_kernel[B, NT, stream](logits, bits, params, step, scratch.cand_bits, scratch.cand_idx,
-                                scratch.stats, out_ids)
+    launch(_chunks_kernel, (C, B), NT, stream, logits, bits, params, scratch.cand_bits,
+           scratch.cand_idx, scratch.stats)
+    launch(_pick_kernel, B, NT, stream, logits, bits, params, step, scratch.cand_bits,
+           scratch.cand_idx, scratch.stats, out_ids)
 
 
 _f32_2d, _i32_2d, _f64_2d = float32[:, ::1], int32[:, ::1], float64[:, ::1]

@@ -7,6 +7,8 @@ the host can queue step n + 1 before it reads token n. Numpy twin: `advance_ref`
 import numpy as np
 from numba import cuda, types
 
+from impnb.launch import launch
+
 
 def advance_ref(out_ids: np.ndarray, ids: np.ndarray, pos: np.ndarray, step: np.ndarray) -> None:
     ids[0] = out_ids[0]
@@ -26,7 +28,7 @@ def advance(out_ids, ids, pos, step, stream) -> None:
     """One sequence: its next input id, position and sampler step, all int32 on the device."""
     for a in (out_ids, ids, pos, step):
         assert a.dtype == np.int32 and a.ndim == 1 and a.shape[0] >= 1
-    _advance_kernel[1, 1, stream](out_ids, ids, pos, step)
+    launch(_advance_kernel, 1, 1, stream, out_ids, ids, pos, step)
 
 
 _I1 = types.int32[::1]

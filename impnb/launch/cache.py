@@ -1,0 +1,159 @@
+"""Compiled kernels cached on disk, so a second start compiles nothing.
+
+One file per key in $IMPNB_CACHE_DIR (default ~/.cache/impnb/kernels): MAGIC, the SHA-256 of
+the cubin, the cubin. The key covers everything the code could depend on: the kernel's
+module.qualname, the values its closure captures (factory kernels differ only there), the
+signature, its @cuda.jit options, the source of impnb/kernels/*.py and of the kernel's own file,
+the numba / numba-cuda / nvJitLink versions and the target. Files are written atomically (temp
+file + os.replace); an unreadable or corrupt file is rebuilt; a cache dir that cannot be written
+only costs the compile.
+"""
+
+import enum
+import hashlib
+import logging
+import os
+import tempfile
+import types as pytypes
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from numba.cuda import types
+
+from impnb.launch.cubin import compile_cubin
+
+log = logging.getLogger("impnb.launch")
+
+MAGIC = b"impnb-cubin-1\n"
+KERNELS_DIR = Path(__file__).parents[1] / "kernels"
+stats = Counter()  # "compiled", "disk", "memory": where this process found each cubin
+_memory: dict[str, bytes] = {}
+
+
+class UnstableValue(TypeError):
+    """A closure value with no repr that is the same in every process."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("IMPNB_CACHE_DIR") or Path.home() / ".cache" / "impnb" / "kernels")
+
+
+def stable_repr(v, depth: int = 0) -> str:
+    """A repr of `v` equal across processes: scalars, tuples, dtypes, numba types, enums, and
+    functions, dispatchers and intrinsics (module.qualname and, recursively, their closure)."""
+    if depth > 16:
+        raise UnstableValue("closure nesting too deep")
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__module__}.{type(v).__qualname__}.{v.name}"
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return repr(v)
+    if isinstance(v, np.generic):
+        return f"np.{type(v).__name__}({v.item()!r})"
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(stable_repr(x, depth + 1) for x in v) + ")"
+    if isinstance(v, dict):
+        return stable_repr(sorted(v.items()), depth + 1)
+    if isinstance(v, (np.dtype, types.Type)):
+        return f"{type(v).__name__}({v})"
+    fn = getattr(v, "py_func", None) or getattr(v, "_defn", v)  # a dispatcher's or @intrinsic's
+    if isinstance(fn, pytypes.FunctionType):
+        return f"{fn.__module__}.{fn.__qualname__}{stable_repr(_closure(fn), depth + 1)}"
+    raise UnstableValue(f"no stable repr for a {type(v).__name__}")
+
+
+def _closure(fn) -> tuple:
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            values.append("<empty cell>")
+    return tuple(values)
+
+
+@lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sources_digest(py_func) -> str:
+    files = {str(p) for p in KERNELS_DIR.glob("*.py")}
+    if os.path.isfile(py_func.__code__.co_filename):
+        files.add(py_func.__code__.co_filename)
+    return hashlib.sha256(" ".join(_file_digest(f) for f in sorted(files)).encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def toolchain() -> str:
+    from importlib.metadata import version
+
+    import numba
+    from cuda.bindings import nvjitlink
+
+    return (f"numba {numba.__version__} numba-cuda {version('numba-cuda')} "
+            f"nvjitlink {nvjitlink.version()}")
+
+
+def cache_key(kernel, sig: tuple, cc: tuple) -> str | None:
+    """The hex key of (kernel, sig, cc); None when its closure has no stable repr."""
+    fn = kernel.py_func
+    try:
+        parts = [f"{fn.__module__}.{fn.__qualname__}", stable_repr(_closure(fn)), str(sig),
+                 stable_repr(kernel.targetoptions), sources_digest(fn), toolchain(), str(cc)]
+    except UnstableValue as e:
+        log.info("not caching %s on disk: %s", fn.__qualname__, e)
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("kernel cache: cannot read %s (%s); recompiling", path, e)
+        return None
+    n = len(MAGIC)
+    cubin = data[n + 32:]
+    if data[:n] != MAGIC or hashlib.sha256(cubin).digest() != data[n:n + 32]:
+        log.warning("kernel cache: %s is corrupt; recompiling", path)
+        return None
+    return cubin
+
+
+def _write(path: Path, cubin: bytes) -> None:
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
+            tmp = f.name
+            f.write(MAGIC + hashlib.sha256(cubin).digest() + cubin)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("kernel cache: cannot write %s (%s)", path, e)
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def get_cubin(kernel, sig: tuple, cc: tuple) -> bytes:
+    """The cubin of (kernel, sig) for target cc: from memory, from disk, else compiled and stored."""
+    key = cache_key(kernel, sig, cc)
+    if key is None:
+        stats["compiled"] += 1
+        return compile_cubin(kernel, sig, cc)
+    if key in _memory:
+        stats["memory"] += 1
+        return _memory[key]
+    path = cache_dir() / f"{kernel.py_func.__name__}-{key[:32]}.cubin"
+    cubin = _read(path)
+    if cubin is None:
+        cubin = compile_cubin(kernel, sig, cc)
+        stats["compiled"] += 1
+        _write(path, cubin)
+    else:
+        stats["disk"] += 1
+    _memory[key] = cubin
+    return cubin

@@ -1,0 +1,92 @@
+"""cuLaunchKernel on a kernel's cached cubin with a packing plan made once per (kernel, signature).
+
+Per launch: the arguments' signature key and flat values (args.flatten), one dict lookup, one
+struct.pack_into into the plan's parameter buffer, one cuLaunchKernel. The driver copies the
+parameters at the call, so the buffer is reused; a lock keeps two threads from sharing it.
+A launch on a capturing stream is captured like any other (impnb.graphs.capture.Graph), but
+the first launch of a (kernel, signature) compiles and loads a module: warm up before capture.
+Modules are loaded into the context current at that first launch (numba's primary context).
+"""
+
+import ctypes
+import struct
+import threading
+
+from cuda.bindings import driver
+from numba import cuda
+
+from impnb.launch.args import flatten, param_codes, param_layout, signature
+from impnb.launch.cache import get_cubin
+from impnb.launch.cubin import arch_cc, entry_name
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_DEFAULT_SHARED = 48 * 1024  # bytes of static + dynamic shared memory allowed without opting in
+_plans: dict[tuple, "Plan"] = {}
+_build_lock = threading.Lock()
+
+
+def _check(result, what: str):
+    err, *rest = result
+    if err != _SUCCESS:
+        raise RuntimeError(f"{what} failed: {err.name}")
+    return rest[0] if rest else None
+
+
+class Plan:
+    """One (kernel, signature): its CUfunction and the parameter buffer numba's ABI lays out."""
+
+    def __init__(self, kernel, args):
+        sig = signature(args)
+        self.fmt, offsets, size = param_layout(param_codes(sig))
+        ctx = cuda.current_context()  # makes numba's context current on this thread
+        cubin = get_cubin(kernel, sig, arch_cc(ctx.device.compute_capability))
+        module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.name = entry_name(cubin)
+        self.func = _check(driver.cuModuleGetFunction(module, self.name.encode()), "cuModuleGetFunction")
+        static = _check(driver.cuFuncGetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.func),
+            "cuFuncGetAttribute")
+        self.dynamic_shared_max = _DEFAULT_SHARED - static
+        self.buf = (ctypes.c_char * max(size, 1))()
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*(base + off for off in offsets))
+        self.params = ctypes.addressof(self.ptrs)
+        self.lock = threading.Lock()
+
+    def allow_shared(self, nbytes: int) -> None:
+        """Opt in to nbytes of dynamic shared memory (past 48 KB with the static)."""
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(driver.cuFuncSetAttribute(self.func, attr, nbytes), "cuFuncSetAttribute")
+        self.dynamic_shared_max = nbytes
+
+    def launch(self, grid, block, stream, values, shared_bytes: int) -> None:
+        if shared_bytes > self.dynamic_shared_max:
+            self.allow_shared(shared_bytes)
+        with self.lock:
+            struct.pack_into(self.fmt, self.buf, 0, *values)
+            err, = driver.cuLaunchKernel(self.func, *grid, *block, shared_bytes, stream, self.params, 0)
+        if err != _SUCCESS:
+            raise RuntimeError(f"cuLaunchKernel({self.name[:80]}) failed: {err.name}")
+
+
+def _dim3(d) -> tuple:
+    if isinstance(d, tuple):
+        return (*d, 1, 1)[:3]
+    return d, 1, 1
+
+
+def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0) -> None:
+    """kernel[grid, block, stream, shared_bytes](*args) without numba's dispatcher.
+
+    kernel: a @cuda.jit dispatcher; grid, block: int or 1-3 tuple; stream: a numba stream
+    (cuda.stream(), cuda.external_stream(handle)) or 0; args: numba device arrays (views
+    included), numpy scalars, tuples of these; shared_bytes: dynamic shared memory per block.
+    """
+    key, values = [kernel], []
+    flatten(args, key, values)
+    key = tuple(key)
+    plan = _plans.get(key)
+    if plan is None:
+        with _build_lock:
+            plan = _plans.get(key) or _plans.setdefault(key, Plan(kernel, args))
+    plan.launch(_dim3(grid), _dim3(block), getattr(stream, "handle", stream), values, shared_bytes)
