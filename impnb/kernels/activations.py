@@ -6,6 +6,8 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.launch import launch
+
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
@@ -77,7 +79,7 @@ def _mat(a, name: str):
 def _launch(kernel, out, *args, stream):
     T, F = _mat(out, "out").shape
     if T and F:
-        kernel[((F + _THREADS - 1) // _THREADS, T), _THREADS, stream](*args, out)
+        launch(kernel, ((F + _THREADS - 1) // _THREADS, T), _THREADS, stream, *args, out)
 
 
 def swiglu(gate, up, out, stream) -> None:

@@ -13,6 +13,7 @@ from numba import cuda, float32, from_dtype, types
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.activations import _gelu_tanh, _silu
 from impnb.kernels.repack import LAYOUTS, PackedWeight
+from impnb.launch import launch
 from impnb.quants import dequantize
 
 WARPS = 4
@@ -380,8 +381,8 @@ def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu
     span = span_for(K)
     per_block = rows_per_block(w.ggml_type, n_tok) // (2 if glu else 1) * BLOCK // span
     kernel = gemv_kernel(w.ggml_type, n_tok, span, glu)
-    kernel[(out_rows + per_block - 1) // per_block, BLOCK, stream](
-        w.parts, x, y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+    launch(kernel, (out_rows + per_block - 1) // per_block, BLOCK, stream,
+           w.parts, x, y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
 
 
 def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):

@@ -12,6 +12,8 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.launch import launch
+
 PAGE_SIZES = (16, 32)
 _THREADS = 128
 
@@ -109,7 +111,7 @@ def kv_write(k, v, pos, block_table, k_pool, v_pool, stream) -> None:
     assert k_pool.shape[2:] == k.shape[2:] and v_pool.shape[2:] == v.shape[2:], "pool heads/dims differ"
     assert k_pool.shape[:2] == v_pool.shape[:2] and k_pool.shape[1] in PAGE_SIZES, "pool pages differ"
     if B and T:
-        _kv_write_kernel[(T, B), _THREADS, stream](k, v, pos, block_table, k_pool, v_pool)
+        launch(_kv_write_kernel, (T, B), _THREADS, stream, k, v, pos, block_table, k_pool, v_pool)
 
 
 _F4 = types.float32[:, :, :, ::1]

@@ -13,6 +13,7 @@ from numba import cuda, types
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_sum
 from impnb.kernels.rope import cos_sin
+from impnb.launch import launch
 
 MAX_D = 256
 
@@ -91,9 +92,9 @@ def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, blo
     else:
         q_norm = k_norm = inv_freq[0]  # unread
     if T:
-        _qkv_post_kernel[(T, H + 2 * Hkv), 32, stream](
-            q, k, v, pos, inv_freq, np.int32(bool(neox)), q_norm, k_norm, np.float32(eps),
-            np.int32(use_norm), block_table, k_pool, v_pool)
+        launch(_qkv_post_kernel, (T, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
+               np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
+               block_table, k_pool, v_pool)
 
 
 _F3 = types.float32[:, :, ::1]

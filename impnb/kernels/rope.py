@@ -7,6 +7,7 @@ from numba import cuda
 from numba.core import types
 
 from impnb.kernels.norm import SIMULATOR
+from impnb.launch import launch
 
 
 def rope_freqs(n_rot: int, base: float) -> np.ndarray:
@@ -128,8 +129,8 @@ def rope(q, k, pos, inv_freq, neox: bool, stream) -> None:
     assert inv_freq.dtype == np.float32 and inv_freq.shape == (2, half) and 2 * half <= D, "inv_freq"
     pairs = (H + k3.shape[1]) * half
     if T:
-        _rope_kernel[(T, (pairs + 127) // 128), 128, stream](q3, k3, pos.reshape(T), inv_freq,
-                                                            np.int32(bool(neox)))
+        launch(_rope_kernel, (T, (pairs + 127) // 128), 128, stream, q3, k3, pos.reshape(T),
+               inv_freq, np.int32(bool(neox)))
 
 
 _HEADS = types.float32[:, :, ::1]

@@ -1,11 +1,11 @@
 """Sampling on the GPU so a decode step copies only the token ids back: repetition penalty,
-greedy argmax, and seeded top-k / top-p / min-p / temperature sampling with llama.cpp's order
+and seeded top-k / top-p / min-p / temperature sampling with llama.cpp's order
 and impnb.sampling.filter_probs' numbers (float64 probabilities, ties to the lowest id).
 
   params = cuda.to_device(sample_params([SamplingParams, ...]))   # (B, 8) float64, once
   scratch = sample_scratch(B, V)                                  # once per (B, V)
   repeat_penalty(logits, history, params, stream)   # optional, in place; history (B, H) int32 ring
-  sample(logits, params, step, out_ids, scratch, stream)  # or argmax(logits, out_ids, stream)
+  sample(logits, params, step, out_ids, scratch, stream)  # greedy rows: argmax.py is faster
   push_history(out_ids, step, history, stream)      # optional: history[b, step % H] = out_ids[b]
 
 params row: temperature (0 = greedy), top_k (0 = off, <= KMAX), top_p, min_p, repeat_penalty,
@@ -28,7 +28,6 @@ from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
 
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
 NT = 16 if SIMULATOR else 256            # threads per block of the sampling kernels
-ARGMAX_NT = 32 if SIMULATOR else 1024    # threads per block of the argmax kernel
 CHUNK = 512 if SIMULATOR else 4096       # logits per candidate block (the simulator's is small)
 EPT = CHUNK // NT                        # logits per thread, contiguous (16 on the GPU)
 KMAX = 256                               # largest top-k, and candidates kept per chunk
@@ -312,7 +311,7 @@ def _row_step(step, b):
     return np.int64(step[min(b, step.shape[0] - 1)]) & MASK32
 
 
-# ---------------------------------------------------------------- penalty, history, argmax
+# ---------------------------------------------------------------- penalty, history
 
 @cuda.jit
 def _penalty_kernel(logits, history, params):
@@ -340,30 +339,6 @@ def _push_kernel(ids, step, history):
     b = cuda.grid(1)
     if b < ids.shape[0]:
         history[b, _row_step(step, b) % history.shape[1]] = ids[b]
-
-
-@cuda.jit
-def _argmax_kernel(bits, out):
-    """grid (B,), block ARGMAX_NT: row b, strided; the largest composite (key, lowest id) wins.
-    shared: best int64[ARGMAX_NT], a tree reduction."""
-    b = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    best = cuda.shared.array(ARGMAX_NT, int64)
-    mine = np.int64(-1)
-    for i in range(t, bits.shape[1], ARGMAX_NT):
-        comp = (_key(bits[b, i]) << 31) | (0x7FFFFFFF - i)
-        if comp > mine:
-            mine = comp
-    best[t] = mine
-    cuda.syncthreads()
-    h = ARGMAX_NT // 2
-    while h > 0:
-        if t < h and best[t + h] > best[t]:
-            best[t] = best[t + h]
-        cuda.syncthreads()
-        h //= 2
-    if t == 0:
-        out[b] = _comp_id(best[0])
 
 
 # ---------------------------------------------------------------- sampling, 1: chunk candidates
@@ -686,14 +661,6 @@ def push_history(ids, step, history, stream):
     launch(_push_kernel, (B + 31) // 32, 32, stream, ids, step, history)
 
 
-def argmax(logits, out_ids, stream):
-    """out_ids (B,) int32 = argmax of each row of logits (B, V) float32, ties to the lowest id."""
-    _check_logits(logits)
-    B = logits.shape[0]
-    _check_rows("out_ids", out_ids, np.int32, (B,))
-    launch(_argmax_kernel, B, ARGMAX_NT, stream, logits.view(np.int32), out_ids)
-
-
 def sample(logits, params, step, out_ids, scratch: SampleScratch, stream):
     """out_ids (B,) int32: one token per row of logits (B, V) float32, by params (B, NPARAM)
     float64 (greedy where temperature is 0), the draw at counter step (int32 (1,) or (B,))."""
@@ -718,7 +685,6 @@ _i32_3d, _f64_3d = int32[:, :, ::1], float64[:, :, ::1]
 BUILD_SIGNATURES = [
     (_penalty_kernel, void(_f32_2d, _i32_2d, _f64_2d), {}),
     (_push_kernel, void(int32[::1], int32[::1], _i32_2d), {}),
-    (_argmax_kernel, void(_i32_2d, int32[::1]), {"max_registers": 64}),
     (_chunks_kernel, void(_f32_2d, _i32_2d, _f64_2d, _i32_3d, _i32_3d, _f64_3d),
      {"max_registers": 128}),
     (_pick_kernel, void(_f32_2d, _i32_2d, _f64_2d, int32[::1], _i32_3d, _i32_3d, _f64_3d,

@@ -155,7 +155,6 @@ def test_sampling(monkeypatch):
     assert_same_as_dispatcher(monkeypatch, sample, device_run(run_sampling, (logits, params, step, ids)))
     assert_same_as_dispatcher(monkeypatch, sample, device_run(
         sample.push_history, (rng.integers(0, V, B).astype(np.int32), step, history)))
-    assert_same_as_dispatcher(monkeypatch, sample, device_run(sample.argmax, (logits, ids)))
     assert_same_as_dispatcher(monkeypatch, argmax_kernels, device_run(
         lambda logits, ids, s: argmax_kernels.argmax(logits, ids, argmax_kernels.argmax_scratch(B), s),
         (logits, ids)))
