@@ -15,7 +15,7 @@ from numba.core import types
 
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.kv_cache import PAGE_SIZES
-from impnb.kernels.norm import SIMULATOR, _sim_butterfly, warp_max, warp_sum
+from impnb.kernels.norm import warp_max, warp_sum
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128, 256)
@@ -25,20 +25,10 @@ MAX_SPLITS = 256
 NT = 128               # threads per block
 NW = NT // 32          # warps per block
 TILE = 32              # keys per inner step
-MIN_CHUNK = NW * TILE  # keys per split at least (a tile per warp): short contexts use few splits
+MIN_CHUNK = 2 * TILE   # keys per split at least: short contexts use few splits
 NEG = np.float32(-1e30)  # finite "minus infinity": neutral partials combine without NaN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
-
-
-if SIMULATOR:
-    def _syncwarp():
-        """The simulator's warp barrier: the 32 lanes meet in norm's butterfly."""
-        _sim_butterfly(0.0, max)
-else:
-    @cuda.jit(device=True, inline=True)
-    def _syncwarp():
-        cuda.syncwarp()
 
 
 @cuda.jit(device=True, inline=True)
@@ -57,21 +47,27 @@ def _split_range(pos, b, r0, nrows, g, window, n_splits):
 
 
 def _make_split_kernel(D: int, RM: int):
-    CW = D // 32         # V columns each lane owns (2, 4, 8)
-    KQ = D // 8          # 16-byte K loads per key row
-    WPK = D // 2         # 32-bit words per key row
-    QS, PW, RED = (RM, D), (NW, RM, TILE), (NW, RM, D + 2)  # shared array shapes
+    KP = D + 1           # padded K tile row: lane-per-key reads hit 32 distinct banks
+    DW = D // NW         # dims each warp sums in the score stage
+    WPK = D // 2         # 32-bit words (half pairs) per key row
+    KWT = TILE * WPK // NT   # K words each thread stages per tile
+    KB = min(KWT, 16)    # ... in batches of KB loads in flight
+    KSPLIT = NT // WPK   # key groups in the P·V stage (4, 2, 1 for D = 64, 128, 256)
+    KPG = TILE // KSPLIT  # keys per group: V words each thread prefetches per tile
+    RPW = RM // NW       # rows each warp owns in the softmax stage
+    QS, KS, SP, PT = (RM, D), TILE * KP, (NW, RM, TILE), (RM, TILE)  # shared array shapes
 
     # grid (n_splits, Hkv * n_row_groups, B), block 128 (4 warps).
     # A block owns up to RM query rows r = t * g + j (token t, head kh * g + j) of one KV head and
     # one split of their key range (_split_range); splits past the live ones return at once.
-    # The split's 32-key tiles go round-robin to the warps, which run without block barriers:
-    # lane = key for the scores (its K row in 16-byte loads, q from shared) and the online
-    # softmax (shuffles); the probabilities go through shared pw; then lane = columns
-    # lane * CW .. + CW - 1 for P·V over the tile's keys. The warps' (m, l, acc) then merge
-    # through shared red.
-    # shared: qs f32[RM][D] (q * scale), pw f32[4][RM][32] (probabilities), kpage, koff
-    # i32[4][32] (where each key of a warp's tile lives), red f32[4][RM][D + 2] (acc, m, l).
+    # Per 32-key tile, every load is issued up front: thread (kg, p) prefetches the V words
+    # (columns 2p, 2p + 1) of keys kg, kg + KSPLIT, ... into registers, and K is staged
+    # fp16 -> f32 into shared in batches of KB 32-bit loads. Warp w forms partial scores over
+    # dims [w * D/4, (w + 1) * D/4) with lane = key; warp w then owns rows w, w + 4 for the online
+    # softmax (lane = key, shuffles); P·V accumulates from the prefetched V.
+    # shared: qs f32[RM][D] (q * scale), ks f32[32 * (D + 1)], sp f32[4][RM][32] (per-warp
+    # partial scores), pt f32[RM][32] (probabilities), alpha f32[RM] (rescale per row),
+    # tile_page, tile_off i32[32] (where each key of the tile lives).
     # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2).
     # With one live split the rows are normalized into out; else unnormalized acc, running max m
     # and sum l go to partials[b, split, t, h, 0:D | D | D+1] (rows without keys: 0, NEG, 0).
@@ -94,12 +90,16 @@ def _make_split_kernel(D: int, RM: int):
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
+        kg = tid // WPK
+        p = tid - kg * WPK
 
         qs = cuda.shared.array(QS, types.float32)
-        pw = cuda.shared.array(PW, types.float32)
-        kpage = cuda.shared.array((NW, TILE), types.int32)
-        koff = cuda.shared.array((NW, TILE), types.int32)
-        red = cuda.shared.array(RED, types.float32)
+        ks = cuda.shared.array(KS, types.float32)
+        sp = cuda.shared.array(SP, types.float32)
+        pt = cuda.shared.array(PT, types.float32)
+        alpha = cuda.shared.array(RM, types.float32)
+        tile_page = cuda.shared.array(TILE, types.int32)
+        tile_off = cuda.shared.array(TILE, types.int32)
 
         # -- q rows, pre-scaled; rows past nrows are zero --
         for i in range(tid, RM * D, NT):
@@ -110,100 +110,134 @@ def _make_split_kernel(D: int, RM: int):
                 row = r0 + r
                 val = q[b, row // g, kh * g + row % g, d] * scale
             qs[r, d] = val
-        qpos = cuda.local.array(RM, types.int32)
-        m = cuda.local.array(RM, types.float32)
-        l = cuda.local.array(RM, types.float32)
-        acc = cuda.local.array((RM, CW), types.float32)
+        m = cuda.local.array(RPW, types.float32)
+        l = cuda.local.array(RPW, types.float32)
+        qpos = cuda.local.array(RPW, types.int32)
+        for i in range(RPW):
+            r = warp + NW * i
+            m[i] = NEG
+            l[i] = _ZERO
+            qpos[i] = pos[b, (r0 + r) // g] if r < nrows else -1
+        acc = cuda.local.array((RM, 2), types.float32)
         for r in range(RM):
-            qpos[r] = pos[b, (r0 + r) // g] if r < nrows else -1
-            m[r] = NEG
-            l[r] = _ZERO
-            for c in range(CW):
-                acc[r, c] = _ZERO
-        s = cuda.local.array(RM, types.float32)
-        cuda.syncthreads()
+            acc[r, 0] = _ZERO
+            acc[r, 1] = _ZERO
+        vw = cuda.local.array(KPG, types.uint32)
+        kw = cuda.local.array(KB, types.uint32)
 
-        n_tiles = (k_end - k_begin + TILE - 1) // TILE
-        for tile in range(warp, n_tiles, NW):
-            # -- scores: lane = key, its K row in KQ 16-byte loads --
-            kt = k_begin + tile * TILE
-            key = kt + lane
-            page = block_table[b, key // page_size] if key < k_end else -1
-            off = key % page_size
-            kpage[warp, lane] = page
-            koff[warp, lane] = off
-            base = ((max(page, 0) * page_size + off) * Hkv + kh) * WPK  # page 0 past k_end: masked
+        for kt in range(k_begin, k_end, TILE):
+            # -- where this tile's keys live; -1 past k_end (their pages may not exist) --
+            if tid < TILE:
+                key = kt + tid
+                tile_page[tid] = block_table[b, key // page_size] if key < k_end else -1
+                tile_off[tid] = key % page_size
+            cuda.syncthreads()
+
+            # -- V words of this thread's keys into registers (0 past k_end) --
+            for j in range(KPG):
+                kk = kg + j * KSPLIT
+                page = tile_page[kk]
+                vw[j] = v_words[max(page, 0), tile_off[kk], kh, p] if page >= 0 else types.uint32(0)
+            # -- K tile fp16 -> f32 into shared, KB loads in flight; keys past k_end are zero --
+            for i0 in range(0, KWT, KB):
+                for j in range(KB):
+                    i = tid + (i0 + j) * NT
+                    kk = i // WPK
+                    page = tile_page[kk]
+                    kw[j] = k_words[max(page, 0), tile_off[kk], kh, i - kk * WPK] \
+                        if page >= 0 else types.uint32(0)
+                for j in range(KB):
+                    i = tid + (i0 + j) * NT
+                    kk = i // WPK
+                    d = 2 * (i - kk * WPK)
+                    ks[kk * KP + d] = qb.f16_to_f32(kw[j] & qb.HALF)
+                    ks[kk * KP + d + 1] = qb.f16_to_f32(kw[j] >> 16)
+            cuda.syncthreads()
+
+            # -- partial scores: warp w, dims [w * DW, (w + 1) * DW), key = lane, all RM rows --
+            s = cuda.local.array(RM, types.float32)
             for r in range(RM):
                 s[r] = _ZERO
-            for j in range(KQ):
-                w0, w1, w2, w3 = qb.ldg_u32x4(k_words, base + 4 * j)
-                for e in range(4):
-                    w = w0 if e == 0 else w1 if e == 1 else w2 if e == 2 else w3
-                    k0 = qb.f16_to_f32(w & qb.HALF)
-                    k1 = qb.f16_to_f32(w >> 16)
-                    d = 8 * j + 2 * e
-                    for r in range(RM):
-                        s[r] += qs[r, d] * k0 + qs[r, d + 1] * k1
-            # -- online softmax per row over the warp's keys --
+            for dd in range(DW):
+                d = warp * DW + dd
+                kv = ks[lane * KP + d]
+                for r in range(RM):
+                    s[r] += qs[r, d] * kv
             for r in range(RM):
-                x = s[r]
+                sp[warp, r, lane] = s[r]
+            cuda.syncthreads()
+
+            # -- online softmax: warp w owns rows w, w + 4, ...; key = lane --
+            key = kt + lane
+            for i in range(RPW):
+                r = warp + NW * i
+                x = sp[0, r, lane] + sp[1, r, lane] + sp[2, r, lane] + sp[3, r, lane]
                 if softcap > _ZERO:
                     x = softcap * math.tanh(x / softcap)
-                qp = qpos[r]
-                seen = page >= 0 and key <= qp and (window <= 0 or qp - key < window)
+                qp = qpos[i]
+                seen = key < k_end and key <= qp and (window <= 0 or qp - key < window)
                 if not seen:
                     x = NEG
-                m_new = max(m[r], warp_max(x))
+                m_new = max(m[i], warp_max(x))
                 pr = math.exp(x - m_new) if seen else _ZERO
-                a = math.exp(m[r] - m_new)
-                l[r] = l[r] * a + warp_sum(pr)
-                m[r] = m_new
-                for c in range(CW):
-                    acc[r, c] *= a
-                pw[warp, r, lane] = pr
-            _syncwarp()
-            # -- P·V: lane owns columns lane * CW ..; V rows of the tile's keys --
-            for kk in range(min(TILE, k_end - kt)):
-                vp = kpage[warp, kk]
-                vo = koff[warp, kk]
-                for c2 in range(CW // 2):
-                    vw = v_words[vp, vo, kh, lane * (CW // 2) + c2]
-                    v0 = qb.f16_to_f32(vw & qb.HALF)
-                    v1 = qb.f16_to_f32(vw >> 16)
-                    for r in range(RM):
-                        pr = pw[warp, r, kk]
-                        acc[r, 2 * c2] += pr * v0
-                        acc[r, 2 * c2 + 1] += pr * v1
-            _syncwarp()
+                a = math.exp(m[i] - m_new)
+                l[i] = l[i] * a + warp_sum(pr)
+                m[i] = m_new
+                pt[r, lane] = pr
+                if lane == 0:
+                    alpha[r] = a
+            cuda.syncthreads()
 
-        # -- merge the warps: red[w, r] = (acc, m, l) --
-        for r in range(RM):
-            for c in range(CW):
-                red[warp, r, lane * CW + c] = acc[r, c]
+            # -- P·V: columns 2p, 2p + 1 of keys kg, kg + KSPLIT, ... from the prefetched words --
+            for r in range(RM):
+                a = alpha[r]
+                acc[r, 0] *= a
+                acc[r, 1] *= a
+            for j in range(KPG):
+                kk = kg + j * KSPLIT
+                v0 = qb.f16_to_f32(vw[j] & qb.HALF)
+                v1 = qb.f16_to_f32(vw[j] >> 16)
+                for r in range(RM):
+                    pr = pt[r, kk]
+                    acc[r, 0] += pr * v0
+                    acc[r, 1] += pr * v1
+            cuda.syncthreads()
+
+        # -- key groups summed through shared (ks is free now) --
+        if KSPLIT > 1:
+            if kg > 0:
+                for r in range(RM):
+                    ks[((kg - 1) * RM + r) * D + 2 * p] = acc[r, 0]
+                    ks[((kg - 1) * RM + r) * D + 2 * p + 1] = acc[r, 1]
+            cuda.syncthreads()
+            if kg == 0:
+                for g2 in range(1, KSPLIT):
+                    for r in range(RM):
+                        acc[r, 0] += ks[((g2 - 1) * RM + r) * D + 2 * p]
+                        acc[r, 1] += ks[((g2 - 1) * RM + r) * D + 2 * p + 1]
+        # -- one live split: normalized rows to out (l through shared); else the partials --
+        for i in range(RPW):
+            r = warp + NW * i
             if lane == 0:
-                red[warp, r, D] = m[r]
-                red[warp, r, D + 1] = l[r]
+                alpha[r] = l[i]
+            if lane == 0 and r < nrows and n_live > 1:
+                row = r0 + r
+                partials[b, split, row // g, kh * g + row % g, D] = m[i]
+                partials[b, split, row // g, kh * g + row % g, D + 1] = l[i]
         cuda.syncthreads()
-        for i in range(tid, nrows * D, NT):
-            r = i // D
-            d = i - r * D
-            mx = max(max(red[0, r, D], red[1, r, D]), max(red[2, r, D], red[3, r, D]))
-            tot = _ZERO
-            ls = _ZERO
-            for w in range(NW):
-                f = math.exp(red[w, r, D] - mx)
-                tot += f * red[w, r, d]
-                ls += f * red[w, r, D + 1]
-            row = r0 + r
-            t = row // g
-            h = kh * g + row % g
-            if n_live == 1:
-                out[b, t, h, d] = tot / ls
-            else:
-                partials[b, split, t, h, d] = tot
-                if d == 0:
-                    partials[b, split, t, h, D] = mx
-                    partials[b, split, t, h, D + 1] = ls
+        if kg == 0:
+            for r in range(RM):
+                if r < nrows:
+                    row = r0 + r
+                    t = row // g
+                    h = kh * g + row % g
+                    if n_live == 1:
+                        inv = _ONE / alpha[r]
+                        out[b, t, h, 2 * p] = acc[r, 0] * inv
+                        out[b, t, h, 2 * p + 1] = acc[r, 1] * inv
+                    else:
+                        partials[b, split, t, h, 2 * p] = acc[r, 0]
+                        partials[b, split, t, h, 2 * p + 1] = acc[r, 1]
 
     split_kernel.__name__ = f"_decode_split_d{D}_r{RM}_kernel"
     return cuda.jit(split_kernel)

@@ -14,8 +14,6 @@ from impnb.launch import launch
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
 WARP = 32
 WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, longer ones a block
-PER = 32               # columns per lane of the warp residual kernels
-WARP_RESIDUAL_MAX_D = WARP * PER
 
 
 def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -161,61 +159,6 @@ def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
         out[row, i] = x[row, i] * inv * w[i]
 
 
-# grid (ceil(R / 4),), block (32, 4): the residual kernels for rows of D <= WARP_RESIDUAL_MAX_D
-# (decode's one row): warp y owns row 4 * block + y, lane the columns lane + 32 j, held in
-# registers (PER per lane) across the passes; no shared memory, no block barrier. Same
-# arithmetic as the block kernels above.
-@cuda.jit
-def _rms_norm_add_warp_kernel(x, h, w, out, eps):
-    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    if row >= x.shape[0]:
-        return
-    D = x.shape[1]
-    lane = cuda.threadIdx.x
-    v = cuda.local.array(PER, types.float32)
-    acc = np.float32(0)
-    for j in range(PER):
-        i = lane + WARP * j
-        if i < D:
-            v[j] = x[row, i] + h[row, i]
-            x[row, i] = v[j]
-            acc += v[j] * v[j]
-    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
-    for j in range(PER):
-        i = lane + WARP * j
-        if i < D:
-            out[row, i] = v[j] * inv * w[i]
-
-
-@cuda.jit
-def _rms_norm_post_add_warp_kernel(x, h, w_post, w, out, eps):
-    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    if row >= x.shape[0]:
-        return
-    D = x.shape[1]
-    lane = cuda.threadIdx.x
-    v = cuda.local.array(PER, types.float32)
-    acc = np.float32(0)
-    for j in range(PER):
-        i = lane + WARP * j
-        if i < D:
-            v[j] = h[row, i]
-            acc += v[j] * v[j]
-    inv_h = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
-    acc = np.float32(0)
-    for j in range(PER):
-        i = lane + WARP * j
-        if i < D:
-            v[j] = x[row, i] + v[j] * inv_h * w_post[i]
-            x[row, i] = v[j]
-            acc += v[j] * v[j]
-    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
-    for j in range(PER):
-        i = lane + WARP * j
-        if i < D:
-            out[row, i] = v[j] * inv * w[i]
-
-
 # ---------------------------------------------------------------- launchers
 
 def _rows(a, D: int, name: str):
@@ -262,12 +205,8 @@ def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
     D = w.shape[0]
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape, "x, h, out differ in shape"
-    R = x2.shape[0]
-    if R and D <= WARP_RESIDUAL_MAX_D:
-        launch(_rms_norm_add_warp_kernel, (R + 3) // 4, (WARP, 4), stream, x2, h2, _weight(w), out2,
-               np.float32(eps))
-    elif R:
-        launch(_rms_norm_add_kernel, R, block_threads(D), stream, x2, h2, _weight(w), out2,
+    if x2.shape[0]:
+        launch(_rms_norm_add_kernel, x2.shape[0], block_threads(D), stream, x2, h2, _weight(w), out2,
                np.float32(eps))
 
 
@@ -276,12 +215,8 @@ def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream) -> None:
     D = w.shape[0]
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape and w_post.shape == (D,), "shapes differ"
-    R = x2.shape[0]
-    if R and D <= WARP_RESIDUAL_MAX_D:
-        launch(_rms_norm_post_add_warp_kernel, (R + 3) // 4, (WARP, 4), stream,
-               x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
-    elif R:
-        launch(_rms_norm_post_add_kernel, R, block_threads(D), stream,
+    if x2.shape[0]:
+        launch(_rms_norm_post_add_kernel, x2.shape[0], block_threads(D), stream,
                x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
 
 
@@ -292,7 +227,4 @@ BUILD_SIGNATURES = [
     (_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
     (_rms_norm_add_kernel, (_ROWS, _ROWS, _W, _ROWS, types.float32), {"max_registers": 48}),
     (_rms_norm_post_add_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
-    (_rms_norm_add_warp_kernel, (_ROWS, _ROWS, _W, _ROWS, types.float32), {"max_registers": 72}),
-    (_rms_norm_post_add_warp_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32),
-     {"max_registers": 96}),
 ]

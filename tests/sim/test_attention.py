@@ -35,8 +35,8 @@ def test_kv_write(B, T, page_size):
     (33, 1, None, 3, 0.1),    # two pages and a key: one live split (MIN_CHUNK keys), two idle
     (17, 1, 7, 3, 3.0),       # window: keys 11..16 of page 0 and 1, two splits idle
     (40, 5, 7, 2, 1.0),       # 5 queries in a window: 10 rows, two 8-row groups
-    (150, 1, None, 3, 1.0),   # two live splits of 128 and 22 keys (a tile per warp), combined
-    (300, 2, None, 4, 1.0),   # three live splits of four, the last of 45 keys
+    (150, 1, None, 3, 1.0),   # three live splits of 64, 64 and 22 keys, combined
+    (130, 2, None, 4, 1.0),   # three live splits of four, the last of 3 keys
 ])
 def test_decode(L, T, window, n_splits, std):
     check_decode(np.random.default_rng([L, T]), [L], T, H, HKV, D, std, window, n_splits=n_splits)
