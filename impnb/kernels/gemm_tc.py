@@ -1,15 +1,17 @@
 """Tensor-core GEMM tiles: C (M, N) float32 [+]= A (M, K) fp16 · W (N, K)ᵀ fp16, fp32 accumulation.
 
-mma.sync m16n8k16 through the inline-PTX intrinsics of ptx.py; a 3-stage cp.async pipeline of
-BM x 32 A tiles and BN x 32 W tiles in XOR-swizzled shared memory; ldmatrix.x4 fragments. The
-pieces (tile loads, one warp's 32-deep step, the epilogue) are shared with the quantized-weight
-tiles of gemm_tc_quant.py, which decode GGUF blocks into the same W tile layout.
+mma.sync m16n8k16 through the inline-PTX intrinsics of ptx.py; a 4-stage cp.async pipeline of
+BM x 32 A tiles and BN x 32 W tiles in XOR-swizzled dynamic shared memory (launched through
+impnb.launch, which opts in past 48 KB); ldmatrix.x4 fragments. The pieces (tile loads, one warp's
+32-deep step, the epilogue) are shared with the quantized-weight tiles of gemm_tc_quant.py, which
+decode GGUF blocks into the same W tile layout.
 
 Tile 128 x 128 x 32, 8 warps as 2 (M) x 4 (N), each warp 64 x 32 (4 x 4 mma tiles, 64 fp32
-accumulators per lane). 128 x 128 because the 3-stage ring of A and W tiles then fills the 48 KB
-of static shared memory numba can declare (3 x 16 KB): 64 x 32 warp tiles load 6 ldmatrix.x4 per
-16 mma, the least shared-memory traffic per mma 8 warps allow without 128-accumulator warp tiles
-(which would leave one block per SM). 64 x 128 (2 x 4 warps of 32 x 32) is the small-M tile.
+accumulators per lane, 125 registers): two blocks per SM (16 warps; 2 x 64 KB of shared memory)
+to hide ldmatrix and mma latency. 64 x 32 warp tiles load 6 ldmatrix.x4 per 16 mma, the least
+shared-memory traffic per mma 8 warps allow without 128-accumulator warp tiles, which would leave
+one block per SM. 64 x 128 (2 x 4 warps of 32 x 32) is the small-M tile. A ring of 4 stages of
+32-deep K keeps three 16 KB stages in flight while one is multiplied.
 
 Requirements (asserted in gemm_f16): K % 32 == 0, N % 8 == 0, any M >= 1; C-contiguous arrays,
 16-byte aligned. Rows past M and N are zero-filled by cp.async and never stored.
@@ -28,12 +30,14 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from impnb.kernels import ptx
+from impnb.launch import launch
 
 BK = 32           # K per pipeline stage (two m16n8k16 steps)
 THREADS = 256     # 8 warps
 ROW_BYTES = 2 * BK
 GROUP_M = 8       # blocks raster over groups of 8 M tiles so W tiles stay in L2
-STAGES = 3
+F16_TILE = (128, 128, 2, 4, 4)  # bm, bn, warps_m, warps_n, cp.async stages (64 KB of shared memory)
+SMALL_TILE = (64, 128, 2, 4, 4)
 SMEM_ALIGN = ptx.SMEM_ALIGN  # a global, so numba types it as a literal
 
 
@@ -183,43 +187,43 @@ def tile_ops(bm, bn, warps_m, warps_n):
 
 
 @lru_cache(maxsize=None)
-def gemm_f16_kernel(bm=128, bn=128, warps_m=2, warps_n=4):
+def gemm_f16_kernel(bm=128, bn=128, warps_m=2, warps_n=4, stages=4):
     ops = tile_ops(bm, bn, warps_m, warps_n)
     load_a, load_w, warp_step, store_c, n_acc = ops.load_a, ops.load_w, ops.warp_step, ops.store_c, ops.n_acc
     a_bytes, w_bytes = bm * ROW_BYTES, bn * ROW_BYTES
     stage_bytes = a_bytes + w_bytes
-    smem_words = STAGES * stage_bytes // 4
-    assert smem_words * 4 <= 48 * 1024
-    wait_pending = STAGES - 2
+    assert stages >= 2
+    wait_pending = stages - 2
+    last = stages - 1
 
     # grid (ceil(M/bm) * ceil(N/bn),), block 256: a block owns the bm x bn tile of C given by
-    # block_tile; warp w the (w // warps_n, w % warps_n) sub-tile. Shared: STAGES ring of
-    # [A tile bm x 32 | W tile bn x 32] fp16, swizzled (tile_offset).
+    # block_tile; warp w the (w // warps_n, w % warps_n) sub-tile. Shared (dynamic, f16_shared_bytes):
+    # a ring of `stages` [A tile bm x 32 | W tile bn x 32] fp16, swizzled (tile_offset).
     @cuda.jit
     def _gemm_f16_kernel(a, w, c, accumulate):
         n_k = a.shape[1] // BK
         tm, tn = block_tile((a.shape[0] + bm - 1) // bm, (w.shape[0] + bn - 1) // bn)
         m0 = tm * bm
         n0 = tn * bn
-        smem = cuda.shared.array(smem_words, uint32, alignment=SMEM_ALIGN)
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = ptx.smem_addr(smem, 0)
         acc = cuda.local.array(n_acc, float32)
         for i in range(n_acc):
             acc[i] = float32(0.0)
-        # -- prologue: stages 0 .. STAGES-2 in flight --
-        for s in range(STAGES - 1):
+        # -- prologue: stages 0 .. stages-2 in flight --
+        for s in range(last):
             if s < n_k:
                 sb = base + s * stage_bytes
                 load_a(sb, a, m0, s * BK)
                 load_w(sb + a_bytes, w, n0, s * BK)
             ptx.cp_async_commit()
         # -- main loop: wait for stage kt, refill the slot stage kt-1 used, multiply --
-        rd = 0               # slot of stage kt
-        wr = STAGES - 1      # slot of stage kt + STAGES - 1
+        rd = 0        # slot of stage kt
+        wr = last     # slot of stage kt + stages - 1
         for kt in range(n_k):
             ptx.cp_async_wait_group(wait_pending)
             cuda.syncthreads()
-            nxt = kt + STAGES - 1
+            nxt = kt + last
             if nxt < n_k:
                 sb = base + wr * stage_bytes
                 load_a(sb, a, m0, nxt * BK)
@@ -227,12 +231,16 @@ def gemm_f16_kernel(bm=128, bn=128, warps_m=2, warps_n=4):
             ptx.cp_async_commit()
             sb = base + rd * stage_bytes
             warp_step(sb, sb + a_bytes, acc)
-            rd = 0 if rd == STAGES - 1 else rd + 1
-            wr = 0 if wr == STAGES - 1 else wr + 1
+            rd = 0 if rd == last else rd + 1
+            wr = 0 if wr == last else wr + 1
         # -- epilogue --
         store_c(c, acc, m0, n0, accumulate)
 
     return _gemm_f16_kernel
+
+
+def f16_shared_bytes(bm, bn, warps_m, warps_n, stages) -> int:
+    return stages * (bm + bn) * ROW_BYTES
 
 
 def _aligned16(a) -> bool:
@@ -252,13 +260,14 @@ def check_shapes(a, c, N, K):
     assert a.is_c_contiguous() and c.is_c_contiguous() and _aligned16(a) and _aligned16(c)
 
 
-def gemm_f16(a, w, c, stream, accumulate: bool = False, tile=(128, 128, 2, 4)):
-    """c (M, N) float32 = a (M, K) fp16 · w (N, K)ᵀ fp16, or c += with accumulate."""
+def gemm_f16(a, w, c, stream, accumulate: bool = False, tile=F16_TILE):
+    """c (M, N) float32 = a (M, K) fp16 · w (N, K)ᵀ fp16, or c += with accumulate.
+    tile: (bm, bn, warps_m, warps_n, stages)."""
     N, K = w.shape
     check_shapes(a, c, N, K)
     assert w.dtype == np.float16 and w.is_c_contiguous() and _aligned16(w)
-    kernel = gemm_f16_kernel(*tile)
-    kernel[grid_size(a.shape[0], N, tile[0], tile[1]), THREADS, stream](a, w, c, np.int32(accumulate))
+    launch(gemm_f16_kernel(*tile), grid_size(a.shape[0], N, tile[0], tile[1]), THREADS, stream,
+           a, w, c, np.int32(accumulate), shared_bytes=f16_shared_bytes(*tile))
 
 
 def gemm(a, w, c, stream, accumulate: bool = False):
@@ -290,5 +299,5 @@ GEMM_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.
 BUILD_SIGNATURES = [
     (gemm_f16_kernel(*tile), types.void(_F16_2D, _F16_2D, _F32_2D, types.int32),
      {"max_registers": 128, "ptx_contains": GEMM_PTX})
-    for tile in ((128, 128, 2, 4), (64, 128, 2, 4))
+    for tile in (F16_TILE, SMALL_TILE)
 ]

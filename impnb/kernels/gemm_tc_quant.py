@@ -30,6 +30,7 @@ from impnb.kernels.gemm_tc import (BK, GEMM_PTX, ROW_BYTES, THREADS, _F16_2D, _F
                                    check_shapes, gemm_f16, grid_size, tile_ops)
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
+from impnb.launch import launch
 
 BN = 128          # W tile rows: 256 threads decode 2 halves of 128 rows
 A_STAGES = 3
@@ -137,8 +138,8 @@ def gemm_quant(a, w: PackedWeight, c, stream, accumulate: bool = False, bm: int 
         return
     assert t in QUANT_TYPES, f"no tensor-core GEMM for {t.name}"
     assert K % GGML_QUANT_SIZES[t][0] == 0
-    kernel = gemm_quant_kernel(t, bm)
-    kernel[grid_size(a.shape[0], N, bm, BN), THREADS, stream](a, w.parts, c, np.int32(accumulate))
+    launch(gemm_quant_kernel(t, bm), grid_size(a.shape[0], N, bm, BN), THREADS, stream,
+           a, w.parts, c, np.int32(accumulate))
 
 
 BUILD_SIGNATURES = [

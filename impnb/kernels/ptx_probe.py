@@ -12,7 +12,8 @@ from functools import lru_cache
 from numba import cuda, types, uint32
 
 from impnb.kernels import ptx
-from impnb.kernels.gemm_tc import BK, ROW_BYTES, THREADS, _F16_2D, tile_offset, tile_ops
+from impnb.kernels.gemm_tc import (BK, F16_TILE, ROW_BYTES, SMALL_TILE, THREADS, _F16_2D, tile_offset,
+                                   tile_ops)
 
 _U32_1D = types.Array(types.uint32, 1, "C")
 _U32_2D = types.Array(types.uint32, 2, "C")
@@ -243,8 +244,8 @@ BUILD_SIGNATURES = [
      {"ptx_contains": ["st.shared.v4.u32", "ld.shared.v4.u32", "cvta.to.shared.u64"]}),
     (pack_probe, types.void(_F32_1D, _U32_1D, _U32_1D),
      {"ptx_contains": ["cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32"]}),
-    *[(tile_frag_probe(*g), types.void(_F16_2D, _F16_2D, _U32_4D, _U32_4D, _U32_2D),
+    *[(tile_frag_probe(*t[:4]), types.void(_F16_2D, _F16_2D, _U32_4D, _U32_4D, _U32_2D),
        {"ptx_contains": ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global"]})
-      for g in ((128, 128, 2, 4), (64, 128, 2, 4))],
+      for t in (F16_TILE, SMALL_TILE)],
     *_quant_sigs(),
 ]

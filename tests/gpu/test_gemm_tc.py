@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.dequant import DECODERS, dequant_ref
-from impnb.kernels.gemm_tc import gemm, gemm_f16, gemm_ref
+from impnb.kernels.gemm_tc import F16_TILE, SMALL_TILE, gemm, gemm_f16, gemm_ref
 from impnb.kernels.gemm_tc_quant import QUANT_TYPES, gemm_quant
 from impnb.kernels.repack import repack
 from tests.test_repack import make_weight
@@ -57,7 +57,8 @@ def run(fn, a, w, M, N, c0=None):
     return out.astype(np.float64)
 
 
-@pytest.mark.parametrize("tile", [(128, 128, 2, 4), (64, 128, 2, 4)], ids=["128x128", "64x128"])
+@pytest.mark.parametrize("tile", [F16_TILE, SMALL_TILE, (128, 128, 2, 4, 3), (128, 128, 2, 4, 2)],
+                         ids=["128x128x4", "64x128x4", "128x128x3", "128x128x2"])
 @pytest.mark.parametrize("M,N,K", F16_SHAPES)
 def test_gemm_f16(M, N, K, tile):
     rng = np.random.default_rng([M, N, K])

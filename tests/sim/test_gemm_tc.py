@@ -1,0 +1,64 @@
+"""ptx.py's intrinsics and the gemm_tc tiles in numba's CUDA simulator, on ptx_sim.py's Python twins.
+
+The twins encode the same PTX ISA tables as the GPU probes, so these runs check the kernels'
+logic -- swizzled addressing, lane-to-fragment addressing, pipeline waits (a cp.async lands only
+at the wait_group retiring it here), M/N edges, the quantized decode into shared memory, the
+epilogue -- and the GPU tests' own harness. Whether the hardware agrees with the tables is for
+tests/gpu/test_ptx.py on a GPU. Sizes are tiny: every CUDA thread is a Python thread here.
+"""
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda
+
+from impnb.kernels.gemm_tc import gemm_f16, gemm_ref
+from impnb.kernels.gemm_tc_quant import gemm_quant
+from tests.gpu import test_gemm_tc as gemm_tests
+from tests.gpu import test_ptx as probes
+
+
+def test_intrinsic_probes():
+    for dtype in ("f16", "bf16"):
+        probes.test_mma_a_fragment(dtype)
+        probes.test_mma_b_fragment(dtype)
+        probes.test_mma_c_fragment(dtype)
+        probes.test_mma_product(dtype)
+    for n in (1, 2, 4):
+        for trans in (False, True):
+            probes.test_ldmatrix(n, trans)
+    probes.test_cp_async()
+    probes.test_global_v4_and_v2()
+    probes.test_shared_addresses_and_v4()
+    probes.test_pack_f16x2_bf16x2()
+
+
+def test_tile_fragments():
+    probes.test_tile_fragments((64, 128, 2, 4))
+
+
+def test_gemm_f16_small():
+    """Two M tiles with a ragged edge, a 4-slot ring over 5 stages (wraps), accumulate."""
+    rng = np.random.default_rng(0)
+    M, N, K = 70, 8, 160
+    tile = (64, 128, 2, 4, 4)
+    w16 = rng.standard_normal((N, K)).astype(np.float16)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+
+    def fn(a_, w_, c_, s, accumulate):
+        gemm_f16(a_, w_, c_, s, accumulate, tile=tile)
+
+    got = gemm_tests.run(fn, a, cuda.to_device(w16), M, N, c0)
+    gemm_tests.check(got, gemm_ref(a, w16, c=c0.astype(np.float64)), a, w16, K, c0)
+
+
+def test_gemm_quant_small():
+    M, N, K = 5, 8, 256
+    raw, w16, w = gemm_tests.weight(T.Q4_K, N, K)
+    a = np.random.default_rng(1).standard_normal((M, K)).astype(np.float16)
+
+    def fn(a_, w_, c_, s, accumulate):
+        gemm_quant(a_, w_, c_, s, accumulate, bm=64)
+
+    got = gemm_tests.run(fn, a, w, M, N)
+    gemm_tests.check(got, gemm_ref(a, raw, T.Q4_K), a, w16, K)
