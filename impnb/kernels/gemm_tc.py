@@ -294,10 +294,10 @@ def gemm_ref(a: np.ndarray, w: np.ndarray, ggml_type=None, c: np.ndarray | None 
 _F16_2D = types.Array(types.float16, 2, "C")
 _F32_2D = types.Array(types.float32, 2, "C")
 GEMM_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-            "cp.async.cg.shared.global", "cp.async.wait_group 1", "st.global.v2.f32"]
+            "cp.async.cg.shared.global", "cp.async.wait_group", "st.global.v2.f32"]
 
 BUILD_SIGNATURES = [
     (gemm_f16_kernel(*tile), types.void(_F16_2D, _F16_2D, _F32_2D, types.int32),
-     {"max_registers": 128, "ptx_contains": GEMM_PTX})
+     {"max_registers": 128, "ptx_contains": GEMM_PTX + [f"cp.async.wait_group {tile[4] - 2}"]})
     for tile in (F16_TILE, SMALL_TILE)
 ]

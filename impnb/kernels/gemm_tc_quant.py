@@ -144,6 +144,6 @@ def gemm_quant(a, w: PackedWeight, c, stream, accumulate: bool = False, bm: int 
 
 BUILD_SIGNATURES = [
     (gemm_quant_kernel(t, bm), types.void(_F16_2D, _parts_type(t), _F32_2D, types.int32),
-     {"max_registers": 168, "ptx_contains": GEMM_PTX + ["st.shared.v4.u32", "cvt.rn.f16x2.f32"]})
+     {"max_registers": 168, "ptx_contains": GEMM_PTX + [f"cp.async.wait_group {A_STAGES - 2}", "st.shared.v4.u32", "cvt.rn.f16x2.f32"]})
     for t in QUANT_TYPES for bm in (128, 64)
 ]
