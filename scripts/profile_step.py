@@ -32,10 +32,10 @@ def ok(result):
 
 
 def kernel_name(params) -> str:
-    """module.function of a numba kernel from its mangled symbol (_ZN6cudapy5impnb...)."""
+    """module.function of a numba kernel from its mangled symbol (_ZN5impnb7kernels...)."""
     raw = ok(driver.cuFuncGetName(params.func))
     s = raw.decode() if isinstance(raw, bytes) else str(raw)
-    s = s[s.find("cudapy") + 6:] if "cudapy" in s else s
+    s = s[s.find("cudapy") + 6:] if "cudapy" in s else s.removeprefix("_ZN")
     words = []
     while (m := re.match(r"(\d+)", s)):
         n, s = int(m.group(1)), s[len(m.group(1)):]
