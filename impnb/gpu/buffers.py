@@ -19,5 +19,13 @@ class Arena:
             buf = self._buffers[key] = self.ctx.empty(shape, dtype)
         return buf
 
+    def zeros(self, name: str, shape: tuple, dtype=np.float32):
+        """Like get, zero-filled when first allocated (state that kernels keep zero between uses)."""
+        key = (name, tuple(shape), np.dtype(dtype))
+        if key not in self._buffers:
+            assert not self.frozen, f"buffer {key} requested after the arena was frozen"
+            self._buffers[key] = self.ctx.upload(np.zeros(shape, dtype))
+        return self._buffers[key]
+
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self._buffers.values())

@@ -10,6 +10,8 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
 """
 
+import numpy as np
+
 from impnb.kernels import activations, attention_decode, attention_prefill, norm, qkv_post
 from impnb.kernels.embedding import embedding
 from impnb.models.config import ModelConfig
@@ -81,8 +83,10 @@ def _attention(m, il: int, q, pos, out, T: int):
     if T <= attention_decode.MAX_T and m.decode_splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
             1, m.decode_splits, T, cfg.n_head, cfg.head_dim_v))
+        counters = m.arena.zeros("counters", attention_decode.counters_shape(1, T, cfg.n_head), np.int32)
         attention_decode.attention_decode(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                                          partials, m.decode_splits, cfg.attn_scale, window, None, s)
+                                          partials, counters, m.decode_splits, cfg.attn_scale, window,
+                                          None, s)
     else:
         attention_prefill.attention_prefill(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
                                             cfg.attn_scale, window, None, s)

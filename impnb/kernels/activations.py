@@ -6,6 +6,7 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.kernels import ptx
 from impnb.launch import launch
 
 
@@ -48,6 +49,8 @@ def _gelu_tanh(x):
 def _make_glu_kernels(act, name: str):
     # grid (ceil(F / 256), T), block 256: thread owns column i of row t. No shared memory.
     def glu(gate, up, out):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         t = cuda.blockIdx.y
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if i < out.shape[1]:
@@ -55,6 +58,8 @@ def _make_glu_kernels(act, name: str):
 
     # grid (ceil(F / 256), T), block 256: gate|up fused (T, 2F): gate gu[t, i], up gu[t, F + i].
     def glu_fused(gu, out):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         t = cuda.blockIdx.y
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         F = out.shape[1]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, int64, types
 
+from impnb.kernels import ptx
 from impnb.kernels.sample import SIMULATOR, _comp_id, _key
 from impnb.launch import launch
 
@@ -30,6 +31,8 @@ def argmax_scratch(B: int) -> ArgmaxScratch:
 
 @cuda.jit
 def _argmax_kernel(bits, best, done, out):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     """grid (ceil(V / CHUNK), B), block NT; bits: the logits' int32 bits.
     shared: red int64[NT] (a tree reduction of the block's composites), last i32[1]."""
     c = cuda.blockIdx.x

@@ -1,4 +1,4 @@
-"""Flash-decoding attention over the paged fp16 KV cache: a split-K kernel and its combine kernel.
+"""Flash-decoding attention over the paged fp16 KV cache: one split-K kernel whose last split merges.
 
 B sequences, T <= 8 query tokens each (1 for plain decode), H query heads sharing Hkv KV heads
 (group g = H / Hkv), head dim D in HEAD_DIMS. Query t of sequence b sits at pos[b, t] and sees
@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.kernels import ptx
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_max, warp_sum
@@ -25,7 +26,7 @@ MAX_SPLITS = 256
 NT = 128               # threads per block
 NW = NT // 32          # warps per block
 TILE = 32              # keys per inner step
-MIN_CHUNK = 2 * TILE   # keys per split at least: short contexts use few splits
+MIN_CHUNK = TILE       # keys per split at least: a short context spreads over one-tile splits
 NEG = np.float32(-1e30)  # finite "minus infinity": neutral partials combine without NaN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
@@ -55,6 +56,8 @@ def _make_split_kernel(D: int, RM: int):
     KSPLIT = NT // WPK   # key groups in the P·V stage (4, 2, 1 for D = 64, 128, 256)
     KPG = TILE // KSPLIT  # keys per group: V words each thread prefetches per tile
     RPW = RM // NW       # rows each warp owns in the softmax stage
+    EPT = RM * D // NT   # output elements each thread merges
+    assert TILE * KP >= RM * MAX_SPLITS  # the merge weights fit in ks
     QS, KS, SP, PT = (RM, D), TILE * KP, (NW, RM, TILE), (RM, TILE)  # shared array shapes
 
     # grid (n_splits, Hkv * n_row_groups, B), block 128 (4 warps).
@@ -70,8 +73,13 @@ def _make_split_kernel(D: int, RM: int):
     # tile_page, tile_off i32[32] (where each key of the tile lives).
     # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2).
     # With one live split the rows are normalized into out; else unnormalized acc, running max m
-    # and sum l go to partials[b, split, t, h, 0:D | D | D+1] (rows without keys: 0, NEG, 0).
-    def split_kernel(q, k_words, v_words, block_table, pos, partials, out, scale, window, softcap):
+    # and sum l go to partials[b, split, t, h, 0:D | D | D+1] (rows without keys: 0, NEG, 0),
+    # and the block that brings counters[b, blockIdx.y] to n_live merges them into out and
+    # resets the counter (threadfence before the count, so the last block sees every partial).
+    def split_kernel(q, k_words, v_words, block_table, pos, partials, counters, out, scale, window,
+                     softcap):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         split = cuda.blockIdx.x
         b = cuda.blockIdx.z
         T = q.shape[1]
@@ -100,6 +108,7 @@ def _make_split_kernel(D: int, RM: int):
         alpha = cuda.shared.array(RM, types.float32)
         tile_page = cuda.shared.array(TILE, types.int32)
         tile_off = cuda.shared.array(TILE, types.int32)
+        last = cuda.shared.array(1, types.int32)
 
         # -- q rows, pre-scaled; rows past nrows are zero --
         for i in range(tid, RM * D, NT):
@@ -238,48 +247,66 @@ def _make_split_kernel(D: int, RM: int):
                     else:
                         partials[b, split, t, h, 2 * p] = acc[r, 0]
                         partials[b, split, t, h, 2 * p + 1] = acc[r, 1]
+        if n_live == 1:
+            return
+
+        # -- the last live split to finish merges the partials of these rows into out --
+        cuda.threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            done = cuda.atomic.add(counters, (b, cuda.blockIdx.y), 1)
+            last[0] = 1 if done == n_live - 1 else 0
+            if last[0]:
+                counters[b, cuda.blockIdx.y] = 0  # ready for the next step (graph replay)
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
+        cuda.threadfence()
+        # per row r: weights exp(m_s - max) / sum_s exp(m_s - max) l_s into ks (free) as [RM][256]
+        for i in range(RPW):
+            r = warp + NW * i
+            if r < nrows:
+                row = r0 + r
+                t = row // g
+                h = kh * g + row % g
+                mx = NEG
+                for sp_ in range(lane, n_live, 32):
+                    mx = max(mx, partials[b, sp_, t, h, D])
+                mx = warp_max(mx)
+                den = _ZERO
+                for sp_ in range(lane, n_live, 32):
+                    w = math.exp(partials[b, sp_, t, h, D] - mx)
+                    ks[r * MAX_SPLITS + sp_] = w
+                    den += w * partials[b, sp_, t, h, D + 1]
+                den = warp_sum(den)
+                if lane == 0:
+                    alpha[r] = _ONE / den
+        cuda.syncthreads()
+        # thread owns elements e = tid + j * NT (row e // D, column e % D); splits outer so the
+        # EPT loads of one split are in flight together
+        merged = cuda.local.array(EPT, types.float32)
+        for j in range(EPT):
+            merged[j] = _ZERO
+        for sp_ in range(n_live):
+            for j in range(EPT):
+                e = tid + j * NT
+                r = e // D
+                if r < nrows:
+                    row = r0 + r
+                    merged[j] += ks[r * MAX_SPLITS + sp_] * partials[b, sp_, row // g, kh * g + row % g,
+                                                                   e - r * D]
+        for j in range(EPT):
+            e = tid + j * NT
+            r = e // D
+            if r < nrows:
+                row = r0 + r
+                out[b, row // g, kh * g + row % g, e - r * D] = merged[j] * alpha[r]
 
     split_kernel.__name__ = f"_decode_split_d{D}_r{RM}_kernel"
     return cuda.jit(split_kernel)
 
 
 _SPLIT_KERNELS = {(D, RM): _make_split_kernel(D, RM) for D in HEAD_DIMS for RM in ROW_TILES}
-
-
-# grid (T * H, B), block 128: one block merges the live partials of query row (b, t, h) (none to
-# merge with one live split: the split kernel wrote out); thread i owns columns i, i + 128, ...
-# shared: w f32[MAX_SPLITS] (exp(m_s - M) per split).
-@cuda.jit
-def _decode_combine_kernel(partials, n_splits, q_per_kv, rm, window, pos, out):
-    b = cuda.blockIdx.y
-    H = out.shape[2]
-    t = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x - t * H
-    D = out.shape[3]
-    T = out.shape[1]
-    row = t * q_per_kv + h % q_per_kv
-    r0 = row // rm * rm
-    nrows = min(rm, q_per_kv * T - r0)
-    _, _, _, n_live = _split_range(pos, b, r0, nrows, q_per_kv, window, n_splits)
-    if n_live == 1:
-        return
-    tid = cuda.threadIdx.x
-    w = cuda.shared.array(MAX_SPLITS, types.float32)
-    mx = NEG
-    for s in range(n_live):
-        mx = max(mx, partials[b, s, t, h, D])
-    for s in range(tid, n_live, NT):
-        w[s] = math.exp(partials[b, s, t, h, D] - mx)
-    cuda.syncthreads()
-    total = _ZERO
-    for s in range(n_live):
-        total += w[s] * partials[b, s, t, h, D + 1]
-    inv = _ONE / total
-    for d in range(tid, D, NT):
-        acc = _ZERO
-        for s in range(n_live):
-            acc += w[s] * partials[b, s, t, h, d]
-        out[b, t, h, d] = acc * inv
 
 
 # ---------------------------------------------------------------- host side
@@ -306,18 +333,24 @@ def partials_shape(batch: int, n_splits: int, T: int, n_head: int, head_dim: int
     return batch, n_splits, T, n_head, head_dim + 2
 
 
+def counters_shape(batch: int, T: int, n_head: int) -> tuple:
+    """(B, T * H) int32 split counters, zero before the first call; the kernel leaves them zero."""
+    return batch, T * n_head
+
+
 def _check(a, dtype, ndim: int, name: str):
     assert a.dtype == dtype and a.ndim == ndim and a.is_c_contiguous(), \
         f"{name}: C-contiguous {np.dtype(dtype)} with {ndim} dims expected, got {a.dtype} {a.shape}"
 
 
-def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int,
+def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counters, n_splits: int,
                      scale: float, window: int | None, softcap: float | None, stream) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache.
 
     k_pool, v_pool (n_pages, page_size, Hkv, D) float16; block_table (B, max_pages) int32;
     pos (B, T) int32, the positions of the queries, whose K/V are already in the cache;
-    partials (B, >= n_splits, T, H, D + 2) float32 scratch; n_splits from num_splits.
+    partials (B, >= n_splits, T, H, D + 2) float32 scratch; counters (counters_shape) int32,
+    zeroed once; n_splits from num_splits.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
     block_table (max_pages,).
     """
@@ -327,7 +360,7 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_split
     for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"),
                             (k_pool, np.float16, 4, "k_pool"), (v_pool, np.float16, 4, "v_pool"),
                             (block_table, np.int32, 2, "block_table"), (pos, np.int32, 2, "pos"),
-                            (partials, np.float32, 5, "partials")):
+                            (partials, np.float32, 5, "partials"), (counters, np.int32, 2, "counters")):
         _check(a, dt, nd, name)
     B, T, H, D = q.shape
     Hkv = k_pool.shape[2]
@@ -341,23 +374,19 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_split
     rm = row_tile(H, Hkv, T)
     n_groups = -(-(H // Hkv * T) // rm)
     win = np.int32(window or 0)
+    assert counters.shape[0] == B and counters.shape[1] >= Hkv * n_groups, "counters shape"
     launch(_SPLIT_KERNELS[(D, rm)], (n_splits, Hkv * n_groups, B), NT, stream,
-           q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, out,
-           np.float32(scale), win, np.float32(softcap or 0.0))
-    launch(_decode_combine_kernel, (T * H, B), NT, stream, partials, np.int32(n_splits),
-           np.int32(H // Hkv), np.int32(rm), win, pos, out)
+           q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, counters,
+           out, np.float32(scale), win, np.float32(softcap or 0.0))
 
 
 _Q = types.float32[:, :, :, ::1]
 _POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
 _PART = types.float32[:, :, :, :, ::1]
-_SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, _Q, types.float32, types.int32, types.float32)
+_SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, _I2, _Q, types.float32, types.int32, types.float32)
 BUILD_SIGNATURES = [
-    # 170-245 registers: the unrolled score loop and the prefetched V words; few blocks run per
+    # 166-252 registers: the unrolled score loop and the prefetched V words; few blocks run per
     # step, so occupancy is not what limits them.
-    (kernel, _SPLIT_SIG, {"max_registers": 248}) for kernel in _SPLIT_KERNELS.values()
-] + [
-    (_decode_combine_kernel, (_PART, types.int32, types.int32, types.int32, types.int32, _I2, _Q),
-     {"max_registers": 64}),
+    (kernel, _SPLIT_SIG, {"max_registers": 255}) for kernel in _SPLIT_KERNELS.values()
 ]

@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.kernels import ptx
 from impnb.kernels.attention_decode import HEAD_DIMS, NEG
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_sum
@@ -32,6 +33,8 @@ def _make_prefill_kernel(D: int):
     # dims lane + 32 * i, so K/V rows are read coalesced and q·k is a warp_sum.
     # shared: ms, ls f32[4] and accs f32[4][D] to merge the warps at the end.
     def prefill_kernel(q, k_pool, v_pool, block_table, pos, out, scale, window, softcap):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
         kh = h // (q.shape[1] // k_pool.shape[2])

@@ -4,6 +4,7 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
+from impnb.kernels import ptx
 from impnb.launch import launch
 
 F16_MAX = np.float32(65504.0)
@@ -17,6 +18,8 @@ def cast_f16_ref(x: np.ndarray) -> np.ndarray:
 # grid: ceil(n / 256) blocks of 256 threads; one thread converts one element of the flat array.
 @cuda.jit(cache=True)
 def _cast_f16_kernel(x, out):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     i = cuda.grid(1)
     if i < x.size:
         out[i] = np.float16(min(max(x[i], -F16_MAX), F16_MAX))

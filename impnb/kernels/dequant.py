@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types
 
+from impnb.kernels import ptx
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
@@ -49,6 +50,8 @@ def _make_dequant(load, run, col):
     # view of the fp16 (N, K) buffer.
     @cuda.jit
     def _dequant_kernel(parts, out):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         cpr = out.shape[1] // 16
         g = cuda.grid(1)
         if g >= out.shape[0] * cpr:

@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types
 
+from impnb.kernels import ptx
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.dequant import DECODERS
 from impnb.kernels.gemv import _parts_type
@@ -32,6 +33,8 @@ def _make_embedding(load, run, col):
     # written as 8 x 16-byte stores. An id outside [0, n_rows) gives a NaN row.
     @cuda.jit
     def _embedding_kernel(parts, ids, out, n_rows, scale):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         t = cuda.blockIdx.y
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         K = out.shape[1]

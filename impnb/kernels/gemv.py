@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, types
 
+from impnb.kernels import ptx
 from impnb.kernels import quant_blocks as qb
 from impnb.kernels.activations import _gelu_tanh, _silu
 from impnb.kernels.repack import LAYOUTS, PackedWeight
@@ -291,6 +292,8 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
 
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x

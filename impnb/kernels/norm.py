@@ -9,6 +9,7 @@ from numba import cuda
 from numba.core import types
 from numba.cuda.core import config as cuda_config
 
+from impnb.kernels import ptx
 from impnb.launch import launch
 
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
@@ -91,6 +92,8 @@ def block_sum(v, red):
 # shared: red f32[32] (one partial sum per warp). Pass 2 re-reads the row (L1) to scale it.
 @cuda.jit
 def _rms_norm_kernel(x, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     row = cuda.blockIdx.x
     D = x.shape[1]
     red = cuda.shared.array(32, types.float32)
@@ -107,6 +110,8 @@ def _rms_norm_kernel(x, w, out, eps):
 # No shared memory. For per-head QK-norm (rows of head_dim) and other short rows.
 @cuda.jit
 def _rms_norm_warp_kernel(x, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
     if row >= x.shape[0]:  # the whole warp leaves together
         return
@@ -124,6 +129,8 @@ def _rms_norm_warp_kernel(x, w, out, eps):
 # re-reads the new x (same thread, same columns) and writes out = rms_norm(x) * w.
 @cuda.jit
 def _rms_norm_add_kernel(x, h, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     row = cuda.blockIdx.x
     D = x.shape[1]
     red = cuda.shared.array(32, types.float32)
@@ -141,6 +148,8 @@ def _rms_norm_add_kernel(x, h, w, out, eps):
 # x += rms_norm(h) * w_post and sums the new x², pass 3 writes out = rms_norm(x) * w.
 @cuda.jit
 def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     row = cuda.blockIdx.x
     D = x.shape[1]
     red = cuda.shared.array(32, types.float32)

@@ -21,8 +21,8 @@ SMEM_ALIGN = None if SIM else 128  # alignment= for cuda.shared.array (the simul
 if SIM:
     from impnb.kernels.ptx_sim import (  # noqa: F401
         cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-        cvta_to_shared, ld_global_v4_u32, ld_shared_v4_u32, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
-        ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2, pack_f16x2,
+        cvta_to_shared, grid_dep_launch, grid_dep_wait, ld_global_v4_u32, ld_shared_v4_u32,
+        ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2, pack_f16x2,
         smem_addr, st_global_v2_f32, st_global_v4_u32, st_shared_v4_u32)
 else:
     from llvmlite import ir
@@ -152,6 +152,12 @@ else:
 
     cp_async_commit = _no_operand("cp.async.commit_group;")
     cp_async_wait_all = _no_operand("cp.async.wait_all;")
+    # Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
+    # serialization may start while its predecessor runs; grid_dep_wait blocks until the
+    # predecessor grids completed and their memory is visible, grid_dep_launch lets the next
+    # kernel start once every block of this one has called it (impnb.launch, programmatic).
+    grid_dep_wait = _no_operand("griddepcontrol.wait;")
+    grid_dep_launch = _no_operand("griddepcontrol.launch_dependents;")
 
     @intrinsic
     def cp_async_wait_group(typingctx, n):

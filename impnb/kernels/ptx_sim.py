@@ -115,6 +115,14 @@ def cp_async_wait_group(n):
             _shared_bytes(saddr, 16)[:] = data
 
 
+def grid_dep_wait():
+    """griddepcontrol.wait: the simulator runs kernels one after another."""
+
+
+def grid_dep_launch():
+    """griddepcontrol.launch_dependents: nothing to overlap in the simulator."""
+
+
 def cp_async_wait_all():
     cp_async_commit()
     cp_async_wait_group(0)

@@ -10,6 +10,7 @@ import math
 import numpy as np
 from numba import cuda, types
 
+from impnb.kernels import ptx
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_sum
 from impnb.kernels.rope import cos_sin
@@ -26,6 +27,8 @@ MAX_D = 256
 @cuda.jit
 def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
                      k_pool, v_pool):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     t = cuda.blockIdx.x
     j = cuda.blockIdx.y
     lane = cuda.threadIdx.x

@@ -7,6 +7,7 @@ the host can queue step n + 1 before it reads token n. Numpy twin: `advance_ref`
 import numpy as np
 from numba import cuda, types
 
+from impnb.kernels import ptx
 from impnb.launch import launch
 
 
@@ -18,6 +19,8 @@ def advance_ref(out_ids: np.ndarray, ids: np.ndarray, pos: np.ndarray, step: np.
 
 @cuda.jit
 def _advance_kernel(out_ids, ids, pos, step):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     """grid 1, block 1: ids[0] = out_ids[0]; pos[0] += 1; step[0] += 1."""
     ids[0] = out_ids[0]
     pos[0] += 1

@@ -6,9 +6,15 @@ parameters at the call, so the buffer is reused; a lock keeps two threads from s
 A launch on a capturing stream is captured like any other (impnb.graphs.capture.Graph), but
 the first launch of a (kernel, signature) compiles and loads a module: warm up before capture.
 Modules are loaded into the context current at that first launch (numba's primary context).
+
+A kernel whose body calls `ptx.grid_dep_wait()` (first, before it touches memory) is launched
+with programmatic stream serialization (cuLaunchKernelEx): it may be scheduled while the kernel
+before it runs and waits on the device, so the launch gap between graph nodes overlaps work.
+IMPNB_PDL=0 turns this off.
 """
 
 import ctypes
+import os
 import struct
 import threading
 
@@ -22,6 +28,7 @@ from impnb.launch.cubin import arch_cc, entry_name
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _DEFAULT_SHARED = 48 * 1024  # bytes of static + dynamic shared memory allowed without opting in
 _plans: dict[tuple, "Plan"] = {}
+PROGRAMMATIC = os.environ.get("IMPNB_PDL", "1") != "0"
 _build_lock = threading.Lock()
 
 
@@ -52,6 +59,7 @@ class Plan:
         self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*(base + off for off in offsets))
         self.params = ctypes.addressof(self.ptrs)
         self.lock = threading.Lock()
+        self.config = _programmatic_config() if PROGRAMMATIC and waits_on_grid(kernel) else None
 
     def allow_shared(self, nbytes: int) -> None:
         """Opt in to nbytes of dynamic shared memory (past 48 KB with the static)."""
@@ -64,9 +72,31 @@ class Plan:
             self.allow_shared(shared_bytes)
         with self.lock:
             struct.pack_into(self.fmt, self.buf, 0, *values)
-            err, = driver.cuLaunchKernel(self.func, *grid, *block, shared_bytes, stream, self.params, 0)
+            c = self.config
+            if c is None:
+                err, = driver.cuLaunchKernel(self.func, *grid, *block, shared_bytes, stream, self.params, 0)
+            else:
+                c.gridDimX, c.gridDimY, c.gridDimZ = grid
+                c.blockDimX, c.blockDimY, c.blockDimZ = block
+                c.sharedMemBytes, c.hStream = shared_bytes, stream
+                err, = driver.cuLaunchKernelEx(c, self.func, self.params, 0)
         if err != _SUCCESS:
             raise RuntimeError(f"cuLaunchKernel({self.name[:80]}) failed: {err.name}")
+
+
+def waits_on_grid(kernel) -> bool:
+    """Whether the kernel's own body calls ptx.grid_dep_wait (so it may start early)."""
+    return "grid_dep_wait" in kernel.py_func.__code__.co_names
+
+
+def _programmatic_config():
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 def _dim3(d) -> tuple:

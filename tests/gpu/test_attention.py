@@ -18,7 +18,7 @@ import pytest
 from numba import cuda
 
 from impnb.kernels.attention import attention_ref
-from impnb.kernels.attention_decode import attention_decode, num_splits, partials_shape
+from impnb.kernels.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
 from impnb.kernels.attention_prefill import attention_prefill
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
 
@@ -95,7 +95,9 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     out = np.full(q.shape, np.nan, np.float32)
     partials = np.full(partials_shape(B, n_splits, T, H, D), np.nan, np.float32)
     stream = cuda.stream()
-    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table, pos, out, partials)]
+    counters = np.zeros(counters_shape(B, T, H), np.int32)
+    dev = [cuda.to_device(a, stream=stream)
+           for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
     attention_decode(*dev, n_splits, scale, window, softcap, stream)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
@@ -124,6 +126,7 @@ def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_si
     d_v = cuda.device_array((1, 1, Hkv, D), np.float32, stream=stream)
     d_out = cuda.to_device(np.full((1, 1, H, D), np.nan, np.float32), stream=stream)
     d_part = cuda.to_device(np.full(partials_shape(1, n_splits, 1, H, D), np.nan, np.float32), stream=stream)
+    d_counters = cuda.to_device(np.zeros(counters_shape(1, 1, H), np.int32), stream=stream)
     for p in range(first, steps):
         q = gauss(rng, (1, 1, H, D), std)
         d_pos.copy_to_device(np.array([[p]], np.int32), stream=stream)
@@ -131,8 +134,8 @@ def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_si
         d_k.copy_to_device(k_all[p].reshape(1, 1, Hkv, D), stream=stream)
         d_v.copy_to_device(v_all[p].reshape(1, 1, Hkv, D), stream=stream)
         kv_write(d_k, d_v, d_pos, d_table, d_k_pool, d_v_pool, stream)
-        attention_decode(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, d_part, n_splits, D ** -0.5,
-                         window, None, stream)
+        attention_decode(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, d_part, d_counters, n_splits,
+                         D ** -0.5, window, None, stream)
         got = d_out.copy_to_host(stream=stream)
         kp, vp = d_k_pool.copy_to_host(stream=stream), d_v_pool.copy_to_host(stream=stream)
         stream.synchronize()

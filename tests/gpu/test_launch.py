@@ -131,9 +131,10 @@ def test_attention_decode(monkeypatch, window, softcap):
     n_splits = attention_decode.num_splits(600, H, Hkv, n_tok, len(lengths), window)
     partials = np.full(attention_decode.partials_shape(len(lengths), n_splits, n_tok, H, D), np.nan,
                        np.float32)
+    counters = np.zeros(attention_decode.counters_shape(len(lengths), n_tok, H), np.int32)
     assert_same_as_dispatcher(monkeypatch, attention_decode, device_run(
-        lambda *a: attention_decode.attention_decode(*a[:7], n_splits, D ** -0.5, window, softcap, a[7]),
-        (q, k_pool, v_pool, block_table, pos, nan_like(q), partials)))
+        lambda *a: attention_decode.attention_decode(*a[:8], n_splits, D ** -0.5, window, softcap, a[8]),
+        (q, k_pool, v_pool, block_table, pos, nan_like(q), partials, counters)))
 
 
 def test_sampling(monkeypatch):
@@ -178,7 +179,8 @@ def test_tuple_arguments_gemv(monkeypatch):
     for go in (launch, dispatcher):
         stream = cuda.stream()
         dx, dy = cuda.to_device(x, stream=stream), cuda.to_device(np.full((1, 989), np.nan, np.float32))
-        go(kernel, grid, gemv.BLOCK, stream, w.parts, dx, dy, np.int32(0))
+        go(kernel, grid, gemv.BLOCK, stream, w.parts, dx, dy, dy, dy, np.int32(989), np.int32(0),
+           np.int32(989), np.int32(0))
         outs.append(dy.copy_to_host(stream=stream))
         stream.synchronize()
     assert np.isfinite(outs[0]).all() and outs[0].tobytes() == outs[1].tobytes()
