@@ -7,14 +7,11 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
-For one token the residual norms run in the prologue of the GEMV that reads h (gemv_norm.py),
-alternating the residual between two buffers. The layer graph mirrors
-impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
+The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
 """
 
 import numpy as np
 
-from impnb.gpu.model import Normed
 from impnb.kernels import activations, attention_decode, attention_prefill, norm, qkv_post
 from impnb.kernels.embedding import embedding
 from impnb.models.config import ModelConfig
@@ -35,7 +32,6 @@ def forward(m, T: int, last_only: bool = True):
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
     norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
-    inp = h  # the next linear's input: h, or a Normed its GEMV forms itself
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         q = a.get("q", (T, H, Dh))
@@ -43,7 +39,7 @@ def forward(m, T: int, last_only: bool = True):
         v = a.get("v", (T, Hkv, Dv))
         qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
         if p + "attn_qkv" in m.w:
-            m.linear_split(inp, p + "attn_qkv", qkv)
+            m.linear_split(h, p + "attn_qkv", qkv)
         else:
             for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
                 m.linear(h, p + name, y)
@@ -55,43 +51,30 @@ def forward(m, T: int, last_only: bool = True):
         _attention(m, il, q, pos, attn, T)
         o = a.get("o", (T, D))
         m.linear(attn.reshape(T, H * Dv), p + "attn_output", o)
-        x, inp = _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h,
-                           p + "ffn_gate_up", glu=True)
+        _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
         gate = a.get("gate", (T, cfg.n_ff))
         if p + "ffn_gate_up" in m.w:
-            m.linear_glu(inp, p + "ffn_gate_up", cfg.act, gate)
+            m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate)
         else:
             up = a.get("up", (T, cfg.n_ff))
             m.linear(h, p + "ffn_gate", gate)
             m.linear(h, p + "ffn_up", up)
             (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, s)
         m.linear(gate, p + "ffn_down", o)
-        last = il + 1 == cfg.n_layer
-        nxt = "output_norm" if last else f"blk.{il + 1}.attn_norm"
-        x, inp = _residual(m, x, o, p + "post_ffw_norm", nxt, h,
-                           None if last else f"blk.{il + 1}.attn_qkv")
-    rows = inp[T - 1:T] if last_only else inp
+        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
+        _residual(m, x, o, p + "post_ffw_norm", nxt, h)
+    rows = h[T - 1:T] if last_only else h
     logits = a.get("logits", (rows.shape[0], cfg.n_vocab))
     m.linear(rows, "output" if "output" in m.w else "token_embd", logits)
     return logits
 
 
-def _residual(m, x, o, post_norm: str, next_norm: str, h, fused_into: str | None, glu: bool = False):
-    """x += o (Gemma: x += post_norm(o)), h = next_norm(x) -> (residual buffer, next input).
-
-    One kernel. A single token whose next linear (`fused_into`) is a GEMV that can do this step
-    in its prologue gets a Normed instead: that GEMV writes x' to the other residual buffer,
-    which becomes x (x itself is read by every block, so it cannot be written in place)."""
-    w_post = m.w[post_norm] if m.cfg.post_norms else None
-    if fused_into and m.fuses_norm(fused_into, x.shape[0], glu):
-        xa, xb = m.arena.get("x", x.shape), m.arena.get("x_b", x.shape)
-        x_out = xb if x is xa else xa
-        return x_out, Normed(x, o, w_post, m.w[next_norm], x_out, m.cfg.eps)
-    if w_post is not None:
-        norm.rms_norm_post_add(x, o, w_post, m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
+def _residual(m, x, o, post_norm: str, next_norm: str, h):
+    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x); one kernel."""
+    if m.cfg.post_norms:
+        norm.rms_norm_post_add(x, o, m.w[post_norm], m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
     else:
         norm.rms_norm_add(x, o, m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
-    return x, h
 
 
 def _attention(m, il: int, q, pos, out, T: int):

@@ -6,7 +6,6 @@ tokens, else tile-wise dequantization to fp16 and cuBLAS (the prefill fallback).
 """
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -17,7 +16,7 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
-from impnb.kernels import activations, attention_decode, gemv, gemv_norm, kv_cache, repack
+from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.rope import rope_inv_freq
@@ -27,18 +26,6 @@ log = logging.getLogger("impnb.gpu")
 PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
-
-
-@dataclass(frozen=True)
-class Normed:
-    """A linear's input h = rms_norm(x') * w_norm, x' = x + o (Gemma: x + rms_norm(o) * w_post),
-    that one-token GEMVs form in their prologue (gemv_norm.py), writing x' to x_out."""
-    x: object
-    o: object
-    w_post: object
-    w_norm: object
-    x_out: object
-    eps: float
 
 
 class DeviceModel:
@@ -109,17 +96,9 @@ class DeviceModel:
         else:
             self.cublas.gemm_f16(self._x16(x), self._w16(w), y)
 
-    def fuses_norm(self, name: str, T: int, glu: bool = False) -> bool:
-        """Whether linear_split / linear_glu on `name` take a Normed input for T tokens."""
-        return name in self.w and gemv_norm.fits(self.w[name], T, glu)
-
     def linear_split(self, x, name: str, ys) -> None:
-        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); x may be a
-        Normed where fuses_norm."""
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv)."""
         w = self.w[name]
-        if isinstance(x, Normed):
-            gemv_norm.gemv_norm(w, x.x, x.o, x.w_post, x.w_norm, x.x_out, x.eps, ys, self.ctx.nb_stream)
-            return
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv.gemv_split(w, x, ys, self.ctx.nb_stream)
             return
@@ -129,14 +108,8 @@ class DeviceModel:
             row += y.shape[1]
 
     def linear_glu(self, x, name: str, act: str, y) -> None:
-        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;
-        x may be a Normed where fuses_norm."""
-        w, s = self.w[name], self.ctx.nb_stream
-        if isinstance(x, Normed):
-            gemv_norm.gemv_norm(w, x.x, x.o, x.w_post, x.w_norm, x.x_out, x.eps, [y], s,
-                                gemv.GELU if act == "gelu" else gemv.SILU)
-            return
-        T = x.shape[0]
+        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu."""
+        w, T, s = self.w[name], x.shape[0], self.ctx.nb_stream
         if T <= GEMV_MAX_ROWS and gemv.glu_fits(w, T):
             gemv.gemv_glu(w, x, y, gemv.GELU if act == "gelu" else gemv.SILU, s)
             return

@@ -191,9 +191,7 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-def gemv_body(load, unit, col, n_tok, span, rows, glu, xload):
-    """The GEMV of one block as an inline device function body(parts, x, K, y0, y1, y2, n0, n1,
-    n_rows, accumulate); x[t * K + k] read four at a time by xload (global or shared memory)."""
+def _make_gemv(load, unit, col, n_tok, span, rows, glu):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -219,7 +217,7 @@ def gemv_body(load, unit, col, n_tok, span, rows, glu, xload):
             pb = float32(0.0)
             sx = float32(0.0)
             for v in range(4):
-                x0, x1, x2, x3 = xload(x, t * K + k + 4 * v)
+                x0, x1, x2, x3 = qb.ldg_f32x4(x, t * K + k + 4 * v)
                 pa += wa[4 * v] * x0
                 pa += wa[4 * v + 1] * x1
                 pa += wa[4 * v + 2] * x2
@@ -241,7 +239,7 @@ def gemv_body(load, unit, col, n_tok, span, rows, glu, xload):
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
         for v in range(4):
-            x0, x1, x2, x3 = xload(x, k + 4 * v)
+            x0, x1, x2, x3 = qb.ldg_f32x4(x, k + 4 * v)
             xv[4 * v] = x0
             xv[4 * v + 1] = x1
             xv[4 * v + 2] = x2
@@ -292,8 +290,11 @@ def gemv_body(load, unit, col, n_tok, span, rows, glu, xload):
                         v += y2[t, row - n0 - n1]
                     y2[t, row - n0 - n1] = v
 
-    @cuda.jit(device=True, inline=True)
-    def body(parts, x, K, y0, y1, y2, n0, n1, n_rows, accumulate):
+    @cuda.jit
+    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
         group = tid // span
@@ -348,18 +349,6 @@ def gemv_body(load, unit, col, n_tok, span, rows, glu, xload):
                         s += red[g * wpg + i, r, t]
                     tot[r] = s
                 store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, t, tot, accumulate)
-
-    return body
-
-
-def _make_gemv(load, unit, col, n_tok, span, rows, glu):
-    body = gemv_body(load, unit, col, n_tok, span, rows, glu, qb.ldg_f32x4)
-
-    @cuda.jit
-    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
-        body(parts, x, x.shape[1], y0, y1, y2, n0, n1, n_rows, accumulate)
 
     return _gemv_kernel
 
