@@ -26,7 +26,7 @@ MAX_SPLITS = 256
 NT = 128               # threads per block
 NW = NT // 32          # warps per block
 TILE = 32              # keys per inner step
-MIN_CHUNK = TILE       # keys per split at least: a short context spreads over one-tile splits
+MIN_CHUNK = 2 * TILE   # keys per split at least: short contexts use few splits
 NEG = np.float32(-1e30)  # finite "minus infinity": neutral partials combine without NaN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
@@ -56,8 +56,6 @@ def _make_split_kernel(D: int, RM: int):
     KSPLIT = NT // WPK   # key groups in the P·V stage (4, 2, 1 for D = 64, 128, 256)
     KPG = TILE // KSPLIT  # keys per group: V words each thread prefetches per tile
     RPW = RM // NW       # rows each warp owns in the softmax stage
-    EPT = RM * D // NT   # output elements each thread merges
-    assert TILE * KP >= RM * MAX_SPLITS  # the merge weights fit in ks
     QS, KS, SP, PT = (RM, D), TILE * KP, (NW, RM, TILE), (RM, TILE)  # shared array shapes
 
     # grid (n_splits, Hkv * n_row_groups, B), block 128 (4 warps).
@@ -262,45 +260,22 @@ def _make_split_kernel(D: int, RM: int):
         if last[0] == 0:
             return
         cuda.threadfence()
-        # per row r: weights exp(m_s - max) / sum_s exp(m_s - max) l_s into ks (free) as [RM][256]
-        for i in range(RPW):
-            r = warp + NW * i
-            if r < nrows:
-                row = r0 + r
-                t = row // g
-                h = kh * g + row % g
-                mx = NEG
-                for sp_ in range(lane, n_live, 32):
-                    mx = max(mx, partials[b, sp_, t, h, D])
-                mx = warp_max(mx)
-                den = _ZERO
-                for sp_ in range(lane, n_live, 32):
-                    w = math.exp(partials[b, sp_, t, h, D] - mx)
-                    ks[r * MAX_SPLITS + sp_] = w
-                    den += w * partials[b, sp_, t, h, D + 1]
-                den = warp_sum(den)
-                if lane == 0:
-                    alpha[r] = _ONE / den
-        cuda.syncthreads()
-        # thread owns elements e = tid + j * NT (row e // D, column e % D); splits outer so the
-        # EPT loads of one split are in flight together
-        merged = cuda.local.array(EPT, types.float32)
-        for j in range(EPT):
-            merged[j] = _ZERO
-        for sp_ in range(n_live):
-            for j in range(EPT):
-                e = tid + j * NT
-                r = e // D
-                if r < nrows:
-                    row = r0 + r
-                    merged[j] += ks[r * MAX_SPLITS + sp_] * partials[b, sp_, row // g, kh * g + row % g,
-                                                                   e - r * D]
-        for j in range(EPT):
-            e = tid + j * NT
-            r = e // D
-            if r < nrows:
-                row = r0 + r
-                out[b, row // g, kh * g + row % g, e - r * D] = merged[j] * alpha[r]
+        for i in range(tid, nrows * D, NT):
+            r = i // D
+            d = i - r * D
+            row = r0 + r
+            t = row // g
+            h = kh * g + row % g
+            mx = NEG
+            for sp_ in range(n_live):
+                mx = max(mx, partials[b, sp_, t, h, D])
+            num = _ZERO
+            den = _ZERO
+            for sp_ in range(n_live):
+                w = math.exp(partials[b, sp_, t, h, D] - mx)
+                num += w * partials[b, sp_, t, h, d]
+                den += w * partials[b, sp_, t, h, D + 1]
+            out[b, t, h, d] = num / den
 
     split_kernel.__name__ = f"_decode_split_d{D}_r{RM}_kernel"
     return cuda.jit(split_kernel)

@@ -32,7 +32,7 @@ def test_kv_write(B, T, page_size):
 
 @pytest.mark.parametrize("L,T,window,n_splits,std", [
     (1, 1, None, 1, 1.0),     # a single key, 4-row tile
-    (33, 1, None, 3, 0.1),    # two pages and a key: two live one-tile splits, one idle
+    (33, 1, None, 3, 0.1),    # two pages and a key: one live split (MIN_CHUNK keys), two idle
     (17, 1, 7, 3, 3.0),       # window: keys 11..16 of page 0 and 1, two splits idle
     (40, 5, 7, 2, 1.0),       # 5 queries in a window: 10 rows, two 8-row groups
     (150, 1, None, 3, 1.0),   # three live splits of 64, 64 and 22 keys, combined
