@@ -1,0 +1,88 @@
+"""Decode attention (kernels/attention_decode.py) alone on the GPU: µs per call and KV bandwidth.
+
+One query token per step at context L (positions 0..L-1 cached), the split count the engine
+would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph and replayed
+(as the decode graph runs them); the median of 20 replays / 50. KV GB/s = K and V bytes of the
+L live keys / time. Shapes: SmolLM2-135M (H 9, Hkv 3, D 64) and Gemma3-270M (H 4, Hkv 1, D 256).
+    python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--json PATH]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from cuda.bindings import driver  # noqa: E402
+
+from impnb.gpu.context import GpuContext  # noqa: E402
+from impnb.graphs.capture import Graph  # noqa: E402
+from impnb.kernels import attention_decode as ad  # noqa: E402
+from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
+
+SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}
+PAGE = 32
+CALLS = 50
+
+
+def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits):
+    rng = np.random.default_rng(0)
+    n_pages = pages_needed(n_ctx, PAGE)
+    k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
+    v_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
+    table = ctx.upload(contiguous_block_table(1, n_pages)[0])
+    q = ctx.upload(rng.standard_normal((1, H, D)).astype(np.float32))
+    pos = ctx.upload(np.array([L - 1], np.int32))
+    out = ctx.empty((1, H, D), np.float32)
+    n_splits = splits or ad.num_splits(n_ctx, H, Hkv)
+    partials = ctx.empty(ad.partials_shape(1, n_splits, 1, H, D), np.float32)
+    counters = ctx.upload(np.zeros(ad.counters_shape(1, 1, H), np.int32))
+
+    def call():
+        ad.attention_decode(q, k_pool, v_pool, table, pos, out, partials, counters, n_splits,
+                            D ** -0.5, None, None, ctx.nb_stream)
+
+    call()
+    ctx.sync()
+    graph = Graph(ctx.handle, lambda: [call() for _ in range(CALLS)])
+    start, end = driver.cuEventCreate(0)[1], driver.cuEventCreate(0)[1]
+    times = []
+    for _ in range(23):
+        driver.cuEventRecord(start, graph.stream)
+        graph.replay()
+        driver.cuEventRecord(end, graph.stream)
+        driver.cuEventSynchronize(end)
+        times.append(driver.cuEventElapsedTime(start, end)[1] * 1e3 / CALLS)
+    graph.close()
+    us = statistics.median(times[3:])
+    return us, n_splits, 2 * L * Hkv * D * 2 / (us * 1e-6) / 1e9
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", default="64,131,512,4096,16384,32768")
+    ap.add_argument("--n-ctx", type=int, default=32768, help="context the split count is sized for")
+    ap.add_argument("--splits", default="", help="comma-separated split counts to try (default: num_splits)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ctx = GpuContext()
+    rows = []
+    print(f"{'model':<9} {'ctx':>6} {'splits':>6} {'µs':>8} {'KV GB/s':>8}")
+    for model, (H, Hkv, D) in SHAPES.items():
+        for L in (int(v) for v in args.ctx.split(",")):
+            n_ctx = max(args.n_ctx, L)
+            for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
+                us, n, gbs = time_case(ctx, H, Hkv, D, L, n_ctx, s)
+                rows.append(dict(model=model, ctx=L, splits=n, us=us, kv_gbs=gbs))
+                print(f"{model:<9} {L:>6} {n:>6} {us:>8.2f} {gbs:>8.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
