@@ -16,6 +16,7 @@ from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
 from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
+from impnb.graphs import prefill as prefill_graphs
 from impnb.graphs.capture import CaptureError, Graph
 from impnb.graphs.replays import Replays
 from impnb.kernels import argmax
@@ -37,6 +38,7 @@ class CudaEngine:
         self.m = DeviceModel(mf, n_ctx)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty) -> Graph of one decode step
+        self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk
         self.graph_disabled = None if self.use_graphs else "graphs off"
         self.cfg, self.n_ctx = self.m.cfg, n_ctx
         ctx = self.m.ctx
@@ -45,6 +47,8 @@ class CudaEngine:
         self.host_pos = cuda.pinned_array(MAX_PREFILL_CHUNK, np.int32)
         self.host_out = cuda.pinned_array(1, np.int32)
         self.host_step = cuda.pinned_array(1, np.int32)
+        self.host_last = cuda.pinned_array(1, np.int32)
+        self.last_row = ctx.empty(1, np.int32)  # a padded chunk's last real row
         self.out_ids = ctx.empty(1, np.int32)
         self.step_no = ctx.empty(1, np.int32)
         self.history = ctx.empty((1, HISTORY), np.int32)
@@ -75,8 +79,7 @@ class CudaEngine:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
-            chunk = ids[start:start + MAX_PREFILL_CHUNK]
-            logits = self._run(chunk)
+            logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
         if self.p.repeat_penalty != 1.0:
             for t in ids[-HISTORY:]:
                 self._push(int(t))
@@ -122,16 +125,42 @@ class CudaEngine:
             if self.p.repeat_penalty != 1.0:
                 self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
 
+    def _prefill_chunk(self, chunk: np.ndarray):
+        """One prompt chunk -> logits (1, V) of its last token: the bucket's graph when there is
+        one, else eagerly (the bucket's first run, after which its graph is captured)."""
+        B = prefill_graphs.bucket(len(chunk), self.pos, self.n_ctx)
+        if not self.use_graphs or self.graph_disabled is not None or B is None:
+            return self._run(chunk)
+        s = self.m.ctx.nb_stream
+        ids, pos = prefill_graphs.padded(chunk, self.pos, B)
+        self.host_ids[:B], self.host_pos[:B], self.host_last[0] = ids, pos, len(chunk) - 1
+        self.m.ids[:B].copy_to_device(self.host_ids[:B], stream=s)
+        self.m.pos[:B].copy_to_device(self.host_pos[:B], stream=s)
+        self.last_row.copy_to_device(self.host_last, stream=s)
+        self.pos += len(chunk)
+        graph = self.prefill_graphs.get(B)
+        if graph is not None:
+            graph.replay()
+            return self.m.arena.get("logits", (1, self.cfg.n_vocab))
+        logits = forward(self.m, B, last_row=self.last_row)
+        self._capture_graph(lambda: forward(self.m, B, last_row=self.last_row),
+                            self.prefill_graphs, B, f"prefill graph ({B} rows)")
+        return logits
+
     def _capture(self, key) -> None:
         """Capture one decode step (stack + sampler) for the current sampling configuration."""
+        self._capture_graph(self._decode_launches, self.graphs, key, "decode graph")
+
+    def _capture_graph(self, body, pool: dict, key, what: str) -> None:
+        """pool[key] = the graph of body(); on failure graphs go off, with the reason logged."""
         self.m.ctx.sync()
         self.m.arena.frozen = True
         try:
-            self.graphs[key] = Graph(self.m.ctx.handle, self._decode_launches)
-            log.info("decode graph captured: %d nodes", self.graphs[key].n_nodes)
+            pool[key] = Graph(self.m.ctx.handle, body)
+            log.info("%s captured: %d nodes", what, pool[key].n_nodes)
         except (CaptureError, AssertionError) as e:
             self.graph_disabled = f"disable_due_to_capture_failure: {e}"
-            log.warning("impnb: CUDA graphs off (%s); decoding eagerly", self.graph_disabled)
+            log.warning("impnb: CUDA graphs off (%s); running eagerly", self.graph_disabled)
         finally:
             self.m.arena.frozen = False
 

@@ -2,7 +2,8 @@
 
 Each kernel node is copied REPS times into a graph of its own (a chain, as in the step) and
 replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kernel name. Also
-printed: the whole graph's replay time and engine.step()'s wall time (the host's share).
+printed: the whole graph's replay time, engine.step()'s wall time and the Python time in it
+(step() less the wait for the device's token).
     python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--json PATH]
 """
 
@@ -88,11 +89,23 @@ def main() -> int:
     tok = eng.prefill(list(range(10, 74)))
     for _ in range(3):  # eager step, capture, one replay
         tok = eng.step(tok)
-    walls = []
+    walls, hosts, waits = [], [], []
+    collect = eng.replays.collect
+
+    def timed_collect(ticket):  # the host's wait for the device, not Python's own time
+        t0 = time.perf_counter()
+        token = collect(ticket)
+        waits.append((time.perf_counter() - t0) * 1e6)
+        return token
+
+    eng.replays.collect = timed_collect
     for _ in range(args.tokens):
+        n_waits = len(waits)
         t0 = time.perf_counter()
         tok = eng.step(tok)
         walls.append((time.perf_counter() - t0) * 1e6)
+        hosts.append(walls[-1] - sum(waits[n_waits:]))
+    host = statistics.median(hosts)
     (graph,) = eng.graphs.values()
     stream = graph.stream
     replay = time_graph(graph.exec, stream, 50)
@@ -109,14 +122,15 @@ def main() -> int:
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
     print(f"{args.model}: {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
-          f"step() wall {statistics.median(walls):.1f} µs; sum of nodes alone {total:.1f} µs")
+          f"step() wall {statistics.median(walls):.1f} µs, of it Python {host:.1f} µs; "
+          f"sum of nodes alone {total:.1f} µs")
     print(f"{'kernel':<44} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
     for name, count, us in rows:
         print(f"{name[:44]:<44} {count:>5} {us:>9.1f} {us / count:>8.2f} {us / total:>6.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "nodes": len(nodes), "replay_us": replay,
-            "step_wall_us": statistics.median(walls), "kernels": rows}, indent=1))
+            "step_wall_us": statistics.median(walls), "host_us": host, "kernels": rows}, indent=1))
     return 0
 
 

@@ -14,11 +14,15 @@ import numpy as np
 
 from impnb.kernels import activations, attention_decode, attention_prefill, norm, qkv_post
 from impnb.kernels.embedding import embedding
+from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
 
 
-def forward(m, T: int, last_only: bool = True):
+def forward(m, T: int, last_only: bool = True, last_row=None):
     """Run T tokens (ids in m.ids[:T], positions in m.pos[:T]) through model m -> logits buffer.
+
+    Logits of every row, or of the last one; last_row (int32 (1,) on the device) picks that
+    row at run time instead of T - 1 (padded chunks in a captured graph).
 
     m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
     launch the same kernels on the same memory (what a CUDA graph captures).
@@ -63,7 +67,12 @@ def forward(m, T: int, last_only: bool = True):
         m.linear(gate, p + "ffn_down", o)
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         _residual(m, x, o, p + "post_ffw_norm", nxt, h)
-    rows = h[T - 1:T] if last_only else h
+    rows = h
+    if last_row is not None:
+        rows = a.get("h_last", (1, D))
+        gather_row(h, last_row, rows, s)
+    elif last_only:
+        rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], cfg.n_vocab))
     m.linear(rows, "output" if "output" in m.w else "token_embd", logits)
     return logits

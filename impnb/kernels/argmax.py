@@ -31,10 +31,10 @@ def argmax_scratch(B: int) -> ArgmaxScratch:
 
 @cuda.jit
 def _argmax_kernel(bits, best, done, out):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
     """grid (ceil(V / CHUNK), B), block NT; bits: the logits' int32 bits.
     shared: red int64[NT] (a tree reduction of the block's composites), last i32[1]."""
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     c = cuda.blockIdx.x
     b = cuda.blockIdx.y
     t = cuda.threadIdx.x

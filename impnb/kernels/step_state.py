@@ -19,9 +19,9 @@ def advance_ref(out_ids: np.ndarray, ids: np.ndarray, pos: np.ndarray, step: np.
 
 @cuda.jit
 def _advance_kernel(out_ids, ids, pos, step):
+    """grid 1, block 1: ids[0] = out_ids[0]; pos[0] += 1; step[0] += 1."""
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
-    """grid 1, block 1: ids[0] = out_ids[0]; pos[0] += 1; step[0] += 1."""
     ids[0] = out_ids[0]
     pos[0] += 1
     step[0] += 1

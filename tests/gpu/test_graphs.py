@@ -91,3 +91,36 @@ def test_capture_failure_falls_back_to_eager(model, monkeypatch, caplog):
     assert "disable_due_to_capture_failure" in caplog.text and "forced by test" in caplog.text
     assert not fallback.graphs
     assert t_fallback == decode(eager, ids, SamplingParams(temperature=0), 16)[0]
+
+
+@pytest.mark.parametrize("n,n_ctx", [(5, 1024), (17, 1024), (300, 1024), (700, 1024), (590, 600)],
+                         ids=["bucket16", "bucket32", "bucket512", "two-chunks", "past-n_ctx-eager"])
+def test_prefill_graphs(model, n, n_ctx):
+    """A prompt through chunk graphs: the captured replay equals the bucket's first (eager,
+    padded) run bit for bit, and matches unpadded eager prefill (cuBLAS may pick another
+    kernel for another M, so to a tolerance) with the same greedy continuation."""
+    from impnb.engine_cuda import CudaEngine
+
+    mf, ids = model
+    prompt = (list(ids) * (n // len(ids) + 1))[:n]
+    greedy = SamplingParams(temperature=0)
+
+    def run(engine):
+        engine.reset(greedy)
+        token = engine.prefill(prompt)
+        logits = engine.m.arena.get("logits", (1, engine.cfg.n_vocab)).copy_to_host()[0]
+        tokens = [token]
+        for _ in range(8):
+            tokens.append(engine.step(tokens[-1]))
+        return tokens, logits
+
+    eager = run(CudaEngine(mf, n_ctx, graphs=False))
+    graphed = CudaEngine(mf, n_ctx, graphs=True, lookahead=False)
+    first = run(graphed)
+    replay = run(graphed)
+    assert graphed.graph_disabled is None
+    if n_ctx > n + 64:
+        assert graphed.prefill_graphs, "no prefill graph was captured"
+    assert replay[0] == first[0] and np.array_equal(replay[1], first[1])
+    assert np.abs(first[1] - eager[1]).max() <= 1e-2 * np.abs(eager[1]).max()
+    assert first[0] == eager[0]
