@@ -4,7 +4,8 @@ A decode step replays the decode graph (the whole stack, the sampler and a kerne
 sampled id, position and step the next step's input, captured once after one eager warm-up
 step) and copies 4 bytes back. With lookahead the next step is queued before the host reads
 this one's token, so the GPU never waits on Python; a caller that feeds back another token
-(or prefills, resets) drops the queued step and uploads 12 bytes instead. Without graphs
+(or prefills, resets) drops the queued step and uploads 12 bytes instead. Prompt chunks are
+padded to a bucket and replay that bucket's graph (impnb/graphs/prefill.py). Without graphs
 (`graphs=False`, or capture failed with its reason logged) the same launches run eagerly.
 """
 
@@ -80,9 +81,10 @@ class CudaEngine:
         logits = None
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
-        if self.p.repeat_penalty != 1.0:
+        if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
             for t in ids[-HISTORY:]:
-                self._push(int(t))
+                self._sampled(int(t))
+            self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         return self._sample(logits)
 
     def step(self, token: int) -> int:
@@ -126,12 +128,14 @@ class CudaEngine:
                 self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
 
     def _prefill_chunk(self, chunk: np.ndarray):
-        """One prompt chunk -> logits (1, V) of its last token: the bucket's graph when there is
-        one, else eagerly (the bucket's first run, after which its graph is captured)."""
+        """One prompt chunk -> logits (1, V) of its last token, padded to its bucket: the
+        bucket's graph when captured, else the same launches eagerly (then, with graphs on,
+        captured). A chunk with no bucket (its padded end would pass n_ctx) runs unpadded."""
         B = prefill_graphs.bucket(len(chunk), self.pos, self.n_ctx)
-        if not self.use_graphs or self.graph_disabled is not None or B is None:
+        if B is None:
             return self._run(chunk)
         s = self.m.ctx.nb_stream
+        self.m.ctx.sync()  # the pinned staging buffers may still feed the last chunk's copies
         ids, pos = prefill_graphs.padded(chunk, self.pos, B)
         self.host_ids[:B], self.host_pos[:B], self.host_last[0] = ids, pos, len(chunk) - 1
         self.m.ids[:B].copy_to_device(self.host_ids[:B], stream=s)
@@ -143,8 +147,9 @@ class CudaEngine:
             graph.replay()
             return self.m.arena.get("logits", (1, self.cfg.n_vocab))
         logits = forward(self.m, B, last_row=self.last_row)
-        self._capture_graph(lambda: forward(self.m, B, last_row=self.last_row),
-                            self.prefill_graphs, B, f"prefill graph ({B} rows)")
+        if self.use_graphs and self.graph_disabled is None:
+            self._capture_graph(lambda: forward(self.m, B, last_row=self.last_row),
+                                self.prefill_graphs, B, f"prefill graph ({B} rows)")
         return logits
 
     def _capture(self, key) -> None:
@@ -178,21 +183,13 @@ class CudaEngine:
     def _run(self, chunk: np.ndarray, last_only: bool = True):
         T = len(chunk)
         s = self.m.ctx.nb_stream
+        self.m.ctx.sync()  # the pinned staging buffers may still feed earlier copies
         self.host_ids[:T] = chunk
         self.host_pos[:T] = np.arange(self.pos, self.pos + T, dtype=np.int32)
         self.m.ids[:T].copy_to_device(self.host_ids[:T], stream=s)
         self.m.pos[:T].copy_to_device(self.host_pos[:T], stream=s)
         self.pos += T
         return forward(self.m, T, last_only)
-
-    def _push(self, token: int) -> None:
-        s = self.m.ctx.nb_stream
-        self.host_out[0] = token
-        self.host_step[0] = self.n_sampled
-        self.out_ids.copy_to_device(self.host_out, stream=s)
-        self.step_no.copy_to_device(self.host_step, stream=s)
-        sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
-        self._sampled(token)
 
     def _sample(self, logits) -> int:
         s = self.m.ctx.nb_stream

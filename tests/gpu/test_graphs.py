@@ -96,9 +96,9 @@ def test_capture_failure_falls_back_to_eager(model, monkeypatch, caplog):
 @pytest.mark.parametrize("n,n_ctx", [(5, 1024), (17, 1024), (300, 1024), (700, 1024), (590, 600)],
                          ids=["bucket16", "bucket32", "bucket512", "two-chunks", "past-n_ctx-eager"])
 def test_prefill_graphs(model, n, n_ctx):
-    """A prompt through chunk graphs: the captured replay equals the bucket's first (eager,
-    padded) run bit for bit, and matches unpadded eager prefill (cuBLAS may pick another
-    kernel for another M, so to a tolerance) with the same greedy continuation."""
+    """A prompt through chunk graphs (padded to their buckets) equals the same chunks run
+    eagerly, bit for bit: the last logits row and the greedy continuation, on the bucket's
+    first run (eager, then captured) and on its replay."""
     from impnb.engine_cuda import CudaEngine
 
     mf, ids = model
@@ -121,6 +121,5 @@ def test_prefill_graphs(model, n, n_ctx):
     assert graphed.graph_disabled is None
     if n_ctx > n + 64:
         assert graphed.prefill_graphs, "no prefill graph was captured"
-    assert replay[0] == first[0] and np.array_equal(replay[1], first[1])
-    assert np.abs(first[1] - eager[1]).max() <= 1e-2 * np.abs(eager[1]).max()
-    assert first[0] == eager[0]
+    for got in (first, replay):
+        assert got[0] == eager[0] and np.array_equal(got[1], eager[1])
