@@ -2,7 +2,8 @@
 
 Weights stay in their GGUF type (kernel layout from impnb/kernels/repack.py); 1-D norm
 weights are float32. `linear` is GEMV with fused dequantization for up to GEMV_MAX_ROWS
-tokens, else tile-wise dequantization to fp16 and cuBLAS (the prefill fallback).
+tokens, else the GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or
+dequantization to fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes cuBLAS.
 """
 
 import logging
@@ -14,11 +15,13 @@ from impnb.errors import UnsupportedError
 from impnb.devices import GPU_ARCHS
 from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
+from impnb.gpu import gemm_dispatch
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.cast import cast_f16
+from impnb.kernels.gemm_tc_quant import gemm_quant
 from impnb.kernels.rope import rope_inv_freq
 from impnb.models import model_config
 
@@ -93,8 +96,17 @@ class DeviceModel:
         w = self.w[name]
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv.gemv(w, x, y, self.ctx.nb_stream)
-        else:
+            return
+        self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
+
+    def gemm(self, x, w, y, path: str) -> None:
+        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;
+        cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
+        bm = gemm_dispatch.PATHS[path]
+        if bm is None:
             self.cublas.gemm_f16(self._x16(x), self._w16(w), y)
+        else:
+            gemm_quant(self._x16(x), w, y, self.ctx.nb_stream, bm=bm)
 
     def linear_split(self, x, name: str, ys) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv)."""

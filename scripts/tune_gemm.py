@@ -1,0 +1,112 @@
+"""Measure the prefill GEMM paths on this GPU and write impnb/gpu/gemm_table.json.
+
+For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
+ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'
+copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
+the tensor-core tiles at bm 64 and 128 (DeviceModel.gemm, x cast included in both). CUDA events
+around each call, warm-up first, median of --reps; a tile's output must match cuBLAS's
+(max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
+than 3%; a printed table gives every time and the speed-up.
+    python scripts/tune_gemm.py [-m smollm2-135m,gemma3-270m] [--reps 30] [--out PATH] [--json PATH]
+"""
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from gguf import GGML_QUANT_SIZES  # noqa: E402
+
+from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.gpu import gemm_dispatch as gd  # noqa: E402
+from impnb.gpu.model import DeviceModel  # noqa: E402
+from impnb.kernels.gemm_tc_quant import QUANT_TYPES  # noqa: E402
+from impnb.model_registry import resolve_model  # noqa: E402
+
+NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")
+MARGIN = 1.03
+
+
+def weights_by_shape(m) -> dict:
+    groups = defaultdict(list)
+    for name, w in m.w.items():
+        if name.startswith("blk.") and name.split(".")[2] in NAMES and w.ggml_type in QUANT_TYPES \
+                and w.cols % GGML_QUANT_SIZES[w.ggml_type][0] == 0 and w.rows % 8 == 0:
+            groups[(w.ggml_type, w.rows, w.cols)].append(w)
+    return groups
+
+
+def time_path(m, ws, x, y, path, reps) -> float:
+    cuda, s = m.ctx.cuda, m.ctx.nb_stream
+    for i in range(3):
+        m.gemm(x, ws[i % len(ws)], y, path)
+    times = []
+    for i in range(reps):
+        start, end = cuda.event(), cuda.event()
+        start.record(s)
+        m.gemm(x, ws[i % len(ws)], y, path)
+        end.record(s)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return float(np.median(times))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--models", default="smollm2-135m,gemma3-270m")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=str(gd.TABLE_PATH))
+    ap.add_argument("--json", help="every measurement")
+    args = ap.parse_args()
+    choices, rows = {}, []
+    rng = np.random.default_rng(0)
+    print(f"{'shape':<20} {'M':>4} {'cublas µs':>10} {'bm64 µs':>9} {'bm128 µs':>9} {'chosen':<12} {'speed-up':>8}")
+    for model in args.models.split(","):
+        m = DeviceModel(open_model_file(resolve_model(model)), 1024)
+        for (t, N, K), ws in weights_by_shape(m).items():
+            key = gd.shape_key(t, N, K)
+            for M in gd.M_BUCKETS:
+                x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
+                ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
+                us = {p: time_path(m, ws, x, ys[p], p, args.reps) for p in gd.PATHS}
+                for p in gd.PATHS:
+                    m.gemm(x, ws[0], ys[p], p)
+                ref = ys["cublas"].copy_to_host()
+                for p in ("tiles_bm64", "tiles_bm128"):
+                    got = ys[p].copy_to_host()
+                    rel = np.abs(got - ref).max() / np.abs(ref).max()
+                    if not (np.isfinite(got).all() and rel < 1e-2):
+                        print(f"{key} M={M} {p}: disagrees with cuBLAS ({rel:.2e}); not used")
+                        us[p] = float("inf")
+                best = min(us, key=us.get)
+                if best != "cublas" and us[best] * MARGIN < us["cublas"]:
+                    choices.setdefault(key, {})[str(M)] = best
+                else:
+                    best = "cublas"
+                rows.append(dict(model=model, shape=key, M=M, us=us, chosen=best))
+                print(f"{key:<20} {M:>4} {us['cublas']:>10.1f} {us['tiles_bm64']:>9.1f} "
+                      f"{us['tiles_bm128']:>9.1f} {best:<12} {us['cublas'] / us[best]:>8.2f}")
+        m.ctx.sync()
+    Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_gemm.py on the GPU named",
+                                          "gpu": _gpu_name(), "models": args.models,
+                                          "choices": choices}, indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(f"wrote {args.out}: {sum(len(v) for v in choices.values())} tile choices")
+    return 0
+
+
+def _gpu_name() -> str:
+    from numba import cuda
+
+    return cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) \
+        else str(cuda.get_current_device().name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The prefill GEMM dispatch (impnb/gpu/gemm_dispatch.py) on the CPU: buckets, table lookup, the
+cuBLAS default, one log line per distinct choice, and the committed table's validity."""
+
+import json
+import logging
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from impnb.gpu import gemm_dispatch as gd
+
+TABLE = {"Q8_0 1536x576": {"64": "tiles_bm64", "512": "tiles_bm128"}}
+
+
+@pytest.mark.parametrize("M,want", [(9, 16), (16, 16), (17, 32), (300, 512), (512, 512), (4096, 512)])
+def test_m_buckets(M, want):
+    assert gd.m_bucket(M) == want
+
+
+def test_table_hit_and_default():
+    assert gd.choose(T.Q8_0, 1536, 576, 40, TABLE) == "tiles_bm64"
+    assert gd.choose(T.Q8_0, 1536, 576, 511, TABLE) == "tiles_bm128"
+    assert gd.choose(T.Q8_0, 1536, 576, 20, TABLE) == "cublas"    # bucket not measured a win
+    assert gd.choose(T.Q4_K, 1536, 576, 40, TABLE) == "cublas"    # another type
+    assert gd.choose(T.Q8_0, 576, 1536, 40, TABLE) == "cublas"    # another shape
+
+
+def test_each_choice_logged_once(caplog):
+    gd._logged.clear()
+    with caplog.at_level(logging.DEBUG, logger="impnb.gemm"):
+        for M in (40, 50, 64, 40):
+            gd.choose(T.Q8_0, 1536, 576, M, TABLE)
+        gd.choose(T.Q8_0, 1536, 576, 9, TABLE)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["gemm Q8_0 1536x576 M<=64: tiles_bm64 (table)",
+                     "gemm Q8_0 1536x576 M<=16: cublas (default)"]
+
+
+def test_committed_table_is_valid():
+    table = gd.load_table()
+    for key, by_m in table.items():
+        name, shape = key.split()
+        assert T[name] and all(int(v) > 0 for v in shape.split("x"))
+        assert all(choice in gd.PATHS and choice != "cublas" for choice in by_m.values())
+
+
+def test_bad_table_rejected(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"choices": {"Q8_0 8x32": {"48": "tiles_bm64"}}}))
+    with pytest.raises(ValueError):
+        gd.load_table.__wrapped__(path)
