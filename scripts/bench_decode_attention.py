@@ -4,7 +4,7 @@ One query token per step at context L (positions 0..L-1 cached), the split count
 would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph and replayed
 (as the decode graph runs them); the median of 20 replays / 50. KV GB/s = K and V bytes of the
 L live keys / time. Shapes: SmolLM2-135M (H 9, Hkv 3, D 64) and Gemma3-270M (H 4, Hkv 1, D 256).
-    python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--json PATH]
+    python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3] [--json PATH]
 """
 
 import argparse
@@ -67,12 +67,14 @@ def main() -> int:
     ap.add_argument("--ctx", default="64,131,512,4096,16384,32768")
     ap.add_argument("--n-ctx", type=int, default=32768, help="context the split count is sized for")
     ap.add_argument("--splits", default="", help="comma-separated split counts to try (default: num_splits)")
+    ap.add_argument("--models", default=",".join(SHAPES))
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
     rows = []
     print(f"{'model':<9} {'ctx':>6} {'splits':>6} {'µs':>8} {'KV GB/s':>8}")
-    for model, (H, Hkv, D) in SHAPES.items():
+    for model in args.models.split(","):
+        H, Hkv, D = SHAPES[model]
         for L in (int(v) for v in args.ctx.split(",")):
             n_ctx = max(args.n_ctx, L)
             for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
