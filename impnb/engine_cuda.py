@@ -22,6 +22,7 @@ from impnb.graphs.capture import CaptureError, Graph
 from impnb.graphs.replays import Replays
 from impnb.kernels import argmax
 from impnb.kernels import sample as sample_kernels
+from impnb.kernels import sample_penalty
 from impnb.kernels import step_state
 from impnb.sampling import SamplingParams
 
@@ -204,10 +205,10 @@ class CudaEngine:
         """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""
         s = self.m.ctx.nb_stream
         if self.p.repeat_penalty != 1.0:
-            sample_kernels.repeat_penalty(logits, self.history, self.params, s)
+            sample_penalty.repeat_penalty(logits, self.history, self.params, s)
         if self.p.greedy:
             argmax.argmax(logits, self.out_ids, self.argmax_scratch, s)
         else:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
         if self.p.repeat_penalty != 1.0:
-            sample_kernels.push_history(self.out_ids, self.step_no, self.history, s)
+            sample_penalty.push_history(self.out_ids, self.step_no, self.history, s)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from impnb.kernels import quant_blocks as qb  # noqa: E402
+from impnb.kernels import quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv import DECODERS, gemv  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
@@ -65,7 +65,7 @@ def time_launches(launch, n_copies, reps, stream):
     stream.synchronize()
     starts = [cuda.event() for _ in range(reps)]
     ends = [cuda.event() for _ in range(reps)]
-    if not qb.SIM:  # (the simulator has no nanosleep)
+    if not qi.SIM:  # (the simulator has no nanosleep)
         _sleep[1, 1, stream](max(20, reps))  # the queue fills while the GPU sleeps
     for i in range(reps):
         starts[i].record(stream)
@@ -73,7 +73,7 @@ def time_launches(launch, n_copies, reps, stream):
         ends[i].record(stream)
     stream.synchronize()
     us = np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])  # ms -> us
-    if not qb.SIM:  # back to back, as in a decode graph: one pair of events around them all
+    if not qi.SIM:  # back to back, as in a decode graph: one pair of events around them all
         _sleep[1, 1, stream](max(20, reps))
         starts[0].record(stream)
         for i in range(reps):

@@ -16,7 +16,7 @@ from numba.cuda.cudadrv.driver import MemoryPointer, binding
 from numba.cuda.dispatcher import _Kernel
 from numba.cuda.typing.typeof import Purpose, typeof
 
-from impnb.kernels import embedding, gemv, norm, sample
+from impnb.kernels import embedding, gemv, norm, sample_penalty
 from impnb.launch import cache
 from impnb.launch.args import flatten, param_codes, signature
 from impnb.launch.cubin import compile_cubin, entry_name
@@ -183,7 +183,7 @@ ABI_CASES = {
     "norm": (norm._rms_norm_kernel, norm.BUILD_SIGNATURES[0][1]),
     "gemv_q8_0_tuple": (gemv_q8(), _GEMV_SIG),
     "embedding_q4_k_tuple": (embedding.embedding_kernel(T.Q4_K), embedding.BUILD_SIGNATURES[1][1].args),
-    "sample_push": (sample._push_kernel, sample.BUILD_SIGNATURES[1][1].args),
+    "sample_push": (sample_penalty._push_kernel, sample_penalty.BUILD_SIGNATURES[1][1].args),
     "scalars": (cuda.jit(_abi_kernel), (types.float64[::1], types.float32[:, :], types.int8,
                                         types.uint16, types.int64, types.float16, types.float64,
                                         types.boolean)),

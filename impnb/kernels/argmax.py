@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda, int64, types
 
 from impnb.kernels import ptx
-from impnb.kernels.sample import SIMULATOR, _comp_id, _key
+from impnb.kernels.sample_select import SIMULATOR, _comp_id, _key
 from impnb.launch import launch
 
 NT = 32 if SIMULATOR else 256       # threads per block

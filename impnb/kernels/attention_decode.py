@@ -14,7 +14,7 @@ from numba import cuda
 from numba.core import types
 
 from impnb.kernels import ptx
-from impnb.kernels import quant_blocks as qb
+from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_max, warp_sum
 from impnb.launch import launch
@@ -157,8 +157,8 @@ def _make_split_kernel(D: int, RM: int):
                     i = tid + (i0 + j) * NT
                     kk = i // WPK
                     d = 2 * (i - kk * WPK)
-                    ks[kk * KP + d] = qb.f16_to_f32(kw[j] & qb.HALF)
-                    ks[kk * KP + d + 1] = qb.f16_to_f32(kw[j] >> 16)
+                    ks[kk * KP + d] = qi.f16_to_f32(kw[j] & qi.HALF)
+                    ks[kk * KP + d + 1] = qi.f16_to_f32(kw[j] >> 16)
             cuda.syncthreads()
 
             # -- partial scores: warp w, dims [w * DW, (w + 1) * DW), key = lane, all RM rows --
@@ -202,8 +202,8 @@ def _make_split_kernel(D: int, RM: int):
                 acc[r, 1] *= a
             for j in range(KPG):
                 kk = kg + j * KSPLIT
-                v0 = qb.f16_to_f32(vw[j] & qb.HALF)
-                v1 = qb.f16_to_f32(vw[j] >> 16)
+                v0 = qi.f16_to_f32(vw[j] & qi.HALF)
+                v1 = qi.f16_to_f32(vw[j] >> 16)
                 for r in range(RM):
                     pr = pt[r, kk]
                     acc[r, 0] += pr * v0

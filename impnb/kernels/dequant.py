@@ -11,7 +11,9 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types
 
 from impnb.kernels import ptx
-from impnb.kernels import quant_blocks as qb
+from impnb.kernels import quant_blocks32 as qb32
+from impnb.kernels import quant_blocks_k as qbk
+from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
 from impnb.launch import launch
@@ -19,17 +21,17 @@ from impnb.quants import dequantize
 
 BLOCK = 256
 
-# type -> (load, exact decoder, column of a half-chunk): see quant_blocks.py
+# type -> (load, exact decoder, column of a half-chunk): see quant_blocks32.py, quant_blocks_k.py
 DECODERS = {
-    T.Q8_0: (qb.q8_0_load, qb.q8_0_run, qb.block32_k),
-    T.Q4_0: (qb.q4_0_load, qb.q4_0_run, qb.block32_k),
-    T.Q4_1: (qb.q4_1_load, qb.q4_1_run, qb.block32_k),
-    T.Q5_0: (qb.q5_0_load, qb.q5_0_run, qb.block32_k),
-    T.Q4_K: (qb.q4_k_load, qb.q4_k_run, qb.k4_k),
-    T.Q5_K: (qb.q5_k_load, qb.q5_k_run, qb.k4_k),
-    T.Q6_K: (qb.q6_k_load, qb.q6_k_run, qb.q6_k_k),
-    T.F16: (qb.f16_load, qb.f16_run, qb.block32_k),
-    T.F32: (qb.f32_load, qb.f32_run, qb.block32_k),
+    T.Q8_0: (qb32.q8_0_load, qb32.q8_0_run, qb32.block32_k),
+    T.Q4_0: (qb32.q4_0_load, qb32.q4_0_run, qb32.block32_k),
+    T.Q4_1: (qb32.q4_1_load, qb32.q4_1_run, qb32.block32_k),
+    T.Q5_0: (qb32.q5_0_load, qb32.q5_0_run, qb32.block32_k),
+    T.Q4_K: (qbk.q4_k_load, qbk.q4_k_run, qbk.k4_k),
+    T.Q5_K: (qbk.q5_k_load, qbk.q5_k_run, qbk.k4_k),
+    T.Q6_K: (qbk.q6_k_load, qbk.q6_k_run, qbk.q6_k_k),
+    T.F16: (qb32.f16_load, qb32.f16_run, qb32.block32_k),
+    T.F32: (qb32.f32_load, qb32.f32_run, qb32.block32_k),
 }
 
 
@@ -41,7 +43,7 @@ def dequant_ref(w: np.ndarray, ggml_type: T) -> np.ndarray:
 
 @cuda.jit(device=True, inline=True)
 def pack_f16x2(a, b):
-    return qb.f32_to_f16_bits(a) | (qb.f32_to_f16_bits(b) << 16)
+    return qi.f32_to_f16_bits(a) | (qi.f32_to_f16_bits(b) << 16)
 
 
 def _make_dequant(load, run, col):
@@ -65,7 +67,7 @@ def _make_dequant(load, run, col):
             base = row * out.shape[1] + col(c, h) // 2
             for v in range(2):
                 o = 8 * v
-                qb.stg_x4(out, base + 4 * v,
+                qi.stg_x4(out, base + 4 * v,
                           pack_f16x2(w[o] * s, w[o + 1] * s), pack_f16x2(w[o + 2] * s, w[o + 3] * s),
                           pack_f16x2(w[o + 4] * s, w[o + 5] * s), pack_f16x2(w[o + 6] * s, w[o + 7] * s))
 

@@ -1,7 +1,7 @@
 """Embedding lookup: out[t, :] = dequant(token_embd row ids[t]) * scale, float32 out.
 
-Reuses the exact block decoders of quant_blocks.py, so each value is bit-equal to numpy's
-`dequantize(row) * float32(scale)`. Numpy reference: `embedding_ref`.
+Reuses the exact block decoders of quant_blocks32.py / quant_blocks_k.py, so each value is
+bit-equal to numpy's `dequantize(row) * float32(scale)`. Numpy reference: `embedding_ref`.
 """
 
 from functools import lru_cache
@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types
 
 from impnb.kernels import ptx
-from impnb.kernels import quant_blocks as qb
+from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.dequant import DECODERS
 from impnb.kernels.gemv import _parts_type
 from impnb.kernels.repack import PackedWeight
@@ -47,7 +47,7 @@ def _make_embedding(load, run, col):
             nan = float32(np.nan)
             for h in range(2):
                 for v in range(4):
-                    qb.stg_x4(out, t * K + col(c, h) + 4 * v, nan, nan, nan, nan)
+                    qi.stg_x4(out, t * K + col(c, h) + 4 * v, nan, nan, nan, nan)
             return
         g = row * cpr + c
         raw = load(parts, g)
@@ -56,7 +56,7 @@ def _make_embedding(load, run, col):
             base = t * K + col(c, h)
             for v in range(4):
                 o = 4 * v
-                qb.stg_x4(out, base + o, (w[o] * s) * scale, (w[o + 1] * s) * scale,
+                qi.stg_x4(out, base + o, (w[o] * s) * scale, (w[o + 1] * s) * scale,
                           (w[o + 2] * s) * scale, (w[o + 3] * s) * scale)
 
     return _embedding_kernel

@@ -1,7 +1,7 @@
 """Tensor-core GEMM over quantized weights: C (M, N) float32 [+]= A (M, K) fp16 · dequant(W)ᵀ.
 
 The W tile of each 32-deep stage is one 32-weight chunk of 128 rows, decoded from the raw GGUF
-blocks (repack.py layout, quant_blocks.py loaders and exact decoders) straight into shared memory
+blocks (repack.py layout, quant_blocks*.py loaders and exact decoders) straight into shared memory
 as fp16 -- the same values `dequant` writes, bit for bit -- in gemm_tc's swizzled tile layout, so
 gemm_tc's warp step and epilogue do the rest. A chunk's two 16-weight halves sit at row columns
 col(c, 0) and col(c, 1) (`block32_k`, `k4_k`, `q6_k_k`); the stage's A tile takes the same

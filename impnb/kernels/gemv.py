@@ -1,7 +1,7 @@
 """Quantized GEMV for decode: y[t, n] (+)= sum_k W[n, k] x[t, k], dequant fused, fp32 accumulation.
 
 One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
-quant_blocks.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
+quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
 """
 
 from functools import lru_cache
@@ -11,7 +11,9 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, types
 
 from impnb.kernels import ptx
-from impnb.kernels import quant_blocks as qb
+from impnb.kernels import quant_blocks32 as qb32
+from impnb.kernels import quant_blocks_k as qbk
+from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.activations import _gelu_tanh, _silu
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
@@ -50,12 +52,12 @@ def units4_bytes(word, pos, bits, w, o):
     if pos <= top:
         v = word << (top - pos)
     else:
-        v = qb.shr32(word, pos - top)
+        v = qi.shr32(word, pos - top)
     p = v & mask4
-    w[o] = qb.as_f32(qb.prmt(p, ONE_HI, 0x7054))
-    w[o + 1] = qb.as_f32(qb.prmt(p, ONE_HI, 0x7154))
-    w[o + 2] = qb.as_f32(qb.prmt(p, ONE_HI, 0x7254))
-    w[o + 3] = qb.as_f32(qb.prmt(p, ONE_HI, 0x7354))
+    w[o] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7054))
+    w[o + 1] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7154))
+    w[o + 2] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7254))
+    w[o + 3] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7354))
 
 
 @cuda.jit(device=True, inline=True)
@@ -64,13 +66,13 @@ def q8_0_unit(raw, c, h, w):
     # makes two halves, each widened by one conversion.
     q = raw[0] if h == 0 else raw[1]
     for j in range(4):
-        u = q[j] ^ qb.SIGN8
-        lo = qb.prmt(u, HALF_1024, 0x5140)
-        hi = qb.prmt(u, HALF_1024, 0x5342)
-        w[4 * j] = qb.f16_to_f32(lo & qb.HALF)
-        w[4 * j + 1] = qb.f16_to_f32(lo >> 16)
-        w[4 * j + 2] = qb.f16_to_f32(hi & qb.HALF)
-        w[4 * j + 3] = qb.f16_to_f32(hi >> 16)
+        u = q[j] ^ qi.SIGN8
+        lo = qi.prmt(u, HALF_1024, 0x5140)
+        hi = qi.prmt(u, HALF_1024, 0x5342)
+        w[4 * j] = qi.f16_to_f32(lo & qi.HALF)
+        w[4 * j + 1] = qi.f16_to_f32(lo >> 16)
+        w[4 * j + 2] = qi.f16_to_f32(hi & qi.HALF)
+        w[4 * j + 3] = qi.f16_to_f32(hi >> 16)
     d = raw[2]
     return d, d * np.float32(-1152.0)
 
@@ -89,27 +91,27 @@ def q4_1_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
         units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    d = qb.f16_to_f32(raw[1] & qb.HALF) * np.float32(16.0)  # q = 16 (2u - 1), weight d q + m
-    return d + d, qb.f16_to_f32(raw[1] >> 16) - d
+    d = qi.f16_to_f32(raw[1] & qi.HALF) * np.float32(16.0)  # q = 16 (2u - 1), weight d q + m
+    return d + d, qi.f16_to_f32(raw[1] >> 16) - d
 
 
 @cuda.jit(device=True, inline=True)
 def q5_0_unit(raw, c, h, w):
     q = raw[0]
     for j in range(4):
-        hi = ((qb.shr32(raw[1], 16 * h + 4 * j) & 15) * qb.SPREAD4) & qb.BIT4
-        units4_bytes((qb.shr32(q[j], 4 * h) & qb.LO4) | hi, 0, 5, w, 4 * j)
+        hi = ((qi.shr32(raw[1], 16 * h + 4 * j) & 15) * qi.SPREAD4) & qi.BIT4
+        units4_bytes((qi.shr32(q[j], 4 * h) & qi.LO4) | hi, 0, 5, w, 4 * j)
     d = raw[2]
     return d * np.float32(64.0), d * np.float32(-48.0)  # q = 32 (2u - 1), weight d (q - 16)
 
 
 @cuda.jit(device=True, inline=True)
 def _k_unit_affine(hdr, c, h, two_bits):
-    sc0, mn0, sc1, mn1 = qb.k_scales(hdr, c)
+    sc0, mn0, sc1, mn1 = qbk.k_scales(hdr, c)
     sc = sc0 if h == 0 else sc1
     mn = mn0 if h == 0 else mn1
-    dd = qb.f16_to_f32(hdr[0] & qb.HALF) * sc * two_bits  # q = 2^bits (2u - 1)
-    return dd + dd, -dd - qb.f16_to_f32(hdr[0] >> 16) * mn
+    dd = qi.f16_to_f32(hdr[0] & qi.HALF) * sc * two_bits  # q = 2^bits (2u - 1)
+    return dd + dd, -dd - qi.f16_to_f32(hdr[0] >> 16) * mn
 
 
 @cuda.jit(device=True, inline=True)
@@ -126,8 +128,8 @@ def q5_k_unit(raw, c, h, w):
     qh = raw[1]
     hb = 2 * ((c & 7) >> 1) + h
     for j in range(4):
-        hi = (qb.shr32(qh[j], hb) & qb.LO1) << 4
-        units4_bytes((qb.shr32(q[j], 4 * h) & qb.LO4) | hi, 0, 5, w, 4 * j)
+        hi = (qi.shr32(qh[j], hb) & qi.LO1) << 4
+        units4_bytes((qi.shr32(q[j], 4 * h) & qi.LO4) | hi, 0, 5, w, 4 * j)
     return _k_unit_affine(raw[2], c, h, np.float32(32.0))
 
 
@@ -137,33 +139,33 @@ def q6_k_unit(raw, c, h, w):
     qh = raw[1]
     hs = 2 * (2 * h + ((c & 3) >> 1))
     for j in range(4):
-        hi = (qb.shr32(qh[j], hs) & qb.LO2) << 4
-        units4_bytes((qb.shr32(ql[j], 4 * h) & qb.LO4) | hi, 0, 6, w, 4 * j)
+        hi = (qi.shr32(qh[j], hs) & qi.LO2) << 4
+        units4_bytes((qi.shr32(ql[j], 4 * h) & qi.LO4) | hi, 0, 6, w, 4 * j)
     d = raw[2] * (raw[3] if h == 0 else raw[4])
     return d * np.float32(128.0), d * np.float32(-96.0)  # q = 64 (2u - 1), weight d (q - 32)
 
 
 @cuda.jit(device=True, inline=True)
 def f16_unit(raw, c, h, w):
-    return qb.f16_run(raw, c, h, w), np.float32(0.0)
+    return qb32.f16_run(raw, c, h, w), np.float32(0.0)
 
 
 @cuda.jit(device=True, inline=True)
 def f32_unit(raw, c, h, w):
-    return qb.f32_run(raw, c, h, w), np.float32(0.0)
+    return qb32.f32_run(raw, c, h, w), np.float32(0.0)
 
 
 # type -> (load, unit decoder, column of a half-chunk)
 DECODERS = {
-    T.Q8_0: (qb.q8_0_load, q8_0_unit, qb.block32_k),
-    T.Q4_0: (qb.q4_0_load, q4_0_unit, qb.block32_k),
-    T.Q4_1: (qb.q4_1_load, q4_1_unit, qb.block32_k),
-    T.Q5_0: (qb.q5_0_load, q5_0_unit, qb.block32_k),
-    T.Q4_K: (qb.q4_k_load, q4_k_unit, qb.k4_k),
-    T.Q5_K: (qb.q5_k_load, q5_k_unit, qb.k4_k),
-    T.Q6_K: (qb.q6_k_load, q6_k_unit, qb.q6_k_k),
-    T.F16: (qb.f16_load, f16_unit, qb.block32_k),
-    T.F32: (qb.f32_load, f32_unit, qb.block32_k),
+    T.Q8_0: (qb32.q8_0_load, q8_0_unit, qb32.block32_k),
+    T.Q4_0: (qb32.q4_0_load, q4_0_unit, qb32.block32_k),
+    T.Q4_1: (qb32.q4_1_load, q4_1_unit, qb32.block32_k),
+    T.Q5_0: (qb32.q5_0_load, q5_0_unit, qb32.block32_k),
+    T.Q4_K: (qbk.q4_k_load, q4_k_unit, qbk.k4_k),
+    T.Q5_K: (qbk.q5_k_load, q5_k_unit, qbk.k4_k),
+    T.Q6_K: (qbk.q6_k_load, q6_k_unit, qbk.q6_k_k),
+    T.F16: (qb32.f16_load, f16_unit, qb32.block32_k),
+    T.F32: (qb32.f32_load, f32_unit, qb32.block32_k),
 }
 
 
@@ -217,7 +219,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
             pb = float32(0.0)
             sx = float32(0.0)
             for v in range(4):
-                x0, x1, x2, x3 = qb.ldg_f32x4(x, t * K + k + 4 * v)
+                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * K + k + 4 * v)
                 pa += wa[4 * v] * x0
                 pa += wa[4 * v + 1] * x1
                 pa += wa[4 * v + 2] * x2
@@ -239,7 +241,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
         for v in range(4):
-            x0, x1, x2, x3 = qb.ldg_f32x4(x, k + 4 * v)
+            x0, x1, x2, x3 = qi.ldg_f32x4(x, k + 4 * v)
             xv[4 * v] = x0
             xv[4 * v + 1] = x1
             xv[4 * v + 2] = x2
@@ -329,7 +331,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
         warp = tid >> 5
         for r in range(rows):
             for t in range(n_tok):
-                acc[r, t] = qb.warp_sum(acc[r, t], scratch)
+                acc[r, t] = qi.warp_sum(acc[r, t], scratch)
                 if wpg > 1 and lane == 0:
                     red[warp, r, t] = acc[r, t]
         if wpg == 1:

@@ -1,9 +1,9 @@
 """Load-time repack of GGUF weight blocks into the split, 16-byte-aligned layout the kernels read.
 
 A (rows, cols) tensor of type t becomes a few *parts*, each a flat array over all rows, so one
-chunk of 32 weights reads its quants with 16-byte loads (quant_blocks.py decodes them). Parts live
-in one buffer at 256-byte-aligned offsets; nothing is converted, so `unpack` rebuilds the GGUF
-bytes exactly. Layouts (per row, blocks in order; bytes as in the GGUF block):
+chunk of 32 weights reads its quants with 16-byte loads (quant_blocks32.py and quant_blocks_k.py
+decode them). Parts live in one buffer at 256-byte-aligned offsets; nothing is converted, so
+`unpack` rebuilds the GGUF bytes exactly. Layouts (per row, blocks in order; bytes as in the GGUF block):
 
   Q8_0  qs int8 (cols)      | d f16 (cols/32)
   Q4_0  qs (cols/2)         | d f16 (cols/32)

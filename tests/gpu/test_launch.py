@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
 from impnb.kernels import (attention_decode, attention_prefill, cast, dequant, embedding, gemv,
-                           norm, repack, sample, step_state)
+                           norm, repack, sample, sample_penalty, step_state)
 from impnb.kernels import argmax as argmax_kernels
 from impnb.launch import launch
 from impnb.sampling import SamplingParams
@@ -151,11 +151,11 @@ def test_sampling(monkeypatch):
     def run_sampling(logits, params, step, ids, s):
         sample.sample(logits, params, step, ids, sample.sample_scratch(B, V), s)
 
-    assert_same_as_dispatcher(monkeypatch, sample, device_run(
-        sample.repeat_penalty, (logits, history, params)))
+    assert_same_as_dispatcher(monkeypatch, sample_penalty, device_run(
+        sample_penalty.repeat_penalty, (logits, history, params)))
     assert_same_as_dispatcher(monkeypatch, sample, device_run(run_sampling, (logits, params, step, ids)))
-    assert_same_as_dispatcher(monkeypatch, sample, device_run(
-        sample.push_history, (rng.integers(0, V, B).astype(np.int32), step, history)))
+    assert_same_as_dispatcher(monkeypatch, sample_penalty, device_run(
+        sample_penalty.push_history, (rng.integers(0, V, B).astype(np.int32), step, history)))
     assert_same_as_dispatcher(monkeypatch, argmax_kernels, device_run(
         lambda logits, ids, s: argmax_kernels.argmax(logits, ids, argmax_kernels.argmax_scratch(B), s),
         (logits, ids)))

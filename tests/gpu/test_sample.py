@@ -17,9 +17,10 @@ import pytest
 from numba import cuda
 
 from impnb.kernels.argmax import argmax, argmax_scratch
-from impnb.kernels.sample import (NT, _philox4x32, _pick_bin, _uniform, philox4x32_ref,
-                                  push_history, repeat_penalty, sample, sample_params,
-                                  sample_ref, sample_scratch, uniform_ref)
+from impnb.kernels.philox import _philox4x32, _uniform, philox4x32_ref, uniform_ref
+from impnb.kernels.sample import sample, sample_params, sample_ref, sample_scratch
+from impnb.kernels.sample_penalty import push_history, repeat_penalty
+from impnb.kernels.sample_select import NT, _pick_bin
 from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
 
 pytestmark = pytest.mark.gpu
