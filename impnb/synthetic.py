@@ -154,7 +154,8 @@ def tokenizer_metadata_from(path) -> dict:
     return {k: v for k, v in md.items() if k.startswith("tokenizer.")}
 
 
-def _add_tokenizer(writer: GGUFWriter, metadata: dict) -> None:
+def add_tokenizer(writer: GGUFWriter, metadata: dict) -> None:
+    """Write the `tokenizer.*` keys of `metadata` with llama.cpp's value types."""
     for key, value in metadata.items():
         if not key.startswith("tokenizer."):
             continue
@@ -172,10 +173,11 @@ def _add_tokenizer(writer: GGUFWriter, metadata: dict) -> None:
             writer.add_string(key, value)
 
 
-def _add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
-    """llama.cpp's TextModel + Qwen2MoeModel set_gguf_parameters for these configs."""
+def add_hparams(writer: GGUFWriter, config, arch: str, file_type: LlamaFileType, name: str) -> None:
+    """llama.cpp's TextModel + Qwen2MoeModel set_gguf_parameters for these configs (a transformers
+    config or anything with its attribute names)."""
     writer.add_type("model")
-    writer.add_name(f"impnb tiny {arch}")
+    writer.add_name(name)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -189,7 +191,7 @@ def _add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
         writer.add_expert_used_count(config.num_experts_per_tok)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_file_type(QTYPES[qtype])
+    writer.add_file_type(file_type)
     if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     writer.add_quantization_version(GGML_QUANT_VERSION)
@@ -206,8 +208,8 @@ def export_gguf(model, path, qtype: str = "F32", tokenizer_metadata: dict | None
     if n_tokens != config.vocab_size:
         raise ValueError(f"tokenizer has {n_tokens} tokens, the model's vocab_size is {config.vocab_size}")
     writer = GGUFWriter(os.fspath(path), arch)
-    _add_hparams(writer, config, arch, qtype)
-    _add_tokenizer(writer, tokenizer_metadata)
+    add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
+    add_tokenizer(writer, tokenizer_metadata)
     for name, array in gguf_tensors(model):
         ttype = tensor_qtype(name, array, qtype)
         if ttype == GGMLQuantizationType.F32:

@@ -1,0 +1,231 @@
+"""Full-size random Qwen3-8B / Qwen3-30B-A3B GGUFs for speed work, written in minutes.
+
+Nothing is quantized: each block's quants are random bytes and its scales are fixed, chosen so the
+dequantized weights have mean ~0 and std `1 / sqrt(cols)` (activations stay O(1) through every
+layer and the logits spread ~N(0, 1)). Tensors stream to disk one at a time through GGUFWriter, so
+memory peaks at a few tensors. Names, keys and per-tensor types follow llama.cpp (see tensor_type).
+"""
+
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter, LlamaFileType, TokenType
+
+from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_hparams, add_tokenizer, minimal_tokenizer_metadata
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's sizes under transformers' config names (what synthetic.add_hparams reads)."""
+    arch: str
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    rope_theta: float = 1e6
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40960
+
+    @property
+    def rope_parameters(self) -> dict:
+        return {"rope_type": "default", "rope_theta": self.rope_theta}
+
+
+# The HF configs of Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (neither ties its output to token_embd).
+SHAPES = {
+    "qwen3-8b": Shape("qwen3", 36, 4096, 12288, 32, 8, 128, 151936),
+    "qwen3-30b-a3b": Shape("qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 128, 8, 768),
+}
+FILE_TYPES = {"Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]  # numpy order: (rows, cols) or (experts, rows, cols)
+    ggml_type: T
+    std: float              # of the dequantized values (norms: of 1 + noise)
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers and every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(name: str, layer: int, n_layer: int, qtype: str) -> T:
+    """Q8_0: every matrix Q8_0. Q4_K_M (llama_tensor_get_type for these archs): Q4_K, except
+    `output` Q6_K and `attn_v` / `ffn_down(_exps)` Q6_K in the use_more_bits layers."""
+    if qtype == "Q8_0":
+        return T.Q8_0
+    if name == "output.weight":
+        return T.Q6_K
+    if (".attn_v." in name or ".ffn_down" in name) and use_more_bits(layer, n_layer):
+        return T.Q6_K
+    return T.Q4_K
+
+
+def tensor_specs(shape: Shape, qtype: str) -> list[TensorSpec]:
+    """Every tensor llama.cpp's converter writes for `shape`, in its order, with type and std."""
+    h, hd, n = shape.hidden_size, shape.head_dim, shape.num_hidden_layers
+    q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
+
+    def mat(name, dims, layer=0):
+        return TensorSpec(name, dims, tensor_type(name, layer, n, qtype), dims[-1] ** -0.5)
+
+    def norm(name, size):
+        return TensorSpec(name, (size,), T.F32, NORM_STD)
+
+    out = [mat("token_embd.weight", (shape.vocab_size, h))]
+    for i in range(n):
+        b = f"blk.{i}."
+        out += [norm(b + "attn_norm.weight", h), mat(b + "attn_q.weight", (q, h), i),
+                mat(b + "attn_k.weight", (kv, h), i), mat(b + "attn_v.weight", (kv, h), i),
+                mat(b + "attn_output.weight", (h, q), i), norm(b + "attn_q_norm.weight", hd),
+                norm(b + "attn_k_norm.weight", hd), norm(b + "ffn_norm.weight", h)]
+        if shape.num_experts:
+            e, ff = shape.num_experts, shape.moe_intermediate_size
+            out += [TensorSpec(b + "ffn_gate_inp.weight", (e, h), T.F32, h ** -0.5),
+                    mat(b + "ffn_gate_exps.weight", (e, ff, h), i),
+                    mat(b + "ffn_up_exps.weight", (e, ff, h), i),
+                    mat(b + "ffn_down_exps.weight", (e, h, ff), i)]
+        else:
+            ff = shape.intermediate_size
+            out += [mat(b + "ffn_gate.weight", (ff, h), i), mat(b + "ffn_up.weight", (ff, h), i),
+                    mat(b + "ffn_down.weight", (h, ff), i)]
+    return out + [norm("output_norm.weight", h), mat("output.weight", (shape.vocab_size, h))]
+
+
+# ---------------------------------------------------------------- random blocks
+
+# std of a uniformly random quant about the level the fixed scales centre on
+Q8_0_STD = np.sqrt((256**2 - 1) / 12)  # int8 byte
+NIBBLE_STD = np.sqrt((16**2 - 1) / 12)  # Q4_K's q in 0..15, centred on 7.5
+Q6_STD = np.sqrt((64**2 - 1) / 12)      # Q6_K's q in 0..63, centred on 32 (mean -0.5)
+Q4_K_SCALE = 17  # every sub-block's 6-bit scale and min (>= 16: the packed high bits are used)
+Q6_K_SCALE = 5   # every sub-block's int8 scale (small, so d stays a normal fp16)
+
+
+def _f16_bytes(x: float) -> np.ndarray:
+    return np.frombuffer(np.float16(x).tobytes(), np.uint8)
+
+
+def _q4_k_scale_bytes(sc: int, m: int) -> np.ndarray:
+    """The 12 scale bytes of 8 sub-blocks that all have 6-bit scale sc and min m (get_scale_min_k4:
+    sub-blocks 4-7 keep their low 4 bits in bytes 8-11, their high 2 bits atop bytes 0-7)."""
+    b = np.empty(12, np.uint8)
+    b[0:4] = (sc & 63) | ((sc >> 4) << 6)
+    b[4:8] = (m & 63) | ((m >> 4) << 6)
+    b[8:12] = (sc & 15) | ((m & 15) << 4)
+    return b
+
+
+def _q8_0_fields(blocks: np.ndarray, std: float) -> None:
+    """Q8_0 (d f16, qs int8[32]): d * q, q uniform int8."""
+    blocks[:, 0:2] = _f16_bytes(std / Q8_0_STD)
+
+
+def _q4_k_fields(blocks: np.ndarray, std: float) -> None:
+    """Q4_K (d, dmin f16, scales[12], qs[128]): d*S*q - dmin*S with dmin = 7.5 d, q uniform 0..15."""
+    d = np.float16(std / (Q4_K_SCALE * NIBBLE_STD))
+    blocks[:, 0:2] = _f16_bytes(d)
+    blocks[:, 2:4] = _f16_bytes(7.5 * float(d))
+    blocks[:, 4:16] = _q4_k_scale_bytes(Q4_K_SCALE, Q4_K_SCALE)
+
+
+def _q6_k_fields(blocks: np.ndarray, std: float) -> None:
+    """Q6_K (ql[128], qh[64], scales int8[16], d f16): d*S*(q - 32), q uniform 0..63."""
+    blocks[:, 192:208] = Q6_K_SCALE
+    blocks[:, 208:210] = _f16_bytes(std / (Q6_K_SCALE * Q6_STD))
+
+
+BLOCK_FIELDS = {T.Q8_0: _q8_0_fields, T.Q4_K: _q4_k_fields, T.Q6_K: _q6_k_fields}
+
+
+def byte_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """The tensor's raw shape: (..., cols / block * type_size) uint8, or its float32 shape."""
+    if spec.ggml_type == T.F32:
+        return spec.shape
+    block, size = GGML_QUANT_SIZES[spec.ggml_type]
+    if spec.shape[-1] % block:
+        raise ValueError(f"{spec.name}: {spec.shape[-1]} columns are not whole {spec.ggml_type.name} blocks")
+    return (*spec.shape[:-1], spec.shape[-1] // block * size)
+
+
+def tensor_data(spec: TensorSpec, seed: int, index: int) -> np.ndarray:
+    """The tensor's bytes (quantized) or values (F32; norms 1 + N(0, std)), drawn from SFC64 at
+    (seed, index) so each tensor is reproducible on its own."""
+    bits = np.random.SFC64(np.random.SeedSequence([seed, index]))
+    if spec.ggml_type == T.F32:
+        x = np.random.Generator(bits).standard_normal(spec.shape, np.float32) * np.float32(spec.std)
+        return x + np.float32(1.0) if spec.name.endswith("_norm.weight") else x
+    shape = byte_shape(spec)
+    n = int(np.prod(shape))
+    raw = bits.random_raw(-(-n // 8)).view(np.uint8)[:n]
+    BLOCK_FIELDS[spec.ggml_type](raw.reshape(-1, GGML_QUANT_SIZES[spec.ggml_type][1]), spec.std)
+    return raw.reshape(shape)
+
+
+# ---------------------------------------------------------------- the file
+
+def padded_tokenizer(metadata: dict, vocab_size: int) -> dict:
+    """`metadata`'s tokenizer grown to vocab_size with UNUSED `[PAD{i}]` tokens, as llama.cpp pads
+    Qwen's 151643 tokens to the embedding's 151936."""
+    tokens = metadata["tokenizer.ggml.tokens"]
+    extra = vocab_size - len(tokens)
+    if extra < 0:
+        raise ValueError(f"the tokenizer has {len(tokens)} tokens, more than the vocab {vocab_size}")
+    out = dict(metadata)
+    out["tokenizer.ggml.tokens"] = [*tokens, *(f"[PAD{i}]" for i in range(len(tokens), vocab_size))]
+    types = metadata.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
+    out["tokenizer.ggml.token_type"] = [*types, *[TokenType.UNUSED] * extra]
+    if "tokenizer.ggml.scores" in metadata:
+        out["tokenizer.ggml.scores"] = [*metadata["tokenizer.ggml.scores"], *[0.0] * extra]
+    return out
+
+
+def _prefetched(fn, items, depth: int):
+    """fn(item) for each item, in order, computed up to `depth` ahead on worker threads."""
+    with ThreadPoolExecutor(depth) as pool:
+        pending = deque()
+        for item in items:
+            pending.append(pool.submit(fn, *item))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def write_full_gguf(path, shape: Shape, qtype: str, tokenizer_metadata: dict | None = None,
+                    seed: int = 0, name: str = "impnb synthetic", workers: int = 2) -> list[TensorSpec]:
+    """Write `shape` as a random `qtype` GGUF (tokenizer padded to the vocab; default: the minimal
+    gpt2 one) and return its tensors."""
+    if qtype not in FILE_TYPES:
+        raise ValueError(f"qtype {qtype!r} is not one of {list(FILE_TYPES)}")
+    if tokenizer_metadata is None:
+        tokenizer_metadata = minimal_tokenizer_metadata(min(shape.vocab_size, MINIMAL_VOCAB))
+    specs = tensor_specs(shape, qtype)
+    writer = GGUFWriter(os.fspath(path), shape.arch)
+    add_hparams(writer, shape, shape.arch, FILE_TYPES[qtype], name)
+    add_tokenizer(writer, padded_tokenizer(tokenizer_metadata, shape.vocab_size))
+    for spec in specs:
+        raw_shape = byte_shape(spec)
+        quantized = spec.ggml_type != T.F32
+        nbytes = int(np.prod(raw_shape)) * (1 if quantized else 4)
+        writer.add_tensor_info(spec.name, raw_shape, np.dtype(np.uint8 if quantized else np.float32),
+                               nbytes, raw_dtype=spec.ggml_type if quantized else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for data in _prefetched(tensor_data, ((s, seed, i) for i, s in enumerate(specs)), workers):
+        writer.write_tensor_data(data)
+    writer.close()
+    return specs
