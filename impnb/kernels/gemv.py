@@ -11,10 +11,8 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, types
 
 from impnb.kernels import ptx
-from impnb.kernels import quant_blocks32 as qb32
-from impnb.kernels import quant_blocks_k as qbk
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.activations import _gelu_tanh, _silu
+from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -22,151 +20,6 @@ from impnb.quants import dequantize
 WARPS = 4
 BLOCK = 32 * WARPS
 MAX_T = 8
-NO_GLU, SILU, GELU = 0, 1, 2  # epilogues: plain rows, act(gate) * up with SiLU or tanh GELU
-
-
-@cuda.jit(device=True, inline=True)
-def _identity(v):
-    return v
-
-
-GLU_ACTS = (_identity, _silu, _gelu_tanh)
-
-# -- GEMV decoders: `<type>_unit(raw, c, h, w)` writes w[i] = u_i, an exact float affine
-#    in the quant q_i (u = (1 + q/2^bits)/2; u = q + 1152 for Q8_0), and returns (a, b) with
-#    weight_i = a * u_i + b, so a row's dot with x is a * sum(u x) + b * sum(x): one fma per
-#    weight and a sum of x shared by the rows; rounding stays relative to |x|. --
-
-HALF_1024 = np.uint32(0x64646464)  # high bytes of the half 1024 + byte
-ONE_HI = np.uint32(0x3F000000)  # byte 3 of 1.0f
-
-
-@cuda.jit(device=True, inline=True)
-def units4_bytes(word, pos, bits, w, o):
-    """w[o+b] = (1 + v_b / 2^bits) / 2 for the fields at bit pos of each byte (bits <= 7): one
-    shift and mask per word puts v at bits 7-bits..6 of its byte, then one byte permute per
-    weight builds the float 0x3F000000 | byte << 16."""
-    top = 7 - bits
-    mask = ((1 << bits) - 1) << top
-    mask4 = mask | (mask << 8) | (mask << 16) | (mask << 24)
-    if pos <= top:
-        v = word << (top - pos)
-    else:
-        v = qi.shr32(word, pos - top)
-    p = v & mask4
-    w[o] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7054))
-    w[o + 1] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7154))
-    w[o + 2] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7254))
-    w[o + 3] = qi.as_f32(qi.prmt(p, ONE_HI, 0x7354))
-
-
-@cuda.jit(device=True, inline=True)
-def q8_0_unit(raw, c, h, w):
-    # u = q + 1152 exactly: the half 0x64 << 8 | (q + 128) is 1024 + q + 128; one byte permute
-    # makes two halves, each widened by one conversion.
-    q = raw[0] if h == 0 else raw[1]
-    for j in range(4):
-        u = q[j] ^ qi.SIGN8
-        lo = qi.prmt(u, HALF_1024, 0x5140)
-        hi = qi.prmt(u, HALF_1024, 0x5342)
-        w[4 * j] = qi.f16_to_f32(lo & qi.HALF)
-        w[4 * j + 1] = qi.f16_to_f32(lo >> 16)
-        w[4 * j + 2] = qi.f16_to_f32(hi & qi.HALF)
-        w[4 * j + 3] = qi.f16_to_f32(hi >> 16)
-    d = raw[2]
-    return d, d * np.float32(-1152.0)
-
-
-@cuda.jit(device=True, inline=True)
-def q4_0_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    d = raw[1]
-    return d * np.float32(32.0), d * np.float32(-24.0)  # q = 16 (2u - 1), weight d (q - 8)
-
-
-@cuda.jit(device=True, inline=True)
-def q4_1_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    d = qi.f16_to_f32(raw[1] & qi.HALF) * np.float32(16.0)  # q = 16 (2u - 1), weight d q + m
-    return d + d, qi.f16_to_f32(raw[1] >> 16) - d
-
-
-@cuda.jit(device=True, inline=True)
-def q5_0_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        hi = ((qi.shr32(raw[1], 16 * h + 4 * j) & 15) * qi.SPREAD4) & qi.BIT4
-        units4_bytes((qi.shr32(q[j], 4 * h) & qi.LO4) | hi, 0, 5, w, 4 * j)
-    d = raw[2]
-    return d * np.float32(64.0), d * np.float32(-48.0)  # q = 32 (2u - 1), weight d (q - 16)
-
-
-@cuda.jit(device=True, inline=True)
-def _k_unit_affine(hdr, c, h, two_bits):
-    sc0, mn0, sc1, mn1 = qbk.k_scales(hdr, c)
-    sc = sc0 if h == 0 else sc1
-    mn = mn0 if h == 0 else mn1
-    dd = qi.f16_to_f32(hdr[0] & qi.HALF) * sc * two_bits  # q = 2^bits (2u - 1)
-    return dd + dd, -dd - qi.f16_to_f32(hdr[0] >> 16) * mn
-
-
-@cuda.jit(device=True, inline=True)
-def q4_k_unit(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        units4_bytes(q[j], 4 * h, 4, w, 4 * j)
-    return _k_unit_affine(raw[1], c, h, np.float32(16.0))
-
-
-@cuda.jit(device=True, inline=True)
-def q5_k_unit(raw, c, h, w):
-    q = raw[0]
-    qh = raw[1]
-    hb = 2 * ((c & 7) >> 1) + h
-    for j in range(4):
-        hi = (qi.shr32(qh[j], hb) & qi.LO1) << 4
-        units4_bytes((qi.shr32(q[j], 4 * h) & qi.LO4) | hi, 0, 5, w, 4 * j)
-    return _k_unit_affine(raw[2], c, h, np.float32(32.0))
-
-
-@cuda.jit(device=True, inline=True)
-def q6_k_unit(raw, c, h, w):
-    ql = raw[0]
-    qh = raw[1]
-    hs = 2 * (2 * h + ((c & 3) >> 1))
-    for j in range(4):
-        hi = (qi.shr32(qh[j], hs) & qi.LO2) << 4
-        units4_bytes((qi.shr32(ql[j], 4 * h) & qi.LO4) | hi, 0, 6, w, 4 * j)
-    d = raw[2] * (raw[3] if h == 0 else raw[4])
-    return d * np.float32(128.0), d * np.float32(-96.0)  # q = 64 (2u - 1), weight d (q - 32)
-
-
-@cuda.jit(device=True, inline=True)
-def f16_unit(raw, c, h, w):
-    return qb32.f16_run(raw, c, h, w), np.float32(0.0)
-
-
-@cuda.jit(device=True, inline=True)
-def f32_unit(raw, c, h, w):
-    return qb32.f32_run(raw, c, h, w), np.float32(0.0)
-
-
-# type -> (load, unit decoder, column of a half-chunk)
-DECODERS = {
-    T.Q8_0: (qb32.q8_0_load, q8_0_unit, qb32.block32_k),
-    T.Q4_0: (qb32.q4_0_load, q4_0_unit, qb32.block32_k),
-    T.Q4_1: (qb32.q4_1_load, q4_1_unit, qb32.block32_k),
-    T.Q5_0: (qb32.q5_0_load, q5_0_unit, qb32.block32_k),
-    T.Q4_K: (qbk.q4_k_load, q4_k_unit, qbk.k4_k),
-    T.Q5_K: (qbk.q5_k_load, q5_k_unit, qbk.k4_k),
-    T.Q6_K: (qbk.q6_k_load, q6_k_unit, qbk.q6_k_k),
-    T.F16: (qb32.f16_load, f16_unit, qb32.block32_k),
-    T.F32: (qb32.f32_load, f32_unit, qb32.block32_k),
-}
 
 
 def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
@@ -193,7 +46,7 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-def _make_gemv(load, unit, col, n_tok, span, rows, glu):
+def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -207,7 +60,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
     # acc[r, t] are reduced over the warp by shuffles, then (span > 32) over the group's warps in
     # shared memory red[4, R, T]; `store` writes a group's rows for one token.
     @cuda.jit(device=True, inline=True)
-    def half_chunk(raw_a, raw_b, c, h, x, K, acc, wa, wb):
+    def half_chunk(raw_a, raw_b, c, h, x, xo, K, acc, wa, wb):
         # -- decode 16 weights of each row, FMA against every token --
         # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
         aa, ba = unit(raw_a, c, h, wa)
@@ -219,7 +72,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
             pb = float32(0.0)
             sx = float32(0.0)
             for v in range(4):
-                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * K + k + 4 * v)
+                x0, x1, x2, x3 = qi.ldg_f32x4(x, xo + t * K + k + 4 * v)
                 pa += wa[4 * v] * x0
                 pa += wa[4 * v + 1] * x1
                 pa += wa[4 * v + 2] * x2
@@ -235,13 +88,13 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
                 acc[1, t] += ab * pb + bb * sx
 
     @cuda.jit(device=True, inline=True)
-    def half_chunk_x1(raws, c, h, x, acc, w):
+    def half_chunk_x1(raws, c, h, x, xo, acc, w):
         # -- T = 1: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
         k = col(c, h)
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
         for v in range(4):
-            x0, x1, x2, x3 = qi.ldg_f32x4(x, k + 4 * v)
+            x0, x1, x2, x3 = qi.ldg_f32x4(x, xo + k + 4 * v)
             xv[4 * v] = x0
             xv[4 * v + 1] = x1
             xv[4 * v + 2] = x2
@@ -292,37 +145,36 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
                         v += y2[t, row - n0 - n1]
                     y2[t, row - n0 - n1] = v
 
-    @cuda.jit
-    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
+    @cuda.jit(device=True, inline=True)
+    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo):
+        # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows yo + t --
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
         group = tid // span
         gi = cuda.blockIdx.x * groups + group
-        row_a = weight_row(gi, 0, n_rows)
-        row_b = weight_row(gi, 1, n_rows)
+        row_a = w0 + weight_row(gi, 0, n_rows)
+        row_b = w0 + weight_row(gi, 1, n_rows)
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
-        row_c = weight_row(gi, 2, n_rows)
-        row_d = weight_row(gi, 3, n_rows)
+        row_c = w0 + weight_row(gi, 2, n_rows)
+        row_d = w0 + weight_row(gi, 3, n_rows)
         for c in range(tid - group * span, cpr, span):
             # -- load the rows' chunk c --
             raw_a = load(parts, row_a * cpr + c)
             if rows == 4:
                 raws = (raw_a, load(parts, row_b * cpr + c), load(parts, row_c * cpr + c),
                         load(parts, row_d * cpr + c))
-                half_chunk_x1(raws, c, 0, x, acc, wa)
-                half_chunk_x1(raws, c, 1, x, acc, wa)
+                half_chunk_x1(raws, c, 0, x, xo, acc, wa)
+                half_chunk_x1(raws, c, 1, x, xo, acc, wa)
             else:
                 raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
-                half_chunk(raw_a, raw_b, c, 0, x, K, acc, wa, wb)
-                half_chunk(raw_a, raw_b, c, 1, x, K, acc, wa, wb)
+                half_chunk(raw_a, raw_b, c, 0, x, xo, K, acc, wa, wb)
+                half_chunk(raw_a, raw_b, c, 1, x, xo, K, acc, wa, wb)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -339,7 +191,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
                 for t in range(n_tok):
                     for r in range(rows):
                         tot[r] = acc[r, t]
-                    store(y0, y1, y2, n0, n1, n_rows, gi, t, tot, accumulate)
+                    store(y0, y1, y2, n0, n1, n_rows, gi, yo + t, tot, accumulate)
         else:
             cuda.syncthreads()
             if tid < groups * n_tok:
@@ -350,21 +202,43 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu):
                     for i in range(wpg):
                         s += red[g * wpg + i, r, t]
                     tot[r] = s
-                store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, t, tot, accumulate)
+                store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, yo + t, tot, accumulate)
+
+    if experts:
+        # grid (ceil(N_out / (R_out * G)), S): blockIdx.y is slot s = t * k + j of the routed tokens;
+        # W is E stacked (n_rows, K) experts, x row s // x_div is the slot's input (x_div = k for
+        # the tokens, 1 for per-slot rows), y row s its output.
+        @cuda.jit
+        def _gemv_experts_kernel(parts, x, y, n_rows, experts, x_div, accumulate):
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            s = cuda.blockIdx.y
+            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
+                         (s // x_div) * x.shape[1], s)
+
+        return _gemv_experts_kernel
+
+    @cuda.jit
+    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0)
 
     return _gemv_kernel
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU):
-    """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue."""
+def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False):
+    """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
+    `experts`: the routed-expert variant (one token per slot, see gemv_experts)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK)
     ggml_type = T(ggml_type)
     rows = rows_per_block(ggml_type, n_tok)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows, glu)
+    assert not experts or n_tok == 1
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows, glu, experts)
 
 
 def _parts_type(ggml_type: T):
@@ -417,6 +291,25 @@ def gemv_glu(w: PackedWeight, x, y, act: int, stream):
     _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False)
 
 
+def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU):
+    """Routed experts, one token per slot: y[s] = W_e x[s // x_div] with e = experts[s], or with
+    glu (SILU, GELU) y[s] = act(gate_e x) * up_e x for gate|up stacked per expert.
+
+    w: E experts of n_rows rows stacked, (E * n_rows, K); x (rows, K) float32; experts (S,) int32
+    in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu.
+    """
+    S, K = experts.shape[0], x.shape[1]
+    out_rows = n_rows // 2 if glu else n_rows
+    assert w.cols == K and w.rows % n_rows == 0 and y.shape == (S, out_rows), (w.rows, n_rows, x.shape, y.shape)
+    assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x) and x_div >= 1
+    assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
+    assert not glu or rows_per_block(w.ggml_type, 1) % 2 == 0
+    span = span_for(K)
+    per_block = rows_per_block(w.ggml_type, 1) // (2 if glu else 1) * BLOCK // span
+    launch(gemv_kernel(w.ggml_type, 1, span, glu, True), ((out_rows + per_block - 1) // per_block, S),
+           BLOCK, stream, w.parts, x, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
+
+
 _F32_2D = types.Array(types.float32, 2, "C")
 _I32 = types.int32
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
@@ -429,4 +322,9 @@ BUILD_SIGNATURES = [
     for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
                          (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
                          (1, BLOCK, GELU), (2, 64, SILU))
+] + [
+    (gemv_kernel(t, 1, span, glu, True),
+     types.void(_parts_type(t), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32),
+     {"max_registers": 112})
+    for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
 ]

@@ -1,6 +1,26 @@
-"""Mixture-of-experts routing: numpy reference for softmax top-k routing."""
+"""Mixture-of-experts routing on the GPU: softmax top-k per token, grouping of the routed slots by
+expert (prefill), and the weighted sum of the experts' outputs; numpy references beside each.
+
+Legend: T tokens, E experts, k experts per token, S = T * k routed slots (slot s = t * k + j is
+token t's j-th choice), D model dim.
+"""
+
+import math
 
 import numpy as np
+from numba import cuda, float32, int32
+
+from impnb.kernels import ptx
+from impnb.kernels.norm import warp_argmax, warp_sum
+from impnb.launch import launch
+
+MAX_K = 8
+MAX_EXPERTS = 1024       # a lane's taken-mask has one bit per 32 experts
+SEGMENTS = MAX_EXPERTS + 1
+ROUTE_WARPS = 4          # tokens per route block
+GROUP_THREADS = 1024
+COMBINE_THREADS = 128
+NEG = np.float32(-3.0e38)
 
 
 def route_ref(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -17,3 +37,170 @@ def route_ref(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, 
     if normalize:
         weights /= weights.sum(axis=-1, keepdims=True)
     return experts.astype(np.int32), weights.astype(np.float32)
+
+
+def group_ref(experts: np.ndarray, n_expert: int, tm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots grouped by expert -> (segment starts (E + 1,), tiles (n_tiles, 3) of (e, first row, rows)):
+    expert e's slots fill rows seg[e] .. seg[e+1]-1, cut into tiles of at most tm rows."""
+    counts = np.bincount(experts.reshape(-1), minlength=n_expert)
+    seg = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    tiles = [(e, r, min(tm, seg[e + 1] - r)) for e in range(n_expert) for r in range(seg[e], seg[e + 1], tm)]
+    return seg, np.array(tiles, np.int32).reshape(-1, 3)
+
+
+def combine_ref(y: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]] (float64)."""
+    T, k = weights.shape
+    return (weights[:, :, None].astype(np.float64) * y[rows.reshape(T, k)].astype(np.float64)).sum(axis=1)
+
+
+def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
+    """Most tiles moe_group can write: each non-empty expert adds at most one partial tile."""
+    return min(n_slots, n_slots // tm + min(n_expert, n_slots))
+
+
+# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w; lane owns experts
+# lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as chosen). k rounds of a
+# warp argmax pick the experts in order, then the softmax denominator is a warp sum.
+@cuda.jit
+def _route_kernel(logits, k, normalize, experts, weights):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    lane = cuda.threadIdx.x & 31
+    t = cuda.blockIdx.x * ROUTE_WARPS + (cuda.threadIdx.x >> 5)
+    if t >= logits.shape[0]:
+        return
+    E = logits.shape[1]
+    n_own = (E + 31) >> 5
+    vals = cuda.local.array(MAX_K, float32)
+    taken = 0
+    # -- top k: ties to the lower index (a lane scans its experts upwards, keeping the first max) --
+    for j in range(k):
+        bv = NEG
+        bi = E
+        for i in range(n_own):
+            e = lane + 32 * i
+            if e < E and (taken >> i) & 1 == 0:
+                v = logits[t, e]
+                if v > bv:
+                    bv = v
+                    bi = e
+        bv, bi = warp_argmax(bv, bi)
+        if bi & 31 == lane:
+            taken |= 1 << (bi >> 5)
+        vals[j] = bv
+        if lane == 0:
+            experts[t, j] = bi
+    # -- softmax weights of the chosen experts --
+    mx = vals[0]
+    den = float32(0.0)
+    if normalize:
+        for j in range(k):
+            den += math.exp(vals[j] - mx)
+    else:
+        for i in range(n_own):
+            e = lane + 32 * i
+            if e < E:
+                den += math.exp(logits[t, e] - mx)
+        den = warp_sum(den)
+    if lane < k:
+        weights[t, lane] = math.exp(vals[lane] - mx) / den
+
+
+def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None:
+    """Router logits (T, E) float32 -> experts (T, k) int32, weights (T, k) float32 (route_ref)."""
+    T, E = logits.shape
+    assert 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS, (k, E)
+    assert experts.shape == weights.shape == (T, k) and experts.dtype == np.int32
+    assert logits.dtype == weights.dtype == np.float32
+    launch(_route_kernel, -(-T // ROUTE_WARPS), 32 * ROUTE_WARPS, stream,
+           logits, np.int32(k), np.int32(normalize), experts, weights)
+
+
+# grid (1,), block 1024. Shared: counts, fill (E) and the scans seg, tile0 (E + 1) int32.
+# Counts by shared atomics; one thread scans them into segment starts and first tiles; each
+# slot then takes the next free row of its expert's segment (by atomics, so the order inside a
+# segment is unspecified: every row is computed on its own, results do not depend on it);
+# each expert writes its tiles of at most tm rows.
+@cuda.jit
+def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    tid = cuda.threadIdx.x
+    S = experts.shape[0]
+    counts = cuda.shared.array(MAX_EXPERTS, int32)
+    fill = cuda.shared.array(MAX_EXPERTS, int32)
+    seg = cuda.shared.array(SEGMENTS, int32)
+    tile0 = cuda.shared.array(SEGMENTS, int32)
+    for e in range(tid, n_expert, GROUP_THREADS):
+        counts[e] = 0
+        fill[e] = 0
+    cuda.syncthreads()
+    # -- count, then scan --
+    for s in range(tid, S, GROUP_THREADS):
+        cuda.atomic.add(counts, experts[s], 1)
+    cuda.syncthreads()
+    if tid == 0:
+        seg[0] = 0
+        tile0[0] = 0
+        for e in range(n_expert):
+            seg[e + 1] = seg[e] + counts[e]
+            tile0[e + 1] = tile0[e] + (counts[e] + tm - 1) // tm
+        n_tiles[0] = tile0[n_expert]
+    cuda.syncthreads()
+    # -- place the slots, write the tiles --
+    for s in range(tid, S, GROUP_THREADS):
+        e = experts[s]
+        r = seg[e] + cuda.atomic.add(fill, e, 1)
+        order[r] = s
+        slot_row[s] = r
+    for e in range(tid, n_expert, GROUP_THREADS):
+        for i in range(tile0[e], tile0[e + 1]):
+            r0 = seg[e] + (i - tile0[e]) * tm
+            tiles[i, 0] = e
+            tiles[i, 1] = r0
+            tiles[i, 2] = min(tm, seg[e + 1] - r0)
+
+
+def moe_group(experts, n_expert: int, tm: int, order, slot_row, tiles, n_tiles, stream) -> None:
+    """Routed slots experts (S,) int32 grouped by expert: order (S,) the slot at each grouped row,
+    slot_row (S,) its inverse, tiles (max_tiles, 3) int32 (e, first row, rows <= tm) in expert
+    order, n_tiles (1,) int32 how many (group_ref's segments and tiles)."""
+    S = experts.shape[0]
+    assert n_expert <= MAX_EXPERTS and tm >= 1
+    assert order.shape == slot_row.shape == (S,) and tiles.shape == (max_tiles(S, n_expert, tm), 3)
+    for a in (experts, order, slot_row, tiles, n_tiles):
+        assert a.dtype == np.int32 and a.is_c_contiguous()
+    launch(_group_kernel, 1, GROUP_THREADS, stream, experts, np.int32(n_expert), np.int32(tm),
+           order, slot_row, tiles, n_tiles)
+
+
+# grid (T, ceil(D / 128)), block 128: thread d of token t sums its k weighted slot rows in order.
+@cuda.jit
+def _combine_kernel(y, rows, weights, out):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    t = cuda.blockIdx.x
+    d = cuda.blockIdx.y * COMBINE_THREADS + cuda.threadIdx.x
+    if d < out.shape[1]:
+        k = weights.shape[1]
+        acc = float32(0.0)
+        for j in range(k):
+            acc += weights[t, j] * y[rows[t * k + j], d]
+        out[t, d] = acc
+
+
+def moe_combine(y, rows, weights, out, stream) -> None:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]]; y (rows, D), rows (>= T * k,) int32."""
+    T, D = out.shape
+    assert weights.shape[0] == T and rows.shape[0] >= T * weights.shape[1] and y.shape[1] == D
+    launch(_combine_kernel, (T, -(-D // COMBINE_THREADS)), COMBINE_THREADS, stream, y, rows, weights, out)
+
+
+_F32_2D = float32[:, ::1]
+_I32_1D = int32[::1]
+BUILD_SIGNATURES = [
+    (_route_kernel, (_F32_2D, int32, int32, int32[:, ::1], _F32_2D), {"max_registers": 64}),
+    (_group_kernel, (_I32_1D, int32, int32, _I32_1D, _I32_1D, int32[:, ::1], _I32_1D), {"max_registers": 64}),
+    (_combine_kernel, (_F32_2D, _I32_1D, _F32_2D, _F32_2D), {"max_registers": 32}),
+]
