@@ -156,16 +156,18 @@ def fa2_kernel(D: int):
         for i in range(N_O):
             o[i] = float32(0)
 
+        cur = 0  # byte offset of tile j's stage: 0 or STAGE
         for j in range(j0, j1 + 1):
             # -- wait for tile j; every warp is done with tile j - 1, so refill its slot --
             ptx.cp_async_wait_group(0)
             cuda.syncthreads()
             k0 = j * BN
             if j < j1:
-                load_kv(skv + ((j - j0 + 1) & 1) * STAGE, k_pool, v_pool, block_table, kh, k0 + BN, lo, hi)
+                load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, kh, k0 + BN, lo, hi)
             ptx.cp_async_commit()
-            sk = skv + ((j - j0) & 1) * STAGE
+            sk = skv + cur
             sv = sk + KV_BYTES
+            cur = STAGE - cur
 
             # -- S = Q·Kᵀ: K rows (keys) are B's columns, so ldmatrix without .trans --
             for i in range(N_S):
