@@ -27,7 +27,6 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from impnb.kernels import ptx
-from impnb.kernels.attention import attention_ref  # noqa: F401  (the numpy reference)
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import quad_max, quad_sum
 from impnb.launch import launch
