@@ -266,12 +266,12 @@ def test_debug_kernels_are_refused():
 def test_programmatic_launch_only_for_kernels_that_wait():
     """A kernel is launched early (programmatic stream serialization) only when its own body
     waits on the grid, first: before its first global load or store."""
-    from impnb.kernels import attention_decode, qkv_post
+    from impnb.kernels import attention_decode, attention_fa2, qkv_post
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))
     for kernel, sig, _ in (norm.BUILD_SIGNATURES[:2] + qkv_post.BUILD_SIGNATURES[:1]
-                           + attention_decode.BUILD_SIGNATURES[:1]):
+                           + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]):
         assert waits_on_grid(kernel)
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         wait = ptx.index("griddepcontrol.wait")

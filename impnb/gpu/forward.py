@@ -3,7 +3,7 @@
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
-  -> attention (decode: split-K over the cache; prefill: causal over the cache)
+  -> attention (decode: split-K over the cache; prefill: FA2 tensor-core tiles over the cache)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
@@ -12,7 +12,7 @@ The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its refer
 
 import numpy as np
 
-from impnb.kernels import activations, attention_decode, attention_prefill, norm, qkv_post
+from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.embedding import embedding
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
@@ -97,5 +97,5 @@ def _attention(m, il: int, q, pos, out, T: int):
                                           partials, counters, m.decode_splits, cfg.attn_scale, window,
                                           None, s)
     else:
-        attention_prefill.attention_prefill(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                                            cfg.attn_scale, window, None, s)
+        attention_fa2.attention_fa2(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+                                    cfg.attn_scale, window, None, s)

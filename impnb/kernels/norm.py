@@ -29,7 +29,7 @@ def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 # ---------------------------------------------------------------- warp and block reductions
 
-def _sim_butterfly(value, combine):
+def _sim_butterfly(value, combine, offsets=(16, 8, 4, 2, 1)):
     """The simulator has no warp shuffles: the warp's 32 threads meet at a barrier (kept on the
     BlockManager, which runs one block at a time with every thread live) and each lane replays
     the xor butterfly over all 32 values, giving exactly the shuffle result. Two buffers taken in
@@ -44,7 +44,7 @@ def _sim_butterfly(value, combine):
     bufs[turn][thread.thread_id % WARP] = value
     barrier.wait()
     vals = list(bufs[turn])
-    for off in (16, 8, 4, 2, 1):
+    for off in offsets:
         vals = [combine(vals[i], vals[i ^ off]) for i in range(WARP)]
     return vals[thread.thread_id % WARP]
 
@@ -58,6 +58,12 @@ if SIMULATOR:
 
     def warp_argmax(v, i):
         return _sim_butterfly((v, i), lambda a, b: a if a[0] > b[0] or (a[0] == b[0] and a[1] < b[1]) else b)
+
+    def quad_sum(v):
+        return _sim_butterfly(v, lambda a, b: a + b, (1, 2))
+
+    def quad_max(v):
+        return _sim_butterfly(v, max, (1, 2))
 else:
     @cuda.jit(device=True, inline=True)
     def warp_sum(v):
@@ -83,6 +89,18 @@ else:
                 v = ov
                 i = oi
         return v, i
+
+    @cuda.jit(device=True, inline=True)
+    def quad_sum(v):
+        """Sum over the 4 lanes of a quad (lanes 4i..4i+3, an mma fragment row). Whole warps only."""
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 1)
+        return v + cuda.shfl_xor_sync(0xFFFFFFFF, v, 2)
+
+    @cuda.jit(device=True, inline=True)
+    def quad_max(v):
+        """Max over the 4 lanes of a quad; every lane gets it. Whole warps only."""
+        v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 1))
+        return max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 2))
 
 
 @cuda.jit(device=True, inline=True)

@@ -1,4 +1,5 @@
-"""Paged KV write, decode and prefill attention on the GPU against the numpy references.
+"""Paged KV write and decode attention on the GPU against the numpy references (prefill:
+test_attention_fa2.py, which shares paged_cache).
 
 The check_* functions run one case; tests/sim/test_attention.py runs them on tiny shapes in
 the simulator. Every case: Gaussian q/k/v, a shuffled block table, pool slots that hold no live
@@ -19,7 +20,6 @@ from numba import cuda
 
 from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
-from impnb.kernels.attention_prefill import attention_prefill
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
 
 pytestmark = pytest.mark.gpu
@@ -143,23 +143,6 @@ def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_si
                          np.array([p]), D ** -0.5, window, None, std, f"growing step {p}")
 
 
-def check_prefill(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=16):
-    """A chunk of T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache."""
-    L = pos0 + T
-    k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
-    q = gauss(rng, (T, H, D), std)
-    pos = np.arange(pos0, L, dtype=np.int32)
-    scale = D ** -0.5
-    out = np.full(q.shape, np.nan, np.float32)
-    stream = cuda.stream()
-    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
-    attention_prefill(*dev, scale, window, softcap, stream)
-    got = dev[5].copy_to_host(stream=stream)
-    stream.synchronize()
-    assert_attention(got, q, k_pool, v_pool, block_table[0], ks[0], vs[0], pos, scale, window, softcap,
-                     std, f"prefill pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std}")
-
-
 # ---------------------------------------------------------------- GPU cases
 
 # (H, Hkv, D, window): SmolLM2, Gemma3 local layers, 8/1 and 32/8 at D 128
@@ -203,15 +186,3 @@ def test_decode_softcap(H, Hkv, D, window, softcap):
 @pytest.mark.parametrize("H,Hkv,D,window", [(9, 3, 64, None), (4, 1, 256, 40)])
 def test_decode_growing_context(H, Hkv, D, window):
     check_decode_growing(_seed(H, D), 0, 70, H, Hkv, D, window, n_splits=4)
-
-
-@pytest.mark.parametrize("std", STDS)
-@pytest.mark.parametrize("pos0,T", [(0, 1), (0, 19), (0, 111), (17, 111), (1000, 19), (900, 200)])
-@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
-def test_prefill(H, Hkv, D, window, pos0, T, std):
-    check_prefill(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2))
-
-
-@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
-def test_prefill_softcap(H, Hkv, D, window):
-    check_prefill(_seed(H, D), 300, 40, H, Hkv, D, 3.0, window, softcap=20.0)

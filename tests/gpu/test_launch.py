@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from impnb.kernels import (attention_decode, attention_prefill, cast, dequant, embedding, gemv,
+from impnb.kernels import (attention_decode, attention_fa2, cast, dequant, embedding, gemv,
                            norm, repack, sample, sample_penalty, step_state)
 from impnb.kernels import argmax as argmax_kernels
 from impnb.launch import launch
@@ -110,14 +110,14 @@ def test_embedding(monkeypatch, ggml_type):
 
 
 @pytest.mark.parametrize("H,Hkv,D,window,softcap", [(9, 3, 64, None, None), (4, 1, 256, 40, 20.0)])
-def test_attention_prefill(monkeypatch, H, Hkv, D, window, softcap):
+def test_attention_fa2(monkeypatch, H, Hkv, D, window, softcap):
     rng = np.random.default_rng(D)
     pos0, n_tok = 100, 19
     k_pool, v_pool, block_table, _, _ = paged_cache(rng, [pos0 + n_tok], Hkv, D, 16, 1.0)
     q = gauss(rng, (n_tok, H, D))
     pos = np.arange(pos0, pos0 + n_tok, dtype=np.int32)
-    assert_same_as_dispatcher(monkeypatch, attention_prefill, device_run(
-        lambda *a: attention_prefill.attention_prefill(*a[:6], D ** -0.5, window, softcap, a[6]),
+    assert_same_as_dispatcher(monkeypatch, attention_fa2, device_run(
+        lambda *a: attention_fa2.attention_fa2(*a[:6], D ** -0.5, window, softcap, a[6]),
         (q, k_pool, v_pool, block_table[0], pos, nan_like(q))))
 
 

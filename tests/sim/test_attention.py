@@ -1,12 +1,11 @@
-"""Paged KV write, decode and prefill attention in the CUDA simulator: the GPU tests' checks on
+"""Paged KV write and decode attention in the CUDA simulator: the GPU tests' checks on
 tiny shapes (H 4 / Hkv 2, D 64, page 16, contexts 1..40 across page boundaries, window 7)."""
 
 import numpy as np
 import pytest
 
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write_ref
-from tests.gpu.test_attention import (check_decode, check_decode_growing, check_kv_write,
-                                      check_prefill)
+from tests.gpu.test_attention import check_decode, check_decode_growing, check_kv_write
 
 H, HKV, D = 4, 2, 64
 
@@ -50,12 +49,3 @@ def test_decode_batch_softcap():
 def test_decode_growing_context():
     """Steps 15, 16 cross the page boundary at 16 with fixed buffers and split count."""
     check_decode_growing(np.random.default_rng(3), 15, 17, H, HKV, D, window=7, n_splits=2)
-
-
-@pytest.mark.parametrize("pos0,T,window,softcap,std", [
-    (0, 1, None, None, 1.0),   # the first token
-    (0, 5, 7, None, 3.0),      # a prompt
-    (14, 3, 7, 5.0, 0.1),      # a later chunk across a page boundary, window and softcap
-])
-def test_prefill(pos0, T, window, softcap, std):
-    check_prefill(np.random.default_rng([pos0, T]), pos0, T, H, HKV, D, std, window, softcap)

@@ -1,0 +1,121 @@
+"""Prefill attention (kernels/attention_fa2.py) against torch SDPA's flash and cuDNN backends: TFLOP/s.
+
+Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands. impnb runs one
+sequence per call over its paged cache (page 32, contiguous tables), Z calls back to back on one
+stream; torch runs (Z, H, N, D) fp16 tensors. Causal: query t at position t; not causal: every
+query at position N - 1, so each sees all N keys (impnb has no separate non-causal mode). FLOPs
+4 Z H N² D, halved when causal. Timed with CUDA events: one warm-up, the median of --reps.
+    python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from impnb.kernels.attention_fa2 import attention_fa2  # noqa: E402
+from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
+
+Z, H, PAGE = 4, 32, 32
+
+
+def median_ms(fn, reps: int, stream) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = cuda.event(), cuda.event()
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def impnb_ms(N: int, D: int, causal: bool, reps: int) -> float:
+    rng = np.random.default_rng(0)
+    stream = cuda.stream()
+    n_pages = pages_needed(N, PAGE)
+    table = cuda.to_device(contiguous_block_table(Z, n_pages), stream=stream)
+    pool = (Z * n_pages, PAGE, H, D)
+    k_pool = cuda.to_device(rng.standard_normal(pool, np.float32).astype(np.float16), stream=stream)
+    v_pool = cuda.to_device(rng.standard_normal(pool, np.float32).astype(np.float16), stream=stream)
+    q = [cuda.to_device(rng.standard_normal((N, H, D), np.float32), stream=stream) for _ in range(Z)]
+    out = [cuda.device_array((N, H, D), np.float32, stream=stream) for _ in range(Z)]
+    pos = cuda.to_device(np.arange(N, dtype=np.int32) if causal else np.full(N, N - 1, np.int32), stream=stream)
+
+    def run():
+        for z in range(Z):
+            attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream)
+
+    ms = median_ms(run, reps, stream)
+    assert np.isfinite(out[Z - 1].copy_to_host(stream=stream)).all()
+    return ms
+
+
+def torch_ms(N: int, D: int, causal: bool, reps: int, backend: str) -> float | None:
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+    except ImportError:
+        return None
+    q, k, v = (torch.randn(Z, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    stream = torch.cuda.current_stream()
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            def run():
+                sdpa(q, k, v, is_causal=causal)
+            run()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                run()
+                end.record(stream)
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return statistics.median(times)
+    except RuntimeError as e:
+        print(f"torch {backend} N={N} D={D}: {e}", file=sys.stderr)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ctx", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    for D in (int(x) for x in args.dims.split(",")):
+        for causal in (False, True):
+            for N in (int(x) for x in args.ctx.split(",")):
+                flops = 4 * Z * H * N * N * D / (2 if causal else 1)
+                row = {"D": D, "causal": causal, "N": N}
+                for name, ms in (("impnb", impnb_ms(N, D, causal, args.reps)),
+                                 ("flash", torch_ms(N, D, causal, args.reps, "FLASH_ATTENTION")),
+                                 ("cudnn", torch_ms(N, D, causal, args.reps, "CUDNN_ATTENTION"))):
+                    row[name] = None if ms is None else flops / (ms * 1e-3) / 1e12
+                rows.append(row)
+                print(row, file=sys.stderr, flush=True)
+    fmt = lambda v: "    -" if v is None else f"{v:5.0f}"  # noqa: E731
+    print(f"TFLOP/s, Z={Z} H={H} fp16\n    D causal     N  impnb  flash  cudnn  impnb/flash")
+    for r in rows:
+        ratio = f"{r['impnb'] / r['flash']:.2f}" if r["flash"] else "-"
+        print(f"{r['D']:5d} {str(r['causal']):>6} {r['N']:5d}  {fmt(r['impnb'])}  {fmt(r['flash'])}  "
+              f"{fmt(r['cudnn'])}  {ratio:>11}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

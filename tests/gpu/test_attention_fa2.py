@@ -1,0 +1,89 @@
+"""FA2 tensor-core prefill attention on the GPU against the float64 numpy reference.
+
+check_fa2 runs one case; tests/sim/test_attention_fa2.py runs it on tiny shapes in the simulator.
+Every case: Gaussian q/k/v, a shuffled block table whose slots holding no live position (and one
+table entry past the live length) are fp16 NaN, the output poisoned with NaN.
+
+Tolerances (max abs error, unit = std max(1, std²) as in test_attention.py):
+  vs attention_ref on the fp16 K/V the cache holds: 4e-3 unit (Q·scale and P rounded to fp16 as
+  mma operands: ~2.4e-4 relative each, on scores of std up to std² and on the V sum);
+  vs attention_ref on the float32 K/V before caching: 8e-3 unit (plus the cache's fp16 rounding).
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from impnb.kernels.attention import attention_ref
+from impnb.kernels.attention_fa2 import attention_fa2
+from impnb.kernels.kv_cache import kv_gather_ref
+from tests.gpu.test_attention import gauss, paged_cache
+
+pytestmark = pytest.mark.gpu
+
+TOL16, TOL32 = 4e-3, 8e-3
+
+
+def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True):
+    """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
+    puts every query at the last position (each sees all pos0 + T keys)."""
+    L = pos0 + T
+    k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
+    q = gauss(rng, (T, H, D), std)
+    pos = np.arange(pos0, L, dtype=np.int32) if causal else np.full(T, L - 1, np.int32)
+    scale = D ** -0.5
+    out = np.full(q.shape, np.nan, np.float32)
+    stream = cuda.stream()
+    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
+    attention_fa2(*dev, scale, window, softcap, stream)
+    got = dev[5].copy_to_host(stream=stream)
+    stream.synchronize()
+    what = f"fa2 pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
+    assert np.isfinite(got).all(), f"{what}: non-finite output"
+    k16, v16 = kv_gather_ref(k_pool, block_table[0], L), kv_gather_ref(v_pool, block_table[0], L)
+    unit = std * max(1.0, std * std)
+    err16 = np.abs(got - attention_ref(q, k16, v16, pos, scale, window, softcap)).max()
+    err32 = np.abs(got - attention_ref(q, ks[0], vs[0], pos, scale, window, softcap)).max()
+    assert err16 <= TOL16 * unit, f"{what}: {err16:.3e} from the fp16-K/V reference"
+    assert err32 <= TOL32 * unit, f"{what}: {err32:.3e} from the float32-K/V reference"
+    return err16 / unit
+
+
+# (H, Hkv, D, window): GQA 1, 3, 4, 8; Gemma3 local layers (D 256, window 512)
+SHAPES = [(4, 4, 64, None), (9, 3, 64, None), (8, 2, 128, None), (32, 4, 128, None),
+          (4, 1, 256, 512), (8, 1, 256, None)]
+STDS = (0.1, 1.0, 3.0)
+
+
+def _seed(*xs):
+    return np.random.default_rng([int(x * 10) if isinstance(x, float) else int(x or 0) for x in xs])
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("pos0,T", [(0, 1), (0, 17), (0, 255), (0, 1000), (17, 255), (1000, 17)])
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_fa2(H, Hkv, D, window, pos0, T, std):
+    check_fa2(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2))
+
+
+@pytest.mark.parametrize("D", (64, 128, 256))
+def test_fa2_long(D):
+    """A 4097-token prompt: 65 query tiles, the last of one row; window on D 256."""
+    check_fa2(_seed(D, 4097), 0, 4097, 8, 2, D, 1.0, 512 if D == 256 else None)
+
+
+@pytest.mark.parametrize("window", (None, 100))
+@pytest.mark.parametrize("D", (64, 128, 256))
+def test_fa2_softcap(D, window):
+    check_fa2(_seed(D, window), 300, 140, 4, 1, D, 3.0, window, softcap=20.0)
+
+
+@pytest.mark.parametrize("D", (64, 128, 256))
+def test_fa2_not_causal(D):
+    check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False)
+
+
+@pytest.mark.parametrize("pos0,T,window", [(500, 64, 1), (500, 100, 63), (37, 200, 64)])
+def test_fa2_window_edges(pos0, T, window):
+    """Windows of one key and of a tile width, across page and tile edges."""
+    check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, 128, 1.0, window)

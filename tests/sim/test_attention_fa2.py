@@ -1,0 +1,23 @@
+"""FA2 prefill attention in the CUDA simulator: the GPU test's check on tiny shapes (D 64; one
+case each of D 128 and of D 256, whose Q fragments are reloaded per tile; one query tile, one to
+two key tiles). Checks the fragment plumbing (Q, K via ldmatrix, P from the S
+accumulators, V via ldmatrix.trans), the masks and the cp.async ring; whether the hardware agrees
+with ptx_sim's tables is for tests/gpu/test_ptx.py."""
+
+import pytest
+
+from tests.gpu.test_attention_fa2 import _seed, check_fa2
+
+
+@pytest.mark.parametrize("pos0,T,H,Hkv,window,softcap,std,page_size,causal,D", [
+    (0, 17, 1, 1, None, None, 1.0, 32, True, 64),    # odd T, one key tile, diagonal masking
+    (0, 40, 4, 1, None, None, 1.0, 16, True, 64),    # GQA 4, rows of all four warps
+    (70, 17, 2, 2, None, None, 1.0, 32, True, 64),   # a later chunk: keys 0..86, two tiles, ring wraps
+    (50, 20, 2, 1, 30, None, 1.0, 16, True, 64),     # window: keys 21..69, first tile partly left of it
+    (5, 9, 1, 1, None, 5.0, 3.0, 32, True, 64),      # softcap
+    (60, 8, 1, 1, None, None, 1.0, 32, False, 64),   # not causal: every query sees 68 keys
+    (40, 9, 2, 1, None, 20.0, 1.0, 16, True, 128),   # D 128, GQA 2, softcap
+    (40, 9, 1, 1, 20, None, 1.0, 32, True, 256),     # D 256: 32-key tiles, keys 21..48 in two
+])
+def test_fa2(pos0, T, H, Hkv, window, softcap, std, page_size, causal, D):
+    check_fa2(_seed(pos0, T, H), pos0, T, H, Hkv, D, std, window, softcap, page_size, causal)
