@@ -69,35 +69,32 @@ def quant_tile_ops(ggml_type):
     return load_raw, decode, col
 
 
+def quant_smem_words(bm: int) -> int:
+    """Shared memory of a bm x 128 quantized tile: 3 A stages, then 2 W tiles (32-bit words)."""
+    words = (A_STAGES * bm + 2 * BN) * ROW_BYTES // 4
+    assert words * 4 <= 48 * 1024
+    return words
+
+
 @lru_cache(maxsize=None)
-def gemm_quant_kernel(ggml_type, bm=128, warps_m=2, warps_n=4):
+def quant_mainloop(ggml_type, bm, warps_m, warps_n, load_a):
+    """The K loop of a bm x 128 tile over quantized W: acc += A · dequant(W rows n0..n0+127)ᵀ.
+    load_a(sbase, a, a_rows, col_lo, col_hi) fills one A stage (a_rows: the first row, or a
+    shared array of gathered rows); W rows past N read row N-1 and are never stored."""
     load_raw, decode, col = quant_tile_ops(ggml_type)
-    ops = tile_ops(bm, BN, warps_m, warps_n)
-    load_a_split, warp_step, store_c, n_acc = ops.load_a_split, ops.warp_step, ops.store_c, ops.n_acc
+    warp_step = tile_ops(bm, BN, warps_m, warps_n).warp_step
     a_bytes, w_bytes = bm * ROW_BYTES, BN * ROW_BYTES
     w_base = A_STAGES * a_bytes
-    smem_words = (w_base + 2 * w_bytes) // 4
-    assert smem_words * 4 <= 48 * 1024
 
-    # grid (ceil(M/bm) * ceil(N/128),), block 256: a block owns the bm x 128 tile of C given by
-    # block_tile, warps as in gemm_tc. Shared: 3 A tiles bm x 32 fp16, then 2 W tiles 128 x 32
-    # fp16, all swizzled (gemm_tc.tile_offset). parts: the PackedWeight's parts.
-    @cuda.jit
-    def _gemm_quant_kernel(a, parts, c, accumulate):
-        N = c.shape[1]
+    # Shared at base: 3 A tiles bm x 32 fp16, then 2 W tiles 128 x 32 fp16, all swizzled
+    # (gemm_tc.tile_offset).
+    @cuda.jit(device=True, inline=True)
+    def mainloop(a, a_rows, parts, n0, N, base, acc):
         cpr = a.shape[1] // BK  # chunks per W row = stages
-        tm, tn = block_tile((a.shape[0] + bm - 1) // bm, (N + BN - 1) // BN)
-        m0 = tm * bm
-        n0 = tn * BN
-        smem = cuda.shared.array(smem_words, uint32, alignment=SMEM_ALIGN)
-        base = ptx.smem_addr(smem, 0)
-        acc = cuda.local.array(n_acc, float32)
-        for i in range(n_acc):
-            acc[i] = float32(0.0)
         # -- prologue: A stages 0, 1 in flight; W stage 0 decoded; raw W of stage 1 in registers --
         for s in range(A_STAGES - 1):
             if s < cpr:
-                load_a_split(base + s * a_bytes, a, m0, col(s, 0), col(s, 1))
+                load_a(base + s * a_bytes, a, a_rows, col(s, 0), col(s, 1))
             ptx.cp_async_commit()
         decode(load_raw(parts, n0, N, cpr, 0), 0, base + w_base)
         raw_next = load_raw(parts, n0, N, cpr, min(1, cpr - 1))
@@ -109,7 +106,7 @@ def gemm_quant_kernel(ggml_type, bm=128, warps_m=2, warps_n=4):
             cuda.syncthreads()
             nxt = kt + A_STAGES - 1
             if nxt < cpr:
-                load_a_split(base + wr * a_bytes, a, m0, col(nxt, 0), col(nxt, 1))
+                load_a(base + wr * a_bytes, a, a_rows, col(nxt, 0), col(nxt, 1))
             ptx.cp_async_commit()
             raw_after = load_raw(parts, n0, N, cpr, min(kt + 2, cpr - 1))
             wb = base + w_base + (kt & 1) * w_bytes
@@ -121,6 +118,30 @@ def gemm_quant_kernel(ggml_type, bm=128, warps_m=2, warps_n=4):
             raw_next = raw_after
             rd = 0 if rd == A_STAGES - 1 else rd + 1
             wr = 0 if wr == A_STAGES - 1 else wr + 1
+
+    return mainloop
+
+
+@lru_cache(maxsize=None)
+def gemm_quant_kernel(ggml_type, bm=128, warps_m=2, warps_n=4):
+    ops = tile_ops(bm, BN, warps_m, warps_n)
+    mainloop = quant_mainloop(ggml_type, bm, warps_m, warps_n, ops.load_a_split)
+    store_c, n_acc = ops.store_c, ops.n_acc
+    smem_words = quant_smem_words(bm)
+
+    # grid (ceil(M/bm) * ceil(N/128),), block 256: a block owns the bm x 128 tile of C given by
+    # block_tile, warps as in gemm_tc; shared as in quant_mainloop. parts: the PackedWeight's parts.
+    @cuda.jit
+    def _gemm_quant_kernel(a, parts, c, accumulate):
+        N = c.shape[1]
+        tm, tn = block_tile((a.shape[0] + bm - 1) // bm, (N + BN - 1) // BN)
+        m0 = tm * bm
+        n0 = tn * BN
+        smem = cuda.shared.array(smem_words, uint32, alignment=SMEM_ALIGN)
+        acc = cuda.local.array(n_acc, float32)
+        for i in range(n_acc):
+            acc[i] = float32(0.0)
+        mainloop(a, m0, parts, n0, N, ptx.smem_addr(smem, 0), acc)
         # -- epilogue --
         store_c(c, acc, m0, n0, accumulate)
 
