@@ -4,7 +4,7 @@ import sys
 
 from impnb.errors import DeviceError
 
-GPU_ARCHS = ("llama", "qwen3", "gemma3")
+GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
 
 
 def cuda_unavailable_reason() -> str | None:

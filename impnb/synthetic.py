@@ -43,7 +43,7 @@ def tiny_config(arch: str, vocab_size: int, seed: int = 0):
         # head dim the GPU attention kernels take.
         return Qwen3Config(**common, num_hidden_layers=3, head_dim=64, tie_word_embeddings=True)
     if arch == "qwen3moe":
-        return Qwen3MoeConfig(**common, num_hidden_layers=2, head_dim=16, tie_word_embeddings=False,
+        return Qwen3MoeConfig(**common, num_hidden_layers=2, head_dim=64, tie_word_embeddings=False,
                               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     raise ValueError(f"arch {arch!r} is not one of {ARCHS}")

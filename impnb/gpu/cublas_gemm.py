@@ -38,6 +38,18 @@ class Cublas:
                          beta.ctypes.data, _ptr(c), CUDA_R_32F, N,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
+    def gemm_f32(self, a, w, c) -> None:
+        """Row-major c (M, N) fp32 = a (M, K) fp32 · w (N, K)ᵀ fp32, fp32 arithmetic (no TF32)."""
+        M, K = a.shape
+        N = w.shape[0]
+        assert w.shape == (N, K) and c.shape == (M, N), (a.shape, w.shape, c.shape)
+        assert a.dtype == w.dtype == c.dtype == np.float32
+        alpha, beta = self._alpha_beta[0.0]
+        self.lib.gemm_ex(self.handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
+                         alpha.ctypes.data, _ptr(w), CUDA_R_32F, K, _ptr(a), CUDA_R_32F, K,
+                         beta.ctypes.data, _ptr(c), CUDA_R_32F, N,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+
     def close(self) -> None:
         if self.handle:
             self.lib.destroy(self.handle)

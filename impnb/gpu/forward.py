@@ -1,4 +1,4 @@
-"""The decoder stack on the GPU for llama, qwen3 and gemma3, with fused residual norms.
+"""The decoder stack on the GPU for llama, qwen3, qwen3moe and gemma3, with fused residual norms.
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
@@ -6,14 +6,16 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> attention (decode: split-K over the cache; prefill: FA2 tensor-core tiles over the cache)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
+     or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
-The layer graph mirrors impnb/models/{llama,qwen3,gemma3}.py, which is its reference.
+The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
 import numpy as np
 
 from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.embedding import embedding
+from impnb.gpu.moe import moe_ffn
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
 
@@ -56,15 +58,10 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
         o = a.get("o", (T, D))
         m.linear(attn.reshape(T, H * Dv), p + "attn_output", o)
         _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
-        gate = a.get("gate", (T, cfg.n_ff))
-        if p + "ffn_gate_up" in m.w:
-            m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate)
+        if cfg.n_expert:
+            moe_ffn(m, h, p, o)
         else:
-            up = a.get("up", (T, cfg.n_ff))
-            m.linear(h, p + "ffn_gate", gate)
-            m.linear(h, p + "ffn_up", up)
-            (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, s)
-        m.linear(gate, p + "ffn_down", o)
+            _dense_ffn(m, h, p, o)
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         _residual(m, x, o, p + "post_ffw_norm", nxt, h)
     rows = h
@@ -76,6 +73,20 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
     logits = a.get("logits", (rows.shape[0], cfg.n_vocab))
     m.linear(rows, "output" if "output" in m.w else "token_embd", logits)
     return logits
+
+
+def _dense_ffn(m, h, p: str, o):
+    """o (T, D) = down(act(gate(h)) * up(h)); gate|up as one GEMV where stacked."""
+    cfg, a, T = m.cfg, m.arena, h.shape[0]
+    gate = a.get("gate", (T, cfg.n_ff))
+    if p + "ffn_gate_up" in m.w:
+        m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate)
+    else:
+        up = a.get("up", (T, cfg.n_ff))
+        m.linear(h, p + "ffn_gate", gate)
+        m.linear(h, p + "ffn_up", up)
+        (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
+    m.linear(gate, p + "ffn_down", o)
 
 
 def _residual(m, x, o, post_norm: str, next_norm: str, h):

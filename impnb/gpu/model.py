@@ -51,6 +51,8 @@ class DeviceModel:
         self.v_pool = [self.ctx.empty(kv_cache.pool_shape(n_pages, PAGE_SIZE, cfg.n_head_kv, cfg.head_dim_v),
                                       np.float16) for _ in range(cfg.n_layer)]
         self.block_table = self.ctx.upload(kv_cache.contiguous_block_table(1, n_pages)[0])
+        # row of routed slot s = s (decode; prefill groups slots by expert)
+        self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
         self.decode_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv)
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
@@ -65,7 +67,8 @@ class DeviceModel:
         for il in range(self.cfg.n_layer):
             p = f"blk.{il}."
             for fused, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
-                                 ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+                                 ("ffn_gate_up", ("ffn_gate", "ffn_up")),
+                                 ("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps"))):
                 ts = [tensors.get(p + n) for n in parts]
                 if all(ts) and len({(t.ggml_type, t.data.shape[-1]) for t in ts}) == 1:
                     w[p + fused] = self._upload_matrix(p + fused, ts)
@@ -76,15 +79,17 @@ class DeviceModel:
         return w
 
     def _upload_matrix(self, name: str, ts):
-        """Rows of ts stacked, repacked in their GGUF type (F16 where no kernel reads it)."""
+        """Rows of ts stacked, repacked in their GGUF type (F16 where no kernel reads it); expert
+        tensors (E, rows, cols) are stacked per expert: expert e's rows of every t, then e + 1's."""
         ggml_type = ts[0].ggml_type
         if ggml_type in repack.PACKED_TYPES:
-            data = np.concatenate([t.data.reshape(-1, t.data.shape[-1]) for t in ts])
+            arrays = [t.data for t in ts]
         else:
             log.info("%s: %s has no GPU kernel; converted to F16 at load", name, ggml_type.name)
-            data = np.concatenate([t.dequantize().reshape(-1, t.shape[-1]).astype(np.float16) for t in ts])
+            arrays = [t.dequantize().reshape(t.data.shape[:-1] + (-1,)).astype(np.float16) for t in ts]
             ggml_type = T.F16
-        return repack.repack(data, ggml_type).to_device(self.ctx.nb_stream)
+        data = np.concatenate(arrays, axis=-2)
+        return repack.repack(data.reshape(-1, data.shape[-1]), ggml_type).to_device(self.ctx.nb_stream)
 
     def _bytes_needed(self, mf: ModelFile, n_ctx: int) -> int:
         cfg = self.cfg
@@ -98,6 +103,15 @@ class DeviceModel:
             gemv.gemv(w, x, y, self.ctx.nb_stream)
             return
         self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
+
+    def linear_f32(self, x, name: str, y) -> None:
+        """Like linear, with fp32 operands throughout for an F32 weight (the MoE router: expert
+        choices must not hinge on fp16 rounding)."""
+        w = self.w[name]
+        if x.shape[0] <= GEMV_MAX_ROWS or w.ggml_type != T.F32:
+            self.linear(x, name, y)
+            return
+        self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
 
     def gemm(self, x, w, y, path: str) -> None:
         """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;

@@ -1,0 +1,176 @@
+"""MoE kernels on the GPU against their numpy references: the router (ties, k = 1, 2, 8), grouping
+invariants, the routed-expert GEMV, the grouped tensor-core GEMM and the weighted combine.
+
+check_* run one case; tests/sim/test_moe.py runs them on tiny shapes in the simulator.
+Tolerances: router weights rtol 1e-5 (fp32 softmax); expert GEMV as tests/sim/test_gemv.py
+(1e-4 of |W| @ |x| per output; with SiLU·up the bound carries through the product); grouped GEMM
+as tests/gpu/test_gemm_tc.py (fp32 accumulation of exact fp16 products); combine rtol 1e-5.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import cuda
+
+from impnb.kernels.dequant import dequant_ref
+from impnb.kernels.gemm_grouped import BM, gemm_grouped, grouped_ref
+from impnb.kernels.gemv import SILU, gemv_experts
+from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
+                               route_ref)
+from impnb.kernels.repack import repack
+from impnb.quants import dequantize
+from tests.gpu.test_gemm_tc import check as check_gemm
+from tests.test_repack import make_weight
+
+pytestmark = pytest.mark.gpu
+STDS = (0.1, 1.0, 10.0)
+
+
+def routed(rng, T_, E, k, same=False):
+    """(T, k) int32: k distinct experts per token; `same`: every token picks the same k."""
+    if same:
+        return np.tile(rng.choice(E, k, replace=False), (T_, 1)).astype(np.int32)
+    return np.stack([rng.choice(E, k, replace=False) for _ in range(T_)]).astype(np.int32)
+
+
+def check_route(rng, T_, E, k, normalize, std, ties=False):
+    logits = (rng.standard_normal((T_, E)) * std).astype(np.float32)
+    if ties:  # few distinct values: many exact ties, which go to the lower expert index
+        logits = np.round(logits / std * 2) * np.float32(std / 2)
+    d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
+    d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
+    moe_route(cuda.to_device(logits), k, normalize, d_e, d_w, 0)
+    experts, weights = d_e.copy_to_host(), d_w.copy_to_host()
+    ref_e, ref_w = route_ref(logits, k, normalize)
+    assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
+    np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+
+
+def group(experts_flat, E, tm):
+    """moe_group on the device -> (order, slot_row, tiles[:n_tiles])."""
+    S = experts_flat.size
+    outs = [cuda.to_device(np.full(shape, -7, np.int32))
+            for shape in ((S,), (S,), (max_tiles(S, E, tm), 3), (1,))]
+    moe_group(cuda.to_device(experts_flat), E, tm, *outs, 0)
+    order, slot_row, tiles, n_tiles = (o.copy_to_host() for o in outs)
+    return order, slot_row, tiles[:n_tiles[0]]
+
+
+def check_group(rng, T_, E, k, tm, same=False):
+    experts = routed(rng, T_, E, k, same).reshape(-1)
+    order, slot_row, tiles = group(experts, E, tm)
+    S = experts.size
+    seg, ref_tiles = group_ref(experts, E, tm)
+    assert np.array_equal(tiles, ref_tiles), "tiles differ from group_ref"
+    assert np.array_equal(np.sort(order), np.arange(S)), "order is not a permutation of the slots"
+    assert np.array_equal(slot_row[order], np.arange(S)), "slot_row is not order's inverse"
+    for e in range(E):
+        assert np.array_equal(np.sort(order[seg[e]:seg[e + 1]]), np.flatnonzero(experts == e)), f"expert {e}"
+    assert np.array_equal(np.bincount(order // k, minlength=T_), np.full(T_, k)), "a token not routed k times"
+
+
+def host_order(experts_flat, E, tm):
+    """A valid grouping computed on the host (stable order), for the GEMM checks."""
+    order = np.argsort(experts_flat, kind="stable").astype(np.int32)
+    return order, group_ref(experts_flat, E, tm)[1]
+
+
+def check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std):
+    raw = make_weight(ggml_type, E * N, K, rng)
+    slots = routed(rng, T_, E, k).reshape(-1)
+    x = (rng.standard_normal((T_, K)) * std).astype(np.float32)
+    out_n = N // 2 if glu else N
+    d_y = cuda.to_device(np.full((slots.size, out_n), np.nan, np.float32))
+    gemv_experts(repack(raw, ggml_type).to_device(), N, cuda.to_device(x), d_y, cuda.to_device(slots), k, 0,
+                 glu=glu)
+    y = d_y.copy_to_host().astype(np.float64)
+    wd = dequantize(raw, ggml_type).reshape(E, N, K).astype(np.float64)
+    xs = x.astype(np.float64)[np.arange(slots.size) // k]
+    full = np.einsum("snk,sk->sn", wd[slots], xs)
+    bound = 1e-4 * np.einsum("snk,sk->sn", np.abs(wd[slots]), np.abs(xs)) + 1e-30
+    if glu:
+        g, u = full[:, :out_n], full[:, out_n:]
+        sg = g / (1 + np.exp(-g))
+        ref = sg * u
+        bound = bound[:, :out_n] * np.abs(u) * 1.1 + bound[:, out_n:] * np.abs(sg)
+    else:
+        ref = full
+    assert np.isfinite(y).all(), "non-finite outputs (poison left?)"
+    err = np.abs(y - ref)
+    assert (err <= bound).all(), f"max err/bound {np.max(err / bound):.3g}"
+
+
+def check_gemm_grouped(rng, ggml_type, E, N, K, T_, k, std, gathered=True):
+    raw = make_weight(ggml_type, E * N, K, rng)
+    experts = routed(rng, T_, E, k).reshape(-1)
+    S = experts.size
+    order, tiles = host_order(experts, E, BM)
+    a = (rng.standard_normal((T_ if gathered else S, K)) * std).astype(np.float16)
+    x_div = k if gathered else 0
+    d_c = cuda.to_device(np.full((S, N), np.nan, np.float32))
+    d_tiles = cuda.to_device(np.concatenate([tiles, np.full((max_tiles(S, E, BM) - len(tiles), 3), -1, np.int32)]))
+    gemm_grouped(cuda.to_device(a), repack(raw, ggml_type).to_device(), N, d_c, d_tiles,
+                 cuda.to_device(np.array([len(tiles)], np.int32)), cuda.to_device(order), x_div, 0)
+    got = d_c.copy_to_host().astype(np.float64)
+    ref = grouped_ref(a, raw, ggml_type, N, tiles, order, x_div, S)
+    src = order[np.arange(S)] // k if gathered else np.arange(S)
+    a_rows = np.empty((S, K), np.float16)
+    a_rows[np.arange(S)] = a[src]
+    w16 = dequant_ref(raw, ggml_type).reshape(E, N, K)
+    seg_e = experts[order]  # expert of each grouped row
+    for e in np.unique(seg_e):
+        rows = np.flatnonzero(seg_e == e)
+        check_gemm(got[rows], ref[rows], a_rows[rows], w16[e], K)
+
+
+def check_combine(rng, T_, k, D, std):
+    S = T_ * k
+    y = (rng.standard_normal((S, D)) * std).astype(np.float32)
+    rows = rng.permutation(S).astype(np.int32)
+    weights = rng.random((T_, k)).astype(np.float32)
+    d_out = cuda.to_device(np.full((T_, D), np.nan, np.float32))
+    moe_combine(cuda.to_device(y), cuda.to_device(rows), cuda.to_device(weights), d_out, 0)
+    np.testing.assert_allclose(d_out.copy_to_host(), combine_ref(y, rows, weights), rtol=1e-5,
+                               atol=1e-6 * std)
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("T_,E", [(1, 128), (19, 8), (111, 128), (512, 60), (7, 256)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_route(k, T_, E, normalize):
+    rng = np.random.default_rng([k, T_, E])
+    for std in STDS:
+        check_route(rng, T_, E, k, normalize, std)
+    check_route(rng, T_, E, k, normalize, 1.0, ties=True)
+
+
+@pytest.mark.parametrize("T_,E,k", [(1, 128, 8), (19, 8, 2), (512, 128, 8), (111, 60, 4), (3, 256, 1)])
+@pytest.mark.parametrize("tm", [1, BM])
+def test_group(T_, E, k, tm):
+    rng = np.random.default_rng([T_, E, k, tm])
+    check_group(rng, T_, E, k, tm)
+    check_group(rng, T_, E, k, tm, same=True)  # every token picks the same experts
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.F32],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("glu", [False, True])
+def test_gemv_experts(ggml_type, glu):
+    rng = np.random.default_rng([int(ggml_type), glu])
+    for (E, N, K, T_, k), std in zip([(8, 64, 256, 1, 2), (16, 512, 2048, 1, 8), (60, 256, 768, 3, 4)], STDS):
+        check_gemv_experts(rng, ggml_type, E, N if glu else N // 2 + 8, K, T_, k, SILU if glu else 0, std)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("T_,E,k", [(19, 8, 2), (111, 128, 8), (512, 60, 4)])
+def test_gemm_grouped(ggml_type, T_, E, k):
+    rng = np.random.default_rng([int(ggml_type), T_, E])
+    for std, gathered in zip(STDS, (True, False, True)):
+        check_gemm_grouped(rng, ggml_type, E, 136, 512, T_, k, std, gathered)
+
+
+@pytest.mark.parametrize("T_,k,D", [(1, 8, 2048), (19, 2, 640), (512, 8, 2048)])
+def test_combine(T_, k, D):
+    rng = np.random.default_rng([T_, k, D])
+    for std in STDS:
+        check_combine(rng, T_, k, D, std)

@@ -1,0 +1,37 @@
+"""MoE kernels in numba's CUDA simulator on tiny shapes, through tests/gpu/test_moe.py's checks."""
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from impnb.kernels.gemv import SILU
+from tests.gpu import test_moe as moe
+
+
+def test_route_ties_and_k():
+    rng = np.random.default_rng(0)
+    for k, normalize in ((1, True), (2, False), (8, True)):
+        moe.check_route(rng, 3, 40, k, normalize, 1.0)
+    moe.check_route(rng, 2, 40, 4, True, 1.0, ties=True)
+
+
+def test_group_invariants():
+    rng = np.random.default_rng(1)
+    moe.check_group(rng, 5, 8, 2, 3)
+    moe.check_group(rng, 4, 8, 2, 64, same=True)
+    moe.check_group(rng, 1, 16, 8, 1)
+
+
+def test_gemv_experts():
+    rng = np.random.default_rng(2)
+    moe.check_gemv_experts(rng, T.Q8_0, 4, 8, 64, 2, 2, SILU, 1.0)
+    moe.check_gemv_experts(rng, T.Q4_K, 3, 6, 256, 1, 2, 0, 1.0)
+
+
+def test_gemm_grouped():
+    rng = np.random.default_rng(3)
+    moe.check_gemm_grouped(rng, T.Q8_0, 4, 8, 64, 5, 2, 1.0)
+    moe.check_gemm_grouped(rng, T.F32, 4, 16, 32, 3, 2, 1.0, gathered=False)
+
+
+def test_combine():
+    moe.check_combine(np.random.default_rng(4), 3, 2, 200, 1.0)
