@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|bench|all]   (default all)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|all]   (default all but moe)
+# moe writes the full-size synthetic Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it.
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -27,6 +28,23 @@ if [[ $what == all || $what == e2e ]]; then
     gen "$m-graphs" "The Eiffel Tower is located in the city of" -m "$m" -n 128
     gen "$m-eager" "The Eiffel Tower is located in the city of" -m "$m" -n 128 --no-graphs
   done
+fi
+
+if [[ $what == all || $what == smoke ]]; then
+  timeout 400 python3 scripts/smoke.py multi-model --device cuda --json "$OUT/smoke.json" > "$OUT/smoke.txt" 2> "$OUT/smoke.log"
+  status[smoke]="rc=$? $(tail -n 1 "$OUT/smoke.txt")"
+fi
+
+if [[ $what == moe ]]; then
+  moe=/tmp/qwen3-30b-a3b-q4_k_m.gguf
+  [ -f $moe ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M --out $moe > "$OUT/moe-make.log" 2>&1
+  timeout 300 python3 -m impnb bench -m $moe -p 512 -n 128 -r 3 --device cuda > "$OUT/bench-moe.log" 2>&1
+  status[bench-moe]="rc=$? $(grep -E 'tg128' "$OUT/bench-moe.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+fi
+
+if [[ $what == attn ]]; then
+  timeout 300 python3 scripts/bench_attention.py --json "$OUT/bench-attention.json" > "$OUT/bench-attention.log" 2>&1
+  status[bench-attention]="rc=$? see bench-attention.log"
 fi
 
 if [[ $what == all || $what == bench ]]; then

@@ -4,7 +4,8 @@
                                         [--max-tokens N] [--quick]
 
 multi-model: for SmolLM2-135M and Gemma3-270M (found by impnb.model_registry) and tiny random
-qwen3 / qwen3moe built into a temp dir with SmolLM2's tokenizer, greedy answers to fixed prompts:
+qwen3 / qwen3moe built into a temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
+once without, greedy answers to fixed prompts:
 coherence (real models: the expected word is in the answer), degeneration (impnb.degeneration;
 random models only must not stop at once), teacher-forced parity of the engine's logits with the
 numpy reference (cuda only: on cpu the engine is the reference) and decode tok/s. A table on
@@ -89,6 +90,7 @@ class Output:
 class ModelResult:
     name: str
     device: str
+    graphs: str = "-"      # cuda: "on" or "off" (CUDA graphs); cpu: "-"
     synthetic: bool = False
     status: str = "FAIL"  # PASS, FAIL or SKIP
     reasons: list[str] = field(default_factory=list)
@@ -148,8 +150,8 @@ def parity(mf, tokenizer, engine) -> tuple[float, float]:
     return top1, float(np.abs(out - ref).max() / np.abs(ref).max())
 
 
-def run_model(spec: ModelSpec, path: Path, device: str, quick: bool, max_tokens: int) -> ModelResult:
-    r = ModelResult(spec.name, device, synthetic=spec.synthetic_arch is not None)
+def run_model(spec: ModelSpec, path: Path, device: str, graphs: str, quick: bool, max_tokens: int) -> ModelResult:
+    r = ModelResult(spec.name, device, graphs, synthetic=spec.synthetic_arch is not None)
     start = time.perf_counter()
     mf = open_model_file(path)
     try:
@@ -158,12 +160,13 @@ def run_model(spec: ModelSpec, path: Path, device: str, quick: bool, max_tokens:
         r.status, r.reasons = "SKIP", [str(e)]
         return r
     tokenizer = Tokenizer.from_metadata(mf.metadata)
-    engine = cls(mf, min(N_CTX, model_config(mf).n_ctx))
+    n_ctx = min(N_CTX, model_config(mf).n_ctx)
+    engine = cls(mf, n_ctx) if device == "cpu" else cls(mf, n_ctx, graphs=graphs == "on")
     if device == "cpu":
         r.parity_note = "skipped: on cpu the engine is the numpy reference"
     else:
         r.top1, r.max_rel = parity(mf, tokenizer, engine)
-        log(f"{spec.name}: parity top-1 {r.top1:.4f}, max rel err {r.max_rel:.2e}")
+        log(f"{spec.name} (graphs {graphs}): parity top-1 {r.top1:.4f}, max rel err {r.max_rel:.2e}")
     prompts = [p for p in spec.prompts if p.quick or not quick]
     if device != "cpu":  # first launches compile kernels and capture graphs: keep them off the clock
         generate(engine, tokenizer, prompt_ids(prompts[0], mf, tokenizer), 4, GREEDY, lambda _: None)
@@ -175,7 +178,7 @@ def run_model(spec: ModelSpec, path: Path, device: str, quick: bool, max_tokens:
         out = Output(p, tokens, "".join(pieces), stats.stop == "eog" and not tokens)
         r.outputs.append(out)
         steps, decode_s = steps + max(stats.n_gen - 1, 0), decode_s + stats.decode_s
-        log(f"{spec.name}: {p.text!r} -> {out.text!r} ({stats.line()})")
+        log(f"{spec.name} (graphs {graphs}): {p.text!r} -> {out.text!r} ({stats.line()})")
     r.tok_s = steps / decode_s if decode_s else None
     r.seconds = time.perf_counter() - start
     return check_model(r)
@@ -211,15 +214,16 @@ def multi_model(names: list[str], device: str, quick: bool, max_tokens: int) -> 
             try:
                 path = models.path(spec)
             except (ImpnbError, ImportError) as e:
-                results.append(ModelResult(name, device, spec.synthetic_arch is not None, "SKIP", [str(e)]))
+                results.append(ModelResult(name, device, "-", spec.synthetic_arch is not None, "SKIP", [str(e)]))
                 log(f"{name}: SKIP: {e}")
                 continue
-            try:
-                results.append(run_model(spec, path, device, quick, max_tokens))
-            except Exception as e:  # a gate reports a crash as that model's failure and goes on
-                traceback.print_exc()
-                results.append(ModelResult(name, device, spec.synthetic_arch is not None, "FAIL",
-                                           [f"error: {type(e).__name__}: {e}"]))
+            for graphs in (("on", "off") if device == "cuda" else ("-",)):
+                try:
+                    results.append(run_model(spec, path, device, graphs, quick, max_tokens))
+                except Exception as e:  # a gate reports a crash as that model's failure and goes on
+                    traceback.print_exc()
+                    results.append(ModelResult(name, device, graphs, spec.synthetic_arch is not None, "FAIL",
+                                               [f"error: {type(e).__name__}: {e}"]))
     return results
 
 
@@ -229,12 +233,12 @@ def exit_code(results: list[ModelResult]) -> int:
 
 
 def table(results: list[ModelResult]) -> str:
-    head = ("model", "device", "coherence", "degeneration", "top-1", "max rel err", "tok/s", "result")
+    head = ("model", "device", "graphs", "coherence", "degeneration", "top-1", "max rel err", "tok/s", "result")
 
     def cells(r):
         parity = (f"{r.top1:.4f}", f"{r.max_rel:.2e}") if r.top1 is not None else ("skip", "skip")
         tok_s = f"{r.tok_s:.1f}" if r.tok_s is not None else "-"
-        return (r.name, r.device, r.coherence, r.degeneration, *parity, tok_s, r.status)
+        return (r.name, r.device, r.graphs, r.coherence, r.degeneration, *parity, tok_s, r.status)
 
     rows = [head, *map(cells, results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -242,7 +246,8 @@ def table(results: list[ModelResult]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = sorted({r.parity_note for r in results if r.parity_note})
     lines += [f"parity {note}" for note in notes]
-    lines += [f"{r.name}: {r.status}: {reason}" for r in results if r.status != "PASS" for reason in r.reasons]
+    lines += [f"{r.name}{'' if r.graphs == '-' else f'[graphs {r.graphs}]'}: {r.status}: {reason}"
+              for r in results if r.status != "PASS" for reason in r.reasons]
     return "\n".join(lines)
 
 

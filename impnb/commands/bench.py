@@ -54,6 +54,7 @@ def run(args) -> int:
     engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
     rng = np.random.default_rng(0)
     rows = []
+    step_bytes = bytes_per_token(mf, cfg)
     tests = [(f"pp{p}", lambda p=p: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist())) for p in pps]
     tests += [(f"tg{n}", lambda n=n: _tg(engine, n)) for n in tgs]
     for name, fn in tests:
@@ -62,19 +63,34 @@ def run(args) -> int:
         rows.append(dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
             t.data.nbytes for t in mf.tensors.values()) / 2**20, 1), params_m=round(mf.n_params() / 1e6, 1),
             quant=_quant(mf), device=engine.device, graphs=getattr(engine, "use_graphs", False),
-            test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates)))
+            test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates),
+            weight_gb_s=round(statistics.median(rates) * step_bytes / 1e9, 1) if name.startswith("tg") else None))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
-              f"| {'graphs':<6} | {'test':>6} | {'tok/s':>16} |")
-        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 8, 18)) + "|")
+              f"| {'graphs':<6} | {'test':>6} | {'tok/s':>16} | {'weights GB/s':>12} |")
+        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 8, 18, 14)) + "|")
         for r in rows:
             print(f"| {r['model'][:28]:<28} | {r['size_mib']:>8} | {r['params_m']:>8} | {r['quant']:<8} "
                   f"| {r['device']:<6} | {str(r['graphs']):<6} | {r['test']:>6} "
-                  f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} |")
+                  f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} | {r['weight_gb_s'] or '':>12} |")
     sys.stdout.flush()
     return 0
+
+
+def bytes_per_token(mf, cfg) -> int:
+    """Weight bytes one decode step reads: every tensor, the embedding table as one row (unless it
+    is also the output matrix), routed expert tensors (`*_exps`) at k/E of their size."""
+    total = 0
+    for name, t in mf.tensors.items():
+        n = t.data.nbytes
+        if name == "token_embd.weight" and "output.weight" in mf.tensors:
+            n //= t.data.shape[0]
+        elif "_exps." in name:
+            n = n * cfg.n_expert_used // cfg.n_expert
+        total += n
+    return total
 
 
 def _quant(mf) -> str:

