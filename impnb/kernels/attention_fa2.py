@@ -58,7 +58,7 @@ def swz(r, ch, row_bytes):
 
 
 @lru_cache(maxsize=None)
-def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
+def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     BM = 16 * MT * WARPS         # query rows per block
     WM = 16 * MT                 # query rows per warp
     CH = D // 8                  # 16-byte chunks per row
@@ -78,23 +78,26 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
     N_S = MT * S1                # S accumulators per lane
     N_O = MT * O1                # O accumulators per lane
     N_P = 4 * MT                 # P A-fragment registers per lane and k step
-    assert RSTEP * CH == THREADS and KV_PASSES * RSTEP == BN
+    PSH = PAGE.bit_length() - 1  # log2 page size
+    assert RSTEP * CH == THREADS and KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
 
     @cuda.jit(device=True, inline=True)
-    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, col, ps, row_elems, page_elems):
-        # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + KV_BYTES (zero outside lo..hi);
-        # this thread: rows r0 + RSTEP i, chunk col >> 3; col already holds kh D + 8 chunk
+    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, col, row_elems, page_elems):
+        # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + KV_BYTES, zero outside lo..hi.
+        # This thread: rows r = r0 + RSTEP i at element col (kh D + 8 chunk) of their cache rows.
+        # k0 is a multiple of PAGE, so row r sits at r % PAGE in its page; a key outside lo..hi
+        # reads nothing (src size 0) but is given a valid address, in the page of the nearest
+        # live key (block-table entries past the live length are never read).
         ch = (col >> 3) & (CH - 1)
         for i in range(KV_PASSES):
             r = r0 + RSTEP * i
             key = int32(k0 + r)
-            ok = lo <= key and key <= hi
-            src = 0
-            if ok:
-                src = block_table[key >> ps] * page_elems + ((key & ((1 << ps) - 1)) * row_elems + col)
+            live = min(max(key, lo), hi)
+            n = 16 if lo <= key and key <= hi else 0
+            src = block_table[uint32(live >> PSH)] * page_elems + int32((r & (PAGE - 1)) * row_elems + col)
             dst = sk + swz(r, ch, ROWB)
-            ptx.cp_async_16_zfill(dst, k_pool, src, 16 if ok else 0)
-            ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, 16 if ok else 0)
+            ptx.cp_async_16_zfill(dst, k_pool, src, n)
+            ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
 
     @cuda.jit(device=True, inline=True)
     def q_frags(sq, row0, kk, qf, o):
@@ -113,7 +116,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
     # are indexed 2 mt + half (half 0: row g, 1: row g + 8). Shared (dynamic, shared_bytes): Q
     # tile BM x D fp16 (scale·log2 e folded in), then 2 stages of [K tile BN x D | V tile BN x D]
     # fp16; rows swizzled by swz. Scores are kept in log2 units throughout (exp2 softmax).
-    def fa2(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap, page_shift):
+    def fa2(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         T = q.shape[0]
@@ -139,10 +142,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
         j0 = lo // BN
         j1 = hi // BN
         r0 = tid // CH                                   # this thread's first K/V tile row
-        col = int32(kh * D + 8 * (tid & (CH - 1)))       # its element offset within a cache row
-        row_elems = int32(Hkv * D)
-        page_elems = np.int64(row_elems) << page_shift  # int64: pools may pass 2^31 elements
-        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, col, page_shift, row_elems, page_elems)
+        col = kh * D + 8 * (tid & (CH - 1))              # its element offset within a cache row
+        row_elems = Hkv * D
+        page_elems = np.int64(row_elems * PAGE)          # int64: pools may pass 2^31 elements
+        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, col, row_elems, page_elems)
         ptx.cp_async_commit()
 
         # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory --
@@ -198,7 +201,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
             k0 = int32(j * BN)
             if j < j1:
                 load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, col,
-                        page_shift, row_elems, page_elems)
+                        row_elems, page_elems)
             ptx.cp_async_commit()
             sk = skv + cur
             sv = sk + KV_BYTES
@@ -236,8 +239,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
                 for rh in range(NR):
                     # key k0 + 8n + 2c + e is visible to row rh iff 8n + e <= last_off and, with a
                     # window, 8n + e > first_off
-                    last_off = qp[rh] - k0 - 2 * c
-                    first_off = last_off - window
+                    last_off = int32(qp[rh] - k0 - 2 * c)
+                    first_off = int32(last_off - window)
                     for n in range(NS):
                         for e in range(2):
                             i = S1 * (rh >> 1) + 4 * n + 2 * (rh & 1) + e
@@ -291,7 +294,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool):
                     f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
                     ptx.st_global_v2_f32(out, base + 8 * n, o[f] * inv, o[f + 1] * inv)
 
-    fa2.__name__ = f"_fa2_d{D}_n{BN}_m{WM}{'_qr' if q_in_regs else ''}_kernel"
+    fa2.__name__ = f"_fa2_d{D}_n{BN}_m{WM}{'_qr' if q_in_regs else ''}_p{PAGE}_kernel"
     return cuda.jit(fa2)
 
 
@@ -319,22 +322,23 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
     assert out.shape == q.shape and pos.shape == (T,), "out or pos shape"
     assert D in HEAD_DIMS and k_pool.shape[3] == D and v_pool.shape == k_pool.shape, "head dims"
     P = k_pool.shape[1]
-    assert P in PAGE_SIZES and P & (P - 1) == 0 and H % k_pool.shape[2] == 0, "pages or heads"
+    assert P in PAGE_SIZES and H % k_pool.shape[2] == 0, "pages or heads"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     BN, MT, q_in_regs = TILINGS[tiling][D]
     BM = 16 * MT * WARPS
     if T:
-        launch(fa2_kernel(D, BN, MT, q_in_regs), ((T + BM - 1) // BM, H), THREADS, stream, q, k_pool,
+        launch(fa2_kernel(D, BN, MT, q_in_regs, P), ((T + BM - 1) // BM, H), THREADS, stream, q, k_pool,
                v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
-               np.float32(softcap or 0.0), np.int32(P.bit_length() - 1),
+               np.float32(softcap or 0.0),
                shared_bytes=shared_bytes(D, BN, MT))
 
 
 _SIG = types.void(types.float32[:, :, ::1], types.float16[:, :, :, ::1], types.float16[:, :, :, ::1],
                   types.int32[::1], types.int32[::1], types.float32[:, :, ::1],
-                  types.float32, types.int32, types.float32, types.int32)
+                  types.float32, types.int32, types.float32)
 FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"]
-BUILD_SIGNATURES = [(fa2_kernel(D, *cfg), _SIG, {"max_registers": 255, "ptx_contains": FA2_PTX})
+# every tiling at page size 32 (the page size only changes the block-table shift and mask)
+BUILD_SIGNATURES = [(fa2_kernel(D, *cfg, 32), _SIG, {"max_registers": 255, "ptx_contains": FA2_PTX})
                     for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})]
