@@ -69,7 +69,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     Q_BYTES = BM * ROWB
     KV_BYTES = BN * ROWB
     STAGE = 2 * KV_BYTES         # K tile, V tile
-    RSTEP = THREADS // CH        # tile rows one pass of the block's cp.async covers
+    RSTEP = THREADS // 8         # tile rows one pass of the block's cp.async covers (8 threads a row)
     KV_PASSES = BN // RSTEP
     NQF = 4 * MT * (KK if q_in_regs else 1)
     S1 = 4 * NS                  # S accumulators per lane and m-tile
@@ -79,25 +79,26 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     N_O = MT * O1                # O accumulators per lane
     N_P = 4 * MT                 # P A-fragment registers per lane and k step
     PSH = PAGE.bit_length() - 1  # log2 page size
-    assert RSTEP * CH == THREADS and KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
+    assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
 
     @cuda.jit(device=True, inline=True)
-    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, col, row_elems, page_elems):
+    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, c8, col, row_elems, page_elems):
         # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + KV_BYTES, zero outside lo..hi.
-        # This thread: rows r = r0 + RSTEP i at element col (kh D + 8 chunk) of their cache rows.
-        # k0 is a multiple of PAGE, so row r sits at r % PAGE in its page; a key outside lo..hi
-        # reads nothing (src size 0) but is given a valid address, in the page of the nearest
-        # live key (block-table entries past the live length are never read).
-        ch = (col >> 3) & (CH - 1)
+        # This thread: rows r = r0 + RSTEP i, chunks c8 + 8 u of each (element col + 64 u of its
+        # cache row; in shared memory, swizzled within each 8-chunk group: + 128 u bytes). k0 is
+        # a multiple of PAGE, so row r sits at r % PAGE in its page; a key outside lo..hi reads
+        # nothing (src size 0) but gets a valid address, in the page of the nearest live key
+        # (block-table entries past the live length are never read).
         for i in range(KV_PASSES):
             r = r0 + RSTEP * i
             key = int32(k0 + r)
             live = min(max(key, lo), hi)
             n = 16 if lo <= key and key <= hi else 0
             src = block_table[uint32(live >> PSH)] * page_elems + int32((r & (PAGE - 1)) * row_elems + col)
-            dst = sk + swz(r, ch, ROWB)
-            ptx.cp_async_16_zfill(dst, k_pool, src, n)
-            ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
+            dst = sk + swz(r, c8, ROWB)
+            for u in range(CH // 8):
+                ptx.cp_async_16_zfill(dst + 128 * u, k_pool, src + 64 * u, n)
+                ptx.cp_async_16_zfill(dst + 128 * u + KV_BYTES, v_pool, src + 64 * u, n)
 
     @cuda.jit(device=True, inline=True)
     def q_frags(sq, row0, kk, qf, o):
@@ -141,11 +142,12 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         lo = int32(max(0, first - window + 1) if window > 0 else 0)
         j0 = lo // BN
         j1 = hi // BN
-        r0 = tid // CH                                   # this thread's first K/V tile row
-        col = kh * D + 8 * (tid & (CH - 1))              # its element offset within a cache row
+        r0 = tid >> 3                                    # this thread's first K/V tile row
+        c8 = tid & 7                                     # its first chunk
+        col = kh * D + 8 * c8                            # its element offset within a cache row
         row_elems = Hkv * D
         page_elems = np.int64(row_elems * PAGE)          # int64: pools may pass 2^31 elements
-        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, col, row_elems, page_elems)
+        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, row_elems, page_elems)
         ptx.cp_async_commit()
 
         # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory --
@@ -200,8 +202,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
             cuda.syncthreads()
             k0 = int32(j * BN)
             if j < j1:
-                load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, col,
-                        row_elems, page_elems)
+                load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, c8,
+                        col, row_elems, page_elems)
             ptx.cp_async_commit()
             sk = skv + cur
             sv = sk + KV_BYTES
@@ -263,8 +265,15 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                 p = ptx.ex2_approx_ftz(s[i] - m[rh])
                 lsum[rh] += p
                 s[i] = p
-            for i in range(N_O):
-                o[i] *= alpha[2 * (i // O1) + ((i >> 1) & 1)]
+            for mt in range(MT):
+                a_lo = alpha[2 * mt]
+                a_hi = alpha[2 * mt + 1]
+                for n in range(NO):
+                    f = O1 * mt + 4 * n
+                    o[f] *= a_lo
+                    o[f + 1] *= a_lo
+                    o[f + 2] *= a_hi
+                    o[f + 3] *= a_hi
 
             # -- O += P·V: P's A fragments straight from s, V rows (keys) are B's rows: .trans --
             for kj in range(NS // 2):
