@@ -37,13 +37,13 @@ LOG2E = math.log2(math.e)
 NEG = np.float32(-1e30)
 SMEM_ALIGN = ptx.SMEM_ALIGN
 # Tilings, by name: head dim -> (BN keys per tile, MT 16-row m-tiles per warp, Q fragments held
-# in registers across key tiles). A block is 4 warps x 16 MT query rows. MT 2 (FlashAttention-2's
-# sm80 shapes: BM 128) reuses every K/V fragment read from shared memory for two m-tiles, halving
-# ldmatrix traffic per mma; MT 1 keeps BM 64. Without Q in registers its fragments are re-read
-# per key tile (per k step), as FlashAttention-2 does.
+# in registers across key tiles). A block is 4 warps x 16 MT query rows. MT 2 (BM 128, as
+# FlashAttention-2's sm80 forward) reuses every K/V fragment read from shared memory for two
+# m-tiles, halving ldmatrix traffic per mma; MT 1 keeps BM 64. Without Q in registers its
+# fragments are re-read per k step, as FlashAttention-2 does. D 128 at MT 2 fits 255 registers
+# only with 32-key tiles (64 spill). All compile without spills (tests/test_kernel_build.py).
 TILINGS = {
-    "m32": {64: (64, 2, True), 128: (64, 2, False), 256: (32, 1, False)},
-    "m32n32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False)},
+    "m32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False)},
     "m16": {64: (64, 1, True), 128: (64, 1, True), 256: (32, 1, False)},
 }
 DEFAULT_TILING = "m32"
@@ -189,11 +189,12 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         mx = cuda.local.array(NR, float32)
         alpha = cuda.local.array(NR, float32)
         pa = cuda.local.array(N_P, uint32)
-        kb = lane & 7                                    # K/V ldmatrix row within its 8 (= swizzle key)
-        kr = kb + ((lane >> 4) << 3)                     # K: row within 16 keys
-        kc = ((lane >> 3) & 1) ^ (kb & 1)                # K: low chunk bit after the swizzle
-        vr = kb + (((lane >> 3) & 1) << 3)               # V: row within 16 keys
-        vc = (lane >> 4) ^ (kb & 1)
+        # ldmatrix lane addresses of K (k step 0) and V (d 0..15), relative to a stage: lanes
+        # 8i..8i+7 give matrix i's rows; chunk ch of row r sits at chunk ch ^ (r & 7), so k step kk
+        # (V: d step dp) is the step-0 offset XOR kk << 5 (chunk bits only, as ROWB > 32 KK)
+        kb = lane & 7
+        k_rel = (kb + ((lane >> 4) << 3)) * ROWB + ((((lane >> 3) & 1) ^ kb) << 4)
+        v_rel = KV_BYTES + (kb + (((lane >> 3) & 1) << 3)) * ROWB + (((lane >> 4) ^ kb) << 4)
 
         cur = 0  # byte offset of tile j's stage: 0 or STAGE
         for j in range(j0, j1 + 1):
@@ -205,8 +206,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                 load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, c8,
                         col, row_elems, page_elems)
             ptx.cp_async_commit()
-            sk = skv + cur
-            sv = sk + KV_BYTES
+            k_lane = cur + k_rel   # loop-variant on purpose: per-step addresses are not hoisted into registers
+            v_lane = cur + v_rel
             cur = STAGE - cur
             # the warp's rows see none of these keys: nothing to add (warp-uniform)
             if k0 > w_last or k0 + BN <= w_lo:
@@ -220,7 +221,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                     for mt in range(MT):
                         q_frags(sq, WM * warp + 16 * mt, kk, qf, 4 * mt)
                 # chunk 2kk + bit, swizzled by kb: 2 (kk ^ (kb >> 1)) + kc
-                ka = sk + kr * ROWB + ((2 * (kk ^ (kb >> 1)) + kc) << 4)
+                ka = skv + (k_lane ^ (kk << 5))
                 for jp in range(NS // 2):  # matrices: keys 16jp+0..7 at d lo, d hi; keys +8..15 likewise
                     b0, b1, b2, b3 = ptx.ldmatrix_x4(ka + 16 * jp * ROWB)
                     for mt in range(MT):
@@ -281,9 +282,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                     e = S1 * mt + 8 * kj
                     for u in range(4):
                         pa[4 * mt + u] = ptx.pack_f16x2(s[e + 2 * u], s[e + 2 * u + 1])
-                va = sv + (16 * kj + vr) * ROWB
                 for dp in range(NO // 2):  # matrices: keys 0..7, 8..15 at d 16dp+0..7, then d +8..15
-                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(va + ((2 * (dp ^ (kb >> 1)) + vc) << 4))
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(skv + (v_lane ^ (dp << 5)) + 16 * kj * ROWB)
                     for mt in range(MT):
                         for n in range(2):
                             f = O1 * mt + 4 * (2 * dp + n)
