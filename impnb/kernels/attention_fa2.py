@@ -11,7 +11,13 @@ row's causal edge or window edge are masked element by element. Keys outside lo 
 zero-filled in shared memory (no block-table entry past the live length is read), rows past T
 repeat row T - 1's position and are never stored. Masked scores are a finite -1e30: a row whose
 first tiles are all masked accumulates garbage with weight exp2(-1e30 - m) = 0 once it meets
-its first visible key, which every row does (its own position).
+its first visible key, which every row does (its own position). A warp skips the mma's of a
+key tile none of its rows sees (causal diagonal at BM 128).
+
+Scores live in log2 units: Q is stored pre-multiplied by scale·log2 e, so the softmax is one
+ex2.approx.ftz per score with no per-score multiply; softcap c becomes (c log2 e)·tanh(s / (c log2 e)).
+The hot loop keeps 32-bit index math: the page size is a compile-time constant (shift and mask),
+ldmatrix addresses step by XOR on the swizzled chunk bits, mask compares are int32.
 
 Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; g = lane >> 2, c = lane & 3):
 A 16x16 regs (g, 2c..+1), (g+8, 2c..+1), (g, 2c+8..+9), (g+8, 2c+8..+9); B 16x8 regs
