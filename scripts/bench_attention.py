@@ -6,6 +6,8 @@ stream; torch runs (Z, H, N, D) fp16 tensors. Causal: query t at position t; not
 query at position N - 1, so each sees all N keys (impnb has no separate non-causal mode). FLOPs
 4 Z H N² D, halved when causal. Timed with CUDA events: one warm-up, the median of --reps.
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
+        [--tilings m32,m16] [--no-torch]
+--tilings: attention_fa2's TILINGS to time side by side (one impnb column each).
 """
 
 import argparse
@@ -19,7 +21,7 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from impnb.kernels.attention_fa2 import attention_fa2  # noqa: E402
+from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
 from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
@@ -38,7 +40,7 @@ def median_ms(fn, reps: int, stream) -> float:
     return statistics.median(times)
 
 
-def impnb_ms(N: int, D: int, causal: bool, reps: int) -> float:
+def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING) -> float:
     rng = np.random.default_rng(0)
     stream = cuda.stream()
     n_pages = pages_needed(N, PAGE)
@@ -52,7 +54,7 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int) -> float:
 
     def run():
         for z in range(Z):
-            attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream)
+            attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
     ms = median_ms(run, reps, stream)
     assert np.isfinite(out[Z - 1].copy_to_host(stream=stream)).all()
@@ -94,25 +96,34 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2")
+    ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     args = ap.parse_args()
+    tilings = args.tilings.split(",")
+    impnb_cols = ["impnb"] if tilings == [DEFAULT_TILING] else [f"impnb:{t}" for t in tilings]
     rows = []
     for D in (int(x) for x in args.dims.split(",")):
         for causal in (False, True):
             for N in (int(x) for x in args.ctx.split(",")):
                 flops = 4 * Z * H * N * N * D / (2 if causal else 1)
                 row = {"D": D, "causal": causal, "N": N}
-                for name, ms in (("impnb", impnb_ms(N, D, causal, args.reps)),
-                                 ("flash", torch_ms(N, D, causal, args.reps, "FLASH_ATTENTION")),
-                                 ("cudnn", torch_ms(N, D, causal, args.reps, "CUDNN_ATTENTION"))):
+                timed = [(col, impnb_ms(N, D, causal, args.reps, t)) for col, t in zip(impnb_cols, tilings)]
+                if not args.no_torch:
+                    timed += [("flash", torch_ms(N, D, causal, args.reps, "FLASH_ATTENTION")),
+                              ("cudnn", torch_ms(N, D, causal, args.reps, "CUDNN_ATTENTION"))]
+                for name, ms in timed:
                     row[name] = None if ms is None else flops / (ms * 1e-3) / 1e12
                 rows.append(row)
                 print(row, file=sys.stderr, flush=True)
     fmt = lambda v: "    -" if v is None else f"{v:5.0f}"  # noqa: E731
-    print(f"TFLOP/s, Z={Z} H={H} fp16\n    D causal     N  impnb  flash  cudnn  impnb/flash")
+    cols = impnb_cols + ["flash", "cudnn"]
+    print(f"TFLOP/s, Z={Z} H={H} fp16\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
+          + "  impnb/flash")
     for r in rows:
-        ratio = f"{r['impnb'] / r['flash']:.2f}" if r["flash"] else "-"
-        print(f"{r['D']:5d} {str(r['causal']):>6} {r['N']:5d}  {fmt(r['impnb'])}  {fmt(r['flash'])}  "
-              f"{fmt(r['cudnn'])}  {ratio:>11}")
+        best = max(r[c] for c in impnb_cols)
+        ratio = f"{best / r['flash']:.2f}" if r.get("flash") else "-"
+        print(f"{r['D']:5d} {str(r['causal']):>6} {r['N']:5d}  "
+              + "  ".join(f"{fmt(r.get(c)):>8}" for c in cols) + f"  {ratio:>11}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -21,7 +21,7 @@ SMEM_ALIGN = None if SIM else 128  # alignment= for cuda.shared.array (the simul
 if SIM:
     from impnb.kernels.ptx_sim import (  # noqa: F401
         cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-        cvta_to_shared, grid_dep_launch, grid_dep_wait, ld_global_v4_u32, ld_shared_v4_u32,
+        cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait, ld_global_v4_u32, ld_shared_v4_u32,
         ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2, pack_f16x2,
         smem_addr, st_global_v2_f32, st_global_v4_u32, st_shared_v4_u32)
 else:
@@ -263,6 +263,19 @@ else:
 
     pack_f16x2 = _pack("f16")    # cvt.rn.f16x2.f32 d, hi, lo
     pack_bf16x2 = _pack("bf16")  # cvt.rn.bf16x2.f32 d, hi, lo
+
+    # -- special functions --
+
+    @intrinsic
+    def ex2_approx_ftz(typingctx, x):
+        """ex2.approx.ftz.f32 d, x: 2^x in one MUFU.EX2 (max rel. error 2^-22; subnormals flush to 0)."""
+        if not isinstance(x, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _F32, [_f32(context, builder, args[0], sig.args[0])],
+                        "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+        return types.float32(x), codegen
 
     # -- shared-window addresses --
 

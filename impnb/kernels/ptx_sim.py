@@ -128,6 +128,15 @@ def cp_async_wait_all():
     cp_async_wait_group(0)
 
 
+# -- special functions --
+
+def ex2_approx_ftz(x):
+    """2^x in float32, subnormal results flushed to zero."""
+    with np.errstate(over="ignore", under="ignore"):
+        r = np.exp2(np.float32(x))
+    return np.float32(0) if abs(r) < np.finfo(np.float32).tiny else r
+
+
 # -- packing --
 
 def _f16_bits(v):

@@ -15,7 +15,7 @@ import pytest
 from numba import cuda
 
 from impnb.kernels.attention import attention_ref
-from impnb.kernels.attention_fa2 import attention_fa2
+from impnb.kernels.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
 from impnb.kernels.kv_cache import kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
 
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 TOL16, TOL32 = 4e-3, 8e-3
 
 
-def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True):
+def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
+              tiling=DEFAULT_TILING):
     """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
     puts every query at the last position (each sees all pos0 + T keys)."""
     L = pos0 + T
@@ -35,10 +36,10 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
     out = np.full(q.shape, np.nan, np.float32)
     stream = cuda.stream()
     dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
-    attention_fa2(*dev, scale, window, softcap, stream)
+    attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
-    what = f"fa2 pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
+    what = f"fa2[{tiling}] pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
     assert np.isfinite(got).all(), f"{what}: non-finite output"
     k16, v16 = kv_gather_ref(k_pool, block_table[0], L), kv_gather_ref(v_pool, block_table[0], L)
     unit = std * max(1.0, std * std)
@@ -87,3 +88,11 @@ def test_fa2_not_causal(D):
 def test_fa2_window_edges(pos0, T, window):
     """Windows of one key and of a tile width, across page and tile edges."""
     check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, 128, 1.0, window)
+
+
+@pytest.mark.parametrize("tiling", sorted(TILINGS))
+@pytest.mark.parametrize("D", (64, 128, 256))
+def test_fa2_tilings(D, tiling):
+    """Every tiling: a 1000-token chunk after 300 cached keys, GQA 2, window and softcap."""
+    check_fa2(_seed(D, 1000), 300, 1000, 4, 2, D, 1.0, None, None, tiling=tiling)
+    check_fa2(_seed(D, 77), 300, 200, 4, 2, D, 1.0, 100, 20.0, page_size=16, tiling=tiling)

@@ -21,3 +21,12 @@ from tests.gpu.test_attention_fa2 import _seed, check_fa2
 ])
 def test_fa2(pos0, T, H, Hkv, window, softcap, std, page_size, causal, D):
     check_fa2(_seed(pos0, T, H), pos0, T, H, Hkv, D, std, window, softcap, page_size, causal)
+
+
+@pytest.mark.parametrize("pos0,T,window,softcap,page_size,D", [
+    (50, 20, 30, None, 16, 64),      # window across the first tile
+    (40, 9, None, 20.0, 32, 128),    # D 128 softcap
+])
+def test_fa2_m16(pos0, T, window, softcap, page_size, D):
+    """The BM 64 tiling (the default is BM 128 for D 64 and 128)."""
+    check_fa2(_seed(pos0, T, D), pos0, T, 2, 1, D, 1.0, window, softcap, page_size, True, tiling="m16")
