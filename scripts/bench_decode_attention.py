@@ -3,8 +3,10 @@
 One query token per step at context L (positions 0..L-1 cached), the split count the engine
 would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph and replayed
 (as the decode graph runs them); the median of 20 replays / 50. KV GB/s = K and V bytes of the
-L live keys / time. Shapes: SmolLM2-135M (H 9, Hkv 3, D 64) and Gemma3-270M (H 4, Hkv 1, D 256).
-    python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3] [--json PATH]
+L live keys / time. Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256) and
+Qwen3-30B-A3B (H 32, Hkv 4, D 128); --row-tiles compares query rows per block.
+    python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
+                                             [--row-tiles 4,8] [--json PATH]
 """
 
 import argparse
@@ -24,12 +26,12 @@ from impnb.graphs.capture import Graph  # noqa: E402
 from impnb.kernels import attention_decode as ad  # noqa: E402
 from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
-SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}
+SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "qwen3-30b-a3b": (32, 4, 128)}
 PAGE = 32
 CALLS = 50
 
 
-def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits):
+def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None):
     rng = np.random.default_rng(0)
     n_pages = pages_needed(n_ctx, PAGE)
     k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
@@ -44,7 +46,7 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits):
 
     def call():
         ad.attention_decode(q, k_pool, v_pool, table, pos, out, partials, counters, n_splits,
-                            D ** -0.5, None, None, ctx.nb_stream)
+                            D ** -0.5, None, None, ctx.nb_stream, rows_per_block=rm)
 
     call()
     ctx.sync()
@@ -67,20 +69,22 @@ def main() -> int:
     ap.add_argument("--ctx", default="64,131,512,4096,16384,32768")
     ap.add_argument("--n-ctx", type=int, default=32768, help="context the split count is sized for")
     ap.add_argument("--splits", default="", help="comma-separated split counts to try (default: num_splits)")
-    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--models", default="smollm2,gemma3", help=f"of {','.join(SHAPES)}")
+    ap.add_argument("--row-tiles", default="", help="query rows per block to try (default: row_tile's choice)")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
     rows = []
-    print(f"{'model':<9} {'ctx':>6} {'splits':>6} {'µs':>8} {'KV GB/s':>8}")
+    print(f"{'model':<13} {'ctx':>6} {'splits':>6} {'rows':>4} {'µs':>8} {'KV GB/s':>8}")
     for model in args.models.split(","):
         H, Hkv, D = SHAPES[model]
         for L in (int(v) for v in args.ctx.split(",")):
             n_ctx = max(args.n_ctx, L)
             for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
-                us, n, gbs = time_case(ctx, H, Hkv, D, L, n_ctx, s)
-                rows.append(dict(model=model, ctx=L, splits=n, us=us, kv_gbs=gbs))
-                print(f"{model:<9} {L:>6} {n:>6} {us:>8.2f} {gbs:>8.1f}")
+                for rm in [int(v) for v in args.row_tiles.split(",") if v] or [ad.row_tile(H, Hkv, 1)]:
+                    us, n, gbs = time_case(ctx, H, Hkv, D, L, n_ctx, s, rm)
+                    rows.append(dict(model=model, ctx=L, splits=n, rows=rm, us=us, kv_gbs=gbs))
+                    print(f"{model:<13} {L:>6} {n:>6} {rm:>4} {us:>8.2f} {gbs:>8.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -122,3 +122,14 @@ def test_quick_cpu_gate_passes_on_four_models(smollm2_path, gemma3_path, tmp_pat
     assert data["exit"] == 0 and [m["status"] for m in data["models"]] == ["PASS"] * 4
     smollm2 = next(m for m in data["models"] if m["name"] == "smollm2-135m")
     assert any("Paris" in o["text"] for o in smollm2["outputs"])
+
+
+def test_cuda_rows_name_their_graphs_mode(smoke):
+    """On cuda a model gets a row with graphs on and one with graphs off; a failing row's reasons
+    say which."""
+    ok = smoke.ModelResult("gemma3-270m", "cuda", "on", status="PASS")
+    bad = smoke.ModelResult("gemma3-270m", "cuda", "off", status="FAIL", reasons=["parity: top-1 0.5"])
+    text = smoke.table([ok, bad])
+    graphs = [line.split()[2] for line in text.splitlines() if line.startswith("gemma3-270m ")]
+    assert graphs == ["on", "off"]
+    assert "gemma3-270m[graphs off]: FAIL: parity: top-1 0.5" in text

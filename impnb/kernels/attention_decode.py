@@ -319,7 +319,8 @@ def _check(a, dtype, ndim: int, name: str):
 
 
 def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counters, n_splits: int,
-                     scale: float, window: int | None, softcap: float | None, stream) -> None:
+                     scale: float, window: int | None, softcap: float | None, stream,
+                     rows_per_block: int | None = None) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache.
 
     k_pool, v_pool (n_pages, page_size, Hkv, D) float16; block_table (B, max_pages) int32;
@@ -327,7 +328,7 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counter
     partials (B, >= n_splits, T, H, D + 2) float32 scratch; counters (counters_shape) int32,
     zeroed once; n_splits from num_splits.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
-    block_table (max_pages,).
+    block_table (max_pages,). rows_per_block: one of ROW_TILES (default row_tile's choice).
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])
@@ -346,7 +347,8 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counter
     assert partials.shape[0] == B and partials.shape[2:] == (T, H, D + 2), "partials shape"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
-    rm = row_tile(H, Hkv, T)
+    rm = rows_per_block or row_tile(H, Hkv, T)
+    assert rm in ROW_TILES, f"rows_per_block {rm}"
     n_groups = -(-(H // Hkv * T) // rm)
     win = np.int32(window or 0)
     assert counters.shape[0] == B and counters.shape[1] >= Hkv * n_groups, "counters shape"
