@@ -47,3 +47,20 @@ def test_combine_ref():
     weights = np.array([[0.5, 0.25], [1.0, 0.0], [0.0, 2.0]], np.float32)
     out = combine_ref(y, rows, weights)
     np.testing.assert_allclose(out, [[0.5 * y[5] + 0.25 * y[0]][0], y[1], 2 * y[4]])
+
+
+def test_check_experts_refuses_what_the_kernels_cannot_route():
+    from dataclasses import dataclass
+
+    from impnb.errors import UnsupportedError
+    from impnb.kernels.moe import MAX_EXPERTS, MAX_K, check_experts
+
+    @dataclass
+    class Cfg:
+        n_expert: int
+        n_expert_used: int
+
+    check_experts(Cfg(128, 8))
+    for bad in (Cfg(128, MAX_K + 1), Cfg(MAX_EXPERTS + 1, 2), Cfg(8, 0)):
+        with pytest.raises(UnsupportedError, match="use --device cpu"):
+            check_experts(bad)

@@ -13,9 +13,9 @@ The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is 
 
 import numpy as np
 
+from impnb.gpu.moe import moe_ffn
 from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.embedding import embedding
-from impnb.gpu.moe import moe_ffn
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
 

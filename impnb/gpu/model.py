@@ -21,6 +21,7 @@ from impnb.gpu.cublas_gemm import Cublas
 from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.cast import cast_f16
+from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
 from impnb.kernels.rope import rope_inv_freq
 from impnb.models import model_config
@@ -39,6 +40,8 @@ class DeviceModel:
         if cfg.arch not in GPU_ARCHS:
             raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
+        if cfg.n_expert:
+            check_experts(cfg)
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
@@ -118,9 +121,9 @@ class DeviceModel:
         cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
         bm = gemm_dispatch.PATHS[path]
         if bm is None:
-            self.cublas.gemm_f16(self._x16(x), self._w16(w), y)
+            self.cublas.gemm_f16(self.x16(x), self._w16(w), y)
         else:
-            gemm_quant(self._x16(x), w, y, self.ctx.nb_stream, bm=bm)
+            gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=bm)
 
     def linear_split(self, x, name: str, ys) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv)."""
@@ -128,7 +131,7 @@ class DeviceModel:
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv.gemv_split(w, x, ys, self.ctx.nb_stream)
             return
-        x16, w16, row = self._x16(x), self._w16(w), 0
+        x16, w16, row = self.x16(x), self._w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
@@ -143,7 +146,7 @@ class DeviceModel:
         self.linear(x, name, gate_up)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
 
-    def _x16(self, x):
+    def x16(self, x):
         x16 = self.arena.get("x16", x.shape, np.float16)
         cast_f16(x, x16, self.ctx.nb_stream)
         return x16

@@ -45,7 +45,7 @@ def moe_ffn(m, h, prefix: str, out) -> None:
         moe_group(slots, E, BM, order, rows, tiles, n_tiles, s)
         grouped = (tiles, n_tiles, order)
         act = a.get("moe_act", (S, F))
-        _experts_glu_gemm(m, m._x16(h), prefix, grouped, k, act)
+        _experts_glu_gemm(m, m.x16(h), prefix, grouped, k, act)
         act16 = a.get("moe_act16", (S, F), np.float16)
         cast_f16(act, act16, s)
         gemm_grouped(act16, m.w[prefix + "ffn_down_exps"], D, y, *grouped, 0, s)

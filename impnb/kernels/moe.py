@@ -54,6 +54,16 @@ def combine_ref(y: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndar
     return (weights[:, :, None].astype(np.float64) * y[rows.reshape(T, k)].astype(np.float64)).sum(axis=1)
 
 
+def check_experts(cfg) -> None:
+    """UnsupportedError unless the routing kernels take cfg's expert counts."""
+    from impnb.errors import UnsupportedError
+
+    if not (1 <= cfg.n_expert_used <= MAX_K and cfg.n_expert <= MAX_EXPERTS):
+        raise UnsupportedError(f"{cfg.n_expert} experts with {cfg.n_expert_used} per token: the GPU "
+                               f"path routes up to {MAX_EXPERTS} experts, up to {MAX_K} per token; "
+                               "use --device cpu")
+
+
 def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
     """Most tiles moe_group can write: each non-empty expert adds at most one partial tile."""
     return min(n_slots, n_slots // tm + min(n_expert, n_slots))
