@@ -3,10 +3,12 @@
 One query token per step at context L (positions 0..L-1 cached), the split count the engine
 would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph and replayed
 (as the decode graph runs them); the median of 20 replays / 50. KV GB/s = K and V bytes of the
-L live keys / time. Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256) and
+L live keys / time. --torch times torch SDPA on contiguous fp16 K/V of the same shape the same
+way (ratio = torch µs / impnb µs). Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256) and
 Qwen3-30B-A3B (H 32, Hkv 4, D 128); --row-tiles compares query rows per block.
     python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
-                                             [--row-tiles 4,8] [--json PATH]
+                                             [--row-tiles 4,8] [--split-keys 32,64] [--splits N,..]
+                                             [--torch] [--json PATH]
 """
 
 import argparse
@@ -31,7 +33,7 @@ PAGE = 32
 CALLS = 50
 
 
-def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None):
+def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=None):
     rng = np.random.default_rng(0)
     n_pages = pages_needed(n_ctx, PAGE)
     k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
@@ -40,13 +42,14 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None):
     q = ctx.upload(rng.standard_normal((1, H, D)).astype(np.float32))
     pos = ctx.upload(np.array([L - 1], np.int32))
     out = ctx.empty((1, H, D), np.float32)
-    n_splits = splits or ad.num_splits(n_ctx, H, Hkv)
+    n_splits = splits or ad.num_splits(n_ctx, H, Hkv, head_dim=D)
     partials = ctx.empty(ad.partials_shape(1, n_splits, 1, H, D), np.float32)
     counters = ctx.upload(np.zeros(ad.counters_shape(1, 1, H), np.int32))
 
     def call():
         ad.attention_decode(q, k_pool, v_pool, table, pos, out, partials, counters, n_splits,
-                            D ** -0.5, None, None, ctx.nb_stream, rows_per_block=rm)
+                            D ** -0.5, None, None, ctx.nb_stream, rows_per_block=rm,
+                            split_keys=split_keys)
 
     call()
     ctx.sync()
@@ -64,6 +67,37 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None):
     return us, n_splits, 2 * L * Hkv * D * 2 / (us * 1e-6) / 1e9
 
 
+def time_torch(H, Hkv, D, L):
+    """torch SDPA (fp16, contiguous K/V, GQA) on the same shape: µs per call, graph-replayed."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(1, Hkv, L, D, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(1, Hkv, L, D, device="cuda", dtype=torch.float16, generator=g)
+
+    def call():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(23):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(times[3:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", default="64,131,512,4096,16384,32768")
@@ -71,20 +105,27 @@ def main() -> int:
     ap.add_argument("--splits", default="", help="comma-separated split counts to try (default: num_splits)")
     ap.add_argument("--models", default="smollm2,gemma3", help=f"of {','.join(SHAPES)}")
     ap.add_argument("--row-tiles", default="", help="query rows per block to try (default: row_tile's choice)")
+    ap.add_argument("--split-keys", default="", help="keys a split takes at least, to try (default: min_chunk)")
+    ap.add_argument("--torch", action="store_true", help="also time torch SDPA on contiguous fp16 K/V")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
     rows = []
-    print(f"{'model':<13} {'ctx':>6} {'splits':>6} {'rows':>4} {'µs':>8} {'KV GB/s':>8}")
+    print(f"{'model':<13} {'ctx':>6} {'splits':>6} {'rows':>4} {'keys':>5} {'µs':>8} {'KV GB/s':>8}"
+          + (f" {'torch µs':>9} {'ratio':>6}" if args.torch else ""))
     for model in args.models.split(","):
         H, Hkv, D = SHAPES[model]
         for L in (int(v) for v in args.ctx.split(",")):
             n_ctx = max(args.n_ctx, L)
             for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
-                for rm in [int(v) for v in args.row_tiles.split(",") if v] or [ad.row_tile(H, Hkv, 1)]:
-                    us, n, gbs = time_case(ctx, H, Hkv, D, L, n_ctx, s, rm)
-                    rows.append(dict(model=model, ctx=L, splits=n, rows=rm, us=us, kv_gbs=gbs))
-                    print(f"{model:<13} {L:>6} {n:>6} {rm:>4} {us:>8.2f} {gbs:>8.1f}")
+                for rm in [int(v) for v in args.row_tiles.split(",") if v] or [ad.row_tile(H, Hkv, 1, D)]:
+                    for sk in [int(v) for v in args.split_keys.split(",") if v] or [ad.min_chunk(D)]:
+                        us, n, gbs = time_case(ctx, H, Hkv, D, L, n_ctx, s, rm, sk)
+                        t_us = time_torch(H, Hkv, D, L) if args.torch else None
+                        rows.append(dict(model=model, ctx=L, splits=n, rows=rm, split_keys=sk, us=us,
+                                         kv_gbs=gbs, torch_us=t_us))
+                        print(f"{model:<13} {L:>6} {n:>6} {rm:>4} {sk:>5} {us:>8.2f} {gbs:>8.1f}"
+                              + (f" {t_us:>9.2f} {t_us / us:>6.2f}" if t_us else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

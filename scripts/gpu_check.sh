@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|all]   (default all but moe)
-# moe writes the full-size synthetic Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it.
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|decode|all]   (default all but moe)
+# decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
+# Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it.
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -40,6 +41,16 @@ if [[ $what == moe ]]; then
   [ -f $moe ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M --out $moe > "$OUT/moe-make.log" 2>&1
   timeout 300 python3 -m impnb bench -m $moe -p 512 -n 128 -r 3 --device cuda > "$OUT/bench-moe.log" 2>&1
   status[bench-moe]="rc=$? $(grep -E 'tg128' "$OUT/bench-moe.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+fi
+
+if [[ $what == decode ]]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_attention.py tests/gpu/test_launch.py -k decode \
+    -p no:cacheprovider -W ignore > "$OUT/decode-tests.log" 2>&1
+  status[decode-tests]="rc=$? $(tail -n 1 "$OUT/decode-tests.log")"
+  timeout 200 python3 scripts/bench_decode_attention.py --models smollm2,gemma3,qwen3-30b-a3b \
+    --ctx 131,512,4096,16384,32768 --torch --json "$OUT/bench-decode-attention.json" \
+    > "$OUT/bench-decode-attention.log" 2>&1
+  status[bench-decode-attention]="rc=$? see bench-decode-attention.log"
 fi
 
 if [[ $what == attn ]]; then

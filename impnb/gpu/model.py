@@ -56,7 +56,8 @@ class DeviceModel:
         self.block_table = self.ctx.upload(kv_cache.contiguous_block_table(1, n_pages)[0])
         # row of routed slot s = s (decode; prefill groups slots by expert)
         self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
-        self.decode_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv)
+        self.decode_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv,
+                                                         head_dim=cfg.head_dim)
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)

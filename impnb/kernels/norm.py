@@ -64,7 +64,15 @@ if SIMULATOR:
 
     def quad_max(v):
         return _sim_butterfly(v, max, (1, 2))
+
+    def shfl_xor(v, off):
+        return _sim_butterfly(v, lambda a, b: b, (int(off),))
 else:
+    @cuda.jit(device=True, inline=True)
+    def shfl_xor(v, off):
+        """v of lane (lane xor off). Whole warps only."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+
     @cuda.jit(device=True, inline=True)
     def warp_sum(v):
         """Butterfly sum over the 32 lanes; every lane gets the total. Whole warps only."""

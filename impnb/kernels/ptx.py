@@ -21,9 +21,10 @@ SMEM_ALIGN = None if SIM else 128  # alignment= for cuda.shared.array (the simul
 if SIM:
     from impnb.kernels.ptx_sim import (  # noqa: F401
         cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-        cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait, ld_global_v4_u32, ld_shared_v4_u32,
-        ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2, pack_f16x2,
-        smem_addr, st_global_v2_f32, st_global_v4_u32, st_shared_v4_u32)
+        cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait, ld_global_cg_v4_f32,
+        ld_global_v4_u32, ld_shared_v4_u32, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
+        ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2,
+        pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32, st_shared_v4_u32)
 else:
     from llvmlite import ir
     from numba import types
@@ -184,6 +185,23 @@ else:
             ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
             res = _asm(builder, ir.LiteralStructType([_I32] * 4), [ptr],
                        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            return _tuple(context, builder, sig, res, 4)
+        return sig, codegen
+
+    @intrinsic
+    def ld_global_cg_v4_f32(typingctx, a, i):
+        """ld.global.cg.v4.f32 {r0, r1, r2, r3}, [&a[i]]; cached in L2 only, so it sees other
+        blocks' writes made visible by a threadfence (L1 is not coherent across SMs); a a float32
+        array, i a multiple of 4."""
+        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
+            return None
+        sig = types.UniTuple(types.float32, 4)(a, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            res = _asm(builder, ir.LiteralStructType([_F32] * 4), [ptr],
+                       "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l,~{memory}",
+                       side_effect=True)
             return _tuple(context, builder, sig, res, 4)
         return sig, codegen
 

@@ -84,27 +84,28 @@ def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
 
 
 def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
-                 n_splits=None):
-    """B = len(lengths) sequences, T queries each at positions L - T .. L - 1."""
+                 n_splits=None, split_keys=None):
+    """B = len(lengths) sequences, T queries each at positions L - T .. L - 1; split_keys: the
+    keys a split takes at least (default the kernel's)."""
     B = len(lengths)
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, T, H, D), std)
     pos = np.array([[L - T + t for t in range(T)] for L in lengths], np.int32)
     scale = D ** -0.5
-    n_splits = n_splits or num_splits(max(lengths), H, Hkv, T, B, window)
+    n_splits = n_splits or num_splits(max(lengths), H, Hkv, T, B, window, head_dim=D)
     out = np.full(q.shape, np.nan, np.float32)
     partials = np.full(partials_shape(B, n_splits, T, H, D), np.nan, np.float32)
     stream = cuda.stream()
     counters = np.zeros(counters_shape(B, T, H), np.int32)
     dev = [cuda.to_device(a, stream=stream)
            for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
-    attention_decode(*dev, n_splits, scale, window, softcap, stream)
+    attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
     for b, L in enumerate(lengths):
         assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
-                         window, softcap, std,
-                         f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} splits={n_splits}")
+                         window, softcap, std, f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} "
+                         f"splits={n_splits} split_keys={split_keys}")
 
 
 def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_size=16, std=1.0):
@@ -168,7 +169,7 @@ def test_decode(H, Hkv, D, window, L, std):
     check_decode(_seed(H, D, L, std), [L], 1, H, Hkv, D, std, window)
     # the largest split count a graph for an 8k bucket would use: most splits idle at short L
     check_decode(_seed(H, D, L, std, 1), [L], 1, H, Hkv, D, std, window, page_size=32,
-                 n_splits=num_splits(8192, H, Hkv, 1, 1, window))
+                 n_splits=num_splits(8192, H, Hkv, 1, 1, window, head_dim=D))
 
 
 @pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
