@@ -26,7 +26,7 @@ MAX_T = 8
 MAX_SPLITS = 256
 NT = 256               # threads per block
 NW = NT // 32          # warps per block
-STAGES = 4             # cp.async ring depth per lane
+STAGES = 4             # cp.async ring depth per lane (a power of two)
 PENDING = STAGES - 2   # cp.async groups left in flight when a step's data is read
 WIN = 1024             # keys whose page numbers are staged in shared memory at a time
 MAX_WIN_PAGES = WIN // min(PAGE_SIZES) + 1
@@ -71,7 +71,7 @@ def _split_range(pos, b, r0, nrows, g, window, n_splits, min_chunk, step):
     return lo, hi, chunk, (hi - lo + chunk - 1) // chunk
 
 
-def _make_split_kernel(D: int, RM: int):
+def _make_split_kernel(D: int, RM: int, capped: bool):
     LPK = D // 8            # lanes per key: 8 dims (16 bytes of K, 16 of V) each
     KPL = 32 // LPK         # keys per warp step
     BK = NW * KPL           # keys per block step
@@ -104,20 +104,22 @@ def _make_split_kernel(D: int, RM: int):
             pass  # one key slot per warp
 
     @cuda.jit(device=True, inline=True)
-    def issue(ring, k_words, v_words, pages, j, key0, w1, p0, page_size, Hkv, kh, warp, lane, dl):
+    def issue(ring, k_words, v_words, pages, j, key0, w1, p0, shift, Hkv, kh, warp, lane, dl):
         # -- cp.async this lane's 16 bytes of K and V for block step j into ring stage j % STAGES --
         key = key0 + j * BK
-        sa = ptx.smem_addr(ring, ((warp * STAGES + j % STAGES) * 2 * 32 + lane) * 4)
+        sa = ptx.smem_addr(ring, ((warp * STAGES + (j & (STAGES - 1))) * 2 * 32 + lane) * 4)
         src = 0
         n = 0
         if key < w1:
-            src = ((pages[key // page_size - p0] * page_size + key % page_size) * Hkv + kh) * WPR + dl * 4
+            page = pages[(key >> shift) - p0]
+            src = (((page << shift) + (key & ((1 << shift) - 1))) * Hkv + kh) * WPR + dl * 4
             n = 16
         ptx.cp_async_16_zfill(sa, k_words, src, n)   # keys past the window: zeros
         ptx.cp_async_16_zfill(sa + 512, v_words, src, n)
         ptx.cp_async_commit()
 
     # grid (n_splits, Hkv * n_row_groups, B), block 256 (8 warps).
+    # capped: scores go through softcap * tanh(s / softcap) (a variant, off the common path).
     # A block owns up to RM query rows r = t * g + j (token t, head kh * g + j) of one KV head and
     # one split of their key range (_split_range); splits past the live ones return at once.
     # Lane = (key slot kq of KPL, dim slice dl of LPK): per block step each warp reads KPL keys,
@@ -128,14 +130,14 @@ def _make_split_kernel(D: int, RM: int):
     # shared: ring u32/f32[RING] (K|V stages, then per-warp rows red[NW][RM][D], then merge
     # weights [split][RM] and split-group sums); pages i32[MAX_WIN_PAGES] (the window's pages);
     # ms, ls f32[NW][RM] (per-warp max and sum); last i32[1].
-    # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2).
+    # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2); page_size = 1 << shift.
     # With one live split the rows are normalized into out; else unnormalized acc, running max m
     # (base 2) and sum l go to partials[b, split, t, h, 0:D | D | D+1] (rows without keys:
     # 0, NEG, 0), and the block that brings counters[b, blockIdx.y] to n_live merges them into
     # out and resets the counter (threadfence before the count, so the last block sees every
     # partial; it reads them through L2).
     def split_kernel(q, k_words, v_words, block_table, pos, partials, counters, out, scale, window,
-                     softcap, min_chunk):
+                     softcap, min_chunk, shift):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         split = cuda.blockIdx.x
@@ -143,7 +145,6 @@ def _make_split_kernel(D: int, RM: int):
         T = q.shape[1]
         H = q.shape[2]
         Hkv = k_words.shape[2]
-        page_size = k_words.shape[1]
         g = H // Hkv
         n_groups = (g * T + RM - 1) // RM
         kh = cuda.blockIdx.y // n_groups
@@ -162,6 +163,8 @@ def _make_split_kernel(D: int, RM: int):
 
         ring = cuda.shared.array(RING, types.float32, alignment=SMEM_ALIGN)
         pages = cuda.shared.array(MAX_WIN_PAGES, types.int32)
+        row_t = cuda.shared.array(RM, types.int32)  # token and head of each row
+        row_h = cuda.shared.array(RM, types.int32)
         ms = cuda.shared.array((NW, RM), types.float32)
         ls = cuda.shared.array((NW, RM), types.float32)
         last = cuda.shared.array(1, types.int32)
@@ -182,8 +185,12 @@ def _make_split_kernel(D: int, RM: int):
             if r < nrows:
                 row = r0 + r
                 t = row // g
+                h = kh * g + row - t * g
+                if tid == r:
+                    row_t[r] = t
+                    row_h[r] = h
                 qpos[r] = pos[b, t]
-                base = ((b * T + t) * H + kh * g + row % g) * D + dl * 8
+                base = ((b * T + t) * H + h) * D + dl * 8
                 for h4 in range(2):
                     x0, x1, x2, x3 = qi.ldg_f32x4(q, base + 4 * h4)
                     qr[r, 4 * h4] = x0 * scale
@@ -196,22 +203,22 @@ def _make_split_kernel(D: int, RM: int):
         for w0 in range(k_begin, k_end, WIN):
             # -- page numbers of this window's keys into shared --
             w1 = min(k_end, w0 + WIN)
-            p0 = w0 // page_size
+            p0 = w0 >> shift
             cuda.syncthreads()
-            if tid <= (w1 - 1) // page_size - p0:
+            if tid <= ((w1 - 1) >> shift) - p0:
                 pages[tid] = block_table[b, p0 + tid]
             cuda.syncthreads()
             key0 = w0 + warp * KPL + kq
             n_steps = (w1 - w0 + BK - 1) // BK
             for j in range(STAGES - 1):
-                issue(ring, k_words, v_words, pages, j, key0, w1, p0, page_size, Hkv, kh, warp, lane, dl)
+                issue(ring, k_words, v_words, pages, j, key0, w1, p0, shift, Hkv, kh, warp, lane, dl)
             for j in range(n_steps):
                 # -- step j's K and V words from the ring, then step j + STAGES - 1 issued --
                 ptx.cp_async_wait_group(PENDING)
-                sa = ptx.smem_addr(ring, ((warp * STAGES + j % STAGES) * 2 * 32 + lane) * 4)
+                sa = ptx.smem_addr(ring, ((warp * STAGES + (j & (STAGES - 1))) * 2 * 32 + lane) * 4)
                 k0, k1, k2, k3 = ptx.ld_shared_v4_u32(sa)
                 v0, v1, v2, v3 = ptx.ld_shared_v4_u32(sa + 512)
-                issue(ring, k_words, v_words, pages, j + STAGES - 1, key0, w1, p0, page_size, Hkv, kh,
+                issue(ring, k_words, v_words, pages, j + STAGES - 1, key0, w1, p0, shift, Hkv, kh,
                       warp, lane, dl)
                 unpack_halves(k0, k1, k2, k3, kf)
                 unpack_halves(v0, v1, v2, v3, vf)
@@ -219,15 +226,18 @@ def _make_split_kernel(D: int, RM: int):
                 # -- scores of this key for every row, online softmax per key slot --
                 for r in range(RM):
                     s = _ZERO
-                    for i in range(8):
+                    s2 = _ZERO
+                    for i in range(4):
                         s += qr[r, i] * kf[i]
+                        s2 += qr[r, 4 + i] * kf[4 + i]
+                    s += s2
                     for off in KEY_OFFS:
                         s += shfl_xor(s, off)
-                    if softcap > _ZERO:
+                    if capped:
                         s = softcap * math.tanh(s / softcap)
                     s *= LOG2E
                     qp = qpos[r]
-                    seen = key < w1 and key <= qp and (window <= 0 or qp - key < window)
+                    seen = (key < w1) & (key <= qp) & ((window <= 0) | (qp - key < window))
                     m_new = max(m[r], s) if seen else m[r]
                     a = ptx.ex2_approx_ftz(m[r] - m_new)
                     p = ptx.ex2_approx_ftz(s - m_new) if seen else _ZERO
@@ -263,9 +273,8 @@ def _make_split_kernel(D: int, RM: int):
                 num += e * ring[(w * RM + r) * D + d]
                 den += e * ls[w, r]
             if r < nrows:
-                row = r0 + r
-                t = row // g
-                h = kh * g + row % g
+                t = row_t[r]
+                h = row_h[r]
                 if n_live == 1:
                     out[b, t, h, d] = num / den
                 else:
@@ -291,8 +300,7 @@ def _make_split_kernel(D: int, RM: int):
         PW = partials.shape[4]
         if warp < nrows:
             # -- warp r: the splits' weights 2^(m_s - max) into ring[s * RM + r], the denominator --
-            row = r0 + warp
-            rbase = ((b * partials.shape[1] * T + row // g) * H + kh * g + row % g) * PW
+            rbase = ((b * partials.shape[1] * T + row_t[warp]) * H + row_h[warp]) * PW
             sstride = T * H * PW
             mx = NEG
             for s in range(lane, n_live, 32):
@@ -318,8 +326,7 @@ def _make_split_kernel(D: int, RM: int):
         s2 = _ZERO
         s3 = _ZERO
         if sg < SG and r < nrows:
-            row = r0 + r
-            rbase = ((b * partials.shape[1] * T + row // g) * H + kh * g + row % g) * PW + d
+            rbase = ((b * partials.shape[1] * T + row_t[r]) * H + row_h[r]) * PW + d
             sstride = T * H * PW
             for s in range(sg, n_live, SG):
                 a0, a1, a2, a3 = ptx.ld_global_cg_v4_f32(partials, rbase + s * sstride)
@@ -342,20 +349,20 @@ def _make_split_kernel(D: int, RM: int):
                 s1 += ring[sums + (g2 * C4 + c) * 4 + 1]
                 s2 += ring[sums + (g2 * C4 + c) * 4 + 2]
                 s3 += ring[sums + (g2 * C4 + c) * 4 + 3]
-            row = r0 + r
-            t = row // g
-            h = kh * g + row % g
+            t = row_t[r]
+            h = row_h[r]
             inv = np.float32(1) / ls[0, r]
             out[b, t, h, d] = s0 * inv
             out[b, t, h, d + 1] = s1 * inv
             out[b, t, h, d + 2] = s2 * inv
             out[b, t, h, d + 3] = s3 * inv
 
-    split_kernel.__name__ = f"_decode_split_d{D}_r{RM}_kernel"
+    split_kernel.__name__ = f"_decode_split_d{D}_r{RM}{'_softcap' if capped else ''}_kernel"
     return cuda.jit(split_kernel)
 
 
-_SPLIT_KERNELS = {(D, RM): _make_split_kernel(D, RM) for D in HEAD_DIMS for RM in ROW_TILES[D]}
+_SPLIT_KERNELS = {(D, RM, capped): _make_split_kernel(D, RM, capped)
+                  for D in HEAD_DIMS for RM in ROW_TILES[D] for capped in (False, True)}
 
 
 # ---------------------------------------------------------------- host side
@@ -433,10 +440,10 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counter
     n_groups = -(-(H // Hkv * T) // rm)
     win = np.int32(window or 0)
     assert counters.shape[0] == B and counters.shape[1] >= Hkv * n_groups, "counters shape"
-    launch(_SPLIT_KERNELS[(D, rm)], (n_splits, Hkv * n_groups, B), NT, stream,
+    launch(_SPLIT_KERNELS[(D, rm, bool(softcap))], (n_splits, Hkv * n_groups, B), NT, stream,
            q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, counters,
            out, np.float32(scale), win, np.float32(softcap or 0.0),
-           np.int32(split_keys or min_chunk(D)))
+           np.int32(split_keys or min_chunk(D)), np.int32(k_pool.shape[1].bit_length() - 1))
 
 
 _Q = types.float32[:, :, :, ::1]
@@ -444,7 +451,7 @@ _POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
 _PART = types.float32[:, :, :, :, ::1]
 _SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, _I2, _Q, types.float32, types.int32, types.float32,
-              types.int32)
+              types.int32, types.int32)
 BUILD_SIGNATURES = [
     (kernel, _SPLIT_SIG, {"max_registers": 255}) for kernel in _SPLIT_KERNELS.values()
 ]
