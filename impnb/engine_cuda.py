@@ -39,7 +39,7 @@ class CudaEngine:
         self.mf = mf
         self.m = DeviceModel(mf, n_ctx)
         self.use_graphs = graphs and not self.m.ctx.simulator
-        self.graphs = {}  # (greedy, penalty) -> Graph of one decode step
+        self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk
         self.graph_disabled = None if self.use_graphs else "graphs off"
         self.cfg, self.n_ctx = self.m.cfg, n_ctx
@@ -80,6 +80,7 @@ class CudaEngine:
         if self.pos + len(ids) > self.n_ctx:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
+        self.m.decode_splits = self.m.max_decode_splits  # chunks of <= 8 rows: decode attention
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
         if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
@@ -89,9 +90,14 @@ class CudaEngine:
         return self._sample(logits)
 
     def step(self, token: int) -> int:
-        key = (self.p.greedy, self.p.repeat_penalty != 1.0)
+        # a graph per context bucket (its decode-attention split count), for this step and the
+        # one queued after it
+        bucket = self.m.ctx_bucket(self.pos + 2)
+        key = (self.p.greedy, self.p.repeat_penalty != 1.0, bucket)
         graph = self.graphs.get(key)
         if graph is None:
+            self._drain()
+            self.m.decode_splits = self.m.splits_for(bucket)
             token = self._sample(self._run(np.array([token], np.int32)))  # eager; also warm-up
             if self.use_graphs and self.graph_disabled is None:
                 self._capture(key)

@@ -102,7 +102,7 @@ def _attention(m, il: int, q, pos, out, T: int):
     window = cfg.window(il)
     if T <= attention_decode.MAX_T and m.decode_splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
-            1, m.decode_splits, T, cfg.n_head, cfg.head_dim_v))
+            1, m.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))
         counters = m.arena.zeros("counters", attention_decode.counters_shape(1, T, cfg.n_head), np.int32)
         attention_decode.attention_decode(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
                                           partials, counters, m.decode_splits, cfg.attn_scale, window,

@@ -30,6 +30,7 @@ log = logging.getLogger("impnb.gpu")
 PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
+DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
 
 
 class DeviceModel:
@@ -56,12 +57,23 @@ class DeviceModel:
         self.block_table = self.ctx.upload(kv_cache.contiguous_block_table(1, n_pages)[0])
         # row of routed slot s = s (decode; prefill groups slots by expert)
         self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
-        self.decode_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv,
-                                                         head_dim=cfg.head_dim)
+        # split-K decode attention: a split count per context bucket (the graph of a bucket keeps
+        # its own); the partials are sized for the largest
+        self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
+
+    def ctx_bucket(self, length: int) -> int:
+        """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""
+        return min(self.n_ctx, next((b for b in DECODE_CTX_BUCKETS if b >= length), self.n_ctx))
+
+    def splits_for(self, length: int) -> int:
+        """Decode attention's split count for contexts up to ctx_bucket(length)."""
+        cfg = self.cfg
+        return attention_decode.num_splits(self.ctx_bucket(length), cfg.n_head, cfg.n_head_kv,
+                                           head_dim=cfg.head_dim)
 
     def _upload_all(self, mf: ModelFile) -> dict:
         """Every tensor by its GGUF name less ".weight"; a layer's Q, K, V (and gate, up) of one

@@ -75,6 +75,25 @@ def test_lookahead_equals_step_by_step(model):
     assert ahead.ahead is not None  # the last step queued one ahead
 
 
+def test_context_bucket_change_mid_decode(model):
+    """Decode from 220 to 284 tokens crosses the 256-key context bucket: a second graph with its
+    own decode-attention split count takes over (the step queued ahead included), and the
+    tokens and logits still equal eager decode's."""
+    from impnb.engine_cuda import CudaEngine
+
+    mf, ids = model
+    ids = (ids * (220 // len(ids) + 1))[:220]
+    params = SamplingParams(temperature=0)
+    eager = CudaEngine(mf, 1024, graphs=False)
+    graphed = CudaEngine(mf, 1024, graphs=True, lookahead=False)
+    ahead = CudaEngine(mf, 1024, graphs=True, lookahead=True)
+    t_eager, l_eager = decode(eager, ids, params)
+    t_graph, l_graph = decode(graphed, ids, params)
+    assert sorted(key[2] for key in graphed.graphs) == [256, 1024], graphed.graphs.keys()
+    assert t_graph == t_eager and np.array_equal(l_graph, l_eager)
+    assert decode(ahead, ids, params)[0] == t_eager
+
+
 def test_capture_failure_falls_back_to_eager(model, monkeypatch, caplog):
     import impnb.engine_cuda as engine_cuda
     from impnb.graphs.capture import CaptureError
