@@ -1,0 +1,20 @@
+"""The cuBLAS fallback's gather and pointer kernels in numba's CUDA simulator on tiny shapes, through
+tests/gpu/test_moe_batched.py's checks."""
+
+import numpy as np
+
+from tests.gpu import test_moe_batched as mb
+
+
+def test_gather():
+    rng = np.random.default_rng(0)
+    mb.check_gather(rng, 5, 8, 2, 8)
+    mb.check_gather(rng, 3, 8, 2, 12, kind="empty")
+    mb.check_gather(rng, 70, 4, 1, 4, kind="same")  # one expert over two tiles
+
+
+def test_pointers():
+    rng = np.random.default_rng(1)
+    mb.check_pointers(rng, 3, 7, 8)
+    mb.check_pointers(rng, 0, 2, 8)
+    mb.check_pointers(rng, 5, 5, 8)
