@@ -83,8 +83,7 @@ def test_pointers(n_tiles, n_max):
 
 # ---------------------------------------------------------------- the expert GEMMs
 
-E_, D_, F_ = 16, 512, 256  # experts, model dim, expert FFN dim (small, the types' block multiples)
-MIXES = [("cublas", "cublas"), ("tiles", "cublas"), ("cublas", "tiles")]
+MIXES = [("tiles", "tiles"), ("cublas", "cublas"), ("tiles", "cublas"), ("cublas", "tiles")]  # glu, down
 
 
 @pytest.fixture(scope="module")
@@ -100,25 +99,36 @@ def dev():
 
 
 class Experts:
-    """Random expert weights: raw bytes, their fp16 dequantization (E, N, K), on the device."""
+    """Random weights of E experts (model dim D, FFN dim F): gate|up stacked per expert, or gate and
+    up apart, then down; their fp16 dequantization (E, N, K) as float64, and on the device."""
 
-    def __init__(self, dev, rng, glu_types, down_type):
-        stacked = len(glu_types) == 1
-        self.raw = [make_weight(t, E_ * F_ * (2 if stacked else 1), D_, rng) for t in glu_types]
-        self.raw.append(make_weight(down_type, E_ * D_, F_, rng))
-        self.types = (*glu_types, down_type)
-        self.w16 = [dequant_ref(r, t).reshape(E_, -1, r_cols).astype(np.float64)
-                    for r, t, r_cols in zip(self.raw, self.types, (D_,) * len(glu_types) + (F_,))]
-        self.dev = [repack(r, t).to_device(dev.ctx.nb_stream) for r, t in zip(self.raw, self.types)]
+    def __init__(self, dev, rng, glu_types, down_type, E=16, D=512, F=256):
+        self.E, self.D, self.F = E, D, F
+        rows = (2 * F if len(glu_types) == 1 else F,) * len(glu_types) + (D,)
+        cols = (D,) * len(glu_types) + (F,)
+        types = (*glu_types, down_type)
+        raw = [make_weight(t, E * n, c, rng) for t, n, c in zip(types, rows, cols)]
+        self.w16 = [dequant_ref(r, t).reshape(E, -1, c).astype(np.float64) for r, t, c in zip(raw, types, cols)]
+        self.dev = [repack(r, t).to_device(dev.ctx.nb_stream) for r, t in zip(raw, types)]
 
     def glu(self, x, slots, k):
         """float64 (gate, up) per slot (S, F) and their bounds."""
-        xs = x.astype(np.float64)[np.arange(slots.size) // k]
+        F, xs = self.F, x.astype(np.float64)[np.arange(slots.size) // k]
         outs = [per_slot(w, slots, xs) for w in self.w16[:-1]]
-        bounds = [(D_ / 16 + 16) * 2.0 ** -22 * per_slot(np.abs(w), slots, np.abs(xs)) for w in self.w16[:-1]]
+        bounds = [gemm_bound(self.D) * per_slot(np.abs(w), slots, np.abs(xs)) for w in self.w16[:-1]]
         if len(outs) == 1:
-            return (outs[0][:, :F_], outs[0][:, F_:]), (bounds[0][:, :F_], bounds[0][:, F_:])
+            return (outs[0][:, :F], outs[0][:, F:]), (bounds[0][:, :F], bounds[0][:, F:])
         return tuple(outs), tuple(bounds)
+
+    def prefill(self, dev, d_x, d_slots, k, paths):
+        from impnb.gpu.moe_prefill import experts_prefill
+
+        return experts_prefill(dev, d_x, tuple(self.dev[:-1]), self.dev[-1], d_slots, k, self.E, paths)
+
+
+def gemm_bound(K: int) -> float:
+    """Per output, relative to |A| @ |W|ᵀ (tests/gpu/test_gemm_tc.py)."""
+    return (K / 16 + 16) * 2.0 ** -22
 
 
 def per_slot(w, slots, xs):
@@ -132,61 +142,56 @@ def per_slot(w, slots, xs):
 
 def run_prefill(dev, experts, x, slots, k, paths):
     """(act, y) per slot (S, F), (S, D) from experts_prefill, its outputs poisoned first."""
-    from impnb.gpu.moe_prefill import experts_prefill
-
     s, S = dev.ctx.nb_stream, slots.size
-    R = max_tiles(S, E_, BM) * BM if "cublas" in paths else S  # rows of the padded or grouped layout
-    for name, cols in (("moe_act", F_), ("moe_y", D_)):
+    R = max_tiles(S, experts.E, BM) * BM if "cublas" in paths else S  # rows of the padded or grouped layout
+    for name, cols in (("moe_act", experts.F), ("moe_y", experts.D)):
         dev.arena.get(name, (R, cols)).copy_to_device(np.full((R, cols), np.nan, np.float32), stream=s)
-    d_x, d_slots = dev.ctx.upload(x), dev.ctx.upload(slots)
-    act, y, rows = experts_prefill(dev, d_x, tuple(experts.dev[:-1]), experts.dev[-1], d_slots, k, E_, paths)
+    act, y, rows = experts.prefill(dev, dev.ctx.upload(x), dev.ctx.upload(slots), k, paths)
     dev.ctx.sync()
     r = rows.copy_to_host()
     return act.copy_to_host()[r].astype(np.float64), y.copy_to_host()[r].astype(np.float64)
 
 
-def check_act(act, gate_up, bounds, what):
+def act_ref(gate_up, bounds):
+    """float64 silu(gate) * up and its bound (the GEMMs' bounds carried through the product)."""
     (g, u), (bg, bu) = gate_up, bounds
     sg = g / (1 + np.exp(-g))
-    bound = bg * np.abs(u) * 1.1 + bu * np.abs(sg) + 1e-30
-    assert np.isfinite(act).all(), f"{what}: non-finite act (poison left?)"
-    err = np.abs(act - sg * u)
-    assert (err <= bound).all(), f"{what}: act max err/bound {np.max(err / bound):.3g}"
+    return sg * u, bg * np.abs(u) * 1.1 + bu * np.abs(sg) + 1e-30
 
 
 def y_ref(experts, act, slots):
     """float64 y (S, D) from the fp16 act the device fed the down GEMM, its bound, and that act."""
     a16 = cast_f16_ref(act.astype(np.float32)).astype(np.float64)
     wd = experts.w16[-1]
-    return (per_slot(wd, slots, a16), (F_ / 16 + 16) * 2.0 ** -22 * per_slot(np.abs(wd), slots, np.abs(a16))
-            + 1e-30, a16)
+    return per_slot(wd, slots, a16), gemm_bound(experts.F) * per_slot(np.abs(wd), slots, np.abs(a16)) + 1e-30, a16
 
 
-def check_case(dev, experts, rng, T_, k, kind, std):
-    slots = routing(rng, T_, E_, k, kind)
-    x = (rng.standard_normal((T_, D_)) * std).astype(np.float16)
-    gate_up, bounds = experts.glu(x, slots, k)
-    n = len(experts.dev)
-    got = {}
-    for mix in [("tiles", "tiles")] + MIXES:
-        paths = (mix[0],) * (n - 1) + (mix[1],)
-        act, y = got[mix] = run_prefill(dev, experts, x, slots, k, paths)
+def check_case(dev, experts, rng, T_, k, kind, std, mixes=MIXES):
+    """Every mix of paths against the references, and the mixes using cuBLAS against the tiles."""
+    slots = routing(rng, T_, experts.E, k, kind)
+    x = (rng.standard_normal((T_, experts.D)) * std).astype(np.float16)
+    ref_act, act_bound = act_ref(*experts.glu(x, slots, k))
+    n, got = len(experts.dev), {}
+    for glu_path, down_path in mixes:
+        paths = (glu_path,) * (n - 1) + (down_path,)
         what = f"T={T_} k={k} {kind} std={std} {paths}"
-        check_act(act, gate_up, bounds, what)
+        act, y = got[paths] = run_prefill(dev, experts, x, slots, k, paths)
+        assert np.isfinite(act).all() and np.isfinite(y).all(), f"{what}: non-finite outputs (poison left?)"
+        err = np.abs(act - ref_act)
+        assert (err <= act_bound).all(), f"{what}: act max err/bound {np.max(err / act_bound):.3g}"
         ref, bound, _ = y_ref(experts, act, slots)
-        assert np.isfinite(y).all(), f"{what}: non-finite y"
-        assert (np.abs(y - ref) <= bound).all(), f"{what}: y max err/bound {np.max(np.abs(y - ref) / bound):.3g}"
-    act_t, y_t = got[("tiles", "tiles")]
+        err = np.abs(y - ref)
+        assert (err <= bound).all(), f"{what}: y max err/bound {np.max(err / bound):.3g}"
+    tiles = ("tiles",) * n
+    if tiles not in got:
+        return
+    act_t, y_t = got[tiles]
     _, bound_t, a16_t = y_ref(experts, act_t, slots)
-    for mix in MIXES:  # against the grouped tiles
-        act, y = got[mix]
-        (g, u), (bg, bu) = gate_up, bounds
-        sg = g / (1 + np.exp(-g))
-        act_bound = 2 * (bg * np.abs(u) * 1.1 + bu * np.abs(sg)) + 1e-30
-        assert (np.abs(act - act_t) <= act_bound).all(), f"{mix}: act differs from the tiles'"
+    for paths, (act, y) in got.items():  # the cuBLAS mixes against the grouped tiles
+        assert (np.abs(act - act_t) <= 2 * act_bound).all(), f"{paths}: act differs from the tiles'"
         _, bound, a16 = y_ref(experts, act, slots)
         dy = per_slot(np.abs(experts.w16[-1]), slots, np.abs(a16 - a16_t)) + bound + bound_t
-        assert (np.abs(y - y_t) <= dy).all(), f"{mix}: y differs from the tiles'"
+        assert (np.abs(y - y_t) <= dy).all(), f"{paths}: y differs from the tiles'"
 
 
 @pytest.mark.parametrize("types", [((T.Q4_K,), T.Q6_K), ((T.Q4_K,), T.Q4_K), ((T.Q8_0,), T.Q8_0),
@@ -200,25 +205,23 @@ def test_fallback_matches_reference_and_tiles(dev, types, T_, k):
 
 
 def test_graph_replay_equals_eager(dev):
-    """The fallback captured into a CUDA graph (after an eager warm-up), replayed on a new routing
-    and new tokens written into the same buffers, equals an eager run bit for bit."""
+    """The fallback captured into a CUDA graph (after an eager warm-up), replayed on new tokens and
+    a new routing written into the same buffers, equals an eager run bit for bit."""
     from impnb.graphs.capture import Graph
-    from impnb.gpu.moe_prefill import experts_prefill
 
     rng = np.random.default_rng(9)
     experts = Experts(dev, rng, (T.Q4_K,), T.Q6_K)
-    T_, k = 111, 8
-    d_x = dev.ctx.upload(np.zeros((T_, D_), np.float16))
+    T_, k, s = 111, 8, dev.ctx.nb_stream
+    d_x = dev.ctx.upload(np.zeros((T_, experts.D), np.float16))
     d_slots = dev.ctx.upload(np.zeros(T_ * k, np.int32))
-    paths = ("cublas", "cublas")
 
     def body():
-        return experts_prefill(dev, d_x, tuple(experts.dev[:-1]), experts.dev[-1], d_slots, k, E_, paths)
+        return experts.prefill(dev, d_x, d_slots, k, ("cublas", "cublas"))
 
     def load(seed):
         r = np.random.default_rng(seed)
-        d_x.copy_to_device((r.standard_normal((T_, D_))).astype(np.float16), stream=dev.ctx.nb_stream)
-        d_slots.copy_to_device(routing(r, T_, E_, k, "random"), stream=dev.ctx.nb_stream)
+        d_x.copy_to_device(r.standard_normal((T_, experts.D)).astype(np.float16), stream=s)
+        d_slots.copy_to_device(routing(r, T_, experts.E, k, "random"), stream=s)
 
     def result(outs):
         dev.ctx.sync()
@@ -237,10 +240,8 @@ def test_graph_replay_equals_eager(dev):
         load(seed)
         eager = result(body())
         for buf in outs[:2]:
-            buf.copy_to_device(np.full(buf.shape, np.nan, np.float32), stream=dev.ctx.nb_stream)
-        load(seed)
+            buf.copy_to_device(np.full(buf.shape, np.nan, np.float32), stream=s)
         graph.replay()
         replayed = result(outs)
-        for e, g in zip(eager, replayed):
-            assert np.array_equal(e, g), "graph replay differs from eager"
+        assert all(np.array_equal(e, g) for e, g in zip(eager, replayed)), "graph replay differs from eager"
     graph.close()

@@ -18,3 +18,19 @@ def test_pointers():
     mb.check_pointers(rng, 3, 7, 8)
     mb.check_pointers(rng, 0, 2, 8)
     mb.check_pointers(rng, 5, 5, 8)
+
+
+def test_experts_prefill_grouped():
+    """gpu/moe_prefill.py's grouped layout (every matrix on the tiles) against the references."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as T
+
+    from impnb.gpu.buffers import Arena
+    from impnb.gpu.context import GpuContext
+
+    ctx = GpuContext()
+    dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=None)
+    rng = np.random.default_rng(2)
+    experts = mb.Experts(dev, rng, (T.Q8_0,), T.Q8_0, E=4, D=32, F=32)
+    mb.check_case(dev, experts, rng, 3, 2, "empty", 1.0, mixes=[("tiles", "tiles")])
