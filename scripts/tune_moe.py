@@ -8,7 +8,8 @@ fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the po
 one batched GEMM; gate|up's time includes the gather into the padded layout). --reps calls
 captured in a CUDA graph, warm-up first, median of 5 replays. cuBLAS counts only if its output
 matches the tiles' (max |diff| / max |ref| < 1e-2) and wins by more than 3%; the table records
-every measured bucket's choice.
+every measured bucket's choice. Not charged to cuBLAS: the padded layout's SwiGLU and fp16 cast
+over max_tiles * BM rows instead of T * k (a few % of a layer's expert time at T = 512).
     python scripts/tune_moe.py [--quant Q4_K_M] [--reps 10] [--out PATH] [--json PATH]
 """
 
