@@ -1,4 +1,5 @@
-"""cuBLAS through nvmath-python's bindings: the prefill GEMM fallback, bound to our stream."""
+"""cuBLAS through nvmath-python's bindings: the prefill GEMM fallbacks (dense and batched over MoE
+tiles), bound to our stream."""
 
 import numpy as np
 
@@ -37,6 +38,20 @@ class Cublas:
                          alpha.ctypes.data, _ptr(w), CUDA_R_16F, K, _ptr(a), CUDA_R_16F, K,
                          beta.ctypes.data, _ptr(c), CUDA_R_32F, N,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+
+    def gemm_f16_batched(self, ptrs, N: int, M: int, K: int) -> None:
+        """Row-major c_i (M, N) fp32 = a_i (M, K) fp16 · w_i (N, K)ᵀ fp16 for every batch entry i,
+        fp32 accumulation; ptrs (3, batch) int64 on the device holds the addresses of (w_i, a_i,
+        c_i) (kernels/moe_batched.py writes them), so the batch's operands are chosen on the device.
+        """
+        batch = ptrs.shape[1]
+        assert ptrs.shape == (3, batch) and ptrs.dtype == np.int64 and ptrs.is_c_contiguous()
+        alpha, beta = self._alpha_beta[0.0]
+        w, a, c = (_ptr(ptrs) + i * batch * 8 for i in range(3))
+        self.lib.gemm_batched_ex(self.handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
+                                 alpha.ctypes.data, w, CUDA_R_16F, K, a, CUDA_R_16F, K,
+                                 beta.ctypes.data, c, CUDA_R_32F, N, batch,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
     def gemm_f32(self, a, w, c) -> None:
         """Row-major c (M, N) fp32 = a (M, K) fp32 · w (N, K)ᵀ fp32, fp32 arithmetic (no TF32)."""

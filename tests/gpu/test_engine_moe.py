@@ -1,6 +1,7 @@
 """The GPU engine on a tiny random qwen3moe (8 experts, 2 per token; Q8_0 and F32) against the numpy
 reference and its HF transformers twin (same weights): teacher-forced decode steps (router, expert
-GEMV) and a 128-token prefill (grouping, grouped tensor-core GEMM), and graph replay equal to eager."""
+GEMV) and a 128-token prefill (grouping, grouped tensor-core GEMM; and the cuBLAS batched fallback),
+and graph replay equal to eager."""
 
 import numpy as np
 import pytest
@@ -73,3 +74,25 @@ def test_graph_decode_equals_eager(case):
     t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
     assert graphed.graphs, graphed.graph_disabled
     assert t_e == t_g and np.array_equal(l_e, l_g)
+
+
+def test_prefill_cublas_fallback(case, monkeypatch):
+    """Every prefill expert GEMM on the cuBLAS batched fallback (gpu/moe_prefill.py): logits against
+    the reference, and greedy steps after a 20-token prompt equal to eager bit for bit, the prompt's
+    prefill graph (captured with the fallback) replayed the second time."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.gpu import moe_dispatch
+    from tests.gpu.test_graphs import decode
+
+    ids, ref, _, engine = case
+    monkeypatch.setattr(moe_dispatch, "choose", lambda *args, **kwargs: "cublas")
+    eager = CudaEngine(engine.mf, 256, graphs=False)
+    eager.reset(SamplingParams(temperature=0))
+    agree(eager.logits(ids), ref, "prefill (cuBLAS fallback) vs reference")
+    graphed = CudaEngine(engine.mf, 256, graphs=True, lookahead=False)
+    p = SamplingParams(temperature=0)
+    t_e, l_e = decode(eager, list(ids[:20]), p, 32)
+    for _ in range(2):  # the first prefill runs eagerly and is captured, the second replays
+        t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
+        assert graphed.prefill_graphs, graphed.graph_disabled
+        assert t_e == t_g and np.array_equal(l_e, l_g)

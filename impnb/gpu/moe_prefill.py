@@ -1,0 +1,96 @@
+"""The prefill expert GEMMs of a qwen3moe layer, each on the path gpu/moe_dispatch.py picks.
+
+Both layouts start from moe_group's tiles (e, r0, n) of at most BM rows, in expert order:
+  grouped, when every matrix takes the tiles: S rows in expert order; gemm_grouped gathers the
+      tokens' rows itself (x_div = k), then reads act in place (x_div = 0).
+  padded, when any takes cuBLAS: tile i owns rows i * BM .. i * BM + BM - 1 of every buffer
+      (kernels/moe_batched.py); moe_gather copies the tokens' fp16 rows there, zeros past n. A
+      matrix then runs as gemm_grouped over the padded tiles (x_div = 0) or as one
+      cublasGemmBatchedEx of max_tiles entries of BM rows on all E experts dequantized to fp16
+      (moe_pointers writes its pointer arrays on the device; entries past n_tiles multiply a zero
+      scratch tile). Where cuBLAS can pay off (long chunks: at T >= 64 with E = 128, k = 8 an
+      expert goes unused with odds (1 - k / E)^T < 2%) nearly every expert has tokens, so all E
+      are dequantized, with no routing-dependent launch.
+Either way act (rows, F) = silu(gate_e x) * up_e x and y (rows, D) = down_e act, the row of slot
+s being rows[s]. m: a DeviceModel (its ctx, arena and cublas).
+Legend: T tokens, D model dim, E experts, k per token, F expert FFN dim, S = T * k slots,
+P = max_tiles * BM padded rows.
+"""
+
+import numpy as np
+
+from impnb.gpu import moe_dispatch
+from impnb.kernels import activations
+from impnb.kernels.cast import cast_f16
+from impnb.kernels.dequant import dequant
+from impnb.kernels.gemm_grouped import BM, gemm_grouped
+from impnb.kernels.moe import max_tiles, moe_group
+from impnb.kernels.moe_batched import batch_bases, moe_gather, moe_pointers
+
+
+def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, paths=None) -> tuple:
+    """(act, y, rows) for the routed slots (S,) int32 of x16 (T, D) fp16. glu: (gate_up,) stacked
+    per expert, or (gate, up); paths: one per matrix of (*glu, down), by default moe_dispatch's."""
+    a, s = m.arena, m.ctx.nb_stream
+    S, T = slots.shape[0], x16.shape[0]
+    mats = (*glu, down)
+    if paths is None:
+        paths = [moe_dispatch.choose(w.ggml_type, w.rows // n_expert, w.cols, T) for w in mats]
+    n_max = max_tiles(S, n_expert, BM)
+    order = a.get("moe_order", (S,), np.int32)
+    slot_row = a.get("moe_slot_row", (S,), np.int32)
+    tiles = a.get("moe_tiles", (n_max, 3), np.int32)
+    n_tiles = a.get("moe_n_tiles", (1,), np.int32)
+    moe_group(slots, n_expert, BM, order, slot_row, tiles, n_tiles, s)
+    if "cublas" not in paths:
+        act, y = _glu_down(m, x16, mats, paths, (tiles, n_tiles, order), k, S, None)
+        return act, y, slot_row
+    xg = a.get("moe_xg", (n_max * BM, x16.shape[1]), np.float16)
+    tiles_pad = a.get("moe_tiles_pad", (n_max, 3), np.int32)
+    rows = a.get("moe_slot_row_pad", (S,), np.int32)
+    moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows, s)
+    w16 = a.get("moe_w16", (max(w.rows * w.cols for w, p in zip(mats, paths) if p == "cublas"),), np.float16)
+    act, y = _glu_down(m, xg, mats, paths, (tiles_pad, n_tiles, order), 0, n_max * BM, w16)
+    return act, y, rows
+
+
+def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16) -> tuple:
+    """act (R, F) and y (R, D) over the tiles of `grouped` (tiles, n_tiles, order); w16 as in
+    expert_gemm."""
+    a, s = m.arena, m.ctx.nb_stream
+    *glu, down = mats
+    F, D = down.cols, x.shape[1]
+    act = a.get("moe_act", (R, F))
+    if len(glu) == 1:
+        gate_up = a.get("moe_gate_up", (R, 2 * F))
+        expert_gemm(m, paths[0], x, glu[0], gate_up, grouped, x_div, w16)
+        activations.swiglu_fused(gate_up, act, s)
+    else:
+        up = a.get("moe_up", (R, F))
+        expert_gemm(m, paths[0], x, glu[0], act, grouped, x_div, w16)
+        expert_gemm(m, paths[1], x, glu[1], up, grouped, x_div, w16)
+        activations.swiglu(act, up, act, s)
+    act16 = a.get("moe_act16", (R, F), np.float16)
+    cast_f16(act, act16, s)
+    y = a.get("moe_y", (R, D))
+    expert_gemm(m, paths[-1], act16, down, y, grouped, 0, w16)
+    return act, y
+
+
+def expert_gemm(m, path: str, x, w, c, grouped, x_div: int, w16) -> None:
+    """c (R, N) = each tile's rows of x (fp16) times its expert of w (E * N, K), by `path`:
+    "tiles", or "cublas" on the padded layout only (x (P, K), x_div = 0) with w dequantized into
+    the front of w16, a flat fp16 scratch of at least E * N * K values."""
+    tiles, n_tiles, order = grouped
+    s, N, K = m.ctx.nb_stream, c.shape[1], x.shape[1]
+    if path == "tiles":
+        gemm_grouped(x, w, N, c, tiles, n_tiles, order, x_div, s)
+        return
+    assert path == "cublas" and x_div == 0 and x.shape[0] == tiles.shape[0] * BM, (path, x_div, x.shape)
+    a = m.arena
+    w16 = w16[:w.rows * w.cols].reshape(w.rows, w.cols)
+    dequant(w, w16, s)
+    ptrs = a.get("moe_ptrs", (3, tiles.shape[0]), np.int64)
+    bases = batch_bases(w16, x, c, a.zeros("moe_a_scratch", (BM, K), np.float16), a.get("moe_c_scratch", (BM, N)))
+    moe_pointers(tiles, n_tiles, bases, ptrs, s)
+    m.cublas.gemm_f16_batched(ptrs, N, BM, K)

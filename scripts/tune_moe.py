@@ -1,0 +1,171 @@
+"""Measure the MoE prefill expert GEMMs on this GPU and write impnb/gpu/moe_table.json.
+
+The synthetic Qwen3-30B-A3B's experts (impnb/synthetic_full.py: E = 128, k = 8, D = 2048,
+F = 768; Q4_K_M: gate|up Q4_K stacked per expert as DeviceModel stacks them, down Q6_K or Q4_K
+by layer), uniform random routing, and for each T bucket (16..512 tokens) and each distinct
+expert matrix: the grouped tiles (gemm_grouped, as the grouped layout runs it) against the cuBLAS
+fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the pointer arrays,
+one batched GEMM; gate|up's time includes the gather into the padded layout). --reps calls
+captured in a CUDA graph, warm-up first, median of 5 replays. cuBLAS counts only if its output
+matches the tiles' (max |diff| / max |ref| < 1e-2) and wins by more than 3%; the table records
+every measured bucket's choice. Not charged to cuBLAS: the padded layout's SwiGLU and fp16 cast
+over max_tiles * BM rows instead of T * k (at T = 512: 12288 rows for 4096, ~110 MB more traffic).
+    python scripts/tune_moe.py [--quant Q4_K_M] [--reps 10] [--out PATH] [--json PATH]
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from impnb import synthetic_full as sf  # noqa: E402
+from impnb.gpu import moe_dispatch as md  # noqa: E402
+from impnb.gpu.buffers import Arena  # noqa: E402
+from impnb.gpu.context import GpuContext  # noqa: E402
+from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
+from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
+from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
+from impnb.graphs.capture import Graph  # noqa: E402
+from impnb.kernels import repack  # noqa: E402
+from impnb.kernels.gemm_grouped import BM, gemm_grouped  # noqa: E402
+from impnb.kernels.moe import max_tiles, moe_group  # noqa: E402
+from impnb.kernels.moe_batched import moe_gather  # noqa: E402
+
+MODEL = "qwen3-30b-a3b"
+MARGIN = 1.03
+
+
+def expert_matrices(dev, quant: str, seed: int = 0) -> dict:
+    """{(name, type, N, K): PackedWeight (E * N, K)} for each distinct expert matrix of the model's
+    layers: ffn_gate_up_exps (gate and up stacked per expert) and ffn_down_exps."""
+    shape = sf.SHAPES[MODEL]
+    specs = {s.name: (i, s) for i, s in enumerate(sf.tensor_specs(shape, quant))}
+    E = shape.num_experts
+    out = {}
+    for il in range(shape.num_hidden_layers):
+        p = f"blk.{il}."
+        for name, parts in (("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps")),
+                            ("ffn_down_exps", ("ffn_down_exps",))):
+            indexed = [specs[p + n + ".weight"] for n in parts]
+            spec = indexed[0][1]
+            key = (name, spec.ggml_type, spec.shape[1] * len(parts), spec.shape[2])  # per expert N, K
+            if key not in out:
+                data = np.concatenate([sf.tensor_data(sp, seed, i) for i, sp in indexed], axis=-2)
+                out[key] = repack.repack(data.reshape(E * key[2], -1), spec.ggml_type).to_device(dev.ctx.nb_stream)
+    return out
+
+
+def time_calls(dev, fn, reps: int) -> float:
+    """GPU µs per call of fn: `reps` calls captured into one CUDA graph, replayed 6 times, the
+    median of the last 5 / reps."""
+    cuda, s = dev.ctx.cuda, dev.ctx.nb_stream
+    fn()  # warm-up: compile, module load, scratch buffers
+    dev.ctx.sync()
+    graph = Graph(dev.ctx.handle, lambda: [fn() for _ in range(reps)])
+    times = []
+    for _ in range(6):
+        start, end = cuda.event(), cuda.event()
+        start.record(s)
+        graph.replay()
+        end.record(s)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    graph.close()
+    return float(np.median(times[1:]))
+
+
+def measure(dev, rng, mats: dict, T: int, reps: int) -> list[dict]:
+    """Per matrix at T tokens: µs of each path, the outputs' disagreement, the choice."""
+    shape = sf.SHAPES[MODEL]
+    E, k, D = shape.num_experts, shape.num_experts_per_tok, shape.hidden_size
+    S, n_max = T * k, max_tiles(T * k, E, BM)
+    ctx, a, s = dev.ctx, dev.arena, dev.ctx.nb_stream
+    slots = ctx.upload(np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32).reshape(-1))
+    order, slot_row = ctx.empty(S, np.int32), ctx.empty(S, np.int32)
+    tiles, n_tiles = ctx.empty((n_max, 3), np.int32), ctx.empty(1, np.int32)
+    moe_group(slots, E, BM, order, slot_row, tiles, n_tiles, s)
+    x16 = ctx.upload((rng.standard_normal((T, D))).astype(np.float16))
+    xg, tiles_pad = ctx.empty((n_max * BM, D), np.float16), ctx.empty((n_max, 3), np.int32)
+    rows_pad = ctx.empty(S, np.int32)
+    moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows_pad, s)
+    ctx.sync()
+    order_h, slot_row_h, rows_pad_h = order.copy_to_host(), slot_row.copy_to_host(), rows_pad.copy_to_host()
+    w16 = a.get("moe_w16", (max(w.rows * w.cols for w in mats.values()),), np.float16)
+    out = []
+    for (name, t, N, K), w in mats.items():
+        if name == "ffn_gate_up_exps":  # the grouped layout's A: the tokens' rows, gathered by the tile
+            a_grouped, a_padded, x_div = x16, xg, k
+            gather = [lambda: moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows_pad, s)]
+        else:  # act (F wide) in expert order, and the same rows in the padded layout
+            act = (rng.standard_normal((S, K)) * 0.1).astype(np.float16)
+            pad = np.zeros((n_max * BM, K), np.float16)
+            pad[rows_pad_h] = act
+            a_grouped, a_padded, x_div, gather = ctx.upload(act[order_h]), ctx.upload(pad), 0, []
+        c_tiles = ctx.upload(np.full((S, N), np.nan, np.float32))
+        c_cublas = ctx.upload(np.full((n_max * BM, N), np.nan, np.float32))
+
+        def tiles_path():
+            gemm_grouped(a_grouped, w, N, c_tiles, tiles, n_tiles, order, x_div, s)
+
+        def cublas_path():
+            for g in gather:
+                g()
+            expert_gemm(dev, "cublas", a_padded, w, c_cublas, (tiles_pad, n_tiles, order), 0, w16)
+
+        us = {"tiles": time_calls(dev, tiles_path, reps), "cublas": time_calls(dev, cublas_path, reps)}
+        ctx.sync()
+        ref, got = c_tiles.copy_to_host()[slot_row_h], c_cublas.copy_to_host()[rows_pad_h]
+        rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+        ok = np.isfinite(got).all() and np.isfinite(ref).all() and rel < 1e-2
+        chosen = "cublas" if ok and us["cublas"] * MARGIN < us["tiles"] else "tiles"
+        out.append(dict(key=md.shape_key(t, N, K), T=T, us=us, rel=rel, chosen=chosen))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quant", default="Q4_K_M", choices=list(sf.FILE_TYPES))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=str(md.TABLE_PATH))
+    ap.add_argument("--json", help="every measurement")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    ctx = GpuContext()
+    dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=Cublas(ctx))
+    mats = expert_matrices(dev, args.quant)
+    print(f"{len(mats)} expert matrices of {MODEL} {args.quant} in {time.perf_counter() - start:.0f} s")
+    print(f"{'shape':<22} {'T':>4} {'tiles µs':>9} {'cublas µs':>10} {'rel diff':>9} {'chosen':<7} {'speed-up':>8}")
+    rng, rows, choices = np.random.default_rng(0), [], {}
+    for T in M_BUCKETS:
+        for r in measure(dev, rng, mats, T, args.reps):
+            rows.append(r)
+            choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
+            us = r["us"]
+            print(f"{r['key']:<22} {T:>4} {us['tiles']:>9.1f} {us['cublas']:>10.1f} {r['rel']:>9.1e} "
+                  f"{r['chosen']:<7} {us['tiles'] / us[r['chosen']]:>8.2f}")
+    ctx.sync()
+    Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_moe.py on the GPU named",
+                                          "gpu": _gpu_name(), "shapes": f"{MODEL} {args.quant}",
+                                          "choices": choices}, indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    n_cublas = sum(c == "cublas" for by_t in choices.values() for c in by_t.values())
+    print(f"wrote {args.out}: {n_cublas} cuBLAS choices; {time.perf_counter() - start:.0f} s in all")
+    return 0
+
+
+def _gpu_name() -> str:
+    from numba import cuda
+
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

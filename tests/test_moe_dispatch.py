@@ -1,0 +1,64 @@
+"""The prefill expert-GEMM dispatch (impnb/gpu/moe_dispatch.py) on the CPU: table lookup by T bucket,
+the tiles default, one log line per distinct choice, table validation, and the committed table."""
+
+import json
+import logging
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from impnb.gpu import moe_dispatch as md
+
+TABLE = {"moe Q4_K 1536x2048": {"16": "tiles", "256": "cublas", "512": "cublas"}}
+
+
+def test_key():
+    assert md.shape_key(T.Q6_K, 2048, 768) == "moe Q6_K 2048x768"
+
+
+def test_table_hit_and_default():
+    assert md.choose(T.Q4_K, 1536, 2048, 200, TABLE) == "cublas"   # bucket 256
+    assert md.choose(T.Q4_K, 1536, 2048, 4096, TABLE) == "cublas"  # longer chunks: the largest bucket
+    assert md.choose(T.Q4_K, 1536, 2048, 9, TABLE) == "tiles"
+    assert md.choose(T.Q4_K, 1536, 2048, 100, TABLE) == "tiles"    # bucket 128 not measured
+    assert md.choose(T.Q6_K, 1536, 2048, 512, TABLE) == "tiles"    # another type
+    assert md.choose(T.Q4_K, 2048, 768, 512, TABLE) == "tiles"     # another shape
+
+
+def test_each_choice_logged_once(caplog):
+    md._logged.clear()
+    with caplog.at_level(logging.DEBUG, logger="impnb.gemm"):
+        for n in (300, 512, 257, 300):
+            md.choose(T.Q4_K, 1536, 2048, n, TABLE)
+        md.choose(T.Q4_K, 1536, 2048, 100, TABLE)
+    assert [r.getMessage() for r in caplog.records] == [
+        "moe Q4_K 1536x2048 T<=512: cublas (table)",
+        "moe Q4_K 1536x2048 T<=128: tiles (default)"]
+
+
+def test_committed_table_is_valid():
+    table = md.load_table()
+    for key, by_t in table.items():
+        _, name, shape = key.split()
+        assert T[name] and all(int(v) > 0 for v in shape.split("x"))
+        assert all(choice in md.PATHS for choice in by_t.values())
+
+
+@pytest.mark.parametrize("choices", [
+    {"moe Q4_K 1536x2048": {"48": "tiles"}},            # not a bucket
+    {"moe Q4_K 1536x2048": {"64": "tiles_bm64"}},       # a dense path, not an expert one
+    {"Q4_K 1536x2048": {"64": "cublas"}},               # not a moe key
+    {"moe Q9_Z 1536x2048": {"64": "cublas"}},           # no such type
+    {"moe Q4_K 1536by2048": {"64": "cublas"}},          # no shape
+])
+def test_bad_table_rejected(tmp_path, choices):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"choices": choices}))
+    with pytest.raises(ValueError):
+        md.load_table.__wrapped__(path)
+
+
+def test_table_read_from_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"choices": TABLE}))
+    assert md.choose(T.Q4_K, 1536, 2048, 256, md.load_table.__wrapped__(path)) == "cublas"
