@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import DECODERS, SILU, gemv, gemv_ref, sweep
+from impnb.kernels.gemv import DECODERS, SILU, SWEEP_TYPES, gemv, gemv_ref, sweep
 from impnb.kernels.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.cases import fitting
@@ -120,23 +120,29 @@ def test_gemv_glu(ggml_type, n_tok, glu, cols):
 
 
 # -- T = 1 kernel variants (span, unroll, rows; gemv_variants.sweep), each against the reference:
-#    plain rows at a real shape, odd rows and chunks per row past one step, Q|K|V splits, gate|up
-#    with SiLU, routed experts with and without the SiLU epilogue --
+#    every type on plain rows at real shapes, odd rows and chunks per row past one step, and Q|K|V
+#    splits; gate|up with SiLU for the swept types; routed experts with and without SiLU for the
+#    expert types (Q4_K, Q6_K) and Q8_0. First run: ~130 kernels to compile (bench_gemv --sweep
+#    leaves the swept types' in the disk cache). --
 
-def variant_cases():
-    return [pytest.param(t, v, id=f"{t.name}-{v.name}") for t in TYPES for v in sweep(t)]
+def variant_cases(types):
+    return [pytest.param(t, v, id=f"{t.name}-{v.name}") for t in types for v in sweep(t)]
 
 
-@pytest.mark.parametrize("ggml_type,variant", variant_cases())
+@pytest.mark.parametrize("ggml_type,variant", variant_cases(TYPES))
 def test_gemv_variant(ggml_type, variant):
     for i, (rows, cols) in enumerate(((576, 1536), (111, 2048), (19, 14336), (989, 768))):
         check_gemv(ggml_type, rows, cols, 1, (0.1, 1.0, 10.0)[i % 3], seed=[rows, i], variant=variant)
     check_gemv(ggml_type, 111, 2304, 1, 1.0, seed=3, accumulate=True, variant=variant)
     check_fused(ggml_type, 768, (576, 192, 192), 1, 0, seed=int(ggml_type), variant=variant)
+
+
+@pytest.mark.parametrize("ggml_type,variant", variant_cases(SWEEP_TYPES))
+def test_gemv_glu_variant(ggml_type, variant):
     check_fused(ggml_type, 2048, (769, 769), 1, SILU, seed=int(ggml_type), variant=variant)
 
 
-@pytest.mark.parametrize("ggml_type,variant", variant_cases())
+@pytest.mark.parametrize("ggml_type,variant", variant_cases((T.Q4_K, T.Q6_K, T.Q8_0)))
 def test_gemv_experts_variant(ggml_type, variant):
     from tests.gpu.test_moe import check_gemv_experts
 
