@@ -5,6 +5,9 @@ rotated; launches are queued behind a sleeping kernel so host launch cost stays 
 each timed by its own pair of CUDA events; the median of --reps is reported.
     python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
                                  [--json PATH]
+--sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
+after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
+    python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
 """
 
 import argparse
@@ -120,7 +123,12 @@ def main():
     ap.add_argument("--copies", type=int, help="weight copies to rotate (default: > 4x L2)")
     ap.add_argument("--dequant", action="store_true", help="also time dequant to fp16 (bytes read + written)")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--sweep", action="store_true", help="time every T = 1 variant on the sweep shapes")
     args = ap.parse_args()
+    if args.sweep:
+        from gemv_sweep import sweep_main
+
+        return sweep_main(args.reps, args.json)
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)

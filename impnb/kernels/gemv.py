@@ -13,12 +13,12 @@ from numba import cuda, float32, from_dtype, types
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
+from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, Variant,  # noqa: F401
+                                         choose, rows_per_block, span_for, sweep)
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
 
-WARPS = 4
-BLOCK = 32 * WARPS
 MAX_T = 8
 
 
@@ -28,44 +28,51 @@ def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) @ wd.astype(np.float64).reshape(w.shape[0], -1).T
 
 
-# T = 1 types whose 4-row kernel stays under ~96 registers (5/6-bit types would need ~128)
-FOUR_ROW_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.F16, T.F32)
+def tuple_of(f, n):
+    """Device function g(a, c) = (f(a, c, 0), ..., f(a, c, n-1)) for n in 1, 2, 4, 8."""
+    if n == 1:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return (f(a, c, 0),)
+    elif n == 2:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return f(a, c, 0), f(a, c, 1)
+    elif n == 4:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return f(a, c, 0), f(a, c, 1), f(a, c, 2), f(a, c, 3)
+    else:
+        assert n == 8
+
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return (f(a, c, 0), f(a, c, 1), f(a, c, 2), f(a, c, 3),
+                    f(a, c, 4), f(a, c, 5), f(a, c, 6), f(a, c, 7))
+    return g
 
 
-def rows_per_block(ggml_type: T, n_tok: int) -> int:
-    """Rows a thread works on at once, sharing each x load: 4 for T = 1 (x held in registers;
-    2 for the 5/6-bit types), 2 for T = 2, 1 for larger T (keeps registers down)."""
-    if n_tok == 1:
-        return 4 if ggml_type in FOUR_ROW_TYPES else 2
-    return 2 if n_tok == 2 else 1
-
-
-def span_for(cols: int) -> int:
-    """Threads per row group: enough for one chunk each (cols/32), from one warp up to 128."""
-    chunks = cols // 32
-    return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
-
-
-def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
 
     # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128/span groups of `span`
-    # threads, R = rows_per_block(type, T) weight rows per group. Group gi = G*b + g owns rows
-    # R*gi .. +R-1 (past the last: clamped, computed and dropped), or with GLU the R/2 gate rows
-    # o = R/2*gi .. and their up rows F + o; its thread i takes chunks i, i+span, ... of those rows:
-    # 16-byte quant loads of all R rows first, 32 weights per chunk in two halves of 16, each half
-    # FMAed against x[t, k..k+16] (float4 loads through L1) for every token t. Partial sums
-    # acc[r, t] are reduced over the warp by shuffles, then (span > 32) over the group's warps in
-    # shared memory red[4, R, T]; `store` writes a group's rows for one token.
+    # threads, R = `rows` weight rows per group. Group gi = G*b + g owns rows R*gi .. +R-1 (past
+    # the last: clamped, computed and dropped), or with GLU the R/2 gate rows o = R/2*gi .. and
+    # their up rows F + o; its thread i takes chunks i, i+span, ... of those rows in steps of U =
+    # `unroll` chunks: the 16-byte quant loads of all R rows x U chunks first (chunk indices past
+    # the row's end clamped to its last chunk, loaded and skipped), then per chunk 32 weights in
+    # two halves of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every
+    # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
+    # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
     @cuda.jit(device=True, inline=True)
-    def half_chunk(raw_a, raw_b, c, h, x, xo, K, acc, wa, wb):
-        # -- decode 16 weights of each row, FMA against every token --
+    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb):
+        # -- R <= 2: decode 16 weights of each row, FMA against every token --
         # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
-        aa, ba = unit(raw_a, c, h, wa)
+        aa, ba = unit(raws[0], c, h, wa)
         if rows == 2:
-            ab, bb = unit(raw_b, c, h, wb)
+            ab, bb = unit(raws[1], c, h, wb)
         k = col(c, h)
         for t in range(n_tok):
             pa = float32(0.0)
@@ -89,7 +96,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
 
     @cuda.jit(device=True, inline=True)
     def half_chunk_x1(raws, c, h, x, xo, acc, w):
-        # -- T = 1: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
+        # -- T = 1, R >= 4: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
         k = col(c, h)
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
@@ -100,7 +107,7 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
             xv[4 * v + 2] = x2
             xv[4 * v + 3] = x3
             sx += (x0 + x1) + (x2 + x3)
-        for r in range(4):
+        for r in range(rows):
             a, b = unit(raws[r], c, h, w)
             p = float32(0.0)
             for i in range(16):
@@ -146,6 +153,21 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
                     y2[t, row - n0 - n1] = v
 
     @cuda.jit(device=True, inline=True)
+    def row_chunk(a, c, r):
+        # -- chunk c of the group's row r; a = (parts, w0, gi, n_rows, chunks per row) --
+        parts, w0, gi, n_rows, cpr = a
+        return load(parts, (w0 + weight_row(gi, r, n_rows)) * cpr + c)
+
+    rows_chunk = tuple_of(row_chunk, rows)
+
+    @cuda.jit(device=True, inline=True)
+    def step_chunk(a, c0, u):
+        # -- chunk c0 + u * span of every row, clamped to the row's last chunk --
+        return rows_chunk(a, min(c0 + u * span, a[4] - 1))
+
+    step_loads = tuple_of(step_chunk, unroll)
+
+    @cuda.jit(device=True, inline=True)
     def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo):
         # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows yo + t --
         K = x.shape[1]
@@ -153,28 +175,25 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
         tid = cuda.threadIdx.x
         group = tid // span
         gi = cuda.blockIdx.x * groups + group
-        row_a = w0 + weight_row(gi, 0, n_rows)
-        row_b = w0 + weight_row(gi, 1, n_rows)
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
-        row_c = w0 + weight_row(gi, 2, n_rows)
-        row_d = w0 + weight_row(gi, 3, n_rows)
-        for c in range(tid - group * span, cpr, span):
-            # -- load the rows' chunk c --
-            raw_a = load(parts, row_a * cpr + c)
-            if rows == 4:
-                raws = (raw_a, load(parts, row_b * cpr + c), load(parts, row_c * cpr + c),
-                        load(parts, row_d * cpr + c))
-                half_chunk_x1(raws, c, 0, x, xo, acc, wa)
-                half_chunk_x1(raws, c, 1, x, xo, acc, wa)
-            else:
-                raw_b = load(parts, row_b * cpr + c) if rows == 2 else raw_a
-                half_chunk(raw_a, raw_b, c, 0, x, xo, K, acc, wa, wb)
-                half_chunk(raw_a, raw_b, c, 1, x, xo, K, acc, wa, wb)
+        a = (parts, w0, gi, n_rows, cpr)
+        for c0 in range(tid - group * span, cpr, span * unroll):
+            # -- load U chunks of every row, then decode them --
+            raws = step_loads(a, c0)
+            for u in range(unroll):
+                c = c0 + u * span
+                if c < cpr:
+                    if rows >= 4:
+                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa)
+                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa)
+                    else:
+                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb)
+                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -228,17 +247,28 @@ def _make_gemv(load, unit, col, n_tok, span, rows, glu, experts):
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False):
+def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
+                unroll: int = 1, rows: int | None = None):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
-    `experts`: the routed-expert variant (one token per slot, see gemv_experts)."""
+    `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
+    per row a thread loads before decoding; `rows` per group (default rows_per_block)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
-    assert span in (32, 64, BLOCK)
+    assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
     ggml_type = T(ggml_type)
-    rows = rows_per_block(ggml_type, n_tok)
+    rows = rows or rows_per_block(ggml_type, n_tok)
+    assert rows in (1, 2) or (rows in (4, 8) and n_tok == 1), (rows, n_tok)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or n_tok == 1
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, rows, glu, experts)
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts)
+
+
+def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False):
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows)
+
+
+def _out_per_block(v: Variant, glu: int) -> int:
+    return v.rows // (2 if glu else 1) * (BLOCK // v.span)
 
 
 def _parts_type(ggml_type: T):
@@ -252,79 +282,96 @@ def _aligned16(a) -> bool:
 
 
 def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
-            stream, accumulate: bool):
+            stream, accumulate: bool, variant: Variant | None):
     n_tok, K = x.shape
     assert w.cols == K and x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
     for y in (y0, y1, y2):
         assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
-    span = span_for(K)
-    per_block = rows_per_block(w.ggml_type, n_tok) // (2 if glu else 1) * BLOCK // span
-    kernel = gemv_kernel(w.ggml_type, n_tok, span, glu)
-    launch(kernel, (out_rows + per_block - 1) // per_block, BLOCK, stream,
+    v = variant or choose(w.ggml_type, n_tok, K, w.rows)
+    per_block = _out_per_block(v, glu)
+    launch(variant_kernel(w.ggml_type, n_tok, v, glu), (out_rows + per_block - 1) // per_block, BLOCK, stream,
            w.parts, x, y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
 
 
-def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False):
-    """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8."""
+def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Variant | None = None):
+    """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8;
+    `variant` overrides `choose` (benchmarks, tests)."""
     assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
-    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate)
+    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant)
 
 
-def gemv_split(w: PackedWeight, x, ys, stream):
+def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None):
     """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
     one to three outputs whose N_i sum to W's rows."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False)
+    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant)
 
 
 def glu_fits(w: PackedWeight, n_tok: int) -> bool:
     """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
-    return n_tok <= MAX_T and rows_per_block(w.ggml_type, n_tok) % 2 == 0
+    return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
 
 
-def gemv_glu(w: PackedWeight, x, y, act: int, stream):
+def gemv_glu(w: PackedWeight, x, y, act: int, stream, variant: Variant | None = None):
     """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh)."""
     assert act in (SILU, GELU) and w.rows % 2 == 0 and y.shape == (x.shape[0], w.rows // 2)
-    assert glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group for this type and T"
-    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False)
+    assert (variant.rows % 2 == 0) if variant else glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group"
+    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False, variant)
 
 
-def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU):
+def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU,
+                 variant: Variant | None = None):
     """Routed experts, one token per slot: y[s] = W_e x[s // x_div] with e = experts[s], or with
     glu (SILU, GELU) y[s] = act(gate_e x) * up_e x for gate|up stacked per expert.
 
     w: E experts of n_rows rows stacked, (E * n_rows, K); x (rows, K) float32; experts (S,) int32
-    in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu.
+    in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu; `variant` overrides `choose`.
     """
     S, K = experts.shape[0], x.shape[1]
     out_rows = n_rows // 2 if glu else n_rows
     assert w.cols == K and w.rows % n_rows == 0 and y.shape == (S, out_rows), (w.rows, n_rows, x.shape, y.shape)
     assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x) and x_div >= 1
     assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
-    assert not glu or rows_per_block(w.ggml_type, 1) % 2 == 0
-    span = span_for(K)
-    per_block = rows_per_block(w.ggml_type, 1) // (2 if glu else 1) * BLOCK // span
-    launch(gemv_kernel(w.ggml_type, 1, span, glu, True), ((out_rows + per_block - 1) // per_block, S),
+    v = variant or choose(w.ggml_type, 1, K, n_rows)
+    assert not glu or v.rows % 2 == 0
+    per_block = _out_per_block(v, glu)
+    launch(variant_kernel(w.ggml_type, 1, v, glu, True), ((out_rows + per_block - 1) // per_block, S),
            BLOCK, stream, w.parts, x, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
 
 
 _F32_2D = types.Array(types.float32, 2, "C")
 _I32 = types.int32
+
+
+def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
+    """Argument types of gemv_kernel's kernels for a type (the plain or the routed-expert one)."""
+    if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
+        return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
+    return (_parts_type(ggml_type), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
+
+
+def _new_variants(t):
+    """The swept variants that no span-only build below covers (unroll > 1, or more rows)."""
+    return [v for v in sweep(t) if v.unroll > 1 or v.rows != rows_per_block(t, 1)]
+
+
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
-# (two rows at T <= 2, eight tokens in flight at T = 8).
+# (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
 BUILD_SIGNATURES = [
-    (gemv_kernel(t, n, span, glu),
-     types.void(_parts_type(t), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32),
-     {"max_registers": 112})
+    (gemv_kernel(t, n, span, glu), types.void(*kernel_args(t)), {"max_registers": 112})
     for t in DECODERS
     for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
                          (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
                          (1, BLOCK, GELU), (2, 64, SILU))
 ] + [
-    (gemv_kernel(t, 1, span, glu, True),
-     types.void(_parts_type(t), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32),
-     {"max_registers": 112})
+    (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
     for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
+] + [
+    (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
+    for t in SWEEP_TYPES for v in _new_variants(t)
+] + [
+    (variant_kernel(t, 1, v, SILU, True), types.void(*kernel_args(t, True)), {})
+    for t in (T.Q4_K, T.Q6_K) for v in _new_variants(t)
 ]

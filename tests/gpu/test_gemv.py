@@ -12,10 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import DECODERS, gemv, gemv_ref
+from impnb.kernels.gemv import DECODERS, SILU, SWEEP_TYPES, gemv, gemv_ref, sweep
 from impnb.kernels.repack import repack
-from tests.gpu.cases import fitting
 from impnb.quants import dequantize
+from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
@@ -34,14 +34,14 @@ def weight(ggml_type, rows, cols):
     return raw, np.abs(wd), repack(raw, ggml_type).to_device()
 
 
-def check_gemv(ggml_type, rows, cols, n_tok, std, seed, accumulate=False):
+def check_gemv(ggml_type, rows, cols, n_tok, std, seed, accumulate=False, variant=None):
     raw, wabs, w = weight(ggml_type, rows, cols)
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     y0 = (rng.standard_normal((n_tok, rows)) * std).astype(np.float32)
     stream = cuda.stream()
     d_y = cuda.to_device(y0 if accumulate else np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-    gemv(w, cuda.to_device(x, stream=stream), d_y, stream, accumulate=accumulate)
+    gemv(w, cuda.to_device(x, stream=stream), d_y, stream, accumulate=accumulate, variant=variant)
     y = d_y.copy_to_host(stream=stream)
     stream.synchronize()
     assert np.isfinite(y).all(), "non-finite output"
@@ -51,7 +51,6 @@ def check_gemv(ggml_type, rows, cols, n_tok, std, seed, accumulate=False):
     err = np.abs(got - ref)
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
     assert (err <= bound).all(), f"err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
-
 
 
 @pytest.mark.parametrize("ggml_type,rows,cols", fitting(TYPES, SHAPES))
@@ -79,7 +78,7 @@ def test_gemv_accumulate(ggml_type):
         check_gemv(ggml_type, 989, 1024, n_tok, 1.0, seed=[7, n_tok], accumulate=True)
 
 
-def check_fused(ggml_type, cols, splits, n_tok, glu, seed):
+def check_fused(ggml_type, cols, splits, n_tok, glu, seed, variant=None):
     """Stacked rows (Q|K|V splits, or gate|up with glu) against the unfused float64 reference."""
     from impnb.kernels.activations import geglu_ref, swiglu_ref
     from impnb.kernels.gemv import GELU, gemv_glu, gemv_split
@@ -94,7 +93,7 @@ def check_fused(ggml_type, cols, splits, n_tok, glu, seed):
     if glu:
         F = rows // 2
         d_y = cuda.to_device(np.full((n_tok, F), np.nan, np.float32), stream=stream)
-        gemv_glu(w, d_x, d_y, glu, stream)
+        gemv_glu(w, d_x, d_y, glu, stream, variant)
         y = d_y.copy_to_host(stream=stream)
         gate, up = ref[:, :F].astype(np.float32), ref[:, F:].astype(np.float32)
         want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
@@ -102,7 +101,7 @@ def check_fused(ggml_type, cols, splits, n_tok, glu, seed):
         assert np.isfinite(y).all() and (np.abs(y - want) <= bound + 1e-6).all()
         return
     ys = [cuda.to_device(np.full((n_tok, n), np.nan, np.float32), stream=stream) for n in splits]
-    gemv_split(w, d_x, ys, stream)
+    gemv_split(w, d_x, ys, stream, variant)
     y = np.concatenate([d.copy_to_host(stream=stream) for d in ys], axis=1)
     bound = RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)
     assert np.isfinite(y).all() and (np.abs(y - ref) <= bound).all()
@@ -118,3 +117,36 @@ def test_gemv_split_qkv(ggml_type, n_tok):
 @pytest.mark.parametrize("n_tok,glu,cols", [(1, 1, 768), (1, 2, 2048), (2, 1, 1536)])
 def test_gemv_glu(ggml_type, n_tok, glu, cols):
     check_fused(ggml_type, cols, (1538 // 2, 1538 // 2), n_tok, glu, seed=[int(ggml_type), glu])
+
+
+# -- T = 1 kernel variants (span, unroll, rows; gemv_variants.sweep), each against the reference:
+#    every type on plain rows at real shapes, odd rows and chunks per row past one step, and Q|K|V
+#    splits; gate|up with SiLU for the swept types; routed experts with and without SiLU for the
+#    expert types (Q4_K, Q6_K) and Q8_0. First run: ~130 kernels to compile (bench_gemv --sweep
+#    leaves the swept types' in the disk cache). --
+
+def variant_cases(types):
+    return [pytest.param(t, v, id=f"{t.name}-{v.name}") for t in types for v in sweep(t)]
+
+
+@pytest.mark.parametrize("ggml_type,variant", variant_cases(TYPES))
+def test_gemv_variant(ggml_type, variant):
+    for i, (rows, cols) in enumerate(((576, 1536), (111, 2048), (19, 14336), (989, 768))):
+        check_gemv(ggml_type, rows, cols, 1, (0.1, 1.0, 10.0)[i % 3], seed=[rows, i], variant=variant)
+    check_gemv(ggml_type, 111, 2304, 1, 1.0, seed=3, accumulate=True, variant=variant)
+    check_fused(ggml_type, 768, (576, 192, 192), 1, 0, seed=int(ggml_type), variant=variant)
+
+
+@pytest.mark.parametrize("ggml_type,variant", variant_cases(SWEEP_TYPES))
+def test_gemv_glu_variant(ggml_type, variant):
+    check_fused(ggml_type, 2048, (769, 769), 1, SILU, seed=int(ggml_type), variant=variant)
+
+
+@pytest.mark.parametrize("ggml_type,variant", variant_cases((T.Q4_K, T.Q6_K, T.Q8_0)))
+def test_gemv_experts_variant(ggml_type, variant):
+    from tests.gpu.test_moe import check_gemv_experts
+
+    rng = np.random.default_rng([int(ggml_type), variant.span, variant.unroll])
+    for E, N, K, T_, k, glu, std in ((8, 2 * 77, 2048, 1, 8, SILU, 1.0), (16, 130, 768, 3, 4, 0, 0.1),
+                                     (4, 64, 2304, 2, 2, SILU, 10.0)):
+        check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std, variant)

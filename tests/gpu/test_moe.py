@@ -75,14 +75,14 @@ def host_order(experts_flat, E, tm):
     return order, group_ref(experts_flat, E, tm)[1]
 
 
-def check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std):
+def check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std, variant=None):
     raw = make_weight(ggml_type, E * N, K, rng)
     slots = routed(rng, T_, E, k).reshape(-1)
     x = (rng.standard_normal((T_, K)) * std).astype(np.float32)
     out_n = N // 2 if glu else N
     d_y = cuda.to_device(np.full((slots.size, out_n), np.nan, np.float32))
     gemv_experts(repack(raw, ggml_type).to_device(), N, cuda.to_device(x), d_y, cuda.to_device(slots), k, 0,
-                 glu=glu)
+                 glu=glu, variant=variant)
     y = d_y.copy_to_host().astype(np.float64)
     wd = dequantize(raw, ggml_type).reshape(E, N, K).astype(np.float64)
     xs = x.astype(np.float64)[np.arange(slots.size) // k]

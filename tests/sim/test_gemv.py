@@ -1,7 +1,8 @@
 """GEMV kernels in numba's CUDA simulator, every weight type, against dequantize + float64 matmul.
 
 Tolerance: |y - ref| <= 1e-4 * (|W| @ |x|) per output. Row groups of 1, 2 and 4 warps (32, 64,
-128 chunks per row) and both rows-per-group settings (T <= 2, T > 2) run. The simulator has no warp
+128 chunks per row) and both rows-per-group settings (T <= 2, T > 2) run, and the T = 1 variants
+(unrolled steps, more rows per group) on odd rows with chunks per row past one step. The simulator has no warp
 shuffles, so there warp_sum goes through shared memory; everything else is the GPU code path.
 """
 
@@ -10,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import DECODERS, gemv, gemv_ref
+from impnb.kernels.gemv import DECODERS, SILU, SWEEP_TYPES, Variant, gemv, gemv_ref, sweep
 from impnb.kernels.repack import repack
 from impnb.quants import dequantize
 from tests.test_repack import make_weight
@@ -18,11 +19,11 @@ from tests.test_repack import make_weight
 RTOL = 1e-4
 
 
-def run_gemv(raw, ggml_type, x, y0=None):
+def run_gemv(raw, ggml_type, x, y0=None, variant=None):
     w = repack(raw, ggml_type).to_device()
     y = np.full((x.shape[0], raw.shape[0]), np.nan, np.float32) if y0 is None else y0.copy()
     d_y = cuda.to_device(y)
-    gemv(w, cuda.to_device(x), d_y, 0, accumulate=y0 is not None)
+    gemv(w, cuda.to_device(x), d_y, 0, accumulate=y0 is not None, variant=variant)
     return d_y.copy_to_host()
 
 
@@ -84,3 +85,35 @@ def test_gemv_glu(ggml_type, glu, cols):
     from tests.gpu.test_gemv import check_fused
 
     check_fused(ggml_type, cols, (7, 7), 1, glu, seed=glu)
+
+
+@pytest.mark.parametrize("ggml_type", SWEEP_TYPES, ids=lambda t: t.name)
+def test_gemv_variants(ggml_type):
+    # 7 rows, 72 chunks per row: steps of span * unroll chunks end part way, clamped loads skipped
+    rng = np.random.default_rng([int(ggml_type), 72])
+    raw = make_weight(ggml_type, 7, 2304, rng)
+    for i, v in enumerate(sweep(ggml_type)):
+        x = (rng.standard_normal((1, 2304)) * (0.1, 1.0, 10.0)[i % 3]).astype(np.float32)
+        check(raw, ggml_type, x, run_gemv(raw, ggml_type, x, variant=v))
+
+
+@pytest.mark.parametrize("ggml_type", [t for t in DECODERS if t not in SWEEP_TYPES], ids=lambda t: t.name)
+def test_gemv_unrolled_other_types(ggml_type):
+    rng = np.random.default_rng([int(ggml_type), 9])
+    raw = make_weight(ggml_type, 5, 768, rng)
+    x = rng.standard_normal((1, 768)).astype(np.float32)
+    check(raw, ggml_type, x, run_gemv(raw, ggml_type, x, variant=Variant(32, 4, 2)))
+
+
+@pytest.mark.parametrize("ggml_type,variant", [(T.Q4_K, Variant(32, 2, 4)), (T.Q6_K, Variant(64, 1, 4)),
+                                               (T.Q8_0, Variant(32, 4, 8))], ids=str)
+def test_gemv_variant_fused(ggml_type, variant):
+    from tests.gpu.test_gemv import check_fused
+    from tests.gpu.test_moe import check_gemv_experts
+
+    check_fused(ggml_type, 2304, (13, 5, 6), 1, 0, seed=1, variant=variant)
+    # gate|up at K = 768 and experts' SiLU at small x: the simulator's exp overflows on large sums
+    check_fused(ggml_type, 768, (9, 9), 1, SILU, seed=2, variant=variant)
+    rng = np.random.default_rng(3)
+    check_gemv_experts(rng, ggml_type, 3, 10, 2304, 2, 2, SILU, 0.1, variant)
+    check_gemv_experts(rng, ggml_type, 3, 5, 2304, 1, 2, 0, 10.0, variant)
