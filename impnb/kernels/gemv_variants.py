@@ -1,8 +1,8 @@
 """Which GEMV kernel variant runs: row-group span, unroll and rows per group, by type, T and shape.
 
 A `Variant` is the build-time shape of one gemv.py kernel; `choose` is the rule `_launch` and
-`gemv_experts` follow (today's: one chunk per thread per step, span from K), and `SWEEP` the T = 1
-variants scripts/bench_gemv.py --sweep times against it.
+`gemv_experts` follow (measured: see WIDE_K), and `sweep` the T = 1 variants
+scripts/bench_gemv.py --sweep times against it.
 """
 
 from typing import NamedTuple
@@ -40,9 +40,19 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
+# Measured on the H100 (scripts/bench_gemv.py --sweep, 2026-11-23): at T = 1 with K >= 4096,
+# two warps a group over twice the rows beat the one-chunk default by 1.0-1.3x on 4096x14336 and
+# 14336x4096 (Q8_0 66-68% of 2.97 TB/s, Q4_1 59-64%, Q4_K 56-60%, Q6_K 66-76%); unrolled loads
+# (u2, u4) lost nearly everywhere, and at K = 640 (Gemma3's 262144x640) the default stays best.
+WIDE_K = 4096
+WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
+
+
 def choose(ggml_type: T, n_tok: int, cols: int, rows: int) -> Variant:
-    """The variant for a (rows, cols) weight of this type times T tokens (rows: unused until
-    measured; the rule keys on type, T and cols)."""
+    """The variant for a (rows, cols) weight of this type times T tokens (rows: unused; the rule
+    keys on type, T and cols)."""
+    if n_tok == 1 and cols >= WIDE_K and ggml_type in WIDE_TYPES:
+        return Variant(64, 1, 2 * rows_per_block(ggml_type, 1))
     return Variant(span_for(cols), 1, rows_per_block(ggml_type, n_tok))
 
 
