@@ -26,7 +26,7 @@ from gguf import GGML_QUANT_SIZES  # noqa: E402
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
-from impnb.graphs.capture import Graph  # noqa: E402
+from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
@@ -45,22 +45,11 @@ def weights_by_shape(m) -> dict:
 
 def time_path(m, ws, x, y, path, reps) -> float:
     """GPU µs per call: `reps` calls (rotating over the layers' copies) captured into one CUDA
-    graph, as a prefill chunk's graph runs them, replayed 5 times; the median / reps."""
-    cuda, s = m.ctx.cuda, m.ctx.nb_stream
+    graph, as a prefill chunk's graph runs them, replayed 6 times; the median of the last 5 / reps."""
     for i in range(len(ws)):  # warm-up: compile, module load, scratch buffers
         m.gemm(x, ws[i], y, path)
     m.ctx.sync()
-    graph = Graph(m.ctx.handle, lambda: [m.gemm(x, ws[i % len(ws)], y, path) for i in range(reps)])
-    times = []
-    for _ in range(6):
-        start, end = cuda.event(), cuda.event()
-        start.record(s)
-        graph.replay()
-        end.record(s)
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    graph.close()
-    return float(np.median(times[1:]))
+    return graph_us(m.ctx, lambda: [m.gemm(x, ws[i % len(ws)], y, path) for i in range(reps)], reps)
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
 from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
-from impnb.graphs.capture import Graph  # noqa: E402
+from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels import repack  # noqa: E402
 from impnb.kernels.gemm_grouped import BM, gemm_grouped  # noqa: E402
 from impnb.kernels.moe import max_tiles, moe_group  # noqa: E402
@@ -64,20 +64,9 @@ def expert_matrices(dev, quant: str, seed: int = 0) -> dict:
 def time_calls(dev, fn, reps: int) -> float:
     """GPU µs per call of fn: `reps` calls captured into one CUDA graph, replayed 6 times, the
     median of the last 5 / reps."""
-    cuda, s = dev.ctx.cuda, dev.ctx.nb_stream
     fn()  # warm-up: compile, module load, scratch buffers
     dev.ctx.sync()
-    graph = Graph(dev.ctx.handle, lambda: [fn() for _ in range(reps)])
-    times = []
-    for _ in range(6):
-        start, end = cuda.event(), cuda.event()
-        start.record(s)
-        graph.replay()
-        end.record(s)
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    graph.close()
-    return float(np.median(times[1:]))
+    return graph_us(dev.ctx, lambda: [fn() for _ in range(reps)], reps)
 
 
 def measure(dev, rng, mats: dict, T: int, reps: int) -> list[dict]:
