@@ -13,8 +13,9 @@ from numba import cuda, float32, from_dtype, types
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
-from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, Variant,  # noqa: F401
-                                         choose, rows_per_block, span_for, sweep)
+from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
+                                         WIDE_TYPES, Variant, choose, rows_per_block, span_for,
+                                         sweep)
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -352,11 +353,6 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
     return (_parts_type(ggml_type), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
 
 
-def _new_variants(t):
-    """The swept variants that no span-only build below covers (unroll > 1, or more rows)."""
-    return [v for v in sweep(t) if v.unroll > 1 or v.rows != rows_per_block(t, 1)]
-
-
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
 # (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
 BUILD_SIGNATURES = [
@@ -368,10 +364,11 @@ BUILD_SIGNATURES = [
 ] + [
     (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
     for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
-] + [
+] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
+    # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
     (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
-    for t in SWEEP_TYPES for v in _new_variants(t)
+    for t, v in [(t, choose(t, 1, WIDE_K, 1)) for t in WIDE_TYPES] + [(T.Q4_K, Variant(32, 4, 4))]
 ] + [
-    (variant_kernel(t, 1, v, SILU, True), types.void(*kernel_args(t, True)), {})
-    for t in (T.Q4_K, T.Q6_K) for v in _new_variants(t)
+    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
+     types.void(*kernel_args(T.Q4_K, True)), {})
 ]
