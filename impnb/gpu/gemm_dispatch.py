@@ -29,23 +29,38 @@ def shape_key(ggml_type: T, N: int, K: int) -> str:
     return f"{T(ggml_type).name} {N}x{K}"
 
 
+def read_choices(path: Path, paths, check_key=None) -> dict:
+    """{key: {str(row bucket): path}} of a tuning script's table; every bucket in M_BUCKETS,
+    every path in paths, every key passing check_key (ValueError otherwise)."""
+    table = json.loads(path.read_text())["choices"]
+    for key, by_m in table.items():
+        if check_key and not check_key(key):
+            raise ValueError(f"{path}: bad key {key!r}")
+        for m, choice in by_m.items():
+            if not m.isdigit() or int(m) not in M_BUCKETS or choice not in paths:
+                raise ValueError(f"{path}: bad entry {key} rows={m}: {choice}")
+    return table
+
+
+def pick(table: dict, key: str, rows: int, default: str, logged: set, what: str) -> str:
+    """table's choice for key at rows' bucket, else default; each (key, bucket) logged once
+    as `what` with the bucket filled in."""
+    b = m_bucket(rows)
+    choice = table.get(key, {}).get(str(b))
+    if (key, b) not in logged:
+        logged.add((key, b))
+        log.debug("%s: %s (%s)", what % b, choice or default, "table" if choice else "default")
+    return choice or default
+
+
 @lru_cache(maxsize=1)
 def load_table(path: Path = TABLE_PATH) -> dict:
     """{shape_key: {str(M bucket): path}}; validated."""
-    table = json.loads(path.read_text())["choices"]
-    for key, by_m in table.items():
-        for m, choice in by_m.items():
-            if int(m) not in M_BUCKETS or choice not in PATHS:
-                raise ValueError(f"{path}: bad entry {key} M={m}: {choice}")
-    return table
+    return read_choices(path, PATHS)
 
 
 def choose(ggml_type: T, N: int, K: int, M: int, table: dict | None = None) -> str:
     """The path for C (M, N) = A (M, K) · W(N, K)ᵀ with W of ggml_type."""
-    table = load_table() if table is None else table
-    key, mb = shape_key(ggml_type, N, K), m_bucket(M)
-    choice = table.get(key, {}).get(str(mb))
-    if (key, mb) not in _logged:
-        _logged.add((key, mb))
-        log.debug("gemm %s M<=%d: %s (%s)", key, mb, choice or "cublas", "table" if choice else "default")
-    return choice or "cublas"
+    key = shape_key(ggml_type, N, K)
+    return pick(load_table() if table is None else table, key, M, "cublas", _logged,
+                f"gemm {key} M<=%d")

@@ -7,19 +7,16 @@ data in moe_table.json, which scripts/tune_moe.py writes on the H100. Shapes or 
 the table take the tiles. Each distinct choice is logged once ("impnb.gemm", debug).
 """
 
-import json
-import logging
 from functools import lru_cache
 from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
-from impnb.gpu.gemm_dispatch import M_BUCKETS, m_bucket
+from impnb.gpu.gemm_dispatch import pick, read_choices
 
 TABLE_PATH = Path(__file__).with_name("moe_table.json")
 PATHS = ("tiles", "cublas")
 DEFAULT = "tiles"
-log = logging.getLogger("impnb.gemm")
 _logged: set = set()
 
 
@@ -28,28 +25,21 @@ def shape_key(ggml_type: T, N: int, K: int) -> str:
     return f"moe {T(ggml_type).name} {N}x{K}"
 
 
+def _key_ok(key: str) -> bool:
+    words = key.split()
+    dims = words[2].split("x") if len(words) == 3 else []
+    return words[:1] == ["moe"] and len(dims) == 2 and words[1] in T.__members__ \
+        and all(d.isdigit() and int(d) > 0 for d in dims)
+
+
 @lru_cache(maxsize=1)
 def load_table(path: Path = TABLE_PATH) -> dict:
     """{shape_key: {str(T bucket): path}}; validated."""
-    table = json.loads(path.read_text())["choices"]
-    for key, by_t in table.items():
-        words = key.split()
-        dims = words[2].split("x") if len(words) == 3 else []
-        if words[:1] != ["moe"] or len(dims) != 2 or words[1] not in T.__members__ \
-                or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"{path}: bad key {key!r}")
-        for t, choice in by_t.items():
-            if not t.isdigit() or int(t) not in M_BUCKETS or choice not in PATHS:
-                raise ValueError(f"{path}: bad entry {key} T={t}: {choice}")
-    return table
+    return read_choices(path, PATHS, _key_ok)
 
 
 def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = None) -> str:
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
-    table = load_table() if table is None else table
-    key, tb = shape_key(ggml_type, N, K), m_bucket(n_tokens)
-    choice = table.get(key, {}).get(str(tb))
-    if (key, tb) not in _logged:
-        _logged.add((key, tb))
-        log.debug("%s T<=%d: %s (%s)", key, tb, choice or DEFAULT, "table" if choice else "default")
-    return choice or DEFAULT
+    key = shape_key(ggml_type, N, K)
+    return pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged,
+                f"{key} T<=%d")
