@@ -80,7 +80,8 @@ class CudaEngine:
         if self.pos + len(ids) > self.n_ctx:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
-        self.m.decode_splits = self.m.max_decode_splits  # chunks of <= 8 rows: decode attention
+        # chunks of <= 8 rows take decode attention, at any context: the split kernel
+        self.m.decode_short, self.m.decode_splits = False, self.m.max_decode_splits
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
         if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
@@ -90,14 +91,14 @@ class CudaEngine:
         return self._sample(logits)
 
     def step(self, token: int) -> int:
-        # a graph per context bucket (its decode-attention split count), for this step and the
-        # one queued after it
+        # a graph per context bucket (its decode-attention kernel and split count), for this step
+        # and the one queued after it
         bucket = self.m.ctx_bucket(self.pos + 2)
         key = (self.p.greedy, self.p.repeat_penalty != 1.0, bucket)
         graph = self.graphs.get(key)
         if graph is None:
             self._drain()
-            self.m.decode_splits = self.m.splits_for(bucket)
+            self.m.decode_short, self.m.decode_splits = self.m.decode_plan(bucket)
             token = self._sample(self._run(np.array([token], np.int32)))  # eager; also warm-up
             if self.use_graphs and self.graph_disabled is None:
                 self._capture(key)

@@ -50,7 +50,7 @@ if [[ $what == decode ]]; then
     -p no:cacheprovider -W ignore > "$OUT/decode-tests.log" 2>&1
   status[decode-tests]="rc=$? $(tail -n 1 "$OUT/decode-tests.log")"
   timeout 200 python3 scripts/bench_decode_attention.py --models smollm2,gemma3,qwen3-30b-a3b \
-    --ctx 131,512,4096,16384,32768 --torch --json "$OUT/bench-decode-attention.json" \
+    --ctx 131,256,512,1024,4096,16384,32768 --torch --short --json "$OUT/bench-decode-attention.json" \
     > "$OUT/bench-decode-attention.log" 2>&1
   status[bench-decode-attention]="rc=$? see bench-decode-attention.log"
 fi

@@ -3,7 +3,8 @@
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
-  -> attention (decode: split-K over the cache; prefill: FA2 tensor-core tiles over the cache)
+  -> attention (decode: one block per head group at short contexts, else split-K over the cache;
+                prefill: FA2 tensor-core tiles over the cache)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
@@ -15,6 +16,7 @@ import numpy as np
 
 from impnb.gpu.moe import moe_ffn
 from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
+from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
@@ -100,7 +102,10 @@ def _residual(m, x, o, post_norm: str, next_norm: str, h):
 def _attention(m, il: int, q, pos, out, T: int):
     cfg, s = m.cfg, m.ctx.nb_stream
     window = cfg.window(il)
-    if T <= attention_decode.MAX_T and m.decode_splits:
+    if T <= attention_decode.MAX_T and m.decode_short:
+        attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+                               cfg.attn_scale, window, None, s)
+    elif T <= attention_decode.MAX_T and m.decode_splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
             1, m.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))
         counters = m.arena.zeros("counters", attention_decode.counters_shape(1, T, cfg.n_head), np.int32)

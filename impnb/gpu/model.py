@@ -7,6 +7,7 @@ dequantization to fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes
 """
 
 import logging
+import os
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -31,6 +32,9 @@ PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
+# context buckets up to this take attention_decode_short (measured faster there; IMPNB_SHORT_DECODE_MAX
+# overrides it for A/B runs, 0: never)
+SHORT_DECODE_MAX = int(os.environ.get("IMPNB_SHORT_DECODE_MAX", 256))
 
 
 class DeviceModel:
@@ -57,9 +61,10 @@ class DeviceModel:
         self.block_table = self.ctx.upload(kv_cache.contiguous_block_table(1, n_pages)[0])
         # row of routed slot s = s (decode; prefill groups slots by expert)
         self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
-        # split-K decode attention: a split count per context bucket (the graph of a bucket keeps
-        # its own); the partials are sized for the largest
+        # decode attention: per context bucket (the graph of a bucket keeps its own) the
+        # short-context kernel or a split count; the partials are sized for the largest
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
+        self.decode_short = False
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)
@@ -68,6 +73,12 @@ class DeviceModel:
     def ctx_bucket(self, length: int) -> int:
         """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""
         return min(self.n_ctx, next((b for b in DECODE_CTX_BUCKETS if b >= length), self.n_ctx))
+
+    def decode_plan(self, length: int) -> tuple[bool, int]:
+        """(short-context kernel, split count) of decode attention for contexts up to
+        ctx_bucket(length)."""
+        bucket = self.ctx_bucket(length)
+        return bucket <= SHORT_DECODE_MAX, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""

@@ -20,6 +20,7 @@ from numba import cuda
 
 from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
+from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
 
 pytestmark = pytest.mark.gpu
@@ -84,9 +85,10 @@ def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
 
 
 def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
-                 n_splits=None, split_keys=None):
+                 n_splits=None, split_keys=None, short=False, rows_per_block=None):
     """B = len(lengths) sequences, T queries each at positions L - T .. L - 1; split_keys: the
-    keys a split takes at least (default the kernel's)."""
+    keys a split takes at least (default the kernel's); short: attention_decode_short instead
+    of the split kernel, with rows_per_block."""
     B = len(lengths)
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, T, H, D), std)
@@ -99,19 +101,24 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     counters = np.zeros(counters_shape(B, T, H), np.int32)
     dev = [cuda.to_device(a, stream=stream)
            for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
-    attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
+    if short:
+        attention_decode_short(*dev[:6], scale, window, softcap, stream, rows_per_block)
+    else:
+        attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
     for b, L in enumerate(lengths):
         assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
                          window, softcap, std, f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} "
-                         f"splits={n_splits} split_keys={split_keys}")
+                         f"{'short' if short else f'splits={n_splits} split_keys={split_keys}'}")
 
 
-def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_size=16, std=1.0):
+def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_size=16, std=1.0,
+                         short=False):
     """One set of device buffers and launch arguments (as a captured graph holds them) while the
-    context grows a token per step from `first` to `steps`: kv_write then decode, the position
-    only on the device. Positions before `first` are cached up front."""
+    context grows a token per step from `first` to `steps`: kv_write then decode (short: the
+    short-context kernel), the position only on the device. Positions before `first` are cached
+    up front."""
     k_all, v_all = gauss(rng, (steps, Hkv, D), std), gauss(rng, (steps, Hkv, D), std)
     k_pool, v_pool, block_table, _, _ = paged_cache(rng, [steps], Hkv, D, page_size, std)
     k_pool[:] = np.nan
@@ -135,8 +142,12 @@ def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_si
         d_k.copy_to_device(k_all[p].reshape(1, 1, Hkv, D), stream=stream)
         d_v.copy_to_device(v_all[p].reshape(1, 1, Hkv, D), stream=stream)
         kv_write(d_k, d_v, d_pos, d_table, d_k_pool, d_v_pool, stream)
-        attention_decode(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, d_part, d_counters, n_splits,
-                         D ** -0.5, window, None, stream)
+        if short:
+            attention_decode_short(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, D ** -0.5, window,
+                                   None, stream)
+        else:
+            attention_decode(d_q, d_k_pool, d_v_pool, d_table, d_pos, d_out, d_part, d_counters,
+                             n_splits, D ** -0.5, window, None, stream)
         got = d_out.copy_to_host(stream=stream)
         kp, vp = d_k_pool.copy_to_host(stream=stream), d_v_pool.copy_to_host(stream=stream)
         stream.synchronize()
@@ -187,3 +198,31 @@ def test_decode_softcap(H, Hkv, D, window, softcap):
 @pytest.mark.parametrize("H,Hkv,D,window", [(9, 3, 64, None), (4, 1, 256, 40)])
 def test_decode_growing_context(H, Hkv, D, window):
     check_decode_growing(_seed(H, D), 0, 70, H, Hkv, D, window, n_splits=4)
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("L", (1, 17, 255, 1000, 4096))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short(H, Hkv, D, window, L, std):
+    check_decode(_seed(H, D, L, std, 2), [L], 1, H, Hkv, D, std, window, short=True)
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+@pytest.mark.parametrize("T", (2, 5, 8))
+def test_decode_short_rows_and_tokens(H, Hkv, D, window, T):
+    """Multi-token batches at every row tile of the head dim."""
+    from impnb.kernels.attention_decode_short import ROW_TILES
+    for rm in ROW_TILES[D]:
+        check_decode(_seed(H, D, T, rm), [T, 300, 700], T, H, Hkv, D, 1.0, window, short=True,
+                     rows_per_block=rm)
+
+
+@pytest.mark.parametrize("softcap", (5.0, 30.0))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short_softcap(H, Hkv, D, window, softcap):
+    check_decode(_seed(H, D, softcap, 2), [1000], 1, H, Hkv, D, 3.0, window, softcap, short=True)
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", [(9, 3, 64, None), (4, 1, 256, 40)])
+def test_decode_short_growing_context(H, Hkv, D, window):
+    check_decode_growing(_seed(H, D, 2), 0, 70, H, Hkv, D, window, n_splits=1, short=True)
