@@ -9,11 +9,15 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
+Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
+norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
+ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
 import numpy as np
 
+from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe import moe_ffn
 from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.attention_decode_short import attention_decode_short
@@ -34,31 +38,20 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
     cfg: ModelConfig = m.cfg
     s = m.ctx.nb_stream
     a = m.arena
-    D, H, Hkv, Dh, Dv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+    D = cfg.n_embd
     ids, pos = m.ids[:T], m.pos[:T]
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
+    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms and not cfg.n_expert
+    if fused:
+        return _forward_fused(m, x, T, last_only, last_row)
     norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        q = a.get("q", (T, H, Dh))
-        k = a.get("k", (T, Hkv, Dh))
-        v = a.get("v", (T, Hkv, Dv))
-        qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
-        if p + "attn_qkv" in m.w:
-            m.linear_split(h, p + "attn_qkv", qkv)
-        else:
-            for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
-                m.linear(h, p + name, y)
-        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox,
-                          m.w[p + "attn_q_norm"] if cfg.qk_norm else None,
-                          m.w[p + "attn_k_norm"] if cfg.qk_norm else None, cfg.eps,
-                          m.block_table, m.k_pool[il], m.v_pool[il], s)
-        attn = a.get("attn", (T, H, Dv))
-        _attention(m, il, q, pos, attn, T)
+        attn = _attention_block(m, il, h, pos, T)
         o = a.get("o", (T, D))
-        m.linear(attn.reshape(T, H * Dv), p + "attn_output", o)
+        m.linear(attn, p + "attn_output", o)
         _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
         if cfg.n_expert:
             moe_ffn(m, h, p, o)
@@ -66,29 +59,68 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
             _dense_ffn(m, h, p, o)
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         _residual(m, x, o, p + "post_ffw_norm", nxt, h)
-    rows = h
+    return _logits(m, h, T, last_only, last_row, None)
+
+
+def _forward_fused(m, x, T: int, last_only: bool, last_row):
+    """forward's decode with the norms fused into the GEMVs (llama, qwen3)."""
+    cfg, eps = m.cfg, m.cfg.eps
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps))
+        m.linear(attn, p + "attn_output", x, accumulate=True)
+        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps))
+    return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
+
+
+def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
+    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv)."""
+    cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
+    H, Hkv, Dh, Dv, p = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, f"blk.{il}."
+    q = a.get("q", (T, H, Dh))
+    k = a.get("k", (T, Hkv, Dh))
+    v = a.get("v", (T, Hkv, Dv))
+    qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
+    if p + "attn_qkv" in m.w:
+        m.linear_split(h, p + "attn_qkv", qkv, norm_w)
+    else:
+        for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
+            m.linear(h, p + name, y, norm_w)
+    qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox,
+                      m.w[p + "attn_q_norm"] if cfg.qk_norm else None,
+                      m.w[p + "attn_k_norm"] if cfg.qk_norm else None, cfg.eps,
+                      m.block_table, m.k_pool[il], m.v_pool[il], s)
+    attn = a.get("attn", (T, H, Dv))
+    _attention(m, il, q, pos, attn, T)
+    return attn.reshape(T, H * Dv)
+
+
+def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
+    """Logits of h's rows (all, the last, or row last_row); norm_w: of RMSNorm(h) * w."""
+    a, rows = m.arena, h
     if last_row is not None:
-        rows = a.get("h_last", (1, D))
-        gather_row(h, last_row, rows, s)
+        rows = a.get("h_last", (1, h.shape[1]))
+        gather_row(h, last_row, rows, m.ctx.nb_stream)
     elif last_only:
         rows = h[T - 1:T]
-    logits = a.get("logits", (rows.shape[0], cfg.n_vocab))
-    m.linear(rows, "output" if "output" in m.w else "token_embd", logits)
+    logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
+    m.linear(rows, "output" if "output" in m.w else "token_embd", logits, norm_w)
     return logits
 
 
-def _dense_ffn(m, h, p: str, o):
-    """o (T, D) = down(act(gate(h)) * up(h)); gate|up as one GEMV where stacked."""
+def _dense_ffn(m, h, p: str, o, norm_w=None):
+    """o (T, D) = down(act(gate(h)) * up(h)); gate|up as one GEMV where stacked. norm_w: of
+    RMSNorm(h) * w, and the result added into o."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
     if p + "ffn_gate_up" in m.w:
-        m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate)
+        m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate, norm_w)
     else:
         up = a.get("up", (T, cfg.n_ff))
-        m.linear(h, p + "ffn_gate", gate)
-        m.linear(h, p + "ffn_up", up)
+        m.linear(h, p + "ffn_gate", gate, norm_w)
+        m.linear(h, p + "ffn_up", up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.linear(gate, p + "ffn_down", o)
+    m.linear(gate, p + "ffn_down", o, accumulate=norm_w is not None)
 
 
 def _residual(m, x, o, post_norm: str, next_norm: str, h):

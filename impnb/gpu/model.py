@@ -32,9 +32,13 @@ PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
-# context buckets up to this take attention_decode_short (measured faster there; IMPNB_SHORT_DECODE_MAX
-# overrides it for A/B runs, 0: never)
+# decode attention for context buckets up to this takes attention_decode_short at head dims up to
+# SHORT_DECODE_MAX_DIM, else the split kernel. Measured on the H100 (2026-11-23, µs a call, split /
+# short at 131 and 256 keys): SmolLM2 (D 64) 9.8 / 4.9, 9.7 / 5.3; Qwen3-30B-A3B (D 128) 15.9 / 6.6,
+# 15.7 / 8.9; Gemma3 (D 256) 12.1 / 10.2, 12.3 / 15.8 (tg128 1194 split, 1161 short).
+# IMPNB_SHORT_DECODE_MAX overrides the bucket bound for A/B runs (0: never).
 SHORT_DECODE_MAX = int(os.environ.get("IMPNB_SHORT_DECODE_MAX", 256))
+SHORT_DECODE_MAX_DIM = 128
 
 
 class DeviceModel:
@@ -78,7 +82,8 @@ class DeviceModel:
         """(short-context kernel, split count) of decode attention for contexts up to
         ctx_bucket(length)."""
         bucket = self.ctx_bucket(length)
-        return bucket <= SHORT_DECODE_MAX, self.splits_for(bucket)
+        short = bucket <= SHORT_DECODE_MAX and self.cfg.head_dim <= SHORT_DECODE_MAX_DIM
+        return short, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""
@@ -123,12 +128,14 @@ class DeviceModel:
         kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
         return sum(t.data.nbytes for t in mf.tensors.values()) + kv + (64 << 20)
 
-    def linear(self, x, name: str, y) -> None:
-        """y (T, N) = x (T, K) · W(name)ᵀ, float32 in and out."""
+    def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False) -> None:
+        """y (T, N) = x (T, K) · W(name)ᵀ, float32 in and out. GEMV only (T <= GEMV_MAX_ROWS):
+        norm (wn, eps) reads RMSNorm(x) * wn for x; accumulate adds into y."""
         w = self.w[name]
         if x.shape[0] <= GEMV_MAX_ROWS:
-            gemv.gemv(w, x, y, self.ctx.nb_stream)
+            gemv.gemv(w, x, y, self.ctx.nb_stream, accumulate, norm=norm)
             return
+        assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
         self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
 
     def linear_f32(self, x, name: str, y) -> None:
@@ -149,25 +156,27 @@ class DeviceModel:
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=bm)
 
-    def linear_split(self, x, name: str, ys) -> None:
-        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv)."""
+    def linear_split(self, x, name: str, ys, norm: tuple | None = None) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear."""
         w = self.w[name]
         if x.shape[0] <= GEMV_MAX_ROWS:
-            gemv.gemv_split(w, x, ys, self.ctx.nb_stream)
+            gemv.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
+        assert norm is None, "GEMM: no fused norm"
         x16, w16, row = self.x16(x), self._w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
 
-    def linear_glu(self, x, name: str, act: str, y) -> None:
-        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu."""
+    def linear_glu(self, x, name: str, act: str, y, norm: tuple | None = None) -> None:
+        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;
+        norm as in linear."""
         w, T, s = self.w[name], x.shape[0], self.ctx.nb_stream
         if T <= GEMV_MAX_ROWS and gemv.glu_fits(w, T):
-            gemv.gemv_glu(w, x, y, gemv.GELU if act == "gelu" else gemv.SILU, s)
+            gemv.gemv_glu(w, x, y, gemv.GELU if act == "gelu" else gemv.SILU, s, norm=norm)
             return
         gate_up = self.arena.get("gate_up", (T, w.rows))
-        self.linear(x, name, gate_up)
+        self.linear(x, name, gate_up, norm)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
 
     def x16(self, x):

@@ -283,10 +283,10 @@ _KERNELS = {(D, RM, capped): _make_kernel(D, RM, capped)
 # ---------------------------------------------------------------- host side
 
 def row_tile(n_head: int, n_head_kv: int, T: int, head_dim: int) -> int:
-    """Query rows per block: the smallest tile holding a KV head's g * T rows, else the largest."""
-    rows = n_head // n_head_kv * T
-    tiles = ROW_TILES[head_dim]
-    return next((rm for rm in tiles if rows <= rm), tiles[-1])
+    """Query rows per block: one. Measured on the H100 (2026-11-23, 131 keys): 1 row a block
+    4.9 / 10.2 / 6.6 µs against 7.7 / 19.5 / 17.8 µs for the whole head group (SmolLM2, Gemma3,
+    Qwen3-30B-A3B): at short contexts the block's compute, not K/V reads from L2, is the cost."""
+    return 1
 
 
 def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: float,
@@ -298,7 +298,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     k_pool, v_pool (n_pages, page_size, Hkv, D) float16; block_table (B, max_pages) int32;
     pos (B, T) int32, the positions of the queries, whose K/V are already in the cache.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
-    block_table (max_pages,). rows_per_block: one of ROW_TILES[D] (default row_tile's choice).
+    block_table (max_pages,). rows_per_block: one of ROW_TILES[D] (default row_tile's: 1).
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])

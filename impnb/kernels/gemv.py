@@ -2,8 +2,11 @@
 
 One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
 quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
+A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
+reads all of x anyway, so it sums x² on the way and scales its dot products at the end).
 """
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -53,8 +56,22 @@ def tuple_of(f, n):
     return g
 
 
-def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
+def gemv_norm_ref(w: np.ndarray, ggml_type: T, x: np.ndarray, wn: np.ndarray, eps: float) -> np.ndarray:
+    """gemv_ref of RMSNorm(x) * wn (float64)."""
+    x = x.astype(np.float64)
+    xn = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * wn.astype(np.float64)
+    return gemv_ref(w, ggml_type, xn)
+
+
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed):
     wpg = span // 32  # warps per row group
+
+    @cuda.jit(device=True, inline=True)
+    def rms_scale(sq, K, eps):
+        # -- normed: 1 / sqrt(mean of x² + eps), else 1 --
+        if normed:
+            return float32(1.0) / math.sqrt(sq / float32(K) + eps)
+        return float32(1.0)
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
 
@@ -68,7 +85,17 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
     # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
     # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
     @cuda.jit(device=True, inline=True)
-    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb):
+    def x4(x, i, wn, k, ss, t):
+        # -- x[i .. i + 4]; normed: times wn[k .. k + 4], their squares summed into ss[t] --
+        x0, x1, x2, x3 = qi.ldg_f32x4(x, i)
+        if normed:
+            ss[t] += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+            w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
+            return x0 * w0, x1 * w1, x2 * w2, x3 * w3
+        return x0, x1, x2, x3
+
+    @cuda.jit(device=True, inline=True)
+    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb, wn, ss):
         # -- R <= 2: decode 16 weights of each row, FMA against every token --
         # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
         aa, ba = unit(raws[0], c, h, wa)
@@ -80,7 +107,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
             pb = float32(0.0)
             sx = float32(0.0)
             for v in range(4):
-                x0, x1, x2, x3 = qi.ldg_f32x4(x, xo + t * K + k + 4 * v)
+                x0, x1, x2, x3 = x4(x, xo + t * K + k + 4 * v, wn, k + 4 * v, ss, t)
                 pa += wa[4 * v] * x0
                 pa += wa[4 * v + 1] * x1
                 pa += wa[4 * v + 2] * x2
@@ -96,13 +123,13 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
                 acc[1, t] += ab * pb + bb * sx
 
     @cuda.jit(device=True, inline=True)
-    def half_chunk_x1(raws, c, h, x, xo, acc, w):
+    def half_chunk_x1(raws, c, h, x, xo, acc, w, wn, ss):
         # -- T = 1, R >= 4: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
         k = col(c, h)
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
         for v in range(4):
-            x0, x1, x2, x3 = qi.ldg_f32x4(x, xo + k + 4 * v)
+            x0, x1, x2, x3 = x4(x, xo + k + 4 * v, wn, k + 4 * v, ss, 0)
             xv[4 * v] = x0
             xv[4 * v + 1] = x1
             xv[4 * v + 2] = x2
@@ -169,8 +196,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
     step_loads = tuple_of(step_chunk, unroll)
 
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo):
-        # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows yo + t --
+    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps):
+        # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows
+        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
@@ -180,6 +208,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
+        ss = cuda.local.array(n_tok, float32)
+        for t in range(n_tok):
+            ss[t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
         a = (parts, w0, gi, n_rows, cpr)
@@ -190,14 +221,15 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
                 c = c0 + u * span
                 if c < cpr:
                     if rows >= 4:
-                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa)
-                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa)
+                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
+                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
                     else:
-                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb)
-                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb)
+                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
+                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        red_ss = cuda.shared.array((WARPS, n_tok), float32)
         tot = cuda.local.array(rows, float32)
         lane = tid & 31
         warp = tid >> 5
@@ -206,22 +238,32 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
                 acc[r, t] = qi.warp_sum(acc[r, t], scratch)
                 if wpg > 1 and lane == 0:
                     red[warp, r, t] = acc[r, t]
+        if normed:
+            for t in range(n_tok):
+                ss[t] = qi.warp_sum(ss[t], scratch)
+                if wpg > 1 and lane == 0:
+                    red_ss[warp, t] = ss[t]
         if wpg == 1:
             if lane == 0:
                 for t in range(n_tok):
+                    scale = rms_scale(ss[t], K, eps)
                     for r in range(rows):
-                        tot[r] = acc[r, t]
+                        tot[r] = acc[r, t] * scale
                     store(y0, y1, y2, n0, n1, n_rows, gi, yo + t, tot, accumulate)
         else:
             cuda.syncthreads()
             if tid < groups * n_tok:
                 g = tid // n_tok
                 t = tid - g * n_tok
+                sq = float32(0.0)
+                for i in range(wpg):
+                    sq += red_ss[g * wpg + i, t]
+                scale = rms_scale(sq, K, eps)
                 for r in range(rows):
                     s = float32(0.0)
                     for i in range(wpg):
                         s += red[g * wpg + i, r, t]
-                    tot[r] = s
+                    tot[r] = s * scale
                 store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, yo + t, tot, accumulate)
 
     if experts:
@@ -234,25 +276,35 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts):
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
             rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
-                         (s // x_div) * x.shape[1], s)
+                         (s // x_div) * x.shape[1], s, x, float32(0))
 
         return _gemv_experts_kernel
+
+    if normed:
+        @cuda.jit
+        def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps)
+
+        return _gemv_norm_kernel
 
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0)
+        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0))
 
     return _gemv_kernel
 
 
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
-                unroll: int = 1, rows: int | None = None):
+                unroll: int = 1, rows: int | None = None, normed: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
-    per row a thread loads before decoding; `rows` per group (default rows_per_block)."""
+    per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
+    x is RMS-normalized on the way (extra arguments wn, eps after x)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -260,12 +312,13 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     rows = rows or rows_per_block(ggml_type, n_tok)
     assert rows in (1, 2) or (rows in (4, 8) and n_tok == 1), (rows, n_tok)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
-    assert not experts or n_tok == 1
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts)
+    assert not experts or (n_tok == 1 and not normed)
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed)
 
 
-def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False):
-    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows)
+def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
+                   normed: bool = False):
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed)
 
 
 def _out_per_block(v: Variant, glu: int) -> int:
@@ -283,31 +336,38 @@ def _aligned16(a) -> bool:
 
 
 def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
-            stream, accumulate: bool, variant: Variant | None):
+            stream, accumulate: bool, variant: Variant | None, norm: tuple | None):
     n_tok, K = x.shape
     assert w.cols == K and x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
     for y in (y0, y1, y2):
         assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
     v = variant or choose(w.ggml_type, n_tok, K, w.rows)
-    per_block = _out_per_block(v, glu)
-    launch(variant_kernel(w.ggml_type, n_tok, v, glu), (out_rows + per_block - 1) // per_block, BLOCK, stream,
-           w.parts, x, y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+    grid = (out_rows + _out_per_block(v, glu) - 1) // _out_per_block(v, glu)
+    tail = (y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+    if norm is None:
+        launch(variant_kernel(w.ggml_type, n_tok, v, glu), grid, BLOCK, stream, w.parts, x, *tail)
+        return
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
+    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=True), grid, BLOCK, stream, w.parts, x,
+           wn, np.float32(eps), *tail)
 
 
-def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Variant | None = None):
+def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Variant | None = None,
+         norm: tuple | None = None):
     """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8;
-    `variant` overrides `choose` (benchmarks, tests)."""
+    `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn."""
     assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
-    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant)
+    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
 
 
-def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None):
+def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
     """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
-    one to three outputs whose N_i sum to W's rows."""
+    one to three outputs whose N_i sum to W's rows; norm as in gemv."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant)
+    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
 
 
 def glu_fits(w: PackedWeight, n_tok: int) -> bool:
@@ -315,11 +375,13 @@ def glu_fits(w: PackedWeight, n_tok: int) -> bool:
     return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
 
 
-def gemv_glu(w: PackedWeight, x, y, act: int, stream, variant: Variant | None = None):
-    """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh)."""
+def gemv_glu(w: PackedWeight, x, y, act: int, stream, variant: Variant | None = None,
+             norm: tuple | None = None):
+    """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh);
+    norm as in gemv."""
     assert act in (SILU, GELU) and w.rows % 2 == 0 and y.shape == (x.shape[0], w.rows // 2)
     assert (variant.rows % 2 == 0) if variant else glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group"
-    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False, variant)
+    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False, variant, norm)
 
 
 def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU,
@@ -346,11 +408,12 @@ _F32_2D = types.Array(types.float32, 2, "C")
 _I32 = types.int32
 
 
-def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
-    """Argument types of gemv_kernel's kernels for a type (the plain or the routed-expert one)."""
+def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False) -> tuple:
+    """Argument types of gemv_kernel's kernels for a type (the plain, normed or routed-expert one)."""
     if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
-    return (_parts_type(ggml_type), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
+    norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
+    return (_parts_type(ggml_type), _F32_2D, *norm, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
 
 
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
@@ -371,4 +434,9 @@ BUILD_SIGNATURES = [
 ] + [
     (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
+] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
+    (gemv_kernel(t, n, span, glu, normed=True), types.void(*kernel_args(t, normed=True)),
+     {"max_registers": 136})
+    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
+                                                                  (2, BLOCK, NO_GLU), (2, 64, SILU))
 ]

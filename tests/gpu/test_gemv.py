@@ -107,6 +107,59 @@ def check_fused(ggml_type, cols, splits, n_tok, glu, seed, variant=None):
     assert np.isfinite(y).all() and (np.abs(y - ref) <= bound).all()
 
 
+def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=False):
+    """The normed kernels (the pre-norm fused: W RMSNorm(x) wn) against RMSNorm in float64, then
+    the float64 GEMV: plain (one split, optionally accumulating), Q|K|V splits or gate|up (glu)."""
+    from impnb.kernels.activations import swiglu_ref
+    from impnb.kernels.gemv import gemv_glu, gemv_norm_ref, gemv_split
+
+    rows = sum(splits)
+    raw, wabs, w = weight(ggml_type, rows, cols)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    wn = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    eps = 1e-5
+    ref = gemv_norm_ref(raw, ggml_type, x, wn, eps)
+    x64 = x.astype(np.float64)
+    xn = np.abs(x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps) * wn)
+    bound = RTOL * (xn @ wabs.T) + 1e-5 * np.abs(ref)
+    stream = cuda.stream()
+    d_x, d_wn = cuda.to_device(x, stream=stream), cuda.to_device(wn, stream=stream)
+    if glu:
+        F = rows // 2
+        d_y = cuda.to_device(np.full((n_tok, F), np.nan, np.float32), stream=stream)
+        gemv_glu(w, d_x, d_y, glu, stream, norm=(d_wn, eps))
+        y = d_y.copy_to_host(stream=stream)
+        gate, up = ref[:, :F], ref[:, F:]
+        want = swiglu_ref(gate.astype(np.float32), up.astype(np.float32))
+        tol = 10 * (np.abs(want) * 1e-5 + np.abs(up) * bound[:, :F] + np.abs(gate) * bound[:, F:])
+        assert np.isfinite(y).all() and (np.abs(y - want) <= tol + 1e-6).all()
+        return
+    y0 = (rng.standard_normal((n_tok, rows)) * std).astype(np.float32)
+    ys = [cuda.to_device(np.full((n_tok, n), np.nan, np.float32) if not accumulate else y0, stream=stream)
+          for n in splits]
+    if len(splits) == 1:
+        gemv(w, d_x, ys[0], stream, accumulate, norm=(d_wn, eps))
+    else:
+        gemv_split(w, d_x, ys, stream, norm=(d_wn, eps))
+    y = np.concatenate([d.copy_to_host(stream=stream) for d in ys], axis=1).astype(np.float64)
+    got = y - (y0 if accumulate else 0)
+    assert np.isfinite(y).all()
+    err = np.abs(got - ref)
+    assert (err <= bound + (np.abs(y0) * 1e-6 if accumulate else 0)).all(), f"max err/bound {np.max(err / bound):.3g}"
+
+
+@pytest.mark.parametrize("ggml_type", (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16), ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 2, 8])
+def test_gemv_norm(ggml_type, n_tok):
+    """SmolLM2's Q|K|V, gate|up and a wide K; x at three magnitudes; o-proj style accumulation."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_gemv_norm(ggml_type, 576, (576, 192, 192), n_tok, 0, std, seed=[n_tok, i])
+        check_gemv_norm(ggml_type, 2048, (989,), n_tok, 0, std, seed=[n_tok, i, 1], accumulate=i == 1)
+    if n_tok <= 2:  # gate|up runs as one GEMV where the row groups are even (glu_fits)
+        check_gemv_norm(ggml_type, 576, (1536, 1536), n_tok, SILU, 1.0, seed=[n_tok, 2])
+
+
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 2, 5])
 def test_gemv_split_qkv(ggml_type, n_tok):

@@ -117,3 +117,14 @@ def test_gemv_variant_fused(ggml_type, variant):
     rng = np.random.default_rng(3)
     check_gemv_experts(rng, ggml_type, 3, 10, 2304, 2, 2, SILU, 0.1, variant)
     check_gemv_experts(rng, ggml_type, 3, 5, 2304, 1, 2, 0, 10.0, variant)
+
+
+@pytest.mark.parametrize("ggml_type,n_tok", [(T.Q4_1, 1), (T.Q4_K, 2), (T.Q8_0, 8)], ids=str)
+def test_gemv_norm(ggml_type, n_tok):
+    """The pre-norm fused (W RMSNorm(x) wn): plain with accumulation, Q|K|V splits, gate|up."""
+    from tests.gpu.test_gemv import check_gemv_norm
+
+    check_gemv_norm(ggml_type, 256, (5,), n_tok, 0, 10.0, seed=1, accumulate=True)
+    check_gemv_norm(ggml_type, 2048, (3, 2, 2), n_tok, 0, 0.1, seed=2)
+    if n_tok <= 2:
+        check_gemv_norm(ggml_type, 256, (4, 4), n_tok, SILU, 1.0, seed=3)
