@@ -152,12 +152,14 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
 @pytest.mark.parametrize("ggml_type", (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16), ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 2, 8])
 def test_gemv_norm(ggml_type, n_tok):
-    """SmolLM2's Q|K|V, gate|up and a wide K; x at three magnitudes; o-proj style accumulation."""
+    """SmolLM2's Q|K|V and gate|up (K 768 where 576 is no whole K-quant block), a wide K;
+    x at three magnitudes; o-proj style accumulation."""
+    K = 576 if ggml_type not in (T.Q4_K, T.Q6_K) else 768
     for i, std in enumerate((0.1, 1.0, 10.0)):
-        check_gemv_norm(ggml_type, 576, (576, 192, 192), n_tok, 0, std, seed=[n_tok, i])
+        check_gemv_norm(ggml_type, K, (576, 192, 192), n_tok, 0, std, seed=[n_tok, i])
         check_gemv_norm(ggml_type, 2048, (989,), n_tok, 0, std, seed=[n_tok, i, 1], accumulate=i == 1)
     if n_tok <= 2:  # gate|up runs as one GEMV where the row groups are even (glu_fits)
-        check_gemv_norm(ggml_type, 576, (1536, 1536), n_tok, SILU, 1.0, seed=[n_tok, 2])
+        check_gemv_norm(ggml_type, K, (1536, 1536), n_tok, SILU, 1.0, seed=[n_tok, 2])
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
