@@ -57,7 +57,19 @@ def unpack_halves(w0, w1, w2, w3, f):
 
 
 @cuda.jit(device=True, inline=True)
-def _split_range(pos, b, r0, nrows, g, window, n_splits, min_chunk, step):
+def row_group(q, k_words, RM, y):
+    """Block y's KV head kh and query rows r0 .. r0 + nrows - 1 at RM rows a block (row r = t * g
+    + j: token t, query head kh * g + j) -> (g, kh, r0, nrows)."""
+    T = q.shape[1]
+    g = q.shape[2] // k_words.shape[2]
+    n_groups = (g * T + RM - 1) // RM
+    kh = y // n_groups
+    r0 = (y - kh * n_groups) * RM
+    return g, kh, r0, min(RM, g * T - r0)
+
+
+@cuda.jit(device=True, inline=True)
+def split_range(pos, b, r0, nrows, g, window, n_splits, min_chunk, step):
     """Keys [lo, hi) seen by query rows r0 .. r0 + nrows - 1 of sequence b, the keys per split
     (whole steps, at least min_chunk) and the live splits: later splits have no keys."""
     hi = 0
@@ -121,7 +133,7 @@ def _make_split_kernel(D: int, RM: int, capped: bool):
     # grid (n_splits, Hkv * n_row_groups, B), block 256 (8 warps).
     # capped: scores go through softcap * tanh(s / softcap) (a variant, off the common path).
     # A block owns up to RM query rows r = t * g + j (token t, head kh * g + j) of one KV head and
-    # one split of their key range (_split_range); splits past the live ones return at once.
+    # one split of their key range (split_range); splits past the live ones return at once.
     # Lane = (key slot kq of KPL, dim slice dl of LPK): per block step each warp reads KPL keys,
     # each lane 16 bytes of K and 16 of V (8 dims), cp.async'd STAGES - 1 steps ahead into its own
     # slots of the ring, so no barrier is needed inside the loop. Scores are reduced over the key's
@@ -145,12 +157,8 @@ def _make_split_kernel(D: int, RM: int, capped: bool):
         T = q.shape[1]
         H = q.shape[2]
         Hkv = k_words.shape[2]
-        g = H // Hkv
-        n_groups = (g * T + RM - 1) // RM
-        kh = cuda.blockIdx.y // n_groups
-        r0 = (cuda.blockIdx.y - kh * n_groups) * RM
-        nrows = min(RM, g * T - r0)
-        lo, hi, chunk, n_live = _split_range(pos, b, r0, nrows, g, window, cuda.gridDim.x, min_chunk, BK)
+        g, kh, r0, nrows = row_group(q, k_words, RM, cuda.blockIdx.y)
+        lo, hi, chunk, n_live = split_range(pos, b, r0, nrows, g, window, cuda.gridDim.x, min_chunk, BK)
         if split >= n_live:
             return
         k_begin = lo + split * chunk

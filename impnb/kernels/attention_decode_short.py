@@ -18,7 +18,8 @@ from numba.core import types
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, unpack_halves
+from impnb.kernels.attention_decode import (HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, split_range,
+                                           unpack_halves)
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import shfl_xor, warp_max, warp_sum
 from impnb.launch import launch
@@ -116,14 +117,8 @@ def _make_kernel(D: int, RM: int, capped: bool):
     # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table.
     def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift):
         b = cuda.blockIdx.y
-        T = q.shape[1]
-        H = q.shape[2]
         Hkv = k_words.shape[2]
-        g = H // Hkv
-        n_groups = (g * T + RM - 1) // RM
-        kh = cuda.blockIdx.x // n_groups
-        r0 = (cuda.blockIdx.x - kh * n_groups) * RM
-        nrows = min(RM, g * T - r0)
+        g, kh, r0, nrows = row_group(q, k_words, RM, cuda.blockIdx.x)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
@@ -138,13 +133,7 @@ def _make_kernel(D: int, RM: int, capped: bool):
         alpha = cuda.shared.array(RM, types.float32)
 
         # -- the rows' key range and its pages --
-        hi = 0
-        lo = 1 << 30
-        for r in range(nrows):
-            qp = pos[b, (r0 + r) // g]
-            hi = max(hi, qp + 1)
-            lo = min(lo, qp - window + 1 if window > 0 else 0)
-        lo = max(lo, 0)
+        lo, hi, _, _ = split_range(pos, b, r0, nrows, g, window, 1, 1, 1)
         hi = min(hi, lo + MAX_KEYS)
         p0 = lo >> shift
         for i in range(tid, ((hi - 1) >> shift) - p0 + 1, NT):
