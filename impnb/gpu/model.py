@@ -36,9 +36,9 @@ DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs pe
 # SHORT_DECODE_MAX_DIM, else the split kernel. Measured on the H100 (2026-11-23, µs a call, split /
 # short at 131 and 256 keys): SmolLM2 (D 64) 9.8 / 4.9, 9.7 / 5.3; Qwen3-30B-A3B (D 128) 15.9 / 6.6,
 # 15.7 / 8.9; Gemma3 (D 256) 12.1 / 10.2, 12.3 / 15.8 (tg128 1194 split, 1161 short).
-# IMPNB_SHORT_DECODE_MAX overrides the bucket bound for A/B runs (0: never).
+# IMPNB_SHORT_DECODE_MAX (0: never) and IMPNB_SHORT_DECODE_MAX_DIM override them for A/B runs.
 SHORT_DECODE_MAX = int(os.environ.get("IMPNB_SHORT_DECODE_MAX", 256))
-SHORT_DECODE_MAX_DIM = 128
+SHORT_DECODE_MAX_DIM = int(os.environ.get("IMPNB_SHORT_DECODE_MAX_DIM", 128))
 
 
 class DeviceModel:
