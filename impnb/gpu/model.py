@@ -32,13 +32,12 @@ PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
-# decode attention for context buckets up to this takes attention_decode_short at head dims up to
-# SHORT_DECODE_MAX_DIM, else the split kernel. Measured on the H100 (2026-11-23, µs a call, split /
-# short at 131 and 256 keys): SmolLM2 (D 64) 9.8 / 4.9, 9.7 / 5.3; Qwen3-30B-A3B (D 128) 15.9 / 6.6,
-# 15.7 / 8.9; Gemma3 (D 256) 12.1 / 10.2, 12.3 / 15.8 (tg128 1194 split, 1161 short).
-# IMPNB_SHORT_DECODE_MAX (0: never) and IMPNB_SHORT_DECODE_MAX_DIM override them for A/B runs.
+# decode attention for context buckets up to this takes attention_decode_short, else the split
+# kernel. Measured on the H100 (2026-11-23): µs a call, split / short at 131 and 256 keys, SmolLM2
+# (D 64) 9.8 / 4.9, 9.7 / 5.3; Qwen3-30B-A3B (D 128) 15.9 / 6.6, 15.7 / 8.9; Gemma3 (D 256)
+# 12.1 / 10.2, 12.3 / 15.8; in the decode graph, tg128 of Gemma3 1194 split, 1331 short.
+# IMPNB_SHORT_DECODE_MAX overrides the bound for A/B runs (0: never).
 SHORT_DECODE_MAX = int(os.environ.get("IMPNB_SHORT_DECODE_MAX", 256))
-SHORT_DECODE_MAX_DIM = int(os.environ.get("IMPNB_SHORT_DECODE_MAX_DIM", 128))
 
 
 class DeviceModel:
@@ -82,8 +81,7 @@ class DeviceModel:
         """(short-context kernel, split count) of decode attention for contexts up to
         ctx_bucket(length)."""
         bucket = self.ctx_bucket(length)
-        short = bucket <= SHORT_DECODE_MAX and self.cfg.head_dim <= SHORT_DECODE_MAX_DIM
-        return short, self.splits_for(bucket)
+        return bucket <= SHORT_DECODE_MAX, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""
