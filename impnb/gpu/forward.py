@@ -9,11 +9,9 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
-Decode (T <= GEMV_MAX_ROWS) of the dense models fuses the norms into the GEMVs instead, two
-kernels a layer fewer (each costs ~3-5 µs in the decode graph): Q|K|V, gate|up and the logits
-read RMSNorm(x) * w themselves; llama / qwen3 add attn_output and ffn_down into x; gemma3's
-GEMVs after them form the residual x + RMSNorm(o) * w_post on the way and write it to the other
-of two residual buffers.
+Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
+norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
+ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
@@ -45,9 +43,8 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
-    if T <= GEMV_MAX_ROWS and not cfg.n_expert:
-        if cfg.post_norms:
-            return _forward_fused_post(m, x, T, last_only, last_row)
+    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms and not cfg.n_expert
+    if fused:
         return _forward_fused(m, x, T, last_only, last_row)
     norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
     for il in range(cfg.n_layer):
@@ -72,27 +69,8 @@ def _forward_fused(m, x, T: int, last_only: bool, last_row):
         p = f"blk.{il}."
         attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps))
         m.linear(attn, p + "attn_output", x, accumulate=True)
-        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
+        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps))
     return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
-
-
-def _forward_fused_post(m, x, T: int, last_only: bool, last_row):
-    """forward's decode with the norms fused into the GEMVs, post-norms (gemma3): the residual
-    x moves between x and x_alt; each GEMV reading it adds the pending RMSNorm(o) * w_post."""
-    cfg, eps, D = m.cfg, m.cfg.eps, m.cfg.n_embd
-    x_next = m.arena.get("x_alt", (T, D))
-    o = m.arena.get("o", (T, D))
-    pending = ()  # (o, w_post, x_next): the residual add the next GEMV makes
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps, *pending))
-        if pending:
-            x, x_next = x_next, x
-        m.linear(attn, p + "attn_output", o)
-        _dense_ffn(m, x, p, o, (m.w[p + "ffn_norm"], eps, o, m.w[p + "post_attention_norm"], x_next))
-        x, x_next = x_next, x
-        pending = (o, m.w[p + "post_ffw_norm"], x_next)
-    return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps, *pending))
 
 
 def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
@@ -118,28 +96,21 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
 
 
 def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
-    """Logits of h's rows (all, the last, or row last_row); norm_w: of RMSNorm(h) * w, or with a
-    pending post-norm residual add (wn, eps, o, w_post, x_out), of RMSNorm(h + RMSNorm(o) w_post) wn."""
-    a, rows, norm_w = m.arena, h, norm_w and tuple(norm_w)
+    """Logits of h's rows (all, the last, or row last_row); norm_w: of RMSNorm(h) * w."""
+    a, rows = m.arena, h
     if last_row is not None:
         rows = a.get("h_last", (1, h.shape[1]))
         gather_row(h, last_row, rows, m.ctx.nb_stream)
-        if norm_w and len(norm_w) > 2:
-            o_last = a.get("o_last", (1, h.shape[1]))
-            gather_row(norm_w[2], last_row, o_last, m.ctx.nb_stream)
-            norm_w = norm_w[:2] + (o_last, norm_w[3], a.get("x_last", (1, h.shape[1])))
     elif last_only:
         rows = h[T - 1:T]
-        if norm_w and len(norm_w) > 2:
-            norm_w = norm_w[:2] + (norm_w[2][T - 1:T], norm_w[3], norm_w[4][T - 1:T])
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
     m.linear(rows, "output" if "output" in m.w else "token_embd", logits, norm_w)
     return logits
 
 
-def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False):
-    """o (T, D) = down(act(gate(h)) * up(h)), or o += with accumulate; gate|up as one GEMV where
-    stacked. norm_w: of RMSNorm(h) * w (or with a post-norm residual add, as gemv's norm)."""
+def _dense_ffn(m, h, p: str, o, norm_w=None):
+    """o (T, D) = down(act(gate(h)) * up(h)); gate|up as one GEMV where stacked. norm_w: of
+    RMSNorm(h) * w, and the result added into o."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
     if p + "ffn_gate_up" in m.w:
@@ -149,7 +120,7 @@ def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False):
         m.linear(h, p + "ffn_gate", gate, norm_w)
         m.linear(h, p + "ffn_up", up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.linear(gate, p + "ffn_down", o, accumulate=accumulate)
+    m.linear(gate, p + "ffn_down", o, accumulate=norm_w is not None)
 
 
 def _residual(m, x, o, post_norm: str, next_norm: str, h):

@@ -3,9 +3,7 @@
 One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
 quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
 A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
-reads all of x anyway, so it sums x² on the way and scales its dot products at the end);
-NORM_POST_ADD first forms Gemma's residual x + RMSNorm(o) * wp (each warp sums o² itself), and
-block 0's first row group writes that new residual to x_out.
+reads all of x anyway, so it sums x² on the way and scales its dot products at the end).
 """
 
 import math
@@ -26,7 +24,6 @@ from impnb.launch import launch
 from impnb.quants import dequantize
 
 MAX_T = 8
-NORM_PRE, NORM_POST_ADD = 1, 2  # normed kernels: RMSNorm(x) * wn; RMSNorm(x + RMSNorm(o) * wp) * wn
 
 
 def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
@@ -59,16 +56,11 @@ def tuple_of(f, n):
     return g
 
 
-def rms_norm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def gemv_norm_ref(w: np.ndarray, ggml_type: T, x: np.ndarray, wn: np.ndarray, eps: float) -> np.ndarray:
+    """gemv_ref of RMSNorm(x) * wn (float64)."""
     x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w.astype(np.float64)
-
-
-def gemv_norm_ref(w: np.ndarray, ggml_type: T, x: np.ndarray, wn: np.ndarray, eps: float,
-                  o: np.ndarray | None = None, wp: np.ndarray | None = None) -> tuple:
-    """(gemv_ref of RMSNorm(r) * wn, r) in float64, r = x, or x + RMSNorm(o) * wp given o."""
-    r = x.astype(np.float64) if o is None else x + rms_norm64(o, wp, eps)
-    return gemv_ref(w, ggml_type, rms_norm64(r, wn, eps)), r
+    xn = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * wn.astype(np.float64)
+    return gemv_ref(w, ggml_type, xn)
 
 
 def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed):
@@ -93,21 +85,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
     # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
     # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
     @cuda.jit(device=True, inline=True)
-    def x4(x, i, wn, k, ss, t, post):
-        # -- x[i .. i + 4]; NORM_POST_ADD: plus RMSNorm(o) * wp (o's scale in inv_o[t]), stored to
-        # x_out by the writer; normed: times wn[k .. k + 4], their squares summed into ss[t] --
+    def x4(x, i, wn, k, ss, t):
+        # -- x[i .. i + 4]; normed: times wn[k .. k + 4], their squares summed into ss[t] --
         x0, x1, x2, x3 = qi.ldg_f32x4(x, i)
-        if normed == NORM_POST_ADD:
-            o, wp, x_out, inv_o, writer = post
-            a = inv_o[t]
-            o0, o1, o2, o3 = qi.ldg_f32x4(o, i)
-            p0, p1, p2, p3 = qi.ldg_f32x4(wp, k)
-            x0 += o0 * a * p0
-            x1 += o1 * a * p1
-            x2 += o2 * a * p2
-            x3 += o3 * a * p3
-            if writer:
-                qi.stg_x4(x_out, i, x0, x1, x2, x3)
         if normed:
             ss[t] += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
             w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
@@ -115,7 +95,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
         return x0, x1, x2, x3
 
     @cuda.jit(device=True, inline=True)
-    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb, wn, ss, post):
+    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb, wn, ss):
         # -- R <= 2: decode 16 weights of each row, FMA against every token --
         # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
         aa, ba = unit(raws[0], c, h, wa)
@@ -127,7 +107,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
             pb = float32(0.0)
             sx = float32(0.0)
             for v in range(4):
-                x0, x1, x2, x3 = x4(x, xo + t * K + k + 4 * v, wn, k + 4 * v, ss, t, post)
+                x0, x1, x2, x3 = x4(x, xo + t * K + k + 4 * v, wn, k + 4 * v, ss, t)
                 pa += wa[4 * v] * x0
                 pa += wa[4 * v + 1] * x1
                 pa += wa[4 * v + 2] * x2
@@ -143,13 +123,13 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
                 acc[1, t] += ab * pb + bb * sx
 
     @cuda.jit(device=True, inline=True)
-    def half_chunk_x1(raws, c, h, x, xo, acc, w, wn, ss, post):
+    def half_chunk_x1(raws, c, h, x, xo, acc, w, wn, ss):
         # -- T = 1, R >= 4: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
         k = col(c, h)
         xv = cuda.local.array(16, float32)
         sx = float32(0.0)
         for v in range(4):
-            x0, x1, x2, x3 = x4(x, xo + k + 4 * v, wn, k + 4 * v, ss, 0, post)
+            x0, x1, x2, x3 = x4(x, xo + k + 4 * v, wn, k + 4 * v, ss, 0)
             xv[4 * v] = x0
             xv[4 * v + 1] = x1
             xv[4 * v + 2] = x2
@@ -216,10 +196,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
     step_loads = tuple_of(step_chunk, unroll)
 
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps, oax):
+    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps):
         # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows
-        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t];
-        # NORM_POST_ADD: x[t] + RMSNorm(o[t]) * wp for x[t], oax = (o, wp, x_out) --
+        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
@@ -229,20 +208,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
-        scratch = cuda.shared.array(BLOCK, float32)
         ss = cuda.local.array(n_tok, float32)
-        inv_o = cuda.local.array(n_tok, float32)
         for t in range(n_tok):
             ss[t] = 0.0
-        if normed == NORM_POST_ADD:
-            # -- every warp: o[t]'s RMS scale, summed over the whole row --
-            for t in range(n_tok):
-                so = float32(0.0)
-                for k4 in range((tid & 31) * 4, K, 128):
-                    o0, o1, o2, o3 = qi.ldg_f32x4(oax[0], xo + t * K + k4)
-                    so += (o0 * o0 + o1 * o1) + (o2 * o2 + o3 * o3)
-                inv_o[t] = rms_scale(qi.warp_sum(so, scratch), K, eps)
-        post = (oax[0], oax[1], oax[2], inv_o, cuda.blockIdx.x == 0 and group == 0)
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
         a = (parts, w0, gi, n_rows, cpr)
@@ -253,12 +221,13 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
                 c = c0 + u * span
                 if c < cpr:
                     if rows >= 4:
-                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss, post)
-                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss, post)
+                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
+                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
                     else:
-                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss, post)
-                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss, post)
+                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
+                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
+        scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         red_ss = cuda.shared.array((WARPS, n_tok), float32)
         tot = cuda.local.array(rows, float32)
@@ -307,25 +276,16 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
             rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
-                         (s // x_div) * x.shape[1], s, x, float32(0), (x, x, x))
+                         (s // x_div) * x.shape[1], s, x, float32(0))
 
         return _gemv_experts_kernel
-
-    if normed == NORM_POST_ADD:
-        @cuda.jit
-        def _gemv_post_add_kernel(parts, x, o, wp, wn, eps, x_out, y0, y1, y2, n0, n1, n_rows, accumulate):
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            ptx.grid_dep_launch()
-            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps, (o, wp, x_out))
-
-        return _gemv_post_add_kernel
 
     if normed:
         @cuda.jit
         def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps, (x, wn, x))
+            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps)
 
         return _gemv_norm_kernel
 
@@ -333,19 +293,18 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0), (x, x, x))
+        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0))
 
     return _gemv_kernel
 
 
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
-                unroll: int = 1, rows: int | None = None, normed: int = 0):
+                unroll: int = 1, rows: int | None = None, normed: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
-    NORM_PRE, x is RMS-normalized on the way (extra arguments wn, eps after x), or NORM_POST_ADD
-    (arguments o, wp, wn, eps, x_out after x)."""
+    x is RMS-normalized on the way (extra arguments wn, eps after x)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -358,7 +317,7 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
 
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
-                   normed: int = 0):
+                   normed: bool = False):
     return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed)
 
 
@@ -388,25 +347,16 @@ def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu
     if norm is None:
         launch(variant_kernel(w.ggml_type, n_tok, v, glu), grid, BLOCK, stream, w.parts, x, *tail)
         return
-    wn, eps, *post = norm
-    for a in (wn, *post[1:2]):
-        assert a.dtype == np.float32 and a.shape == (K,) and _aligned16(a), "norm weights: float32 (K,)"
-    if not post:
-        launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=NORM_PRE), grid, BLOCK, stream, w.parts,
-               x, wn, np.float32(eps), *tail)
-        return
-    o, wp, x_out = post
-    for a in (o, x_out):
-        assert a.shape == x.shape and a.dtype == np.float32 and a.is_c_contiguous() and _aligned16(a)
-    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=NORM_POST_ADD), grid, BLOCK, stream,
-           w.parts, x, o, wp, wn, np.float32(eps), x_out, *tail)
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
+    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=True), grid, BLOCK, stream, w.parts, x,
+           wn, np.float32(eps), *tail)
 
 
 def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Variant | None = None,
          norm: tuple | None = None):
     """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8;
-    `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn;
-    norm (wn, eps, o, wp, x_out): W RMSNorm(r) wn for r = x + RMSNorm(o) wp, r written to x_out."""
+    `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn."""
     assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
     _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
 
@@ -458,13 +408,11 @@ _F32_2D = types.Array(types.float32, 2, "C")
 _I32 = types.int32
 
 
-def kernel_args(ggml_type: T, experts: bool = False, normed: int = 0) -> tuple:
+def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False) -> tuple:
     """Argument types of gemv_kernel's kernels for a type (the plain, normed or routed-expert one)."""
     if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
-    w1 = types.Array(types.float32, 1, "C")
-    norm = {0: (), NORM_PRE: (w1, types.float32),
-            NORM_POST_ADD: (_F32_2D, w1, w1, types.float32, _F32_2D)}[normed]
+    norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
     return (_parts_type(ggml_type), _F32_2D, *norm, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
 
 
@@ -487,9 +435,8 @@ BUILD_SIGNATURES = [
     (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
 ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
-    (gemv_kernel(t, n, span, glu, normed=mode), types.void(*kernel_args(t, normed=mode)),
-     {"max_registers": 144})
-    for mode in (NORM_PRE, NORM_POST_ADD)
-    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, GELU),
+    (gemv_kernel(t, n, span, glu, normed=True), types.void(*kernel_args(t, normed=True)),
+     {"max_registers": 136})
+    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
                                                                   (2, BLOCK, NO_GLU), (2, 64, SILU))
 ]

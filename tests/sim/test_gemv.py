@@ -128,15 +128,3 @@ def test_gemv_norm(ggml_type, n_tok):
     check_gemv_norm(ggml_type, 2048, (3, 2, 2), n_tok, 0, 0.1, seed=2)
     if n_tok <= 2:
         check_gemv_norm(ggml_type, 256, (4, 4), n_tok, SILU, 1.0, seed=3)
-
-
-@pytest.mark.parametrize("ggml_type,n_tok", [(T.Q8_0, 1), (T.Q4_K, 2), (T.Q4_1, 5)], ids=str)
-def test_gemv_post_add(ggml_type, n_tok):
-    """Gemma's residual fused: x + RMSNorm(o) wp written to x_out, W RMSNorm(that) wn."""
-    from impnb.kernels.gemv import GELU
-    from tests.gpu.test_gemv import check_gemv_norm
-
-    check_gemv_norm(ggml_type, 2048, (3, 2, 2), n_tok, 0, 1.0, seed=4, post=True)
-    check_gemv_norm(ggml_type, 256, (5,), n_tok, 0, 10.0, seed=5, accumulate=True, post=True)
-    if n_tok <= 2:
-        check_gemv_norm(ggml_type, 256, (4, 4), n_tok, GELU, 0.1, seed=6, post=True)
