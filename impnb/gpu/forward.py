@@ -69,7 +69,7 @@ def _forward_fused(m, x, T: int, last_only: bool, last_row):
         p = f"blk.{il}."
         attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps))
         m.linear(attn, p + "attn_output", x, accumulate=True)
-        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps))
+        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
     return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
 
 
@@ -108,9 +108,9 @@ def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
     return logits
 
 
-def _dense_ffn(m, h, p: str, o, norm_w=None):
-    """o (T, D) = down(act(gate(h)) * up(h)); gate|up as one GEMV where stacked. norm_w: of
-    RMSNorm(h) * w, and the result added into o."""
+def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False):
+    """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
+    where stacked; norm_w: of RMSNorm(h) * w."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
     if p + "ffn_gate_up" in m.w:
@@ -120,7 +120,7 @@ def _dense_ffn(m, h, p: str, o, norm_w=None):
         m.linear(h, p + "ffn_gate", gate, norm_w)
         m.linear(h, p + "ffn_up", up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.linear(gate, p + "ffn_down", o, accumulate=norm_w is not None)
+    m.linear(gate, p + "ffn_down", o, accumulate=accumulate)
 
 
 def _residual(m, x, o, post_norm: str, next_norm: str, h):

@@ -3,7 +3,8 @@
 One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
 quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
 A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
-reads all of x anyway, so it sums x² on the way and scales its dot products at the end).
+reads all of x anyway, so it sums x² on the way and scales its dot products at the end); its
+reference is gemv_ref of norm.rms_norm_ref(x, wn, eps).
 """
 
 import math
@@ -56,15 +57,10 @@ def tuple_of(f, n):
     return g
 
 
-def gemv_norm_ref(w: np.ndarray, ggml_type: T, x: np.ndarray, wn: np.ndarray, eps: float) -> np.ndarray:
-    """gemv_ref of RMSNorm(x) * wn (float64)."""
-    x = x.astype(np.float64)
-    xn = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * wn.astype(np.float64)
-    return gemv_ref(w, ggml_type, xn)
-
-
 def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed):
     wpg = span // 32  # warps per row group
+    groups = WARPS // wpg
+    act = GLU_ACTS[glu]
 
     @cuda.jit(device=True, inline=True)
     def rms_scale(sq, K, eps):
@@ -72,8 +68,6 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed)
         if normed:
             return float32(1.0) / math.sqrt(sq / float32(K) + eps)
         return float32(1.0)
-    groups = WARPS // wpg
-    act = GLU_ACTS[glu]
 
     # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128/span groups of `span`
     # threads, R = `rows` weight rows per group. Group gi = G*b + g owns rows R*gi .. +R-1 (past

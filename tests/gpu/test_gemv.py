@@ -111,7 +111,8 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
     """The normed kernels (the pre-norm fused: W RMSNorm(x) wn) against RMSNorm in float64, then
     the float64 GEMV: plain (one split, optionally accumulating), Q|K|V splits or gate|up (glu)."""
     from impnb.kernels.activations import swiglu_ref
-    from impnb.kernels.gemv import gemv_glu, gemv_norm_ref, gemv_split
+    from impnb.kernels.gemv import gemv_glu, gemv_split
+    from impnb.kernels.norm import rms_norm_ref
 
     rows = sum(splits)
     raw, wabs, w = weight(ggml_type, rows, cols)
@@ -119,10 +120,9 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     wn = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
     eps = 1e-5
-    ref = gemv_norm_ref(raw, ggml_type, x, wn, eps)
-    x64 = x.astype(np.float64)
-    xn = np.abs(x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps) * wn)
-    bound = RTOL * (xn @ wabs.T) + 1e-5 * np.abs(ref)
+    xn = rms_norm_ref(x, wn, eps)
+    ref = gemv_ref(raw, ggml_type, xn)
+    bound = RTOL * (np.abs(xn.astype(np.float64)) @ wabs.T) + 1e-5 * np.abs(ref)
     stream = cuda.stream()
     d_x, d_wn = cuda.to_device(x, stream=stream), cuda.to_device(wn, stream=stream)
     if glu:
