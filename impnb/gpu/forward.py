@@ -3,7 +3,7 @@
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
-  -> attention (decode: one block per head group at short contexts, else split-K over the cache;
+  -> attention (decode: one block per query row at short contexts, else split-K over the cache;
                 prefill: FA2 tensor-core tiles over the cache)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)

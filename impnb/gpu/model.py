@@ -32,12 +32,13 @@ PAGE_SIZE = 32
 GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
-# decode attention for context buckets up to this takes attention_decode_short, else the split
-# kernel. Measured on the H100 (2026-11-23): µs a call, split / short at 131 and 256 keys, SmolLM2
-# (D 64) 9.8 / 4.9, 9.7 / 5.3; Qwen3-30B-A3B (D 128) 15.9 / 6.6, 15.7 / 8.9; Gemma3 (D 256)
-# 12.1 / 10.2, 12.3 / 15.8; in the decode graph, tg128 of Gemma3 1194 split, 1331 short.
+# decode attention for context buckets up to this (by head dim) takes attention_decode_short,
+# else the split kernel. Measured on the H100 (2026-11-24): µs a call, split / short (16 warps)
+# at 131, 256, 1024 keys: SmolLM2 (D 64) 9.8 / 2.7, 9.9 / 3.2, 10.3 / 7.8; Qwen3-30B-A3B (D 128)
+# 16.0 / 4.2, 15.8 / 4.9, 17.2 / 14.5; Gemma3 (D 256) 11.9 / 6.1, 12.3 / 8.3, 14.5 / 27.4.
 # IMPNB_SHORT_DECODE_MAX overrides the bound for A/B runs (0: never).
-SHORT_DECODE_MAX = int(os.environ.get("IMPNB_SHORT_DECODE_MAX", 256))
+SHORT_DECODE_MAX = {64: 1024, 128: 1024, 256: 256}
+_SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
 
 
 class DeviceModel:
@@ -81,7 +82,9 @@ class DeviceModel:
         """(short-context kernel, split count) of decode attention for contexts up to
         ctx_bucket(length)."""
         bucket = self.ctx_bucket(length)
-        return bucket <= SHORT_DECODE_MAX, self.splits_for(bucket)
+        bound = (int(_SHORT_DECODE_MAX_ENV) if _SHORT_DECODE_MAX_ENV is not None
+                 else SHORT_DECODE_MAX.get(self.cfg.head_dim, 0))
+        return bucket <= bound, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""

@@ -1,12 +1,12 @@
-"""Decode attention for short contexts: one block reads all the keys of its query rows, no splits.
+"""Decode attention for short contexts: one block reads all the keys of one query row, no splits.
 
 At the contexts of a chat turn (tens to a few hundred keys) the split kernel of attention_decode
 is latency-bound: its cp.async ring, split bookkeeping and cross-split merge cost more than the
-few KB of K/V it reads. Here a block owns RM query rows of one KV head and walks the keys in
-chunks: scores with D/32 lanes a key, a block-wide online softmax per row, PV with D/8 lanes a
-key from V staged in shared memory; the next chunk's K and V are in flight meanwhile. Same
-arguments and semantics as attention_decode (B sequences, T <= 8 queries, GQA, window,
-softcap; the live length read from `pos`), for contexts up to MAX_KEYS.
+few KB of K/V it reads. Here a block owns one query row and its warps take turns over the keys,
+KI = 32 / (D/32) keys a warp at a time: each warp runs its own online softmax with no barrier
+in the loop, the next turn's K and V already in its registers, and the warps merge once at the
+end. Same arguments and semantics as attention_decode (B sequences, T <= 8 queries, GQA,
+window, softcap; the live length read from `pos`), for contexts up to MAX_KEYS.
 Numpy reference: attention.attention_ref.
 """
 
@@ -18,69 +18,64 @@ from numba.core import types
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.attention_decode import (HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, split_range,
-                                           unpack_halves)
+from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, unpack_halves
 from impnb.kernels.kv_cache import PAGE_SIZES
-from impnb.kernels.norm import shfl_xor, warp_max, warp_sum
+from impnb.kernels.norm import SIMULATOR, shfl_idx, shfl_xor, warp_sum
 from impnb.launch import launch
 
-NT = 256                 # threads per block
-NW = NT // 32
-MAX_KEYS = 4096          # keys a block sees at most; longer contexts take the split kernel
+WARPS = (4, 8, 16)       # block sizes built (warps)
+MAX_KEYS = 4096          # keys a row sees at most; longer contexts take the split kernel
 MAX_PAGES = MAX_KEYS // min(PAGE_SIZES) + 1
-ROW_TILES = {64: (1, 2, 4, 8), 128: (1, 2, 4, 8), 256: (1, 2, 4)}  # query rows a block
-QS = 36                  # floats per 32-dim slice of a query row in shared (4 pad: no bank conflict)
-SEEN = np.float32(-5e29)  # scores above this are of keys a row sees (masked ones are NEG)
-SMEM_ALIGN = ptx.SMEM_ALIGN
+QS = 36                  # floats per 32-dim slice of the query row in shared (4 pad: no bank conflict)
+SEEN = np.float32(-5e29)  # scores above this are of keys the row sees (the others are NEG)
+SMEM_ALIGN = ptx.SMEM_ALIGN  # a global, so numba types it as a literal
 _ZERO = np.float32(0)
 
 
-def chunk_keys(D: int) -> int:
-    """Keys a chunk: each key's K row is scored by D/32 lanes (64 bytes each)."""
-    return NT // (D // 32)
+def turn_keys(D: int) -> int:
+    """Keys a warp scores at a time: each key's K row takes D/32 lanes (64 bytes each)."""
+    return 32 // (D // 32)
 
 
-def _make_kernel(D: int, RM: int, capped: bool):
-    LPK = D // 32            # score lanes per key
-    CK = NT // LPK           # keys per chunk
-    WPR = D // 2             # u32 words per K or V row
+def _make_kernel(D: int, NW: int, capped: bool):
+    NT = NW * 32
+    LPK = D // 32            # score lanes per key: 32 dims each
+    KI = 32 // LPK           # keys a warp turn
     LPV = D // 8             # PV lanes per key: 8 dims each
-    KPV = 32 // LPV          # key slots per warp in PV
-    SLOTS = NW * KPV
-    KPS = CK // SLOTS        # keys per slot per chunk
-    VW = CK * WPR            # u32 words of a V chunk
-    CPT = VW // 4 // NT      # 16-byte copies per thread per V chunk
-    QW = LPK * QS            # floats per query row in shared
-    VBUF = 2 * VW            # two V stages
-    QBUF = RM * QW
-    KEY_OFFS = tuple(1 << i for i in range(int(math.log2(LPK))))
-    SLOT_OFFS = tuple(LPV << i for i in range(int(math.log2(KPV))))
-    assert NW * RM * D <= VBUF and RM <= NW and CK % 32 == 0 and CPT * NT * 4 == VW
+    KPV = 32 // LPV          # PV key slots per warp
+    KPS = KI // KPV          # keys per slot per turn (4)
+    BK = NW * KI             # keys a block turn
+    WPR = D // 2             # u32 words per K or V row
+    WACC = NW * D            # floats of the warps' outputs in shared
+    QW = LPK * QS            # floats of the query row in shared
+    KEY_OFFS = tuple(1 << i for i in range(int(math.log2(LPK))))        # lanes of one key
+    TURN_OFFS = tuple(LPK << i for i in range(int(math.log2(KI))))      # keys of one turn
+    SLOT_OFFS = tuple(LPV << i for i in range(int(math.log2(KPV))))     # PV key slots
+    assert KPS == 4 and NT >= D
 
     if KPV > 1:
         @cuda.jit(device=True, inline=True)
         def merge_slots(acc):
-            # -- the warp's key slots summed by shuffles (they share each row's running max) --
+            # -- the warp's key slots summed by shuffles (they share the warp's running max) --
             for off in SLOT_OFFS:
-                for r in range(RM):
-                    for i in range(8):
-                        acc[r, i] += shfl_xor(acc[r, i], off)
+                for i in range(8):
+                    acc[i] += shfl_xor(acc[i], off)
     else:
         @cuda.jit(device=True, inline=True)
         def merge_slots(acc):
             pass  # one key slot per warp
 
     @cuda.jit(device=True, inline=True)
-    def kv_src(pages, key, p0, shift, Hkv, kh):
+    def row_of(pages, key, p0, shift, Hkv, kh):
         # -- u32 index of key's row of KV head kh in the pools --
         page = pages[(key >> shift) - p0]
-        return ((page << shift) + (key & ((1 << shift) - 1))) * Hkv + kh
+        return (((page << shift) + (key & ((1 << shift) - 1))) * Hkv + kh) * WPR
 
     @cuda.jit(device=True, inline=True)
     def load_k(kr, k_words, pages, key, hi, p0, shift, Hkv, kh, dl):
-        # -- this lane's 32 dims (16 words) of key's K row into kr; zeros past hi --
+        # -- this lane's 32 dims (16 words) of key's K row; zeros past hi --
         if key < hi:
-            src = kv_src(pages, key, p0, shift, Hkv, kh) * WPR + dl * 16
+            src = row_of(pages, key, p0, shift, Hkv, kh) + dl * 16
             for i in range(4):
                 w0, w1, w2, w3 = ptx.ld_global_v4_u32(k_words, src + 4 * i)
                 kr[4 * i] = w0
@@ -92,202 +87,163 @@ def _make_kernel(D: int, RM: int, capped: bool):
                 kr[i] = 0
 
     @cuda.jit(device=True, inline=True)
-    def issue_v(vbuf, stage, v_words, pages, c0, hi, p0, shift, Hkv, kh, tid):
-        # -- cp.async the V rows of keys c0 .. c0 + CK into stage; zeros past hi --
-        for u in range(CPT):
-            piece = tid + u * NT          # 16-byte piece of the chunk
-            kc = piece // (WPR // 4)
-            key = c0 + kc
-            src = 0
-            n = 0
+    def load_v(vr, v_words, pages, key0, hi, p0, shift, Hkv, kh, dv):
+        # -- this lane's 8 dims (4 words) of the V rows of its slot's KPS keys from key0 --
+        for u in range(KPS):
+            key = key0 + u
             if key < hi:
-                src = kv_src(pages, key, p0, shift, Hkv, kh) * WPR + (piece - kc * (WPR // 4)) * 4
-                n = 16
-            ptx.cp_async_16_zfill(ptx.smem_addr(vbuf, stage * VW + piece * 4), v_words, src, n)
-        ptx.cp_async_commit()
+                w0, w1, w2, w3 = ptx.ld_global_v4_u32(
+                    v_words, row_of(pages, key, p0, shift, Hkv, kh) + dv * 4)
+                vr[4 * u] = w0
+                vr[4 * u + 1] = w1
+                vr[4 * u + 2] = w2
+                vr[4 * u + 3] = w3
+            else:
+                for i in range(4):
+                    vr[4 * u + i] = 0
 
-    # grid (Hkv * n_row_groups, B), block 256 (8 warps). A block owns RM query rows r = t * g + j
-    # (token t, head kh * g + j) of KV head kh and every key they see, [lo, hi), in chunks of CK.
-    # Per chunk: lane (key kk, slice dl) scores its 32 dims of K (loaded into registers one chunk
-    # ahead) against every row's q (shared, pre-scaled), reduced over the key's LPK lanes into
-    # ps[r][kk] (base 2; NEG where row r does not see the key); warp r turns row r's scores into
-    # probabilities against its running max ms[r] and rescales its sum ls[r]; then lane (slot, dv)
-    # accumulates p * V over KPS keys of the chunk for its 8 dims of every row, V cp.async'd into
-    # vbuf one chunk ahead. At the end slots merge by shuffles, warps through vbuf.
+    # grid (Hkv * g * T, B), block NT. A block owns query row r = t * g + j (token t, head
+    # kh * g + j) and its keys [lo, hi). Warp w takes turns at keys lo + (n * NW + w) * KI + kk,
+    # kk < KI: lane (kk, dl) scores its 32 dims of key kk (q pre-scaled in shared), reduced
+    # over the key's LPK lanes; the warp's running max m and the lane's share of the sum l are
+    # rescaled; lane (slot, dv) adds p * V for its 8 dims over its slot's KPS keys, p fetched from
+    # the key's lanes by shuffle. K and V of the next turn load into registers meanwhile. At the
+    # end slots merge by shuffles and warps through shared memory.
     # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table.
     def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift):
         b = cuda.blockIdx.y
         Hkv = k_words.shape[2]
-        g, kh, r0, nrows = row_group(q, k_words, RM, cuda.blockIdx.x)
+        g, kh, r0, _ = row_group(q, k_words, 1, cuda.blockIdx.x)
+        t = r0 // g
+        h = kh * g + r0 - t * g
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
 
-        vbuf = cuda.shared.array(VBUF, types.float32, alignment=SMEM_ALIGN)
-        qs = cuda.shared.array(QBUF, types.float32, alignment=SMEM_ALIGN)
-        ps = cuda.shared.array((RM, CK), types.float32)
         pages = cuda.shared.array(MAX_PAGES, types.int32)
-        row_pos = cuda.shared.array(RM, types.int32)
-        ms = cuda.shared.array(RM, types.float32)
-        ls = cuda.shared.array(RM, types.float32)
-        alpha = cuda.shared.array(RM, types.float32)
+        wacc = cuda.shared.array(WACC, types.float32)
+        wm = cuda.shared.array(NW, types.float32)
+        wl = cuda.shared.array(NW, types.float32)
+        qs = cuda.shared.array(QW, types.float32, alignment=SMEM_ALIGN)
 
-        # -- the rows' key range and its pages --
-        lo, hi, _, _ = split_range(pos, b, r0, nrows, g, window, 1, 1, 1)
+        # -- the row's key range and its pages --
+        qp = pos[b, t]
+        hi = qp + 1
+        lo = max(qp - window + 1, 0) if window > 0 else 0
         hi = min(hi, lo + MAX_KEYS)
         p0 = lo >> shift
         for i in range(tid, ((hi - 1) >> shift) - p0 + 1, NT):
             pages[i] = block_table[b, p0 + i]
-        if tid < RM:
-            row_pos[tid] = pos[b, (r0 + tid) // g] if tid < nrows else -1
-            ms[tid] = NEG
-            ls[tid] = _ZERO
         ptx.grid_dep_wait()  # programmatic launch: q and the newest K/V are the last kernels'
         ptx.grid_dep_launch()
-
-        # -- query rows, pre-scaled, as 32-dim slices padded to QS floats; rows past nrows zero --
-        for i in range(tid, RM * D, NT):
-            r = i // D
-            d = i - r * D
-            v = _ZERO
-            if r < nrows:
-                t = (r0 + r) // g
-                v = q[b, t, kh * g + r0 + r - t * g, d] * scale
-            qs[r * QW + (d // 32) * QS + d % 32] = v
+        if tid < D:  # the query row, pre-scaled, as 32-dim slices padded to QS floats
+            qs[(tid // 32) * QS + tid % 32] = q[b, t, h, tid] * scale
         cuda.syncthreads()
 
-        kk = tid // LPK
-        dl = tid - kk * LPK
-        slot = warp * KPV + lane // LPV
-        dv = lane % LPV
+        kk = lane // LPK
+        dl = lane - kk * LPK
+        slot = lane // LPV
+        dv = lane - slot * LPV
         kr = cuda.local.array(16, types.uint32)
         kn = cuda.local.array(16, types.uint32)
-        kf = cuda.local.array(32, types.float32)
+        vr = cuda.local.array(16, types.uint32)
+        vn = cuda.local.array(16, types.uint32)
         vf = cuda.local.array(8, types.float32)
-        acc = cuda.local.array((RM, 8), types.float32)
-        for r in range(RM):
+        acc = cuda.local.array(8, types.float32)
+        for i in range(8):
+            acc[i] = _ZERO
+        m = NEG
+        l = _ZERO
+        key0 = lo + warp * KI
+        n_turns = (hi - lo + BK - 1) // BK
+        load_k(kr, k_words, pages, key0 + kk, hi, p0, shift, Hkv, kh, dl)
+        load_v(vr, v_words, pages, key0 + slot * KPS, hi, p0, shift, Hkv, kh, dv)
+        for n in range(n_turns):
+            if n + 1 < n_turns:
+                load_k(kn, k_words, pages, key0 + BK + kk, hi, p0, shift, Hkv, kh, dl)
+                load_v(vn, v_words, pages, key0 + BK + slot * KPS, hi, p0, shift, Hkv, kh, dv)
+            # -- score of key key0 + kk; the turn's max --
+            s = _ZERO
             for i in range(8):
-                acc[r, i] = _ZERO
-        n_chunks = (hi - lo + CK - 1) // CK
-        issue_v(vbuf, 0, v_words, pages, lo, hi, p0, shift, Hkv, kh, tid)
-        load_k(kr, k_words, pages, lo + kk, hi, p0, shift, Hkv, kh, dl)
-        for j in range(n_chunks):
-            c0 = lo + j * CK
-            if j + 1 < n_chunks:
-                issue_v(vbuf, (j + 1) & 1, v_words, pages, c0 + CK, hi, p0, shift, Hkv, kh, tid)
-                load_k(kn, k_words, pages, c0 + CK + kk, hi, p0, shift, Hkv, kh, dl)
-            # -- scores of key c0 + kk for every row --
-            key = c0 + kk
-            for i in range(16):
-                kf[2 * i] = qi.f16_to_f32(kr[i] & qi.HALF)
-                kf[2 * i + 1] = qi.f16_to_f32(kr[i] >> 16)
-            for r in range(RM):
-                s = _ZERO
-                for h4 in range(4):
-                    qa = ptx.smem_addr(qs, r * QW + dl * QS + 8 * h4)
-                    x0, x1, x2, x3 = ptx.ld_shared_v4_u32(qa)
-                    x4, x5, x6, x7 = ptx.ld_shared_v4_u32(qa + 16)
-                    k8 = 8 * h4
-                    s += (qi.as_f32(x0) * kf[k8] + qi.as_f32(x1) * kf[k8 + 1]
-                          + qi.as_f32(x2) * kf[k8 + 2] + qi.as_f32(x3) * kf[k8 + 3])
-                    s += (qi.as_f32(x4) * kf[k8 + 4] + qi.as_f32(x5) * kf[k8 + 5]
-                          + qi.as_f32(x6) * kf[k8 + 6] + qi.as_f32(x7) * kf[k8 + 7])
-                for off in KEY_OFFS:
-                    s += shfl_xor(s, off)
-                if capped:
-                    s = softcap * math.tanh(s / softcap)
-                qp = row_pos[r]
-                seen = (key < hi) & (key <= qp) & ((window <= 0) | (qp - key < window))
-                if dl == 0:
-                    ps[r, kk] = s * LOG2E if seen else NEG
-            cuda.syncthreads()
-            # -- warp r: row r's probabilities against its new running max --
-            if warp < RM:
-                r = warp
-                mc = NEG
-                for i in range(lane, CK, 32):
-                    mc = max(mc, ps[r, i])
-                mc = warp_max(mc)
-                m_old = ms[r]
-                m_new = max(m_old, mc)
-                part = _ZERO
-                for i in range(lane, CK, 32):
-                    s = ps[r, i]
-                    p = ptx.ex2_approx_ftz(s - m_new) if s > SEEN else _ZERO
-                    ps[r, i] = p
-                    part += p
-                part = warp_sum(part)
-                if lane == 0:
-                    a = ptx.ex2_approx_ftz(m_old - m_new)
-                    alpha[r] = a
-                    ls[r] = ls[r] * a + part
-                    ms[r] = m_new
-            if j + 1 < n_chunks:
-                ptx.cp_async_wait_group(1)
-            else:
-                ptx.cp_async_wait_group(0)
-            cuda.syncthreads()
-            # -- p * V for this lane's 8 dims over its slot's keys --
-            for r in range(RM):
-                a = alpha[r]
-                for i in range(8):
-                    acc[r, i] *= a
+                x0, x1, x2, x3 = ptx.ld_shared_v4_u32(ptx.smem_addr(qs, dl * QS + 4 * i))
+                s += (qi.as_f32(x0) * qi.f16_to_f32(kr[2 * i] & qi.HALF)
+                      + qi.as_f32(x1) * qi.f16_to_f32(kr[2 * i] >> 16)
+                      + qi.as_f32(x2) * qi.f16_to_f32(kr[2 * i + 1] & qi.HALF)
+                      + qi.as_f32(x3) * qi.f16_to_f32(kr[2 * i + 1] >> 16))
+            for off in KEY_OFFS:
+                s += shfl_xor(s, off)
+            if capped:
+                s = softcap * math.tanh(s / softcap)
+            s = s * LOG2E if key0 + kk < hi else NEG
+            mc = s
+            for off in TURN_OFFS:
+                mc = max(mc, shfl_xor(mc, off))
+            m_new = max(m, mc)
+            alpha = ptx.ex2_approx_ftz(m - m_new)
+            p = ptx.ex2_approx_ftz(s - m_new) if s > SEEN else _ZERO
+            l = l * alpha + (p if dl == 0 else _ZERO)
+            m = m_new
+            # -- p * V over the slot's keys --
+            for i in range(8):
+                acc[i] *= alpha
             for u in range(KPS):
-                kc = slot + u * SLOTS
-                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(
-                    ptx.smem_addr(vbuf, (j & 1) * VW + kc * WPR + dv * 4))
-                unpack_halves(w0, w1, w2, w3, vf)
-                for r in range(RM):
-                    p = ps[r, kc]
-                    for i in range(8):
-                        acc[r, i] += p * vf[i]
-            cuda.syncthreads()  # ps and this V stage are refilled next chunk
+                pu = shfl_idx(p, (slot * KPS + u) * LPK)
+                unpack_halves(vr[4 * u], vr[4 * u + 1], vr[4 * u + 2], vr[4 * u + 3], vf)
+                for i in range(8):
+                    acc[i] += pu * vf[i]
+            key0 += BK
             for i in range(16):
                 kr[i] = kn[i]
+                vr[i] = vn[i]
 
-        # -- slots merged by shuffles, warps through vbuf --
+        # -- slots merged by shuffles, warps through shared memory --
+        l = warp_sum(l)
         merge_slots(acc)
         if lane < LPV:
-            for r in range(RM):
-                for i in range(8):
-                    vbuf[(warp * RM + r) * D + dv * 8 + i] = acc[r, i]
+            for i in range(8):
+                wacc[warp * D + dv * 8 + i] = acc[i]
+        if lane == 0:
+            wm[warp] = m
+            wl[warp] = l
         cuda.syncthreads()
-        for i in range(tid, nrows * D, NT):
-            r = i // D
-            d = i - r * D
-            s = _ZERO
+        if tid < D:
+            mx = NEG
             for w in range(NW):
-                s += vbuf[(w * RM + r) * D + d]
-            t = (r0 + r) // g
-            out[b, t, kh * g + r0 + r - t * g, d] = s / ls[r]
+                mx = max(mx, wm[w])
+            num = _ZERO
+            den = _ZERO
+            for w in range(NW):
+                c = ptx.ex2_approx_ftz(wm[w] - mx)
+                num += wacc[w * D + tid] * c
+                den += wl[w] * c
+            out[b, t, h, tid] = num / den
 
-    short_kernel.__name__ = f"_decode_short_d{D}_r{RM}{'_softcap' if capped else ''}_kernel"
-    return cuda.jit(short_kernel)
+    short_kernel.__name__ = f"_decode_short_d{D}_w{NW}{'_softcap' if capped else ''}_kernel"
+    cap = {} if SIMULATOR else {"max_registers": min(255, 65536 // NT)}  # a block fits an SM
+    return cuda.jit(short_kernel, **cap)
 
 
-_KERNELS = {(D, RM, capped): _make_kernel(D, RM, capped)
-            for D in HEAD_DIMS for RM in ROW_TILES[D] for capped in (False, True)}
+# softcap (tanh) variants up to 8 warps: at 16 the 128-register cap makes them spill
+_KERNELS = {(D, NW, capped): _make_kernel(D, NW, capped)
+            for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
+            for capped in ((False, True) if NW <= 8 else (False,))}
 
 
 # ---------------------------------------------------------------- host side
 
-def row_tile(n_head: int, n_head_kv: int, T: int, head_dim: int) -> int:
-    """Query rows per block: one. Measured on the H100 (2026-11-23, 131 keys): 1 row a block
-    4.9 / 10.2 / 6.6 µs against 7.7 / 19.5 / 17.8 µs for the whole head group (SmolLM2, Gemma3,
-    Qwen3-30B-A3B): at short contexts the block's compute, not K/V reads from L2, is the cost."""
-    return 1
-
-
 def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: float,
                            window: int | None, softcap: float | None, stream,
-                           rows_per_block: int | None = None) -> None:
+                           warps: int | None = None) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache, for
     contexts up to MAX_KEYS keys (a row sees at most MAX_KEYS keys; more are not read).
 
     k_pool, v_pool (n_pages, page_size, Hkv, D) float16; block_table (B, max_pages) int32;
     pos (B, T) int32, the positions of the queries, whose K/V are already in the cache.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
-    block_table (max_pages,). rows_per_block: one of ROW_TILES[D] (default row_tile's: 1).
+    block_table (max_pages,). warps: the block size, one of WARPS; by default 16 (8 with softcap).
+    Measured on the H100 (2026-11-24, µs a call at 131 / 256 keys, 4, 8, 16 warps): SmolLM2
+    (D 64) 3.44, 2.97, 2.65 / 4.35, 3.18, 3.17; Gemma3 (D 256) -, 6.01, 6.08 / -, 9.12, 8.26;
+    Qwen3-30B-A3B (D 128) 5.16, 4.01, 4.18 / 7.72, 5.25, 4.87; 16 wins from 512 keys on.
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])
@@ -304,10 +260,9 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert k_pool.shape[1] in PAGE_SIZES and H % Hkv == 0 and 1 <= T <= MAX_T, "pages, heads or T"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
-    rm = rows_per_block or row_tile(H, Hkv, T, D)
-    assert rm in ROW_TILES[D], f"rows_per_block {rm}"
-    n_groups = -(-(H // Hkv * T) // rm)
-    launch(_KERNELS[(D, rm, bool(softcap))], (Hkv * n_groups, B), NT, stream,
+    warps = warps or (8 if softcap else 16)
+    assert (D, warps, bool(softcap)) in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}"
+    launch(_KERNELS[(D, warps, bool(softcap))], (H * T, B), warps * 32, stream,
            q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,
            np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0),
            np.int32(k_pool.shape[1].bit_length() - 1))
@@ -317,4 +272,5 @@ _Q = types.float32[:, :, :, ::1]
 _POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
 _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32)
-BUILD_SIGNATURES = [(kernel, _SIG, {"max_registers": 255}) for kernel in _KERNELS.values()]
+BUILD_SIGNATURES = [(kernel, _SIG, {"max_registers": min(255, 65536 // (nw * 32))})
+                    for (_, nw, _), kernel in _KERNELS.items()]

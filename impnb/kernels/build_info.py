@@ -20,11 +20,13 @@ class BuildInfo:
     log: str
 
 
-def link_ptx(ptx: str, arch: str = "sm_90") -> str:
-    """Assemble PTX with nvJitLink; returns its verbose info log."""
+def link_ptx(ptx: str, arch: str = "sm_90", max_registers: int | None = None) -> str:
+    """Assemble PTX with nvJitLink (registers capped at max_registers, as the kernel's
+    max_registers option caps them at launch); returns its verbose info log."""
     from cuda.bindings import nvjitlink
 
-    handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
+    cap = [f"-maxrregcount={max_registers}"] if max_registers else []
+    handle = nvjitlink.create(2 + len(cap), [f"-arch={arch}", "-verbose", *cap])
     try:
         data = ptx.encode()
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
@@ -40,7 +42,8 @@ def link_ptx(ptx: str, arch: str = "sm_90") -> str:
 def build_info(fn, sig, cc=CC) -> BuildInfo:
     """PTX, registers and spill bytes of `fn` (a @cuda.jit kernel or its Python function)."""
     ptx, _ = cuda.compile_ptx(getattr(fn, "py_func", fn), sig, cc=cc)
-    log = link_ptx(ptx, f"sm_{cc[0]}{cc[1]}")
+    opts = getattr(fn, "targetoptions", {})
+    log = link_ptx(ptx, f"sm_{cc[0]}{cc[1]}", opts.get("max_registers"))
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     spills = [int(a) + int(b) for a, b in
               re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]

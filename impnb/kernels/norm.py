@@ -29,12 +29,12 @@ def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 # ---------------------------------------------------------------- warp and block reductions
 
-def _sim_butterfly(value, combine, offsets=(16, 8, 4, 2, 1)):
+def _sim_warp_values(value):
     """The simulator has no warp shuffles: the warp's 32 threads meet at a barrier (kept on the
-    BlockManager, which runs one block at a time with every thread live) and each lane replays
-    the xor butterfly over all 32 values, giving exactly the shuffle result. Two buffers taken in
-    turn let one barrier per call suffice: a lane can only reuse a buffer after every lane has
-    passed the next call's barrier, hence finished reading this one."""
+    BlockManager, which runs one block at a time with every thread live) and each gets the list
+    of all 32 values. Two buffers taken in turn let one barrier per call suffice: a lane can only
+    reuse a buffer after every lane has passed the next call's barrier, hence finished reading
+    this one."""
     thread = threading.current_thread()
     warps = thread._manager.__dict__.setdefault("impnb_warps", {})
     barrier, bufs = warps.setdefault(thread.thread_id // WARP,
@@ -43,7 +43,13 @@ def _sim_butterfly(value, combine, offsets=(16, 8, 4, 2, 1)):
     thread.impnb_turn = turn ^ 1
     bufs[turn][thread.thread_id % WARP] = value
     barrier.wait()
-    vals = list(bufs[turn])
+    return list(bufs[turn])
+
+
+def _sim_butterfly(value, combine, offsets=(16, 8, 4, 2, 1)):
+    """Each lane replays the xor butterfly over the warp's 32 values: the shuffle result."""
+    thread = threading.current_thread()
+    vals = _sim_warp_values(value)
     for off in offsets:
         vals = [combine(vals[i], vals[i ^ off]) for i in range(WARP)]
     return vals[thread.thread_id % WARP]
@@ -67,11 +73,19 @@ if SIMULATOR:
 
     def shfl_xor(v, off):
         return _sim_butterfly(v, lambda a, b: b, (int(off),))
+
+    def shfl_idx(v, src):
+        return _sim_warp_values(v)[int(src)]
 else:
     @cuda.jit(device=True, inline=True)
     def shfl_xor(v, off):
         """v of lane (lane xor off). Whole warps only."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+
+    @cuda.jit(device=True, inline=True)
+    def shfl_idx(v, src):
+        """v of lane src (the same for every lane, or not). Whole warps only."""
+        return cuda.shfl_sync(0xFFFFFFFF, v, src)
 
     @cuda.jit(device=True, inline=True)
     def warp_sum(v):

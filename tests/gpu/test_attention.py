@@ -85,10 +85,10 @@ def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
 
 
 def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
-                 n_splits=None, split_keys=None, short=False, rows_per_block=None):
+                 n_splits=None, split_keys=None, short=False, warps=None):
     """B = len(lengths) sequences, T queries each at positions L - T .. L - 1; split_keys: the
     keys a split takes at least (default the kernel's); short: attention_decode_short instead
-    of the split kernel, with rows_per_block."""
+    of the split kernel, with blocks of `warps` warps (default its own)."""
     B = len(lengths)
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, T, H, D), std)
@@ -102,7 +102,7 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     dev = [cuda.to_device(a, stream=stream)
            for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
     if short:
-        attention_decode_short(*dev[:6], scale, window, softcap, stream, rows_per_block)
+        attention_decode_short(*dev[:6], scale, window, softcap, stream, warps)
     else:
         attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
     got = dev[5].copy_to_host(stream=stream)
@@ -209,12 +209,13 @@ def test_decode_short(H, Hkv, D, window, L, std):
 
 @pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
 @pytest.mark.parametrize("T", (2, 5, 8))
-def test_decode_short_rows_and_tokens(H, Hkv, D, window, T):
-    """Multi-token batches at every row tile of the head dim."""
-    from impnb.kernels.attention_decode_short import ROW_TILES
-    for rm in ROW_TILES[D]:
-        check_decode(_seed(H, D, T, rm), [T, 300, 700], T, H, Hkv, D, 1.0, window, short=True,
-                     rows_per_block=rm)
+def test_decode_short_warps_and_tokens(H, Hkv, D, window, T):
+    """Multi-token batches at every block size built for the head dim."""
+    from impnb.kernels.attention_decode_short import WARPS
+    for nw in WARPS:
+        if nw * 32 >= D:
+            check_decode(_seed(H, D, T, nw), [T, 300, 700], T, H, Hkv, D, 1.0, window, short=True,
+                         warps=nw)
 
 
 @pytest.mark.parametrize("softcap", (5.0, 30.0))

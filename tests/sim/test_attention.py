@@ -62,16 +62,16 @@ def test_decode_growing_context():
     check_decode_growing(np.random.default_rng(3), 15, 17, H, HKV, D, window=7, n_splits=2)
 
 
-@pytest.mark.parametrize("H_,Hkv,D_,L,T,window,rows,std", [
-    (4, 2, 64, 1, 1, None, None, 1.0),    # a single key
-    (4, 2, 64, 150, 1, None, 1, 3.0),     # two chunks of 128 keys, a row a block
-    (6, 2, 64, 40, 5, 7, 8, 1.0),         # 5 queries in a window: 15 rows, two 8-row tiles
-    (8, 1, 128, 70, 1, None, 8, 0.1),     # two chunks of 64, two key slots a warp
-    (4, 1, 256, 70, 2, 40, 4, 1.0),       # three chunks of 32 in a window, one key slot a warp
+@pytest.mark.parametrize("H_,Hkv,D_,L,T,window,warps,std", [
+    (4, 2, 64, 1, 1, None, 4, 1.0),       # a single key
+    (4, 2, 64, 150, 1, None, 4, 3.0),     # three turns of 64 keys, four key slots a warp
+    (6, 2, 64, 40, 5, 7, 8, 1.0),         # 5 queries in a window: 15 rows
+    (8, 1, 128, 70, 1, None, 4, 0.1),     # three turns of 32, two key slots a warp
+    (4, 1, 256, 70, 2, 40, 8, 1.0),       # two turns of 32 in a window, one key slot a warp
 ])
-def test_decode_short(H_, Hkv, D_, L, T, window, rows, std):
+def test_decode_short(H_, Hkv, D_, L, T, window, warps, std):
     check_decode(np.random.default_rng([H_, D_, L, T]), [L], T, H_, Hkv, D_, std, window,
-                 short=True, rows_per_block=rows)
+                 short=True, warps=warps)
 
 
 def test_decode_short_batch_softcap_growing():
