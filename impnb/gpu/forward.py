@@ -3,8 +3,8 @@
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
-  -> attention (decode: one block per query row at short contexts, else split-K over the cache;
-                prefill: FA2 tensor-core tiles over the cache)
+  -> attention (decode: one block per query row at short contexts, at head dim 64 with the
+                kernel above fused in front; else split-K over the cache; prefill: FA2 tiles)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
@@ -86,12 +86,16 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
     else:
         for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
             m.linear(h, p + name, y, norm_w)
-    qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox,
-                      m.w[p + "attn_q_norm"] if cfg.qk_norm else None,
-                      m.w[p + "attn_k_norm"] if cfg.qk_norm else None, cfg.eps,
-                      m.block_table, m.k_pool[il], m.v_pool[il], s)
+    qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
     attn = a.get("attn", (T, H, Dv))
-    _attention(m, il, q, pos, attn, T)
+    if T <= attention_decode.MAX_T and m.decode_short and m.decode_post:  # qkv_post fused in
+        attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
+                               cfg.attn_scale, cfg.window(il), None, s,
+                               post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps))
+    else:
+        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
+                          m.block_table, m.k_pool[il], m.v_pool[il], s)
+        _attention(m, il, q, pos, attn, T)
     return attn.reshape(T, H * Dv)
 
 

@@ -39,6 +39,11 @@ DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs pe
 # IMPNB_SHORT_DECODE_MAX overrides the bound for A/B runs (0: never).
 SHORT_DECODE_MAX = {64: 1024, 128: 1024, 256: 256}
 _SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
+# head dims whose short decode attention takes qkv_post fused in front (one kernel a layer
+# fewer). Measured on the H100 (2026-11-24, tg128 in one run, fused / separate): SmolLM2 (D 64)
+# 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
+# more than the kernel it saves.
+FUSED_POST_DIMS = (64,)
 
 
 class DeviceModel:
@@ -69,6 +74,7 @@ class DeviceModel:
         # short-context kernel or a split count; the partials are sized for the largest
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
         self.decode_short = False
+        self.decode_post = cfg.head_dim in FUSED_POST_DIMS
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)

@@ -21,6 +21,7 @@ from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, unpack_halves
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import SIMULATOR, shfl_idx, shfl_xor, warp_sum
+from impnb.kernels.rope import cos_sin
 from impnb.launch import launch
 
 WARPS = (4, 8, 16)       # block sizes built (warps)
@@ -37,7 +38,7 @@ def turn_keys(D: int) -> int:
     return 32 // (D // 32)
 
 
-def _make_kernel(D: int, NW: int, capped: bool):
+def _make_kernel(D: int, NW: int, capped: bool, post: bool):
     NT = NW * 32
     LPK = D // 32            # score lanes per key: 32 dims each
     KI = 32 // LPK           # keys a warp turn
@@ -48,6 +49,7 @@ def _make_kernel(D: int, NW: int, capped: bool):
     WPR = D // 2             # u32 words per K or V row
     WACC = NW * D            # floats of the warps' outputs in shared
     QW = LPK * QS            # floats of the query row in shared
+    FW = MAX_T * WPR if post else 4  # u32 words of the step's K rows (and of its V rows) in shared
     KEY_OFFS = tuple(1 << i for i in range(int(math.log2(LPK))))        # lanes of one key
     TURN_OFFS = tuple(LPK << i for i in range(int(math.log2(KI))))      # keys of one turn
     SLOT_OFFS = tuple(LPV << i for i in range(int(math.log2(KPV))))     # PV key slots
@@ -72,28 +74,42 @@ def _make_kernel(D: int, NW: int, capped: bool):
         return (((page << shift) + (key & ((1 << shift) - 1))) * Hkv + kh) * WPR
 
     @cuda.jit(device=True, inline=True)
-    def load_k(kr, k_words, pages, key, hi, p0, shift, Hkv, kh, dl):
-        # -- this lane's 32 dims (16 words) of key's K row; zeros past hi --
+    def load_k(kr, k_words, kfw, pages, key, hi, fresh, p0, shift, Hkv, kh, dl):
+        # -- this lane's 32 dims (16 words) of key's K row; zeros past hi; post: the step's
+        # keys (from fresh on) from kfw --
         if key < hi:
-            src = row_of(pages, key, p0, shift, Hkv, kh) + dl * 16
-            for i in range(4):
-                w0, w1, w2, w3 = ptx.ld_global_v4_u32(k_words, src + 4 * i)
-                kr[4 * i] = w0
-                kr[4 * i + 1] = w1
-                kr[4 * i + 2] = w2
-                kr[4 * i + 3] = w3
+            if post and key >= fresh:
+                src = (key - fresh) * WPR + dl * 16
+                for i in range(4):
+                    w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(kfw, src + 4 * i))
+                    kr[4 * i] = w0
+                    kr[4 * i + 1] = w1
+                    kr[4 * i + 2] = w2
+                    kr[4 * i + 3] = w3
+            else:
+                src = row_of(pages, key, p0, shift, Hkv, kh) + dl * 16
+                for i in range(4):
+                    w0, w1, w2, w3 = ptx.ld_global_v4_u32(k_words, src + 4 * i)
+                    kr[4 * i] = w0
+                    kr[4 * i + 1] = w1
+                    kr[4 * i + 2] = w2
+                    kr[4 * i + 3] = w3
         else:
             for i in range(16):
                 kr[i] = 0
 
     @cuda.jit(device=True, inline=True)
-    def load_v(vr, v_words, pages, key0, hi, p0, shift, Hkv, kh, dv):
-        # -- this lane's 8 dims (4 words) of the V rows of its slot's KPS keys from key0 --
+    def load_v(vr, v_words, vfw, pages, key0, hi, fresh, p0, shift, Hkv, kh, dv):
+        # -- this lane's 8 dims (4 words) of the V rows of its slot's KPS keys from key0, as load_k --
         for u in range(KPS):
             key = key0 + u
             if key < hi:
-                w0, w1, w2, w3 = ptx.ld_global_v4_u32(
-                    v_words, row_of(pages, key, p0, shift, Hkv, kh) + dv * 4)
+                if post and key >= fresh:
+                    w0, w1, w2, w3 = ptx.ld_shared_v4_u32(
+                        ptx.smem_addr(vfw, (key - fresh) * WPR + dv * 4))
+                else:
+                    w0, w1, w2, w3 = ptx.ld_global_v4_u32(
+                        v_words, row_of(pages, key, p0, shift, Hkv, kh) + dv * 4)
                 vr[4 * u] = w0
                 vr[4 * u + 1] = w1
                 vr[4 * u + 2] = w2
@@ -102,6 +118,94 @@ def _make_kernel(D: int, NW: int, capped: bool):
                 for i in range(4):
                     vr[4 * u + i] = 0
 
+    @cuda.jit(device=True, inline=True)
+    def fresh_k(kr, kfw, key, hi, fresh, dl):
+        # -- post: this lane's 16 words of key's K row from kfw if it is one of the step's --
+        if key >= fresh and key < hi:
+            src = (key - fresh) * WPR + dl * 16
+            for i in range(4):
+                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(kfw, src + 4 * i))
+                kr[4 * i] = w0
+                kr[4 * i + 1] = w1
+                kr[4 * i + 2] = w2
+                kr[4 * i + 3] = w3
+
+    @cuda.jit(device=True, inline=True)
+    def fresh_v(vr, vfw, key0, hi, fresh, dv):
+        # -- post: this lane's 4 words of the V rows of keys key0 .. key0 + KPS - 1 of the step --
+        for u in range(KPS):
+            key = key0 + u
+            if key >= fresh and key < hi:
+                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(vfw, (key - fresh) * WPR + dv * 4))
+                vr[4 * u] = w0
+                vr[4 * u + 1] = w1
+                vr[4 * u + 2] = w2
+                vr[4 * u + 3] = w3
+
+    @cuda.jit(device=True, inline=True)
+    def post_rows(q, k_new, v_new, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, scale,
+                  b, t, h, kh, qs, kfw, vfw, xs, tid):
+        # -- qkv_post's math for the block: its q row and the step's K rows of head kh (warp w
+        # takes row w of [q, k of token 0, ..]) normalized when use_norm, rotated, q pre-scaled
+        # into qs, K and the step's V rows as fp16 pairs into kfw, vfw --
+        T = q.shape[1]
+        lane = tid % 32
+        warp = tid // 32
+        x0 = warp * D
+        half = inv_freq.shape[1]
+        for base in range(0, 1 + T, NW):
+            r = base + warp
+            live = r <= T
+            is_q = r == 0
+            tt = min(max(r - 1, 0), T - 1)
+            p = pos[b, t] if is_q else pos[b, tt]
+            if live:
+                acc = _ZERO
+                for d in range(lane, D, 32):
+                    x = q[b, t, h, d] if is_q else k_new[b, tt, kh, d]
+                    xs[x0 + d] = x
+                    acc += x * x
+                if use_norm:
+                    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
+                    for d in range(lane, D, 32):
+                        xs[x0 + d] = xs[x0 + d] * inv * (q_norm[d] if is_q else k_norm[d])
+            cuda.syncthreads()
+            if live:
+                for i in range(lane, half, 32):
+                    cs, sn = cos_sin(p, inv_freq, i)
+                    i0 = x0 + (i if neox else 2 * i)
+                    i1 = x0 + (i + half if neox else 2 * i + 1)
+                    a = xs[i0]
+                    c = xs[i1]
+                    xs[i0] = a * cs - c * sn
+                    xs[i1] = c * cs + a * sn
+            cuda.syncthreads()
+            if live:
+                if is_q:
+                    for d in range(lane, D, 32):
+                        qs[(d // 32) * QS + d % 32] = xs[x0 + d] * scale
+                else:
+                    for i in range(lane, WPR, 32):
+                        kfw[tt * WPR + i] = ptx.pack_f16x2(xs[x0 + 2 * i], xs[x0 + 2 * i + 1])
+            cuda.syncthreads()
+        for i in range(tid, T * WPR, NT):
+            tt = i // WPR
+            d = 2 * (i - tt * WPR)
+            vfw[i] = ptx.pack_f16x2(v_new[b, tt, kh, d], v_new[b, tt, kh, d + 1])
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, inline=True)
+    def write_fresh(k_words, v_words, kfw, vfw, block_table, pos, b, kh, shift, T, tid):
+        # -- the step's K and V rows of head kh into the paged cache (pos < 0: padding) --
+        for i in range(tid, T * WPR, NT):
+            tt = i // WPR
+            p = pos[b, tt]
+            if p >= 0:
+                page = block_table[b, p >> shift]
+                off = p & ((1 << shift) - 1)
+                k_words[page, off, kh, i - tt * WPR] = kfw[i]
+                v_words[page, off, kh, i - tt * WPR] = vfw[i]
+
     # grid (Hkv * g * T, B), block NT. A block owns query row r = t * g + j (token t, head
     # kh * g + j) and its keys [lo, hi). Warp w takes turns at keys lo + (n * NW + w) * KI + kk,
     # kk < KI: lane (kk, dl) scores its 32 dims of key kk (q pre-scaled in shared), reduced
@@ -109,8 +213,14 @@ def _make_kernel(D: int, NW: int, capped: bool):
     # rescaled; lane (slot, dv) adds p * V for its 8 dims over its slot's KPS keys, p fetched from
     # the key's lanes by shuffle. K and V of the next turn load into registers meanwhile. At the
     # end slots merge by shuffles and warps through shared memory.
-    # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table.
-    def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift):
+    # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table
+    # and (post) the cache rows of the keys before the step's.
+    # post: the kernel also does qkv_post's work for the step (see post_rows): q, k_new, v_new
+    # come raw from the Q|K|V GEMV, the step's keys are read from shared memory, and the block of
+    # row 0 writes them to the cache.
+    @cuda.jit(device=True, inline=True)
+    def attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
+               k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
         b = cuda.blockIdx.y
         Hkv = k_words.shape[2]
         g, kh, r0, _ = row_group(q, k_words, 1, cuda.blockIdx.x)
@@ -125,6 +235,8 @@ def _make_kernel(D: int, NW: int, capped: bool):
         wm = cuda.shared.array(NW, types.float32)
         wl = cuda.shared.array(NW, types.float32)
         qs = cuda.shared.array(QW, types.float32, alignment=SMEM_ALIGN)
+        kfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
+        vfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
 
         # -- the row's key range and its pages --
         qp = pos[b, t]
@@ -134,10 +246,7 @@ def _make_kernel(D: int, NW: int, capped: bool):
         p0 = lo >> shift
         for i in range(tid, ((hi - 1) >> shift) - p0 + 1, NT):
             pages[i] = block_table[b, p0 + i]
-        ptx.grid_dep_wait()  # programmatic launch: q and the newest K/V are the last kernels'
-        ptx.grid_dep_launch()
-        if tid < D:  # the query row, pre-scaled, as 32-dim slices padded to QS floats
-            qs[(tid // 32) * QS + tid % 32] = q[b, t, h, tid] * scale
+        fresh = pos[b, 0] if post else hi  # post: keys from here on are the step's, in kfw / vfw
         cuda.syncthreads()
 
         kk = lane // LPK
@@ -150,18 +259,37 @@ def _make_kernel(D: int, NW: int, capped: bool):
         vn = cuda.local.array(16, types.uint32)
         vf = cuda.local.array(8, types.float32)
         acc = cuda.local.array(8, types.float32)
+        key0 = lo + warp * KI
+        if post:  # the cache rows before the step's are no kernel's of the step: read them early
+            load_k(kr, k_words, kfw, pages, key0 + kk, min(hi, fresh), fresh, p0, shift, Hkv, kh, dl)
+            load_v(vr, v_words, vfw, pages, key0 + slot * KPS, min(hi, fresh), fresh, p0, shift,
+                   Hkv, kh, dv)
+        ptx.grid_dep_wait()  # programmatic launch: q and the newest K/V are the last kernels'
+        ptx.grid_dep_launch()
+        if post:
+            post_rows(q, k_new, v_new, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, scale,
+                      b, t, h, kh, qs, kfw, vfw, wacc, tid)
+            if r0 == 0:
+                write_fresh(k_words, v_words, kfw, vfw, block_table, pos, b, kh, shift,
+                            q.shape[1], tid)
+            fresh_k(kr, kfw, key0 + kk, hi, fresh, dl)
+            fresh_v(vr, vfw, key0 + slot * KPS, hi, fresh, dv)
+        else:
+            if tid < D:  # the query row, pre-scaled, as 32-dim slices padded to QS floats
+                qs[(tid // 32) * QS + tid % 32] = q[b, t, h, tid] * scale
+            cuda.syncthreads()
+            load_k(kr, k_words, kfw, pages, key0 + kk, hi, fresh, p0, shift, Hkv, kh, dl)
+            load_v(vr, v_words, vfw, pages, key0 + slot * KPS, hi, fresh, p0, shift, Hkv, kh, dv)
         for i in range(8):
             acc[i] = _ZERO
         m = NEG
         l = _ZERO
-        key0 = lo + warp * KI
         n_turns = (hi - lo + BK - 1) // BK
-        load_k(kr, k_words, pages, key0 + kk, hi, p0, shift, Hkv, kh, dl)
-        load_v(vr, v_words, pages, key0 + slot * KPS, hi, p0, shift, Hkv, kh, dv)
         for n in range(n_turns):
             if n + 1 < n_turns:
-                load_k(kn, k_words, pages, key0 + BK + kk, hi, p0, shift, Hkv, kh, dl)
-                load_v(vn, v_words, pages, key0 + BK + slot * KPS, hi, p0, shift, Hkv, kh, dv)
+                load_k(kn, k_words, kfw, pages, key0 + BK + kk, hi, fresh, p0, shift, Hkv, kh, dl)
+                load_v(vn, v_words, vfw, pages, key0 + BK + slot * KPS, hi, fresh, p0, shift, Hkv,
+                       kh, dv)
             # -- score of key key0 + kk; the turn's max --
             s = _ZERO
             for i in range(8):
@@ -218,36 +346,57 @@ def _make_kernel(D: int, NW: int, capped: bool):
                 den += wl[w] * c
             out[b, t, h, tid] = num / den
 
-    short_kernel.__name__ = f"_decode_short_d{D}_w{NW}{'_softcap' if capped else ''}_kernel"
+    if post:
+        def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
+                         k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
+            attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
+                   k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm)
+    else:
+        def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift):
+            attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
+                   q, q, out[0, 0], 0, q[0, 0, 0], q[0, 0, 0], scale, 0)  # post's arguments unread
+
+    short_kernel.__name__ = (f"_decode_short_d{D}_w{NW}{'_softcap' if capped else ''}"
+                             f"{'_post' if post else ''}_kernel")
     cap = {} if SIMULATOR else {"max_registers": min(255, 65536 // NT)}  # a block fits an SM
     return cuda.jit(short_kernel, **cap)
 
 
-# softcap (tanh) variants up to 8 warps: at 16 the 128-register cap makes them spill
-_KERNELS = {(D, NW, capped): _make_kernel(D, NW, capped)
+# qkv_post fused (post) without softcap, as decode runs it; softcap and post variants up to 8
+# warps: at 16 the 128-register cap makes them spill
+_KERNELS = {(D, NW, capped, post): _make_kernel(D, NW, capped, post)
             for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
-            for capped in ((False, True) if NW <= 8 else (False,))}
+            for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8
+                                 else ((False, False),))}
 
 
 # ---------------------------------------------------------------- host side
 
 def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: float,
                            window: int | None, softcap: float | None, stream,
-                           warps: int | None = None) -> None:
+                           warps: int | None = None, post: tuple | None = None) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache, for
     contexts up to MAX_KEYS keys (a row sees at most MAX_KEYS keys; more are not read).
 
     k_pool, v_pool (n_pages, page_size, Hkv, D) float16; block_table (B, max_pages) int32;
     pos (B, T) int32, the positions of the queries, whose K/V are already in the cache.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
-    block_table (max_pages,). warps: the block size, one of WARPS; by default 16 (8 with softcap).
+    block_table (max_pages,). warps: the block size, one of WARPS; by default 16 (8 with softcap
+    or post).
     Measured on the H100 (2026-11-24, µs a call at 131 / 256 keys, 4, 8, 16 warps): SmolLM2
     (D 64) 3.44, 2.97, 2.65 / 4.35, 3.18, 3.17; Gemma3 (D 256) -, 6.01, 6.08 / -, 9.12, 8.26;
     Qwen3-30B-A3B (D 128) 5.16, 4.01, 4.18 / 7.72, 5.25, 4.87; 16 wins from 512 keys on.
+
+    post = (k_new, v_new, inv_freq, neox, q_norm, k_norm, eps): qkv_post's work fused in front,
+    its arguments as there. q is then raw from the Q|K|V GEMV, k_new, v_new (B, T, Hkv, D)
+    float32 the step's raw K and V, which the kernel normalizes, rotates and writes to the
+    cache; the step's T tokens must sit at consecutive positions pos[b, 0] + i.
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])
         block_table = block_table.reshape(1, block_table.size)
+        if post:
+            post = (post[0].reshape(1, *post[0].shape), post[1].reshape(1, *post[1].shape), *post[2:])
     for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"),
                             (k_pool, np.float16, 4, "k_pool"), (v_pool, np.float16, 4, "v_pool"),
                             (block_table, np.int32, 2, "block_table"), (pos, np.int32, 2, "pos")):
@@ -260,17 +409,33 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert k_pool.shape[1] in PAGE_SIZES and H % Hkv == 0 and 1 <= T <= MAX_T, "pages, heads or T"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
-    warps = warps or (8 if softcap else 16)
-    assert (D, warps, bool(softcap)) in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}"
-    launch(_KERNELS[(D, warps, bool(softcap))], (H * T, B), warps * 32, stream,
-           q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,
-           np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0),
-           np.int32(k_pool.shape[1].bit_length() - 1))
+    warps = warps or (8 if softcap or post else 16)
+    key = (D, warps, bool(softcap), bool(post))
+    assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}"
+    args = (q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,
+            np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0),
+            np.int32(k_pool.shape[1].bit_length() - 1))
+    if post:
+        k_new, v_new, inv_freq, neox, q_norm, k_norm, eps = post
+        for a, name in ((k_new, "k_new"), (v_new, "v_new")):
+            assert a.dtype == np.float32 and a.shape == (B, T, Hkv, D) and a.is_c_contiguous(), \
+                f"{name}: (B, T, Hkv, D) float32 expected, got {a.dtype} {a.shape}"
+        assert 2 * inv_freq.shape[1] <= D and inv_freq.dtype == np.float32
+        use_norm = q_norm is not None
+        if use_norm:
+            assert q_norm.shape == (D,) and k_norm.shape == (D,)
+        else:
+            q_norm = k_norm = inv_freq[0]  # unread
+        args += (k_new, v_new, inv_freq, np.int32(bool(neox)), q_norm, k_norm, np.float32(eps),
+                 np.int32(use_norm))
+    launch(_KERNELS[key], (H * T, B), warps * 32, stream, *args)
 
 
 _Q = types.float32[:, :, :, ::1]
 _POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
+_F1 = types.float32[::1]
 _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32)
-BUILD_SIGNATURES = [(kernel, _SIG, {"max_registers": min(255, 65536 // (nw * 32))})
-                    for (_, nw, _), kernel in _KERNELS.items()]
+_POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
+BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG, {"max_registers": min(255, 65536 // (nw * 32))})
+                    for (_, nw, _, post), kernel in _KERNELS.items()]

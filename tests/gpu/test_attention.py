@@ -22,6 +22,8 @@ from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
+from impnb.kernels.norm import rms_norm_ref
+from impnb.kernels.rope import rope_inv_freq, rope_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -111,6 +113,48 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
         assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
                          window, softcap, std, f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} "
                          f"{'short' if short else f'splits={n_splits} split_keys={split_keys}'}")
+
+
+def check_decode_post(rng, L, T, H, Hkv, D, std, window=None, neox=True, norm=True, n_rot=None,
+                      warps=None, page_size=16):
+    """attention_decode_short with qkv_post fused: the step's T tokens at L - T .. L - 1 come
+    raw (q, k, v Gaussian at std, QK-norm weights around 1, RoPE over n_rot dims), the keys before
+    them are cached, the step's cache rows poisoned. The output is held to check_decode's bounds
+    against rms_norm_ref -> rope_ref -> attention_ref, the written K within an fp16 ulp of
+    rope_ref's, V exact."""
+    n_rot, eps, base = n_rot or D, 1e-6, 10000.0
+    k_pool, v_pool, table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
+    pos = np.arange(L - T, L, dtype=np.int32)
+    for p in pos:
+        k_pool[table[0, p // page_size], p % page_size] = np.nan
+        v_pool[table[0, p // page_size], p % page_size] = np.nan
+    q, k, v = gauss(rng, (T, H, D), std), gauss(rng, (T, Hkv, D), std), gauss(rng, (T, Hkv, D), std)
+    qn = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norm else None
+    kn = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norm else None
+    inv_freq = rope_inv_freq(n_rot, base)
+    want_q, want_k = (rms_norm_ref(q, qn, eps), rms_norm_ref(k, kn, eps)) if norm else (q, k)
+    want_q = rope_ref(want_q, pos, base, neox, n_rot)
+    want_k = rope_ref(want_k, pos, base, neox, n_rot)
+    k_ref, v_ref = k_pool.copy(), v_pool.copy()
+    kv_write_ref(k_ref, v_ref, table[0], want_k, v, pos)
+    k32, v32 = np.concatenate([ks[0][:L - T], want_k]), np.concatenate([vs[0][:L - T], v])
+
+    stream = cuda.stream()
+    dev = lambda a: None if a is None else cuda.to_device(a, stream=stream)  # noqa: E731
+    d_kp, d_vp, d_out = dev(k_pool), dev(v_pool), dev(np.full(q.shape, np.nan, np.float32))
+    attention_decode_short(dev(q), d_kp, d_vp, dev(table[0]), dev(pos), d_out, D ** -0.5, window,
+                           None, stream, warps,
+                           post=(dev(k), dev(v), dev(inv_freq), neox, dev(qn), dev(kn), eps))
+    got, got_k, got_v = (d.copy_to_host(stream=stream) for d in (d_out, d_kp, d_vp))
+    stream.synchronize()
+    what = f"decode+post L={L} T={T} H={H}/{Hkv} D={D} std={std} window={window} neox={neox} norm={norm}"
+    assert np.array_equal(got_v, v_ref, equal_nan=True), what
+    assert np.array_equal(np.isnan(got_k), np.isnan(k_ref)), what
+    kr, kg = k_ref.astype(np.float32), got_k.astype(np.float32)
+    ulp = np.spacing(np.abs(np.nan_to_num(kr)).astype(np.float16)).astype(np.float32)
+    assert (np.abs(np.nan_to_num(kg - kr)) <= ulp).all(), what
+    assert_attention(got, want_q, k_ref, v_ref, table[0], k32, v32, pos, D ** -0.5, window, None,
+                     std, what)
 
 
 def check_decode_growing(rng, first, steps, H, Hkv, D, window, n_splits, page_size=16, std=1.0,
@@ -227,3 +271,22 @@ def test_decode_short_softcap(H, Hkv, D, window, softcap):
 @pytest.mark.parametrize("H,Hkv,D,window", [(9, 3, 64, None), (4, 1, 256, 40)])
 def test_decode_short_growing_context(H, Hkv, D, window):
     check_decode_growing(_seed(H, D, 2), 0, 70, H, Hkv, D, window, n_splits=1, short=True)
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("L", (1, 17, 131, 1000))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short_post(H, Hkv, D, window, L, std):
+    """qkv_post fused, one token: QK-norm and NeoX RoPE (qwen3, gemma3)."""
+    check_decode_post(_seed(H, D, L, std, 3), L, 1, H, Hkv, D, std, window)
+
+
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+@pytest.mark.parametrize("T,neox,norm,warps", [(1, False, False, 4), (3, True, True, 8),
+                                               (8, False, True, 8)])
+def test_decode_short_post_variants(H, Hkv, D, window, T, neox, norm, warps):
+    """Adjacent-pair RoPE without QK-norm (llama), several tokens, partial rotary at T = 8."""
+    if warps * 32 < D:
+        warps = 8
+    check_decode_post(_seed(H, D, T, warps, 4), 300 + T, T, H, Hkv, D, 1.0, window, neox, norm,
+                      n_rot=D // 2 if T == 8 else D, warps=warps)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write_ref
-from tests.gpu.test_attention import check_decode, check_decode_growing, check_kv_write
+from tests.gpu.test_attention import check_decode, check_decode_growing, check_decode_post, check_kv_write
 
 H, HKV, D = 4, 2, 64
 
@@ -78,3 +78,13 @@ def test_decode_short_batch_softcap_growing():
     check_decode(np.random.default_rng(8), [2, 35], 2, H, HKV, D, 3.0, window=7, softcap=5.0,
                  page_size=32, short=True)
     check_decode_growing(np.random.default_rng(4), 15, 17, H, HKV, D, window=7, n_splits=1, short=True)
+
+
+@pytest.mark.parametrize("L,T,window,neox,norm,D_", [
+    (1, 1, None, True, True, 64),     # the step's key alone
+    (40, 2, 7, False, False, 64),     # two tokens in a window, adjacent pairs, no QK-norm
+    (20, 1, None, True, True, 256),   # D 256: eight lanes a key
+])
+def test_decode_short_post(L, T, window, neox, norm, D_):
+    check_decode_post(np.random.default_rng([L, T, D_]), L, T, H, HKV, D_, 1.0, window, neox, norm,
+                      warps=8)
