@@ -74,18 +74,41 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
         return (((page << shift) + (key & ((1 << shift) - 1))) * Hkv + kh) * WPR
 
     @cuda.jit(device=True, inline=True)
+    def fresh_k(kr, kfw, key, hi, fresh, dl):
+        # -- post: this lane's 16 words of key's K row from kfw if it is one of the step's --
+        if key >= fresh and key < hi:
+            src = (key - fresh) * WPR + dl * 16
+            for i in range(4):
+                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(kfw, src + 4 * i))
+                kr[4 * i] = w0
+                kr[4 * i + 1] = w1
+                kr[4 * i + 2] = w2
+                kr[4 * i + 3] = w3
+
+    @cuda.jit(device=True, inline=True)
+    def fresh_v_words(vfw, key, fresh, dv):
+        # -- post: this lane's 4 words of the step's key's V row, from vfw --
+        return ptx.ld_shared_v4_u32(ptx.smem_addr(vfw, (key - fresh) * WPR + dv * 4))
+
+    @cuda.jit(device=True, inline=True)
+    def fresh_v(vr, vfw, key0, hi, fresh, dv):
+        # -- post: this lane's 4 words of the V rows of keys key0 .. key0 + KPS - 1 of the step --
+        for u in range(KPS):
+            key = key0 + u
+            if key >= fresh and key < hi:
+                w0, w1, w2, w3 = fresh_v_words(vfw, key, fresh, dv)
+                vr[4 * u] = w0
+                vr[4 * u + 1] = w1
+                vr[4 * u + 2] = w2
+                vr[4 * u + 3] = w3
+
+    @cuda.jit(device=True, inline=True)
     def load_k(kr, k_words, kfw, pages, key, hi, fresh, p0, shift, Hkv, kh, dl):
         # -- this lane's 32 dims (16 words) of key's K row; zeros past hi; post: the step's
         # keys (from fresh on) from kfw --
         if key < hi:
             if post and key >= fresh:
-                src = (key - fresh) * WPR + dl * 16
-                for i in range(4):
-                    w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(kfw, src + 4 * i))
-                    kr[4 * i] = w0
-                    kr[4 * i + 1] = w1
-                    kr[4 * i + 2] = w2
-                    kr[4 * i + 3] = w3
+                fresh_k(kr, kfw, key, hi, fresh, dl)
             else:
                 src = row_of(pages, key, p0, shift, Hkv, kh) + dl * 16
                 for i in range(4):
@@ -105,8 +128,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
             key = key0 + u
             if key < hi:
                 if post and key >= fresh:
-                    w0, w1, w2, w3 = ptx.ld_shared_v4_u32(
-                        ptx.smem_addr(vfw, (key - fresh) * WPR + dv * 4))
+                    w0, w1, w2, w3 = fresh_v_words(vfw, key, fresh, dv)
                 else:
                     w0, w1, w2, w3 = ptx.ld_global_v4_u32(
                         v_words, row_of(pages, key, p0, shift, Hkv, kh) + dv * 4)
@@ -117,30 +139,6 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
             else:
                 for i in range(4):
                     vr[4 * u + i] = 0
-
-    @cuda.jit(device=True, inline=True)
-    def fresh_k(kr, kfw, key, hi, fresh, dl):
-        # -- post: this lane's 16 words of key's K row from kfw if it is one of the step's --
-        if key >= fresh and key < hi:
-            src = (key - fresh) * WPR + dl * 16
-            for i in range(4):
-                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(kfw, src + 4 * i))
-                kr[4 * i] = w0
-                kr[4 * i + 1] = w1
-                kr[4 * i + 2] = w2
-                kr[4 * i + 3] = w3
-
-    @cuda.jit(device=True, inline=True)
-    def fresh_v(vr, vfw, key0, hi, fresh, dv):
-        # -- post: this lane's 4 words of the V rows of keys key0 .. key0 + KPS - 1 of the step --
-        for u in range(KPS):
-            key = key0 + u
-            if key >= fresh and key < hi:
-                w0, w1, w2, w3 = ptx.ld_shared_v4_u32(ptx.smem_addr(vfw, (key - fresh) * WPR + dv * 4))
-                vr[4 * u] = w0
-                vr[4 * u + 1] = w1
-                vr[4 * u + 2] = w2
-                vr[4 * u + 3] = w3
 
     @cuda.jit(device=True, inline=True)
     def post_rows(q, k_new, v_new, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, scale,
