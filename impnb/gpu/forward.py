@@ -2,13 +2,15 @@
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
-  -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
+  -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write        (one kernel, or the GEMV's last block)
   -> attention (decode: one block per query row at short contexts, at head dim 64 with the
                 kernel above fused in front; else split-K over the cache; prefill: FA2 tiles)
-  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)               (one fused kernel)
+  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
-  -> d = linear_down -> x += [post-norm](d), h = next norm(x)                (one fused kernel)
+  -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
+The residual updates are one norm kernel after a GEMM or the experts, and the tail of the GEMV
+at decode (kernels/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
 norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
 ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
@@ -19,9 +21,10 @@ import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe import moe_ffn
-from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
+from impnb.kernels import activations, attention_decode, attention_fa2, norm
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
+from impnb.kernels.gemv_tail import QkvPost, Residual
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
 
@@ -51,14 +54,15 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
         p = f"blk.{il}."
         attn = _attention_block(m, il, h, pos, T)
         o = a.get("o", (T, D))
-        m.linear(attn, p + "attn_output", o)
-        _residual(m, x, o, p + "post_attention_norm", p + "ffn_norm", h)
+        res = _residual(m, x, h, p + "post_attention_norm", p + "ffn_norm")
+        m.linear(attn, p + "attn_output", o, residual=res)
+        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
+        res = _residual(m, x, h, p + "post_ffw_norm", nxt)
         if cfg.n_expert:
             moe_ffn(m, h, p, o)
+            res.unfused(o, s)
         else:
-            _dense_ffn(m, h, p, o)
-        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
-        _residual(m, x, o, p + "post_ffw_norm", nxt, h)
+            _dense_ffn(m, h, p, o, residual=res)
     return _logits(m, h, T, last_only, last_row, None)
 
 
@@ -81,20 +85,23 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
     k = a.get("k", (T, Hkv, Dh))
     v = a.get("v", (T, Hkv, Dv))
     qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
-    if p + "attn_qkv" in m.w:
-        m.linear_split(h, p + "attn_qkv", qkv, norm_w)
-    else:
-        for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
-            m.linear(h, p + name, y, norm_w)
     qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
+    in_attention = T <= attention_decode.MAX_T and m.decode_short and m.decode_post  # qkv_post fused in
+    post = None if in_attention else QkvPost(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
+                                             m.block_table, m.k_pool[il], m.v_pool[il],
+                                             a.zeros("tail_counter", (1,), np.uint32))
+    if p + "attn_qkv" in m.w:
+        m.linear_split(h, p + "attn_qkv", qkv, norm_w, post)  # post: the GEMV's tail at decode
+    else:  # post after the last of the three
+        m.linear(h, p + "attn_q", qkv[0], norm_w)
+        m.linear(h, p + "attn_k", qkv[1], norm_w)
+        m.linear_split(h, p + "attn_v", qkv[2:], norm_w, post)
     attn = a.get("attn", (T, H, Dv))
-    if T <= attention_decode.MAX_T and m.decode_short and m.decode_post:  # qkv_post fused in
+    if in_attention:
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps))
     else:
-        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
-                          m.block_table, m.k_pool[il], m.v_pool[il], s)
         _attention(m, il, q, pos, attn, T)
     return attn.reshape(T, H * Dv)
 
@@ -112,9 +119,9 @@ def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
     return logits
 
 
-def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False):
+def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
-    where stacked; norm_w: of RMSNorm(h) * w."""
+    where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
     if p + "ffn_gate_up" in m.w:
@@ -124,15 +131,14 @@ def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False):
         m.linear(h, p + "ffn_gate", gate, norm_w)
         m.linear(h, p + "ffn_up", up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.linear(gate, p + "ffn_down", o, accumulate=accumulate)
+    m.linear(gate, p + "ffn_down", o, accumulate=accumulate, residual=residual)
 
 
-def _residual(m, x, o, post_norm: str, next_norm: str, h):
-    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x); one kernel."""
-    if m.cfg.post_norms:
-        norm.rms_norm_post_add(x, o, m.w[post_norm], m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
-    else:
-        norm.rms_norm_add(x, o, m.w[next_norm], h, m.cfg.eps, m.ctx.nb_stream)
+def _residual(m, x, h, post_norm: str, next_norm: str) -> Residual:
+    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x): for the o of a linear (its
+    GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
+    w_post = m.w[post_norm] if m.cfg.post_norms else None
+    return Residual(x, h, m.w[next_norm], w_post, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 
 def _attention(m, il: int, q, pos, out, T: int):

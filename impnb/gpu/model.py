@@ -21,6 +21,7 @@ from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
+from impnb.kernels.gemv_tail import QkvPost, Residual
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
@@ -44,6 +45,11 @@ _SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
 # 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
 # more than the kernel it saves.
 FUSED_POST_DIMS = (64,)
+# decode GEMVs followed by a residual update (GEMV_TAIL) or, for the stacked Q|K|V without a
+# fused norm, by qkv_post (QKV_TAIL) run that work as their tail (gemv_tail.py) rather than a
+# kernel after them; IMPNB_GEMV_TAIL=0 / IMPNB_QKV_TAIL=0 turn them off for A/B runs.
+GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
+QKV_TAIL = os.environ.get("IMPNB_QKV_TAIL", "1") != "0"
 
 
 class DeviceModel:
@@ -75,6 +81,8 @@ class DeviceModel:
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
         self.decode_short = False
         self.decode_post = cfg.head_dim in FUSED_POST_DIMS
+        self.gemv_tail = GEMV_TAIL
+        self.qkv_tail = QKV_TAIL
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)
@@ -135,15 +143,23 @@ class DeviceModel:
         kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
         return sum(t.data.nbytes for t in mf.tensors.values()) + kv + (64 << 20)
 
-    def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False) -> None:
+    def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False,
+               residual: Residual | None = None) -> None:
         """y (T, N) = x (T, K) · W(name)ᵀ, float32 in and out. GEMV only (T <= GEMV_MAX_ROWS):
-        norm (wn, eps) reads RMSNorm(x) * wn for x; accumulate adds into y."""
-        w = self.w[name]
+        norm (wn, eps) reads RMSNorm(x) * wn for x; accumulate adds into y. residual
+        (gemv_tail.Residual) is then applied to y: by the GEMV's tail, else a norm kernel."""
+        w, s = self.w[name], self.ctx.nb_stream
         if x.shape[0] <= GEMV_MAX_ROWS:
-            gemv.gemv(w, x, y, self.ctx.nb_stream, accumulate, norm=norm)
-            return
-        assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
-        self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
+            if residual is not None and self.gemv_tail:
+                assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
+                gemv.gemv_residual(w, x, y, residual, s)
+                return
+            gemv.gemv(w, x, y, s, accumulate, norm=norm)
+        else:
+            assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
+            self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
+        if residual is not None:
+            residual.unfused(y, s)
 
     def linear_f32(self, x, name: str, y) -> None:
         """Like linear, with fp32 operands throughout for an F32 weight (the MoE router: expert
@@ -163,17 +179,24 @@ class DeviceModel:
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=bm)
 
-    def linear_split(self, x, name: str, ys, norm: tuple | None = None) -> None:
-        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear."""
-        w = self.w[name]
+    def linear_split(self, x, name: str, ys, norm: tuple | None = None, post: QkvPost | None = None) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear.
+        post (gemv_tail.QkvPost; ys are its q, k, v, or its v alone) then runs: the GEMV's tail,
+        else qkv_post's kernel."""
+        w, s = self.w[name], self.ctx.nb_stream
         if x.shape[0] <= GEMV_MAX_ROWS:
-            gemv.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
-            return
-        assert norm is None, "GEMM: no fused norm"
-        x16, w16, row = self.x16(x), self._w16(w), 0
-        for y in ys:
-            self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
-            row += y.shape[1]
+            if post is not None and norm is None and self.qkv_tail:
+                gemv.gemv_split_post(w, x, ys, post, s)
+                return
+            gemv.gemv_split(w, x, ys, s, norm=norm)
+        else:
+            assert norm is None, "GEMM: no fused norm"
+            x16, w16, row = self.x16(x), self._w16(w), 0
+            for y in ys:
+                self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
+                row += y.shape[1]
+        if post is not None:
+            post.unfused(s)
 
     def linear_glu(self, x, name: str, act: str, y, norm: tuple | None = None) -> None:
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;

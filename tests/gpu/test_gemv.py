@@ -205,3 +205,50 @@ def test_gemv_experts_variant(ggml_type, variant):
     for E, N, K, T_, k, glu, std in ((8, 2 * 77, 2048, 1, 8, SILU, 1.0), (16, 130, 768, 3, 4, 0, 0.1),
                                      (4, 64, 2304, 2, 2, SILU, 10.0)):
         check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std, variant)
+
+
+def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
+    """The residual tail (gemv_tail.py): y = W x against the float64 GEMV, then x_res and h against
+    float64 math on the kernel's own y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res)
+    * w_next. Run `calls` times on fresh inputs: the ticket counter must come back to zero."""
+    from impnb.kernels.gemv import gemv_residual
+    from impnb.kernels.gemv_tail import Residual
+
+    raw, wabs, w = weight(ggml_type, rows, cols)
+    rng = np.random.default_rng(seed)
+    stream = cuda.stream()
+    eps = 1e-6
+    w_post, w_next = ((1 + 0.3 * rng.standard_normal(rows)).astype(np.float32) for _ in range(2))
+    d_wp, d_wn = cuda.to_device(w_post, stream=stream), cuda.to_device(w_next, stream=stream)
+    counter = cuda.to_device(np.zeros(1, np.uint32), stream=stream)
+    for _ in range(calls):
+        x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+        xr = (rng.standard_normal((n_tok, rows)) * 3 * std).astype(np.float32)
+        d_y, d_h = (cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream) for _ in range(2))
+        d_xr = cuda.to_device(xr, stream=stream)
+        res = Residual(d_xr, d_h, d_wn, d_wp if post else None, eps, counter)
+        gemv_residual(w, cuda.to_device(x, stream=stream), d_y, res, stream)
+        y, x_new, h = (d.copy_to_host(stream=stream).astype(np.float64) for d in (d_y, d_xr, d_h))
+        stream.synchronize()
+        assert np.isfinite(y).all() and np.isfinite(x_new).all() and np.isfinite(h).all()
+        assert (np.abs(y - gemv_ref(raw, ggml_type, x)) <= RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)).all()
+        term = y / np.sqrt(np.mean(y * y, axis=1, keepdims=True) + eps) * w_post if post else y
+        x_ref = xr + term
+        mag = np.abs(xr) + np.abs(term)
+        assert (np.abs(x_new - x_ref) <= 1e-5 * mag + 1e-30).all(), np.max(np.abs(x_new - x_ref) / mag)
+        inv = 1 / np.sqrt(np.mean(x_ref * x_ref, axis=1, keepdims=True) + eps)
+        h_ref = x_ref * inv * w_next
+        assert (np.abs(h - h_ref) <= 1e-5 * (mag * inv * np.abs(w_next) + np.abs(h_ref)) + 1e-30).all()
+        assert counter.copy_to_host()[0] == 0
+
+
+@pytest.mark.parametrize("ggml_type,rows,cols,post", [
+    (T.Q4_K, 640, 1024, True), (T.Q6_K, 640, 2048, True), (T.Q4_K, 2048, 4096, False),
+    (T.Q8_0, 644, 768, False), (T.Q4_1, 12, 256, True), (T.Q5_0, 20, 576, False)],
+    ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("n_tok", [1, 3, 8])
+def test_gemv_residual(ggml_type, rows, cols, post, n_tok):
+    """Gemma3's attn_output / ffn_down (post-norm), Qwen3-30B-A3B's attn_output (wide K, add), odd
+    row counts, a grid of one block (12 rows); x at three magnitudes."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed=[rows, n_tok, i])

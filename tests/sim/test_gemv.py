@@ -128,3 +128,12 @@ def test_gemv_norm(ggml_type, n_tok):
     check_gemv_norm(ggml_type, 2048, (3, 2, 2), n_tok, 0, 0.1, seed=2)
     if n_tok <= 2:
         check_gemv_norm(ggml_type, 256, (4, 4), n_tok, SILU, 1.0, seed=3)
+
+
+@pytest.mark.parametrize("ggml_type,rows,cols,n_tok,post", [(T.Q4_K, 12, 256, 1, True), (T.Q8_0, 20, 512, 2, False),
+                                                            (T.Q6_K, 4, 256, 3, True)], ids=str)
+def test_gemv_residual(ggml_type, rows, cols, n_tok, post):
+    """The residual tail run by the grid's last block (grids of 1 and 2+ blocks), twice."""
+    from tests.gpu.test_gemv import check_gemv_residual
+
+    check_gemv_residual(ggml_type, rows, cols, n_tok, post, 1.0, seed=rows)

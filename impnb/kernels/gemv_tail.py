@@ -1,0 +1,170 @@
+"""Tails of a decode GEMV: work on the GEMV's whole output that the grid's last block does, so
+no small kernel follows the GEMV in the decode graph (each costs ~3-5 µs there).
+
+Residual (ADD, POST_ADD), after attn_output / ffn_down; the kernels it replaces are
+norm.rms_norm_add and norm.rms_norm_post_add:
+  x[t] += y[t]                      (ADD)
+  x[t] += RMSNorm(y[t]) * w_post    (POST_ADD, Gemma's post-norms)
+  h[t]  = RMSNorm(x[t]) * w_next
+QKV, after the Q|K|V GEMV: qkv_post's QK-norm, RoPE and paged KV write, a warp per head.
+Every block publishes its rows of y (threadfence) and takes a ticket from `counter` (an atomic
+increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
+block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from impnb.kernels import norm, ptx, qkv_post
+
+ADD = 1
+POST_ADD = 2
+QKV = 3
+
+
+@cuda.jit(device=True, inline=True)
+def last_block(counter):
+    """1 in every thread of the grid's (1-D) last block to get here, else 0; after this block's
+    stores of the GEMV output, which the threadfence publishes before the ticket is taken."""
+    last = cuda.shared.array(1, int32)
+    cuda.threadfence()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        n = uint32(cuda.gridDim.x - 1)
+        last[0] = 1 if cuda.atomic.inc(counter, 0, n) == n else 0
+    cuda.syncthreads()
+    if last[0] == 0:
+        return 0
+    cuda.threadfence()
+    return 1
+
+
+class Residual(NamedTuple):
+    """x (T, D) += y or RMSNorm(y) * w_post (w_post None: ADD), then h (T, D) = RMSNorm(x) * w_next;
+    float32 device arrays; counter (1,) uint32, zero between uses."""
+    x: object
+    h: object
+    w_next: object
+    w_post: object
+    eps: float
+    counter: object
+
+    @property
+    def mode(self) -> int:
+        return ADD if self.w_post is None else POST_ADD
+
+    def unfused(self, y, stream) -> None:
+        """The same update by the norm kernel (after a GEMM, or where no tail runs)."""
+        if self.w_post is None:
+            norm.rms_norm_add(self.x, y, self.w_next, self.h, self.eps, stream)
+        else:
+            norm.rms_norm_post_add(self.x, y, self.w_post, self.w_next, self.h, self.eps, stream)
+
+    def args(self, y) -> tuple:
+        """The tail's kernel arguments after the GEMV's own."""
+        D = self.x.shape[1]
+        assert self.x.shape == self.h.shape == y.shape and D % 4 == 0, (self.x.shape, y.shape)
+        for a in (self.x, self.h, self.w_next) + ((self.w_post,) if self.w_post is not None else ()):
+            assert a.dtype == np.float32 and a.is_c_contiguous()
+        assert self.counter.dtype == np.uint32 and self.counter.shape == (1,)
+        w_post = self.w_next if self.w_post is None else self.w_post
+        return self.x, w_post, self.w_next, self.h, np.float32(self.eps), self.counter
+
+
+def make_tail(mode: int, n_tok: int):
+    """Device function tail(y, x, w_post, w_next, h, eps, counter) for every block of a 1-D grid
+    of 32k threads a block, called after the block's stores of y; mode ADD or POST_ADD."""
+    assert mode in (ADD, POST_ADD)
+
+    @cuda.jit(device=True, inline=True)
+    def inv_rms(ss, D, eps):
+        return float32(1.0) / math.sqrt(ss / float32(D) + eps)
+
+    @cuda.jit(device=True, inline=True)
+    def tail(y, x, w_post, w_next, h, eps, counter):
+        if last_block(counter) == 0:
+            return
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        red = cuda.shared.array(32, float32)
+        D = x.shape[1]
+        for t in range(n_tok):
+            # -- POST_ADD: 1 / rms of y[t] --
+            scale = float32(1.0)
+            if mode == POST_ADD:
+                ss = float32(0.0)
+                for i in range(4 * tid, D, 4 * nt):
+                    y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + i)
+                    ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
+                scale = inv_rms(norm.block_sum(ss, red), D, eps)
+            # -- x[t] += y[t] (scaled, times w_post), summing the new x² --
+            ss = float32(0.0)
+            for i in range(4 * tid, D, 4 * nt):
+                yv = ptx.ld_global_cg_v4_f32(y, t * D + i)
+                for j in range(4):
+                    v = yv[j]
+                    if mode == POST_ADD:
+                        v = v * scale * w_post[i + j]
+                    v += x[t, i + j]
+                    x[t, i + j] = v
+                    ss += v * v
+            inv = inv_rms(norm.block_sum(ss, red), D, eps)
+            # -- h[t] = x[t] / rms * w_next (the same thread's own columns of x) --
+            for i in range(4 * tid, D, 4 * nt):
+                for j in range(4):
+                    h[t, i + j] = x[t, i + j] * inv * w_next[i + j]
+
+    return tail
+
+
+class QkvPost(NamedTuple):
+    """qkv_post's work on q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv), the Q|K|V GEMV's outputs
+    as heads (arguments as qkv_post's); counter (1,) uint32, zero between uses."""
+    q: object
+    k: object
+    v: object
+    pos: object
+    inv_freq: object
+    neox: bool
+    q_norm: object
+    k_norm: object
+    eps: float
+    block_table: object
+    k_pool: object
+    v_pool: object
+    counter: object
+
+    def unfused(self, stream) -> None:
+        """The same work by qkv_post's own kernel."""
+        qkv_post.qkv_post(*self[:12], stream)
+
+    def args(self) -> tuple:
+        """The tail's kernel arguments after the GEMV's own."""
+        assert self.counter.dtype == np.uint32 and self.counter.shape == (1,)
+        return (self.q, self.k, self.v, *qkv_post.post_args(*self[:12]), self.counter)
+
+
+def make_qkv_tail(n_tok: int, warps: int):
+    """Device function tail(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm,
+    block_table, k_pool, v_pool, counter) for every block of a 1-D grid of `warps` warps a block,
+    after the block's stores of q|k|v: the last block's warps take the T (H + 2 Hkv) heads in turn."""
+    post_head = qkv_post.make_post_head(True)
+    shape = (warps, qkv_post.MAX_D)
+
+    @cuda.jit(device=True, inline=True)
+    def tail(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table, k_pool, v_pool,
+             counter):
+        if last_block(counter) == 0:
+            return
+        xs = cuda.shared.array(shape, float32)
+        w = cuda.threadIdx.x // 32
+        heads = q.shape[1] + 2 * k.shape[1]
+        for i in range(w, n_tok * heads, warps):
+            t = i // heads
+            post_head(q, k, v, t, i - t * heads, xs, w, pos, inv_freq, neox, q_norm, k_norm, eps,
+                      use_norm, block_table, k_pool, v_pool)
+
+    return tail
