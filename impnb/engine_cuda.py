@@ -81,7 +81,7 @@ class CudaEngine:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
         # chunks of <= 8 rows take decode attention, at any context: the split kernel
-        self.m.decode_short, self.m.decode_splits = False, self.m.max_decode_splits
+        self.m.decode_short, self.m.decode_splits = 0, self.m.max_decode_splits
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
         if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy

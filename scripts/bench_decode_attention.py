@@ -5,12 +5,14 @@ would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph
 (as the decode graph runs them); the median of 20 replays / 50. KV GB/s = K and V bytes of the
 L live keys / time. --torch times torch SDPA on contiguous fp16 K/V of the same shape the same
 way (ratio = torch µs / impnb µs). --short also times attention_decode_short (its µs, and
-split µs / short µs), with --short-warps block sizes (default its own).
+split µs / short µs), with --short-warps block sizes (default its own) and --short-clusters
+blocks a query row (thread-block clusters; default 1).
 Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256) and Qwen3-30B-A3B
 (H 32, Hkv 4, D 128); --row-tiles compares query rows per block of the split kernel.
     python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
                                              [--row-tiles 4,8] [--split-keys 32,64] [--splits N,..]
-                                             [--torch] [--short] [--short-warps 4,8] [--json PATH]
+                                             [--torch] [--short] [--short-warps 4,8]
+                                             [--short-clusters 1,2,4,8] [--json PATH]
 """
 
 import argparse
@@ -37,9 +39,9 @@ CALLS = 50
 
 
 def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=None, warps=0,
-              short=False):
+              short=False, cluster=1):
     """(µs a call, split count, KV GB/s) of the split kernel, or (short) of attention_decode_short
-    with blocks of `warps` warps (0: its default)."""
+    with blocks of `warps` warps (0: its default), `cluster` blocks a row."""
     rng = np.random.default_rng(0)
     n_pages = pages_needed(n_ctx, PAGE)
     k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
@@ -55,7 +57,7 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=
     def call():
         if short:
             ads.attention_decode_short(q, k_pool, v_pool, table, pos, out, D ** -0.5, None, None,
-                                       ctx.nb_stream, warps or None)
+                                       ctx.nb_stream, warps or None, splits=cluster)
         else:
             ad.attention_decode(q, k_pool, v_pool, table, pos, out, partials, counters, n_splits,
                                 D ** -0.5, None, None, ctx.nb_stream, rows_per_block=rm,
@@ -119,13 +121,14 @@ def main() -> int:
     ap.add_argument("--torch", action="store_true", help="also time torch SDPA on contiguous fp16 K/V")
     ap.add_argument("--short", action="store_true", help="also time attention_decode_short")
     ap.add_argument("--short-warps", default="", help="its block sizes to try (default: its own)")
+    ap.add_argument("--short-clusters", default="1", help="blocks a row of the short kernel to try")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
     rows = []
     print(f"{'model':<13} {'ctx':>6} {'splits':>6} {'rows':>4} {'keys':>5} {'µs':>8} {'KV GB/s':>8}"
           + (f" {'torch µs':>9} {'ratio':>6}" if args.torch else "")
-          + (f" {'warps':>5} {'short µs':>9} {'split/short':>11}" if args.short else ""))
+          + (f" {'warps':>5} {'clus':>4} {'short µs':>9} {'split/short':>11}" if args.short else ""))
     for model in args.models.split(","):
         H, Hkv, D = SHAPES[model]
         for L in (int(v) for v in args.ctx.split(",")):
@@ -141,11 +144,15 @@ def main() -> int:
                                         if v and int(v) * 32 >= D]
                                        or [0]) if args.short else [None]
                         for nw in short_warps:
-                            s_us = (time_case(ctx, H, Hkv, D, L, n_ctx, 0, warps=nw, short=True)[0]
-                                    if nw is not None and L <= ads.MAX_KEYS else None)
-                            rows.append(dict(model=model, ctx=L, splits=n, rows=rm, split_keys=sk, us=us,
-                                             kv_gbs=gbs, torch_us=t_us, short_warps=nw, short_us=s_us))
-                            print(line + (f" {nw or '-':>5} {s_us:>9.2f} {us / s_us:>11.2f}" if s_us else ""))
+                            for cl in [int(v) for v in args.short_clusters.split(",")]:
+                                s_us = (time_case(ctx, H, Hkv, D, L, n_ctx, 0, warps=nw, short=True,
+                                                  cluster=cl)[0]
+                                        if nw is not None and L <= ads.MAX_KEYS else None)
+                                rows.append(dict(model=model, ctx=L, splits=n, rows=rm, split_keys=sk, us=us,
+                                                 kv_gbs=gbs, torch_us=t_us, short_warps=nw, short_clusters=cl,
+                                                 short_us=s_us))
+                                print(line + (f" {nw or '-':>5} {cl:>4} {s_us:>9.2f} {us / s_us:>11.2f}"
+                                              if s_us else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

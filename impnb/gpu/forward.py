@@ -100,7 +100,8 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
     if in_attention:
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
                                cfg.attn_scale, cfg.window(il), None, s,
-                               post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps))
+                               post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
+                               splits=m.decode_short)
     else:
         _attention(m, il, q, pos, attn, T)
     return attn.reshape(T, H * Dv)
@@ -146,7 +147,7 @@ def _attention(m, il: int, q, pos, out, T: int):
     window = cfg.window(il)
     if T <= attention_decode.MAX_T and m.decode_short:
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                               cfg.attn_scale, window, None, s)
+                               cfg.attn_scale, window, None, s, splits=m.decode_short)
     elif T <= attention_decode.MAX_T and m.decode_splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
             1, m.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))

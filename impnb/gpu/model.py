@@ -40,11 +40,15 @@ DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs pe
 # IMPNB_SHORT_DECODE_MAX overrides the bound for A/B runs (0: never).
 SHORT_DECODE_MAX = {64: 1024, 128: 1024, 256: 256}
 _SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
+# blocks a query row of the short kernel (a thread-block cluster splitting the keys) by head dim
+# and context bucket; 1 where not listed. IMPNB_SHORT_CLUSTER overrides it for A/B runs.
+SHORT_DECODE_CLUSTER = {}
+_SHORT_CLUSTER_ENV = os.environ.get("IMPNB_SHORT_CLUSTER")
 # head dims whose short decode attention takes qkv_post fused in front (one kernel a layer
 # fewer). Measured on the H100 (2026-11-24, tg128 in one run, fused / separate): SmolLM2 (D 64)
 # 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
-# more than the kernel it saves.
-FUSED_POST_DIMS = (64,)
+# more than the kernel it saves. IMPNB_FUSED_POST_DIMS overrides the list for A/B runs.
+FUSED_POST_DIMS = tuple(int(d) for d in os.environ.get("IMPNB_FUSED_POST_DIMS", "64").split(",") if d)
 # decode GEMVs followed by a residual update (GEMV_TAIL) or, for the stacked Q|K|V without a
 # fused norm, by qkv_post (QKV_TAIL) run that work as their tail (gemv_tail.py) rather than a
 # kernel after them; IMPNB_GEMV_TAIL=0 / IMPNB_QKV_TAIL=0 turn them off for A/B runs.
@@ -77,9 +81,10 @@ class DeviceModel:
         # row of routed slot s = s (decode; prefill groups slots by expert)
         self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
         # decode attention: per context bucket (the graph of a bucket keeps its own) the
-        # short-context kernel or a split count; the partials are sized for the largest
+        # short-context kernel's blocks a row (0: none) or a split count; the partials are sized
+        # for the largest
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
-        self.decode_short = False
+        self.decode_short = 0
         self.decode_post = cfg.head_dim in FUSED_POST_DIMS
         self.gemv_tail = GEMV_TAIL
         self.qkv_tail = QKV_TAIL
@@ -92,13 +97,15 @@ class DeviceModel:
         """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""
         return min(self.n_ctx, next((b for b in DECODE_CTX_BUCKETS if b >= length), self.n_ctx))
 
-    def decode_plan(self, length: int) -> tuple[bool, int]:
-        """(short-context kernel, split count) of decode attention for contexts up to
-        ctx_bucket(length)."""
-        bucket = self.ctx_bucket(length)
+    def decode_plan(self, length: int) -> tuple[int, int]:
+        """(the short-context kernel's blocks a query row, 0 for the split kernel; the split
+        count) of decode attention for contexts up to ctx_bucket(length)."""
+        bucket, D = self.ctx_bucket(length), self.cfg.head_dim
         bound = (int(_SHORT_DECODE_MAX_ENV) if _SHORT_DECODE_MAX_ENV is not None
-                 else SHORT_DECODE_MAX.get(self.cfg.head_dim, 0))
-        return bucket <= bound, self.splits_for(bucket)
+                 else SHORT_DECODE_MAX.get(D, 0))
+        blocks = (int(_SHORT_CLUSTER_ENV) if _SHORT_CLUSTER_ENV is not None
+                  else SHORT_DECODE_CLUSTER.get((D, bucket), 1))
+        return blocks if bucket <= bound else 0, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""

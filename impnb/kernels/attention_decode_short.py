@@ -25,6 +25,7 @@ from impnb.kernels.rope import cos_sin
 from impnb.launch import launch
 
 WARPS = (4, 8, 16)       # block sizes built (warps)
+SPLITS = (1, 2, 4, 8)    # blocks a query row (a thread-block cluster when > 1)
 MAX_KEYS = 4096          # keys a row sees at most; longer contexts take the split kernel
 MAX_PAGES = MAX_KEYS // min(PAGE_SIZES) + 1
 QS = 36                  # floats per 32-dim slice of the query row in shared (4 pad: no bank conflict)
@@ -38,7 +39,7 @@ def turn_keys(D: int) -> int:
     return 32 // (D // 32)
 
 
-def _make_kernel(D: int, NW: int, capped: bool, post: bool):
+def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
     NT = NW * 32
     LPK = D // 32            # score lanes per key: 32 dims each
     KI = 32 // LPK           # keys a warp turn
@@ -50,10 +51,11 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
     WACC = NW * D            # floats of the warps' outputs in shared
     QW = LPK * QS            # floats of the query row in shared
     FW = MAX_T * WPR if post else 4  # u32 words of the step's K rows (and of its V rows) in shared
+    CW = D + 2 if S > 1 else 1       # floats of the block's part for the cluster merge
     KEY_OFFS = tuple(1 << i for i in range(int(math.log2(LPK))))        # lanes of one key
     TURN_OFFS = tuple(LPK << i for i in range(int(math.log2(KI))))      # keys of one turn
     SLOT_OFFS = tuple(LPV << i for i in range(int(math.log2(KPV))))     # PV key slots
-    assert KPS == 4 and NT >= D
+    assert KPS == 4 and NT >= D and S in SPLITS
 
     if KPV > 1:
         @cuda.jit(device=True, inline=True)
@@ -211,6 +213,9 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
     # rescaled; lane (slot, dv) adds p * V for its 8 dims over its slot's KPS keys, p fetched from
     # the key's lanes by shuffle. K and V of the next turn load into registers meanwhile. At the
     # end slots merge by shuffles and warps through shared memory.
+    # S > 1: a cluster of S blocks (grid z) shares the row, block z taking the z-th of S equal
+    # parts of [lo, hi); each leaves its (max, sum, unnormalized row) in shared memory and the
+    # cluster's block 0 merges them through distributed shared memory (ld.shared::cluster).
     # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table
     # and (post) the cache rows of the keys before the step's.
     # post: the kernel also does qkv_post's work for the step (see post_rows): q, k_new, v_new
@@ -228,6 +233,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
         lane = tid % 32
         warp = tid // 32
 
+        split = cuda.blockIdx.z
         pages = cuda.shared.array(MAX_PAGES, types.int32)
         wacc = cuda.shared.array(WACC, types.float32)
         wm = cuda.shared.array(NW, types.float32)
@@ -235,12 +241,17 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
         qs = cuda.shared.array(QW, types.float32, alignment=SMEM_ALIGN)
         kfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
         vfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
+        cres = cuda.shared.array(CW, types.float32)
 
         # -- the row's key range and its pages --
         qp = pos[b, t]
         hi = qp + 1
         lo = max(qp - window + 1, 0) if window > 0 else 0
         hi = min(hi, lo + MAX_KEYS)
+        if S > 1:  # this block's part of the keys
+            part = (hi - lo + S - 1) // S
+            lo = min(lo + split * part, hi)
+            hi = min(lo + part, hi)
         p0 = lo >> shift
         for i in range(tid, ((hi - 1) >> shift) - p0 + 1, NT):
             pages[i] = block_table[b, p0 + i]
@@ -267,7 +278,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
         if post:
             post_rows(q, k_new, v_new, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, scale,
                       b, t, h, kh, qs, kfw, vfw, wacc, tid)
-            if r0 == 0:
+            if r0 == 0 and split == 0:
                 write_fresh(k_words, v_words, kfw, vfw, block_table, pos, b, kh, shift,
                             q.shape[1], tid)
             fresh_k(kr, kfw, key0 + kk, hi, fresh, dl)
@@ -342,7 +353,28 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
                 c = ptx.ex2_approx_ftz(wm[w] - mx)
                 num += wacc[w * D + tid] * c
                 den += wl[w] * c
-            out[b, t, h, tid] = num / den
+            if S == 1:
+                out[b, t, h, tid] = num / den
+            else:
+                cres[tid] = num
+                if tid == 0:
+                    cres[D] = mx
+                    cres[D + 1] = den
+        if S > 1:
+            # -- the cluster's parts merged by its block 0 (the others wait until it has read) --
+            ptx.cluster_sync()
+            if split == 0 and tid < D:
+                mx = NEG
+                for z in range(S):
+                    mx = max(mx, ptx.ld_cluster_f32(ptx.smem_addr(cres, D), z))
+                num = _ZERO
+                den = _ZERO
+                for z in range(S):
+                    c = ptx.ex2_approx_ftz(ptx.ld_cluster_f32(ptx.smem_addr(cres, D), z) - mx)
+                    num += ptx.ld_cluster_f32(ptx.smem_addr(cres, tid), z) * c
+                    den += ptx.ld_cluster_f32(ptx.smem_addr(cres, D + 1), z) * c
+                out[b, t, h, tid] = num / den
+            ptx.cluster_sync()
 
     if post:
         def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
@@ -355,24 +387,25 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool):
                    q, q, out[0, 0], 0, q[0, 0, 0], q[0, 0, 0], scale, 0)  # post's arguments unread
 
     short_kernel.__name__ = (f"_decode_short_d{D}_w{NW}{'_softcap' if capped else ''}"
-                             f"{'_post' if post else ''}_kernel")
+                             f"{'_post' if post else ''}{f'_s{S}' if S > 1 else ''}_kernel")
     cap = {} if SIMULATOR else {"max_registers": min(255, 65536 // NT)}  # a block fits an SM
     return cuda.jit(short_kernel, **cap)
 
 
 # qkv_post fused (post) without softcap, as decode runs it; softcap and post variants up to 8
-# warps: at 16 the 128-register cap makes them spill
-_KERNELS = {(D, NW, capped, post): _make_kernel(D, NW, capped, post)
+# warps: at 16 the 128-register cap makes them spill; clusters of S blocks a row without softcap
+_KERNELS = {(D, NW, capped, post, S): _make_kernel(D, NW, capped, post, S)
             for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
             for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8
-                                 else ((False, False),))}
+                                 else ((False, False),))
+            for S in (SPLITS if not capped else (1,))}
 
 
 # ---------------------------------------------------------------- host side
 
 def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: float,
                            window: int | None, softcap: float | None, stream,
-                           warps: int | None = None, post: tuple | None = None) -> None:
+                           warps: int | None = None, post: tuple | None = None, splits: int = 1) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache, for
     contexts up to MAX_KEYS keys (a row sees at most MAX_KEYS keys; more are not read).
 
@@ -389,6 +422,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     its arguments as there. q is then raw from the Q|K|V GEMV, k_new, v_new (B, T, Hkv, D)
     float32 the step's raw K and V, which the kernel normalizes, rotates and writes to the
     cache; the step's T tokens must sit at consecutive positions pos[b, 0] + i.
+    splits (SPLITS): blocks a query row, a thread-block cluster that merges in shared memory.
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])
@@ -408,8 +442,8 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     warps = warps or (8 if softcap or post else 16)
-    key = (D, warps, bool(softcap), bool(post))
-    assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}"
+    key = (D, warps, bool(softcap), bool(post), splits)
+    assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}, splits {splits}"
     args = (q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,
             np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0),
             np.int32(k_pool.shape[1].bit_length() - 1))
@@ -426,7 +460,8 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
             q_norm = k_norm = inv_freq[0]  # unread
         args += (k_new, v_new, inv_freq, np.int32(bool(neox)), q_norm, k_norm, np.float32(eps),
                  np.int32(use_norm))
-    launch(_KERNELS[key], (H * T, B), warps * 32, stream, *args)
+    launch(_KERNELS[key], (H * T, B, splits), warps * 32, stream, *args,
+           cluster=(1, 1, splits) if splits > 1 else None)
 
 
 _Q = types.float32[:, :, :, ::1]
@@ -435,5 +470,7 @@ _I2 = types.int32[:, ::1]
 _F1 = types.float32[::1]
 _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32)
 _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
-BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG, {"max_registers": min(255, 65536 // (nw * 32))})
-                    for (_, nw, _, post), kernel in _KERNELS.items()]
+BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG,
+                     {"max_registers": min(255, 65536 // (nw * 32)),
+                      "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
+                    for (_, nw, _, post, S), kernel in _KERNELS.items() if S in (1, 4)]

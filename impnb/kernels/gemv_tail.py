@@ -7,7 +7,7 @@ norm.rms_norm_add and norm.rms_norm_post_add:
   x[t] += RMSNorm(y[t]) * w_post    (POST_ADD, Gemma's post-norms)
   h[t]  = RMSNorm(x[t]) * w_next
 QKV, after the Q|K|V GEMV: qkv_post's QK-norm, RoPE and paged KV write, a warp per head.
-Every block publishes its rows of y (threadfence) and takes a ticket from `counter` (an atomic
+Every block publishes its rows of y (a threadfence) and takes a ticket from `counter` (an atomic
 increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
 block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
 """
@@ -28,18 +28,19 @@ QKV = 3
 @cuda.jit(device=True, inline=True)
 def last_block(counter):
     """1 in every thread of the grid's (1-D) last block to get here, else 0; after this block's
-    stores of the GEMV output, which the threadfence publishes before the ticket is taken."""
+    stores of the GEMV output. As cooperative groups' grid sync: the barrier orders the block's
+    stores before thread 0's fence and ticket, and thread 0's fence after a last ticket orders the
+    block's reads after it."""
     last = cuda.shared.array(1, int32)
-    cuda.threadfence()
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
+        cuda.threadfence()
         n = uint32(cuda.gridDim.x - 1)
         last[0] = 1 if cuda.atomic.inc(counter, 0, n) == n else 0
+        if last[0]:
+            cuda.threadfence()
     cuda.syncthreads()
-    if last[0] == 0:
-        return 0
-    cuda.threadfence()
-    return 1
+    return last[0]
 
 
 class Residual(NamedTuple):

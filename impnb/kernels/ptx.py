@@ -20,11 +20,12 @@ SMEM_ALIGN = None if SIM else 128  # alignment= for cuda.shared.array (the simul
 
 if SIM:
     from impnb.kernels.ptx_sim import (  # noqa: F401
-        cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-        cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait, ld_global_cg_f32, ld_global_cg_v4_f32,
-        ld_global_v4_u32, ld_shared_v4_u32, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
-        ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16x2,
-        pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32, st_shared_v4_u32)
+        cluster_sync, cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all,
+        cp_async_wait_group, cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait,
+        ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_v4_u32,
+        ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans,
+        mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
+        st_shared_v4_u32)
 else:
     from llvmlite import ir
     from numba import types
@@ -159,6 +160,24 @@ else:
     # kernel start once every block of this one has called it (impnb.launch, programmatic).
     grid_dep_wait = _no_operand("griddepcontrol.wait;")
     grid_dep_launch = _no_operand("griddepcontrol.launch_dependents;")
+
+    # Thread-block clusters (sm_90; launched with impnb.launch's cluster=): every thread of every
+    # block of the cluster arrives, then waits; shared-memory writes before it (release) are seen
+    # by the cluster's blocks after it (acquire), through ld_cluster_f32.
+    cluster_sync = _no_operand("barrier.cluster.arrive.release; barrier.cluster.wait.acquire;")
+
+    @intrinsic
+    def ld_cluster_f32(typingctx, saddr, rank):
+        """mapa.shared::cluster.u32 r, saddr, rank; ld.shared::cluster.f32 d, [r]: the float at
+        shared-window address saddr (smem_addr) of the cluster's block `rank`."""
+        if not _ints(saddr, rank):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _F32, [_i32(builder, args[0]), _i32(builder, args[1])],
+                        "{ .reg .u32 r; mapa.shared::cluster.u32 r, $1, $2; ld.shared::cluster.f32 $0, [r]; }",
+                        "=f,r,r,~{memory}", side_effect=True)
+        return types.float32(saddr, rank), codegen
 
     @intrinsic
     def cp_async_wait_group(typingctx, n):

@@ -131,6 +131,14 @@ def grid_dep_launch():
     """griddepcontrol.launch_dependents: nothing to overlap in the simulator."""
 
 
+def cluster_sync():
+    raise NotImplementedError("thread-block clusters: the simulator runs one block at a time")
+
+
+def ld_cluster_f32(saddr, rank):
+    raise NotImplementedError("thread-block clusters: the simulator runs one block at a time")
+
+
 def cp_async_wait_all():
     cp_async_commit()
     cp_async_wait_group(0)

@@ -1,14 +1,16 @@
 """Kernel launches through cuLaunchKernel on cubins cached on disk, not numba's dispatcher
 (44 µs of host time per launch on the H100). Under numba's CUDA simulator, the dispatcher.
 
-    launch(kernel, grid, block, stream, *args, shared_bytes=0)
+    launch(kernel, grid, block, stream, *args, shared_bytes=0, cluster=None)
 """
 
 from numba.cuda.core import config as _cuda_config
 
 if _cuda_config.ENABLE_CUDASIM:
-    def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0) -> None:
-        """kernel[grid, block, stream, shared_bytes](*args) in the simulator."""
+    def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster=None) -> None:
+        """kernel[grid, block, stream, shared_bytes](*args) in the simulator (no clusters: it runs
+        one block at a time)."""
+        assert cluster is None, "the simulator has no thread-block clusters"
         kernel[grid, block, stream, shared_bytes](*args)
 else:
     from impnb.launch.launcher import launch

@@ -10,7 +10,7 @@ Modules are loaded into the context current at that first launch (numba's primar
 A kernel whose body calls `ptx.grid_dep_wait()` (first, before it touches memory) is launched
 with programmatic stream serialization (cuLaunchKernelEx): it may be scheduled while the kernel
 before it runs and waits on the device, so the launch gap between graph nodes overlaps work.
-IMPNB_PDL=0 turns this off.
+IMPNB_PDL=0 turns this off. A launch with cluster dims goes through cuLaunchKernelEx too.
 """
 
 import ctypes
@@ -59,7 +59,8 @@ class Plan:
         self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*(base + off for off in offsets))
         self.params = ctypes.addressof(self.ptrs)
         self.lock = threading.Lock()
-        self.config = _programmatic_config() if PROGRAMMATIC and waits_on_grid(kernel) else None
+        self.programmatic = PROGRAMMATIC and waits_on_grid(kernel)
+        self.configs = {}  # cluster dims (or None) -> CUlaunchConfig, or None for cuLaunchKernel
 
     def allow_shared(self, nbytes: int) -> None:
         """Opt in to nbytes of dynamic shared memory (past 48 KB with the static)."""
@@ -67,12 +68,14 @@ class Plan:
         _check(driver.cuFuncSetAttribute(self.func, attr, nbytes), "cuFuncSetAttribute")
         self.dynamic_shared_max = nbytes
 
-    def launch(self, grid, block, stream, values, shared_bytes: int) -> None:
+    def launch(self, grid, block, stream, values, shared_bytes: int, cluster=None) -> None:
         if shared_bytes > self.dynamic_shared_max:
             self.allow_shared(shared_bytes)
         with self.lock:
             struct.pack_into(self.fmt, self.buf, 0, *values)
-            c = self.config
+            if cluster not in self.configs:
+                self.configs[cluster] = _config(self.programmatic, cluster)
+            c = self.configs[cluster]
             if c is None:
                 err, = driver.cuLaunchKernel(self.func, *grid, *block, shared_bytes, stream, self.params, 0)
             else:
@@ -89,13 +92,24 @@ def waits_on_grid(kernel) -> bool:
     return "grid_dep_wait" in kernel.py_func.__code__.co_names
 
 
-def _programmatic_config():
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
+def _config(programmatic: bool, cluster):
+    """cuLaunchKernelEx's config for programmatic serialization and / or cluster dims, else None."""
+    attrs = []
+    if programmatic:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    if cluster is not None:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        attrs.append(attr)
+    if not attrs:
+        return None
     config = driver.CUlaunchConfig()
-    config.attrs = [attr]
-    config.numAttrs = 1
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
     return config
 
 
@@ -105,12 +119,13 @@ def _dim3(d) -> tuple:
     return d, 1, 1
 
 
-def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0) -> None:
+def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster: tuple | None = None) -> None:
     """kernel[grid, block, stream, shared_bytes](*args) without numba's dispatcher.
 
     kernel: a @cuda.jit dispatcher; grid, block: int or 1-3 tuple; stream: a numba stream
     (cuda.stream(), cuda.external_stream(handle)) or 0; args: numba device arrays (views
-    included), numpy scalars, tuples of these; shared_bytes: dynamic shared memory per block.
+    included), numpy scalars, tuples of these; shared_bytes: dynamic shared memory per block;
+    cluster: thread-block cluster dims (x, y, z) dividing the grid's (sm_90; 8 blocks at most).
     """
     key, values = [kernel], []
     flatten(args, key, values)
@@ -119,4 +134,5 @@ def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0) -> None:
     if plan is None:
         with _build_lock:
             plan = _plans.get(key) or _plans.setdefault(key, Plan(kernel, args))
-    plan.launch(_dim3(grid), _dim3(block), getattr(stream, "handle", stream), values, shared_bytes)
+    plan.launch(_dim3(grid), _dim3(block), getattr(stream, "handle", stream), values, shared_bytes,
+                None if cluster is None else _dim3(cluster))

@@ -87,10 +87,10 @@ def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
 
 
 def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
-                 n_splits=None, split_keys=None, short=False, warps=None):
+                 n_splits=None, split_keys=None, short=False, warps=None, cluster=1):
     """B = len(lengths) sequences, T queries each at positions L - T .. L - 1; split_keys: the
     keys a split takes at least (default the kernel's); short: attention_decode_short instead
-    of the split kernel, with blocks of `warps` warps (default its own)."""
+    of the split kernel, with blocks of `warps` warps (default its own), `cluster` blocks a row."""
     B = len(lengths)
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, T, H, D), std)
@@ -104,7 +104,7 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     dev = [cuda.to_device(a, stream=stream)
            for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
     if short:
-        attention_decode_short(*dev[:6], scale, window, softcap, stream, warps)
+        attention_decode_short(*dev[:6], scale, window, softcap, stream, warps, splits=cluster)
     else:
         attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
     got = dev[5].copy_to_host(stream=stream)
@@ -112,11 +112,11 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     for b, L in enumerate(lengths):
         assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
                          window, softcap, std, f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} "
-                         f"{'short' if short else f'splits={n_splits} split_keys={split_keys}'}")
+                         f"{f'short cluster={cluster}' if short else f'splits={n_splits} split_keys={split_keys}'}")
 
 
 def check_decode_post(rng, L, T, H, Hkv, D, std, window=None, neox=True, norm=True, n_rot=None,
-                      warps=None, page_size=16):
+                      warps=None, page_size=16, cluster=1):
     """attention_decode_short with qkv_post fused: the step's T tokens at L - T .. L - 1 come
     raw (q, k, v Gaussian at std, QK-norm weights around 1, RoPE over n_rot dims), the keys before
     them are cached, the step's cache rows poisoned. The output is held to check_decode's bounds
@@ -144,10 +144,11 @@ def check_decode_post(rng, L, T, H, Hkv, D, std, window=None, neox=True, norm=Tr
     d_kp, d_vp, d_out = dev(k_pool), dev(v_pool), dev(np.full(q.shape, np.nan, np.float32))
     attention_decode_short(dev(q), d_kp, d_vp, dev(table[0]), dev(pos), d_out, D ** -0.5, window,
                            None, stream, warps,
-                           post=(dev(k), dev(v), dev(inv_freq), neox, dev(qn), dev(kn), eps))
+                           post=(dev(k), dev(v), dev(inv_freq), neox, dev(qn), dev(kn), eps), splits=cluster)
     got, got_k, got_v = (d.copy_to_host(stream=stream) for d in (d_out, d_kp, d_vp))
     stream.synchronize()
-    what = f"decode+post L={L} T={T} H={H}/{Hkv} D={D} std={std} window={window} neox={neox} norm={norm}"
+    what = (f"decode+post L={L} T={T} H={H}/{Hkv} D={D} std={std} window={window} neox={neox} norm={norm}"
+            f" cluster={cluster}")
     assert np.array_equal(got_v, v_ref, equal_nan=True), what
     assert np.array_equal(np.isnan(got_k), np.isnan(k_ref)), what
     kr, kg = k_ref.astype(np.float32), got_k.astype(np.float32)
@@ -290,3 +291,33 @@ def test_decode_short_post_variants(H, Hkv, D, window, T, neox, norm, warps):
         warps = 8
     check_decode_post(_seed(H, D, T, warps, 4), 300 + T, T, H, Hkv, D, 1.0, window, neox, norm,
                       n_rot=D // 2 if T == 8 else D, warps=warps)
+
+
+# -- the short kernel with a thread-block cluster of 2, 4 or 8 blocks a query row (key ranges
+#    split, merged in distributed shared memory): contexts shorter than the cluster (empty
+#    parts), odd lengths, windows, several tokens and block sizes, qkv_post fused --
+
+@pytest.mark.parametrize("cluster", (2, 4, 8))
+@pytest.mark.parametrize("L", (1, 5, 131, 1000, 4096))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short_cluster(H, Hkv, D, window, L, cluster):
+    for i, std in enumerate(STDS):
+        check_decode(_seed(H, D, L, cluster, i, 5), [L], 1, H, Hkv, D, std, window, short=True,
+                     cluster=cluster)
+
+
+@pytest.mark.parametrize("cluster", (2, 8))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short_cluster_tokens(H, Hkv, D, window, cluster):
+    from impnb.kernels.attention_decode_short import WARPS
+    for nw in WARPS:
+        if nw * 32 >= D:
+            check_decode(_seed(H, D, nw, cluster, 6), [5, 300, 700], 5, H, Hkv, D, 1.0, window, short=True,
+                         warps=nw, cluster=cluster)
+
+
+@pytest.mark.parametrize("cluster", (2, 4, 8))
+@pytest.mark.parametrize("L,T", ((1, 1), (131, 1), (300, 3), (1000, 8)))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_decode_short_post_cluster(H, Hkv, D, window, L, T, cluster):
+    check_decode_post(_seed(H, D, L, T, cluster, 7), L, T, H, Hkv, D, 1.0, window, cluster=cluster)
