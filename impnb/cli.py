@@ -44,6 +44,8 @@ def _add_bench(sub):
     p.add_argument("-p", default="512", help="prompt lengths, comma-separated")
     p.add_argument("-n", default="128", help="generation lengths, comma-separated")
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
+    p.add_argument("-d", default="0", help="context depths the tests start from, comma-separated "
+                   "(tg at depth d: d prompt tokens first, then n generated; llama-bench's -d)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")

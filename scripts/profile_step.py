@@ -62,12 +62,18 @@ def time_graph(exec_, stream, reps: int) -> float:
     return statistics.median(times)
 
 
-def node_cost(params, stream, copies: int) -> float:
-    """µs per launch of one kernel node, replayed `copies` times in a chain inside one graph."""
+_CLUSTER = driver.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+
+def node_cost(node, params, stream, copies: int) -> float:
+    """µs per launch of one kernel node (its cluster dims kept), replayed `copies` times in a
+    chain inside one graph."""
+    cluster = ok(driver.cuGraphKernelNodeGetAttribute(node, _CLUSTER))
     g = ok(driver.cuGraphCreate(0))
     prev = []
     for _ in range(copies):
         prev = [ok(driver.cuGraphAddKernelNode(g, prev, len(prev), params))]
+        ok(driver.cuGraphKernelNodeSetAttribute(prev[0], _CLUSTER, cluster))
     ex = ok(driver.cuGraphInstantiate(g, 0))
     us = time_graph(ex, stream, 20) / copies
     driver.cuGraphExecDestroy(ex)
@@ -118,7 +124,7 @@ def main() -> int:
             others += 1
             continue
         params = ok(driver.cuGraphKernelNodeGetParams(node))
-        by_name[kernel_name(params)].append(node_cost(params, stream, args.reps))
+        by_name[kernel_name(params)].append(node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
     print(f"{args.model}: {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "

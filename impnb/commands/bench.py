@@ -17,26 +17,28 @@ from impnb.sampling import SamplingParams
 GREEDY = SamplingParams(temperature=0)
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str, zero: bool = False) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v]
     except ValueError:
         raise ParameterError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise ParameterError(f"{flag} values must be > 0, got {text!r}")
+    if any(v < (0 if zero else 1) for v in values):
+        raise ParameterError(f"{flag} values must be {'>= 0' if zero else '> 0'}, got {text!r}")
     return values
 
 
-def _pp(engine, ids) -> float:
+def _pp(engine, ids, depth: list) -> float:
     engine.reset(GREEDY)
+    if depth:
+        engine.prefill(depth)
     t0 = time.perf_counter()
     engine.prefill(ids)
     return len(ids) / (time.perf_counter() - t0)
 
 
-def _tg(engine, n: int) -> float:
+def _tg(engine, n: int, depth: list) -> float:
     engine.reset(GREEDY)
-    token = engine.prefill([1])
+    token = engine.prefill(depth or [1])
     t0 = time.perf_counter()
     for _ in range(n):
         token = engine.step(token)
@@ -45,18 +47,24 @@ def _tg(engine, n: int) -> float:
 
 def run(args) -> int:
     pps, tgs = _ints(args.p, "-p"), _ints(args.n, "-n")
+    depths = _ints(args.d, "-d", zero=True)
     if args.r <= 0:
         raise ParameterError(f"-r must be > 0, got {args.r}")
     mf = open_model_file(resolve_model(args.model))
     cfg = model_config(mf)
-    n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + 1)
+    n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
     cls = engine_class(args.device, cfg.arch)
     engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
     rng = np.random.default_rng(0)
     rows = []
     step_bytes = bytes_per_token(mf, cfg)
-    tests = [(f"pp{p}", lambda p=p: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist())) for p in pps]
-    tests += [(f"tg{n}", lambda n=n: _tg(engine, n)) for n in tgs]
+    tests = []
+    for d in depths or [0]:
+        ctx = rng.integers(10, cfg.n_vocab, d).tolist()
+        at = f" @ d{d}" if d else ""
+        tests += [(f"pp{p}{at}", lambda p=p, c=ctx: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist(), c))
+                  for p in pps]
+        tests += [(f"tg{n}{at}", lambda n=n, c=ctx: _tg(engine, n, c)) for n in tgs]
     for name, fn in tests:
         fn()  # warm-up: compilation, buffers, graph capture
         rates = [fn() for _ in range(args.r)]
@@ -69,11 +77,11 @@ def run(args) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
-              f"| {'graphs':<6} | {'test':>6} | {'tok/s':>16} | {'weights GB/s':>12} |")
-        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 8, 18, 14)) + "|")
+              f"| {'graphs':<6} | {'test':>12} | {'tok/s':>16} | {'weights GB/s':>12} |")
+        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 14, 18, 14)) + "|")
         for r in rows:
             print(f"| {r['model'][:28]:<28} | {r['size_mib']:>8} | {r['params_m']:>8} | {r['quant']:<8} "
-                  f"| {r['device']:<6} | {str(r['graphs']):<6} | {r['test']:>6} "
+                  f"| {r['device']:<6} | {str(r['graphs']):<6} | {r['test']:>12} "
                   f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} | {r['weight_gb_s'] or '':>12} |")
     sys.stdout.flush()
     return 0

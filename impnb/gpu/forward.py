@@ -2,7 +2,7 @@
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV)
-  -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write        (one kernel, or the GEMV's last block)
+  -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
   -> attention (decode: one block per query row at short contexts, at head dim 64 with the
                 kernel above fused in front; else split-K over the cache; prefill: FA2 tiles)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block)
@@ -21,10 +21,10 @@ import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe import moe_ffn
-from impnb.kernels import activations, attention_decode, attention_fa2, norm
+from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
-from impnb.kernels.gemv_tail import QkvPost, Residual
+from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.rows import gather_row
 from impnb.models.config import ModelConfig
 
@@ -85,24 +85,21 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
     k = a.get("k", (T, Hkv, Dh))
     v = a.get("v", (T, Hkv, Dv))
     qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
-    qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
-    in_attention = T <= attention_decode.MAX_T and m.decode_short and m.decode_post  # qkv_post fused in
-    post = None if in_attention else QkvPost(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
-                                             m.block_table, m.k_pool[il], m.v_pool[il],
-                                             a.zeros("tail_counter", (1,), np.uint32))
     if p + "attn_qkv" in m.w:
-        m.linear_split(h, p + "attn_qkv", qkv, norm_w, post)  # post: the GEMV's tail at decode
-    else:  # post after the last of the three
-        m.linear(h, p + "attn_q", qkv[0], norm_w)
-        m.linear(h, p + "attn_k", qkv[1], norm_w)
-        m.linear_split(h, p + "attn_v", qkv[2:], norm_w, post)
+        m.linear_split(h, p + "attn_qkv", qkv, norm_w)
+    else:
+        for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
+            m.linear(h, p + name, y, norm_w)
+    qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
     attn = a.get("attn", (T, H, Dv))
-    if in_attention:
+    if T <= attention_decode.MAX_T and m.decode_short and m.decode_post:  # qkv_post fused in
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=m.decode_short)
     else:
+        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
+                          m.block_table, m.k_pool[il], m.v_pool[il], s)
         _attention(m, il, q, pos, attn, T)
     return attn.reshape(T, H * Dv)
 

@@ -21,7 +21,7 @@ from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
 from impnb.kernels.dequant import dequant
-from impnb.kernels.gemv_tail import QkvPost, Residual
+from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
@@ -49,11 +49,10 @@ _SHORT_CLUSTER_ENV = os.environ.get("IMPNB_SHORT_CLUSTER")
 # 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
 # more than the kernel it saves. IMPNB_FUSED_POST_DIMS overrides the list for A/B runs.
 FUSED_POST_DIMS = tuple(int(d) for d in os.environ.get("IMPNB_FUSED_POST_DIMS", "64").split(",") if d)
-# decode GEMVs followed by a residual update (GEMV_TAIL) or, for the stacked Q|K|V without a
-# fused norm, by qkv_post (QKV_TAIL) run that work as their tail (gemv_tail.py) rather than a
-# kernel after them; IMPNB_GEMV_TAIL=0 / IMPNB_QKV_TAIL=0 turn them off for A/B runs.
+# decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
+# norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,
+# 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
 GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
-QKV_TAIL = os.environ.get("IMPNB_QKV_TAIL", "1") != "0"
 
 
 class DeviceModel:
@@ -87,7 +86,6 @@ class DeviceModel:
         self.decode_short = 0
         self.decode_post = cfg.head_dim in FUSED_POST_DIMS
         self.gemv_tail = GEMV_TAIL
-        self.qkv_tail = QKV_TAIL
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)
@@ -186,24 +184,17 @@ class DeviceModel:
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=bm)
 
-    def linear_split(self, x, name: str, ys, norm: tuple | None = None, post: QkvPost | None = None) -> None:
-        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear.
-        post (gemv_tail.QkvPost; ys are its q, k, v, or its v alone) then runs: the GEMV's tail,
-        else qkv_post's kernel."""
-        w, s = self.w[name], self.ctx.nb_stream
+    def linear_split(self, x, name: str, ys, norm: tuple | None = None) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear."""
+        w = self.w[name]
         if x.shape[0] <= GEMV_MAX_ROWS:
-            if post is not None and norm is None and self.qkv_tail:
-                gemv.gemv_split_post(w, x, ys, post, s)
-                return
-            gemv.gemv_split(w, x, ys, s, norm=norm)
-        else:
-            assert norm is None, "GEMM: no fused norm"
-            x16, w16, row = self.x16(x), self._w16(w), 0
-            for y in ys:
-                self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
-                row += y.shape[1]
-        if post is not None:
-            post.unfused(s)
+            gemv.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
+            return
+        assert norm is None, "GEMM: no fused norm"
+        x16, w16, row = self.x16(x), self._w16(w), 0
+        for y in ys:
+            self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
+            row += y.shape[1]
 
     def linear_glu(self, x, name: str, act: str, y, norm: tuple | None = None) -> None:
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;

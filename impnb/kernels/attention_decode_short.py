@@ -441,7 +441,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert k_pool.shape[1] in PAGE_SIZES and H % Hkv == 0 and 1 <= T <= MAX_T, "pages, heads or T"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
-    warps = warps or (8 if softcap or post else 16)
+    warps = warps or (8 if softcap or post or splits > 1 else 16)
     key = (D, warps, bool(softcap), bool(post), splits)
     assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}, splits {splits}"
     args = (q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,

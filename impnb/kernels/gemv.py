@@ -17,7 +17,7 @@ from numba import cuda, float32, from_dtype, types
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.gemv_tail import ADD, POST_ADD, QKV, QkvPost, Residual, make_qkv_tail, make_tail
+from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
@@ -276,22 +276,6 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
         return _gemv_experts_kernel
 
-    if tail == QKV:
-        qkv_tail = make_qkv_tail(n_tok, WARPS)
-
-        # as _gemv_kernel with y0|y1|y2 = q|k|v; then qkv_post's work as the tail (gemv_tail.py)
-        # on their (T, heads, D) views q, k, v
-        @cuda.jit
-        def _gemv_qkv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, q, k, v, pos, inv_freq, neox,
-                             q_norm, k_norm, eps, use_norm, block_table, k_pool, v_pool, counter):
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            ptx.grid_dep_launch()
-            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, 0, 0, 0, 0, x, float32(0))
-            qkv_tail(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table, k_pool,
-                     v_pool, counter)
-
-        return _gemv_qkv_kernel
-
     if tail:
         residual_tail = make_tail(tail, n_tok)
 
@@ -330,7 +314,7 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
-    POST_ADD): one output, then the residual tail; QKV: three outputs, then qkv_post's tail."""
+    POST_ADD): one output, then the residual tail."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -410,23 +394,6 @@ def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, n
     _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
 
 
-def gemv_split_post(w: PackedWeight, x, ys, post: QkvPost, stream, variant: Variant | None = None):
-    """gemv_split into ys, then the grid's last block does post's work (QK-norm, RoPE, the paged
-    KV write; gemv_tail.py): ys = (q, k, v) as (T, N_i) (post.q, k, v as heads), or ys = (v,)
-    alone when q and k came from kernels before this one."""
-    n_tok, K = x.shape
-    assert len(ys) in (1, 3) and sum(y.shape[1] for y in ys) == w.rows and w.cols == K
-    assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
-    for y, heads in zip(ys, post[3 - len(ys):3]):
-        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape == (n_tok, heads.size // n_tok)
-    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
-    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    v = variant or choose(w.ggml_type, n_tok, K, w.rows)
-    grid = (w.rows + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, tail=QKV), grid, BLOCK, stream, w.parts, x, y0, y1, y2,
-           np.int32(n0), np.int32(n1), np.int32(w.rows), *post.args())
-
-
 def glu_fits(w: PackedWeight, n_tok: int) -> bool:
     """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
     return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
@@ -467,11 +434,6 @@ _I32 = types.int32
 
 def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0) -> tuple:
     """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail or routed-expert one)."""
-    if tail == QKV:  # parts, x, y0, y1, y2, n0, n1, n_rows, q, k, v, then qkv_post's arguments, counter
-        f1, f3, h4 = types.float32[::1], types.float32[:, :, ::1], types.float16[:, :, :, ::1]
-        return (_parts_type(ggml_type), _F32_2D, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, f3, f3, f3,
-                types.int32[::1], types.float32[:, ::1], _I32, f1, f1, types.float32, _I32, types.int32[::1],
-                h4, h4, types.Array(types.uint32, 1, "C"))
     if tail:  # parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter
         vec = types.Array(types.float32, 1, "C")
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _F32_2D, vec, vec, _F32_2D, types.float32,
@@ -500,13 +462,12 @@ BUILD_SIGNATURES = [
 ] + [
     (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
-] + [  # tails: Gemma3's attn_output (K 1024), ffn_down (K 2048) and Q|K|V (K 640), Qwen3-30B-A3B's
-    # attn_output (K 4096) and Q|K|V (K 2048)
+] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048), Qwen3-30B-A3B's attn_output
+    # (K 4096)
     (variant_kernel(t, n, choose(t, n, K, 1), tail=mode), types.void(*kernel_args(t, tail=mode)),
      {"max_registers": 128})
     for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
-                          (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD), (T.Q5_0, 1, 640, QKV),
-                          (T.Q5_0, 8, 640, QKV), (T.Q4_K, 1, 2048, QKV))
+                          (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
 ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
     (gemv_kernel(t, n, span, glu, normed=True), types.void(*kernel_args(t, normed=True)),
      {"max_registers": 136})

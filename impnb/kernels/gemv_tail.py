@@ -1,12 +1,10 @@
-"""Tails of a decode GEMV: work on the GEMV's whole output that the grid's last block does, so
-no small kernel follows the GEMV in the decode graph (each costs ~3-5 µs there).
-
-Residual (ADD, POST_ADD), after attn_output / ffn_down; the kernels it replaces are
-norm.rms_norm_add and norm.rms_norm_post_add:
+"""The residual tail of a decode GEMV: the grid's last block adds the GEMV's output y into the
+residual stream x and writes the next normed input h, so no norm kernel follows the GEMV in the
+decode graph. After attn_output / ffn_down; the kernels it replaces (norm.rms_norm_add,
+norm.rms_norm_post_add) are its reference:
   x[t] += y[t]                      (ADD)
   x[t] += RMSNorm(y[t]) * w_post    (POST_ADD, Gemma's post-norms)
   h[t]  = RMSNorm(x[t]) * w_next
-QKV, after the Q|K|V GEMV: qkv_post's QK-norm, RoPE and paged KV write, a warp per head.
 Every block publishes its rows of y (a threadfence) and takes a ticket from `counter` (an atomic
 increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
 block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
@@ -18,11 +16,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from impnb.kernels import norm, ptx, qkv_post
+from impnb.kernels import norm, ptx
 
 ADD = 1
 POST_ADD = 2
-QKV = 3
 
 
 @cuda.jit(device=True, inline=True)
@@ -120,52 +117,3 @@ def make_tail(mode: int, n_tok: int):
 
     return tail
 
-
-class QkvPost(NamedTuple):
-    """qkv_post's work on q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv), the Q|K|V GEMV's outputs
-    as heads (arguments as qkv_post's); counter (1,) uint32, zero between uses."""
-    q: object
-    k: object
-    v: object
-    pos: object
-    inv_freq: object
-    neox: bool
-    q_norm: object
-    k_norm: object
-    eps: float
-    block_table: object
-    k_pool: object
-    v_pool: object
-    counter: object
-
-    def unfused(self, stream) -> None:
-        """The same work by qkv_post's own kernel."""
-        qkv_post.qkv_post(*self[:12], stream)
-
-    def args(self) -> tuple:
-        """The tail's kernel arguments after the GEMV's own."""
-        assert self.counter.dtype == np.uint32 and self.counter.shape == (1,)
-        return (self.q, self.k, self.v, *qkv_post.post_args(*self[:12]), self.counter)
-
-
-def make_qkv_tail(n_tok: int, warps: int):
-    """Device function tail(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm,
-    block_table, k_pool, v_pool, counter) for every block of a 1-D grid of `warps` warps a block,
-    after the block's stores of q|k|v: the last block's warps take the T (H + 2 Hkv) heads in turn."""
-    post_head = qkv_post.make_post_head(True)
-    shape = (warps, qkv_post.MAX_D)
-
-    @cuda.jit(device=True, inline=True)
-    def tail(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table, k_pool, v_pool,
-             counter):
-        if last_block(counter) == 0:
-            return
-        xs = cuda.shared.array(shape, float32)
-        w = cuda.threadIdx.x // 32
-        heads = q.shape[1] + 2 * k.shape[1]
-        for i in range(w, n_tok * heads, warps):
-            t = i // heads
-            post_head(q, k, v, t, i - t * heads, xs, w, pos, inv_freq, neox, q_norm, k_norm, eps,
-                      use_norm, block_table, k_pool, v_pool)
-
-    return tail

@@ -76,15 +76,7 @@ if SIMULATOR:
 
     def shfl_idx(v, src):
         return _sim_warp_values(v)[int(src)]
-
-    def syncwarp():
-        _sim_warp_values(0)
 else:
-    @cuda.jit(device=True, inline=True)
-    def syncwarp():
-        """Barrier of the warp's 32 lanes (shared-memory writes before it are seen after it)."""
-        cuda.syncwarp(0xFFFFFFFF)
-
     @cuda.jit(device=True, inline=True)
     def shfl_xor(v, off):
         """v of lane (lane xor off). Whole warps only."""

@@ -12,95 +12,75 @@ from numba import cuda, types
 
 from impnb.kernels import ptx
 from impnb.kernels.kv_cache import PAGE_SIZES
-from impnb.kernels.norm import syncwarp, warp_sum
+from impnb.kernels.norm import warp_sum
 from impnb.kernels.rope import cos_sin
 from impnb.launch import launch
 
 MAX_D = 256
 
 
-def make_post_head(coherent: bool):
-    """Device function post_head(q, k, v, t, j, xs, w, pos, inv_freq, neox, q_norm, k_norm, eps,
-    use_norm, block_table, k_pool, v_pool): head j of token t (a q head (j < H), a k head, or a v
-    head) by the calling warp, with xs[w] (shared f32[MAX_D]) its scratch row. q and k heads are
-    normalized when use_norm (x / rms(x) * w), rotated over their first 2 * inv_freq.shape[1] dims
-    (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written back in place, k and v go to
-    the cache as fp16. pos < 0 (padding) writes nothing. coherent: q, k, v are read through L2
-    (written by other blocks of the running grid: the GEMV tail of gemv_tail.py)."""
-
-    @cuda.jit(device=True, inline=True)
-    def load(a, t, h, d):
-        if coherent:
-            return ptx.ld_global_cg_f32(a, (t * a.shape[1] + h) * a.shape[2] + d)
-        return a[t, h, d]
-
-    @cuda.jit(device=True, inline=True)
-    def post_head(q, k, v, t, j, xs, w, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm,
-                  block_table, k_pool, v_pool):
-        lane = cuda.threadIdx.x & 31
-        H = q.shape[1]
-        Hkv = k.shape[1]
-        p = pos[t]
-        page_size = k_pool.shape[1]
-        page = block_table[p // page_size] if p >= 0 else -1
-        off = p % page_size
-        if j >= H + Hkv:  # a v head: straight to the cache
-            h = j - H - Hkv
-            if page >= 0:
-                for d in range(lane, v.shape[2], 32):
-                    v_pool[page, off, h, d] = types.float16(load(v, t, h, d))
-            return
-        is_q = j < H
-        h = j if is_q else j - H
-        D = q.shape[2]
-        acc = np.float32(0)
-        for d in range(lane, D, 32):
-            x = load(q, t, h, d) if is_q else load(k, t, h, d)
-            xs[w, d] = x
-            acc += x * x
-        if use_norm:
-            inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
-            for d in range(lane, D, 32):
-                xs[w, d] = xs[w, d] * inv * (q_norm[d] if is_q else k_norm[d])
-        syncwarp()
-        half = inv_freq.shape[1]
-        for i in range(lane, half, 32):
-            cs, sn = cos_sin(p, inv_freq, i)
-            i0 = i if neox else 2 * i
-            i1 = i + half if neox else 2 * i + 1
-            a = xs[w, i0]
-            b = xs[w, i1]
-            xs[w, i0] = a * cs - b * sn
-            xs[w, i1] = b * cs + a * sn
-        syncwarp()
-        for d in range(lane, D, 32):
-            if is_q:
-                q[t, h, d] = xs[w, d]
-            elif page >= 0:
-                k_pool[page, off, h, d] = types.float16(xs[w, d])
-        syncwarp()  # xs[w] may be reused by the warp's next head
-
-    return post_head
-
-
-_post_head = make_post_head(False)
-
-
-# grid (T, H + 2 Hkv), block 32 (one warp): head blockIdx.y of token blockIdx.x (make_post_head).
-# shared: xs f32[1, MAX_D] (the head, normalized).
+# grid (T, H + 2 Hkv), block 32 (one warp): head j of token t, a q head (j < H), a k head, or a
+# v head. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
+# 2 * inv_freq.shape[1] dims (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written
+# back in place, k and v go to the cache as fp16. pos < 0 (padding) writes nothing.
+# shared: xs f32[MAX_D] (the head, normalized).
 @cuda.jit
 def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
                      k_pool, v_pool):
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
-    xs = cuda.shared.array((1, MAX_D), types.float32)
-    _post_head(q, k, v, cuda.blockIdx.x, cuda.blockIdx.y, xs, 0, pos, inv_freq, neox, q_norm, k_norm,
-               eps, use_norm, block_table, k_pool, v_pool)
+    t = cuda.blockIdx.x
+    j = cuda.blockIdx.y
+    lane = cuda.threadIdx.x
+    H = q.shape[1]
+    Hkv = k.shape[1]
+    p = pos[t]
+    page_size = k_pool.shape[1]
+    page = block_table[p // page_size] if p >= 0 else -1
+    off = p % page_size
+    if j >= H + Hkv:  # a v head: straight to the cache
+        h = j - H - Hkv
+        if page >= 0:
+            for d in range(lane, v.shape[2], 32):
+                v_pool[page, off, h, d] = types.float16(v[t, h, d])
+        return
+    is_q = j < H
+    h = j if is_q else j - H
+    D = q.shape[2]
+    xs = cuda.shared.array(MAX_D, types.float32)
+    acc = np.float32(0)
+    for d in range(lane, D, 32):
+        x = q[t, h, d] if is_q else k[t, h, d]
+        xs[d] = x
+        acc += x * x
+    if use_norm:
+        inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
+        for d in range(lane, D, 32):
+            xs[d] = xs[d] * inv * (q_norm[d] if is_q else k_norm[d])
+    cuda.syncthreads()
+    half = inv_freq.shape[1]
+    for i in range(lane, half, 32):
+        cs, sn = cos_sin(p, inv_freq, i)
+        i0 = i if neox else 2 * i
+        i1 = i + half if neox else 2 * i + 1
+        a = xs[i0]
+        b = xs[i1]
+        xs[i0] = a * cs - b * sn
+        xs[i1] = b * cs + a * sn
+    cuda.syncthreads()
+    for d in range(lane, D, 32):
+        if is_q:
+            q[t, h, d] = xs[d]
+        elif page >= 0:
+            k_pool[page, off, h, d] = types.float16(xs[d])
 
 
-def post_args(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table, k_pool,
-              v_pool) -> tuple:
-    """make_post_head's arguments after (q, k, v, t, j, xs, w), checked; qkv_post's less stream."""
+def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table,
+             k_pool, v_pool, stream) -> None:
+    """q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) float32 of one sequence at pos (T,) int32:
+    QK-norm with q_norm, k_norm (D,) float32 when given (else None), RoPE by inv_freq
+    (rope_inv_freq), q in place, K and V to k_pool, v_pool (n_pages, page_size, Hkv, D) fp16
+    through block_table (max_pages,) int32."""
     T, H, D = q.shape
     Hkv = k.shape[1]
     for a, name in ((q, "q"), (k, "k"), (v, "v")):
@@ -114,20 +94,10 @@ def post_args(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, bl
         assert q_norm.shape == (D,) and k_norm.shape == (D,)
     else:
         q_norm = k_norm = inv_freq[0]  # unread
-    return (pos, inv_freq, np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
-            block_table, k_pool, v_pool)
-
-
-def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table,
-             k_pool, v_pool, stream) -> None:
-    """q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) float32 of one sequence at pos (T,) int32:
-    QK-norm with q_norm, k_norm (D,) float32 when given (else None), RoPE by inv_freq
-    (rope_inv_freq), q in place, K and V to k_pool, v_pool (n_pages, page_size, Hkv, D) fp16
-    through block_table (max_pages,) int32."""
-    args = post_args(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, block_table, k_pool, v_pool)
-    T, H = q.shape[:2]
     if T:
-        launch(_qkv_post_kernel, (T, H + 2 * k.shape[1]), 32, stream, q, k, v, *args)
+        launch(_qkv_post_kernel, (T, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
+               np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
+               block_table, k_pool, v_pool)
 
 
 _F3 = types.float32[:, :, ::1]
