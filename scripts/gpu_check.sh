@@ -50,7 +50,7 @@ if [[ $what == decode ]]; then
     -p no:cacheprovider -W ignore > "$OUT/decode-tests.log" 2>&1
   status[decode-tests]="rc=$? $(tail -n 1 "$OUT/decode-tests.log")"
   timeout 200 python3 scripts/bench_decode_attention.py --models smollm2,gemma3,qwen3-30b-a3b \
-    --ctx 131,256,512,1024,4096,16384,32768 --torch --short --json "$OUT/bench-decode-attention.json" \
+    --ctx 131,256,512,1024,4096,16384,32768 --torch --short --short-clusters 1,2,8 --json "$OUT/bench-decode-attention.json" \
     > "$OUT/bench-decode-attention.log" 2>&1
   status[bench-decode-attention]="rc=$? see bench-decode-attention.log"
 fi
@@ -63,8 +63,8 @@ fi
 if [[ $what == all || $what == bench ]]; then
   for m in smollm2-135m gemma3-270m; do
     for g in "" --no-graphs; do
-      timeout 150 python3 -m impnb bench -m "$m" -p 512 -n 128 -r 3 --device cuda $g >> "$OUT/bench.log" 2>&1
-      status[bench-$m${g:+-eager}]="rc=$? $(grep -E 'tg128' "$OUT/bench.log" | tail -n 1 | awk -F'|' '{print $8 $9}')"
+      timeout 150 python3 -m impnb bench -m "$m" -p 512 -n 128 -d 0,700 -r 3 --device cuda $g >> "$OUT/bench.log" 2>&1
+      status[bench-$m${g:+-eager}]="rc=$? $(grep -E 'tg128 ' "$OUT/bench.log" | tail -n 2 | awk -F'|' '{printf "%s%s ", $8, $9}')"
     done
   done
   timeout 150 python3 scripts/bench_gemv.py --json "$OUT/bench-gemv.json" > "$OUT/bench-gemv.log" 2>&1

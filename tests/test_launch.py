@@ -276,3 +276,20 @@ def test_programmatic_launch_only_for_kernels_that_wait():
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         wait = ptx.index("griddepcontrol.wait")
         assert wait < ptx.index("ld.global") and wait < ptx.index("st.global")
+
+
+def test_launch_configs():
+    """cuLaunchKernelEx's attributes: programmatic serialization and / or cluster dims, else none."""
+    from cuda.bindings import driver
+
+    from impnb.launch.launcher import _config
+
+    ids = driver.CUlaunchAttributeID
+    assert _config(False, None) is None
+    c = _config(True, None)
+    assert c.numAttrs == 1 and c.attrs[0].id == ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    c = _config(True, (1, 1, 4))
+    assert c.numAttrs == 2 and c.attrs[1].id == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    dim = c.attrs[1].value.clusterDim
+    assert (dim.x, dim.y, dim.z) == (1, 1, 4)
+    assert _config(False, (2, 1, 1)).numAttrs == 1

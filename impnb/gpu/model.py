@@ -34,15 +34,18 @@ GEMV_MAX_ROWS = 8
 MAX_PREFILL_CHUNK = 512
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
 # decode attention for context buckets up to this (by head dim) takes attention_decode_short,
-# else the split kernel. Measured on the H100 (2026-11-24): µs a call, split / short (16 warps)
-# at 131, 256, 1024 keys: SmolLM2 (D 64) 9.8 / 2.7, 9.9 / 3.2, 10.3 / 7.8; Qwen3-30B-A3B (D 128)
-# 16.0 / 4.2, 15.8 / 4.9, 17.2 / 14.5; Gemma3 (D 256) 11.9 / 6.1, 12.3 / 8.3, 14.5 / 27.4.
-# IMPNB_SHORT_DECODE_MAX overrides the bound for A/B runs (0: never).
-SHORT_DECODE_MAX = {64: 1024, 128: 1024, 256: 256}
+# else the split kernel; SHORT_DECODE_CLUSTER gives its blocks a query row (a thread-block
+# cluster splitting the keys) by (head dim, bucket), 1 where not listed. Measured on the H100
+# (2026-11-24, µs a call, split kernel / short at 1 / short at the cluster chosen): at 1024 keys
+# SmolLM2 (D 64) 10.3 / 9.3 / 5.1 (8), Qwen3-30B-A3B (D 128) 17.2 / 16.1 / 11.6 (2), Gemma3
+# (D 256) 14.5 / 29.0 / 8.4 (8); at 4096 keys SmolLM2 10.3 / 32.8 / 8.1 (8), Gemma3 25.3 / 124.6
+# / 20.1 (8), Qwen3-30B-A3B 21 / 63.7 / 34.2 (8: split stays); at 131-256 keys clusters lose at
+# D 64 and 128 and break even at D 256 (tg128 in one run: Gemma3 1368 / 1365). tg128 at depth
+# 700: SmolLM2 1293 -> 1462, Gemma3 1084 (split) -> 1261.
+# IMPNB_SHORT_DECODE_MAX / IMPNB_SHORT_CLUSTER override them for A/B runs (0: never).
+SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 _SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
-# blocks a query row of the short kernel (a thread-block cluster splitting the keys) by head dim
-# and context bucket; 1 where not listed. IMPNB_SHORT_CLUSTER overrides it for A/B runs.
-SHORT_DECODE_CLUSTER = {}
+SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
 _SHORT_CLUSTER_ENV = os.environ.get("IMPNB_SHORT_CLUSTER")
 # head dims whose short decode attention takes qkv_post fused in front (one kernel a layer
 # fewer). Measured on the H100 (2026-11-24, tg128 in one run, fused / separate): SmolLM2 (D 64)
@@ -101,8 +104,9 @@ class DeviceModel:
         bucket, D = self.ctx_bucket(length), self.cfg.head_dim
         bound = (int(_SHORT_DECODE_MAX_ENV) if _SHORT_DECODE_MAX_ENV is not None
                  else SHORT_DECODE_MAX.get(D, 0))
+        row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         blocks = (int(_SHORT_CLUSTER_ENV) if _SHORT_CLUSTER_ENV is not None
-                  else SHORT_DECODE_CLUSTER.get((D, bucket), 1))
+                  else SHORT_DECODE_CLUSTER.get((D, row), 1))
         return blocks if bucket <= bound else 0, self.splits_for(bucket)
 
     def splits_for(self, length: int) -> int:

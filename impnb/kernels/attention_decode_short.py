@@ -1,11 +1,14 @@
-"""Decode attention for short contexts: one block reads all the keys of one query row, no splits.
+"""Decode attention for short contexts: one block, or one thread-block cluster, reads all the keys
+of one query row.
 
 At the contexts of a chat turn (tens to a few hundred keys) the split kernel of attention_decode
 is latency-bound: its cp.async ring, split bookkeeping and cross-split merge cost more than the
 few KB of K/V it reads. Here a block owns one query row and its warps take turns over the keys,
 KI = 32 / (D/32) keys a warp at a time: each warp runs its own online softmax with no barrier
 in the loop, the next turn's K and V already in its registers, and the warps merge once at the
-end. Same arguments and semantics as attention_decode (B sequences, T <= 8 queries, GQA,
+end. With a cluster of S blocks a row (sm_90) each block takes 1/S of the keys and block 0
+merges the parts through distributed shared memory: no global round trip, no atomics.
+Same arguments and semantics as attention_decode (B sequences, T <= 8 queries, GQA,
 window, softcap; the live length read from `pos`), for contexts up to MAX_KEYS.
 Numpy reference: attention.attention_ref.
 """
@@ -417,6 +420,10 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     Measured on the H100 (2026-11-24, µs a call at 131 / 256 keys, 4, 8, 16 warps): SmolLM2
     (D 64) 3.44, 2.97, 2.65 / 4.35, 3.18, 3.17; Gemma3 (D 256) -, 6.01, 6.08 / -, 9.12, 8.26;
     Qwen3-30B-A3B (D 128) 5.16, 4.01, 4.18 / 7.72, 5.25, 4.87; 16 wins from 512 keys on.
+    Clusters of 8 warps a block (2026-11-24, µs at 131 / 1024 / 4096 keys, 1 / 2 / 4 / 8 blocks a
+    row): Gemma3 7.39, 6.55, 5.77, 5.39 / 33.4, 19.5, 12.1, 8.4 / 124.6, 65.5, 35.1, 20.1;
+    SmolLM2 4.28, 4.69, 4.72, 4.93 / 10.3, 7.8, 5.9, 5.1 / 32.8, 19.3, 11.6, 8.1; Qwen3-30B-A3B
+    5.40, 5.59, 8.77, 13.1 / 18.2, 12.0, 15.1, 16.4 / 63.7, 35.2, 38.3, 34.2 (gpu/model.py picks).
 
     post = (k_new, v_new, inv_freq, neox, q_norm, k_norm, eps): qkv_post's work fused in front,
     its arguments as there. q is then raw from the Q|K|V GEMV, k_new, v_new (B, T, Hkv, D)
@@ -473,4 +480,4 @@ _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.
 BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG,
                      {"max_registers": min(255, 65536 // (nw * 32)),
                       "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
-                    for (_, nw, _, post, S), kernel in _KERNELS.items() if S in (1, 4)]
+                    for (_, nw, _, post, S), kernel in _KERNELS.items() if S == 1 or (nw == 8 and S in (2, 8))]

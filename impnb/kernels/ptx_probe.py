@@ -148,6 +148,21 @@ def pack_probe(x, h, b):
         b[i] = ptx.pack_bf16x2(x[2 * i], x[2 * i + 1])
 
 
+# grid (1, 1, S) launched as one cluster of S blocks, block 32: block z's lane l writes
+# src[z, l] to shared, then (after cluster_sync) reads lane l's float of every block r through
+# ld_cluster_f32 into out[z, r, l].
+@cuda.jit
+def cluster_probe(src, out):
+    sm = cuda.shared.array(32, types.float32)
+    z = cuda.blockIdx.z
+    lane = cuda.threadIdx.x
+    sm[lane] = src[z, lane]
+    ptx.cluster_sync()
+    for r in range(out.shape[1]):
+        out[z, r, lane] = ptx.ld_cluster_f32(ptx.smem_addr(sm, lane), r)
+    ptx.cluster_sync()  # no block leaves while another may still read its shared memory
+
+
 @lru_cache(maxsize=None)
 def tile_frag_probe(bm, bn, warps_m, warps_n):
     """grid 1, block 256: load A (bm x 32) and W (bn x 32) fp16 tiles with gemm_tc's cp.async
@@ -242,6 +257,9 @@ BUILD_SIGNATURES = [
      {"ptx_contains": ["ld.global.v4.u32", "st.global.v4.u32", "st.global.v2.f32"]}),
     (shared_v4_probe, types.void(_U32_1D, _I32_1D, _U32_2D, _U32_2D),
      {"ptx_contains": ["st.shared.v4.u32", "ld.shared.v4.u32", "cvta.to.shared.u64"]}),
+    (cluster_probe, types.void(_F32_2D, types.float32[:, :, ::1]),
+     {"ptx_contains": ["barrier.cluster.arrive.release", "barrier.cluster.wait.acquire",
+                       "mapa.shared::cluster.u32", "ld.shared::cluster.f32"]}),
     (pack_probe, types.void(_F32_1D, _U32_1D, _U32_1D),
      {"ptx_contains": ["cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32"]}),
     *[(tile_frag_probe(*t[:4]), types.void(_F16_2D, _F16_2D, _U32_4D, _U32_4D, _U32_2D),

@@ -227,6 +227,18 @@ def test_shared_addresses_and_v4():
     assert np.array_equal(out[1].reshape(32, 4), placed), "ld_shared_v4_u32 through cvta_to_shared"
 
 
+@pytest.mark.parametrize("S", (2, 4, 8))
+def test_cluster_shared(S):
+    """ld_cluster_f32 after cluster_sync reads every block's shared memory of a cluster of S."""
+    from impnb.launch import launch
+
+    src = np.random.default_rng(S).standard_normal((S, 32)).astype(np.float32)
+    out = cuda.to_device(np.full((S, S, 32), np.nan, np.float32))
+    launch(probe.cluster_probe, (1, 1, S), 32, 0, cuda.to_device(src), out, cluster=(1, 1, S))
+    got = out.copy_to_host()
+    assert np.array_equal(got, np.broadcast_to(src, (S, S, 32))), "block z, rank r != src[r]"
+
+
 def test_pack_f16x2_bf16x2():
     rng = np.random.default_rng(8)
     special = np.array([0.0, -0.0, 1.0, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 65504.0,
