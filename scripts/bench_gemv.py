@@ -4,7 +4,7 @@ For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
     python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
-                                 [--json PATH]
+                                 [--variant s32u1r8] [--stream 2:8,4:4] [--json PATH]
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
     python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
@@ -12,6 +12,7 @@ after compiling them all in parallel processes, and marks the fastest per shape 
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from numba import cuda  # noqa: E402
 
 from impnb.kernels import quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
-from impnb.kernels.gemv import DECODERS, gemv  # noqa: E402
+from impnb.kernels.gemv import DECODERS, Variant, gemv  # noqa: E402
+from impnb.kernels.gemv_stream import gemv_stream  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
 
 PEAK = 2.97e12  # bytes/s, device-to-device copy on the H100 (shared/GPU.md)
@@ -95,14 +97,21 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
-def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False):
+def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variant=None, streams=()):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
+    for r, bps in streams:  # gemv_stream at T = 1: r rows a group, bps blocks an SM
+        x = cuda.to_device(rng.standard_normal((1, cols)).astype(np.float32), stream=stream)
+        y = cuda.to_device(np.full((1, rows), np.nan, np.float32), stream=stream)
+        med, b2b = time_launches(lambda i, s: gemv_stream(weights[i % len(weights)], x, y, s, r, bps),
+                                 len(weights), reps, stream)
+        assert np.isfinite(y.copy_to_host()).all()
+        out.append(result(f"st{r}b{bps}", t, weights, 1, weights[0].nbytes, med, b2b))
     for n_tok in tokens:
         x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
         y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-        med, b2b = time_launches(lambda i, s: gemv(weights[i % len(weights)], x, y, s),
+        med, b2b = time_launches(lambda i, s: gemv(weights[i % len(weights)], x, y, s, variant=variant),
                                  len(weights), reps, stream)
         assert np.isfinite(y.copy_to_host()).all()
         out.append(result("gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
@@ -124,6 +133,8 @@ def main():
     ap.add_argument("--dequant", action="store_true", help="also time dequant to fp16 (bytes read + written)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--sweep", action="store_true", help="time every T = 1 variant on the sweep shapes")
+    ap.add_argument("--variant", help="a gemv_variants.Variant instead of choose()'s, e.g. s32u1r8")
+    ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
     args = ap.parse_args()
     if args.sweep:
         from gemv_sweep import sweep_main
@@ -132,11 +143,13 @@ def main():
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
+    variant = Variant(*map(int, re.fullmatch(r"s(\d+)u(\d+)r(\d+)", args.variant).groups())) if args.variant else None
+    streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     results = []
     print(f"{'op':7} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for name in args.types.split(","):
-        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant):
+        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variant, streams):
             results.append(r)
             print(f"{r['op']:7} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "

@@ -19,7 +19,7 @@ from impnb.gpu.buffers import Arena
 from impnb.gpu import gemm_dispatch
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
-from impnb.kernels import activations, attention_decode, gemv, kv_cache, repack
+from impnb.kernels import activations, attention_decode, gemv, gemv_stream, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.cast import cast_f16
@@ -27,6 +27,7 @@ from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
 from impnb.kernels.rope import rope_inv_freq
 from impnb.models import model_config
+from impnb.quant_promote import common_type, promote
 
 log = logging.getLogger("impnb.gpu")
 PAGE_SIZE = 32
@@ -56,6 +57,18 @@ FUSED_POST_DIMS = tuple(int(d) for d in os.environ.get("IMPNB_FUSED_POST_DIMS", 
 # norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,
 # 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
 GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
+# a layer's Q, K, V (gate, up) of mixed types that one type holds exactly (Q5_0 and Q8_0 as
+# Q8_0: quant_promote.py) are stacked in it, one GEMV for three. Measured on the H100 (2026-11-24,
+# Gemma3 tg128, whose Q and K are Q5_0 and V Q8_0): TBD. IMPNB_STACK_PROMOTE=0 for A/B runs.
+STACK_PROMOTE = os.environ.get("IMPNB_STACK_PROMOTE", "1") != "0"
+# T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
+# rows of at most gemv_stream.MAX_K columns take gemv_stream, STREAM_SHAPE = (rows a group,
+# blocks an SM). Measured on the H100 (2026-11-24, scripts/bench_gemv.py --stream, µs back to
+# back): Gemma3's 262144x640 Q8_0 logits 65.4 (2 rows, 6 blocks; 91.8% of 2.97 TB/s) against
+# gemv's 93.1 (64.5%); 49152x576 Q8_0 18.7 against 18.6 (even). IMPNB_GEMV_STREAM=0 for A/B runs.
+STREAM_MIN_ROWS = 131072
+STREAM_SHAPE = (2, 6)
+GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 
 
 class DeviceModel:
@@ -72,6 +85,10 @@ class DeviceModel:
         self.n_ctx = n_ctx
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
         self.w = self._upload_all(mf)
+        self.streamed = {name for name, w in self.w.items() if GEMV_STREAM and isinstance(w, repack.PackedWeight)
+                         and w.rows >= STREAM_MIN_ROWS and w.cols <= gemv_stream.MAX_K}
+        for name in sorted(self.streamed):
+            log.debug("%s: T = 1 GEMV on gemv_stream (%d rows a group, %d blocks an SM)", name, *STREAM_SHAPE)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         n_pages = kv_cache.pages_needed(n_ctx, PAGE_SIZE)
@@ -117,7 +134,8 @@ class DeviceModel:
 
     def _upload_all(self, mf: ModelFile) -> dict:
         """Every tensor by its GGUF name less ".weight"; a layer's Q, K, V (and gate, up) of one
-        type are stacked into one matrix, attn_qkv (ffn_gate_up), read by one GEMV."""
+        type, or of types one holds exactly (quant_promote.common_type), are stacked into one
+        matrix, attn_qkv (ffn_gate_up), read by one GEMV."""
         tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items()}
         w = {}
         for il in range(self.cfg.n_layer):
@@ -126,20 +144,27 @@ class DeviceModel:
                                  ("ffn_gate_up", ("ffn_gate", "ffn_up")),
                                  ("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps"))):
                 ts = [tensors.get(p + n) for n in parts]
-                if all(ts) and len({(t.ggml_type, t.data.shape[-1]) for t in ts}) == 1:
-                    w[p + fused] = self._upload_matrix(p + fused, ts)
+                if not all(ts) or len({t.shape[-1] for t in ts}) != 1:
+                    continue
+                types = [t.ggml_type for t in ts]
+                common = common_type(types) if STACK_PROMOTE or len(set(types)) == 1 else None
+                if common is not None:
+                    w[p + fused] = self._upload_matrix(p + fused, ts, common)
                     for n in parts:
                         del tensors[p + n]
         for name, t in tensors.items():
             w[name] = self.ctx.upload(t.dequantize()) if len(t.shape) == 1 else self._upload_matrix(name, [t])
         return w
 
-    def _upload_matrix(self, name: str, ts):
-        """Rows of ts stacked, repacked in their GGUF type (F16 where no kernel reads it); expert
-        tensors (E, rows, cols) are stacked per expert: expert e's rows of every t, then e + 1's."""
-        ggml_type = ts[0].ggml_type
+    def _upload_matrix(self, name: str, ts, ggml_type=None):
+        """Rows of ts stacked, repacked in ggml_type (default: theirs; F16 where no kernel reads
+        it); expert tensors (E, rows, cols) are stacked per expert: expert e's rows of every t,
+        then e + 1's."""
+        ggml_type = ggml_type or ts[0].ggml_type
         if ggml_type in repack.PACKED_TYPES:
-            arrays = [t.data for t in ts]
+            if any(t.ggml_type != ggml_type for t in ts):
+                log.debug("%s: %s stacked as %s", name, ", ".join(t.ggml_type.name for t in ts), ggml_type.name)
+            arrays = [promote(t.data, t.ggml_type, ggml_type) for t in ts]
         else:
             log.info("%s: %s has no GPU kernel; converted to F16 at load", name, ggml_type.name)
             arrays = [t.dequantize().reshape(t.data.shape[:-1] + (-1,)).astype(np.float16) for t in ts]
@@ -159,6 +184,10 @@ class DeviceModel:
         (gemv_tail.Residual) is then applied to y: by the GEMV's tail, else a norm kernel."""
         w, s = self.w[name], self.ctx.nb_stream
         if x.shape[0] <= GEMV_MAX_ROWS:
+            if name in self.streamed and norm is None and not accumulate and residual is None \
+                    and gemv_stream.fits(w, x.shape[0]):
+                gemv_stream.gemv_stream(w, x, y, s, *STREAM_SHAPE)
+                return
             if residual is not None and self.gemv_tail:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
                 gemv.gemv_residual(w, x, y, residual, s)
