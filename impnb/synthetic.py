@@ -11,7 +11,9 @@ from gguf.quants import quantize
 from impnb.gguf_file import open_model_file
 
 ARCHS = ("qwen3", "qwen3moe")
-QTYPES = {"F32": LlamaFileType.ALL_F32, "Q8_0": LlamaFileType.MOSTLY_Q8_0}
+# Q8_0_V_Q4_1: Q8_0 with each layer's attn_v Q4_1, as a Q4_K_M's Q6_K V (matrices of mixed types)
+QTYPES = {"F32": LlamaFileType.ALL_F32, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
+          "Q8_0_V_Q4_1": LlamaFileType.MOSTLY_Q8_0}
 MINIMAL_VOCAB = 512
 MATRIX_STD = 0.02
 NORM_STD = 0.1
@@ -122,6 +124,8 @@ def tensor_qtype(name: str, array: np.ndarray, qtype: str) -> GGMLQuantizationTy
     """The type llama.cpp's converter gives a tensor: 1-D, norms and the router stay F32."""
     if qtype == "F32" or array.ndim <= 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name:
         return GGMLQuantizationType.F32
+    if qtype == "Q8_0_V_Q4_1" and ".attn_v." in name:
+        return GGMLQuantizationType.Q4_1
     return GGMLQuantizationType.Q8_0
 
 

@@ -58,10 +58,11 @@ FUSED_POST_DIMS = tuple(int(d) for d in os.environ.get("IMPNB_FUSED_POST_DIMS", 
 # 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
 GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
 # a layer's Q, K, V (gate, up) of mixed types that one type holds exactly (Q5_0 and Q8_0 as
-# Q8_0: quant_promote.py) are stacked in it, one GEMV for three. Measured on the H100 (2026-11-24,
-# Gemma3 tg128, two runs each; 9 of its 18 layers have Q5_0 Q and K, Q8_0 V): 1464.7, 1466.1 with
-# it, 1363.7, 1363.7 without (131 -> 113 graph nodes). IMPNB_STACK_PROMOTE=0 for A/B runs.
-STACK_PROMOTE = os.environ.get("IMPNB_STACK_PROMOTE", "1") != "0"
+# Q8_0: quant_promote.py) are stacked in it, one GEMV for three; where none does, Q and K alone
+# (attn_qk), one GEMV for two. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each; 9
+# of its 18 layers have Q5_0 Q and K, Q8_0 V): 1464.7, 1466.1 with promotion, 1363.7, 1363.7
+# without (131 -> 113 graph nodes). IMPNB_STACK_MIXED=0 (one type only) for A/B runs.
+STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows of at most gemv_stream.MAX_K columns take gemv_stream, STREAM_SHAPE = (rows a group,
 # blocks an SM). Measured on the H100 (2026-11-24, scripts/bench_gemv.py --stream, µs back to
@@ -136,19 +137,23 @@ class DeviceModel:
     def _upload_all(self, mf: ModelFile) -> dict:
         """Every tensor by its GGUF name less ".weight"; a layer's Q, K, V (and gate, up) of one
         type, or of types one holds exactly (quant_promote.common_type), are stacked into one
-        matrix, attn_qkv (ffn_gate_up), read by one GEMV."""
+        matrix, attn_qkv (ffn_gate_up), read by one GEMV; else Q and K alone (attn_qk) where they
+        can be."""
         tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items()}
         w = {}
         for il in range(self.cfg.n_layer):
             p = f"blk.{il}."
             for fused, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                                 ("attn_qk", ("attn_q", "attn_k")),  # where V's type differs
                                  ("ffn_gate_up", ("ffn_gate", "ffn_up")),
                                  ("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps"))):
                 ts = [tensors.get(p + n) for n in parts]
                 if not all(ts) or len({t.shape[-1] for t in ts}) != 1:
                     continue
                 types = [t.ggml_type for t in ts]
-                common = common_type(types) if STACK_PROMOTE or len(set(types)) == 1 else None
+                if fused == "attn_qk" and not STACK_MIXED:
+                    continue
+                common = common_type(types) if STACK_MIXED or len(set(types)) == 1 else None
                 if common is not None:
                     w[p + fused] = self._upload_matrix(p + fused, ts, common)
                     for n in parts:

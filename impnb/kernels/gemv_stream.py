@@ -4,6 +4,10 @@ persistent warps that load their next row group while decoding the current one.
 gemv.py's one-shot blocks hold each row group's loads in flight only between a block's start and
 its decode; here a warp keeps one group's chunks in flight all the time, and holds its slice of x
 in registers for its whole life. Same y = W x as gemv (numpy reference: gemv.gemv_ref).
+Measured on the H100 (2026-11-24): on Gemma3's 262144x640 Q8_0 logits 65.4 µs (2 rows a group, 6
+blocks an SM; 92% of 2.97 TB/s) against gemv's 93.1. A long-row form (1024-column steps, x staged
+in shared memory or re-read through L1) lost to gemv on 4096x14336 and 14336x4096 (27-65% against
+56-76%) and was dropped.
 """
 
 from functools import lru_cache
@@ -22,7 +26,7 @@ from impnb.launch import launch
 WARPS = 4
 BLOCK = 32 * WARPS
 MAX_K = 1024  # one 32-weight chunk a lane
-BLOCKS_PER_SM = 8
+BLOCKS_PER_SM = 6
 
 
 @lru_cache(maxsize=None)
@@ -38,11 +42,49 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
 
     group_chunks = tuple_of(row_chunk, rows)
 
+    @cuda.jit(device=True, inline=True)
+    def x_halves(x, c, xv, sx):
+        # -- xv = x[32c .. 32c + 32], sx[h] = the sum of its half h --
+        for h in range(2):
+            s = float32(0.0)
+            for v in range(4):
+                x0, x1, x2, x3 = qi.ldg_f32x4(x, col(c, h) + 4 * v)
+                xv[16 * h + 4 * v] = x0
+                xv[16 * h + 4 * v + 1] = x1
+                xv[16 * h + 4 * v + 2] = x2
+                xv[16 * h + 4 * v + 3] = x3
+                s += (x0 + x1) + (x2 + x3)
+            sx[h] = s
+
+    @cuda.jit(device=True, inline=True)
+    def dot_chunk(raws, c, xv, sx, w, acc, live):
+        # -- acc[r] += live * (chunk c of row r) . xv, 16 weights a half (w = a * u + b) --
+        for r in range(rows):
+            t = float32(0.0)
+            for h in range(2):
+                a, b = unit(raws[r], c, h, w)
+                p = float32(0.0)
+                for i in range(16):
+                    p += w[i] * xv[16 * h + i]
+                t += a * p + b * sx[h]
+            acc[r] += t * live
+
+    @cuda.jit(device=True, inline=True)
+    def store_rows(acc, g, y, n_rows, lane, scratch):
+        # -- sum acc over the warp, lane r writes row r of group g; acc zeroed --
+        for r in range(rows):
+            tot = qi.warp_sum(acc[r], scratch)
+            acc[r] = float32(0.0)
+            row = g * rows + r
+            if r == lane and row < n_rows:
+                y[0, row] = tot
+
     # grid (blocks,), block 128 = 4 warps. Warp w = 4 * blockIdx + warp owns row groups w,
-    # w + 4 * gridDim, ... (turns taken by the whole block); a group is `rows` weight rows. Lane c owns chunk c (32 weights) of
+    # w + 4 * gridDim, ... (turns taken by the whole block; past the last group, loads clamped
+    # and nothing stored); a group is `rows` weight rows. Lane c owns chunk c (32 weights) of
     # every row (lanes past K / 32 load the last chunk again and add nothing): x[32c .. 32c + 32]
     # and its half sums stay in registers; each turn loads the next group's chunks, then decodes
-    # the current one's (16 weights a half, w = a * u + b) and sums every row over the warp.
+    # the current one's and sums every row over the warp.
     @cuda.jit
     def _gemv_stream_kernel(parts, x, y, n_rows):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -54,42 +96,20 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
         stride = cuda.gridDim.x * WARPS
         warp = cuda.threadIdx.x >> 5
         g0 = cuda.blockIdx.x * WARPS  # the block's first group: the loop is block-uniform
-        # -- x slice and its half sums, once --
         xv = cuda.local.array(32, float32)
         sx = cuda.local.array(2, float32)
-        for h in range(2):
-            s = float32(0.0)
-            for v in range(4):
-                x0, x1, x2, x3 = qi.ldg_f32x4(x, col(c, h) + 4 * v)
-                xv[16 * h + 4 * v] = x0
-                xv[16 * h + 4 * v + 1] = x1
-                xv[16 * h + 4 * v + 2] = x2
-                xv[16 * h + 4 * v + 3] = x3
-                s += (x0 + x1) + (x2 + x3)
-            sx[h] = s
+        x_halves(x, c, xv, sx)
         live = float32(1.0) if lane < cpr else float32(0.0)
         w = cuda.local.array(16, float32)
         acc = cuda.local.array(rows, float32)
+        for r in range(rows):
+            acc[r] = float32(0.0)
         scratch = cuda.shared.array(BLOCK, float32)  # the simulator's warp_sum
         raws = group_chunks((parts, min(g0 + warp, n_groups - 1), n_rows, cpr), c)
         while g0 < n_groups:
-            g = g0 + warp  # past the last group: loads clamped, nothing stored
-            nxt = group_chunks((parts, min(g + stride, n_groups - 1), n_rows, cpr), c)
-            # -- decode the current group while the next one loads --
-            for r in range(rows):
-                t = float32(0.0)
-                for h in range(2):
-                    a, b = unit(raws[r], c, h, w)
-                    p = float32(0.0)
-                    for i in range(16):
-                        p += w[i] * xv[16 * h + i]
-                    t += a * p + b * sx[h]
-                acc[r] = qi.warp_sum(t * live, scratch)
-            if lane < rows:
-                for r in range(rows):
-                    row = g * rows + r
-                    if r == lane and row < n_rows:
-                        y[0, row] = acc[r]
+            nxt = group_chunks((parts, min(g0 + stride + warp, n_groups - 1), n_rows, cpr), c)
+            dot_chunk(raws, c, xv, sx, w, acc, live)  # while the next group loads
+            store_rows(acc, g0 + warp, y, n_rows, lane, scratch)
             raws = nxt
             g0 += stride
 
@@ -112,7 +132,7 @@ def fits(w: PackedWeight, n_tok: int) -> bool:
     return n_tok == 1 and w.cols <= MAX_K and w.ggml_type in DECODERS
 
 
-def gemv_stream(w: PackedWeight, x, y, stream, rows: int = 4, blocks_per_sm: int = BLOCKS_PER_SM):
+def gemv_stream(w: PackedWeight, x, y, stream, rows: int = 2, blocks_per_sm: int = BLOCKS_PER_SM):
     """y (1, N) float32 = W x, x (1, K) float32, K <= MAX_K; `rows` per warp group (1, 2, 4)."""
     assert fits(w, x.shape[0]) and x.shape[1] == w.cols and y.shape == (1, w.rows), (w.cols, x.shape, y.shape)
     assert x.dtype == np.float32 and y.dtype == np.float32 and x.is_c_contiguous() and y.is_c_contiguous()
@@ -121,7 +141,7 @@ def gemv_stream(w: PackedWeight, x, y, stream, rows: int = 4, blocks_per_sm: int
     launch(gemv_stream_kernel(w.ggml_type, rows), grid, BLOCK, stream, w.parts, x, y, np.int32(w.rows))
 
 
-# Registers (sm_90): 64 at 1 row a group, 69-96 at 2, 126-212 at 4; 0 spills.
+# Registers (sm_90): 56-64 at 1 row a group, 64-80 at 2, 126-212 at 4; 0 spills.
 BUILD_SIGNATURES = [
     (gemv_stream_kernel(t, rows), types.void(*kernel_args(t)), {})
     for t in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q6_K) for rows in (1, 2)

@@ -1,5 +1,5 @@
-"""The GPU engine on a tiny random qwen3moe (8 experts, 2 per token; Q8_0 and F32) against the numpy
-reference and its HF transformers twin (same weights): teacher-forced decode steps (router, expert
+"""The GPU engine on a tiny random qwen3moe (8 experts, 2 per token; Q8_0, F32, Q8_0 with a Q4_1
+V) against the numpy reference and its HF transformers twin (same weights): teacher-forced decode steps (router, expert
 GEMV) and a 128-token prefill (grouping, grouped tensor-core GEMM; and the cuBLAS batched fallback),
 and graph replay equal to eager."""
 
@@ -17,7 +17,7 @@ MIN_TOP1 = 0.99
 MAX_REL = 1e-2
 
 
-@pytest.fixture(scope="module", params=["Q8_0", "F32"])
+@pytest.fixture(scope="module", params=["Q8_0", "F32", "Q8_0_V_Q4_1"])
 def case(request, tmp_path_factory):
     hf, path = tiny_gguf("qwen3moe", request.param, tmp_path_factory.mktemp("tiny"), seed=3)
     if request.param != "F32":  # HF reading the same quantized file

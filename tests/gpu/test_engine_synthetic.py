@@ -1,5 +1,6 @@
-"""The GPU engine on a tiny random qwen3 (Q8_0 and F32) against the numpy reference: decode
-steps (GEMV, split-K attention) and a 40-token prefill (cuBLAS GEMM, prefill attention)."""
+"""The GPU engine on a tiny random qwen3 (Q8_0, F32, and Q8_0 with a Q4_1 V: Q|K stacked apart)
+against the numpy reference: decode steps (GEMV, split-K attention) and a 40-token prefill
+(cuBLAS GEMM, prefill attention)."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from impnb.synthetic import tiny_gguf
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module", params=["Q8_0", "F32"])
+@pytest.fixture(scope="module", params=["Q8_0", "F32", "Q8_0_V_Q4_1"])
 def case(request, tmp_path_factory):
     _, path = tiny_gguf("qwen3", request.param, tmp_path_factory.mktemp("tiny"), seed=2)
     mf = open_model_file(path)

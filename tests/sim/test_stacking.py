@@ -1,0 +1,26 @@
+"""Load-time stacking of a layer's Q, K, V in DeviceModel (the simulator's device arrays): Q|K
+alone where V's type differs and no type holds all three exactly (promotion: test_quant_promote)."""
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from impnb.gguf_file import open_model_file
+from impnb.gpu.model import DeviceModel
+from impnb.kernels.repack import unpack
+from impnb.synthetic import tiny_gguf
+
+
+def test_q_and_k_stack_where_v_type_differs(tmp_path):
+    _, path = tiny_gguf("qwen3", "Q8_0_V_Q4_1", tmp_path, seed=1)
+    mf = open_model_file(path)
+    m = DeviceModel(mf, 64)
+    for il in range(m.cfg.n_layer):
+        p = f"blk.{il}."
+        assert p + "attn_qkv" not in m.w and m.w[p + "attn_v"].ggml_type == T.Q4_1
+        qk = m.w[p + "attn_qk"]
+        q, k = mf.tensors[p + "attn_q.weight"], mf.tensors[p + "attn_k.weight"]
+        assert qk.ggml_type == T.Q8_0 and qk.rows == q.shape[0] + k.shape[0]
+        host = type(qk)(qk.ggml_type, qk.rows, qk.cols, qk.buffer.copy_to_host(),
+                        tuple(part.copy_to_host() for part in qk.parts))
+        assert np.array_equal(unpack(host), np.concatenate([q.data, k.data]))
+
