@@ -1,7 +1,7 @@
 """The GPU engine on a tiny random qwen3moe (8 experts, 2 per token; Q8_0, F32, Q8_0 with a Q4_1
-V) against the numpy reference and its HF transformers twin (same weights): teacher-forced decode steps (router, expert
-GEMV) and a 128-token prefill (grouping, grouped tensor-core GEMM; and the cuBLAS batched fallback),
-and graph replay equal to eager."""
+V) against the numpy reference and its HF transformers twin (same weights): teacher-forced decode
+steps (router, expert GEMV) and a 128-token prefill (grouping, grouped tensor-core GEMM; and the
+cuBLAS batched fallback), and graph replay equal to eager."""
 
 import numpy as np
 import pytest
