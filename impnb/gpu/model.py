@@ -61,7 +61,9 @@ GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
 # Q8_0: quant_promote.py) are stacked in it, one GEMV for three; where none does, Q and K alone
 # (attn_qk), one GEMV for two. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each; 9
 # of its 18 layers have Q5_0 Q and K, Q8_0 V): 1464.7, 1466.1 with promotion, 1363.7, 1363.7
-# without (131 -> 113 graph nodes). IMPNB_STACK_MIXED=0 (one type only) for A/B runs.
+# without (131 -> 113 graph nodes); synthetic Qwen3-30B-A3B Q4_K_M tg128 (Q|K apart from a Q6_K V
+# in 24 of 48 layers): 291.1, 291.1 with it, 287.3 without. IMPNB_STACK_MIXED=0 (one type only)
+# for A/B runs.
 STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows of at most gemv_stream.MAX_K columns take gemv_stream, STREAM_SHAPE = (rows a group,
