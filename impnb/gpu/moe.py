@@ -1,7 +1,6 @@
 """The routed-expert FFN of a qwen3moe layer on the GPU (reference: numpy_ops.moe).
 
-  logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
-      by the router GEMV's last block, gemv.gemv_route)
+  logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route)
   decode (T <= GEMV_MAX_ROWS): one GEMV block row per slot over its expert's rows only
       act[s] = silu(gate_e h[t]) * up_e h[t];  y[s] = down_e act[s]          (s = t * k + j)
   prefill: slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
@@ -14,8 +13,6 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
-import os
-
 import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
@@ -23,13 +20,8 @@ from impnb.gpu.moe_prefill import experts_prefill
 from impnb.kernels import activations, gemv
 from impnb.kernels.moe import moe_combine, moe_route
 
-# decode's routing in the router GEMV's last block and the residual update in the combine kernel
-# (two kernels a layer fewer). Measured on the H100 (2026-11-24, synthetic Qwen3-30B-A3B Q4_K_M
-# tg128): TBD. IMPNB_MOE_FUSED=0 for A/B runs.
-MOE_FUSED = os.environ.get("IMPNB_MOE_FUSED", "1") != "0"
 
-
-def moe_ffn(m, h, prefix: str, out, residual) -> None:
+def moe_ffn(m, h, prefix: str, out, residual=None) -> None:
     """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...];
     residual (gemv_tail.Residual) is then applied to it (fused into the combine where it can)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
@@ -37,15 +29,10 @@ def moe_ffn(m, h, prefix: str, out, residual) -> None:
     k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
     S = T * k
     logits = a.get("moe_logits", (T, E))
+    m.linear_f32(h, prefix + "ffn_gate_inp", logits)
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    router = m.w[prefix + "ffn_gate_inp"]
-    if MOE_FUSED and T <= GEMV_MAX_ROWS and E % 4 == 0:  # routed by the router GEMV's last block
-        gemv.gemv_route(router, h, logits, k, cfg.expert_weights_norm, experts, weights,
-                        a.zeros("route_counter", (1,), np.uint32), s)
-    else:
-        m.linear_f32(h, prefix + "ffn_gate_inp", logits)
-        moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
+    moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
     slots = experts.reshape(S)
     if T <= GEMV_MAX_ROWS:
         act = a.get("moe_act", (S, F))
@@ -58,11 +45,7 @@ def moe_ffn(m, h, prefix: str, out, residual) -> None:
             (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
         _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
                                      slots, k, E)
-    if MOE_FUSED:
-        moe_combine(y, rows, weights, out, s, residual)
-    else:
-        moe_combine(y, rows, weights, out, s)
-        residual.unfused(out, s)
+    moe_combine(y, rows, weights, out, s, residual)
 
 
 def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:

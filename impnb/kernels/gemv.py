@@ -5,8 +5,7 @@ quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy refer
 A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
 reads all of x anyway, so it sums x² on the way and scales its dot products at the end); its
 reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
-residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block, or
-(ROUTE) the MoE routing of its output (moe.make_route_tail).
+residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block.
 """
 
 import math
@@ -19,7 +18,6 @@ from numba import cuda, float32, from_dtype, types
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, make_tail
-from impnb.kernels.moe import MAX_EXPERTS, MAX_K, make_route_tail
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
@@ -29,7 +27,6 @@ from impnb.launch import launch
 from impnb.quants import dequantize
 
 MAX_T = 8
-ROUTE = 3  # a tail that routes the MoE router's logits (gemv_route), after gemv_tail's ADD, POST_ADD
 
 
 def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
@@ -279,19 +276,6 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
         return _gemv_experts_kernel
 
-    if tail == ROUTE:
-        route_tail = make_route_tail(n_tok)
-
-        # as _gemv_kernel, y the router's logits (T, E); then its last block routes them (moe.py)
-        @cuda.jit
-        def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            ptx.grid_dep_launch()
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
-            route_tail(y, k, normalize, experts, weights, counter)
-
-        return _gemv_route_kernel
-
     if tail:
         residual_tail = make_tail(tail, n_tok)
 
@@ -410,24 +394,6 @@ def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, n
     _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
 
 
-def gemv_route(w: PackedWeight, x, y, k: int, normalize: bool, experts, weights, counter, stream,
-               variant: Variant | None = None):
-    """The MoE router at decode: y (T, E) float32 = W x as gemv, then the grid's last block routes
-    y as moe.moe_route does: experts (T, k) int32, weights (T, k) float32; counter (1,) uint32,
-    zero between uses."""
-    n_tok, K = x.shape
-    E = w.rows
-    assert y.shape == (n_tok, E) and w.cols == K and E % 4 == 0 and E <= MAX_EXPERTS and 1 <= k <= min(MAX_K, E)
-    assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
-    assert y.dtype == np.float32 and y.is_c_contiguous() and _aligned16(y)
-    assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32
-    assert counter.dtype == np.uint32 and counter.shape == (1,)
-    v = variant or choose(w.ggml_type, n_tok, K, E)
-    grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, tail=ROUTE), grid, BLOCK, stream, w.parts, x, y, np.int32(E),
-           np.int32(k), np.int32(normalize), experts, weights, counter)
-
-
 def glu_fits(w: PackedWeight, n_tok: int) -> bool:
     """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
     return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
@@ -468,9 +434,6 @@ _I32 = types.int32
 
 def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0) -> tuple:
     """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail or routed-expert one)."""
-    if tail == ROUTE:  # parts, x, y, n_rows, k, normalize, experts, weights, counter
-        return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _I32, _I32, types.Array(types.int32, 2, "C"),
-                _F32_2D, types.Array(types.uint32, 1, "C"))
     if tail:  # parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter
         vec = types.Array(types.float32, 1, "C")
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _F32_2D, vec, vec, _F32_2D, types.float32,
@@ -505,9 +468,6 @@ BUILD_SIGNATURES = [
      {"max_registers": 128})
     for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
                           (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
-] + [  # the MoE router: Qwen3-30B-A3B's F32 128 x 2048 at T = 1
-    (variant_kernel(T.F32, 1, choose(T.F32, 1, 2048, 128), tail=ROUTE), types.void(*kernel_args(T.F32, tail=ROUTE)),
-     {"max_registers": 128})
 ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
     (gemv_kernel(t, n, span, glu, normed=True), types.void(*kernel_args(t, normed=True)),
      {"max_registers": 136})

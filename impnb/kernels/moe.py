@@ -12,7 +12,6 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from impnb.kernels import ptx
-from impnb.kernels.gemv_tail import last_block
 from impnb.kernels.norm import block_sum, block_threads, rms_norm_ref, warp_argmax, warp_sum
 from impnb.launch import launch
 
@@ -78,12 +77,18 @@ def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
     return min(n_slots, n_slots // tm + min(n_expert, n_slots))
 
 
-@cuda.jit(device=True, inline=True)
-def route_row(logits, E, t, k, normalize, experts, weights):
-    """One warp routes token t of logits (.., >= E): lane owns experts lane, lane + 32, ... (bit i
-    of `taken` marks expert lane + 32 i as chosen). k rounds of a warp argmax pick the experts in
-    order, then the softmax denominator is a warp sum."""
+# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w; lane owns experts
+# lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as chosen). k rounds of a
+# warp argmax pick the experts in order, then the softmax denominator is a warp sum.
+@cuda.jit
+def _route_kernel(logits, k, normalize, experts, weights):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     lane = cuda.threadIdx.x & 31
+    t = cuda.blockIdx.x * ROUTE_WARPS + (cuda.threadIdx.x >> 5)
+    if t >= logits.shape[0]:
+        return
+    E = logits.shape[1]
     n_own = (E + 31) >> 5
     vals = cuda.local.array(MAX_K, float32)
     taken = 0
@@ -118,39 +123,6 @@ def route_row(logits, E, t, k, normalize, experts, weights):
         den = warp_sum(den)
     if lane < k:
         weights[t, lane] = math.exp(vals[lane] - mx) / den
-
-
-# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w (route_row).
-@cuda.jit
-def _route_kernel(logits, k, normalize, experts, weights):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    t = cuda.blockIdx.x * ROUTE_WARPS + (cuda.threadIdx.x >> 5)
-    if t < logits.shape[0]:
-        route_row(logits, logits.shape[1], t, k, normalize, experts, weights)
-
-
-def make_route_tail(n_tok: int):
-    """Device function tail(logits, k, normalize, experts, weights, counter) for every block of a
-    1-D grid that wrote the router logits (n_tok, E): the grid's last block (gemv_tail.last_block)
-    copies them to shared memory through L2 and routes them, warp w taking tokens w, w + 4, ..."""
-
-    @cuda.jit(device=True, inline=True)
-    def tail(logits, k, normalize, experts, weights, counter):
-        if last_block(counter) == 0:
-            return
-        E = logits.shape[1]
-        staged = cuda.shared.array((n_tok, MAX_EXPERTS), float32)
-        for i in range(4 * cuda.threadIdx.x, n_tok * E, 4 * cuda.blockDim.x):
-            v = ptx.ld_global_cg_v4_f32(logits, i)
-            t = i // E
-            for j in range(4):
-                staged[t, i - t * E + j] = v[j]
-        cuda.syncthreads()
-        for t in range(cuda.threadIdx.x >> 5, n_tok, cuda.blockDim.x >> 5):
-            route_row(staged, E, t, k, normalize, experts, weights)
-
-    return tail
 
 
 def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None:

@@ -14,12 +14,6 @@ def test_route_ties_and_k():
     moe.check_route(rng, 2, 40, 4, True, 1.0, ties=True)
 
 
-def test_gemv_route():
-    rng = np.random.default_rng(6)
-    moe.check_gemv_route(rng, 1, 40, 64, 4, True, 1.0)
-    moe.check_gemv_route(rng, 3, 32, 96, 2, False, 1.0)
-
-
 def test_group_invariants():
     rng = np.random.default_rng(1)
     moe.check_group(rng, 5, 8, 2, 3)
