@@ -9,8 +9,8 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
-The residual updates are one norm kernel after a GEMM, the tail of the GEMV at decode
-(kernels/gemv_tail.py: one kernel a layer fewer each), and part of the experts' combine kernel.
+The residual updates are one norm kernel after a GEMM or the experts, and the tail of the GEMV
+at decode (kernels/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
 norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
 ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
@@ -59,7 +59,8 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         res = _residual(m, x, h, p + "post_ffw_norm", nxt)
         if cfg.n_expert:
-            moe_ffn(m, h, p, o, residual=res)
+            moe_ffn(m, h, p, o)
+            res.unfused(o, s)
         else:
             _dense_ffn(m, h, p, o, residual=res)
     return _logits(m, h, T, last_only, last_row, None)

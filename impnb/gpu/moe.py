@@ -8,7 +8,6 @@
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
   out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                     (moe_combine)
-      with the layer's residual update in the same kernel: x += out, h = next norm(x)
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -21,9 +20,8 @@ from impnb.kernels import activations, gemv
 from impnb.kernels.moe import moe_combine, moe_route
 
 
-def moe_ffn(m, h, prefix: str, out, residual=None) -> None:
-    """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...];
-    residual (gemv_tail.Residual) is then applied to it (fused into the combine where it can)."""
+def moe_ffn(m, h, prefix: str, out) -> None:
+    """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...]."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = h.shape
     k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
@@ -45,7 +43,7 @@ def moe_ffn(m, h, prefix: str, out, residual=None) -> None:
             (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
         _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
                                      slots, k, E)
-    moe_combine(y, rows, weights, out, s, residual)
+    moe_combine(y, rows, weights, out, s)
 
 
 def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:

@@ -1,6 +1,5 @@
 """Mixture-of-experts routing on the GPU: softmax top-k per token, grouping of the routed slots by
-expert (prefill), and the weighted sum of the experts' outputs (with the residual update after
-it fused in); numpy references beside each.
+expert (prefill), and the weighted sum of the experts' outputs; numpy references beside each.
 
 Legend: T tokens, E experts, k experts per token, S = T * k routed slots (slot s = t * k + j is
 token t's j-th choice), D model dim.
@@ -12,7 +11,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from impnb.kernels import ptx
-from impnb.kernels.norm import block_sum, block_threads, rms_norm_ref, warp_argmax, warp_sum
+from impnb.kernels.norm import warp_argmax, warp_sum
 from impnb.launch import launch
 
 MAX_K = 8
@@ -53,13 +52,6 @@ def combine_ref(y: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndar
     """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]] (float64)."""
     T, k = weights.shape
     return (weights[:, :, None].astype(np.float64) * y[rows.reshape(T, k)].astype(np.float64)).sum(axis=1)
-
-
-def combine_add_norm_ref(y, rows, weights, x, w_next, eps) -> tuple[np.ndarray, np.ndarray]:
-    """(x + combine_ref(...), rms_norm_ref of it times w_next): the residual update after the
-    experts (float64)."""
-    x1 = x.astype(np.float64) + combine_ref(y, rows, weights)
-    return x1, rms_norm_ref(x1, w_next.astype(np.float64), eps)
 
 
 def check_experts(cfg) -> None:
@@ -208,45 +200,11 @@ def _combine_kernel(y, rows, weights, out):
         out[t, d] = acc
 
 
-# grid (T,), block NT (norm.block_threads(D)): thread i of token t owns columns i, i + NT, ...:
-# x[t] += its k weighted slot rows (summed in order, as _combine_kernel), then h[t] = RMSNorm(x[t])
-# * w_next as norm.rms_norm_add (the same update, one kernel fewer).
-@cuda.jit
-def _combine_add_norm_kernel(y, rows, weights, x, w_next, h, eps):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    t = cuda.blockIdx.x
-    D = x.shape[1]
-    k = weights.shape[1]
-    red = cuda.shared.array(32, float32)
-    ss = float32(0.0)
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        acc = float32(0.0)
-        for j in range(k):
-            acc += weights[t, j] * y[rows[t * k + j], d]
-        v = x[t, d] + acc
-        x[t, d] = v
-        ss += v * v
-    inv = float32(1.0) / math.sqrt(block_sum(ss, red) / float32(D) + eps)
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        h[t, d] = x[t, d] * inv * w_next[d]
-
-
-def moe_combine(y, rows, weights, out, stream, residual=None) -> None:
-    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]]; y (rows, D), rows (>= T * k,) int32.
-    residual (gemv_tail.Residual, ADD mode: no post-norm): x += that sum and h = RMSNorm(x) *
-    w_next in the same kernel instead (out unused); other residuals apply after out is written."""
+def moe_combine(y, rows, weights, out, stream) -> None:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]]; y (rows, D), rows (>= T * k,) int32."""
     T, D = out.shape
     assert weights.shape[0] == T and rows.shape[0] >= T * weights.shape[1] and y.shape[1] == D
-    if residual is not None and residual.w_post is None:
-        x, h = residual.x, residual.h
-        assert x.shape == h.shape == (T, D) and residual.w_next.shape == (D,)
-        launch(_combine_add_norm_kernel, T, block_threads(D), stream, y, rows, weights, x, residual.w_next, h,
-               np.float32(residual.eps))
-        return
     launch(_combine_kernel, (T, -(-D // COMBINE_THREADS)), COMBINE_THREADS, stream, y, rows, weights, out)
-    if residual is not None:
-        residual.unfused(out, stream)
 
 
 _F32_2D = float32[:, ::1]
@@ -255,6 +213,4 @@ BUILD_SIGNATURES = [
     (_route_kernel, (_F32_2D, int32, int32, int32[:, ::1], _F32_2D), {"max_registers": 64}),
     (_group_kernel, (_I32_1D, int32, int32, _I32_1D, _I32_1D, int32[:, ::1], _I32_1D), {"max_registers": 64}),
     (_combine_kernel, (_F32_2D, _I32_1D, _F32_2D, _F32_2D), {"max_registers": 32}),
-    (_combine_add_norm_kernel, (_F32_2D, _I32_1D, _F32_2D, _F32_2D, float32[::1], _F32_2D, float32),
-     {"max_registers": 64}),
 ]
