@@ -12,7 +12,7 @@ import os
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.errors import UnsupportedError
+from impnb.errors import ParameterError, UnsupportedError
 from impnb.devices import GPU_ARCHS
 from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
@@ -45,14 +45,12 @@ DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs pe
 # 700: SmolLM2 1293 -> 1462, Gemma3 1084 (split) -> 1261.
 # IMPNB_SHORT_DECODE_MAX / IMPNB_SHORT_CLUSTER override them for A/B runs (0: never).
 SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
-_SHORT_DECODE_MAX_ENV = os.environ.get("IMPNB_SHORT_DECODE_MAX")
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
-_SHORT_CLUSTER_ENV = os.environ.get("IMPNB_SHORT_CLUSTER")
 # head dims whose short decode attention takes qkv_post fused in front (one kernel a layer
 # fewer). Measured on the H100 (2026-11-24, tg128 in one run, fused / separate): SmolLM2 (D 64)
 # 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
 # more than the kernel it saves. IMPNB_FUSED_POST_DIMS overrides the list for A/B runs.
-FUSED_POST_DIMS = tuple(int(d) for d in os.environ.get("IMPNB_FUSED_POST_DIMS", "64").split(",") if d)
+FUSED_POST_DIMS = (64,)
 # decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
 # norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,
 # 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
@@ -75,6 +73,18 @@ STREAM_SHAPE = (2, 6)
 GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 
 
+def env_ints(name: str) -> tuple[int, ...] | None:
+    """The comma-separated integers of environment variable `name` (an A/B override), None where
+    it is unset; ParameterError (one line from the CLI) where it is not integers."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ParameterError(f"{name}={value!r}: expected integers separated by commas") from None
+
+
 class DeviceModel:
     """Everything one sequence needs on the device, allocated at load."""
 
@@ -89,7 +99,8 @@ class DeviceModel:
         self.n_ctx = n_ctx
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
         self.w = self._upload_all(mf)
-        self.streamed = {name for name, w in self.w.items() if GEMV_STREAM and isinstance(w, repack.PackedWeight)
+        self.streamed = {name for name, w in self.w.items()
+                         if GEMV_STREAM and isinstance(w, repack.PackedWeight)
                          and w.rows >= STREAM_MIN_ROWS and w.cols <= gemv_stream.MAX_K}
         for name in sorted(self.streamed):
             log.debug("%s: T = 1 GEMV on gemv_stream (%d rows a group, %d blocks an SM)", name, *STREAM_SHAPE)
@@ -108,7 +119,10 @@ class DeviceModel:
         # for the largest
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
         self.decode_short = 0
-        self.decode_post = cfg.head_dim in FUSED_POST_DIMS
+        self.short_max_env = env_ints("IMPNB_SHORT_DECODE_MAX")
+        self.short_cluster_env = env_ints("IMPNB_SHORT_CLUSTER")
+        post_dims = env_ints("IMPNB_FUSED_POST_DIMS")
+        self.decode_post = cfg.head_dim in (FUSED_POST_DIMS if post_dims is None else post_dims)
         self.gemv_tail = GEMV_TAIL
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
@@ -123,10 +137,9 @@ class DeviceModel:
         """(the short-context kernel's blocks a query row, 0 for the split kernel; the split
         count) of decode attention for contexts up to ctx_bucket(length)."""
         bucket, D = self.ctx_bucket(length), self.cfg.head_dim
-        bound = (int(_SHORT_DECODE_MAX_ENV) if _SHORT_DECODE_MAX_ENV is not None
-                 else SHORT_DECODE_MAX.get(D, 0))
+        bound = self.short_max_env[0] if self.short_max_env else SHORT_DECODE_MAX.get(D, 0)
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
-        blocks = (int(_SHORT_CLUSTER_ENV) if _SHORT_CLUSTER_ENV is not None
+        blocks = (self.short_cluster_env[0] if self.short_cluster_env
                   else SHORT_DECODE_CLUSTER.get((D, row), 1))
         return blocks if bucket <= bound else 0, self.splits_for(bucket)
 
@@ -171,7 +184,8 @@ class DeviceModel:
         ggml_type = ggml_type or ts[0].ggml_type
         if ggml_type in repack.PACKED_TYPES:
             if any(t.ggml_type != ggml_type for t in ts):
-                log.debug("%s: %s stacked as %s", name, ", ".join(t.ggml_type.name for t in ts), ggml_type.name)
+                log.debug("%s: %s stacked as %s", name, ", ".join(t.ggml_type.name for t in ts),
+                          ggml_type.name)
             arrays = [promote(t.data, t.ggml_type, ggml_type) for t in ts]
         else:
             log.info("%s: %s has no GPU kernel; converted to F16 at load", name, ggml_type.name)

@@ -1,9 +1,12 @@
-"""Load-time stacking of a layer's Q, K, V in DeviceModel (the simulator's device arrays): Q|K
-alone where V's type differs and no type holds all three exactly (promotion: test_quant_promote)."""
+"""DeviceModel's load-time choices (the simulator's device arrays): a layer's Q|K stacked alone
+where V's type differs and no type holds all three exactly (promotion: test_quant_promote), and
+the decode-attention tables with their environment overrides."""
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as T
 
+from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
 from impnb.gpu.model import DeviceModel
 from impnb.kernels.repack import unpack
@@ -24,3 +27,18 @@ def test_q_and_k_stack_where_v_type_differs(tmp_path):
                         tuple(part.copy_to_host() for part in qk.parts))
         assert np.array_equal(unpack(host), np.concatenate([q.data, k.data]))
 
+
+
+def test_decode_overrides_from_the_environment(tmp_path, monkeypatch):
+    # A/B overrides of the decode-attention tables; a malformed one is a ParameterError (one line
+    # from the CLI), not a traceback at the first decode
+    _, path = tiny_gguf("qwen3", "Q8_0", tmp_path, seed=1)
+    mf = open_model_file(path)
+    assert DeviceModel(mf, 64).decode_plan(10)[0] >= 1  # the table: the short kernel at 64 keys
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
+    m = DeviceModel(mf, 64)
+    assert m.decode_plan(10)[0] == 0 and not m.decode_post
+    monkeypatch.setenv("IMPNB_SHORT_CLUSTER", "two")
+    with pytest.raises(ParameterError, match="IMPNB_SHORT_CLUSTER"):
+        DeviceModel(mf, 64)
