@@ -143,7 +143,12 @@ def main():
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
-    variant = Variant(*map(int, re.fullmatch(r"s(\d+)u(\d+)r(\d+)", args.variant).groups())) if args.variant else None
+    variant = None
+    if args.variant:
+        m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", args.variant)
+        if not m:
+            ap.error(f"--variant {args.variant!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
+        variant = Variant(*map(int, m.groups()))
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     results = []
     print(f"{'op':7} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "

@@ -64,12 +64,11 @@ GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
 # for A/B runs.
 STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
-# rows of at most gemv_stream.MAX_K columns take gemv_stream, STREAM_SHAPE = (rows a group,
-# blocks an SM). Measured on the H100 (2026-11-24, scripts/bench_gemv.py --stream, µs back to
-# back): Gemma3's 262144x640 Q8_0 logits 65.4 (2 rows, 6 blocks; 91.8% of 2.97 TB/s) against
-# gemv's 93.1 (64.5%); 49152x576 Q8_0 18.7 against 18.6 (even). IMPNB_GEMV_STREAM=0 for A/B runs.
+# rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
+# scripts/bench_gemv.py --stream, µs back to back): Gemma3's 262144x640 Q8_0 logits 65.4 (91.8%
+# of 2.97 TB/s) against gemv's 93.1 (64.5%); 49152x576 Q8_0 18.7 against 18.6 (even).
+# IMPNB_GEMV_STREAM=0 for A/B runs.
 STREAM_MIN_ROWS = 131072
-STREAM_SHAPE = (2, 6)
 GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 
 
@@ -99,11 +98,11 @@ class DeviceModel:
         self.n_ctx = n_ctx
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
         self.w = self._upload_all(mf)
-        self.streamed = {name for name, w in self.w.items()
+        self.streamed = {name for name, w in self.w.items()  # their T = 1 GEMVs take gemv_stream
                          if GEMV_STREAM and isinstance(w, repack.PackedWeight)
-                         and w.rows >= STREAM_MIN_ROWS and w.cols <= gemv_stream.MAX_K}
+                         and w.rows >= STREAM_MIN_ROWS and gemv_stream.fits(w, 1)}
         for name in sorted(self.streamed):
-            log.debug("%s: T = 1 GEMV on gemv_stream (%d rows a group, %d blocks an SM)", name, *STREAM_SHAPE)
+            log.debug("%s: T = 1 GEMV on gemv_stream", name)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         n_pages = kv_cache.pages_needed(n_ctx, PAGE_SIZE)
@@ -165,10 +164,10 @@ class DeviceModel:
                 ts = [tensors.get(p + n) for n in parts]
                 if not all(ts) or len({t.shape[-1] for t in ts}) != 1:
                     continue
-                types = [t.ggml_type for t in ts]
-                if fused == "attn_qk" and not STACK_MIXED:
+                types = {t.ggml_type for t in ts}
+                if not STACK_MIXED and (len(types) > 1 or fused == "attn_qk"):
                     continue
-                common = common_type(types) if STACK_MIXED or len(set(types)) == 1 else None
+                common = common_type(types)
                 if common is not None:
                     w[p + fused] = self._upload_matrix(p + fused, ts, common)
                     for n in parts:
@@ -206,9 +205,9 @@ class DeviceModel:
         (gemv_tail.Residual) is then applied to y: by the GEMV's tail, else a norm kernel."""
         w, s = self.w[name], self.ctx.nb_stream
         if x.shape[0] <= GEMV_MAX_ROWS:
-            if name in self.streamed and norm is None and not accumulate and residual is None \
-                    and gemv_stream.fits(w, x.shape[0]):
-                gemv_stream.gemv_stream(w, x, y, s, *STREAM_SHAPE)
+            if name in self.streamed and x.shape[0] == 1 and norm is None and not accumulate \
+                    and residual is None:
+                gemv_stream.gemv_stream(w, x, y, s)
                 return
             if residual is not None and self.gemv_tail:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"

@@ -26,6 +26,7 @@ from impnb.launch import launch
 WARPS = 4
 BLOCK = 32 * WARPS
 MAX_K = 1024  # one 32-weight chunk a lane
+ROWS = 2  # rows a warp group; with BLOCKS_PER_SM the measured best (docstring above)
 BLOCKS_PER_SM = 6
 
 
@@ -132,7 +133,7 @@ def fits(w: PackedWeight, n_tok: int) -> bool:
     return n_tok == 1 and w.cols <= MAX_K and w.ggml_type in DECODERS
 
 
-def gemv_stream(w: PackedWeight, x, y, stream, rows: int = 2, blocks_per_sm: int = BLOCKS_PER_SM):
+def gemv_stream(w: PackedWeight, x, y, stream, rows: int = ROWS, blocks_per_sm: int = BLOCKS_PER_SM):
     """y (1, N) float32 = W x, x (1, K) float32, K <= MAX_K; `rows` per warp group (1, 2, 4)."""
     assert fits(w, x.shape[0]) and x.shape[1] == w.cols and y.shape == (1, w.rows), (w.cols, x.shape, y.shape)
     assert x.dtype == np.float32 and y.dtype == np.float32 and x.is_c_contiguous() and y.is_c_contiguous()
