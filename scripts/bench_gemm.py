@@ -1,6 +1,7 @@
 """Time the tensor-core GEMM tiles against cuBLAS on the GPU: TFLOP/s and ratios, same run.
 
-  fp16   M=N=K=4096: gemm_f16 (each --f16-tiles variant) vs Cublas.gemm_f16 (target >= 0.8x).
+  fp16   M=N=K=4096: gemm_f16 (each --f16-tiles variant) and gemm_wgmma (each --wgmma tile) vs
+         Cublas.gemm_f16 (target >= 0.8x).
   quant  M=512, N=4096, K=14336 per --types: gemm_quant (dequantize in shared memory, each --bm)
          vs the fallback that gpu/model.py's linear() runs for T > 8 -- dequant to fp16, then
          cuBLAS -- timed as the pair (target >= 250 TFLOP/s); cuBLAS alone on the fp16 weight too.
@@ -9,7 +10,7 @@ to exceed 2x the 50 MB L2. Each call sits between its own pair of CUDA events on
 queued behind a sleeping kernel so host launch cost stays off the clock; after a warm-up (compile,
 module load, cuBLAS heuristics) the median of --reps is reported. Outputs are checked against the
 baseline's (max |diff| / max |ref| < 1e-2) so nothing fast-but-wrong is reported.
-    python scripts/bench_gemm.py [--reps 50] [--types Q8_0,Q4_K] [--f16-tiles 128x128x4,64x128x4]
+    python scripts/bench_gemm.py [--reps 50] [--types Q8_0,Q4_K] [--f16-tiles 128x128x4,64x128x4] [--wgmma n256s4]
                                  [--bm 128,64] [--no-f16] [--f16-shape MxNxK] [--quant-shape MxNxK]
                                  [--json PATH]
 """
@@ -31,6 +32,7 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemm_tc import gemm_f16  # noqa: E402
+from impnb.kernels.gemm_wgmma import TILES as WG_TILES, gemm_wgmma  # noqa: E402
 from impnb.kernels.gemm_tc_quant import gemm_quant  # noqa: E402
 from impnb.kernels.ptx import SIM  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
@@ -94,7 +96,7 @@ def row(case, impl, M, N, K, us, base_us=None, target=None, rel=None):
             "max_rel_diff": rel}
 
 
-def bench_f16(ctx, cublas, tiles, reps, rng, shape=(4096, 4096, 4096)):
+def bench_f16(ctx, cublas, tiles, wg_tiles, reps, rng, shape=(4096, 4096, 4096)):
     M, N, K = shape
     s = ctx.nb_stream
     pairs = [(ctx.upload(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)),
@@ -112,6 +114,12 @@ def bench_f16(ctx, cublas, tiles, reps, rng, shape=(4096, 4096, 4096)):
         rel = agree(c, c_ref, f"gemm_f16 {tile}")
         out.append(row(case, f"tiles {tile[0]}x{tile[1]} {tile[4]}-stage", M, N, K, us, base,
                        f">= {F16_TARGET_RATIO}x cuBLAS", rel))
+    for name in wg_tiles:
+        us = time_calls(lambda i: gemm_wgmma(*pairs[i % len(pairs)], c, s, tile=name), len(pairs), reps, s)
+        cublas.gemm_f16(*pairs[0], c_ref)
+        gemm_wgmma(*pairs[0], c, s, tile=name)
+        rel = agree(c, c_ref, f"gemm_wgmma {name}")
+        out.append(row(case, f"wgmma {name}", M, N, K, us, base, f">= {F16_TARGET_RATIO}x cuBLAS", rel))
     return out
 
 
@@ -155,6 +163,7 @@ def main():
     ap.add_argument("--types", default="Q8_0,Q4_K")
     ap.add_argument("--f16-tiles", default="128x128x4,128x128x3,64x128x4",
                     help="bm x bn x stages of gemm_f16 variants (8 warps, 2 x 4)")
+    ap.add_argument("--wgmma", default=",".join(WG_TILES), help="gemm_wgmma TILES to time (empty: none)")
     ap.add_argument("--bm", default="128,64", help="M tile of gemm_quant")
     ap.add_argument("--no-f16", action="store_true")
     ap.add_argument("--f16-shape", default="4096x4096x4096", help="M x N x K")
@@ -169,7 +178,8 @@ def main():
     cublas = Cublas(ctx)
     results = []
     if not args.no_f16:
-        results += bench_f16(ctx, cublas, tiles, args.reps, rng, dims(args.f16_shape))
+        results += bench_f16(ctx, cublas, tiles, [t for t in args.wgmma.split(",") if t], args.reps, rng,
+                             dims(args.f16_shape))
     for name in args.types.split(","):
         if name:
             results += bench_quant(ctx, cublas, T[name], bms, args.reps, rng, dims(args.quant_shape))

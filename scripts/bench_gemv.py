@@ -4,7 +4,9 @@ For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
     python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
-                                 [--variant s32u1r8] [--stream 2:8,4:4] [--json PATH]
+                                 [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--json PATH]
+--read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
+thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
     python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
@@ -21,12 +23,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
-from numba import cuda  # noqa: E402
+from numba import cuda, uint32  # noqa: E402
 
-from impnb.kernels import quant_intrinsics as qi  # noqa: E402
+from impnb.kernels import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv import DECODERS, Variant, gemv  # noqa: E402
-from impnb.kernels.gemv_stream import gemv_stream  # noqa: E402
+from impnb.kernels.gemv_stream import gemv_stream, sm_count  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
 
 PEAK = 2.97e12  # bytes/s, device-to-device copy on the H100 (shared/GPU.md)
@@ -52,6 +54,38 @@ def random_weight(t, rows, cols, rng):
 def _sleep(ms):
     for _ in range(ms):
         cuda.nanosleep(1000000)  # at most ~1 ms each
+
+
+def read_kernel(U):
+    """Sum (xor) of a's 16-byte chunks, U loads in flight a thread, chunk i + U * j * threads."""
+    W = 4 * U  # words a thread holds
+
+    @cuda.jit
+    def read(a, n16, out):
+        tid = cuda.grid(1)
+        step = cuda.gridsize(1)
+        acc = uint32(0)
+        for i in range(tid, n16 - (U - 1) * step, U * step):
+            v = cuda.local.array(W, uint32)
+            for u in range(U):
+                v[4 * u], v[4 * u + 1], v[4 * u + 2], v[4 * u + 3] = ptx.ld_global_v4_u32(a, 4 * (i + u * step))
+            for k in range(W):
+                acc ^= v[k]
+        out[tid] = acc
+    return read
+
+
+def bench_read(weights, U, bps, threads, reps, stream):
+    """(median, b2b) us of read_kernel(U) over each copy's bytes, and of a copy of them."""
+    grid = sm_count() * bps
+    bufs = [w.buffer[:w.nbytes // 16 * 16].view(np.uint32) for w in weights]
+    out = cuda.device_array(grid * threads, np.uint32)
+    kern = read_kernel(U)
+    read = time_launches(lambda i, s: kern[grid, threads, s](bufs[i % len(bufs)], bufs[0].size // 4, out),
+                         len(bufs), reps, stream)
+    dst = cuda.device_array_like(bufs[0])
+    copy = time_launches(lambda i, s: dst.copy_to_device(bufs[i % len(bufs)], stream=s), len(bufs), reps, stream)
+    return read, copy
 
 
 def device_copies(t, rows, cols, rng, copies=None):
@@ -97,10 +131,15 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
-def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variant=None, streams=()):
+def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variants=(None,), streams=(),
+               reads=()):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
+    for u, bps, threads in reads:
+        (med, b2b), (cmed, cb2b) = bench_read(weights, u, bps, threads, reps, stream)
+        out.append(result(f"rd{u}:{bps}:{threads}", t, weights, 0, weights[0].nbytes // 16 * 16, med, b2b))
+        out.append(result("copy", t, weights, 0, 2 * (weights[0].nbytes // 16 * 16), cmed, cb2b))
     for r, bps in streams:  # gemv_stream at T = 1: r rows a group, bps blocks an SM
         x = cuda.to_device(rng.standard_normal((1, cols)).astype(np.float32), stream=stream)
         y = cuda.to_device(np.full((1, rows), np.nan, np.float32), stream=stream)
@@ -109,12 +148,13 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
         assert np.isfinite(y.copy_to_host()).all()
         out.append(result(f"st{r}b{bps}", t, weights, 1, weights[0].nbytes, med, b2b))
     for n_tok in tokens:
-        x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
-        y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-        med, b2b = time_launches(lambda i, s: gemv(weights[i % len(weights)], x, y, s, variant=variant),
-                                 len(weights), reps, stream)
-        assert np.isfinite(y.copy_to_host()).all()
-        out.append(result("gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
+        for v in variants:
+            x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
+            y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
+            med, b2b = time_launches(lambda i, s: gemv(weights[i % len(weights)], x, y, s, variant=v),
+                                     len(weights), reps, stream)
+            assert np.isfinite(y.copy_to_host()).all()
+            out.append(result(v.name if v else "gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
     if with_dequant:
         w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
         med, b2b = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
@@ -133,7 +173,8 @@ def main():
     ap.add_argument("--dequant", action="store_true", help="also time dequant to fp16 (bytes read + written)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--sweep", action="store_true", help="time every T = 1 variant on the sweep shapes")
-    ap.add_argument("--variant", help="a gemv_variants.Variant instead of choose()'s, e.g. s32u1r8")
+    ap.add_argument("--variant", help="gemv_variants.Variants instead of choose()'s, e.g. s32u1r8,s64u1r4")
+    ap.add_argument("--read", help="also time plain reads U:B:W and a copy of the same bytes, e.g. 4:4:256")
     ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
     args = ap.parse_args()
     if args.sweep:
@@ -143,20 +184,23 @@ def main():
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
-    variant = None
+    variants = [None]
     if args.variant:
-        m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", args.variant)
-        if not m:
-            ap.error(f"--variant {args.variant!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
-        variant = Variant(*map(int, m.groups()))
+        variants = []
+        for name in args.variant.split(","):
+            m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", name)
+            if not m:
+                ap.error(f"--variant {name!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
+            variants.append(Variant(*map(int, m.groups())))
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
+    reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
     results = []
-    print(f"{'op':7} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
+    print(f"{'op':10} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for name in args.types.split(","):
-        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variant, streams):
+        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants, streams, reads):
             results.append(r)
-            print(f"{r['op']:7} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
+            print(f"{r['op']:10} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
                   f"{r['pct_peak']:9.1f}% {r['pct_peak_b2b']:5.1f}%", flush=True)
     if args.json:

@@ -24,7 +24,7 @@ from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, unpack_halves
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import SIMULATOR, shfl_idx, shfl_xor, warp_sum
-from impnb.kernels.rope import cos_sin
+from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
 WARPS = (4, 8, 16)       # block sizes built (warps)
@@ -479,5 +479,6 @@ _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float3
 _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
 BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG,
                      {"max_registers": min(255, 65536 // (nw * 32)),
+                      "stack_bytes": SIN_COS_STACK if post else 0,
                       "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
                     for (_, nw, _, post, S), kernel in _KERNELS.items() if S == 1 or (nw == 8 and S in (2, 8))]

@@ -34,20 +34,27 @@ from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels import ptx
 from impnb.kernels.kv_cache import PAGE_SIZES
-from impnb.kernels.norm import quad_max, quad_sum
+from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 WARPS = 4
 THREADS = 32 * WARPS
 LOG2E = math.log2(math.e)
 NEG = np.float32(-1e30)
+# A row's running max m moves only once a tile's max exceeds it by more than LAZY (log2 units),
+# and then for every row of the warp at once (a warp vote): until then p = exp2(s - m) <= 2^LAZY,
+# which fp16 P and the fp32 sums hold without loss, and the O rescale (D MT / 2 multiplies a
+# lane) is skipped. O / l is the same whichever m was used (FlashAttention-4's lazy rescaling).
+LAZY = 8.0
 SMEM_ALIGN = ptx.SMEM_ALIGN
 # Tilings, by name: head dim -> (BN keys per tile, MT 16-row m-tiles per warp, Q fragments held
 # in registers across key tiles). A block is 4 warps x 16 MT query rows. MT 2 (BM 128, as
 # FlashAttention-2's sm80 forward) reuses every K/V fragment read from shared memory for two
 # m-tiles, halving ldmatrix traffic per mma; MT 1 keeps BM 64. Without Q in registers its
 # fragments are re-read per k step, as FlashAttention-2 does. D 128 at MT 2 fits 255 registers
-# only with 32-key tiles (64 spill). All compile without spills (tests/test_kernel_build.py).
+# only with 32-key tiles (64 spill 24 bytes; measured 1-3% faster on the H100, 2026-11-24, so
+# not worth the spill). All compile without spills (tests/test_kernel_build.py). A third
+# cp.async stage measured no faster.
 TILINGS = {
     "m32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False)},
     "m16": {64: (64, 1, True), 128: (64, 1, True), 256: (32, 1, False)},
@@ -85,6 +92,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     N_O = MT * O1                # O accumulators per lane
     N_P = 4 * MT                 # P A-fragment registers per lane and k step
     PSH = PAGE.bit_length() - 1  # log2 page size
+    Q_CHUNKS = BM * CH // THREADS  # 16-byte fp16 chunks of the Q tile per thread
+    QB = min(Q_CHUNKS, 8)          # ... loaded per round
+    QV = 8 * QB                    # their float32 values
+    assert Q_CHUNKS % QB == 0
     assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
 
     @cuda.jit(device=True, inline=True)
@@ -116,9 +127,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         qf[o + 2] = a2
         qf[o + 3] = a3
 
-    # grid (ceil(T / BM), H), block 128 (4 warps): a block owns query rows t0 .. t0 + BM - 1 of
-    # head h (the heaviest, last, tiles first), warp w rows t0 + WM w .. + WM - 1 as MT m-tiles of
-    # 16; lane (g, c) rows g and g + 8 of each m-tile, i.e. the C fragments s (16 x BN scores) and
+    # grid (H, ceil(T / BM)), block 128 (4 warps): a block owns query rows t0 .. t0 + BM - 1 of
+    # head h; blocks start heaviest first (every head's last query tile, then the tiles before),
+    # so the last wave holds the lightest blocks. Warp w owns rows t0 + WM w .. + WM - 1 as MT
+    # m-tiles of 16; lane (g, c) rows g and g + 8 of each m-tile, i.e. the C fragments s (16 x BN scores) and
     # o (16 x D output) per m-tile, and one quarter of each row's softmax sum l. Row statistics
     # are indexed 2 mt + half (half 0: row g, 1: row g + 8). Shared (dynamic, shared_bytes): Q
     # tile BM x D fp16 (scale·log2 e folded in), then 2 stages of [K tile BN x D | V tile BN x D]
@@ -129,9 +141,9 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         T = q.shape[0]
         H = q.shape[1]
         Hkv = k_pool.shape[2]
-        h = cuda.blockIdx.y
+        h = cuda.blockIdx.x
         kh = h // (H // Hkv)
-        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BM
+        t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
         t_last = min(t0 + BM, T) - 1
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -156,18 +168,25 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, row_elems, page_elems)
         ptx.cp_async_commit()
 
-        # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory --
-        for idx in range(tid, BM * CH, THREADS):
-            r = idx // CH
-            ch = idx - r * CH
-            t = t0 + r
-            w = cuda.local.array(4, uint32)
-            for i in range(4):
-                w[i] = 0
-                if t < T:
-                    d = 8 * ch + 2 * i
-                    w[i] = ptx.pack_f16x2(q[t, h, d] * qscale, q[t, h, d + 1] * qscale)
-            ptx.st_shared_v4_u32(sq + swz(r, ch, ROWB), w[0], w[1], w[2], w[3])
+        # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory, QB chunks of 8 values
+        # loaded (16-byte loads) before any is converted; rows past T are zeros --
+        for b in range(Q_CHUNKS // QB):
+            qv = cuda.local.array(QV, float32)
+            for u in range(QB):
+                idx = tid + THREADS * (QB * b + u)
+                r = idx // CH
+                base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
+                for v in range(2):
+                    qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
+                        ptx.ld_global_cg_v4_f32(q, base + 4 * v)
+            for u in range(QB):
+                idx = tid + THREADS * (QB * b + u)
+                r = idx // CH
+                live = t0 + r < T
+                w = cuda.local.array(4, uint32)
+                for i in range(4):
+                    w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
+                ptx.st_shared_v4_u32(sq + swz(r, idx - r * CH, ROWB), w[0], w[1], w[2], w[3])
         cuda.syncthreads()
         qf = cuda.local.array(NQF, uint32)
         if q_in_regs:
@@ -175,25 +194,20 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                 for mt in range(MT):
                     q_frags(sq, WM * warp + 16 * mt, kk, qf, 4 * (MT * kk + mt))
 
-        # -- per row: position, online max m and sum l; per warp: its key range --
-        qp = cuda.local.array(NR, int32)
+        # -- per row: online max m and sum l; per warp: its key range --
         m = cuda.local.array(NR, float32)
         lsum = cuda.local.array(NR, float32)
         for rh in range(NR):
-            qp[rh] = int32(pos[min(t0 + WM * warp + 8 * rh + g, t_last)])
             m[rh] = NEG
             lsum[rh] = float32(0)
         w_first = int32(pos[min(t0 + WM * warp, t_last)])
         w_last = int32(pos[min(t0 + WM * warp + WM - 1, t_last)])
         w_lo = w_first - window + 1 if window > 0 else 0   # the warp's first visible key
-        cap_in = float32(1.0 / (softcap * LOG2E)) if softcap > 0 else float32(0)
-        cap_out = float32(softcap * LOG2E)
         s = cuda.local.array(N_S, float32)
         o = cuda.local.array(N_O, float32)
         for i in range(N_O):
             o[i] = float32(0)
         mx = cuda.local.array(NR, float32)
-        alpha = cuda.local.array(NR, float32)
         pa = cuda.local.array(N_P, uint32)
         # ldmatrix lane addresses of K (k step 0) and V (d 0..15), relative to a stage: lanes
         # 8i..8i+7 give matrix i's rows; chunk ch of row r sits at chunk ch ^ (r & 7), so k step kk
@@ -241,14 +255,17 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                                 s[e], s[e + 1], s[e + 2], s[e + 3])
 
             # -- softcap; mask tiles that cross a row's causal or window edge (warp-uniform) --
-            if softcap > 0:
+            if softcap > 0:  # (its factors derived here from the parameter: no registers held)
+                cap_out = float32(softcap * LOG2E)
+                cap_in = float32(1) / cap_out
                 for i in range(N_S):
                     s[i] = cap_out * math.tanh(s[i] * cap_in)
             if k0 + BN - 1 > w_first or (window > 0 and k0 <= w_last - window):
                 for rh in range(NR):
                     # key k0 + 8n + 2c + e is visible to row rh iff 8n + e <= last_off and, with a
                     # window, 8n + e > first_off
-                    last_off = int32(qp[rh] - k0 - 2 * c)
+                    # (the row's position read again here: a register less in the hot loop)
+                    last_off = int32(pos[min(t0 + WM * warp + 8 * rh + g, t_last)]) - k0 - 2 * c
                     first_off = int32(last_off - window)
                     for n in range(NS):
                         for e in range(2):
@@ -256,31 +273,35 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                             if 8 * n + e > last_off or (window > 0 and 8 * n + e <= first_off):
                                 s[i] = NEG
 
-            # -- online softmax of each row: new max, rescale factor, exp2, partial sums --
+            # -- online softmax of each row: new max (lazily), rescale, exp2, partial sums --
             for rh in range(NR):
                 mx[rh] = m[rh]
             for i in range(N_S):
                 rh = 2 * (i // S1) + ((i >> 1) & 1)
                 mx[rh] = max(mx[rh], s[i])
+            grow = False
             for rh in range(NR):
-                mn = quad_max(mx[rh])
-                alpha[rh] = ptx.ex2_approx_ftz(m[rh] - mn)
-                m[rh] = mn
-                lsum[rh] *= alpha[rh]
+                mx[rh] = quad_max(mx[rh])
+                grow = grow or mx[rh] > m[rh] + LAZY
+            if warp_any(grow):
+                for mt in range(MT):
+                    a_lo = ptx.ex2_approx_ftz(m[2 * mt] - mx[2 * mt])
+                    a_hi = ptx.ex2_approx_ftz(m[2 * mt + 1] - mx[2 * mt + 1])
+                    m[2 * mt] = mx[2 * mt]
+                    m[2 * mt + 1] = mx[2 * mt + 1]
+                    lsum[2 * mt] *= a_lo
+                    lsum[2 * mt + 1] *= a_hi
+                    for n in range(NO):
+                        f = O1 * mt + 4 * n
+                        o[f] *= a_lo
+                        o[f + 1] *= a_lo
+                        o[f + 2] *= a_hi
+                        o[f + 3] *= a_hi
             for i in range(N_S):
                 rh = 2 * (i // S1) + ((i >> 1) & 1)
                 p = ptx.ex2_approx_ftz(s[i] - m[rh])
                 lsum[rh] += p
                 s[i] = p
-            for mt in range(MT):
-                a_lo = alpha[2 * mt]
-                a_hi = alpha[2 * mt + 1]
-                for n in range(NO):
-                    f = O1 * mt + 4 * n
-                    o[f] *= a_lo
-                    o[f + 1] *= a_lo
-                    o[f + 2] *= a_hi
-                    o[f + 3] *= a_hi
 
             # -- O += P·V: P's A fragments straight from s, V rows (keys) are B's rows: .trans --
             for kj in range(NS // 2):
@@ -343,7 +364,7 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
     BN, MT, q_in_regs = TILINGS[tiling][D]
     BM = 16 * MT * WARPS
     if T:
-        launch(fa2_kernel(D, BN, MT, q_in_regs, P), ((T + BM - 1) // BM, H), THREADS, stream, q, k_pool,
+        launch(fa2_kernel(D, BN, MT, q_in_regs, P), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
                v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
                np.float32(softcap or 0.0),
                shared_bytes=shared_bytes(D, BN, MT))

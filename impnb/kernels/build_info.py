@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from numba import cuda
 
-CC = (9, 0)
+CC = (9, 0, "a")  # sm_90a, as impnb.launch builds for an H100 (wgmma needs the "a")
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class BuildInfo:
     ptx: str
     registers: int
     spill_bytes: int  # spill stores + loads
+    stack_bytes: int  # the stack frame: local arrays left in memory (not registerized) and spills
     log: str
 
 
@@ -43,8 +44,9 @@ def build_info(fn, sig, cc=CC) -> BuildInfo:
     """PTX, registers and spill bytes of `fn` (a @cuda.jit kernel or its Python function)."""
     ptx, _ = cuda.compile_ptx(getattr(fn, "py_func", fn), sig, cc=cc)
     opts = getattr(fn, "targetoptions", {})
-    log = link_ptx(ptx, f"sm_{cc[0]}{cc[1]}", opts.get("max_registers"))
+    log = link_ptx(ptx, "sm_%d%d%s" % (cc + ("",))[:3], opts.get("max_registers"))
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     spills = [int(a) + int(b) for a, b in
               re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
-    return BuildInfo(ptx, max(regs, default=0), sum(spills), log)
+    stack = [int(m) for m in re.findall(r"(\d+) bytes stack frame", log)]
+    return BuildInfo(ptx, max(regs, default=0), sum(spills), max(stack, default=0), log)

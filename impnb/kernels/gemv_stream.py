@@ -124,7 +124,7 @@ def kernel_args(ggml_type: T) -> tuple:
 
 
 @lru_cache(maxsize=1)
-def _sm_count() -> int:
+def sm_count() -> int:
     return getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1)
 
 
@@ -138,7 +138,7 @@ def gemv_stream(w: PackedWeight, x, y, stream, rows: int = ROWS, blocks_per_sm: 
     assert fits(w, x.shape[0]) and x.shape[1] == w.cols and y.shape == (1, w.rows), (w.cols, x.shape, y.shape)
     assert x.dtype == np.float32 and y.dtype == np.float32 and x.is_c_contiguous() and y.is_c_contiguous()
     groups = (w.rows + rows - 1) // rows
-    grid = min((groups + WARPS - 1) // WARPS, blocks_per_sm * _sm_count())
+    grid = min((groups + WARPS - 1) // WARPS, blocks_per_sm * sm_count())
     launch(gemv_stream_kernel(w.ggml_type, rows), grid, BLOCK, stream, w.parts, x, y, np.int32(w.rows))
 
 
@@ -146,4 +146,4 @@ def gemv_stream(w: PackedWeight, x, y, stream, rows: int = ROWS, blocks_per_sm: 
 BUILD_SIGNATURES = [
     (gemv_stream_kernel(t, rows), types.void(*kernel_args(t)), {})
     for t in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q6_K) for rows in (1, 2)
-] + [(gemv_stream_kernel(T.Q8_0, 4), types.void(*kernel_args(T.Q8_0)), {})]
+] + [(gemv_stream_kernel(T.Q8_0, 4), types.void(*kernel_args(T.Q8_0)), {"stack_bytes": 16})]  # (bench only)

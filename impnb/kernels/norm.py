@@ -71,6 +71,9 @@ if SIMULATOR:
     def quad_max(v):
         return _sim_butterfly(v, max, (1, 2))
 
+    def warp_any(pred):
+        return any(_sim_warp_values(bool(pred)))
+
     def shfl_xor(v, off):
         return _sim_butterfly(v, lambda a, b: b, (int(off),))
 
@@ -111,6 +114,11 @@ else:
                 v = ov
                 i = oi
         return v, i
+
+    @cuda.jit(device=True, inline=True)
+    def warp_any(pred):
+        """Whether pred holds on any of the 32 lanes (a warp vote); every lane gets it. Whole warps only."""
+        return cuda.any_sync(0xFFFFFFFF, pred)
 
     @cuda.jit(device=True, inline=True)
     def quad_sum(v):

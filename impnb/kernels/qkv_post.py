@@ -13,7 +13,7 @@ from numba import cuda, types
 from impnb.kernels import ptx
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import warp_sum
-from impnb.kernels.rope import cos_sin
+from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
 MAX_D = 256
@@ -106,5 +106,5 @@ _H4 = types.float16[:, :, :, ::1]
 BUILD_SIGNATURES = [
     (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
                         _F1, types.float32, types.int32, types.int32[::1], _H4, _H4),
-     {"max_registers": 48, "ptx_contains": ("cvt.rn.f16.f32",)}),
+     {"max_registers": 48, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
 ]

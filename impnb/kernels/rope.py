@@ -73,6 +73,11 @@ def _rotate(x, t, head, i0, i1, cs, sn):
 # of token t (heads 0..H-1 of q, then 0..Hkv-1 of k). In place; no shared memory.
 # Angle: a = fl(p * hi), e = (p * hi - a) + p * lo (fma, exact), then cos/sin(a + e) from
 # cos/sin(a) by the second-order expansion in e (|e| < 4e-3 for positions below 2^17).
+# libdevice's sin / cos keep a 7-word table on the stack for the argument reduction of large
+# angles (the slow path): the stack frame kernels that call cos_sin are allowed
+SIN_COS_STACK = 32
+
+
 @cuda.jit(device=True, inline=True)
 def cos_sin(pos, inv_freq, j):
     """cos, sin of the angle pos * inv_freq[:, j] (hi + lo pair), float32."""
@@ -136,5 +141,5 @@ def rope(q, k, pos, inv_freq, neox: bool, stream) -> None:
 _HEADS = types.float32[:, :, ::1]
 BUILD_SIGNATURES = [
     (_rope_kernel, (_HEADS, _HEADS, types.int32[::1], types.float32[:, ::1], types.int32),
-     {"max_registers": 40, "ptx_contains": ("fma.rn.f32",)}),
+     {"max_registers": 40, "ptx_contains": ("fma.rn.f32",), "stack_bytes": SIN_COS_STACK}),
 ]
