@@ -2,7 +2,8 @@
 
   fp16   M=N=K=4096: gemm_f16 (each --f16-tiles variant) and gemm_wgmma (each --wgmma tile) vs
          Cublas.gemm_f16 (target >= 0.8x).
-  quant  M=512, N=4096, K=14336 per --types: gemm_quant (dequantize in shared memory, each --bm)
+  quant  M=512, N=4096, K=14336 per --types: gemm_quant (dequantize in shared memory, each --bm) and
+         gemm_wgmma_quant (unless --wgmma "")
          vs the fallback that gpu/model.py's linear() runs for T > 8 -- dequant to fp16, then
          cuBLAS -- timed as the pair (target >= 250 TFLOP/s); cuBLAS alone on the fp16 weight too.
 Inputs are Gaussian (std 1), weights random blocks with finite scales, rotated over enough copies
@@ -33,6 +34,7 @@ from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemm_tc import gemm_f16  # noqa: E402
 from impnb.kernels.gemm_wgmma import TILES as WG_TILES, gemm_wgmma  # noqa: E402
+from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant  # noqa: E402
 from impnb.kernels.gemm_tc_quant import gemm_quant  # noqa: E402
 from impnb.kernels.ptx import SIM  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
@@ -123,7 +125,7 @@ def bench_f16(ctx, cublas, tiles, wg_tiles, reps, rng, shape=(4096, 4096, 4096))
     return out
 
 
-def bench_quant(ctx, cublas, t, bms, reps, rng, shape=(512, 4096, 14336)):
+def bench_quant(ctx, cublas, t, bms, wgmma, reps, rng, shape=(512, 4096, 14336)):
     M, N, K = shape
     s = ctx.nb_stream
     case = f"{t.name} {M}x{N}x{K}"
@@ -150,6 +152,12 @@ def bench_quant(ctx, cublas, t, bms, reps, rng, shape=(512, 4096, 14336)):
         gemm_quant(a, weights[0], c, s, bm=bm)
         rel = agree(c, c_ref, f"gemm_quant {t.name} bm={bm}")
         out.append(row(case, f"tiles {bm}x128 dequant in smem", M, N, K, us, base, f">= {QUANT_TARGET} TFLOP/s", rel))
+    if wgmma:
+        us = time_calls(lambda i: gemm_wgmma_quant(a, weights[i % len(weights)], c, s), len(weights), reps, s)
+        fallback(0)
+        gemm_wgmma_quant(a, weights[0], c, s)
+        rel = agree(c, c_ref, f"gemm_wgmma_quant {t.name}")
+        out.append(row(case, "wgmma 128x128 dequant in smem", M, N, K, us, base, f">= {QUANT_TARGET} TFLOP/s", rel))
     return out
 
 
@@ -182,7 +190,8 @@ def main():
                              dims(args.f16_shape))
     for name in args.types.split(","):
         if name:
-            results += bench_quant(ctx, cublas, T[name], bms, args.reps, rng, dims(args.quant_shape))
+            results += bench_quant(ctx, cublas, T[name], bms, bool(args.wgmma), args.reps, rng,
+                                   dims(args.quant_shape))
     cublas.close()
     print(f"\n{'case':24} {'impl':34} {'median us':>10} {'TFLOP/s':>8} {'x base':>7}  target")
     for r in results:

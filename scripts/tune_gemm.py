@@ -3,7 +3,7 @@
 For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
 ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'
 copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
-the tensor-core tiles at bm 64 and 128 (DeviceModel.gemm, x cast included in both). --reps calls
+the mma.sync tiles at bm 64 and 128 and the wgmma tiles (DeviceModel.gemm, x cast included in all). --reps calls
 captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
@@ -28,6 +28,7 @@ from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels.gemm_tc_quant import QUANT_TYPES  # noqa: E402
+from impnb.kernels.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
 NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")
@@ -61,7 +62,7 @@ def main() -> int:
     args = ap.parse_args()
     choices, rows = {}, []
     rng = np.random.default_rng(0)
-    print(f"{'shape':<20} {'M':>4} {'cublas µs':>10} {'bm64 µs':>9} {'bm128 µs':>9} {'chosen':<12} {'speed-up':>8}")
+    print(f"{'shape':<20} {'M':>4} " + " ".join(f"{p + ' µs':>13}" for p in gd.PATHS) + f" {'chosen':<12} {'speed-up':>8}")
     for model in args.models.split(","):
         m = DeviceModel(open_model_file(resolve_model(model)), 1024)
         for (t, N, K), ws in weights_by_shape(m).items():
@@ -69,11 +70,13 @@ def main() -> int:
             for M in gd.M_BUCKETS:
                 x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
                 ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
-                us = {p: time_path(m, ws, x, ys[p], p, args.reps) for p in gd.PATHS}
-                for p in gd.PATHS:
+                paths = [p for p in gd.PATHS if p != "wgmma" or K % WG_BK == 0]
+                us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
+                      for p in gd.PATHS}
+                for p in paths:
                     m.gemm(x, ws[0], ys[p], p)
                 ref = ys["cublas"].copy_to_host()
-                for p in ("tiles_bm64", "tiles_bm128"):
+                for p in paths[1:]:
                     got = ys[p].copy_to_host()
                     rel = np.abs(got - ref).max() / np.abs(ref).max()
                     if not (np.isfinite(got).all() and rel < 1e-2):
@@ -85,8 +88,8 @@ def main() -> int:
                 else:
                     best = "cublas"
                 rows.append(dict(model=model, shape=key, M=M, us=us, chosen=best))
-                print(f"{key:<20} {M:>4} {us['cublas']:>10.1f} {us['tiles_bm64']:>9.1f} "
-                      f"{us['tiles_bm128']:>9.1f} {best:<12} {us['cublas'] / us[best]:>8.2f}")
+                print(f"{key:<20} {M:>4} " + " ".join(f"{us[p]:>13.1f}" for p in gd.PATHS)
+                      + f" {best:<12} {us['cublas'] / us[best]:>8.2f}")
         m.ctx.sync()
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_gemm.py on the GPU named",
                                           "gpu": _gpu_name(), "models": args.models,

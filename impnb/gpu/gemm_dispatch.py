@@ -1,5 +1,6 @@
-"""Which prefill GEMM runs a weight: cuBLAS on a dequantized fp16 copy (the fallback) or the
-tensor-core tiles that decode the weight in shared memory (kernels/gemm_tc_quant.py).
+"""Which prefill GEMM runs a weight: cuBLAS on a dequantized fp16 copy (the fallback), the
+mma.sync tiles that decode the weight in shared memory (kernels/gemm_tc_quant.py, bm 64 or 128)
+or the wgmma tiles that do the same on Hopper (kernels/gemm_wgmma_quant.py).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in gemm_table.json, which
 scripts/tune_gemm.py writes on the H100 (it lists only shapes where a tile beat cuBLAS there).
@@ -15,7 +16,8 @@ from gguf import GGMLQuantizationType as T
 
 TABLE_PATH = Path(__file__).with_name("gemm_table.json")
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
-PATHS = {"cublas": None, "tiles_bm64": 64, "tiles_bm128": 128}  # path -> the tile's bm
+PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma")
+TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm
 log = logging.getLogger("impnb.gemm")
 _logged: set = set()
 

@@ -25,6 +25,7 @@ from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
+from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.rope import rope_inv_freq
 from impnb.models import model_config
 from impnb.quant_promote import common_type, promote
@@ -232,11 +233,12 @@ class DeviceModel:
     def gemm(self, x, w, y, path: str) -> None:
         """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;
         cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
-        bm = gemm_dispatch.PATHS[path]
-        if bm is None:
+        if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self._w16(w), y)
+        elif path == "wgmma":
+            gemm_wgmma_quant(self.x16(x), w, y, self.ctx.nb_stream)
         else:
-            gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=bm)
+            gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
     def linear_split(self, x, name: str, ys, norm: tuple | None = None) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in `name` (attn_qkv); norm as in linear."""

@@ -1,17 +1,22 @@
-"""wgmma GEMM tiles (kernels/gemm_wgmma.py) on the GPU against float64, with test_gemm_tc's bound.
+"""wgmma GEMM tiles (kernels/gemm_wgmma.py, gemm_wgmma_quant.py) on the GPU against float64 with
+test_gemm_tc's bound.
 
 First a layout probe whose products encode their position: a wrong accumulator fragment map,
 descriptor stride or swizzle puts a value where another (row, column) is expected. Then Gaussian
-A and W at three magnitudes, odd M and N, real model shapes, every tile, outputs poisoned.
+A and W at three magnitudes, odd M and N, real model shapes, every tile and weight type (random
+GGUF blocks, the reference on their dequantized values), outputs poisoned.
 """
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.gemm_tc import gemm_ref
+from impnb.kernels.gemm_tc_quant import QUANT_TYPES
 from impnb.kernels.gemm_wgmma import TILES, gemm_wgmma
-from tests.gpu.test_gemm_tc import STDS, check, run
+from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant
+from tests.gpu.test_gemm_tc import Q_SHAPES, STDS, check, run, weight
 
 pytestmark = pytest.mark.gpu
 
@@ -70,3 +75,32 @@ def test_gemm_wgmma_accumulate_and_cube():
     got = run(gemm_wgmma, a, cuda.to_device(w16), M, N)
     rows = rng.choice(M, 64, replace=False)  # float64 reference on a sample of rows
     check(got[rows], gemm_ref(a[rows], w16), a[rows], w16, K)
+
+
+@pytest.mark.parametrize("ggml_type,M,N,K", [pytest.param(t, M, N, K, id=f"{t.name}-{M}x{N}x{K}")
+                                             for t in QUANT_TYPES for M, N, K in Q_SHAPES
+                                             if K % (256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 64) == 0])
+def test_gemm_wgmma_quant(ggml_type, M, N, K):
+    raw, w16, w = weight(ggml_type, N, K)
+    rng = np.random.default_rng([M, N, K, int(ggml_type)])
+    for std in STDS:
+        a = (rng.standard_normal((M, K)) * std).astype(np.float16)
+        check(run(gemm_wgmma_quant, a, w, M, N), gemm_ref(a, raw, ggml_type), a, w16, K)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_gemm_wgmma_quant_prefill_shape_and_accumulate(ggml_type):
+    """The benchmark shape M=512, N=4096, K=14336 (reference on a sample of rows); accumulate."""
+    M, N, K = 512, 4096, 14336
+    raw, w16, w = weight(ggml_type, N, K)
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    got = run(gemm_wgmma_quant, a, w, M, N)
+    rows = rng.choice(M, 32, replace=False)
+    check(got[rows], gemm_ref(a[rows], raw, ggml_type), a[rows], w16, K)
+    M, N, K = 77, 640, 1024
+    raw, w16, w = weight(ggml_type, N, K)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    got = run(gemm_wgmma_quant, a, w, M, N, c0)
+    check(got, gemm_ref(a, raw, ggml_type, c=c0.astype(np.float64)), a, w16, K, c0)
