@@ -4,7 +4,9 @@ Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands. impnb 
 sequence per call over its paged cache (page 32, contiguous tables), Z calls back to back on one
 stream; torch runs (Z, H, N, D) fp16 tensors. Causal: query t at position t; not causal: every
 query at position N - 1, so each sees all N keys (impnb has no separate non-causal mode). FLOPs
-4 Z H N² D, halved when causal. Timed with CUDA events: one warm-up, the median of --reps.
+4 Z H N² D, halved when causal. Timed with CUDA events: one warm-up, the median of --reps, each
+rep queued behind a ~1 ms sleeping kernel so host launch cost stays off the clock (as a graph
+replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
         [--tilings m32,m16] [--no-torch]
 --tilings: attention_fa2's TILINGS to time side by side (one impnb column each).
@@ -27,11 +29,18 @@ from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa:
 Z, H, PAGE = 4, 32, 32
 
 
-def median_ms(fn, reps: int, stream) -> float:
+@cuda.jit
+def _sleep(ms):
+    for _ in range(ms):
+        cuda.nanosleep(1000000)  # at most ~1 ms each
+
+
+def median_ms(fn, reps: int, stream, sleep) -> float:
     fn()
     times = []
     for _ in range(reps):
         start, end = cuda.event(), cuda.event()
+        sleep()
         start.record(stream)
         fn()
         end.record(stream)
@@ -56,7 +65,7 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
         for z in range(Z):
             attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
-    ms = median_ms(run, reps, stream)
+    ms = median_ms(run, reps, stream, lambda: _sleep[1, 1, stream](1))
     assert np.isfinite(out[Z - 1].copy_to_host(stream=stream)).all()
     return ms
 
@@ -79,6 +88,7 @@ def torch_ms(N: int, D: int, causal: bool, reps: int, backend: str) -> float | N
             times = []
             for _ in range(reps):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(2_000_000)  # ~1 ms of clock cycles
                 start.record(stream)
                 run()
                 end.record(stream)
