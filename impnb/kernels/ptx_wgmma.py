@@ -22,7 +22,7 @@ Numba's simulator cannot run these; tests that need them skip there (ptx_sim has
 from numba import config
 
 SIM = bool(config.ENABLE_CUDASIM)
-WG_N = (64, 128, 256)  # wgmma widths built here
+WG_N = (128, 256)  # wgmma widths built here (the tiles' BN)
 
 if not SIM:
     from llvmlite import ir
@@ -64,8 +64,8 @@ if not SIM:
             return builder.or_(start, _I64((1 << 16) | (64 << 32) | (1 << 62)))
         return types.uint64(addr), codegen
 
-    def _mma(n, ab):
-        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} "
+    def _mma(n):
+        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
                 f"${n}, ${n + 1}, 1, 1, 1, 0, 0;")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["l", "l", "~{memory}"])
@@ -93,5 +93,4 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
-    MMA_F16 = {n: _mma(n, "f16") for n in WG_N}
-    MMA_BF16 = {n: _mma(n, "bf16") for n in WG_N}
+    MMA_F16 = {n: _mma(n) for n in WG_N}
