@@ -198,7 +198,8 @@ def main():
     print(f"{'op':10} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for name in args.types.split(","):
-        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants, streams, reads):
+        for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants,
+                            streams, reads):
             results.append(r)
             print(f"{r['op']:10} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "

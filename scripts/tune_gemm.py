@@ -62,7 +62,8 @@ def main() -> int:
     args = ap.parse_args()
     choices, rows = {}, []
     rng = np.random.default_rng(0)
-    print(f"{'shape':<20} {'M':>4} " + " ".join(f"{p + ' µs':>13}" for p in gd.PATHS) + f" {'chosen':<12} {'speed-up':>8}")
+    print(f"{'shape':<20} {'M':>4} " + " ".join(f"{p + ' µs':>13}" for p in gd.PATHS)
+          + f" {'chosen':<12} {'speed-up':>8}")
     for model in args.models.split(","):
         m = DeviceModel(open_model_file(resolve_model(model)), 1024)
         for (t, N, K), ws in weights_by_shape(m).items():

@@ -47,7 +47,8 @@ def test_layout_probe(tile):
     got = run(_wgmma(tile), a, cuda.to_device(w), M, N)
     want = gemm_ref(a, w)
     bad = np.argwhere(got != want)
-    assert not len(bad), f"{len(bad)} outputs differ; first at {tuple(bad[0])}: {got[tuple(bad[0])]} != {want[tuple(bad[0])]}"
+    first = tuple(bad[0]) if len(bad) else None
+    assert not len(bad), f"{len(bad)} outputs differ; first at {first}: {got[first]} != {want[first]}"
 
 
 @pytest.mark.parametrize("tile", sorted(TILES))
