@@ -11,8 +11,8 @@ to exceed 2x the 50 MB L2. Each call sits between its own pair of CUDA events on
 queued behind a sleeping kernel so host launch cost stays off the clock; after a warm-up (compile,
 module load, cuBLAS heuristics) the median of --reps is reported. Outputs are checked against the
 baseline's (max |diff| / max |ref| < 1e-2) so nothing fast-but-wrong is reported.
-    python scripts/bench_gemm.py [--reps 50] [--types Q8_0,Q4_K] [--f16-tiles 128x128x4,64x128x4] [--wgmma n256s4]
-                                 [--bm 128,64] [--no-f16] [--f16-shape MxNxK] [--quant-shape MxNxK]
+    python scripts/bench_gemm.py [--reps 50] [--types Q8_0,Q4_K] [--f16-tiles 128x128x4,64x128x4]
+                                 [--wgmma n256s4] [--bm 128,64] [--no-f16] [--f16-shape MxNxK] [--quant-shape MxNxK]
                                  [--json PATH]
 """
 

@@ -57,20 +57,26 @@ def _sleep(ms):
 
 
 def read_kernel(U):
-    """Sum (xor) of a's 16-byte chunks, U loads in flight a thread, chunk i + U * j * threads."""
+    """out[thread] = the xor of the 16-byte chunks of a it reads: every chunk once, in rounds of
+    U loads in flight a thread (chunks r + tid + u * threads), then the tail one at a time."""
     W = 4 * U  # words a thread holds
 
     @cuda.jit
     def read(a, n16, out):
         tid = cuda.grid(1)
         step = cuda.gridsize(1)
+        full = n16 // (U * step) * (U * step)  # chunks the whole rounds cover
         acc = uint32(0)
-        for i in range(tid, n16 - (U - 1) * step, U * step):
+        for r in range(0, full, U * step):
             v = cuda.local.array(W, uint32)
             for u in range(U):
-                v[4 * u], v[4 * u + 1], v[4 * u + 2], v[4 * u + 3] = ptx.ld_global_v4_u32(a, 4 * (i + u * step))
+                v[4 * u], v[4 * u + 1], v[4 * u + 2], v[4 * u + 3] = \
+                    ptx.ld_global_v4_u32(a, 4 * (r + tid + u * step))
             for k in range(W):
                 acc ^= v[k]
+        for i in range(full + tid, n16, step):
+            v0, v1, v2, v3 = ptx.ld_global_v4_u32(a, 4 * i)
+            acc ^= v0 ^ v1 ^ v2 ^ v3
         out[tid] = acc
     return read
 

@@ -3,8 +3,8 @@
 For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
 ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'
 copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
-the mma.sync tiles at bm 64 and 128 and the wgmma tiles (DeviceModel.gemm, x cast included in all). --reps calls
-captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
+the mma.sync tiles at bm 64 and 128 and the wgmma tiles (DeviceModel.gemm, x cast included in
+all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
 than 3%; a printed table gives every time and the speed-up.

@@ -142,7 +142,7 @@ def gemv_stream(w: PackedWeight, x, y, stream, rows: int = ROWS, blocks_per_sm: 
     launch(gemv_stream_kernel(w.ggml_type, rows), grid, BLOCK, stream, w.parts, x, y, np.int32(w.rows))
 
 
-# Registers (sm_90): 56-64 at 1 row a group, 64-80 at 2, 126-212 at 4; 0 spills.
+# Registers (sm_90a): 56-64 at 1 row a group, 64-80 at 2, 126-212 at 4; 0 spills.
 BUILD_SIGNATURES = [
     (gemv_stream_kernel(t, rows), types.void(*kernel_args(t)), {})
     for t in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q6_K) for rows in (1, 2)

@@ -28,7 +28,6 @@ def test_q_and_k_stack_where_v_type_differs(tmp_path):
         assert np.array_equal(unpack(host), np.concatenate([q.data, k.data]))
 
 
-
 def test_decode_overrides_from_the_environment(tmp_path, monkeypatch):
     # A/B overrides of the decode-attention tables; a malformed one is a ParameterError (one line
     # from the CLI), not a traceback at the first decode
