@@ -87,6 +87,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="steps for the host wall time")
     ap.add_argument("--reps", type=int, default=50, help="copies of a node in its timing graph")
     ap.add_argument("--json")
+    ap.add_argument("--by-grid", action="store_true", help="a row per kernel and grid, not per kernel")
     args = ap.parse_args()
 
     mf = open_model_file(resolve_model(args.model))
@@ -124,15 +125,18 @@ def main() -> int:
             others += 1
             continue
         params = ok(driver.cuGraphKernelNodeGetParams(node))
-        by_name[kernel_name(params)].append(node_cost(node, params, stream, args.reps))
+        name = kernel_name(params)
+        if args.by_grid:
+            name += f" {params.gridDimX}x{params.gridDimY}x{params.gridDimZ}/{params.blockDimX}"
+        by_name[name].append(node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
     print(f"{args.model}: {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
           f"step() wall {statistics.median(walls):.1f} µs, of it Python {host:.1f} µs; "
           f"sum of nodes alone {total:.1f} µs")
-    print(f"{'kernel':<44} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
+    print(f"{'kernel':<56} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
     for name, count, us in rows:
-        print(f"{name[:44]:<44} {count:>5} {us:>9.1f} {us / count:>8.2f} {us / total:>6.1%}")
+        print(f"{name[:56]:<56} {count:>5} {us:>9.1f} {us / count:>8.2f} {us / total:>6.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "nodes": len(nodes), "replay_us": replay,

@@ -59,8 +59,7 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
         res = _residual(m, x, h, p + "post_ffw_norm", nxt)
         if cfg.n_expert:
-            moe_ffn(m, h, p, o)
-            res.unfused(o, s)
+            moe_ffn(m, h, p, o, res)
         else:
             _dense_ffn(m, h, p, o, residual=res)
     return _logits(m, h, T, last_only, last_row, None)

@@ -1,13 +1,16 @@
 """The routed-expert FFN of a qwen3moe layer on the GPU (reference: numpy_ops.moe).
 
-  logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route)
-  decode (T <= GEMV_MAX_ROWS): one GEMV block row per slot over its expert's rows only
-      act[s] = silu(gate_e h[t]) * up_e h[t];  y[s] = down_e act[s]          (s = t * k + j)
+  logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
+      the router GEMV's last block, gemv.gemv_route)
+  decode (T <= GEMV_MAX_ROWS): GEMVs over the chosen experts' rows only
+      act[s] = silu(gate_e h[t]) * up_e h[t]                                 (s = t * k + j)
+      out[t] = sum_j weight[t, j] * down_e act[s], then the residual update in the same kernel
+      (kernels/gemv_moe.py: the GEMV, moe_combine and the norm kernel in one)
   prefill: slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
-  out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                     (moe_combine)
+      out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                 (moe_combine)
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -17,33 +20,40 @@ import numpy as np
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.kernels import activations, gemv
+from impnb.kernels.gemv_moe import experts_down_sum
+from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import moe_combine, moe_route
 
 
-def moe_ffn(m, h, prefix: str, out) -> None:
-    """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...]."""
+def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
+    """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...];
+    then residual (gemv_tail.Residual) applied to out."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = h.shape
     k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
     S = T * k
     logits = a.get("moe_logits", (T, E))
-    m.linear_f32(h, prefix + "ffn_gate_inp", logits)
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
     slots = experts.reshape(S)
     if T <= GEMV_MAX_ROWS:
+        gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], h, logits, k, cfg.expert_weights_norm, experts, weights,
+                        residual.counter, s)
         act = a.get("moe_act", (S, F))
         _experts_glu_gemv(m, h, prefix, slots, k, act)
-        y = a.get("moe_y", (S, D))
-        gemv.gemv_experts(m.w[prefix + "ffn_down_exps"], D, act, y, slots, 1, s)
-        rows = m.slot_rows
-    else:
-        glu = (prefix + "ffn_gate_up_exps",) if prefix + "ffn_gate_up_exps" in m.w else \
-            (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
-        _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
-                                     slots, k, E)
+        tail = residual if m.gemv_tail else None
+        experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, out, slots, weights, s, tail)
+        if tail is None:
+            residual.unfused(out, s)
+        return
+    m.linear_f32(h, prefix + "ffn_gate_inp", logits)
+    moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
+    glu = (prefix + "ffn_gate_up_exps",) if prefix + "ffn_gate_up_exps" in m.w else \
+        (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
+    _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
+                                 slots, k, E)
     moe_combine(y, rows, weights, out, s)
+    residual.unfused(out, s)
 
 
 def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:

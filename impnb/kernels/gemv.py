@@ -5,7 +5,9 @@ quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy refer
 A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
 reads all of x anyway, so it sums x² on the way and scales its dot products at the end); its
 reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
-residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block.
+residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
+`route` kernel (the MoE router) ends with that block choosing each token's experts from y
+(moe.route_token; reference moe.route_ref).
 """
 
 import math
@@ -17,11 +19,12 @@ from numba import cuda, float32, from_dtype, types
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, make_tail
+from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, last_block, make_tail
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
                                          sweep)
+from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_token
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -59,7 +62,7 @@ def tuple_of(f, n):
     return g
 
 
-def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail):
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -289,6 +292,22 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
         return _gemv_tail_kernel
 
+    if route:
+        # as _gemv_kernel into y = the router logits (T, E); then the grid's last block routes
+        # the T tokens, a warp a token
+        @cuda.jit
+        def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
+            if last_block(counter):
+                logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
+                warp = cuda.threadIdx.x >> 5
+                for t in range(warp, n_tok, WARPS):
+                    route_token(y, t, k, normalize, experts, weights, logits[warp])
+
+        return _gemv_route_kernel
+
     if normed:
         @cuda.jit
         def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
@@ -309,12 +328,14 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
-                unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0):
+                unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0,
+                route: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
-    POST_ADD): one output, then the residual tail."""
+    POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
+    routing tail (gemv_route)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -323,13 +344,13 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert rows in (1, 2) or (rows in (4, 8) and n_tok == 1), (rows, n_tok)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or (n_tok == 1 and not normed)
-    assert not tail or (glu == NO_GLU and not experts and not normed)
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail)
+    assert not (tail or route) or (glu == NO_GLU and not experts and not normed and not (tail and route))
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route)
 
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
-                   normed: bool = False, tail: int = 0):
-    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail)
+                   normed: bool = False, tail: int = 0, route: bool = False):
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route)
 
 
 def _out_per_block(v: Variant, glu: int) -> int:
@@ -385,6 +406,24 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
            np.int32(w.rows), *res.args(y))
 
 
+def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
+               variant: Variant | None = None):
+    """The MoE router: logits (T, E) float32 = W x as gemv, then the grid's last block writes each
+    token's top k experts (T, k) int32 and their softmax weights (T, k) float32 (moe.route_ref of
+    the logits, normalized to sum 1 with `normalize`); counter (1,) uint32, zero between uses."""
+    n_tok, K = x.shape
+    E = w.rows
+    assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
+    assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
+    assert logits.dtype == np.float32 and logits.is_c_contiguous()
+    assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32 and weights.dtype == np.float32
+    assert counter.dtype == np.uint32 and counter.shape == (1,)
+    v = variant or choose(w.ggml_type, n_tok, K, E)
+    grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
+    launch(variant_kernel(w.ggml_type, n_tok, v, route=True), grid, BLOCK, stream, w.parts, x, logits,
+           np.int32(E), np.int32(k), np.int32(normalize), experts, weights, counter)
+
+
 def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
     """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
     one to three outputs whose N_i sum to W's rows; norm as in gemv."""
@@ -432,12 +471,17 @@ _F32_2D = types.Array(types.float32, 2, "C")
 _I32 = types.int32
 
 
-def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0) -> tuple:
-    """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail or routed-expert one)."""
+def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0,
+                route: bool = False) -> tuple:
+    """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail, routed-expert
+    or router one)."""
     if tail:  # parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter
         vec = types.Array(types.float32, 1, "C")
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _F32_2D, vec, vec, _F32_2D, types.float32,
                 types.Array(types.uint32, 1, "C"))
+    if route:  # parts, x, y, n_rows, k, normalize, experts, weights, counter
+        return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _I32, _I32, types.Array(types.int32, 2, "C"),
+                _F32_2D, types.Array(types.uint32, 1, "C"))
     if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
     norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
@@ -462,6 +506,10 @@ BUILD_SIGNATURES = [
 ] + [
     (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
+] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp)
+    (variant_kernel(T.F32, n, choose(T.F32, n, 2048, 128), route=True), types.void(*kernel_args(T.F32, route=True)),
+     {})
+    for n in (1, 8)
 ] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048), Qwen3-30B-A3B's attn_output
     # (K 4096)
     (variant_kernel(t, n, choose(t, n, K, 1), tail=mode), types.void(*kernel_args(t, tail=mode)),

@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from impnb.kernels import ptx
-from impnb.kernels.norm import warp_argmax, warp_sum
+from impnb.kernels.norm import warp_argmax, warp_sum, warp_sync
 from impnb.launch import launch
 
 MAX_K = 8
@@ -69,52 +69,75 @@ def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
     return min(n_slots, n_slots // tm + min(n_expert, n_slots))
 
 
-# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w; lane owns experts
-# lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as chosen). k rounds of a
-# warp argmax pick the experts in order, then the softmax denominator is a warp sum.
-@cuda.jit
-def _route_kernel(logits, k, normalize, experts, weights):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
+@cuda.jit(device=True, inline=True)
+def route_token(logits, t, k, normalize, experts, weights, row):
+    """One warp: token t's top k experts and their softmax weights from logits (T, E) (route_ref)
+    into experts[t], weights[t]. The logits are read through L2 (ld.global.cg: they may come
+    from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,) float32 of shared
+    memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as
+    chosen); k rounds of a warp argmax pick the experts in order, ties to the lower index (a lane
+    scans its experts upwards, keeping the first max), then the denominator is a warp sum."""
     lane = cuda.threadIdx.x & 31
-    t = cuda.blockIdx.x * ROUTE_WARPS + (cuda.threadIdx.x >> 5)
-    if t >= logits.shape[0]:
-        return
     E = logits.shape[1]
     n_own = (E + 31) >> 5
-    vals = cuda.local.array(MAX_K, float32)
+    base = t * E
+    for e0 in range(lane, E, 128):  # four L2 loads in flight a lane
+        v = cuda.local.array(4, float32)
+        for q in range(4):
+            v[q] = ptx.ld_global_cg_f32(logits, base + min(e0 + 32 * q, E - 1))
+        for q in range(4):
+            if e0 + 32 * q < E:
+                row[e0 + 32 * q] = v[q]
+    warp_sync()
     taken = 0
-    # -- top k: ties to the lower index (a lane scans its experts upwards, keeping the first max) --
+    mx = NEG
+    mine = NEG  # lane j < k: the logit of the j-th choice
+    # -- top k --
     for j in range(k):
         bv = NEG
         bi = E
         for i in range(n_own):
             e = lane + 32 * i
             if e < E and (taken >> i) & 1 == 0:
-                v = logits[t, e]
+                v = row[e]
                 if v > bv:
                     bv = v
                     bi = e
         bv, bi = warp_argmax(bv, bi)
         if bi & 31 == lane:
             taken |= 1 << (bi >> 5)
-        vals[j] = bv
+        if j == 0:
+            mx = bv
+        if j == lane:
+            mine = bv
         if lane == 0:
             experts[t, j] = bi
     # -- softmax weights of the chosen experts --
-    mx = vals[0]
-    den = float32(0.0)
+    p = math.exp(mine - mx) if lane < k else float32(0.0)
     if normalize:
-        for j in range(k):
-            den += math.exp(vals[j] - mx)
+        den = warp_sum(p)
     else:
+        den = float32(0.0)
         for i in range(n_own):
             e = lane + 32 * i
             if e < E:
-                den += math.exp(logits[t, e] - mx)
+                den += math.exp(row[e] - mx)
         den = warp_sum(den)
     if lane < k:
-        weights[t, lane] = math.exp(vals[lane] - mx) / den
+        weights[t, lane] = p / den
+    warp_sync()  # row is free again
+
+
+# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w (route_token).
+@cuda.jit
+def _route_kernel(logits, k, normalize, experts, weights):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    warp = cuda.threadIdx.x >> 5
+    rows = cuda.shared.array((ROUTE_WARPS, MAX_EXPERTS), float32)
+    t = cuda.blockIdx.x * ROUTE_WARPS + warp
+    if t < logits.shape[0]:
+        route_token(logits, t, k, normalize, experts, weights, rows[warp])
 
 
 def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None:

@@ -74,6 +74,9 @@ if SIMULATOR:
     def warp_any(pred):
         return any(_sim_warp_values(bool(pred)))
 
+    def warp_sync():
+        _sim_warp_values(None)
+
     def shfl_xor(v, off):
         return _sim_butterfly(v, lambda a, b: b, (int(off),))
 
@@ -114,6 +117,11 @@ else:
                 v = ov
                 i = oi
         return v, i
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sync():
+        """bar.warp.sync: the warp's shared-memory writes are seen by all its lanes. Whole warps only."""
+        cuda.syncwarp()
 
     @cuda.jit(device=True, inline=True)
     def warp_any(pred):

@@ -22,7 +22,7 @@ if SIM:
     from impnb.kernels.ptx_sim import (  # noqa: F401
         cluster_sync, cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all,
         cp_async_wait_group, cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait,
-        ld_cluster_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_v4_u32,
+        ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_v4_u32,
         ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans,
         mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
         st_shared_v4_u32)
@@ -205,6 +205,19 @@ else:
             res = _asm(builder, ir.LiteralStructType([_I32] * 4), [ptr],
                        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
             return _tuple(context, builder, sig, res, 4)
+        return sig, codegen
+
+    @intrinsic
+    def ld_global_cg_f32(typingctx, a, i):
+        """ld.global.cg.f32 r, [&a[i]]: ld_global_cg_v4_f32's one-float form."""
+        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
+            return None
+        sig = types.float32(a, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            return _asm(builder, _F32, [ptr], "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}",
+                        side_effect=True)
         return sig, codegen
 
     @intrinsic

@@ -61,6 +61,10 @@ def _u32(v):
 
 # -- 16-byte moves --
 
+def ld_global_cg_f32(a, i):
+    return np.float32(_global_bytes(a, i, 4).view(np.float32)[0])
+
+
 def ld_global_cg_v4_f32(a, i):
     return tuple(np.float32(v) for v in _global_bytes(a, i, 16).view(np.float32))
 

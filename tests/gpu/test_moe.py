@@ -1,5 +1,6 @@
-"""MoE kernels on the GPU against their numpy references: the router (ties, k = 1, 2, 8), grouping
-invariants, the routed-expert GEMV, the grouped tensor-core GEMM and the weighted combine.
+"""MoE kernels on the GPU against their numpy references: the router (ties, k = 1, 2, 8) alone and
+as the router GEMV's tail, grouping invariants, the routed-expert GEMV, the fused down projection
+with the weighted sum (and residual tail), the grouped tensor-core GEMM and the weighted combine.
 
 check_* run one case; tests/sim/test_moe.py runs them on tiny shapes in the simulator.
 Tolerances: router weights rtol 1e-5 (fp32 softmax); expert GEMV as tests/sim/test_gemv.py
@@ -14,7 +15,9 @@ from numba import cuda
 
 from impnb.kernels.dequant import dequant_ref
 from impnb.kernels.gemm_grouped import BM, gemm_grouped, grouped_ref
-from impnb.kernels.gemv import SILU, gemv_experts
+from impnb.kernels.gemv import SILU, gemv_experts, gemv_ref, gemv_route
+from impnb.kernels.gemv_moe import experts_down_sum
+from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.repack import repack
@@ -44,6 +47,70 @@ def check_route(rng, T_, E, k, normalize, std, ties=False):
     ref_e, ref_w = route_ref(logits, k, normalize)
     assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+
+
+def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2):
+    """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|),
+    then experts equal to route_ref of the kernel's own logits and weights to rtol 1e-5; `calls`
+    runs on fresh x, the ticket counter back to zero after each."""
+    raw = make_weight(ggml_type, E, K, rng)
+    w = repack(raw, ggml_type).to_device()
+    wabs = np.abs(dequantize(raw, ggml_type).reshape(E, K).astype(np.float64))
+    counter = cuda.to_device(np.zeros(1, np.uint32))
+    for _ in range(calls):
+        x = (rng.standard_normal((T_, K)) * std).astype(np.float32)
+        d_l = cuda.to_device(np.full((T_, E), np.nan, np.float32))
+        d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
+        d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
+        gemv_route(w, cuda.to_device(x), d_l, k, normalize, d_e, d_w, counter, 0)
+        logits, experts, weights = d_l.copy_to_host(), d_e.copy_to_host(), d_w.copy_to_host()
+        assert np.isfinite(logits).all(), "non-finite logits (poison left?)"
+        bound = 1e-4 * np.abs(x.astype(np.float64)) @ wabs.T + 1e-30
+        assert (np.abs(logits - gemv_ref(raw, ggml_type, x)) <= bound).all()
+        ref_e, ref_w = route_ref(logits, k, normalize)
+        assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
+        np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+        assert counter.copy_to_host()[0] == 0
+
+
+def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, mode=None):
+    """experts_down_sum against float64: out[t] = sum_j w[t, j] W_e act[t k + j] within 1e-4 of
+    sum_j |w| |W_e| |act| per output; mode "add" / "post": then the residual tail, x and h
+    checked as tests/gpu/test_gemv.check_gemv_residual checks them on the kernel's own out."""
+    raw = make_weight(ggml_type, E * D, F, rng)
+    slots = routed(rng, T_, E, k).reshape(-1)
+    act = (rng.standard_normal((T_ * k, F)) * std).astype(np.float32)
+    wts = rng.random((T_, k)).astype(np.float32)
+    wts /= wts.sum(axis=1, keepdims=True)
+    wd = dequantize(raw, ggml_type).reshape(E, D, F).astype(np.float64)
+    y = np.einsum("sdf,sf->sd", wd[slots], act.astype(np.float64)).reshape(T_, k, D)
+    yabs = np.einsum("sdf,sf->sd", np.abs(wd[slots]), np.abs(act.astype(np.float64))).reshape(T_, k, D)
+    ref = (wts[:, :, None] * y).sum(axis=1)
+    bound = 1e-4 * (wts[:, :, None] * yabs).sum(axis=1) + 1e-30
+    d_out = cuda.to_device(np.full((T_, D), np.nan, np.float32))
+    res, xr = None, None
+    if mode:
+        eps = 1e-6
+        xr = (rng.standard_normal((T_, D)) * 3 * std).astype(np.float32)
+        w_post, w_next = ((1 + 0.3 * rng.standard_normal(D)).astype(np.float32) for _ in range(2))
+        res = Residual(cuda.to_device(xr), cuda.to_device(np.full((T_, D), np.nan, np.float32)),
+                       cuda.to_device(w_next), cuda.to_device(w_post) if mode == "post" else None, eps,
+                       cuda.to_device(np.zeros(1, np.uint32)))
+    experts_down_sum(repack(raw, ggml_type).to_device(), D, cuda.to_device(act), d_out, cuda.to_device(slots),
+                     cuda.to_device(wts), 0, res)
+    out = d_out.copy_to_host().astype(np.float64)
+    assert np.isfinite(out).all(), "non-finite outputs (poison left?)"
+    assert (np.abs(out - ref) <= bound).all(), f"max err/bound {np.max(np.abs(out - ref) / bound):.3g}"
+    if mode:
+        x_new, h = res.x.copy_to_host().astype(np.float64), res.h.copy_to_host().astype(np.float64)
+        term = out / np.sqrt(np.mean(out * out, axis=1, keepdims=True) + eps) * w_post if mode == "post" else out
+        x_ref = xr + term
+        mag = np.abs(xr) + np.abs(term)
+        assert (np.abs(x_new - x_ref) <= 1e-5 * mag + 1e-30).all(), np.max(np.abs(x_new - x_ref) / mag)
+        inv = 1 / np.sqrt(np.mean(x_ref * x_ref, axis=1, keepdims=True) + eps)
+        h_ref = x_ref * inv * w_next
+        assert (np.abs(h - h_ref) <= 1e-5 * (mag * inv * np.abs(w_next) + np.abs(h_ref)) + 1e-30).all()
+        assert res.counter.copy_to_host()[0] == 0
 
 
 def group(experts_flat, E, tm):
@@ -142,6 +209,30 @@ def test_route(k, T_, E, normalize):
     for std in STDS:
         check_route(rng, T_, E, k, normalize, std)
     check_route(rng, T_, E, k, normalize, 1.0, ties=True)
+
+
+@pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("T_,E,K,k", [(1, 128, 2048, 8), (3, 60, 512, 4), (8, 256, 768, 1), (2, 8, 256, 2),
+                                      (5, 1000, 128, 8)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_gemv_route(ggml_type, T_, E, K, k, normalize):
+    """Qwen3-30B-A3B's router (128 experts, k 8), odd expert counts, k 1..8, T 1..8."""
+    rng = np.random.default_rng([int(ggml_type), T_, E, k])
+    for std in STDS:
+        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.F16, T.F32],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("mode", [None, "add", "post"])
+def test_down_sum(ggml_type, mode):
+    """Qwen3-30B-A3B's down (128 experts, D 2048, F 768, k 8), D not a multiple of the block's
+    rows, F of 32 chunks per lane, k 1..8, T 1..8; an odd D without the tail (its float4 loads
+    take D % 4 == 0)."""
+    rng = np.random.default_rng([int(ggml_type), len(mode or "")])
+    cases = [(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 76, 256, 8, 1)] + [(8, 77, 512, 2, 3)] * (not mode)
+    for (E, D, F, T_, k), std in zip(cases, STDS + (1.0,)):
+        check_down_sum(rng, ggml_type, E, D, F, T_, k, std, mode)
 
 
 @pytest.mark.parametrize("T_,E,k", [(1, 128, 8), (19, 8, 2), (512, 128, 8), (111, 60, 4), (3, 256, 1)])
