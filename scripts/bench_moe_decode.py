@@ -7,7 +7,7 @@ F = 768; gate|up Q4_K stacked per expert, down Q6_K or Q4_K) and an F32 router (
   gate|up  gemv_experts with SiLU, per variant
   down     gemv_experts + moe_combine + norm.rms_norm_add (before), or experts_down_sum with the
            residual tail (kernels/gemv_moe.py)
-  layer    all of it, before and after, default variants
+  layer    all of it, default variants: before, after, and the router or the down alone after
 Each call reads other expert weights: 2 copies of every matrix, 16 inputs h (so the router picks
 other experts) and 16 fixed routings for the gate|up and down rows, taken in turn. --calls calls
 are captured into one CUDA graph (programmatic launches as in a decode step) and replayed, the
@@ -96,36 +96,46 @@ def main() -> int:
     def down_new(i, t, slots=None):
         experts_down_sum(downs[t][i % 2], D, act, out, routings[i % N_IN] if slots is None else slots, weights, s, res)
 
-    def layer(i, t, new):
+    def layer(i, t, new_router, new_down):
         slots = experts.reshape(k)
-        (router_new if new else router_old)(i)
+        (router_new if new_router else router_old)(i)
         glu(i, slots=slots)
-        (down_new if new else down_old)(i, t, slots)
+        (down_new if new_down else down_old)(i, t, slots)
 
     def timed(label, fn, nbytes):
         fn(0)  # compile, load
         ctx.sync()
         us = graph_us(ctx, lambda: [fn(i) for i in range(args.calls)], args.calls)
         row = {"case": label, "us": us, "bytes": nbytes, "pct_peak": 100 * nbytes / (us * 1e-6) / PEAK}
-        print(f"{label:<44} {us:8.2f} {nbytes / 1e6:7.2f} {row['pct_peak']:6.1f}", flush=True)
+        print(f"{label:<64} {us:8.2f} {nbytes / 1e6:7.2f} {row['pct_peak']:6.1f}", flush=True)
         rows.append(row)
 
     rows = []
-    print(f"{'case':<44} {'µs':>8} {'MB':>7} {'% 2.97':>6}")
+    print(f"{'case':<64} {'µs':>8} {'MB':>7} {'% 2.97':>6}")
     rb = per_expert["router"]
     timed("router: gemv + moe_route (before)", router_old, rb)
+    timed("router: moe_route alone", lambda i: moe_route(logits, k, True, experts, weights, s), 0)
+    for v in ROUTER_VARIANTS:
+        timed(f"router: gemv alone {v.name if v else 'default'}",
+              lambda i, v=v: gemv.gemv(routers[i % 2], hs[i % N_IN], logits, s, variant=v), rb)
     for v in ROUTER_VARIANTS:
         timed(f"router: gemv_route {v.name if v else 'default'}", lambda i, v=v: router_new(i, v), rb)
     gb = k * per_expert["gate_up"]
     for v in GLU_VARIANTS:
         timed(f"gate|up Q4_K: gemv_experts {v.name if v else 'default'}", lambda i, v=v: glu(i, v), gb)
+    hs2 = [ctx.upload(rng.standard_normal((2, D)).astype(np.float32)) for _ in range(N_IN)]
+    routings2 = [ctx.upload(rng.choice(E, 2 * k, replace=False).astype(np.int32)) for _ in range(N_IN)]
+    act2 = ctx.empty((2 * k, F), np.float32)
+    timed("gate|up Q4_K: gemv_experts default, 2 tokens (16 slots)",
+          lambda i: gemv.gemv_experts(gate_up[i % 2], 2 * F, hs2[i % N_IN], act2, routings2[i % N_IN], k, s,
+                                      glu=gemv.SILU), 2 * gb)
     for t in downs:
         db = k * per_expert[f"down {t.name}"]
         timed(f"down {t.name}: experts + combine + norm (before)", lambda i, t=t: down_old(i, t), db)
         timed(f"down {t.name}: experts_down_sum + tail", lambda i, t=t: down_new(i, t), db)
-        for new in (False, True):
-            timed(f"layer, down {t.name} ({'after' if new else 'before'})", lambda i, t=t, new=new: layer(i, t, new),
-                  rb + gb + db)
+        for nr, nd in ((False, False), (True, True), (True, False), (False, True)):
+            timed(f"layer, down {t.name} (router {'after' if nr else 'before'}, down {'after' if nd else 'before'})",
+                  lambda i, t=t, nr=nr, nd=nd: layer(i, t, nr, nd), rb + gb + db)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

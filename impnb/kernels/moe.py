@@ -26,13 +26,14 @@ NEG = np.float32(-3.0e38)
 def route_ref(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (T, E) -> (experts (T, k) int32, weights (T, k) float32).
 
-    Softmax over all experts, then the k largest; ties go to the lower expert index.
-    With `normalize` the k weights are rescaled to sum to 1.
+    The k largest logits (the order of their softmax, without the ties its underflow makes
+    where logits span more than ~745), ties to the lower expert index; their weights are the
+    softmax over all experts, or with `normalize` over the k alone (rescaled to sum to 1).
     """
     z = logits.astype(np.float64)
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    experts = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    experts = np.argsort(-z, axis=-1, kind="stable")[:, :k]
     weights = np.take_along_axis(p, experts, axis=-1)
     if normalize:
         weights /= weights.sum(axis=-1, keepdims=True)
