@@ -11,7 +11,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from impnb.kernels import ptx
-from impnb.kernels.norm import warp_argmax, warp_sum, warp_sync
+from impnb.kernels import quant_intrinsics as qi
+from impnb.kernels.norm import warp_max_u32, warp_min_u32, warp_sum, warp_sync
 from impnb.launch import launch
 
 MAX_K = 8
@@ -21,6 +22,8 @@ ROUTE_WARPS = 4          # tokens per route block
 GROUP_THREADS = 1024
 COMBINE_THREADS = 128
 NEG = np.float32(-3.0e38)
+SIGN = np.uint32(0x80000000)
+ALL_ONES = np.uint32(0xFFFFFFFF)
 
 
 def route_ref(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -71,16 +74,45 @@ def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
 
 
 @cuda.jit(device=True, inline=True)
+def order_key(v):
+    """A uint32 ordered as float32 v is (NaN aside): sign-flipped bits; 0 below every float."""
+    b = qi.f32_bits(v)
+    return b ^ ALL_ONES if b & SIGN else b | SIGN
+
+
+@cuda.jit(device=True, inline=True)
+def key_value(u):
+    """The float32 of order_key u."""
+    return qi.as_f32(u ^ SIGN if u & SIGN else u ^ ALL_ONES)
+
+
+@cuda.jit(device=True, inline=True)
+def lane_best(row, lane, E, taken):
+    """(order key, expert) of the lane's largest untaken logit, the lower expert on ties; key 0
+    and expert E when none is left."""
+    bk = np.uint32(0)
+    bi = E
+    for i in range((E + 31) >> 5):
+        e = lane + 32 * i
+        if e < E and (taken >> i) & 1 == 0:
+            key = order_key(row[e])
+            if key > bk:
+                bk = key
+                bi = e
+    return bk, bi
+
+
+@cuda.jit(device=True, inline=True)
 def route_token(logits, t, k, normalize, experts, weights, row):
     """One warp: token t's top k experts and their softmax weights from logits (T, E) (route_ref)
     into experts[t], weights[t]. The logits are read through L2 (ld.global.cg: they may come
     from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,) float32 of shared
     memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as
-    chosen); k rounds of a warp argmax pick the experts in order, ties to the lower index (a lane
-    scans its experts upwards, keeping the first max), then the denominator is a warp sum."""
+    chosen) and keeps its best untaken one; each of the k rounds takes the warp's largest key
+    and, among the lanes holding it, the lowest expert (two redux.sync), and the winning lane
+    finds its next best. The softmax denominator is a warp sum."""
     lane = cuda.threadIdx.x & 31
     E = logits.shape[1]
-    n_own = (E + 31) >> 5
     base = t * E
     for e0 in range(lane, E, 128):  # four L2 loads in flight a lane
         v = cuda.local.array(4, float32)
@@ -91,35 +123,30 @@ def route_token(logits, t, k, normalize, experts, weights, row):
                 row[e0 + 32 * q] = v[q]
     warp_sync()
     taken = 0
+    bk, bi = lane_best(row, lane, E, taken)
     mx = NEG
     mine = NEG  # lane j < k: the logit of the j-th choice
     # -- top k --
     for j in range(k):
-        bv = NEG
-        bi = E
-        for i in range(n_own):
-            e = lane + 32 * i
-            if e < E and (taken >> i) & 1 == 0:
-                v = row[e]
-                if v > bv:
-                    bv = v
-                    bi = e
-        bv, bi = warp_argmax(bv, bi)
-        if bi & 31 == lane:
-            taken |= 1 << (bi >> 5)
+        top = warp_max_u32(bk)
+        win = warp_min_u32(np.uint32(bi) if bk == top else ALL_ONES)
+        if win & 31 == lane:
+            taken |= 1 << (win >> 5)
+            bk, bi = lane_best(row, lane, E, taken)
+        val = key_value(top)
         if j == 0:
-            mx = bv
+            mx = val
         if j == lane:
-            mine = bv
+            mine = val
         if lane == 0:
-            experts[t, j] = bi
+            experts[t, j] = win
     # -- softmax weights of the chosen experts --
     p = math.exp(mine - mx) if lane < k else float32(0.0)
     if normalize:
         den = warp_sum(p)
     else:
         den = float32(0.0)
-        for i in range(n_own):
+        for i in range((E + 31) >> 5):
             e = lane + 32 * i
             if e < E:
                 den += math.exp(row[e] - mx)

@@ -77,6 +77,12 @@ if SIMULATOR:
     def warp_sync():
         _sim_warp_values(None)
 
+    def warp_max_u32(v):
+        return np.uint32(max(int(u) for u in _sim_warp_values(int(v) & 0xFFFFFFFF)))
+
+    def warp_min_u32(v):
+        return np.uint32(min(int(u) for u in _sim_warp_values(int(v) & 0xFFFFFFFF)))
+
     def shfl_xor(v, off):
         return _sim_butterfly(v, lambda a, b: b, (int(off),))
 
@@ -117,6 +123,16 @@ else:
                 v = ov
                 i = oi
         return v, i
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max_u32(v):
+        """The largest uint32 v over the 32 lanes (one redux.sync); every lane gets it. Whole warps only."""
+        return ptx.redux_max_u32(v)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_min_u32(v):
+        """The smallest uint32 v over the 32 lanes (one redux.sync); every lane gets it. Whole warps only."""
+        return ptx.redux_min_u32(v)
 
     @cuda.jit(device=True, inline=True)
     def warp_sync():

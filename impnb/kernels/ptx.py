@@ -161,6 +161,22 @@ else:
     grid_dep_wait = _no_operand("griddepcontrol.wait;")
     grid_dep_launch = _no_operand("griddepcontrol.launch_dependents;")
 
+    def _redux(op):
+        @intrinsic
+        def redux(typingctx, v):
+            if not isinstance(v, types.Integer):
+                return None
+
+            def codegen(context, builder, sig, args):
+                return _asm(builder, _I32, [_i32(builder, args[0])],
+                            f"redux.sync.{op}.u32 $0, $1, 0xffffffff;", "=r,r")
+            return types.uint32(v), codegen
+        redux.__doc__ = f"redux.sync.{op}.u32 over the warp's 32 lanes (sm_80+); every lane gets it. Whole warps only."
+        return redux
+
+    redux_max_u32 = _redux("max")
+    redux_min_u32 = _redux("min")
+
     # Thread-block clusters (sm_90; launched with impnb.launch's cluster=): every thread of every
     # block of the cluster arrives, then waits; shared-memory writes before it (release) are seen
     # by the cluster's blocks after it (acquire), through ld_cluster_f32.

@@ -45,6 +45,9 @@ if SIM:
     def as_f32(u):
         return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
 
+    def f32_bits(v):
+        return np.float32(v).view(np.uint32)
+
     def shr32(u, s):
         return np.uint32((int(u) & 0xFFFFFFFF) >> int(s))
 
@@ -141,6 +144,17 @@ else:
         def codegen(context, builder, sig, args):
             return builder.bitcast(_i32(builder, args[0]), ir.FloatType())
         return types.float32(u), codegen
+
+    @intrinsic
+    def f32_bits(typingctx, v):
+        """The bits of float32 v as a uint32."""
+        if not isinstance(v, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            return builder.bitcast(f, ir.IntType(32))
+        return types.uint32(v), codegen
 
     @intrinsic
     def shr32(typingctx, u, s):
