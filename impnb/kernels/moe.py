@@ -75,8 +75,9 @@ def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
 
 @cuda.jit(device=True, inline=True)
 def order_key(v):
-    """A uint32 ordered as float32 v is (NaN aside): sign-flipped bits; 0 below every float."""
-    b = qi.f32_bits(v)
+    """A uint32 ordered as float32 v is (NaN aside): sign-flipped bits, -0 taken as +0 (equal
+    floats, equal keys); 0 below every float."""
+    b = qi.f32_bits(v + float32(0.0))  # -0 + 0 = +0
     return b ^ ALL_ONES if b & SIGN else b | SIGN
 
 
