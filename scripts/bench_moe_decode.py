@@ -7,7 +7,7 @@ F = 768; gate|up Q4_K stacked per expert, down Q6_K or Q4_K) and an F32 router (
   gate|up  gemv_experts with SiLU, per variant
   down     gemv_experts + moe_combine + norm.rms_norm_add (before), or experts_down_sum with the
            residual tail (kernels/gemv_moe.py)
-  layer    all of it, default variants: before, after, and the router or the down alone after
+  layer    all of it, default variants, before and after
 Each call reads other expert weights: 2 copies of every matrix, 16 inputs h (so the router picks
 other experts) and 16 fixed routings for the gate|up and down rows, taken in turn. --calls calls
 are captured into one CUDA graph (programmatic launches as in a decode step) and replayed, the
@@ -133,9 +133,9 @@ def main() -> int:
         db = k * per_expert[f"down {t.name}"]
         timed(f"down {t.name}: experts + combine + norm (before)", lambda i, t=t: down_old(i, t), db)
         timed(f"down {t.name}: experts_down_sum + tail", lambda i, t=t: down_new(i, t), db)
-        for nr, nd in ((False, False), (True, True), (True, False), (False, True)):
-            timed(f"layer, down {t.name} (router {'after' if nr else 'before'}, down {'after' if nd else 'before'})",
-                  lambda i, t=t, nr=nr, nd=nd: layer(i, t, nr, nd), rb + gb + db)
+        for new in (False, True):
+            timed(f"layer, down {t.name} ({'after' if new else 'before'})", lambda i, t=t, new=new: layer(i, t, new, new),
+                  rb + gb + db)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -112,7 +112,6 @@ class DeviceModel:
         self.v_pool = [self.ctx.empty(kv_cache.pool_shape(n_pages, PAGE_SIZE, cfg.n_head_kv, cfg.head_dim_v),
                                       np.float16) for _ in range(cfg.n_layer)]
         self.block_table = self.ctx.upload(kv_cache.contiguous_block_table(1, n_pages)[0])
-        self.slot_rows = self.ctx.upload(np.arange(GEMV_MAX_ROWS * max(cfg.n_expert_used, 1), dtype=np.int32))
         # decode attention: per context bucket (the graph of a bucket keeps its own) the
         # short-context kernel's blocks a row (0: none) or a split count; the partials are sized
         # for the largest

@@ -15,8 +15,6 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
-import os
-
 import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
@@ -25,9 +23,6 @@ from impnb.kernels import activations, gemv
 from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import moe_combine, moe_route
-
-
-DOWN = os.environ.get("IMPNB_MOE_DOWN", "sum+tail")  # (experiment) sum+tail, sum, gemv
 
 
 def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
@@ -46,13 +41,7 @@ def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
                         residual.counter, s)
         act = a.get("moe_act", (S, F))
         _experts_glu_gemv(m, h, prefix, slots, k, act)
-        if DOWN == "gemv":  # (experiment)
-            y = a.get("moe_y", (S, D))
-            gemv.gemv_experts(m.w[prefix + "ffn_down_exps"], D, act, y, slots, 1, s)
-            moe_combine(y, m.slot_rows, weights, out, s)
-            residual.unfused(out, s)
-            return
-        tail = residual if m.gemv_tail and DOWN == "sum+tail" else None
+        tail = residual if m.gemv_tail else None
         experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, out, slots, weights, s, tail)
         if tail is None:
             residual.unfused(out, s)

@@ -11,7 +11,6 @@ residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's 
 """
 
 import math
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -65,7 +64,6 @@ def tuple_of(f, n):
 
 def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route):
     wpg = span // 32  # warps per row group
-    late = os.environ.get("IMPNB_PDL_LATE") == "1"  # (experiment) trigger dependents after the loads
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
 
@@ -227,8 +225,6 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                     else:
                         half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
                         half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
-        if late:
-            ptx.grid_dep_launch()
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -276,8 +272,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         @cuda.jit
         def _gemv_experts_kernel(parts, x, y, n_rows, experts, x_div, accumulate):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            if not late:
-                ptx.grid_dep_launch()
+            ptx.grid_dep_launch()
             s = cuda.blockIdx.y
             rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
                          (s // x_div) * x.shape[1], s, x, float32(0))
@@ -291,8 +286,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         @cuda.jit
         def _gemv_tail_kernel(parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            if not late:
-                ptx.grid_dep_launch()
+            ptx.grid_dep_launch()
             rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
             residual_tail(y, x_res, w_post, w_next, h, eps, counter)
 
@@ -304,8 +298,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         @cuda.jit
         def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            if not late:
-                ptx.grid_dep_launch()
+            ptx.grid_dep_launch()
             rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
             if last_block(counter):
                 logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
@@ -319,8 +312,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         @cuda.jit
         def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            if not late:
-                ptx.grid_dep_launch()
+            ptx.grid_dep_launch()
             rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps)
 
         return _gemv_norm_kernel
@@ -328,8 +320,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        if not late:
-            ptx.grid_dep_launch()
+        ptx.grid_dep_launch()
         rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0))
 
     return _gemv_kernel

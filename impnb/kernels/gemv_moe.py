@@ -8,7 +8,6 @@ Reference: moe.combine_ref of gemv.gemv_ref per slot (the sum in slot order j = 
 Legend: T tokens, k experts a token (<= 8), D output rows of an expert, F its input width.
 """
 
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -44,7 +43,6 @@ def down_sum_kernel(ggml_type: T, n_tok: int, tail: int = 0):
     load, unit, col = DECODERS[T(ggml_type)]
     R = rows_for(T(ggml_type))
     residual_tail = make_tail(tail, n_tok) if tail else None
-    late = os.environ.get("IMPNB_PDL_LATE") == "1"  # (experiment)
 
     @cuda.jit(device=True, inline=True)
     def slot_chunk(a, c, i):
@@ -64,8 +62,7 @@ def down_sum_kernel(ggml_type: T, n_tok: int, tail: int = 0):
     @cuda.jit
     def _down_sum_kernel(parts, act, out, experts, weights, x_res, w_post, w_next, h, eps, counter):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        if not late:
-            ptx.grid_dep_launch()
+        ptx.grid_dep_launch()
         D = out.shape[1]
         F = act.shape[1]
         cpr = F // 32
@@ -105,8 +102,6 @@ def down_sum_kernel(ggml_type: T, n_tok: int, tail: int = 0):
                         for q in range(16):
                             p += wv[q] * xv[q]
                         acc[i, r] += ua * p + ub * sx
-        if late:
-            ptx.grid_dep_launch()
         # -- per (slot, row) over the warp, then the weighted sum over the slots in order --
         scratch = cuda.shared.array(BLOCK, float32)
         part = cuda.shared.array((PARTS, R), float32)
