@@ -280,7 +280,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         return _gemv_experts_kernel
 
     if tail:
-        residual_tail = make_tail(tail, n_tok)
+        residual_tail = make_tail(tail)
 
         # as _gemv_kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
         @cuda.jit

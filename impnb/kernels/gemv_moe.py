@@ -37,12 +37,11 @@ def rows_for(ggml_type: T) -> int:
 
 
 @lru_cache(maxsize=None)
-def down_sum_kernel(ggml_type: T, n_tok: int, tail: int = 0):
-    """The kernel for one weight type, token count (its residual tail's) and tail mode (0: none,
-    gemv_tail.ADD or POST_ADD)."""
+def down_sum_kernel(ggml_type: T, tail: int = 0):
+    """The kernel for one weight type and tail mode (0: none, gemv_tail.ADD or POST_ADD)."""
     load, unit, col = DECODERS[T(ggml_type)]
     R = rows_for(T(ggml_type))
-    residual_tail = make_tail(tail, n_tok) if tail else None
+    residual_tail = make_tail(tail) if tail else None
 
     @cuda.jit(device=True, inline=True)
     def slot_chunk(a, c, i):
@@ -145,16 +144,16 @@ def experts_down_sum(w: PackedWeight, n_rows: int, act, out, experts, weights, s
     assert experts.dtype == np.int32 and weights.dtype == np.float32 and weights.is_c_contiguous()
     grid = n_tok * -(-D // rows_for(w.ggml_type))
     if residual is None:  # the tail's arguments are not read: any of the right types
-        launch(down_sum_kernel(w.ggml_type, n_tok), grid, BLOCK, stream, w.parts, act, out, experts,
+        launch(down_sum_kernel(w.ggml_type), grid, BLOCK, stream, w.parts, act, out, experts,
                weights, out, weights[0], weights[0], out, np.float32(0), experts.view(np.uint32))
         return
-    launch(down_sum_kernel(w.ggml_type, n_tok, residual.mode), grid, BLOCK, stream, w.parts, act, out,
+    launch(down_sum_kernel(w.ggml_type, residual.mode), grid, BLOCK, stream, w.parts, act, out,
            experts, weights, *residual.args(out))
 
 
 # Registers (sm_90a): see tests/test_kernel_build.py.
 BUILD_SIGNATURES = [
-    (down_sum_kernel(t, 1, tail), types.void(*kernel_args(t)), {})
+    (down_sum_kernel(t, tail), types.void(*kernel_args(t)), {})
     for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_K, T.Q5_0, T.Q4_0, T.Q4_1, T.F16, T.F32)
     for tail in (0, ADD)
-] + [(down_sum_kernel(T.Q4_K, 8, POST_ADD), types.void(*kernel_args(T.Q4_K)), {})]
+] + [(down_sum_kernel(T.Q4_K, POST_ADD), types.void(*kernel_args(T.Q4_K)), {})]

@@ -72,7 +72,7 @@ class Residual(NamedTuple):
         return self.x, w_post, self.w_next, self.h, np.float32(self.eps), self.counter
 
 
-def make_tail(mode: int, n_tok: int):
+def make_tail(mode: int):
     """Device function tail(y, x, w_post, w_next, h, eps, counter) for every block of a 1-D grid
     of 32k threads a block, called after the block's stores of y; mode ADD or POST_ADD."""
     assert mode in (ADD, POST_ADD)
@@ -89,7 +89,7 @@ def make_tail(mode: int, n_tok: int):
         nt = cuda.blockDim.x
         red = cuda.shared.array(32, float32)
         D = x.shape[1]
-        for t in range(n_tok):
+        for t in range(x.shape[0]):
             # -- POST_ADD: 1 / rms of y[t] --
             scale = float32(1.0)
             if mode == POST_ADD:
