@@ -7,9 +7,7 @@ reads all of x anyway, so it sums x² on the way and scales its dot products at 
 reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
 residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
 `route` kernel (the MoE router) ends with that block choosing each token's experts from y
-(moe.route_token; reference moe.route_ref). Every kernel but the routed-expert one issues its
-first step's weight loads before it waits on the previous kernel (programmatic launch): no kernel
-writes weights, so their DRAM latency overlaps the end of the kernel before.
+(moe.route_token; reference moe.route_ref).
 """
 
 import math
@@ -64,7 +62,7 @@ def tuple_of(f, n):
     return g
 
 
-def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, early):
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -197,31 +195,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     step_loads = tuple_of(step_chunk, unroll)
 
     @cuda.jit(device=True, inline=True)
-    def decode_step(raws, c0, cpr, x, xo, K, acc, wa, wb, wn, ss):
-        # -- the U chunks c0, c0 + span, ... (those < cpr) of every row times x --
-        for u in range(unroll):
-            c = c0 + u * span
-            if c < cpr:
-                if rows >= 4:
-                    half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
-                    half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
-                else:
-                    half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
-                    half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
-
-    @cuda.jit(device=True, inline=True)
-    def first_loads(parts, x, n_rows, w0):
-        # -- the thread's chunks of the first step (rows_times_x's loop), weights only --
-        tid = cuda.threadIdx.x
-        group = tid // span
-        return step_loads((parts, w0, cuda.blockIdx.x * groups + group, n_rows, x.shape[1] // 32),
-                          tid - group * span)
-
-    @cuda.jit(device=True, inline=True)
-    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps, raws0):
+    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps):
         # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows
-        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t]; raws0:
-        # first_loads --
+        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
@@ -237,11 +213,18 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
         a = (parts, w0, gi, n_rows, cpr)
-        c_first = tid - group * span
-        # -- steps of U chunks of every row: loaded (the first step's in raws0), then decoded --
-        decode_step(raws0, c_first, cpr, x, xo, K, acc, wa, wb, wn, ss)
-        for c0 in range(c_first + span * unroll, cpr, span * unroll):
-            decode_step(step_loads(a, c0), c0, cpr, x, xo, K, acc, wa, wb, wn, ss)
+        for c0 in range(tid - group * span, cpr, span * unroll):
+            # -- load U chunks of every row, then decode them --
+            raws = step_loads(a, c0)
+            for u in range(unroll):
+                c = c0 + u * span
+                if c < cpr:
+                    if rows >= 4:
+                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
+                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
+                    else:
+                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
+                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -288,12 +271,11 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # the tokens, 1 for per-slot rows), y row s its output.
         @cuda.jit
         def _gemv_experts_kernel(parts, x, y, n_rows, experts, x_div, accumulate):
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel (the router) has finished
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
-            w0 = experts[s] * n_rows
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, w0, (s // x_div) * x.shape[1], s, x,
-                         float32(0), first_loads(parts, x, n_rows, w0))
+            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
+                         (s // x_div) * x.shape[1], s, x, float32(0))
 
         return _gemv_experts_kernel
 
@@ -303,13 +285,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # as _gemv_kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
         @cuda.jit
         def _gemv_tail_kernel(parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter):
-            if early:  # weights: written by no kernel
-                raws0 = first_loads(parts, x, n_rows, 0)
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            if not early:
-                raws0 = first_loads(parts, x, n_rows, 0)
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0), raws0)
+            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
             residual_tail(y, x_res, w_post, w_next, h, eps, counter)
 
         return _gemv_tail_kernel
@@ -319,13 +297,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # the T tokens, a warp a token
         @cuda.jit
         def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
-            if early:  # weights: written by no kernel
-                raws0 = first_loads(parts, x, n_rows, 0)
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            if not early:
-                raws0 = first_loads(parts, x, n_rows, 0)
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0), raws0)
+            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
             if last_block(counter):
                 logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
                 warp = cuda.threadIdx.x >> 5
@@ -337,25 +311,17 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     if normed:
         @cuda.jit
         def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
-            if early:  # weights: written by no kernel
-                raws0 = first_loads(parts, x, n_rows, 0)
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            if not early:
-                raws0 = first_loads(parts, x, n_rows, 0)
-            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps, raws0)
+            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps)
 
         return _gemv_norm_kernel
 
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
-        if early:  # weights: written by no kernel
-            raws0 = first_loads(parts, x, n_rows, 0)
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        if not early:
-            raws0 = first_loads(parts, x, n_rows, 0)
-        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0), raws0)
+        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0))
 
     return _gemv_kernel
 
@@ -379,10 +345,7 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or (n_tok == 1 and not normed)
     assert not (tail or route) or (glu == NO_GLU and not experts and not normed and not (tail and route))
-    # the first step's loads ahead of the wait where their registers stay few (the early kernels'
-    # registers: see BUILD_SIGNATURES)
-    early = n_tok <= 2 and ggml_type not in (T.F16, T.F32)
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route, early)
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route)
 
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,

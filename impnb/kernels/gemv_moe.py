@@ -52,37 +52,16 @@ def down_sum_kernel(ggml_type: T, tail: int = 0):
 
     chunks = tuple_of(slot_chunk, SLOTS * R)
 
-    @cuda.jit(device=True, inline=True)
-    def dot_step(raws, c, act, xo0, xo1, acc, xv, wv):
-        # -- acc[i, r] += chunk c of row r of slot i's expert . act[slot i] (rows at xo0, xo1) --
-        for i in range(SLOTS):
-            xo = xo0 if i == 0 else xo1
-            for hh in range(2):
-                kc = col(c, hh)
-                sx = float32(0.0)
-                for v in range(4):
-                    x0, x1, x2, x3 = qi.ldg_f32x4(act, xo + kc + 4 * v)
-                    xv[4 * v] = x0
-                    xv[4 * v + 1] = x1
-                    xv[4 * v + 2] = x2
-                    xv[4 * v + 3] = x3
-                    sx += (x0 + x1) + (x2 + x3)
-                for r in range(R):
-                    ua, ub = unit(raws[i * R + r], c, hh, wv)
-                    p = float32(0.0)
-                    for q in range(16):
-                        p += wv[q] * xv[q]
-                    acc[i, r] += ua * p + ub * sx
-
     # grid (T * ceil(D / R),), block 128: block b is token t = b // ceil(D / R), rows R * (b mod
-    # ceil(D / R)) .. +R-1 (past D: clamped, computed, dropped). The first step's weight loads
-    # are issued before the wait on the previous kernel. Warp w takes the slots j = w and
+    # ceil(D / R)) .. +R-1 (past D: clamped, computed, dropped). Warp w takes the slots j = w and
     # w + 4 (past k: clamped to k - 1, weight 0), lane c the chunks c, c + 32, ... of every row:
     # the 2 R 16-byte loads of a step first, then per slot and half chunk x[s] (float4 loads
     # through L1) times each row. Per (slot, row) a warp sum into shared part[j, r]; thread r sums
     # weights[t, j] * part[j, r] over j in order and stores out[t, row].
     @cuda.jit
     def _down_sum_kernel(parts, act, out, experts, weights, x_res, w_post, w_next, h, eps, counter):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         D = out.shape[1]
         F = act.shape[1]
         cpr = F // 32
@@ -95,23 +74,33 @@ def down_sum_kernel(ggml_type: T, tail: int = 0):
         lane = tid & 31
         s0 = t * k + min(warp, k - 1)
         s1 = t * k + min(warp + WARPS, k - 1)
-        # -- the first chunks before the wait: the experts come from the router, two kernels back
-        # (the gate|up GEMV before this one waited for it before it let this kernel start) --
-        a = (parts, experts[s0], experts[s1], row0, D, cpr)
-        raws = chunks(a, min(lane, cpr - 1))
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel (gate|up, act) has finished
-        ptx.grid_dep_launch()
         acc = cuda.local.array((SLOTS, R), float32)
         for i in range(SLOTS):
             for r in range(R):
                 acc[i, r] = 0.0
         xv = cuda.local.array(16, float32)
         wv = cuda.local.array(16, float32)
-        xo0, xo1 = s0 * F, s1 * F
-        if lane < cpr:
-            dot_step(raws, lane, act, xo0, xo1, acc, xv, wv)
-        for c in range(lane + 32, cpr, 32):
-            dot_step(chunks(a, c), c, act, xo0, xo1, acc, xv, wv)
+        a = (parts, experts[s0], experts[s1], row0, D, cpr)
+        for c in range(lane, cpr, 32):
+            raws = chunks(a, c)
+            for i in range(SLOTS):
+                xo = (s0 if i == 0 else s1) * F
+                for hh in range(2):
+                    kc = col(c, hh)
+                    sx = float32(0.0)
+                    for v in range(4):
+                        x0, x1, x2, x3 = qi.ldg_f32x4(act, xo + kc + 4 * v)
+                        xv[4 * v] = x0
+                        xv[4 * v + 1] = x1
+                        xv[4 * v + 2] = x2
+                        xv[4 * v + 3] = x3
+                        sx += (x0 + x1) + (x2 + x3)
+                    for r in range(R):
+                        ua, ub = unit(raws[i * R + r], c, hh, wv)
+                        p = float32(0.0)
+                        for q in range(16):
+                            p += wv[q] * xv[q]
+                        acc[i, r] += ua * p + ub * sx
         # -- per (slot, row) over the warp, then the weighted sum over the slots in order --
         scratch = cuda.shared.array(BLOCK, float32)
         part = cuda.shared.array((PARTS, R), float32)

@@ -7,11 +7,9 @@ A launch on a capturing stream is captured like any other (impnb.graphs.capture.
 the first launch of a (kernel, signature) compiles and loads a module: warm up before capture.
 Modules are loaded into the context current at that first launch (numba's primary context).
 
-A kernel whose body calls `ptx.grid_dep_wait()` (before it touches memory the kernels before it
-write, and before its `ptx.grid_dep_launch()`) is launched with programmatic stream serialization
-(cuLaunchKernelEx): it may be scheduled while the kernel before it runs and waits on the device,
-so the launch gap between graph nodes overlaps work. Since every kernel waits before it lets the
-next one start, a kernel that starts knows the kernel two back has finished.
+A kernel whose body calls `ptx.grid_dep_wait()` (first, before it touches memory) is launched
+with programmatic stream serialization (cuLaunchKernelEx): it may be scheduled while the kernel
+before it runs and waits on the device, so the launch gap between graph nodes overlaps work.
 IMPNB_PDL=0 turns this off. A launch with cluster dims goes through cuLaunchKernelEx too.
 """
 
