@@ -3,7 +3,8 @@
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
 #   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|decode|all]   (default all but moe)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
-# Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it.
+# Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
+# experts at decode piece by piece (bench_moe_decode.py).
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -43,6 +44,8 @@ if [[ $what == moe ]]; then
   [ -f $moe ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M --out $moe > "$OUT/moe-make.log" 2>&1
   timeout 300 python3 -m impnb bench -m $moe -p 512 -n 128 -r 3 --device cuda > "$OUT/bench-moe.log" 2>&1
   status[bench-moe]="rc=$? $(grep -E 'tg128' "$OUT/bench-moe.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+  timeout 200 python3 scripts/bench_moe_decode.py --json "$OUT/bench-moe-decode.json" > "$OUT/bench-moe-decode.log" 2>&1
+  status[bench-moe-decode]="rc=$? see bench-moe-decode.log"
 fi
 
 if [[ $what == decode ]]; then
