@@ -232,14 +232,20 @@ def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
         stream.synchronize()
         assert np.isfinite(y).all() and np.isfinite(x_new).all() and np.isfinite(h).all()
         assert (np.abs(y - gemv_ref(raw, ggml_type, x)) <= RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)).all()
-        term = y / np.sqrt(np.mean(y * y, axis=1, keepdims=True) + eps) * w_post if post else y
-        x_ref = xr + term
-        mag = np.abs(xr) + np.abs(term)
-        assert (np.abs(x_new - x_ref) <= 1e-5 * mag + 1e-30).all(), np.max(np.abs(x_new - x_ref) / mag)
-        inv = 1 / np.sqrt(np.mean(x_ref * x_ref, axis=1, keepdims=True) + eps)
-        h_ref = x_ref * inv * w_next
-        assert (np.abs(h - h_ref) <= 1e-5 * (mag * inv * np.abs(w_next) + np.abs(h_ref)) + 1e-30).all()
+        check_residual_update(xr, y, x_new, h, w_post if post else None, w_next, eps)
         assert counter.copy_to_host()[0] == 0
+
+
+def check_residual_update(xr, y, x_new, h, w_post, w_next, eps):
+    """gemv_tail's update of x_res (xr before, x_new after) and h against float64 math on the
+    kernel's own output y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res) * w_next."""
+    term = y / np.sqrt(np.mean(y * y, axis=1, keepdims=True) + eps) * w_post if w_post is not None else y
+    x_ref = xr + term
+    mag = np.abs(xr) + np.abs(term)
+    assert (np.abs(x_new - x_ref) <= 1e-5 * mag + 1e-30).all(), np.max(np.abs(x_new - x_ref) / mag)
+    inv = 1 / np.sqrt(np.mean(x_ref * x_ref, axis=1, keepdims=True) + eps)
+    h_ref = x_ref * inv * w_next
+    assert (np.abs(h - h_ref) <= 1e-5 * (mag * inv * np.abs(w_next) + np.abs(h_ref)) + 1e-30).all()
 
 
 @pytest.mark.parametrize("ggml_type,rows,cols,post", [
