@@ -9,8 +9,9 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
-The residual updates are one norm kernel after a GEMM or the experts, and the tail of the GEMV
-at decode (kernels/gemv_tail.py: one kernel a layer fewer each).
+The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
+tail of the GEMV, the experts' fused down included (kernels/gemv_tail.py: one kernel a layer
+fewer each).
 Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
 norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
 ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
