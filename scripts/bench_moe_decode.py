@@ -134,8 +134,8 @@ def main() -> int:
         timed(f"down {t.name}: experts + combine + norm (before)", lambda i, t=t: down_old(i, t), db)
         timed(f"down {t.name}: experts_down_sum + tail", lambda i, t=t: down_new(i, t), db)
         for new in (False, True):
-            timed(f"layer, down {t.name} ({'after' if new else 'before'})", lambda i, t=t, new=new: layer(i, t, new, new),
-                  rb + gb + db)
+            timed(f"layer, down {t.name} ({'after' if new else 'before'})",
+                  lambda i, t=t, new=new: layer(i, t, new, new), rb + gb + db)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -62,9 +62,6 @@ if SIMULATOR:
     def warp_max(v):
         return _sim_butterfly(v, max)
 
-    def warp_argmax(v, i):
-        return _sim_butterfly((v, i), lambda a, b: a if a[0] > b[0] or (a[0] == b[0] and a[1] < b[1]) else b)
-
     def quad_sum(v):
         return _sim_butterfly(v, lambda a, b: a + b, (1, 2))
 
@@ -112,17 +109,6 @@ else:
         for off in (16, 8, 4, 2, 1):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
-
-    @cuda.jit(device=True, inline=True)
-    def warp_argmax(v, i):
-        """(max v, its index i) over the 32 lanes, ties to the lower i; every lane gets it."""
-        for off in (16, 8, 4, 2, 1):
-            ov = cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
-            oi = cuda.shfl_xor_sync(0xFFFFFFFF, i, off)
-            if ov > v or (ov == v and oi < i):
-                v = ov
-                i = oi
-        return v, i
 
     @cuda.jit(device=True, inline=True)
     def warp_max_u32(v):
