@@ -4,9 +4,11 @@ For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
     python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
-                                 [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--json PATH]
+                                 [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--dp4a [V,...]] [--json PATH]
 --read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
+--dp4a [V,...] also times gemv_dp4a (choose_dp4a's variant, or these) and quantize_x, which it needs
+first, on the same x (rows "dp4a ..." and "quant_x"; their sum is what a decode step pays).
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
     python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
@@ -28,7 +30,9 @@ from numba import cuda, uint32  # noqa: E402
 from impnb.kernels import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv import DECODERS, Variant, gemv  # noqa: E402
+from impnb.kernels.gemv_dp4a import DOTS, choose_dp4a, gemv_dp4a  # noqa: E402
 from impnb.kernels.gemv_stream import gemv_stream, sm_count  # noqa: E402
+from impnb.kernels.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
 
 PEAK = 2.97e12  # bytes/s, device-to-device copy on the H100 (shared/GPU.md)
@@ -137,8 +141,25 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
+def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream):
+    """quantize_x, then gemv_dp4a in each variant (None: choose_dp4a's), on one Gaussian x."""
+    rows, cols = weights[0].rows, weights[0].cols
+    x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
+    xq = quant_x_buffers(n_tok, cols)
+    med, b2b = time_launches(lambda i, s: quantize_x(x, xq, s), 1, reps, stream)
+    out = [result("quant_x", t, weights, n_tok, x.nbytes + sum(a.nbytes for a in xq), med, b2b)]
+    for v in variants:
+        y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
+        med, b2b = time_launches(lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v),
+                                 len(weights), reps, stream)
+        assert np.isfinite(y.copy_to_host()).all()
+        out.append(result(f"dp4a {(v or choose_dp4a(t, n_tok, cols)).name}", t, weights, n_tok,
+                          weights[0].nbytes, med, b2b))
+    return out
+
+
 def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variants=(None,), streams=(),
-               reads=()):
+               reads=(), dp4a=()):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
@@ -161,6 +182,8 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
                                      len(weights), reps, stream)
             assert np.isfinite(y.copy_to_host()).all()
             out.append(result(v.name if v else "gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
+        if dp4a and t in DOTS:
+            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream)
     if with_dequant:
         w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
         med, b2b = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
@@ -181,6 +204,7 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time every T = 1 variant on the sweep shapes")
     ap.add_argument("--variant", help="gemv_variants.Variants instead of choose()'s, e.g. s32u1r8,s64u1r4")
     ap.add_argument("--read", help="also time plain reads U:B:W and a copy of the same bytes, e.g. 4:4:256")
+    ap.add_argument("--dp4a", nargs="?", const="", help="also time quantize_x + gemv_dp4a (variants, e.g. s64u1r4)")
     ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
     args = ap.parse_args()
     if args.sweep:
@@ -190,24 +214,27 @@ def main():
     rows, cols = (int(v) for v in args.shape.lower().split("x"))
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
-    variants = [None]
-    if args.variant:
-        variants = []
-        for name in args.variant.split(","):
+    def parse_variants(text, flag):
+        out = []
+        for name in text.split(","):
             m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", name)
             if not m:
-                ap.error(f"--variant {name!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
-            variants.append(Variant(*map(int, m.groups())))
+                ap.error(f"{flag} {name!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
+            out.append(Variant(*map(int, m.groups())))
+        return out
+
+    variants = parse_variants(args.variant, "--variant") if args.variant else [None]
+    dp4a = () if args.dp4a is None else parse_variants(args.dp4a, "--dp4a") if args.dp4a else [None]
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
     results = []
-    print(f"{'op':10} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
+    print(f"{'op':14} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for name in args.types.split(","):
         for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants,
-                            streams, reads):
+                            streams, reads, dp4a):
             results.append(r)
-            print(f"{r['op']:10} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
+            print(f"{r['op']:14} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
                   f"{r['pct_peak']:9.1f}% {r['pct_peak_b2b']:5.1f}%", flush=True)
     if args.json:

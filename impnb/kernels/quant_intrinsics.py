@@ -37,6 +37,24 @@ if SIM:
         f = _flat(a)
         return (f[i], f[i + 1], f[i + 2], f[i + 3])
 
+    ldg_u32x4_l1 = ldg_f32x4  # four 32-bit words through the read-only L1 path
+
+    def rint_s32(v):
+        """float32 v rounded to the nearest int32, ties to even (cvt.rni)."""
+        return np.int32(np.rint(np.float32(v)))
+
+    def _bytes(u, signed):
+        b = [(int(u) >> (8 * i)) & 0xFF for i in range(4)]
+        return [v - 256 if signed and v > 127 else v for v in b]
+
+    def dp4a_us(a, b, c):
+        """c + the dot of the 4 unsigned bytes of a with the 4 signed bytes of b (int32)."""
+        return np.int32(int(c) + sum(p * q for p, q in zip(_bytes(a, False), _bytes(b, True))))
+
+    def dp4a_ss(a, b, c):
+        """c + the dot of the 4 signed bytes of a with the 4 signed bytes of b (int32)."""
+        return np.int32(int(c) + sum(p * q for p, q in zip(_bytes(a, True), _bytes(b, True))))
+
     def stg_x4(a, i, v0, v1, v2, v3):
         """a[i:i+4] = v0..v3 for a 32-bit array (i a multiple of 4)."""
         f = _flat(a)
@@ -113,6 +131,38 @@ else:
     # Weights are read once: keep them out of L1 so x stays there.
     ldg_u32x4 = _ld4("ld.global.nc.L1::no_allocate.v4.u32", "r")
     ldg_f32x4 = _ld4("ld.global.nc.v4.f32", "f")
+    ldg_u32x4_l1 = _ld4("ld.global.nc.v4.u32", "r")  # x words: kept in L1, shared by the rows
+
+    @intrinsic
+    def rint_s32(typingctx, v):
+        """float32 v rounded to the nearest int32, ties to even (cvt.rni)."""
+        if not isinstance(v, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.FloatType()]), "cvt.rni.s32.f32 $0, $1;", "=r,f")
+            return builder.call(asm, [f])
+        return types.int32(v), codegen
+
+    def _dp4a(text, doc):
+        @intrinsic
+        def dp4a(typingctx, a, b, c):
+            if not all(isinstance(v, types.Integer) for v in (a, b, c)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), text, "=r,r,r,r")
+                return builder.call(asm, [_i32(builder, v) for v in args])
+            return types.int32(a, b, c), codegen
+        dp4a.__doc__ = doc
+        return dp4a
+
+    dp4a_us = _dp4a("dp4a.u32.s32 $0, $1, $2, $3;",
+                    "c + the dot of the 4 unsigned bytes of a with the 4 signed bytes of b (int32).")
+    dp4a_ss = _dp4a("dp4a.s32.s32 $0, $1, $2, $3;",
+                    "c + the dot of the 4 signed bytes of a with the 4 signed bytes of b (int32).")
 
     @intrinsic
     def stg_x4(typingctx, a, i, v0, v1, v2, v3):

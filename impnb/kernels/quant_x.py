@@ -1,0 +1,103 @@
+"""Activations to int8 for the dp4a GEMV (gemv_dp4a.py): x (T, K) float32 in groups of 16 columns,
+each group q = rint(x * 127 / amax) in int8 with its scale d = amax / 127 and the sum of its
+dequantized values s = d * sum(q) (what a weight's constant term multiplies). Numpy reference:
+`quantize_x_ref`, bit-equal to the kernel.
+
+    QuantX: q (T, K/4) uint32, 4 int8 a word in column order; d, s (T, K/16) float32
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32, int32, types, uint32
+
+from impnb.kernels import ptx
+from impnb.kernels import quant_intrinsics as qi
+from impnb.launch import launch
+
+GROUP = 16  # columns a scale
+WORDS = 4  # int8 words a group
+THREADS = 128
+
+
+class QuantX(NamedTuple):
+    q: object  # (T, K/4) uint32
+    d: object  # (T, K/16) float32
+    s: object  # (T, K/16) float32
+
+
+def quantize_x_ref(x: np.ndarray) -> tuple:
+    """x (T, K) float32 -> (q (T, K/4) uint32, d (T, K/16), s (T, K/16)) as the kernel computes them."""
+    x = np.asarray(x, np.float32)
+    n_tok, K = x.shape
+    g = x.reshape(n_tok, K // GROUP, GROUP)
+    amax = np.abs(g).max(axis=2)
+    d = amax / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(g * inv[:, :, None]).astype(np.int32)
+    s = d * q.sum(axis=2).astype(np.float32)
+    words = q.astype(np.int8).view(np.uint8).reshape(n_tok, K // 4, 4).copy().view(np.uint32)
+    return words.reshape(n_tok, K // 4), d.astype(np.float32), s.astype(np.float32)
+
+
+def dequantize_x_ref(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The values the dp4a GEMV multiplies: q * d, (T, K) float64."""
+    n_tok = q.shape[0]
+    vals = q.view(np.int8).reshape(n_tok, -1, GROUP).astype(np.float64)
+    return (vals * d.astype(np.float64)[:, :, None]).reshape(n_tok, -1)
+
+
+# grid (ceil(T * K/16 / 128),), block 128: a thread a group of 16 columns of one token
+@cuda.jit
+def _quantize_x_kernel(x, q, d, s):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    n_groups = d.shape[1]
+    i = cuda.grid(1)
+    if i >= d.shape[0] * n_groups:
+        return
+    t = i // n_groups
+    g = i - t * n_groups
+    v = cuda.local.array(GROUP, float32)
+    for j in range(WORDS):
+        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * x.shape[1] + GROUP * g + 4 * j)
+    amax = float32(0.0)
+    for j in range(GROUP):
+        amax = max(amax, abs(v[j]))
+    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+    total = int32(0)
+    words = cuda.local.array(WORDS, uint32)
+    for j in range(WORDS):
+        w = uint32(0)
+        for b in range(4):
+            k = qi.rint_s32(v[4 * j + b] * inv)
+            total += k
+            w |= uint32(k & 0xFF) << uint32(8 * b)
+        words[j] = w
+    qi.stg_x4(q, t * q.shape[1] + 4 * g, words[0], words[1], words[2], words[3])
+    scale = amax / float32(127.0)
+    d[t, g] = scale
+    s[t, g] = scale * float32(total)
+
+
+def quant_x_buffers(n_tok: int, K: int) -> QuantX:
+    """Device buffers for the int8 form of a (T, K) activation (allocation plan: load time)."""
+    return QuantX(cuda.device_array((n_tok, K // 4), np.uint32), cuda.device_array((n_tok, K // GROUP), np.float32),
+                  cuda.device_array((n_tok, K // GROUP), np.float32))
+
+
+def quantize_x(x, out: QuantX, stream) -> None:
+    """out = the int8 form of x (T, K) float32, K a multiple of 16; out's rows: the first T."""
+    n_tok, K = x.shape
+    assert x.dtype == np.float32 and x.is_c_contiguous() and K % GROUP == 0
+    assert out.q.shape[1] == K // 4 and out.d.shape[1] == K // GROUP and out.q.shape[0] >= n_tok
+    q, d, s = (a[:n_tok] for a in out)
+    launch(_quantize_x_kernel, ((n_tok * K // GROUP + THREADS - 1) // THREADS,), THREADS, stream, x, q, d, s)
+
+
+_F32_2D = types.Array(types.float32, 2, "C")
+BUILD_SIGNATURES = [
+    (_quantize_x_kernel, types.void(_F32_2D, types.Array(types.uint32, 2, "C"), _F32_2D, _F32_2D),
+     {"max_registers": 64}),
+]

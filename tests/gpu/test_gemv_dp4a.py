@@ -1,0 +1,114 @@
+"""The dp4a GEMV and its int8 activations on the GPU, every dp4a type, real model shapes, odd rows.
+
+quantize_x must equal quantize_x_ref bit for bit. The GEMV is checked twice per output:
+- against gemv_dp4a_ref (gguf's dequantize, float64 matmul on the dequantized x̂):
+  |y - ref| <= 1e-4 * (|W| @ |x̂|), float32 accumulation of exact integer dots;
+- against the float64 product with x itself: the error may grow by at most |W| @ e, e[k] =
+  amax of k's 16-column group / 254 (x̂'s rounding bound), so a wrong scale or group shows.
+Outputs are NaN-poisoned; x is Gaussian at std 0.1, 1, 10.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import cuda
+
+from impnb.kernels.gemv import gemv_ref
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, Variant, gemv_dp4a, gemv_dp4a_ref
+from impnb.kernels.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
+from tests.gpu.cases import fitting
+from tests.gpu.test_gemv import weight
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-4
+SHAPES = [(576, 1536), (2048, 640), (19, 576), (111, 2048), (989, 640), (640, 1024), (19, 2048)]
+
+
+def check_quantize_x(x, stream=0):
+    """quantize_x on the device equals quantize_x_ref; returns the reference (q, d, s)."""
+    n_tok, K = x.shape
+    out = quant_x_buffers(n_tok + 1, K)  # one spare row: only the first T are written
+    for a in out:
+        a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype), stream=stream)
+    quantize_x(cuda.to_device(x, stream=stream), out, stream)
+    got = [a.copy_to_host(stream=stream) for a in out]
+    if hasattr(stream, "synchronize"):
+        stream.synchronize()
+    ref = quantize_x_ref(x)
+    for name, g, r in zip(("q", "d", "s"), got, ref):
+        assert np.array_equal(g[:n_tok].view(np.uint32), r.view(np.uint32)), f"quantize_x {name} differs"
+        assert (g[n_tok].view(np.uint32) == 0xFFFFFFFF).all(), f"quantize_x wrote past T rows ({name})"
+    return out, ref
+
+
+def check_gemv_dp4a(raw, wabs, w, x, accumulate=False, variant=None, rng=None):
+    """One gemv_dp4a call on x (T, K) against both references; the weight as test_gemv.weight."""
+    n_tok, K = x.shape
+    rows = raw.shape[0]
+    stream = cuda.stream()
+    xq, (q, d, _) = check_quantize_x(x, stream)
+    y0 = (rng.standard_normal((n_tok, rows)) if accumulate else np.full((n_tok, rows), np.nan)).astype(np.float32)
+    d_y = cuda.to_device(y0, stream=stream)
+    gemv_dp4a(w, xq, d_y, stream, accumulate=accumulate, variant=variant)
+    y = d_y.copy_to_host(stream=stream)
+    stream.synchronize()
+    assert np.isfinite(y).all(), "non-finite output"
+    got = y.astype(np.float64) - (y0 if accumulate else 0)
+    xhat = q.view(np.int8).reshape(n_tok, -1, GROUP).astype(np.float64) * d[:, :, None]
+    xhat = xhat.reshape(n_tok, K)
+    slack = np.abs(y0) * 1e-6 if accumulate else 0
+    ref = gemv_dp4a_ref(raw, w.ggml_type, q, d)
+    bound = RTOL * (np.abs(xhat) @ wabs.T) + slack
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert (err <= bound).all(), f"vs x̂: err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
+    e = np.repeat(np.abs(x.astype(np.float64)).reshape(n_tok, -1, GROUP).max(axis=2), GROUP, axis=1) / 254
+    bound_x = (e * 1.001) @ wabs.T + RTOL * (np.abs(x.astype(np.float64)) @ wabs.T) + slack
+    err_x = np.abs(got - gemv_ref(raw, w.ggml_type, x))
+    worst = np.unravel_index(np.argmax(err_x / bound_x), err_x.shape)
+    assert (err_x <= bound_x).all(), f"vs x: err {err_x[worst]:.3e} > {bound_x[worst]:.3e} at {worst}"
+
+
+def check_case(ggml_type, rows, cols, n_tok, std, seed, **kw):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    check_gemv_dp4a(*weight(ggml_type, rows, cols), x, rng=rng, **kw)
+
+
+@pytest.mark.parametrize("n_tok,K", [(1, 16), (1, 640), (3, 2048), (8, 14336)])
+def test_quantize_x(n_tok, K):
+    rng = np.random.default_rng([n_tok, K])
+    for std in (0.1, 1.0, 10.0):
+        x = (rng.standard_normal((n_tok, K)) * std).astype(np.float32)
+        x[0, :GROUP] = 0.0  # an all-zero group: scale 0, quants 0
+        x[-1, -1] = 1e4  # one outlier in the last group
+        check_quantize_x(x)
+
+
+@pytest.mark.parametrize("ggml_type,rows,cols", fitting(DP4A_TYPES, SHAPES))
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 8])
+def test_gemv_dp4a(ggml_type, rows, cols, n_tok):
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_case(ggml_type, rows, cols, n_tok, std, seed=[rows, cols, n_tok, i])
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 8])
+def test_gemv_dp4a_4096x14336(ggml_type, n_tok):
+    check_case(ggml_type, 4096, 14336, n_tok, 1.0, seed=n_tok)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+def test_gemv_dp4a_accumulate_and_variants(ggml_type):
+    check_case(ggml_type, 989, 1024, 1, 1.0, seed=7, accumulate=True)
+    for v in (Variant(32, 1, 4), Variant(64, 1, 8), Variant(128, 1, 2)):
+        check_case(ggml_type, 111, 2048, 1, 1.0, seed=[8, v.span, v.rows], variant=v)
+
+
+def test_real_activation_outliers():
+    """A residual-stream-like x: mostly small, a few huge columns (Gemma's), on Q4_K."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((1, 2048)) * 0.5).astype(np.float32)
+    x[0, rng.choice(2048, 6, replace=False)] = rng.choice([-1, 1], 6) * 3000.0
+    check_gemv_dp4a(*weight(T.Q4_K, 111, 2048), x, rng=rng)

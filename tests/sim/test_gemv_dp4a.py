@@ -1,0 +1,25 @@
+"""The dp4a GEMV and quantize_x in numba's CUDA simulator on tiny shapes, through
+tests/gpu/test_gemv_dp4a.py's checks (dp4a through its plain-Python twin)."""
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, Variant
+from tests.gpu import test_gemv_dp4a as g
+
+
+def test_quantize_x():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((2, 48)) * 3).astype(np.float32)
+    x[0, :16] = 0.0
+    g.check_quantize_x(x)
+
+
+def test_gemv_dp4a_every_type():
+    for i, t in enumerate(DP4A_TYPES):
+        g.check_case(t, 5, 256, 1 + i % 2, 1.0, seed=i)
+
+
+def test_gemv_dp4a_spans_and_tokens():
+    g.check_case(T.Q4_K, 3, 512, 3, 10.0, seed=1, variant=Variant(32, 1, 1))
+    g.check_case(T.Q6_K, 9, 256, 1, 0.1, seed=2, variant=Variant(64, 1, 4), accumulate=True)
