@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|decode|all]   (default all but moe)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|decode|dp4a|all]   (all: not moe, attn,
+#   decode, dp4a)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
-# experts at decode piece by piece (bench_moe_decode.py).
+# experts at decode piece by piece (bench_moe_decode.py); dp4a writes a synthetic Qwen3-8B Q4_K_M
+# and benches it with and without the dp4a GEMV (IMPNB_DP4A_MIN_MB).
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -56,6 +58,20 @@ if [[ $what == decode ]]; then
     --ctx 131,256,512,1024,4096,16384,32768 --torch --short --short-clusters 1,2,8 --json "$OUT/bench-decode-attention.json" \
     > "$OUT/bench-decode-attention.log" 2>&1
   status[bench-decode-attention]="rc=$? see bench-decode-attention.log"
+fi
+
+if [[ $what == dp4a ]]; then
+  # the dp4a decode GEMV end to end: synthetic Qwen3-8B Q4_K_M (dense, norms fused into the
+  # GEMVs), tg128 with gemv_dp4a off, at the default DP4A_MIN_MB, and on smaller weights
+  q8b=/tmp/qwen3-8b-q4_k_m.gguf
+  [ -f $q8b ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-8b --quant Q4_K_M --out $q8b > "$OUT/q8b-make.log" 2>&1
+  for mb in 1e9 32 12 0; do
+    IMPNB_DP4A_MIN_MB=$mb timeout 200 python3 -m impnb bench -m $q8b -p 512 -n 128 -r 2 --device cuda >> "$OUT/bench-dp4a.log" 2>&1
+    status[bench-q8b-dp4a-$mb]="rc=$? $(grep -E 'tg128' "$OUT/bench-dp4a.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+  done
+  timeout 200 python3 scripts/bench_gemv.py --shape 4096x14336 --tokens 1 --types Q8_0,Q4_K,Q4_1 --dp4a \
+    --json "$OUT/bench-gemv-dp4a.json" > "$OUT/bench-gemv-dp4a.log" 2>&1
+  status[bench-gemv-dp4a]="rc=$? see bench-gemv-dp4a.log"
 fi
 
 if [[ $what == attn ]]; then

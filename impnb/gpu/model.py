@@ -2,7 +2,7 @@
 
 Weights stay in their GGUF type (kernel layout from impnb/kernels/repack.py); 1-D norm
 weights are float32. `linear` is GEMV with fused dequantization for up to GEMV_MAX_ROWS
-tokens, else the GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or
+tokens (on dp4a with int8 activations for the weights DP4A_MIN_MB picks), else the GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or
 dequantization to fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes cuBLAS.
 """
 
@@ -19,9 +19,10 @@ from impnb.gpu.buffers import Arena
 from impnb.gpu import gemm_dispatch
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
-from impnb.kernels import activations, attention_decode, gemv, gemv_stream, kv_cache, repack
+from impnb.kernels import activations, attention_decode, gemv, gemv_dp4a, gemv_stream, kv_cache, repack
 from impnb.kernels.dequant import dequant
 from impnb.kernels.gemv_tail import Residual
+from impnb.kernels.quant_x import GROUP, QuantX, quantize_x
 from impnb.kernels.cast import cast_f16
 from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
@@ -71,6 +72,14 @@ STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # IMPNB_GEMV_STREAM=0 for A/B runs.
 STREAM_MIN_ROWS = 131072
 GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
+# decode GEMVs (T <= 8) of weights of at least DP4A_MIN_MB run on dp4a (gemv_dp4a.py) after one
+# quantize_x launch for their input (the fused pre-norm folded into it), where dp4a_pays. Measured
+# on the H100 (2026-11-25, scripts/bench_gemv.py --dp4a, µs back to back): at 33-62 MB every dp4a
+# type saves more than quantize_x's 1.8 µs (T = 1, 4096x14336: Q4_K 19.8 -> 15.9, Q8_0 31.7 ->
+# 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4) but Q6_K at K 14336 (25.0 -> 25.9); at 4.7 MB
+# (4096x2048 Q4_K) dp4a saves 1.3 µs, less than the launch it needs. IMPNB_DP4A_MIN_MB overrides
+# it for A/B runs (a huge value: never).
+DP4A_MIN_MB = 32.0
 
 
 def env_ints(name: str) -> tuple[int, ...] | None:
@@ -104,6 +113,12 @@ class DeviceModel:
                          and w.rows >= STREAM_MIN_ROWS and gemv_stream.fits(w, 1)}
         for name in sorted(self.streamed):
             log.debug("%s: T = 1 GEMV on gemv_stream", name)
+        min_mb = float(os.environ.get("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB))
+        self.dp4a = {name for name, w in self.w.items()  # their decode GEMVs may take gemv_dp4a
+                     if isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS
+                     and w.nbytes >= min_mb * 1e6 and name not in self.streamed}
+        for name in sorted(self.dp4a):
+            log.debug("%s: decode GEMV on gemv_dp4a", name)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         n_pages = kv_cache.pages_needed(n_ctx, PAGE_SIZE)
@@ -212,7 +227,10 @@ class DeviceModel:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
                 gemv.gemv_residual(w, x, y, residual, s)
                 return
-            gemv.gemv(w, x, y, s, accumulate, norm=norm)
+            if self.dp4a_pays(name, x.shape[0]):
+                gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, accumulate)
+            else:
+                gemv.gemv(w, x, y, s, accumulate, norm=norm)
         else:
             assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
             self.gemm(x, w, y, gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, x.shape[0]))
@@ -254,12 +272,30 @@ class DeviceModel:
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;
         norm as in linear."""
         w, T, s = self.w[name], x.shape[0], self.ctx.nb_stream
+        act_id = gemv.GELU if act == "gelu" else gemv.SILU
+        if T <= GEMV_MAX_ROWS and self.dp4a_pays(name, T):
+            gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
+            return
         if T <= GEMV_MAX_ROWS and gemv.glu_fits(w, T):
-            gemv.gemv_glu(w, x, y, gemv.GELU if act == "gelu" else gemv.SILU, s, norm=norm)
+            gemv.gemv_glu(w, x, y, act_id, s, norm=norm)
             return
         gate_up = self.arena.get("gate_up", (T, w.rows))
         self.linear(x, name, gate_up, norm)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
+
+    def dp4a_pays(self, name: str, n_tok: int) -> bool:
+        """Whether this weight's GEMV at T tokens takes gemv_dp4a (see DP4A_MIN_MB)."""
+        w = self.w[name]
+        return name in self.dp4a and not (w.ggml_type == T.Q6_K and n_tok == 1 and w.cols > 8192)
+
+    def quantized(self, x, norm: tuple | None = None) -> QuantX:
+        """x (T, K), or RMSNorm(x) * wn with norm (wn, eps), in int8 for gemv_dp4a."""
+        n_tok, K = x.shape
+        a = self.arena
+        xq = QuantX(a.get("xq", (n_tok, K // 4), np.uint32), a.get("xq_d", (n_tok, K // GROUP)),
+                    a.get("xq_s", (n_tok, K // GROUP)))
+        quantize_x(x, xq, self.ctx.nb_stream, norm)
+        return xq
 
     def x16(self, x):
         x16 = self.arena.get("x16", x.shape, np.float16)

@@ -21,7 +21,7 @@ from numba import cuda, float32, from_dtype, types, uint32
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv import gemv_ref, tuple_of
-from impnb.kernels.gemv_units import DECODERS
+from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import BLOCK, WARPS, Variant, span_for
 from impnb.kernels.quant_blocks_k import k_scales
 from impnb.kernels.quant_x import GROUP, QuantX, dequantize_x_ref
@@ -155,17 +155,26 @@ DOTS = {T.Q8_0: q8_0_dot, T.Q4_0: q4_0_dot, T.Q4_1: q4_1_dot, T.Q5_0: q5_0_dot,
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
     load, _, col = DECODERS[ggml_type]
     dot = DOTS[ggml_type]
+    act = GLU_ACTS[glu]
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
+    pairs = rows // 2  # GLU: output rows a group (gate rows, then the same up rows)
+    out_rows = pairs if glu else rows
 
     @cuda.jit(device=True, inline=True)
     def row_chunk(a, c, r):
-        # -- chunk c of the group's row r (past the last row: the last, computed and dropped) --
+        # -- chunk c of the group's row r (past the last row: the last, computed and dropped);
+        # GLU groups hold gate rows o.. and up rows F + o.. --
         parts, gi, n_rows, cpr = a
-        return load(parts, min(gi * rows + r, n_rows - 1) * cpr + c)
+        if glu:
+            F = n_rows // 2
+            row = min(gi * pairs + r % pairs, F - 1) + (F if r >= pairs else 0)
+        else:
+            row = min(gi * rows + r, n_rows - 1)
+        return load(parts, row * cpr + c)
 
     rows_chunk = tuple_of(row_chunk, rows)
 
@@ -173,7 +182,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows):
     # group gi = G*b + g owns rows R*gi .. +R-1; its thread i takes chunks i, i+span, ... of those
     # rows: the R chunks' 16-byte loads, then x̂ of the chunk's columns for every token (through
     # L1: the block's groups share it), then R x T dots. Sums reduce over the warp by shuffles,
-    # then over the group's warps in shared memory.
+    # then over the group's warps in shared memory; GLU: y[t, o] = act(gate row o) * up row o.
     @cuda.jit
     def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -214,16 +223,21 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows):
                 if lane == 0:
                     red[warp, r, t] = acc[r, t]
         cuda.syncthreads()
-        if tid < groups * rows * n_tok:  # a thread an output (group g, row r, token t)
-            g = tid // (rows * n_tok)
-            rt = tid - g * rows * n_tok
+        if tid < groups * out_rows * n_tok:  # a thread an output (group g, row r, token t)
+            g = tid // (out_rows * n_tok)
+            rt = tid - g * out_rows * n_tok
             r = rt // n_tok
             t = rt - r * n_tok
             s = float32(0.0)
             for i in range(wpg):
                 s += red[g * wpg + i, r, t]
-            row = (cuda.blockIdx.x * groups + g) * rows + r
-            if row < n_rows:
+            if glu:
+                u = float32(0.0)
+                for i in range(wpg):
+                    u += red[g * wpg + i, pairs + r, t]
+                s = act(s) * u
+            row = (cuda.blockIdx.x * groups + g) * out_rows + r
+            if row < (n_rows // 2 if glu else n_rows):
                 if accumulate:
                     s += y[t, row]
                 y[t, row] = s
@@ -232,10 +246,12 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows):
 
 
 @lru_cache(maxsize=None)
-def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int):
-    """The compiled-on-first-use dp4a kernel for one type, token count, row-group span and rows."""
+def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int, glu: int = NO_GLU):
+    """The compiled-on-first-use dp4a kernel for one type, token count, row-group span, rows a
+    group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up stacked rows)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows)
+    assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu)
 
 
 # Measured on the H100 (2026-11-25, scripts/bench_gemv.py --dp4a, 4096x14336 and 14336x4096,
@@ -244,40 +260,47 @@ def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int):
 EIGHT_ROW_TYPES = (T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K)
 
 
-def choose_dp4a(ggml_type: T, n_tok: int, cols: int) -> Variant:
+def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU) -> Variant:
     """The variant for a weight of `cols` columns times T tokens: 8 or 4 rows a group at T = 1 (by
-    type, measured), 2 at T = 2, 1 past that; groups of two warps, four for Q8_0, fewer when a row
-    has too few chunks to keep them busy."""
+    type, measured), 2 at T = 2, 1 past that (2 with GLU: a gate and an up row); groups of two
+    warps, four for Q8_0, fewer when a row has too few chunks to keep them busy."""
     if n_tok == 1:
         rows = 8 if ggml_type in EIGHT_ROW_TYPES else 4
     else:
-        rows = 2 if n_tok == 2 else 1
+        rows = 2 if n_tok == 2 or glu else 1
     span = BLOCK if ggml_type == T.Q8_0 and n_tok == 1 else 64
     return Variant(min(span, span_for(cols)), 1, rows)
 
 
-def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None):
+def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,
+              glu: int = NO_GLU):
     """y (T, N) float32 = W x̂, or y += W x̂ with accumulate; x̂ (quant_x.quantize_x) of T in 1..8
-    tokens (its first T rows, T = y's rows); `variant` overrides `choose_dp4a`."""
+    tokens (its first T rows, T = y's rows); glu (SILU, GELU): W is gate|up stacked (2F, K) and
+    y (T, F) = act(W[:F] x̂) * W[F:] x̂; `variant` overrides `choose_dp4a`."""
     n_tok, N = y.shape
     K = w.cols
-    assert w.ggml_type in DOTS and N == w.rows and 1 <= n_tok <= MAX_T
+    assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and 1 <= n_tok <= MAX_T
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
-    v = variant or choose_dp4a(w.ggml_type, n_tok, K)
-    per_block = v.rows * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, n_tok, v.span, v.rows), ((N + per_block - 1) // per_block,), BLOCK,
-           stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(N), np.int32(accumulate))
+    v = variant or choose_dp4a(w.ggml_type, n_tok, K, glu)
+    per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
+    launch(gemv_dp4a_kernel(w.ggml_type, n_tok, v.span, v.rows, glu), ((N + per_block - 1) // per_block,), BLOCK,
+           stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
 
 def kernel_args(ggml_type: T) -> tuple:
-    """Argument types of a gemv_dp4a kernel: parts, x̂ q, d, s, y, n_rows, accumulate."""
+    """Argument types of a gemv_dp4a kernel: parts, x̂ q, d, s, y, W's rows, accumulate."""
     parts = types.Tuple(tuple(types.Array(from_dtype(np.dtype(dt)), 1, "C") for _, _, _, dt in LAYOUTS[ggml_type]))
     f2 = types.Array(types.float32, 2, "C")
     return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, types.int32)
 
 
+# Registers: 54-96, and up to ~145 at eight rows a group (the 4/5-bit types' T = 1 choice: 3
+# blocks an SM, measured fastest all the same).
 BUILD_SIGNATURES = [
-    (gemv_dp4a_kernel(t, n, span, rows), types.void(*kernel_args(t)), {"max_registers": 128})
+    (gemv_dp4a_kernel(t, n, span, rows), types.void(*kernel_args(t)), {"max_registers": 160 if rows == 8 else 128})
     for t in DP4A_TYPES for n, span, rows in ((1, 64, 8), (1, BLOCK, 4), (1, 32, 4), (2, 64, 2), (8, 64, 1))
+] + [  # gate|up with SiLU (llama, qwen3)
+    (gemv_dp4a_kernel(t, n, 64, rows, SILU), types.void(*kernel_args(t)), {"max_registers": 160})
+    for t in (T.Q4_K, T.Q8_0) for n, rows in ((1, 8), (8, 2))
 ]

@@ -1,11 +1,13 @@
-"""Activations to int8 for the dp4a GEMV (gemv_dp4a.py): x (T, K) float32 in groups of 16 columns,
-each group q = rint(x * 127 / amax) in int8 with its scale d = amax / 127 and the sum of its
-dequantized values s = d * sum(q) (what a weight's constant term multiplies). Numpy reference:
-`quantize_x_ref`, bit-equal to the kernel.
+"""Activations to int8 for the dp4a GEMV (gemv_dp4a.py): x (T, K) float32 (or RMSNorm(x) * w, the
+layer's pre-norm fused) in groups of 16 columns, each group q = rint(x * 127 / amax) in int8 with
+its scale d = amax / 127 and the sum of its dequantized values s = d * sum(q) (what a weight's
+constant term multiplies). Numpy reference: `quantize_x_ref`, bit-equal to the plain kernel (the
+normed one rounds its norm in another order: within amax/254 of RMSNorm(x) * w a column).
 
     QuantX: q (T, K/4) uint32, 4 int8 a word in column order; d, s (T, K/16) float32
 """
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +20,7 @@ from impnb.launch import launch
 GROUP = 16  # columns a scale
 WORDS = 4  # int8 words a group
 THREADS = 128
+WARPS = 4  # THREADS / 32
 
 
 class QuantX(NamedTuple):
@@ -48,37 +51,71 @@ def dequantize_x_ref(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     return (vals * d.astype(np.float64)[:, :, None]).reshape(n_tok, -1)
 
 
-# grid (ceil(T * K/16 / 128),), block 128: a thread a group of 16 columns of one token
-@cuda.jit
-def _quantize_x_kernel(x, q, d, s):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    n_groups = d.shape[1]
-    i = cuda.grid(1)
-    if i >= d.shape[0] * n_groups:
-        return
-    t = i // n_groups
-    g = i - t * n_groups
-    v = cuda.local.array(GROUP, float32)
-    for j in range(WORDS):
-        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * x.shape[1] + GROUP * g + 4 * j)
-    amax = float32(0.0)
-    for j in range(GROUP):
-        amax = max(amax, abs(v[j]))
-    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
-    total = int32(0)
-    words = cuda.local.array(WORDS, uint32)
-    for j in range(WORDS):
-        w = uint32(0)
-        for b in range(4):
-            k = qi.rint_s32(v[4 * j + b] * inv)
-            total += k
-            w |= uint32(k & 0xFF) << uint32(8 * b)
-        words[j] = w
-    qi.stg_x4(q, t * q.shape[1] + 4 * g, words[0], words[1], words[2], words[3])
-    scale = amax / float32(127.0)
-    d[t, g] = scale
-    s[t, g] = scale * float32(total)
+@cuda.jit(device=True, inline=True)
+def _rms_scale(x, t, wn, eps):
+    # -- 1 / sqrt(mean of x[t]² + eps): the block sums the whole row (it is in L2) --
+    K = x.shape[1]
+    sq = float32(0.0)
+    for i in range(4 * cuda.threadIdx.x, K, 4 * THREADS):
+        v0, v1, v2, v3 = qi.ldg_f32x4(x, t * K + i)
+        sq += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+    red = cuda.shared.array(WARPS, float32)
+    scratch = cuda.shared.array(THREADS, float32)
+    sq = qi.warp_sum(sq, scratch)
+    if cuda.threadIdx.x % 32 == 0:
+        red[cuda.threadIdx.x // 32] = sq
+    cuda.syncthreads()
+    total = float32(0.0)
+    for i in range(WARPS):
+        total += red[i]
+    return float32(1.0) / math.sqrt(total / float32(K) + eps)
+
+
+def _make_quantize_x(normed):
+    # grid (ceil(K/16 / 128), T), block 128: a thread a group of 16 columns of token t = blockIdx.y;
+    # normed: of RMSNorm(x[t]) * wn, the row's scale summed by every block
+    @cuda.jit
+    def _quantize_x_kernel(x, wn, eps, q, d, s):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        t = cuda.blockIdx.y
+        g = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        rms = _rms_scale(x, t, wn, eps) if normed else float32(1.0)
+        if g >= d.shape[1]:
+            return
+        v = cuda.local.array(GROUP, float32)
+        for j in range(WORDS):
+            k = GROUP * g + 4 * j
+            v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * x.shape[1] + k)
+            if normed:
+                w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
+                v[4 * j] = v[4 * j] * rms * w0
+                v[4 * j + 1] = v[4 * j + 1] * rms * w1
+                v[4 * j + 2] = v[4 * j + 2] * rms * w2
+                v[4 * j + 3] = v[4 * j + 3] * rms * w3
+        amax = float32(0.0)
+        for j in range(GROUP):
+            amax = max(amax, abs(v[j]))
+        inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+        total = int32(0)
+        words = cuda.local.array(WORDS, uint32)
+        for j in range(WORDS):
+            w = uint32(0)
+            for b in range(4):
+                k = qi.rint_s32(v[4 * j + b] * inv)
+                total += k
+                w |= uint32(k & 0xFF) << uint32(8 * b)
+            words[j] = w
+        qi.stg_x4(q, t * q.shape[1] + 4 * g, words[0], words[1], words[2], words[3])
+        scale = amax / float32(127.0)
+        d[t, g] = scale
+        s[t, g] = scale * float32(total)
+
+    return _quantize_x_kernel
+
+
+_quantize_x_kernel = _make_quantize_x(False)
+_quantize_x_norm_kernel = _make_quantize_x(True)
 
 
 def quant_x_buffers(n_tok: int, K: int) -> QuantX:
@@ -87,17 +124,24 @@ def quant_x_buffers(n_tok: int, K: int) -> QuantX:
                   cuda.device_array((n_tok, K // GROUP), np.float32))
 
 
-def quantize_x(x, out: QuantX, stream) -> None:
-    """out = the int8 form of x (T, K) float32, K a multiple of 16; out's rows: the first T."""
+def quantize_x(x, out: QuantX, stream, norm: tuple | None = None) -> None:
+    """out = the int8 form of x (T, K) float32, K a multiple of 16, or with norm (wn (K,) float32,
+    eps) of RMSNorm(x) * wn; out's rows: the first T."""
     n_tok, K = x.shape
     assert x.dtype == np.float32 and x.is_c_contiguous() and K % GROUP == 0
     assert out.q.shape[1] == K // 4 and out.d.shape[1] == K // GROUP and out.q.shape[0] >= n_tok
     q, d, s = (a[:n_tok] for a in out)
-    launch(_quantize_x_kernel, ((n_tok * K // GROUP + THREADS - 1) // THREADS,), THREADS, stream, x, q, d, s)
+    grid = ((K // GROUP + THREADS - 1) // THREADS, n_tok)
+    if norm is None:
+        launch(_quantize_x_kernel, grid, THREADS, stream, x, x[0], np.float32(0), q, d, s)
+        return
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,)
+    launch(_quantize_x_norm_kernel, grid, THREADS, stream, x, wn, np.float32(eps), q, d, s)
 
 
 _F32_2D = types.Array(types.float32, 2, "C")
-BUILD_SIGNATURES = [
-    (_quantize_x_kernel, types.void(_F32_2D, types.Array(types.uint32, 2, "C"), _F32_2D, _F32_2D),
-     {"max_registers": 64}),
-]
+_SIG = types.void(_F32_2D, types.Array(types.float32, 1, "C"), types.float32, types.Array(types.uint32, 2, "C"),
+                  _F32_2D, _F32_2D)
+BUILD_SIGNATURES = [(_quantize_x_kernel, _SIG, {"max_registers": 64}),
+                    (_quantize_x_norm_kernel, _SIG, {"max_registers": 64})]

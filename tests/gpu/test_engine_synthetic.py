@@ -63,3 +63,21 @@ def test_graph_decode_equals_eager(case):
     t_g, l_g = decode(graphed, list(ids[:8]), p, 32)
     assert graphed.graphs, graphed.graph_disabled
     assert t_e == t_g and np.array_equal(l_e, l_g)
+
+
+def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
+    """Every decode GEMV of a dp4a type on gemv_dp4a (IMPNB_DP4A_MIN_MB=0): x rounded to int8
+    a GEMV still tracks the float64 reference."""
+    ids, ref, engine = case
+    from impnb.engine_cuda import CudaEngine
+
+    monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    dp4a = CudaEngine(engine.mf, 256, graphs=False)
+    if not dp4a.m.dp4a:
+        pytest.skip("no weight of a dp4a type (F32 model)")
+    dp4a.reset(SamplingParams(temperature=0))
+    out = np.concatenate([dp4a.logits([t]) for t in ids])
+    rel = np.abs(out - ref).max() / np.abs(ref).max()
+    agree = np.mean(out.argmax(-1) == ref.argmax(-1))
+    print(f"dp4a decode ({len(dp4a.m.dp4a)} weights): max|dlogit|/max|logit| {rel:.2e}, top-1 {agree:.3f}")
+    assert rel < 3e-2 and agree >= 0.9

@@ -5,6 +5,8 @@ quantize_x must equal quantize_x_ref bit for bit. The GEMV is checked twice per 
   |y - ref| <= 1e-4 * (|W| @ |x̂|), float32 accumulation of exact integer dots;
 - against the float64 product with x itself: the error may grow by at most |W| @ e, e[k] =
   amax of k's 16-column group / 254 (x̂'s rounding bound), so a wrong scale or group shows.
+The normed quantize_x (RMSNorm(x) * w fused) is held to x̂'s rounding bound around the float64
+norm; gate|up (GLU) to act(gate) * up of gemv_dp4a_ref's rows.
 Outputs are NaN-poisoned; x is Gaussian at std 0.1, 1, 10.
 """
 
@@ -13,8 +15,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
+from impnb.kernels.activations import geglu_ref, swiglu_ref
 from impnb.kernels.gemv import gemv_ref
-from impnb.kernels.gemv_dp4a import DP4A_TYPES, Variant, gemv_dp4a, gemv_dp4a_ref
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, GELU, SILU, Variant, gemv_dp4a, gemv_dp4a_ref
+from impnb.kernels.norm import rms_norm_ref
 from impnb.kernels.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
 from tests.gpu.cases import fitting
 from tests.gpu.test_gemv import weight
@@ -70,6 +74,40 @@ def check_gemv_dp4a(raw, wabs, w, x, accumulate=False, variant=None, rng=None):
     assert (err_x <= bound_x).all(), f"vs x: err {err_x[worst]:.3e} > {bound_x[worst]:.3e} at {worst}"
 
 
+def check_quantize_x_norm(x, wn, eps):
+    """The normed quantize_x: every x̂ within half its group's step of RMSNorm(x) * wn (plus the
+    norm's float32 rounding), and s = d * sum(q) exactly."""
+    n_tok, K = x.shape
+    out = quant_x_buffers(n_tok, K)
+    for a in out:
+        a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
+    quantize_x(cuda.to_device(x), out, 0, norm=(cuda.to_device(wn), eps))
+    q, d, s = (a.copy_to_host() for a in out)
+    assert np.isfinite(d).all() and np.isfinite(s).all()
+    qv = q.view(np.int8).reshape(n_tok, -1, GROUP)
+    assert np.array_equal(s, d * qv.astype(np.int32).sum(axis=2).astype(np.float32))
+    xn = rms_norm_ref(x, wn, eps).astype(np.float64).reshape(n_tok, -1, GROUP)
+    err = np.abs(qv * d[:, :, None].astype(np.float64) - xn)
+    assert (err <= d[:, :, None] / 2 * 1.001 + 1e-5 * np.abs(xn)).all(), f"max err {err.max():.3g}"
+
+
+def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None):
+    """gate|up stacked (2F, cols): act(gate x̂) * up x̂ against the float64 rows of gemv_dp4a_ref."""
+    raw, wabs, w = weight(ggml_type, 2 * F, cols)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    xq, (q, d, _) = check_quantize_x(x)
+    d_y = cuda.to_device(np.full((n_tok, F), np.nan, np.float32))
+    gemv_dp4a(w, xq, d_y, 0, variant=variant, glu=glu)
+    y = d_y.copy_to_host()
+    ref = gemv_dp4a_ref(raw, ggml_type, q, d)
+    gate, up = ref[:, :F].astype(np.float32), ref[:, F:].astype(np.float32)
+    want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
+    xhat = np.abs((q.view(np.int8).reshape(n_tok, -1, GROUP) * d[:, :, None]).reshape(n_tok, cols))
+    bound = RTOL * 10 * (np.abs(want) + np.abs(up) * (xhat @ wabs[:F].T) + np.abs(gate) * (xhat @ wabs[F:].T))
+    assert np.isfinite(y).all() and (np.abs(y - want) <= bound + 1e-6).all()
+
+
 def check_case(ggml_type, rows, cols, n_tok, std, seed, **kw):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
@@ -104,6 +142,20 @@ def test_gemv_dp4a_accumulate_and_variants(ggml_type):
     check_case(ggml_type, 989, 1024, 1, 1.0, seed=7, accumulate=True)
     for v in (Variant(32, 1, 4), Variant(64, 1, 8), Variant(128, 1, 2)):
         check_case(ggml_type, 111, 2048, 1, 1.0, seed=[8, v.span, v.rows], variant=v)
+
+
+@pytest.mark.parametrize("n_tok,K", [(1, 576), (3, 2048), (8, 4096)])
+def test_quantize_x_norm(n_tok, K):
+    rng = np.random.default_rng([n_tok, K, 1])
+    wn = (1 + 0.3 * rng.standard_normal(K)).astype(np.float32)
+    for std in (0.1, 1.0, 10.0):
+        check_quantize_x_norm((rng.standard_normal((n_tok, K)) * std).astype(np.float32), wn, 1e-6)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,glu", [(1, SILU), (2, GELU), (8, SILU)])
+def test_gemv_dp4a_glu(ggml_type, n_tok, glu):
+    check_glu(ggml_type, 771, 1024, n_tok, glu, seed=[int(ggml_type), n_tok])
 
 
 def test_real_activation_outliers():

@@ -4,7 +4,7 @@ tests/gpu/test_gemv_dp4a.py's checks (dp4a through its plain-Python twin)."""
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv_dp4a import DP4A_TYPES, Variant
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, SILU, Variant
 from tests.gpu import test_gemv_dp4a as g
 
 
@@ -23,3 +23,11 @@ def test_gemv_dp4a_every_type():
 def test_gemv_dp4a_spans_and_tokens():
     g.check_case(T.Q4_K, 3, 512, 3, 10.0, seed=1, variant=Variant(32, 1, 1))
     g.check_case(T.Q6_K, 9, 256, 1, 0.1, seed=2, variant=Variant(64, 1, 4), accumulate=True)
+
+
+def test_quantize_x_norm_and_glu():
+    rng = np.random.default_rng(3)
+    g.check_quantize_x_norm((rng.standard_normal((2, 64)) * 5).astype(np.float32),
+                            (1 + 0.3 * rng.standard_normal(64)).astype(np.float32), 1e-6)
+    g.check_glu(T.Q4_K, 5, 256, 1, SILU, seed=4)
+    g.check_glu(T.Q8_0, 3, 64, 3, SILU, seed=5)
