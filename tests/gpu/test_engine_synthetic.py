@@ -80,4 +80,4 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     rel = np.abs(out - ref).max() / np.abs(ref).max()
     agree = np.mean(out.argmax(-1) == ref.argmax(-1))
     print(f"dp4a decode ({len(dp4a.m.dp4a)} weights): max|dlogit|/max|logit| {rel:.2e}, top-1 {agree:.3f}")
-    assert rel < 3e-2 and agree >= 0.9
+    assert rel < 2e-2 and agree >= 0.95
