@@ -2,8 +2,9 @@
 
 Weights stay in their GGUF type (kernel layout from impnb/kernels/repack.py); 1-D norm
 weights are float32. `linear` is GEMV with fused dequantization for up to GEMV_MAX_ROWS
-tokens (on dp4a with int8 activations for the weights DP4A_MIN_MB picks), else the GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or
-dequantization to fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes cuBLAS.
+tokens (on dp4a with int8 activations for the weights DP4A_MIN_MB / DP4A_MIN_K pick), else the
+GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or dequantization to
+fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes cuBLAS.
 """
 
 import logging
@@ -72,14 +73,18 @@ STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # IMPNB_GEMV_STREAM=0 for A/B runs.
 STREAM_MIN_ROWS = 131072
 GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
-# decode GEMVs (T <= 8) of weights of at least DP4A_MIN_MB run on dp4a (gemv_dp4a.py) after one
-# quantize_x launch for their input (the fused pre-norm folded into it), where dp4a_pays. Measured
-# on the H100 (2026-11-25, scripts/bench_gemv.py --dp4a, µs back to back): at 33-62 MB every dp4a
-# type saves more than quantize_x's 1.8 µs (T = 1, 4096x14336: Q4_K 19.8 -> 15.9, Q8_0 31.7 ->
-# 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4) but Q6_K at K 14336 (25.0 -> 25.9); at 4.7 MB
-# (4096x2048 Q4_K) dp4a saves 1.3 µs, less than the launch it needs. IMPNB_DP4A_MIN_MB overrides
-# it for A/B runs (a huge value: never).
-DP4A_MIN_MB = 32.0
+# decode GEMVs (T <= 8) of weights of at least DP4A_MIN_MB and DP4A_MIN_K columns run on dp4a
+# (gemv_dp4a.py) after one quantize_x launch for their input (the fused pre-norm folded into it),
+# except Q6_K at T = 1 and K > 8192. Measured on the H100 (2026-11-25):
+# - scripts/bench_gemv.py --dp4a, µs back to back, T = 1 on 4096x14336: Q4_K 19.8 -> 15.9, Q8_0
+#   31.7 -> 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4, Q6_K 25.0 -> 25.9 (lost); quantize_x 1.8.
+# - tg128, synthetic Qwen3-8B Q4_K_M: 278.5 tok/s on gemv alone, 312.4 with dp4a on weights of
+#   32 MB and more, 330.9 from 12 MB, 332.8 for every weight of a dp4a type.
+# - tg128 with every weight on dp4a: SmolLM2 (K 576) 1676 -> 1454, Gemma3 (K 640) 1516 -> 1471,
+#   where x is short and the GEMVs small: those keep gemv.
+# IMPNB_DP4A_MIN_MB and IMPNB_DP4A_MIN_K override them for A/B runs (a huge size: never).
+DP4A_MIN_MB = 8.0
+DP4A_MIN_K = 2048
 
 
 def env_ints(name: str) -> tuple[int, ...] | None:
@@ -114,9 +119,10 @@ class DeviceModel:
         for name in sorted(self.streamed):
             log.debug("%s: T = 1 GEMV on gemv_stream", name)
         min_mb = float(os.environ.get("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB))
+        min_k = int(os.environ.get("IMPNB_DP4A_MIN_K", DP4A_MIN_K))
         self.dp4a = {name for name, w in self.w.items()  # their decode GEMVs may take gemv_dp4a
                      if isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS
-                     and w.nbytes >= min_mb * 1e6 and name not in self.streamed}
+                     and w.nbytes >= min_mb * 1e6 and w.cols >= min_k and name not in self.streamed}
         for name in sorted(self.dp4a):
             log.debug("%s: decode GEMV on gemv_dp4a", name)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))

@@ -66,12 +66,13 @@ def test_graph_decode_equals_eager(case):
 
 
 def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
-    """Every decode GEMV of a dp4a type on gemv_dp4a (IMPNB_DP4A_MIN_MB=0): x rounded to int8
-    a GEMV still tracks the float64 reference."""
+    """Every decode GEMV of a dp4a type on gemv_dp4a (IMPNB_DP4A_MIN_MB and _MIN_K 0): x rounded
+    to int8 a GEMV still tracks the float64 reference."""
     ids, ref, engine = case
     from impnb.engine_cuda import CudaEngine
 
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
     if not dp4a.m.dp4a:
         pytest.skip("no weight of a dp4a type (F32 model)")
