@@ -3,7 +3,8 @@
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
       the router GEMV's last block, gemv.gemv_route)
   decode (T <= GEMV_MAX_ROWS): GEMVs over the chosen experts' rows only
-      act[s] = silu(gate_e h[t]) * up_e h[t]                                 (s = t * k + j)
+      act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
+                                                   gpu/model.py's rule picks it)
       out[t] = sum_j weight[t, j] * down_e act[s], then the residual update in the same kernel
       (kernels/gemv_moe.py: the GEMV, moe_combine and the norm kernel in one)
   prefill: slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
@@ -20,6 +21,7 @@ import numpy as np
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.kernels import activations, gemv
+from impnb.kernels.gemv_dp4a import gemv_dp4a_experts
 from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import moe_combine, moe_route
@@ -57,10 +59,14 @@ def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
 
 
 def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:
-    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s]."""
-    s, F = m.ctx.nb_stream, m.cfg.n_ff_exp
-    if prefix + "ffn_gate_up_exps" in m.w:
-        gemv.gemv_experts(m.w[prefix + "ffn_gate_up_exps"], 2 * F, h, act, slots, k, s, glu=gemv.SILU)
+    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s]; on dp4a where the
+    stacked gate|up's size picks it (gpu/model.py DP4A_MIN_MB)."""
+    s, F, name = m.ctx.nb_stream, m.cfg.n_ff_exp, prefix + "ffn_gate_up_exps"
+    if name in m.w and m.dp4a_pays(name, 1):
+        gemv_dp4a_experts(m.w[name], 2 * F, m.quantized(h), act, slots, k, s, glu=gemv.SILU)
+        return
+    if name in m.w:
+        gemv.gemv_experts(m.w[name], 2 * F, h, act, slots, k, s, glu=gemv.SILU)
         return
     up = m.arena.get("moe_up", act.shape)
     gemv.gemv_experts(m.w[prefix + "ffn_gate_exps"], F, h, act, slots, k, s)

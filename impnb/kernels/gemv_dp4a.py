@@ -155,7 +155,7 @@ DOTS = {T.Q8_0: q8_0_dot, T.Q4_0: q4_0_dot, T.Q4_1: q4_1_dot, T.Q5_0: q5_0_dot,
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts):
     load, _, col = DECODERS[ggml_type]
     dot = DOTS[ggml_type]
     act = GLU_ACTS[glu]
@@ -166,15 +166,15 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
 
     @cuda.jit(device=True, inline=True)
     def row_chunk(a, c, r):
-        # -- chunk c of the group's row r (past the last row: the last, computed and dropped);
-        # GLU groups hold gate rows o.. and up rows F + o.. --
-        parts, gi, n_rows, cpr = a
+        # -- chunk c of the group's row r of the matrix at row w0 (past the last row: the last,
+        # computed and dropped); GLU groups hold gate rows o.. and up rows F + o.. --
+        parts, gi, n_rows, cpr, w0 = a
         if glu:
             F = n_rows // 2
             row = min(gi * pairs + r % pairs, F - 1) + (F if r >= pairs else 0)
         else:
             row = min(gi * rows + r, n_rows - 1)
-        return load(parts, row * cpr + c)
+        return load(parts, (w0 + row) * cpr + c)
 
     rows_chunk = tuple_of(row_chunk, rows)
 
@@ -183,10 +183,9 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
     # rows: the R chunks' 16-byte loads, then x̂ of the chunk's columns for every token (through
     # L1: the block's groups share it), then R x T dots. Sums reduce over the warp by shuffles,
     # then over the group's warps in shared memory; GLU: y[t, o] = act(gate row o) * up row o.
-    @cuda.jit
-    def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
+    # Token t reads x̂ row xr + t and writes y row yr + t; W's rows start at w0.
+    @cuda.jit(device=True, inline=True)
+    def rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, w0, xr, yr):
         K4 = xq.shape[1]  # x̂ words a token
         cpr = K4 // 8  # chunks a row
         tid = cuda.threadIdx.x
@@ -198,18 +197,18 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
                 acc[r, t] = 0.0
         xw = cuda.local.array((n_tok, 8), uint32)
         xf = cuda.local.array((n_tok, 4), float32)
-        a = (parts, gi, n_rows, cpr)
+        a = (parts, gi, n_rows, cpr, w0)
         for c in range(tid - group * span, cpr, span):
             raws = rows_chunk(a, c)
             k0 = col(c, 0)
             k1 = col(c, 1)
             for t in range(n_tok):
-                xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, t * K4 + k0 // 4)
-                xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, t * K4 + k1 // 4)
-                xf[t, 0] = xd[t, k0 // GROUP]
-                xf[t, 1] = xd[t, k1 // GROUP]
-                xf[t, 2] = xs[t, k0 // GROUP]
-                xf[t, 3] = xs[t, k1 // GROUP]
+                xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + k0 // 4)
+                xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + k1 // 4)
+                xf[t, 0] = xd[xr + t, k0 // GROUP]
+                xf[t, 1] = xd[xr + t, k1 // GROUP]
+                xf[t, 2] = xs[xr + t, k0 // GROUP]
+                xf[t, 3] = xs[xr + t, k1 // GROUP]
             for r in range(rows):
                 for t in range(n_tok):
                     acc[r, t] += dot(raws[r], c, xw, xf, t)
@@ -239,19 +238,39 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu):
             row = (cuda.blockIdx.x * groups + g) * out_rows + r
             if row < (n_rows // 2 if glu else n_rows):
                 if accumulate:
-                    s += y[t, row]
-                y[t, row] = s
+                    s += y[yr + t, row]
+                y[yr + t, row] = s
+
+    if experts:
+        # grid (ceil(N_out / (R_out * G)), S): blockIdx.y is slot s; W is E stacked (n_rows, K)
+        # experts, x̂ row s // x_div the slot's input, y row s its output
+        @cuda.jit
+        def _gemv_dp4a_experts_kernel(parts, xq, xd, xs, y, n_rows, experts, x_div, accumulate):
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            s = cuda.blockIdx.y
+            rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, experts[s] * n_rows, s // x_div, s)
+
+        return _gemv_dp4a_experts_kernel
+
+    @cuda.jit
+    def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, 0, 0, 0)
 
     return _gemv_dp4a_kernel
 
 
 @lru_cache(maxsize=None)
-def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int, glu: int = NO_GLU):
+def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int, glu: int = NO_GLU, experts: bool = False):
     """The compiled-on-first-use dp4a kernel for one type, token count, row-group span, rows a
-    group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up stacked rows)."""
+    group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up stacked rows);
+    `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu)
+    assert not experts or n_tok == 1
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts)
 
 
 # Measured on the H100 (2026-11-25, scripts/bench_gemv.py --dp4a, 4096x14336 and 14336x4096,
@@ -288,11 +307,32 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
 
-def kernel_args(ggml_type: T) -> tuple:
-    """Argument types of a gemv_dp4a kernel: parts, x̂ q, d, s, y, W's rows, accumulate."""
+def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div: int, stream, glu: int = NO_GLU,
+                      variant: Variant | None = None):
+    """Routed experts, one token a slot: y[s] = W_e x̂[s // x_div] with e = experts[s], or with glu
+    (SILU, GELU) y[s] = act(gate_e x̂) * up_e x̂ for gate|up stacked per expert.
+
+    w: E experts of n_rows rows stacked, (E * n_rows, K); x̂ (quant_x.quantize_x) of the inputs;
+    experts (S,) int32 in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu.
+    """
+    S, K = experts.shape[0], w.cols
+    out_rows = n_rows // 2 if glu else n_rows
+    assert w.ggml_type in DOTS and w.rows % n_rows == 0 and y.shape == (S, out_rows) and x_div >= 1
+    assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
+    assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
+    v = variant or choose_dp4a(w.ggml_type, 1, K, glu)
+    per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
+    launch(gemv_dp4a_kernel(w.ggml_type, 1, v.span, v.rows, glu, True), ((out_rows + per_block - 1) // per_block, S),
+           BLOCK, stream, w.parts, x.q, x.d, x.s, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
+
+
+def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
+    """Argument types of a gemv_dp4a kernel: parts, x̂ q, d, s, y, W's rows (an expert's with
+    experts, then the slots' experts and x_div), accumulate."""
     parts = types.Tuple(tuple(types.Array(from_dtype(np.dtype(dt)), 1, "C") for _, _, _, dt in LAYOUTS[ggml_type]))
     f2 = types.Array(types.float32, 2, "C")
-    return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, types.int32)
+    routed = (types.Array(types.int32, 1, "C"), types.int32) if experts else ()
+    return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, *routed, types.int32)
 
 
 # Registers: 54-96, and up to ~145 at eight rows a group (the 4/5-bit types' T = 1 choice: 3
@@ -303,4 +343,7 @@ BUILD_SIGNATURES = [
 ] + [  # gate|up with SiLU (llama, qwen3)
     (gemv_dp4a_kernel(t, n, 64, rows, SILU), types.void(*kernel_args(t)), {"max_registers": 160})
     for t in (T.Q4_K, T.Q8_0) for n, rows in ((1, 8), (8, 2))
+] + [  # qwen3moe's routed gate|up experts
+    (gemv_dp4a_kernel(t, 1, 64, rows, SILU, True), types.void(*kernel_args(t, True)), {"max_registers": 160})
+    for t, rows in ((T.Q4_K, 8), (T.Q8_0, 4))
 ]

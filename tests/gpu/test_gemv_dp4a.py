@@ -17,7 +17,8 @@ from numba import cuda
 
 from impnb.kernels.activations import geglu_ref, swiglu_ref
 from impnb.kernels.gemv import gemv_ref
-from impnb.kernels.gemv_dp4a import DP4A_TYPES, GELU, SILU, Variant, gemv_dp4a, gemv_dp4a_ref
+from impnb.kernels.gemv_dp4a import (DP4A_TYPES, GELU, NO_GLU, SILU, Variant, gemv_dp4a, gemv_dp4a_experts,
+                                     gemv_dp4a_ref)
 from impnb.kernels.norm import rms_norm_ref
 from impnb.kernels.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
 from tests.gpu.cases import fitting
@@ -108,6 +109,35 @@ def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None):
     assert np.isfinite(y).all() and (np.abs(y - want) <= bound + 1e-6).all()
 
 
+def check_experts(ggml_type, E, n_rows, cols, n_tok, k, glu, seed):
+    """Routed experts, T tokens with k slots each (x̂ row s // k), some experts chosen twice:
+    each slot against gemv_dp4a_ref of its expert's rows (act(gate) * up with glu)."""
+    raw, wabs, w = weight(ggml_type, E * n_rows, cols)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    xq, (q, d, _) = check_quantize_x(x)
+    slots = rng.integers(0, E, n_tok * k).astype(np.int32)
+    slots[-1] = slots[0]
+    out_rows = n_rows // 2 if glu else n_rows
+    d_y = cuda.to_device(np.full((n_tok * k, out_rows), np.nan, np.float32))
+    gemv_dp4a_experts(w, n_rows, xq, d_y, cuda.to_device(slots), k, 0, glu=glu)
+    y = d_y.copy_to_host()
+    assert np.isfinite(y).all(), "non-finite output"
+    xhat = np.abs((q.view(np.int8).reshape(n_tok, -1, GROUP) * d[:, :, None]).reshape(n_tok, cols))
+    for s_, e in enumerate(slots):
+        rows = slice(e * n_rows, (e + 1) * n_rows)
+        ref = gemv_dp4a_ref(raw[rows], ggml_type, q[s_ // k:s_ // k + 1], d[s_ // k:s_ // k + 1])[0]
+        bound = RTOL * (xhat[s_ // k] @ wabs[rows].T)
+        if glu:
+            F = n_rows // 2
+            gate, up = ref[:F].astype(np.float32), ref[F:].astype(np.float32)
+            want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
+            tol = 10 * (np.abs(want) * RTOL + np.abs(up) * bound[:F] + np.abs(gate) * bound[F:]) + 1e-6
+            assert (np.abs(y[s_] - want) <= tol).all(), f"slot {s_} (expert {e})"
+        else:
+            assert (np.abs(y[s_] - ref) <= bound).all(), f"slot {s_} (expert {e})"
+
+
 def check_case(ggml_type, rows, cols, n_tok, std, seed, **kw):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
@@ -156,6 +186,13 @@ def test_quantize_x_norm(n_tok, K):
 @pytest.mark.parametrize("n_tok,glu", [(1, SILU), (2, GELU), (8, SILU)])
 def test_gemv_dp4a_glu(ggml_type, n_tok, glu):
     check_glu(ggml_type, 771, 1024, n_tok, glu, seed=[int(ggml_type), n_tok])
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+def test_gemv_dp4a_experts(ggml_type):
+    check_experts(ggml_type, 8, 2 * 77, 2048, 1, 8, SILU, seed=[int(ggml_type), 1])
+    check_experts(ggml_type, 16, 130, 768 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 1024, 3, 4, NO_GLU,
+                  seed=[int(ggml_type), 2])
 
 
 def test_real_activation_outliers():

@@ -4,7 +4,7 @@ tests/gpu/test_gemv_dp4a.py's checks (dp4a through its plain-Python twin)."""
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv_dp4a import DP4A_TYPES, SILU, Variant
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, NO_GLU, SILU, Variant
 from tests.gpu import test_gemv_dp4a as g
 
 
@@ -31,3 +31,8 @@ def test_quantize_x_norm_and_glu():
                             (1 + 0.3 * rng.standard_normal(64)).astype(np.float32), 1e-6)
     g.check_glu(T.Q4_K, 5, 256, 1, SILU, seed=4)
     g.check_glu(T.Q8_0, 3, 64, 3, SILU, seed=5)
+
+
+def test_gemv_dp4a_experts():
+    g.check_experts(T.Q4_K, 4, 10, 256, 1, 3, SILU, seed=6)
+    g.check_experts(T.Q8_0, 3, 5, 64, 2, 2, NO_GLU, seed=7)
