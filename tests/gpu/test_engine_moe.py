@@ -96,3 +96,19 @@ def test_prefill_cublas_fallback(case, monkeypatch):
         t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
         assert graphed.prefill_graphs, graphed.graph_disabled
         assert t_e == t_g and np.array_equal(l_e, l_g)
+
+
+def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
+    """Every decode GEMV of a dp4a type on gemv_dp4a, the routed gate|up experts included
+    (IMPNB_DP4A_MIN_MB and _MIN_K 0): teacher-forced decode still agrees with the reference."""
+    ids, ref, _, engine = case
+    from impnb.engine_cuda import CudaEngine
+
+    monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    dp4a = CudaEngine(engine.mf, 256, graphs=False)
+    if not any(name.endswith("ffn_gate_up_exps") for name in dp4a.m.dp4a):
+        pytest.skip("no expert weight of a dp4a type (F32 model)")
+    dp4a.reset(SamplingParams(temperature=0))
+    out = np.concatenate([dp4a.logits([t]) for t in ids])
+    agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a)} weights) vs reference")
