@@ -61,13 +61,20 @@ def test_prefill_matches_reference_and_hf(case):
     agree(out, hf_logits, "prefill vs HF")
 
 
-def test_graph_decode_equals_eager(case):
-    """32 greedy steps through the captured decode graph equal eager steps bit for bit."""
+@pytest.mark.parametrize("dp4a", [False, True], ids=["gemv", "dp4a"])
+def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
+    """32 greedy steps through the captured decode graph equal eager steps bit for bit (dp4a: the
+    routed gate|up and every other decode GEMV of a dp4a type on gemv_dp4a)."""
     ids, _, _, engine = case
     from impnb.engine_cuda import CudaEngine
     from tests.gpu.test_graphs import decode
 
+    if dp4a:
+        monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+        monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     eager = CudaEngine(engine.mf, 256, graphs=False)
+    if dp4a and not eager.m.dp4a:
+        pytest.skip("no weight of a dp4a type (F32 model)")
     graphed = CudaEngine(engine.mf, 256, graphs=True, lookahead=False)
     p = SamplingParams(temperature=0)
     t_e, l_e = decode(eager, list(ids[:20]), p, 32)

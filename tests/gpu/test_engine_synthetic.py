@@ -49,14 +49,21 @@ def test_engine_greedy_equals_reference_argmax(case):
     assert first == int(ref[9].argmax())
 
 
-def test_graph_decode_equals_eager(case):
-    """32 greedy steps through the captured decode graph equal eager steps bit for bit."""
+@pytest.mark.parametrize("dp4a", [False, True], ids=["gemv", "dp4a"])
+def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
+    """32 greedy steps through the captured decode graph equal eager steps bit for bit (dp4a: with
+    every decode GEMV of a dp4a type on gemv_dp4a and its quantize_x launches)."""
     ids, _, _ = case
     from impnb.engine_cuda import CudaEngine
     from tests.gpu.test_graphs import decode
 
+    if dp4a:
+        monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+        monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     mf = case[2].mf
     eager = CudaEngine(mf, 256, graphs=False)
+    if dp4a and not eager.m.dp4a:
+        pytest.skip("no weight of a dp4a type (F32 model)")
     graphed = CudaEngine(mf, 256, graphs=True, lookahead=False)  # logits read after each step
     p = SamplingParams(temperature=0)
     t_e, l_e = decode(eager, list(ids[:8]), p, 32)
