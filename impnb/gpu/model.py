@@ -74,10 +74,12 @@ STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 STREAM_MIN_ROWS = 131072
 GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 # decode GEMVs (T <= 8) of weights of at least DP4A_MIN_MB and DP4A_MIN_K columns run on dp4a
-# (gemv_dp4a.py) after one quantize_x launch for their input (the fused pre-norm folded into it),
-# except Q6_K at T = 1 and K > 8192. Measured on the H100 (2026-11-25):
+# (gemv_dp4a.py) after one quantize_x launch for their input (the fused pre-norm folded into it).
+# Measured on the H100 (2026-11-25):
 # - scripts/bench_gemv.py --dp4a, µs back to back, T = 1 on 4096x14336: Q4_K 19.8 -> 15.9, Q8_0
-#   31.7 -> 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4, Q6_K 25.0 -> 25.9 (lost); quantize_x 1.8.
+#   31.7 -> 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4, Q6_K 25.0 -> 25.9 (lost; Q6_K at K > 8192
+#   stayed on gemv); quantize_x 1.8. With K built into the kernel (15:03 UTC, choose_dp4a's
+#   variants): Q4_K 19.8 -> 13.8, Q8_0 31.8 -> 22.3, Q4_1 21.1 -> 15.0, Q6_K 24.8 -> 18.5 (won).
 # - tg128, synthetic Qwen3-8B Q4_K_M: 278.5 tok/s on gemv alone, 312.4 with dp4a on weights of
 #   32 MB and more, 330.9 from 12 MB, 332.8 for every weight of a dp4a type; 337.3 with this rule.
 # - tg128, synthetic Qwen3-30B-A3B Q4_K_M: 310.1 -> 315.8 (its logits and routed gate|up).
@@ -234,7 +236,7 @@ class DeviceModel:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
                 gemv.gemv_residual(w, x, y, residual, s)
                 return
-            if self.dp4a_pays(name, x.shape[0]):
+            if self.dp4a_pays(name):
                 gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, accumulate)
             else:
                 gemv.gemv(w, x, y, s, accumulate, norm=norm)
@@ -280,7 +282,7 @@ class DeviceModel:
         norm as in linear."""
         w, T, s = self.w[name], x.shape[0], self.ctx.nb_stream
         act_id = gemv.GELU if act == "gelu" else gemv.SILU
-        if T <= GEMV_MAX_ROWS and self.dp4a_pays(name, T):
+        if T <= GEMV_MAX_ROWS and self.dp4a_pays(name):
             gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
             return
         if T <= GEMV_MAX_ROWS and gemv.glu_fits(w, T):
@@ -290,10 +292,9 @@ class DeviceModel:
         self.linear(x, name, gate_up, norm)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
 
-    def dp4a_pays(self, name: str, n_tok: int) -> bool:
-        """Whether this weight's GEMV at T tokens takes gemv_dp4a (see DP4A_MIN_MB)."""
-        w = self.w[name]
-        return name in self.dp4a and not (w.ggml_type == T.Q6_K and n_tok == 1 and w.cols > 8192)
+    def dp4a_pays(self, name: str) -> bool:
+        """Whether this weight's decode GEMVs take gemv_dp4a (see DP4A_MIN_MB)."""
+        return name in self.dp4a
 
     def quantized(self, x, norm: tuple | None = None) -> QuantX:
         """x (T, K), or RMSNorm(x) * wn with norm (wn, eps), in int8 for gemv_dp4a."""

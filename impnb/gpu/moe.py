@@ -62,7 +62,7 @@ def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:
     """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s]; on dp4a where the
     stacked gate|up's size picks it (gpu/model.py DP4A_MIN_MB)."""
     s, F, name = m.ctx.nb_stream, m.cfg.n_ff_exp, prefix + "ffn_gate_up_exps"
-    if name in m.w and m.dp4a_pays(name, 1):
+    if name in m.w and m.dp4a_pays(name):
         gemv_dp4a_experts(m.w[name], 2 * F, m.quantized(h), act, slots, k, s, glu=gemv.SILU)
         return
     if name in m.w:

@@ -8,22 +8,22 @@ min, the -8 / -16 / -32 offsets) multiplies x̂'s group sum s. Against gemv.py t
 rounding (|x̂ - x| <= amax/254 a group) and saves most of the per-weight instructions.
 Numpy reference: `gemv_dp4a_ref` (gemv_ref of the dequantized x̂).
 
-One kernel per type, T (1..8), row-group span and rows a group, built on the type's
-`<type>_load` (quant_blocks*.py) and a `<type>_dot` below on a PackedWeight (repack.py).
+One kernel per type, row length, T (1..8), row-group span, rows a group and load distance (the
+next chunk's loads issued before this one's dots, or not), built on a `<type>_load` and a
+`<type>_dot` below on a PackedWeight (repack.py); `choose_dp4a` picks the variant (measured).
 """
 
 from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, from_dtype, types, uint32
+from numba import cuda, float32, from_dtype, int32, types, uint32, uint64
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv import gemv_ref, tuple_of
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import BLOCK, WARPS, Variant, span_for
-from impnb.kernels.quant_blocks_k import k_scales
 from impnb.kernels.quant_x import GROUP, QuantX, dequantize_x_ref
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
@@ -36,6 +36,58 @@ def gemv_dp4a_ref(w: np.ndarray, ggml_type: T, xq: np.ndarray, xd: np.ndarray) -
     return gemv_ref(w, ggml_type, dequantize_x_ref(xq, xd))
 
 
+# -- loads: `<type>_load` of quant_blocks*.py for chunk g + dr, where dr = r x chunks-a-row for
+#    a group's row r is a build-time constant kept apart (a multiple of 8: whole superblocks), so a
+#    group's rows share one address (loads at immediate offsets) and the scalar loads skip numba's
+#    negative-index wrap (the index is unsigned) --
+
+@cuda.jit(device=True, inline=True)
+def _q8_0_load(parts, g, dr):
+    qs, d = parts
+    return qi.ldg_u32x4(qs, 8 * (g + dr)), qi.ldg_u32x4(qs, 8 * (g + dr) + 4), float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_0_load(parts, g, dr):
+    qs, d = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_1_load(parts, g, dr):
+    qs, dm = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), dm[uint64(g + dr)]
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_0_load(parts, g, dr):
+    qs, qh, d = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), qh[uint64(g + dr)], float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_load(parts, g, dr):
+    qs, hdr = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), qi.ldg_u32x4(hdr, 4 * ((g >> 3) + (dr >> 3)))
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_k_load(parts, g, dr):
+    qs, qh, hdr = parts
+    sb = (g >> 3) + (dr >> 3)
+    return (qi.ldg_u32x4(qs, 4 * (g + dr)), qi.ldg_u32x4(qh, 8 * sb + 4 * (g & 1)), qi.ldg_u32x4(hdr, 4 * sb))
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_k_load(parts, g, dr):
+    ql, qh, sc, d = parts
+    sb = (g >> 3) + (dr >> 3)
+    L = g & 7
+    s = 16 * sb + 8 * (L >> 2) + (L & 3)
+    return (qi.ldg_u32x4(ql, 4 * (g + dr)), qi.ldg_u32x4(qh, 16 * sb + 8 * (L >> 2) + 4 * (L & 1)),
+            float32(d[uint64(sb)]), float32(sc[uint64(s)]), float32(sc[uint64(s + 4)]))
+
+
 # -- dot units: `<type>_dot(raw, c, xw, xf, t)` = the chunk's 32 weights (raw from `<type>_load`)
 #    times token t's x̂: xw[t, 0:4] the int8 words at the half-0 columns col(c, 0)..+16, xw[t, 4:8]
 #    at col(c, 1)..+16; xf[t] = (d0, d1, s0, s1) their scales and group sums --
@@ -46,12 +98,12 @@ def _dot_u(q0, q1, q2, q3, xw, t, o):
     i = qi.dp4a_us(q0, xw[t, o], 0)
     i = qi.dp4a_us(q1, xw[t, o + 1], i)
     i = qi.dp4a_us(q2, xw[t, o + 2], i)
-    return float32(qi.dp4a_us(q3, xw[t, o + 3], i))
+    return qi.dp4a_us(q3, xw[t, o + 3], i)
 
 
 @cuda.jit(device=True, inline=True)
 def _nibbles(q, xw, t):
-    """(low nibbles . half 0, high nibbles . half 1) of the 4 quant words q."""
+    """(low nibbles . half 0, high nibbles . half 1) of the 4 quant words q, int32."""
     lo = _dot_u(q[0] & qi.LO4, q[1] & qi.LO4, q[2] & qi.LO4, q[3] & qi.LO4, xw, t, 0)
     hi = _dot_u(qi.shr32(q[0], 4) & qi.LO4, qi.shr32(q[1], 4) & qi.LO4, qi.shr32(q[2], 4) & qi.LO4,
                 qi.shr32(q[3], 4) & qi.LO4, xw, t, 4)
@@ -75,7 +127,7 @@ def q8_0_dot(raw, c, xw, xf, t):
 @cuda.jit(device=True, inline=True)
 def q4_0_dot(raw, c, xw, xf, t):
     lo, hi = _nibbles(raw[0], xw, t)  # weight d (q - 8)
-    return raw[1] * ((xf[t, 0] * lo + xf[t, 1] * hi) - float32(8.0) * (xf[t, 2] + xf[t, 3]))
+    return raw[1] * ((xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) - float32(8.0) * (xf[t, 2] + xf[t, 3]))
 
 
 @cuda.jit(device=True, inline=True)
@@ -83,7 +135,7 @@ def q4_1_dot(raw, c, xw, xf, t):
     lo, hi = _nibbles(raw[0], xw, t)  # weight d q + m
     d = qi.f16_to_f32(raw[1] & qi.HALF)
     m = qi.f16_to_f32(raw[1] >> 16)
-    return d * (xf[t, 0] * lo + xf[t, 1] * hi) + m * (xf[t, 2] + xf[t, 3])
+    return d * (xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) + m * (xf[t, 2] + xf[t, 3])
 
 
 @cuda.jit(device=True, inline=True)
@@ -100,16 +152,33 @@ def q5_0_dot(raw, c, xw, xf, t):
                 _q5_0_word(q[3], qh, 3, 0), xw, t, 0)
     hi = _dot_u(_q5_0_word(q[0], qh, 0, 1), _q5_0_word(q[1], qh, 1, 1), _q5_0_word(q[2], qh, 2, 1),
                 _q5_0_word(q[3], qh, 3, 1), xw, t, 4)
-    return d * ((xf[t, 0] * lo + xf[t, 1] * hi) - float32(16.0) * (xf[t, 2] + xf[t, 3]))
+    return d * ((xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) - float32(16.0) * (xf[t, 2] + xf[t, 3]))
+
+
+@cuda.jit(device=True, inline=True)
+def _k_scale_pairs(hdr, c):
+    """quant_blocks_k.k_scales without its branch, as byte pairs: (sc0 | sc1 << 8, mn0 | mn1 << 8)
+    of sub-blocks 2p and 2p+1, p = (c % 8) // 2. c % 8 is a thread's constant here, so the
+    shift, masks and choices leave the loop."""
+    s = 8 * (c & 2)
+    up = (c & 4) != 0  # sub-blocks 4..7: low 4 bits in bytes 8..11, high 2 atop bytes 0..7
+    m_lo = uint32(0x0F0F) if up else uint32(0x3F3F)
+    m_hi = uint32(0x3030) if up else uint32(0)
+    sc = (qi.shr32(hdr[3] if up else hdr[1], s) & m_lo) | (qi.shr32(hdr[1], s + 2) & m_hi)
+    mn = (qi.shr32(hdr[3] if up else hdr[2], s + (4 if up else 0)) & m_lo) | (qi.shr32(hdr[2], s + 2) & m_hi)
+    return sc, mn
 
 
 @cuda.jit(device=True, inline=True)
 def _k_dot(hdr, c, lo, hi, xf, t):
-    # weight d sc q - dmin mn, (sc, mn) of the chunk's two sub-blocks
-    sc0, mn0, sc1, mn1 = k_scales(hdr, c)
+    # weight d sc q - dmin mn, (sc, mn) of the chunk's two sub-blocks; lo * sc stays an exact
+    # int32 (|lo| <= 16 * 31 * 127, sc < 64)
+    sc, mn = _k_scale_pairs(hdr, c)
     d = qi.f16_to_f32(hdr[0] & qi.HALF)
     dmin = qi.f16_to_f32(hdr[0] >> 16)
-    return d * (sc0 * xf[t, 0] * lo + sc1 * xf[t, 1] * hi) - dmin * (mn0 * xf[t, 2] + mn1 * xf[t, 3])
+    v = xf[t, 0] * float32(int32(lo * int32(sc & 0xFF))) + xf[t, 1] * float32(int32(hi * int32(qi.shr32(sc, 8))))
+    m = xf[t, 2] * float32(uint32(mn & 0xFF)) + xf[t, 3] * float32(uint32(qi.shr32(mn, 8)))
+    return d * v - dmin * m
 
 
 @cuda.jit(device=True, inline=True)
@@ -147,71 +216,86 @@ def q6_k_dot(raw, c, xw, xf, t):
                 _q6_k_word(ql[3], qh[3], hs, 0), xw, t, 0)
     hi = _dot_u(_q6_k_word(ql[0], qh[0], hs, 1), _q6_k_word(ql[1], qh[1], hs, 1), _q6_k_word(ql[2], qh[2], hs, 1),
                 _q6_k_word(ql[3], qh[3], hs, 1), xw, t, 4)
-    return d * (s0 * (xf[t, 0] * lo - float32(32.0) * xf[t, 2]) + s1 * (xf[t, 1] * hi - float32(32.0) * xf[t, 3]))
+    return d * (s0 * (xf[t, 0] * float32(lo) - float32(32.0) * xf[t, 2])
+                + s1 * (xf[t, 1] * float32(hi) - float32(32.0) * xf[t, 3]))
 
 
 DOTS = {T.Q8_0: q8_0_dot, T.Q4_0: q4_0_dot, T.Q4_1: q4_1_dot, T.Q5_0: q5_0_dot,
         T.Q4_K: q4_k_dot, T.Q5_K: q5_k_dot, T.Q6_K: q6_k_dot}
+LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5_0_load,
+         T.Q4_K: _q4_k_load, T.Q5_K: _q5_k_load, T.Q6_K: _q6_k_load}
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts):
-    load, _, col = DECODERS[ggml_type]
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
+    _, _, col = DECODERS[ggml_type]
+    load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
     act = GLU_ACTS[glu]
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     pairs = rows // 2  # GLU: output rows a group (gate rows, then the same up rows)
     out_rows = pairs if glu else rows
+    cpr = cols // 32  # chunks a row
+    K4 = cols // 4  # x̂ words a token
 
     @cuda.jit(device=True, inline=True)
     def row_chunk(a, c, r):
-        # -- chunk c of the group's row r of the matrix at row w0 (past the last row: the last,
-        # computed and dropped); GLU groups hold gate rows o.. and up rows F + o.. --
-        parts, gi, n_rows, cpr, w0 = a
-        if glu:
-            F = n_rows // 2
-            row = min(gi * pairs + r % pairs, F - 1) + (F if r >= pairs else 0)
-        else:
-            row = min(gi * rows + r, n_rows - 1)
-        return load(parts, (w0 + row) * cpr + c)
+        # -- chunk c of the group's slot r: gate (or plain) rows from global chunk g0 on, up rows
+        # from g1; consecutive rows are cpr chunks apart, a build-time constant --
+        parts, g0, g1 = a
+        if glu and r >= pairs:
+            return load(parts, g1 + c, (r - pairs) * cpr)
+        return load(parts, g0 + c, r * cpr)
 
     rows_chunk = tuple_of(row_chunk, rows)
 
     # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads;
-    # group gi = G*b + g owns rows R*gi .. +R-1; its thread i takes chunks i, i+span, ... of those
-    # rows: the R chunks' 16-byte loads, then x̂ of the chunk's columns for every token (through
-    # L1: the block's groups share it), then R x T dots. Sums reduce over the warp by shuffles,
-    # then over the group's warps in shared memory; GLU: y[t, o] = act(gate row o) * up row o.
-    # Token t reads x̂ row xr + t and writes y row yr + t; W's rows start at w0.
+    # group gi = G*b + g owns output rows o = R*gi .. +R-1; the last groups start R rows before
+    # the end (row0), computing rows their predecessor writes, and write only rows >= R*gi.
+    # Its thread i takes chunks i, i+span, ... of those rows: the R chunks' 16-byte loads, then
+    # x̂ of the chunk's columns for every token (through L1: the block's groups share it), then
+    # R x T dots. Sums reduce over the warp by shuffles, then over the group's warps in shared
+    # memory; GLU: y[t, o] = act(gate row o) * up row o. Token t reads x̂ row xr + t and writes
+    # y row yr + t; W's rows start at w0. K (cols) is built in, so a slot's loads share one address.
     @cuda.jit(device=True, inline=True)
     def rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, w0, xr, yr):
-        K4 = xq.shape[1]  # x̂ words a token
-        cpr = K4 // 8  # chunks a row
         tid = cuda.threadIdx.x
         group = tid // span
         gi = cuda.blockIdx.x * groups + group
+        n_out = n_rows // 2 if glu else n_rows
+        first = gi * out_rows
+        row0 = min(first, n_out - out_rows)
+        g0 = (w0 + row0) * cpr
+        a = (parts, g0, g0 + (n_out * cpr if glu else 0))
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         xw = cuda.local.array((n_tok, 8), uint32)
         xf = cuda.local.array((n_tok, 4), float32)
-        a = (parts, gi, n_rows, cpr, w0)
-        for c in range(tid - group * span, cpr, span):
-            raws = rows_chunk(a, c)
+        c0 = tid - group * span
+        c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
+        raws = rows_chunk(a, min(c0, cpr - 1))  # (ahead: the first chunk's loads)
+        for c in range(c0, cpr, span):
+            if ahead:  # the next chunk's loads go out before this chunk's dots
+                cur = raws
+                if c + span < cpr:
+                    raws = rows_chunk(a, c + span)
+            else:
+                cur = rows_chunk(a, c)
             k0 = col(c, 0)
             k1 = col(c, 1)
             for t in range(n_tok):
-                xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + k0 // 4)
-                xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + k1 // 4)
-                xf[t, 0] = xd[xr + t, k0 // GROUP]
-                xf[t, 1] = xd[xr + t, k1 // GROUP]
-                xf[t, 2] = xs[xr + t, k0 // GROUP]
-                xf[t, 3] = xs[xr + t, k1 // GROUP]
+                xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k0 >> 2))
+                xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k1 >> 2))
+                xf[t, 0] = xd[xr + t, k0 >> 4]
+                xf[t, 1] = xd[xr + t, k1 >> 4]
+                xf[t, 2] = xs[xr + t, k0 >> 4]
+                xf[t, 3] = xs[xr + t, k1 >> 4]
             for r in range(rows):
                 for t in range(n_tok):
-                    acc[r, t] += dot(raws[r], c, xw, xf, t)
+                    acc[r, t] += dot(cur[r], c8, xw, xf, t)
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         lane = tid & 31
@@ -235,8 +319,9 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts):
                 for i in range(wpg):
                     u += red[g * wpg + i, pairs + r, t]
                 s = act(s) * u
-            row = (cuda.blockIdx.x * groups + g) * out_rows + r
-            if row < (n_rows // 2 if glu else n_rows):
+            gi_t = cuda.blockIdx.x * groups + g
+            row = min(gi_t * out_rows, n_out - out_rows) + r
+            if row >= gi_t * out_rows:
                 if accumulate:
                     s += y[yr + t, row]
                 y[yr + t, row] = s
@@ -263,32 +348,53 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts):
 
 
 @lru_cache(maxsize=None)
-def gemv_dp4a_kernel(ggml_type: T, n_tok: int, span: int, rows: int, glu: int = NO_GLU, experts: bool = False):
-    """The compiled-on-first-use dp4a kernel for one type, token count, row-group span, rows a
-    group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up stacked rows);
-    `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts)."""
+def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
+                     experts: bool = False, ahead: bool = False):
+    """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
+    row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
+    stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
+    `ahead`: each chunk's loads are issued a step early (a Variant's unroll 2)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
+    assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
     assert not experts or n_tok == 1
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts)
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, ahead)
 
 
-# Measured on the H100 (2026-11-25, scripts/bench_gemv.py --dp4a, 4096x14336 and 14336x4096,
-# % of 2.97 TB/s per launch): eight rows a group for the 4/5-bit types (Q4_0 64-72%, Q4_1 65-72%,
-# Q5_K 65-67%, Q4_K 61-64%), four for Q6_K (63-73%); Q8_0 four rows over four warps (83%).
-EIGHT_ROW_TYPES = (T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K)
+# T = 1: measured on the H100 (2026-11-25 15:03 UTC, scripts/bench_gemv.py --dp4a with seven
+# variants, % of 2.97 TB/s per launch / back to back; the kernel before K was built in, in the
+# same call: Q8_0 83.1 / 88.9 and 83.0 / 94.6, Q4_K 60.7 / 69.9 and 63.0 / 75.5, Q4_1 64.5 / 76.7
+# and 69.8 / 84.2, Q6_K 63.0 / 64.0 and 72.7 / 84.7):
+#            4096x14336 (long rows)       14336x4096
+#   Q8_0     s128u2r4 82.3 / 94.2        s128u2r4 88.4 / 100.2
+#   Q4_K     s128u1r4 66.8 / 80.6        s64u1r4  67.6 / 81.6
+#   Q4_1     s128u1r4 69.1 / 82.2        s128u1r4 73.1 / 87.5
+#   Q6_K     s64u2r4  75.5 / 87.8        s64u1r4  78.9 / 93.1
+# Eight rows a group (the old choice) lost on long rows (Q4_K s64u1r8 45.6 / 52.4), one warp a
+# group everywhere (s32u1r8 26-43%). Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
+LONG_K = 8192
+T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
+    T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 4)),
+    T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q4_1: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q6_K: (Variant(64, 1, 4), Variant(64, 2, 4)),
+}
 
 
-def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU) -> Variant:
-    """The variant for a weight of `cols` columns times T tokens: 8 or 4 rows a group at T = 1 (by
-    type, measured), 2 at T = 2, 1 past that (2 with GLU: a gate and an up row); groups of two
-    warps, four for Q8_0, fewer when a row has too few chunks to keep them busy."""
+def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:
+    """The variant for a weight of `cols` columns and n_out output rows times T tokens: T1_VARIANTS
+    at T = 1, else two warps a group over 2 rows at T = 2 (or with GLU: a gate and an up row), 1
+    past that; no more rows than n_out outputs need, no wider span than a row has chunks."""
     if n_tok == 1:
-        rows = 8 if ggml_type in EIGHT_ROW_TYPES else 4
+        span, unroll, rows = T1_VARIANTS[ggml_type][cols >= LONG_K]
     else:
-        rows = 2 if n_tok == 2 or glu else 1
-    span = BLOCK if ggml_type == T.Q8_0 and n_tok == 1 else 64
-    return Variant(min(span, span_for(cols)), 1, rows)
+        span, unroll, rows = 64, 1, 2 if n_tok == 2 or glu else 1
+    while rows // (2 if glu else 1) > n_out:
+        rows //= 2
+    return Variant(min(span, span_for(cols)), unroll, rows)
 
 
 def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,
@@ -301,9 +407,11 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
     assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and 1 <= n_tok <= MAX_T
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
-    v = variant or choose_dp4a(w.ggml_type, n_tok, K, glu)
+    v = variant or choose_dp4a(w.ggml_type, n_tok, K, glu, N)
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, n_tok, v.span, v.rows, glu), ((N + per_block - 1) // per_block,), BLOCK,
+    assert per_block // (BLOCK // v.span) <= N, "more rows a group than the weight has"
+    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll == 2),
+           ((N + per_block - 1) // per_block,), BLOCK,
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
 
@@ -320,9 +428,11 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and y.shape == (S, out_rows) and x_div >= 1
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
     assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
-    v = variant or choose_dp4a(w.ggml_type, 1, K, glu)
+    v = variant or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, 1, v.span, v.rows, glu, True), ((out_rows + per_block - 1) // per_block, S),
+    assert per_block // (BLOCK // v.span) <= out_rows, "more rows a group than an expert has"
+    launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll == 2),
+           ((out_rows + per_block - 1) // per_block, S),
            BLOCK, stream, w.parts, x.q, x.d, x.s, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
 
 
@@ -335,15 +445,18 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
     return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, *routed, types.int32)
 
 
-# Registers: 54-96, and up to ~145 at eight rows a group (the 4/5-bit types' T = 1 choice: 3
-# blocks an SM, measured fastest all the same).
+# Registers: 40-96 (no cap needed). Built at K 4096 and 16384 in the variants choose_dp4a picks.
 BUILD_SIGNATURES = [
-    (gemv_dp4a_kernel(t, n, span, rows), types.void(*kernel_args(t)), {"max_registers": 160 if rows == 8 else 128})
-    for t in DP4A_TYPES for n, span, rows in ((1, 64, 8), (1, BLOCK, 4), (1, 32, 4), (2, 64, 2), (8, 64, 1))
+    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2), types.void(*kernel_args(t)),
+     {"max_registers": 128})
+    for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8) for v in (choose_dp4a(t, n, K),)
+    if K == 4096 or n == 1
 ] + [  # gate|up with SiLU (llama, qwen3)
-    (gemv_dp4a_kernel(t, n, 64, rows, SILU), types.void(*kernel_args(t)), {"max_registers": 160})
-    for t in (T.Q4_K, T.Q8_0) for n, rows in ((1, 8), (8, 2))
+    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll == 2), types.void(*kernel_args(t)),
+     {"max_registers": 128})
+    for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v in (choose_dp4a(t, n, 4096, SILU),)
 ] + [  # qwen3moe's routed gate|up experts
-    (gemv_dp4a_kernel(t, 1, 64, rows, SILU, True), types.void(*kernel_args(t, True)), {"max_registers": 160})
-    for t, rows in ((T.Q4_K, 8), (T.Q8_0, 4))
+    (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll == 2), types.void(*kernel_args(t, True)),
+     {"max_registers": 128})
+    for t in (T.Q4_K, T.Q8_0) for v in (choose_dp4a(t, 1, 2048, SILU),)
 ]

@@ -170,7 +170,8 @@ def test_gemv_dp4a_4096x14336(ggml_type, n_tok):
 @pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
 def test_gemv_dp4a_accumulate_and_variants(ggml_type):
     check_case(ggml_type, 989, 1024, 1, 1.0, seed=7, accumulate=True)
-    for v in (Variant(32, 1, 4), Variant(64, 1, 8), Variant(128, 1, 2)):
+    for v in (Variant(32, 1, 4), Variant(64, 1, 8), Variant(128, 1, 2), Variant(128, 1, 8), Variant(64, 2, 4),
+              Variant(128, 2, 4), Variant(32, 2, 8)):
         check_case(ggml_type, 111, 2048, 1, 1.0, seed=[8, v.span, v.rows], variant=v)
 
 

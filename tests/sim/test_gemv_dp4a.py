@@ -25,6 +25,12 @@ def test_gemv_dp4a_spans_and_tokens():
     g.check_case(T.Q6_K, 9, 256, 1, 0.1, seed=2, variant=Variant(64, 1, 4), accumulate=True)
 
 
+def test_gemv_dp4a_loads_ahead():
+    """unroll 2: each chunk's loads a step early (two steps a thread here, then the last alone)."""
+    g.check_case(T.Q4_K, 5, 2048, 1, 1.0, seed=8, variant=Variant(32, 2, 4))
+    g.check_case(T.Q4_1, 3, 2048, 2, 1.0, seed=9, variant=Variant(64, 2, 2), accumulate=True)
+
+
 def test_quantize_x_norm_and_glu():
     rng = np.random.default_rng(3)
     g.check_quantize_x_norm((rng.standard_normal((2, 64)) * 5).astype(np.float32),

@@ -1,0 +1,32 @@
+"""choose_dp4a: the measured T = 1 table covers every dp4a type, and a variant never asks for
+more rows a group than the weight's outputs, a wider span than a row's chunks, or an odd GLU row
+count (the kernel's last group starts R rows before the end)."""
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from impnb.kernels.gemv_dp4a import DP4A_TYPES, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a
+from impnb.kernels.gemv_variants import span_for
+
+
+def test_table_covers_every_type():
+    assert set(T1_VARIANTS) == set(DP4A_TYPES)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("glu", [NO_GLU, SILU])
+def test_variant_fits_the_weight(ggml_type, glu):
+    for n_tok in (1, 2, 3, 8):
+        for cols in (256, 1024, 2048, 4096, LONG_K, 14336):
+            for n_out in (1, 2, 3, 5, 77, 4096):
+                v = choose_dp4a(ggml_type, n_tok, cols, glu, n_out)
+                out_rows = v.rows // 2 if glu else v.rows
+                assert 1 <= out_rows <= n_out and v.span <= span_for(cols)
+                assert not glu or v.rows % 2 == 0
+
+
+def test_measured_choices():
+    assert choose_dp4a(T.Q4_K, 1, 14336).name == "s128u1r4"
+    assert choose_dp4a(T.Q4_K, 1, 4096).name == "s64u1r4"
+    assert choose_dp4a(T.Q6_K, 1, 12288).name == "s64u2r4"
+    assert choose_dp4a(T.Q8_0, 1, 4096, SILU, 1).rows == 2
