@@ -5,8 +5,8 @@
 #   decode, dp4a)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
-# experts at decode piece by piece (bench_moe_decode.py); dp4a writes a synthetic Qwen3-8B Q4_K_M
-# and benches it with and without the dp4a GEMV (IMPNB_DP4A_MIN_MB).
+# experts at decode piece by piece (bench_moe_decode.py); dp4a benches the dp4a GEMV and a synthetic
+# Qwen3-8B Q4_K_M with and without it (see its block for DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE).
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -62,16 +62,39 @@ fi
 
 if [[ $what == dp4a ]]; then
   # the dp4a decode GEMV end to end: synthetic Qwen3-8B Q4_K_M (dense, norms fused into the
-  # GEMVs), tg128 with gemv_dp4a off and at the default DP4A_MIN_MB (8)
+  # GEMVs), tg128 at each IMPNB_DP4A_MIN_MB of DP4A_MB (default: off, then the rule's 8); the
+  # GEMV alone on 4096x14336 and 14336x4096 in choose_dp4a's variant or DP4A_VARIANTS (e.g.
+  # s64u1r8,s128u2r4); with BASE=<another checkout's root>, its GEMV and tg128 in the same call
   q8b=/tmp/qwen3-8b-q4_k_m.gguf
-  [ -f $q8b ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-8b --quant Q4_K_M --out $q8b > "$OUT/q8b-make.log" 2>&1
-  for mb in 1e9 8; do
-    IMPNB_DP4A_MIN_MB=$mb timeout 200 python3 -m impnb bench -m $q8b -p 512 -n 128 -r 2 --device cuda >> "$OUT/bench-dp4a.log" 2>&1
-    status[bench-q8b-dp4a-$mb]="rc=$? $(grep -E 'tg128' "$OUT/bench-dp4a.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+  types=${DP4A_TYPES:-Q8_0,Q4_K,Q4_1}
+  gemv_args=(--tokens 1 --types "$types" --dp4a ${DP4A_VARIANTS:-})
+  # compile every kernel first, a process a type and shape (the cubin cache), so the timed runs load them
+  for shape in 4096x14336 14336x4096; do
+    for t in ${types//,/ }; do
+      timeout 200 python3 scripts/bench_gemv.py --shape $shape --tokens 1 --types $t --dp4a ${DP4A_VARIANTS:-} \
+        --reps 2 --copies 2 > /dev/null 2>&1 &
+    done
   done
-  timeout 200 python3 scripts/bench_gemv.py --shape 4096x14336 --tokens 1 --types Q8_0,Q4_K,Q4_1 --dp4a \
-    --json "$OUT/bench-gemv-dp4a.json" > "$OUT/bench-gemv-dp4a.log" 2>&1
-  status[bench-gemv-dp4a]="rc=$? see bench-gemv-dp4a.log"
+  wait
+  for shape in 4096x14336 14336x4096; do
+    timeout 200 python3 scripts/bench_gemv.py --shape $shape "${gemv_args[@]}" --json "$OUT/bench-gemv-dp4a-$shape.json" \
+      >> "$OUT/bench-gemv-dp4a.log" 2>&1
+    status[bench-gemv-dp4a-$shape]="rc=$? see bench-gemv-dp4a.log"
+    if [ -n "${BASE:-}" ]; then
+      (cd "$BASE" && PYTHONPATH=/tmp/site:$BASE timeout 200 python3 scripts/bench_gemv.py --shape $shape --tokens 1 \
+        --types "$types" --dp4a) >> "$OUT/bench-gemv-dp4a-base.log" 2>&1
+      status[bench-gemv-dp4a-base-$shape]="rc=$? see bench-gemv-dp4a-base.log"
+    fi
+  done
+  [ -f $q8b ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-8b --quant Q4_K_M --out $q8b > "$OUT/q8b-make.log" 2>&1
+  for mb in ${DP4A_MB:-1e9 8}; do
+    for tree in "$PWD" ${BASE:-}; do
+      (cd "$tree" && PYTHONPATH=/tmp/site:$tree IMPNB_DP4A_MIN_MB=$mb timeout 200 python3 -m impnb bench -m $q8b -p 512 \
+        -n 128 -r 2 --device cuda) >> "$OUT/bench-dp4a.log" 2>&1
+      status[bench-q8b-dp4a-$mb${BASE:+-$(basename "$tree")}]="rc=$? $(grep -E 'tg128' "$OUT/bench-dp4a.log" |
+        tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
+    done
+  done
 fi
 
 if [[ $what == attn ]]; then
