@@ -367,16 +367,17 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
 # and 69.8 / 84.2, Q6_K 63.0 / 64.0 and 72.7 / 84.7):
 #            4096x14336 (long rows)       14336x4096
 #   Q8_0     s128u2r4 82.3 / 94.2        s128u2r4 88.4 / 100.2
-#   Q4_K     s128u1r4 66.8 / 80.6        s64u1r4  67.6 / 81.6
+#   Q4_K     s128u1r4 66.8 / 80.6        s64u1r8  67.2 / 81.6 (s64u1r4 67.6 / 81.6)
 #   Q4_1     s128u1r4 69.1 / 82.2        s128u1r4 73.1 / 87.5
 #   Q6_K     s64u2r4  75.5 / 87.8        s64u1r4  78.9 / 93.1
-# Eight rows a group (the old choice) lost on long rows (Q4_K s64u1r8 45.6 / 52.4), one warp a
-# group everywhere (s32u1r8 26-43%). Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
+# Eight rows a group (the old choice) lost on long rows (Q4_K s64u1r8 45.6 / 52.4) and kept even
+# on short ones, where the engine tests and the 8B run took it; one warp a group lost everywhere
+# (s32u1r8 26-43%). Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 4)),
-    T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q4_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 4)),
+    T.Q5_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 4)),
     T.Q4_1: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
@@ -445,10 +446,11 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
     return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, *routed, types.int32)
 
 
-# Registers: 40-96 (no cap needed). Built at K 4096 and 16384 in the variants choose_dp4a picks.
+# Registers: 48-106, 128 for Q6_K with its loads a step ahead (4 blocks an SM). Built at K 4096
+# and 16384 in the variants choose_dp4a picks.
 BUILD_SIGNATURES = [
     (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2), types.void(*kernel_args(t)),
-     {"max_registers": 128})
+     {"max_registers": 160 if v.unroll == 2 else 128})
     for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8) for v in (choose_dp4a(t, n, K),)
     if K == 4096 or n == 1
 ] + [  # gate|up with SiLU (llama, qwen3)
