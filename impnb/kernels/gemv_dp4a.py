@@ -409,8 +409,9 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
     v = variant or choose_dp4a(w.ggml_type, n_tok, K, glu, N)
-    per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
-    assert per_block // (BLOCK // v.span) <= N, "more rows a group than the weight has"
+    out_rows = v.rows // (2 if glu else 1)  # outputs a group
+    assert out_rows <= N, "more rows a group than the weight has"
+    per_block = out_rows * (BLOCK // v.span)
     launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll == 2),
            ((N + per_block - 1) // per_block,), BLOCK,
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
@@ -430,8 +431,8 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
     assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
     v = variant or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
+    assert v.rows // (2 if glu else 1) <= out_rows, "more rows a group than an expert has"
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
-    assert per_block // (BLOCK // v.span) <= out_rows, "more rows a group than an expert has"
     launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll == 2),
            ((out_rows + per_block - 1) // per_block, S),
            BLOCK, stream, w.parts, x.q, x.d, x.s, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
