@@ -26,7 +26,7 @@ def test_variant_fits_the_weight(ggml_type, glu):
 
 
 def test_measured_choices():
-    assert choose_dp4a(T.Q4_K, 1, 14336).name == "s128u1r4"
-    assert choose_dp4a(T.Q4_K, 1, 4096).name == "s64u1r8"
-    assert choose_dp4a(T.Q6_K, 1, 12288).name == "s64u2r4"
+    assert choose_dp4a(T.Q4_K, 1, 14336).name == "s128u1r8"
+    assert choose_dp4a(T.Q4_K, 1, 4096).name == "s64u1r4"
+    assert choose_dp4a(T.Q6_K, 1, 12288).name == "s128u1r8"
     assert choose_dp4a(T.Q8_0, 1, 4096, SILU, 1).rows == 2

@@ -11,6 +11,9 @@ Numpy reference: `gemv_dp4a_ref` (gemv_ref of the dequantized x̂).
 One kernel per type, row length, T (1..8), row-group span, rows a group and load distance (the
 next chunk's loads issued before this one's dots, or not), built on a `<type>_load` and a
 `<type>_dot` below on a PackedWeight (repack.py); `choose_dp4a` picks the variant (measured).
+The weights are no kernel's output, so a thread's first chunk is loaded before griddepcontrol.wait:
+under programmatic launch those loads overlap the kernel before (synthetic Qwen3-8B tg128 343.7 ->
+361.0 tok/s on the H100).
 """
 
 from functools import lru_cache
@@ -250,52 +253,69 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
 
     rows_chunk = tuple_of(row_chunk, rows)
 
-    # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads;
-    # group gi = G*b + g owns output rows o = R*gi .. +R-1; the last groups start R rows before
-    # the end (row0), computing rows their predecessor writes, and write only rows >= R*gi.
-    # Its thread i takes chunks i, i+span, ... of those rows: the R chunks' 16-byte loads, then
-    # x̂ of the chunk's columns for every token (through L1: the block's groups share it), then
-    # R x T dots. Sums reduce over the warp by shuffles, then over the group's warps in shared
-    # memory; GLU: y[t, o] = act(gate row o) * up row o. Token t reads x̂ row xr + t and writes
-    # y row yr + t; W's rows start at w0. K (cols) is built in, so a slot's loads share one address.
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, w0, xr, yr):
+    def group_start(parts, n_rows, w0):
+        # -- (a, c0, raws): the group's rows as row_chunk's a (gate chunk g0 of its first row, up
+        # chunk g1), the thread's first chunk and that chunk's loads; the last groups start R rows
+        # before the end (row0) --
         tid = cuda.threadIdx.x
         group = tid // span
-        gi = cuda.blockIdx.x * groups + group
         n_out = n_rows // 2 if glu else n_rows
-        first = gi * out_rows
-        row0 = min(first, n_out - out_rows)
+        row0 = min((cuda.blockIdx.x * groups + group) * out_rows, n_out - out_rows)
         g0 = (w0 + row0) * cpr
         a = (parts, g0, g0 + (n_out * cpr if glu else 0))
+        c0 = tid - group * span
+        return a, c0, rows_chunk(a, min(c0, cpr - 1))
+
+    # grid (ceil(N / (R * G)),), block 128 = 4 warps in G = 128/span groups of `span` threads;
+    # group gi = G*b + g owns output rows o = R*gi .. +R-1; the last groups start R rows before
+    # the end, computing rows their predecessor writes, and write only rows >= R*gi.
+    # Its thread i takes chunks i, i+span, ... of those rows: the R chunks' 16-byte loads (the
+    # first chunk's from group_start, the next ones a step ahead or after the dots), then x̂ of
+    # the chunk's columns for every token (through L1: the block's groups share it), then R x T
+    # dots. Sums reduce over the warp by shuffles, then over the group's warps in shared memory;
+    # GLU: y[t, o] = act(gate row o) * up row o. Token t reads x̂ row xr + t and writes y row
+    # yr + t. K (cols) is built in, so a slot's loads share one address.
+    @cuda.jit(device=True, inline=True)
+    def chunk_dots(cur, c, c8, xq, xd, xs, xr, xw, xf, acc):
+        # -- acc[r, t] += chunk c of slot r (its loads cur) . x̂ row xr + t: x̂ of the chunk's
+        # columns first, for every token --
+        k0 = col(c, 0)
+        k1 = col(c, 1)
+        for t in range(n_tok):
+            xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k0 >> 2))
+            xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k1 >> 2))
+            xf[t, 0] = xd[xr + t, k0 >> 4]
+            xf[t, 1] = xd[xr + t, k1 >> 4]
+            xf[t, 2] = xs[xr + t, k0 >> 4]
+            xf[t, 3] = xs[xr + t, k1 >> 4]
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] += dot(cur[r], c8, xw, xf, t)
+
+    @cuda.jit(device=True, inline=True)
+    def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr):
+        a, c0, raws = start
+        tid = cuda.threadIdx.x
+        n_out = n_rows // 2 if glu else n_rows
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
                 acc[r, t] = 0.0
         xw = cuda.local.array((n_tok, 8), uint32)
         xf = cuda.local.array((n_tok, 4), float32)
-        c0 = tid - group * span
         c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
-        raws = rows_chunk(a, min(c0, cpr - 1))  # (ahead: the first chunk's loads)
-        for c in range(c0, cpr, span):
-            if ahead:  # the next chunk's loads go out before this chunk's dots
+        if ahead:  # the next chunk's loads go out before this chunk's dots
+            for c in range(c0, cpr, span):
                 cur = raws
                 if c + span < cpr:
                     raws = rows_chunk(a, c + span)
-            else:
-                cur = rows_chunk(a, c)
-            k0 = col(c, 0)
-            k1 = col(c, 1)
-            for t in range(n_tok):
-                xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k0 >> 2))
-                xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k1 >> 2))
-                xf[t, 0] = xd[xr + t, k0 >> 4]
-                xf[t, 1] = xd[xr + t, k1 >> 4]
-                xf[t, 2] = xs[xr + t, k0 >> 4]
-                xf[t, 3] = xs[xr + t, k1 >> 4]
-            for r in range(rows):
-                for t in range(n_tok):
-                    acc[r, t] += dot(cur[r], c8, xw, xf, t)
+                chunk_dots(cur, c, c8, xq, xd, xs, xr, xw, xf, acc)
+        else:  # each chunk's loads just before its dots (the first chunk's from group_start)
+            if c0 < cpr:
+                chunk_dots(raws, c0, c8, xq, xd, xs, xr, xw, xf, acc)
+            for c in range(c0 + span, cpr, span):
+                chunk_dots(rows_chunk(a, c), c, c8, xq, xd, xs, xr, xw, xf, acc)
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         lane = tid & 31
@@ -334,15 +354,17 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
-            rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, experts[s] * n_rows, s // x_div, s)
+            start = group_start(parts, n_rows, experts[s] * n_rows)
+            rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, s // x_div, s)
 
         return _gemv_dp4a_experts_kernel
 
     @cuda.jit
     def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
+        start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(parts, xq, xd, xs, y, n_rows, accumulate, 0, 0, 0)
+        rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0)
 
     return _gemv_dp4a_kernel
 
@@ -361,27 +383,29 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
     return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, ahead)
 
 
-# T = 1: measured on the H100 (2026-11-25 15:03 UTC, scripts/bench_gemv.py --dp4a with seven
-# variants, % of 2.97 TB/s per launch / back to back; the kernel before K was built in, in the
-# same call: Q8_0 83.1 / 88.9 and 83.0 / 94.6, Q4_K 60.7 / 69.9 and 63.0 / 75.5, Q4_1 64.5 / 76.7
-# and 69.8 / 84.2, Q6_K 63.0 / 64.0 and 72.7 / 84.7):
+# T = 1: measured on the H100 (2026-11-25 17:35 UTC, scripts/bench_gemv.py --dp4a with six
+# variants, % of 2.97 TB/s per launch / back to back), the first chunk's loads before the wait:
 #            4096x14336 (long rows)       14336x4096
-#   Q8_0     s128u2r4 82.3 / 94.2        s128u2r4 88.4 / 100.2
-#   Q4_K     s128u1r4 66.8 / 80.6        s64u1r8  67.2 / 81.6 (s64u1r4 67.6 / 81.6)
-#   Q4_1     s128u1r4 69.1 / 82.2        s128u1r4 73.1 / 87.5
-#   Q6_K     s64u2r4  75.5 / 87.8        s64u1r4  78.9 / 93.1
-# Eight rows a group (the old choice) lost on long rows (Q4_K s64u1r8 45.6 / 52.4) and kept even
-# on short ones, where the engine tests and the 8B run took it; one warp a group lost everywhere
-# (s32u1r8 26-43%). Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
+#   Q8_0     s128u2r4 82.5 / 93.3        s128u2r4 85.6 / 99.5
+#   Q4_K     s128u1r8 67.6 / 81.6        s64u1r4  69.9 / 84.0
+#   Q4_1     s128u1r4 70.7 / 85.7        s128u1r4 74.6 / 91.8
+#   Q6_K     s128u1r8 81.5 / 98.1        s64u1r8  79.3 / 99.1
+# The same call's kernel with every load after the wait (the previous table: Q8_0 s128u2r4,
+# Q4_K s128u1r4 / s64u1r8, Q4_1 s128u1r4, Q6_K s64u2r4 / s64u1r4): Q8_0 82.1 / 94.1 and
+# 88.4 / 100.3, Q4_K 67.2 / 80.8 and 67.4 / 81.5, Q4_1 69.0 / 81.9 and 72.2 / 87.2, Q6_K
+# 75.1 / 87.8 and 79.1 / 92.9. Variants within ~1 point of each other are ties (Q8_0's s64u1r4,
+# s128u1r8); one warp a group lost everywhere (s32u1r8 26-43%, earlier). Capping Q4_K s128u1r4
+# at 64 registers (8 blocks an SM, all 1024 blocks resident) gave 68.1 / 81.4: the same as
+# s128u1r8. Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 4)),
-    T.Q4_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 4)),
-    T.Q5_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 4)),
+    T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
+    T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
     T.Q4_1: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q6_K: (Variant(64, 1, 4), Variant(64, 2, 4)),
+    T.Q6_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 8)),
 }
 
 
@@ -447,8 +471,8 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
     return (parts, types.Array(types.uint32, 2, "C"), f2, f2, f2, types.int32, *routed, types.int32)
 
 
-# Registers: 48-106, 128 for Q6_K with its loads a step ahead (4 blocks an SM). Built at K 4096
-# and 16384 in the variants choose_dp4a picks.
+# Registers: 55-96, 125-127 for the 5/6-bit K-quants at eight rows a group (4 blocks an SM).
+# Built at K 4096 and 16384 in the variants choose_dp4a picks.
 BUILD_SIGNATURES = [
     (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2), types.void(*kernel_args(t)),
      {"max_registers": 160 if v.unroll == 2 else 128})
