@@ -62,7 +62,7 @@ def tuple_of(f, n):
     return g
 
 
-def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route):
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, one_step):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -83,6 +83,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     # two halves of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every
     # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
     # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
+    # one_step (a thread's chunks fit one step): that step's loads precede griddepcontrol.wait.
     @cuda.jit(device=True, inline=True)
     def x4(x, i, wn, k, ss, t):
         # -- x[i .. i + 4]; normed: times wn[k .. k + 4], their squares summed into ss[t] --
@@ -195,14 +196,52 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     step_loads = tuple_of(step_chunk, unroll)
 
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, w0, xo, yo, wn, eps):
-        # -- the block's row groups of W (rows w0 + ..) times x (from flat offset xo) into y rows
-        # yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
+    def group_at(parts, n_rows, w0, K):
+        # -- (a, c1): the group's rows (W's from w0) as row_chunk's a, the thread's first chunk --
+        group = cuda.threadIdx.x // span
+        return (parts, w0, cuda.blockIdx.x * groups + group, n_rows, K // 32), cuda.threadIdx.x - group * span
+
+    @cuda.jit(device=True, inline=True)
+    def step_dots(raws, c0, cpr, x, xo, K, acc, wa, wb, wn, ss):
+        # -- decode the step's U chunks of every row (raws from step_loads) against x --
+        for u in range(unroll):
+            c = c0 + u * span
+            if c < cpr:
+                if rows >= 4:
+                    half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
+                    half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
+                else:
+                    half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
+                    half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
+
+    if one_step:  # K <= 32 x span x U: a thread's one step, its loads issued by the kernel (first_loads)
+        @cuda.jit(device=True, inline=True)
+        def first_loads(at):
+            return step_loads(at[0], at[1])
+
+        @cuda.jit(device=True, inline=True)
+        def steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss):
+            if at[1] < cpr:
+                step_dots(first, at[1], cpr, x, xo, K, acc, wa, wb, wn, ss)
+    else:  # load U chunks of every row, then decode them, step after step
+        @cuda.jit(device=True, inline=True)
+        def first_loads(at):
+            return 0
+
+        @cuda.jit(device=True, inline=True)
+        def steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss):
+            a, c1 = at
+            for c0 in range(c1, cpr, span * unroll):
+                step_dots(step_loads(a, c0), c0, cpr, x, xo, K, acc, wa, wb, wn, ss)
+
+    @cuda.jit(device=True, inline=True)
+    def rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, xo, yo, wn, eps):
+        # -- the group's rows (at: group_at's; first: first_loads') times x (from flat offset xo)
+        # into y rows yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
+        gi = at[0][2]
         K = x.shape[1]
         cpr = K // 32
         tid = cuda.threadIdx.x
-        group = tid // span
-        gi = cuda.blockIdx.x * groups + group
         acc = cuda.local.array((rows, n_tok), float32)
         for r in range(rows):
             for t in range(n_tok):
@@ -212,19 +251,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             ss[t] = 0.0
         wa = cuda.local.array(16, float32)
         wb = cuda.local.array(16, float32)
-        a = (parts, w0, gi, n_rows, cpr)
-        for c0 in range(tid - group * span, cpr, span * unroll):
-            # -- load U chunks of every row, then decode them --
-            raws = step_loads(a, c0)
-            for u in range(unroll):
-                c = c0 + u * span
-                if c < cpr:
-                    if rows >= 4:
-                        half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
-                        half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
-                    else:
-                        half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
-                        half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
+        steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss)
         # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
@@ -274,8 +301,9 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, accumulate, experts[s] * n_rows,
-                         (s // x_div) * x.shape[1], s, x, float32(0))
+            at = group_at(parts, n_rows, experts[s] * n_rows, x.shape[1])
+            rows_times_x(at, first_loads(at), x, y, y, y, n_rows, 0, n_rows, accumulate, (s // x_div) * x.shape[1],
+                         s, x, float32(0))
 
         return _gemv_experts_kernel
 
@@ -285,9 +313,11 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # as _gemv_kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
         @cuda.jit
         def _gemv_tail_kernel(parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter):
+            at = group_at(parts, n_rows, 0, x.shape[1])
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0))
             residual_tail(y, x_res, w_post, w_next, h, eps, counter)
 
         return _gemv_tail_kernel
@@ -297,9 +327,11 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # the T tokens, a warp a token
         @cuda.jit
         def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
+            at = group_at(parts, n_rows, 0, x.shape[1])
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(parts, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, 0, x, float32(0))
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0))
             if last_block(counter):
                 logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
                 warp = cuda.threadIdx.x >> 5
@@ -311,17 +343,21 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     if normed:
         @cuda.jit
         def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
+            at = group_at(parts, n_rows, 0, x.shape[1])
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, wn, eps)
+            rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, wn, eps)
 
         return _gemv_norm_kernel
 
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
+        at = group_at(parts, n_rows, 0, x.shape[1])
+        first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, 0, x, float32(0))
+        rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, x, float32(0))
 
     return _gemv_kernel
 
@@ -329,13 +365,14 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
                 unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0,
-                route: bool = False):
+                route: bool = False, one_step: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
     POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
-    routing tail (gemv_route)."""
+    routing tail (gemv_route); `one_step`: for K <= 32 x span x unroll, a thread's one step of loads
+    issued before griddepcontrol.wait (W is no kernel's output), so they overlap the kernel before."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -345,12 +382,19 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or (n_tok == 1 and not normed)
     assert not (tail or route) or (glu == NO_GLU and not experts and not normed and not (tail and route))
-    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route)
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route,
+                      one_step)
+
+
+WIDE_LOADS = (T.F16, T.F32)
 
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
-                   normed: bool = False, tail: int = 0, route: bool = False):
-    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route)
+                   normed: bool = False, tail: int = 0, route: bool = False, cols: int = 0):
+    """gemv_kernel in variant v; with cols (K), the one-step kernel where a thread's chunks fit one step
+    (quantized types: F16 / F32 chunks would hold 64 / 128 bytes a row in registers across the wait)."""
+    one_step = 0 < cols // 32 <= v.span * v.unroll and ggml_type not in WIDE_LOADS
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route, one_step)
 
 
 def _out_per_block(v: Variant, glu: int) -> int:
@@ -377,11 +421,11 @@ def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu
     grid = (out_rows + _out_per_block(v, glu) - 1) // _out_per_block(v, glu)
     tail = (y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
     if norm is None:
-        launch(variant_kernel(w.ggml_type, n_tok, v, glu), grid, BLOCK, stream, w.parts, x, *tail)
+        launch(variant_kernel(w.ggml_type, n_tok, v, glu, cols=K), grid, BLOCK, stream, w.parts, x, *tail)
         return
     wn, eps = norm
     assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
-    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=True), grid, BLOCK, stream, w.parts, x,
+    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=True, cols=K), grid, BLOCK, stream, w.parts, x,
            wn, np.float32(eps), *tail)
 
 
@@ -402,7 +446,7 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
     assert y.dtype == np.float32 and y.is_c_contiguous() and _aligned16(y)
     v = variant or choose(w.ggml_type, n_tok, K, w.rows)
     grid = (w.rows + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, tail=res.mode), grid, BLOCK, stream, w.parts, x, y,
+    launch(variant_kernel(w.ggml_type, n_tok, v, tail=res.mode, cols=K), grid, BLOCK, stream, w.parts, x, y,
            np.int32(w.rows), *res.args(y))
 
 
@@ -426,7 +470,7 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
     assert counter.dtype == np.uint32 and counter.shape == (1,)
     v = variant or ROUTER_VARIANT
     grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, route=True), grid, BLOCK, stream, w.parts, x, logits,
+    launch(variant_kernel(w.ggml_type, n_tok, v, route=True, cols=K), grid, BLOCK, stream, w.parts, x, logits,
            np.int32(E), np.int32(k), np.int32(normalize), experts, weights, counter)
 
 
@@ -505,6 +549,10 @@ BUILD_SIGNATURES = [
 ] + [
     (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
     for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
+] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
+    (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
+    for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
+                                           (1, 64, GELU))
 ] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
     # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
     (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
@@ -517,13 +565,14 @@ BUILD_SIGNATURES = [
     for n in (1, 8)
 ] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048), Qwen3-30B-A3B's attn_output
     # (K 4096)
-    (variant_kernel(t, n, choose(t, n, K, 1), tail=mode), types.void(*kernel_args(t, tail=mode)),
+    (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
      {"max_registers": 128})
     for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
                           (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
 ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
-    (gemv_kernel(t, n, span, glu, normed=True), types.void(*kernel_args(t, normed=True)),
+    (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
      {"max_registers": 136})
     for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
                                                                   (2, BLOCK, NO_GLU), (2, 64, SILU))
+    for one_step in (False, True)
 ]

@@ -88,8 +88,6 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
     # the current one's and sums every row over the warp.
     @cuda.jit
     def _gemv_stream_kernel(parts, x, y, n_rows):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
         cpr = x.shape[1] // 32
         lane = cuda.threadIdx.x & 31
         c = min(lane, cpr - 1)
@@ -97,6 +95,10 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
         stride = cuda.gridDim.x * WARPS
         warp = cuda.threadIdx.x >> 5
         g0 = cuda.blockIdx.x * WARPS  # the block's first group: the loop is block-uniform
+        # W is no kernel's output: the first group's loads go out before the wait
+        raws = group_chunks((parts, min(g0 + warp, n_groups - 1), n_rows, cpr), c)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         xv = cuda.local.array(32, float32)
         sx = cuda.local.array(2, float32)
         x_halves(x, c, xv, sx)
@@ -106,7 +108,6 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
         for r in range(rows):
             acc[r] = float32(0.0)
         scratch = cuda.shared.array(BLOCK, float32)  # the simulator's warp_sum
-        raws = group_chunks((parts, min(g0 + warp, n_groups - 1), n_rows, cpr), c)
         while g0 < n_groups:
             nxt = group_chunks((parts, min(g0 + stride + warp, n_groups - 1), n_rows, cpr), c)
             dot_chunk(raws, c, xv, sx, w, acc, live)  # while the next group loads
