@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda.bindings import driver
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
@@ -30,6 +31,16 @@ ROOT = Path(__file__).parents[2]
 
 
 def dispatcher(kernel, grid, block, stream, *args, shared_bytes=0):
+    if shared_bytes > 48 * 1024:  # numba's launch does not opt in past 48 KB: do it on its function
+        kernel = kernel.specialize(*args)
+        (compiled,) = kernel.overloads.values()
+        handle = compiled._codelibrary.get_cufunc().handle
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if isinstance(handle, driver.CUkernel):
+            err, = driver.cuKernelSetAttribute(attr, shared_bytes, handle, cuda.get_current_device().id)
+        else:
+            err, = driver.cuFuncSetAttribute(handle, attr, shared_bytes)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
     kernel[grid, block, stream, shared_bytes](*args)
 
 
