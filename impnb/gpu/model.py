@@ -82,7 +82,8 @@ GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 #   variants): Q4_K 19.8 -> 13.8, Q8_0 31.8 -> 22.3, Q4_1 21.1 -> 15.0, Q6_K 24.8 -> 18.5 (won).
 # - tg128, synthetic Qwen3-8B Q4_K_M: 278.5 tok/s on gemv alone, 312.4 with dp4a on weights of
 #   32 MB and more, 330.9 from 12 MB, 332.8 for every weight of a dp4a type; 337.3 with this rule
-#   before K was built into the kernel (Q6_K at K > 8192 then on gemv; not yet timed since).
+#   before K was built into the kernel (Q6_K at K > 8192 then on gemv), 343.7 after, 366.5-367.2
+#   with the first loads before griddepcontrol.wait (2026-11-25 evening; Q6_K on dp4a).
 # - tg128, synthetic Qwen3-30B-A3B Q4_K_M: 310.1 -> 315.8 (its logits and routed gate|up).
 # - tg128 with every weight on dp4a: SmolLM2 (K 576) 1676 -> 1454, Gemma3 (K 640) 1516 -> 1471,
 #   where x is short and the GEMVs small: those keep gemv.
