@@ -10,18 +10,19 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
-tail of the GEMV, the experts' fused down included (kernels/gemv_tail.py: one kernel a layer
-fewer each).
-Decode (T <= GEMV_MAX_ROWS) of the models without post-norms or experts (llama, qwen3) fuses the
-norms into the GEMVs instead: Q|K|V and gate|up read RMSNorm(x) * w themselves, attn_output and
-ffn_down add into x (two kernels a layer fewer; each costs ~3 µs in the decode graph).
+tail of the GEMV (kernels/gemv_tail.py: one kernel a layer fewer each).
+Decode (T <= GEMV_MAX_ROWS) of the models without post-norms (llama, qwen3, qwen3moe) fuses the
+norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
+RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
+kernels a layer fewer than separate norms; each costs ~3 µs in the decode graph; no grid-wide
+tail either).
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
 import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
-from impnb.gpu.moe import moe_ffn
+from impnb.gpu.moe import moe_ffn, moe_ffn_decode
 from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
@@ -47,7 +48,7 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
-    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms and not cfg.n_expert
+    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms
     if fused:
         return _forward_fused(m, x, T, last_only, last_row)
     norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
@@ -67,13 +68,16 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
 
 
 def _forward_fused(m, x, T: int, last_only: bool, last_row):
-    """forward's decode with the norms fused into the GEMVs (llama, qwen3)."""
+    """forward's decode with the norms fused into the GEMVs (llama, qwen3, qwen3moe)."""
     cfg, eps = m.cfg, m.cfg.eps
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps))
         m.linear(attn, p + "attn_output", x, accumulate=True)
-        _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
+        if cfg.n_expert:
+            moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))
+        else:
+            _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
     return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
 
 

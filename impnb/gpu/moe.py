@@ -2,12 +2,13 @@
 
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
       the router GEMV's last block, gemv.gemv_route)
-  decode (T <= GEMV_MAX_ROWS): GEMVs over the chosen experts' rows only
+  decode (moe_ffn_decode, T <= GEMV_MAX_ROWS): h = RMSNorm(x) * ffn_norm read by the router GEMV
+      and the int8 quantization (or a norm kernel) themselves; GEMVs over the chosen experts' rows
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
                                                    gpu/model.py's rule picks it)
-      out[t] = sum_j weight[t, j] * down_e act[s], then the residual update in the same kernel
-      (kernels/gemv_moe.py: the GEMV, moe_combine and the norm kernel in one)
-  prefill: slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
+      x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/gemv_moe.py: the GEMV, the weighted sum
+                                                   and the residual add in one kernel)
+  prefill (moe_ffn): slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
@@ -21,6 +22,7 @@ import numpy as np
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.kernels import activations, gemv
+from impnb.kernels import norm as norm_fn
 from impnb.kernels.gemv_dp4a import gemv_dp4a_experts
 from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.gemv_tail import Residual
@@ -28,43 +30,53 @@ from impnb.kernels.moe import moe_combine, moe_route
 
 
 def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
-    """out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D), weights m.w[prefix + ...];
-    then residual (gemv_tail.Residual) applied to out."""
+    """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D),
+    weights m.w[prefix + ...]; then residual (gemv_tail.Residual) applied to out."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
-    T, D = h.shape
-    k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
-    S = T * k
+    T = h.shape[0]
+    k, E = cfg.n_expert_used, cfg.n_expert
+    assert T > GEMV_MAX_ROWS, "decode: moe_ffn_decode"
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    slots = experts.reshape(S)
-    if T <= GEMV_MAX_ROWS:
-        gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], h, logits, k, cfg.expert_weights_norm, experts, weights,
-                        residual.counter, s)
-        act = a.get("moe_act", (S, F))
-        _experts_glu_gemv(m, h, prefix, slots, k, act)
-        tail = residual if m.gemv_tail else None
-        experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, out, slots, weights, s, tail)
-        if tail is None:
-            residual.unfused(out, s)
-        return
     m.linear_f32(h, prefix + "ffn_gate_inp", logits)
     moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
     glu = (prefix + "ffn_gate_up_exps",) if prefix + "ffn_gate_up_exps" in m.w else \
         (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
     _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
-                                 slots, k, E)
+                                 experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
     residual.unfused(out, s)
 
 
-def _experts_glu_gemv(m, h, prefix: str, slots, k: int, act) -> None:
-    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s]; on dp4a where the
-    stacked gate|up's size picks it (gpu/model.py DP4A_MIN_MB)."""
+def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
+    """Decode (T <= GEMV_MAX_ROWS): x (T, D) float32 += the routed experts' SwiGLU FFN of
+    h = RMSNorm(x) * wn, norm = (wn, eps); weights m.w[prefix + ...]."""
+    cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
+    T, D = x.shape
+    k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
+    assert T <= GEMV_MAX_ROWS
+    logits = a.get("moe_logits", (T, E))
+    experts = a.get("moe_experts", (T, k), np.int32)
+    weights = a.get("moe_weights", (T, k))
+    slots = experts.reshape(T * k)
+    gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, k, cfg.expert_weights_norm, experts, weights,
+                    a.zeros("route_counter", (1,), np.uint32), s, norm=norm)
+    act = a.get("moe_act", (T * k, F))
+    _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
+    experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, x, slots, weights, s, accumulate=True)
+
+
+def _experts_glu_gemv(m, x, norm: tuple, prefix: str, slots, k: int, act) -> None:
+    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s], h = RMSNorm(x) * wn
+    (norm = (wn, eps)); on dp4a where the stacked gate|up's size picks it (gpu/model.py
+    DP4A_MIN_MB), h quantized to int8 in one kernel, else h written by a norm kernel."""
     s, F, name = m.ctx.nb_stream, m.cfg.n_ff_exp, prefix + "ffn_gate_up_exps"
     if name in m.w and m.dp4a_pays(name):
-        gemv_dp4a_experts(m.w[name], 2 * F, m.quantized(h), act, slots, k, s, glu=gemv.SILU)
+        gemv_dp4a_experts(m.w[name], 2 * F, m.quantized(x, norm), act, slots, k, s, glu=gemv.SILU)
         return
+    h = m.arena.get("h", x.shape)
+    norm_fn.rms_norm(x, norm[0], h, norm[1], s)
     if name in m.w:
         gemv.gemv_experts(m.w[name], 2 * F, h, act, slots, k, s, glu=gemv.SILU)
         return

@@ -323,15 +323,15 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         return _gemv_tail_kernel
 
     if route:
-        # as _gemv_kernel into y = the router logits (T, E); then the grid's last block routes
-        # the T tokens, a warp a token
+        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E); then the
+        # grid's last block routes the T tokens, a warp a token
         @cuda.jit
-        def _gemv_route_kernel(parts, x, y, n_rows, k, normalize, experts, weights, counter):
+        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter):
             at = group_at(parts, n_rows, 0, x.shape[1])
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0))
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
             if last_block(counter):
                 logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
                 warp = cuda.threadIdx.x >> 5
@@ -371,7 +371,7 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
     POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
-    routing tail (gemv_route); `one_step`: for K <= 32 x span x unroll, a thread's one step of loads
+    routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for K <= 32 x span x unroll, a thread's one step of loads
     issued before griddepcontrol.wait (W is no kernel's output), so they overlap the kernel before."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
@@ -381,7 +381,7 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert rows in (1, 2) or (rows in (4, 8) and n_tok == 1), (rows, n_tok)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or (n_tok == 1 and not normed)
-    assert not (tail or route) or (glu == NO_GLU and not experts and not normed and not (tail and route))
+    assert not (tail or route) or (glu == NO_GLU and not experts and not (tail and (normed or route)))
     return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route,
                       one_step)
 
@@ -457,10 +457,11 @@ ROUTER_VARIANT = Variant(128, 1, 1)
 
 
 def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
-               variant: Variant | None = None):
-    """The MoE router: logits (T, E) float32 = W x as gemv, then the grid's last block writes each
-    token's top k experts (T, k) int32 and their softmax weights (T, k) float32 (moe.route_ref of
-    the logits, normalized to sum 1 with `normalize`); counter (1,) uint32, zero between uses."""
+               variant: Variant | None = None, norm: tuple | None = None):
+    """The MoE router: logits (T, E) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
+    the grid's last block writes each token's top k experts (T, k) int32 and their softmax weights
+    (T, k) float32 (moe.route_ref of the logits, normalized to sum 1 with `normalize`); counter (1,)
+    uint32, zero between uses."""
     n_tok, K = x.shape
     E = w.rows
     assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
@@ -470,8 +471,11 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
     assert counter.dtype == np.uint32 and counter.shape == (1,)
     v = variant or ROUTER_VARIANT
     grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, route=True, cols=K), grid, BLOCK, stream, w.parts, x, logits,
-           np.int32(E), np.int32(k), np.int32(normalize), experts, weights, counter)
+    wn, eps = norm or (x[0], 0.0)
+    assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
+    launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
+           stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
+           experts, weights, counter)
 
 
 def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
@@ -529,9 +533,9 @@ def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail:
         vec = types.Array(types.float32, 1, "C")
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _F32_2D, vec, vec, _F32_2D, types.float32,
                 types.Array(types.uint32, 1, "C"))
-    if route:  # parts, x, y, n_rows, k, normalize, experts, weights, counter
-        return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _I32, _I32, types.Array(types.int32, 2, "C"),
-                _F32_2D, types.Array(types.uint32, 1, "C"))
+    if route:  # parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter
+        return (_parts_type(ggml_type), _F32_2D, types.Array(types.float32, 1, "C"), types.float32, _F32_2D, _I32,
+                _I32, _I32, types.Array(types.int32, 2, "C"), _F32_2D, types.Array(types.uint32, 1, "C"))
     if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
     norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
@@ -560,9 +564,10 @@ BUILD_SIGNATURES = [
 ] + [
     (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
-] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp)
-    (variant_kernel(T.F32, n, ROUTER_VARIANT, route=True), types.void(*kernel_args(T.F32, route=True)), {})
-    for n in (1, 8)
+] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
+    (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
+     {})
+    for n in (1, 8) for normed in (False, True)
 ] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048), Qwen3-30B-A3B's attn_output
     # (K 4096)
     (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),

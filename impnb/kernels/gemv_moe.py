@@ -1,9 +1,9 @@
 """The routed experts' down projection at decode with their weighted sum fused in:
 
-  out[t, n] = sum_j weights[t, j] * (W_e act[t * k + j])[n]      e = experts[t * k + j], j < k
+  out[t, n] (+)= sum_j weights[t, j] * (W_e act[t * k + j])[n]      e = experts[t * k + j], j < k
 
-then optionally gemv_tail's residual update (x += [RMSNorm](out), h = RMSNorm(x) * w_next) by the
-grid's last block. One kernel for what was the expert GEMV, moe_combine and a norm kernel.
+with accumulate, added into out (the residual stream x: the next layer's GEMVs read RMSNorm(x)
+themselves). One kernel for what was the expert GEMV, moe_combine and a residual add.
 Reference: moe.combine_ref of gemv.gemv_ref per slot (the sum in slot order j = 0 .. k-1).
 Legend: T tokens, k experts a token (<= 8), D output rows of an expert, F its input width.
 """
@@ -17,7 +17,6 @@ from numba import cuda, float32, types
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv import _F32_2D, _aligned16, _parts_type, tuple_of
-from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv_units import DECODERS
 from impnb.kernels.gemv_variants import FOUR_ROW_TYPES
 from impnb.kernels.moe import MAX_K
@@ -37,11 +36,10 @@ def rows_for(ggml_type: T) -> int:
 
 
 @lru_cache(maxsize=None)
-def down_sum_kernel(ggml_type: T, tail: int = 0):
-    """The kernel for one weight type and tail mode (0: none, gemv_tail.ADD or POST_ADD)."""
+def down_sum_kernel(ggml_type: T):
+    """The kernel for one weight type."""
     load, unit, col = DECODERS[T(ggml_type)]
     R = rows_for(T(ggml_type))
-    residual_tail = make_tail(tail) if tail else None
 
     @cuda.jit(device=True, inline=True)
     def slot_chunk(a, c, i):
@@ -57,9 +55,9 @@ def down_sum_kernel(ggml_type: T, tail: int = 0):
     # w + 4 (past k: clamped to k - 1, weight 0), lane c the chunks c, c + 32, ... of every row:
     # the 2 R 16-byte loads of a step first, then per slot and half chunk x[s] (float4 loads
     # through L1) times each row. Per (slot, row) a warp sum into shared part[j, r]; thread r sums
-    # weights[t, j] * part[j, r] over j in order and stores out[t, row].
+    # weights[t, j] * part[j, r] over j in order and stores (accumulate: adds) it to out[t, row].
     @cuda.jit
-    def _down_sum_kernel(parts, act, out, experts, weights, x_res, w_post, w_next, h, eps, counter):
+    def _down_sum_kernel(parts, act, out, experts, weights, accumulate):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         D = out.shape[1]
@@ -114,46 +112,37 @@ def down_sum_kernel(ggml_type: T, tail: int = 0):
             tot = float32(0.0)
             for j in range(k):
                 tot += weights[t, j] * part[j, tid]
+            if accumulate:
+                tot += out[t, row0 + tid]
             out[t, row0 + tid] = tot
-        if tail:
-            residual_tail(out, x_res, w_post, w_next, h, eps, counter)
 
     return _down_sum_kernel
 
 
 def kernel_args(ggml_type: T) -> tuple:
-    """parts, act, out, experts, weights, x_res, w_post, w_next, h, eps, counter."""
-    vec = types.Array(types.float32, 1, "C")
-    return (_parts_type(ggml_type), _F32_2D, _F32_2D, types.Array(types.int32, 1, "C"), _F32_2D,
-            _F32_2D, vec, vec, _F32_2D, types.float32, types.Array(types.uint32, 1, "C"))
+    """parts, act, out, experts, weights, accumulate."""
+    return (_parts_type(ggml_type), _F32_2D, _F32_2D, types.Array(types.int32, 1, "C"), _F32_2D, types.int32)
 
 
-def experts_down_sum(w: PackedWeight, n_rows: int, act, out, experts, weights, stream,
-                     residual: Residual | None = None):
-    """out (T, D) float32 = sum_j weights[t, j] * W_e act[t * k + j] (e = experts[t * k + j]);
-    w: E experts of n_rows = D rows stacked, (E * D, F); act (T * k, F) float32; experts (T * k,)
-    int32; weights (T, k) float32. residual (gemv_tail.Residual): then applied to out by the
-    grid's last block."""
+def experts_down_sum(w: PackedWeight, n_rows: int, act, out, experts, weights, stream, accumulate: bool = False):
+    """out (T, D) float32 = sum_j weights[t, j] * W_e act[t * k + j] (e = experts[t * k + j]), or
+    out += that with accumulate; w: E experts of n_rows = D rows stacked, (E * D, F); act (T * k, F)
+    float32; experts (T * k,) int32; weights (T, k) float32."""
     n_tok, D = out.shape
     k = weights.shape[1]
     S, F = act.shape
     assert 1 <= k <= MAX_K and S == n_tok * k and experts.shape == (S,) and weights.shape == (n_tok, k)
     assert w.cols == F and w.rows % n_rows == 0 and n_rows == D, (w.rows, w.cols, n_rows, act.shape, out.shape)
     assert act.dtype == np.float32 and act.is_c_contiguous() and _aligned16(act)
-    assert out.dtype == np.float32 and out.is_c_contiguous() and _aligned16(out)
+    assert out.dtype == np.float32 and out.is_c_contiguous()
     assert experts.dtype == np.int32 and weights.dtype == np.float32 and weights.is_c_contiguous()
     grid = n_tok * -(-D // rows_for(w.ggml_type))
-    if residual is None:  # the tail's arguments are not read: any of the right types
-        launch(down_sum_kernel(w.ggml_type), grid, BLOCK, stream, w.parts, act, out, experts,
-               weights, out, weights[0], weights[0], out, np.float32(0), experts.view(np.uint32))
-        return
-    launch(down_sum_kernel(w.ggml_type, residual.mode), grid, BLOCK, stream, w.parts, act, out,
-           experts, weights, *residual.args(out))
+    launch(down_sum_kernel(w.ggml_type), grid, BLOCK, stream, w.parts, act, out, experts, weights,
+           np.int32(accumulate))
 
 
 # Registers (sm_90a): see tests/test_kernel_build.py.
 BUILD_SIGNATURES = [
-    (down_sum_kernel(t, tail), types.void(*kernel_args(t)), {})
+    (down_sum_kernel(t), types.void(*kernel_args(t)), {})
     for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_K, T.Q5_0, T.Q4_0, T.Q4_1, T.F16, T.F32)
-    for tail in (0, ADD)
-] + [(down_sum_kernel(T.Q4_K, POST_ADD), types.void(*kernel_args(T.Q4_K)), {})]
+]

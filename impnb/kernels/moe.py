@@ -66,6 +66,9 @@ def check_experts(cfg) -> None:
         raise UnsupportedError(f"{cfg.n_expert} experts with {cfg.n_expert_used} per token: the GPU "
                                f"path routes up to {MAX_EXPERTS} experts, up to {MAX_K} per token; "
                                "use --device cpu")
+    if cfg.post_norms:
+        raise UnsupportedError("experts with post-norms: the GPU path's decode fuses the pre-norms into "
+                               "the expert GEMVs; use --device cpu")
 
 
 def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:

@@ -1,6 +1,7 @@
 """MoE kernels on the GPU against their numpy references: the router (ties, k = 1, 2, 8) alone and
-as the router GEMV's tail, grouping invariants, the routed-expert GEMV, the fused down projection
-with the weighted sum (and residual tail), the grouped tensor-core GEMM and the weighted combine.
+as the router GEMV's tail (its input normed or not), grouping invariants, the routed-expert GEMV,
+the fused down projection with the weighted sum (stored or added), the grouped tensor-core GEMM and
+the weighted combine.
 
 check_* run one case; tests/sim/test_moe.py runs them on tiny shapes in the simulator.
 Tolerances: router weights rtol 1e-5 (fp32 softmax); expert GEMV as tests/sim/test_gemv.py
@@ -17,13 +18,12 @@ from impnb.kernels.dequant import dequant_ref
 from impnb.kernels.gemm_grouped import BM, gemm_grouped, grouped_ref
 from impnb.kernels.gemv import SILU, gemv_experts, gemv_ref, gemv_route
 from impnb.kernels.gemv_moe import experts_down_sum
-from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
+from impnb.kernels.norm import rms_norm_ref
 from impnb.kernels.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
-from tests.gpu.test_gemv import check_residual_update
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
@@ -50,22 +50,28 @@ def check_route(rng, T_, E, k, normalize, std, ties=False):
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
 
 
-def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2):
-    """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|),
-    then experts equal to route_ref of the kernel's own logits and weights to rtol 1e-5; `calls`
-    runs on fresh x, the ticket counter back to zero after each."""
+def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False):
+    """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|;
+    normed: of RMSNorm(x) * wn, wn Gaussian about 1), then experts equal to route_ref of the
+    kernel's own logits and weights to rtol 1e-5; `calls` runs on fresh x, the ticket counter back
+    to zero after each."""
     raw = make_weight(ggml_type, E, K, rng)
     w = repack(raw, ggml_type).to_device()
     wabs = np.abs(dequantize(raw, ggml_type).reshape(E, K).astype(np.float64))
     counter = cuda.to_device(np.zeros(1, np.uint32))
+    wn = (1 + 0.3 * rng.standard_normal(K)).astype(np.float32)
+    eps = 1e-6
     for _ in range(calls):
         x = (rng.standard_normal((T_, K)) * std).astype(np.float32)
         d_l = cuda.to_device(np.full((T_, E), np.nan, np.float32))
         d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
         d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
-        gemv_route(w, cuda.to_device(x), d_l, k, normalize, d_e, d_w, counter, 0)
+        gemv_route(w, cuda.to_device(x), d_l, k, normalize, d_e, d_w, counter, 0,
+                   norm=(cuda.to_device(wn), eps) if normed else None)
         logits, experts, weights = d_l.copy_to_host(), d_e.copy_to_host(), d_w.copy_to_host()
         assert np.isfinite(logits).all(), "non-finite logits (poison left?)"
+        if normed:
+            x = rms_norm_ref(x, wn, eps)
         bound = 1e-4 * np.abs(x.astype(np.float64)) @ wabs.T + 1e-30
         assert (np.abs(logits - gemv_ref(raw, ggml_type, x)) <= bound).all()
         ref_e, ref_w = route_ref(logits, k, normalize)
@@ -74,10 +80,10 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2):
         assert counter.copy_to_host()[0] == 0
 
 
-def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, mode=None):
+def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False):
     """experts_down_sum against float64: out[t] = sum_j w[t, j] W_e act[t k + j] within 1e-4 of
-    sum_j |w| |W_e| |act| per output; mode "add" / "post": then the residual tail, x and h
-    checked on the kernel's own out (test_gemv.check_residual_update)."""
+    sum_j |w| |W_e| |act| per output; accumulate: added into out's Gaussian values (the residual
+    stream, std 3 std), the bound growing by 1e-6 of them (one float32 add)."""
     raw = make_weight(ggml_type, E * D, F, rng)
     slots = routed(rng, T_, E, k).reshape(-1)
     act = (rng.standard_normal((T_ * k, F)) * std).astype(np.float32)
@@ -88,24 +94,17 @@ def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, mode=None):
     yabs = np.einsum("sdf,sf->sd", np.abs(wd[slots]), np.abs(act.astype(np.float64))).reshape(T_, k, D)
     ref = (wts[:, :, None] * y).sum(axis=1)
     bound = 1e-4 * (wts[:, :, None] * yabs).sum(axis=1) + 1e-30
-    d_out = cuda.to_device(np.full((T_, D), np.nan, np.float32))
-    res, xr = None, None
-    if mode:
-        eps = 1e-6
-        xr = (rng.standard_normal((T_, D)) * 3 * std).astype(np.float32)
-        w_post, w_next = ((1 + 0.3 * rng.standard_normal(D)).astype(np.float32) for _ in range(2))
-        res = Residual(cuda.to_device(xr), cuda.to_device(np.full((T_, D), np.nan, np.float32)),
-                       cuda.to_device(w_next), cuda.to_device(w_post) if mode == "post" else None, eps,
-                       cuda.to_device(np.zeros(1, np.uint32)))
+    start = np.full((T_, D), np.nan, np.float32)  # poison: overwritten unless accumulating
+    if accumulate:
+        start = (rng.standard_normal((T_, D)) * 3 * std).astype(np.float32)
+        ref = ref + start
+        bound = bound + 1e-6 * np.abs(start)
+    d_out = cuda.to_device(start)
     experts_down_sum(repack(raw, ggml_type).to_device(), D, cuda.to_device(act), d_out, cuda.to_device(slots),
-                     cuda.to_device(wts), 0, res)
+                     cuda.to_device(wts), 0, accumulate)
     out = d_out.copy_to_host().astype(np.float64)
     assert np.isfinite(out).all(), "non-finite outputs (poison left?)"
     assert (np.abs(out - ref) <= bound).all(), f"max err/bound {np.max(np.abs(out - ref) / bound):.3g}"
-    if mode:
-        x_new, h = res.x.copy_to_host().astype(np.float64), res.h.copy_to_host().astype(np.float64)
-        check_residual_update(xr, out, x_new, h, w_post if mode == "post" else None, w_next, eps)
-        assert res.counter.copy_to_host()[0] == 0
 
 
 def group(experts_flat, E, tm):
@@ -210,32 +209,25 @@ def test_route(k, T_, E, normalize):
 @pytest.mark.parametrize("T_,E,K,k", [(1, 128, 2048, 8), (3, 60, 512, 4), (8, 256, 768, 1), (2, 8, 256, 2),
                                       (5, 1000, 128, 8)])
 @pytest.mark.parametrize("normalize", [True, False])
-def test_gemv_route(ggml_type, T_, E, K, k, normalize):
-    """Qwen3-30B-A3B's router (128 experts, k 8), odd expert counts, k 1..8, T 1..8."""
-    rng = np.random.default_rng([int(ggml_type), T_, E, k])
+@pytest.mark.parametrize("normed", [False, True])
+def test_gemv_route(ggml_type, T_, E, K, k, normalize, normed):
+    """Qwen3-30B-A3B's router (128 experts, k 8), odd expert counts, k 1..8, T 1..8; its input
+    normed (decode) or not."""
+    rng = np.random.default_rng([int(ggml_type), T_, E, k, normed])
     for std in STDS:
-        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std)
+        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.F16, T.F32],
                          ids=lambda t: t.name)
-@pytest.mark.parametrize("mode", [None, "add"])
-def test_down_sum(ggml_type, mode):
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_down_sum(ggml_type, accumulate):
     """Qwen3-30B-A3B's down (128 experts, D 2048, F 768, k 8), D not a multiple of the block's
-    rows, F of 32 chunks per lane, k 1..8, T 1..8; an odd D without the tail (its float4 loads
-    take D % 4 == 0)."""
-    rng = np.random.default_rng([int(ggml_type), len(mode or "")])
-    cases = [(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 76, 256, 8, 1)] + [(8, 77, 512, 2, 3)] * (not mode)
+    rows (odd too), F of 32 chunks per lane, k 1..8, T 1..8; stored, or added into x."""
+    rng = np.random.default_rng([int(ggml_type), accumulate])
+    cases = [(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 76, 256, 8, 1), (8, 77, 512, 2, 3)]
     for (E, D, F, T_, k), std in zip(cases, STDS + (1.0,)):
-        check_down_sum(rng, ggml_type, E, D, F, T_, k, std, mode)
-
-
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_down_sum_post_norm(ggml_type):
-    """The residual tail with a post-norm (Gemma's MoE form)."""
-    rng = np.random.default_rng([int(ggml_type), 4])
-    for (E, D, F, T_, k), std in zip([(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 76, 256, 8, 1)], STDS):
-        check_down_sum(rng, ggml_type, E, D, F, T_, k, std, "post")
+        check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate)
 
 
 @pytest.mark.parametrize("T_,E,k", [(1, 128, 8), (19, 8, 2), (512, 128, 8), (111, 60, 4), (3, 256, 1)])

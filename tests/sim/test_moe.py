@@ -18,11 +18,12 @@ def test_gemv_route():
     rng = np.random.default_rng(5)
     moe.check_gemv_route(rng, T.F32, 40, 64, 2, 3, True, 1.0)
     moe.check_gemv_route(rng, T.Q8_0, 8, 32, 1, 2, False, 1.0, calls=1)
+    moe.check_gemv_route(rng, T.F32, 12, 64, 1, 4, True, 3.0, calls=1, normed=True)
 
 
 def test_down_sum():
     rng = np.random.default_rng(6)
-    moe.check_down_sum(rng, T.Q8_0, 4, 8, 64, 2, 3, 1.0, "add")
+    moe.check_down_sum(rng, T.Q8_0, 4, 8, 64, 2, 3, 1.0, accumulate=True)
     moe.check_down_sum(rng, T.Q4_K, 3, 5, 256, 1, 2, 1.0)
 
 
