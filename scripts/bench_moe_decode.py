@@ -3,8 +3,8 @@
 Shapes of the synthetic Qwen3-30B-A3B Q4_K_M (tune_moe.expert_matrices: E = 128, k = 8, D = 2048,
 F = 768; gate|up Q4_K stacked per expert, down Q6_K or Q4_K) and an F32 router (E, D). The decode
 path of gpu/moe.py's moe_ffn_decode, on x with ffn_norm fused into its readers. Rows:
-  router   gemv_route normed (the GEMV's last block routes), per GEMV variant (span, unroll, rows)
-  quant    quantize_x normed (h in int8 for dp4a)
+  router   gemv_route normed (the GEMV's last block routes), per GEMV variant (span, unroll, rows);
+           and writing h in int8 for dp4a as decode does (else quantize_x's work)
   gate|up  gemv_dp4a_experts with SiLU (what decode runs), and gemv_experts on float h, per variant
   down     experts_down_sum adding into x
   layer    all of it in decode's order
@@ -75,9 +75,9 @@ def main() -> int:
     per_expert = {"router": routers[0].nbytes, "gate_up": gate_up[0].nbytes // E,
                   **{f"down {t.name}": downs[t][0].nbytes // E for t in downs}}
 
-    def router(i, v=None):
+    def router(i, v=None, quant=False):
         gemv.gemv_route(routers[i % 2], xs[i % N_IN], logits, k, True, experts, weights, counter, s, variant=v,
-                        norm=norm)
+                        norm=norm, xq=xq if quant else None)
 
     def glu(i, slots=None):
         gemv_dp4a_experts(gate_up[i % 2], 2 * F, xq, act, routings[i % N_IN] if slots is None else slots, k, s,
@@ -90,8 +90,7 @@ def main() -> int:
 
     def layer(i, t):
         slots = experts.reshape(k)
-        router(i)
-        quantize_x(xs[i % N_IN], xq, s, norm)
+        router(i, quant=True)
         glu(i, slots)
         down(i, t, slots)
 
@@ -108,7 +107,8 @@ def main() -> int:
     rb = per_expert["router"]
     for v in ROUTER_VARIANTS:
         timed(f"router: gemv_route normed {v.name if v else 'default'}", lambda i, v=v: router(i, v), rb)
-    timed("quant: quantize_x normed", lambda i: quantize_x(xs[i % N_IN], xq, s, norm), 0)
+    timed("router: gemv_route normed default, h in int8", lambda i: router(i, quant=True), rb)
+    timed("router: quantize_x normed alone (what that replaces)", lambda i: quantize_x(xs[i % N_IN], xq, s, norm), 0)
     gb = k * per_expert["gate_up"]
     timed("gate|up Q4_K: gemv_dp4a_experts default", glu, gb)
     for v in GLU_VARIANTS:

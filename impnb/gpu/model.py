@@ -300,12 +300,15 @@ class DeviceModel:
 
     def quantized(self, x, norm: tuple | None = None) -> QuantX:
         """x (T, K), or RMSNorm(x) * wn with norm (wn, eps), in int8 for gemv_dp4a."""
-        n_tok, K = x.shape
-        a = self.arena
-        xq = QuantX(a.get("xq", (n_tok, K // 4), np.uint32), a.get("xq_d", (n_tok, K // GROUP)),
-                    a.get("xq_s", (n_tok, K // GROUP)))
+        xq = self.xq_buffers(*x.shape)
         quantize_x(x, xq, self.ctx.nb_stream, norm)
         return xq
+
+    def xq_buffers(self, n_tok: int, K: int) -> QuantX:
+        """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""
+        a = self.arena
+        return QuantX(a.get("xq", (n_tok, K // 4), np.uint32), a.get("xq_d", (n_tok, K // GROUP)),
+                      a.get("xq_s", (n_tok, K // GROUP)))
 
     def x16(self, x):
         x16 = self.arena.get("x16", x.shape, np.float16)

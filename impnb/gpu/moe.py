@@ -3,7 +3,8 @@
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
       the router GEMV's last block, gemv.gemv_route)
   decode (moe_ffn_decode, T <= GEMV_MAX_ROWS): h = RMSNorm(x) * ffn_norm read by the router GEMV
-      and the int8 quantization (or a norm kernel) themselves; GEMVs over the chosen experts' rows
+      itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
+      GEMVs over the chosen experts' rows
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
                                                    gpu/model.py's rule picks it)
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/gemv_moe.py: the GEMV, the weighted sum
@@ -60,21 +61,22 @@ def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
     slots = experts.reshape(T * k)
+    name = prefix + "ffn_gate_up_exps"
+    xq = m.xq_buffers(T, D) if name in m.w and m.dp4a_pays(name) else None  # the router writes h in int8
     gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, k, cfg.expert_weights_norm, experts, weights,
-                    a.zeros("route_counter", (1,), np.uint32), s, norm=norm)
+                    a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
     act = a.get("moe_act", (T * k, F))
-    _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
+    if xq is not None:
+        gemv_dp4a_experts(m.w[name], 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
+    else:
+        _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
     experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, x, slots, weights, s, accumulate=True)
 
 
 def _experts_glu_gemv(m, x, norm: tuple, prefix: str, slots, k: int, act) -> None:
-    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s], h = RMSNorm(x) * wn
-    (norm = (wn, eps)); on dp4a where the stacked gate|up's size picks it (gpu/model.py
-    DP4A_MIN_MB), h quantized to int8 in one kernel, else h written by a norm kernel."""
+    """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s] on float h =
+    RMSNorm(x) * wn (norm = (wn, eps)), written by a norm kernel first."""
     s, F, name = m.ctx.nb_stream, m.cfg.n_ff_exp, prefix + "ffn_gate_up_exps"
-    if name in m.w and m.dp4a_pays(name):
-        gemv_dp4a_experts(m.w[name], 2 * F, m.quantized(x, norm), act, slots, k, s, glu=gemv.SILU)
-        return
     h = m.arena.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
     if name in m.w:

@@ -25,6 +25,7 @@ from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WAR
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
                                          sweep)
 from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_token
+from impnb.kernels.quant_x import GROUP, QuantX, make_quantize_block
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -323,15 +324,24 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         return _gemv_tail_kernel
 
     if route:
-        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E); then the
-        # grid's last block routes the T tokens, a warp a token
+        quantize_block = make_quantize_block(normed)
+
+        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E); then,
+        # with quant, the blocks write the int8 form of the same input into q, d, s as quantize_x
+        # would (its blocks (bx, t) spread over the grid); then the grid's last block routes the
+        # T tokens, a warp a token
         @cuda.jit
-        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter):
+        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s,
+                               quant):
             at = group_at(parts, n_rows, 0, x.shape[1])
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
+            gx = (d.shape[1] + BLOCK - 1) // BLOCK
+            for item in range(cuda.blockIdx.x, gx * x.shape[0] if quant else 0, cuda.gridDim.x):
+                quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
+                cuda.syncthreads()  # its shared sums are free again
             if last_block(counter):
                 logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
                 warp = cuda.threadIdx.x >> 5
@@ -457,11 +467,12 @@ ROUTER_VARIANT = Variant(128, 1, 1)
 
 
 def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
-               variant: Variant | None = None, norm: tuple | None = None):
+               variant: Variant | None = None, norm: tuple | None = None, xq: QuantX | None = None):
     """The MoE router: logits (T, E) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
     the grid's last block writes each token's top k experts (T, k) int32 and their softmax weights
     (T, k) float32 (moe.route_ref of the logits, normalized to sum 1 with `normalize`); counter (1,)
-    uint32, zero between uses."""
+    uint32, zero between uses. With xq, the kernel also writes the int8 form of its input (x or
+    RMSNorm(x) wn) there, equal to quantize_x's (one kernel fewer before dp4a experts)."""
     n_tok, K = x.shape
     E = w.rows
     assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
@@ -473,9 +484,12 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
     grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
     wn, eps = norm or (x[0], 0.0)
     assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
+    if xq is not None:
+        assert K % GROUP == 0 and xq.q.shape == (n_tok, K // 4) and xq.d.shape == xq.s.shape == (n_tok, K // GROUP)
+    q, d, s = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
            stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
-           experts, weights, counter)
+           experts, weights, counter, q, d, s, np.int32(xq is not None))
 
 
 def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
@@ -533,9 +547,10 @@ def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail:
         vec = types.Array(types.float32, 1, "C")
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, _F32_2D, vec, vec, _F32_2D, types.float32,
                 types.Array(types.uint32, 1, "C"))
-    if route:  # parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter
+    if route:  # parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s, quant
         return (_parts_type(ggml_type), _F32_2D, types.Array(types.float32, 1, "C"), types.float32, _F32_2D, _I32,
-                _I32, _I32, types.Array(types.int32, 2, "C"), _F32_2D, types.Array(types.uint32, 1, "C"))
+                _I32, _I32, types.Array(types.int32, 2, "C"), _F32_2D, types.Array(types.uint32, 1, "C"),
+                types.Array(types.uint32, 2, "C"), _F32_2D, _F32_2D, _I32)
     if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
         return (_parts_type(ggml_type), _F32_2D, _F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
     norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()

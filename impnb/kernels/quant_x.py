@@ -71,15 +71,13 @@ def _rms_scale(x, t, wn, eps):
     return float32(1.0) / math.sqrt(total / float32(K) + eps)
 
 
-def _make_quantize_x(normed):
-    # grid (ceil(K/16 / 128), T), block 128: a thread a group of 16 columns of token t = blockIdx.y;
-    # normed: of RMSNorm(x[t]) * wn, the row's scale summed by every block
-    @cuda.jit
-    def _quantize_x_kernel(x, wn, eps, q, d, s):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
-        t = cuda.blockIdx.y
-        g = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+def make_quantize_block(normed):
+    """quantize_block(x, wn, eps, q, d, s, bx, t): the 128 threads of a block write groups
+    128 bx .. 128 bx + 127 of token t (normed: of RMSNorm(x[t]) * wn, the row's scale summed by
+    the block); every thread of the block must call it (it synchronizes)."""
+    @cuda.jit(device=True, inline=True)
+    def quantize_block(x, wn, eps, q, d, s, bx, t):
+        g = bx * THREADS + cuda.threadIdx.x
         rms = _rms_scale(x, t, wn, eps) if normed else float32(1.0)
         if g >= d.shape[1]:
             return
@@ -110,6 +108,19 @@ def _make_quantize_x(normed):
         scale = amax / float32(127.0)
         d[t, g] = scale
         s[t, g] = scale * float32(total)
+
+    return quantize_block
+
+
+def _make_quantize_x(normed):
+    # grid (ceil(K/16 / 128), T), block 128: a thread a group of 16 columns of token t = blockIdx.y
+    quantize_block = make_quantize_block(normed)
+
+    @cuda.jit
+    def _quantize_x_kernel(x, wn, eps, q, d, s):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        quantize_block(x, wn, eps, q, d, s, cuda.blockIdx.x, cuda.blockIdx.y)
 
     return _quantize_x_kernel
 

@@ -21,6 +21,7 @@ from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.norm import rms_norm_ref
+from impnb.kernels.quant_x import QuantX, quant_x_buffers, quantize_x
 from impnb.kernels.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
@@ -50,11 +51,12 @@ def check_route(rng, T_, E, k, normalize, std, ties=False):
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
 
 
-def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False):
+def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False, quant=False):
     """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|;
     normed: of RMSNorm(x) * wn, wn Gaussian about 1), then experts equal to route_ref of the
     kernel's own logits and weights to rtol 1e-5; `calls` runs on fresh x, the ticket counter back
-    to zero after each."""
+    to zero after each. quant: the int8 form of its input it writes equals quantize_x's bit for bit
+    (its buffers poisoned, a spare row left alone)."""
     raw = make_weight(ggml_type, E, K, rng)
     w = repack(raw, ggml_type).to_device()
     wabs = np.abs(dequantize(raw, ggml_type).reshape(E, K).astype(np.float64))
@@ -66,8 +68,19 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, norme
         d_l = cuda.to_device(np.full((T_, E), np.nan, np.float32))
         d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
         d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
-        gemv_route(w, cuda.to_device(x), d_l, k, normalize, d_e, d_w, counter, 0,
-                   norm=(cuda.to_device(wn), eps) if normed else None)
+        d_x, norm = cuda.to_device(x), (cuda.to_device(wn), eps) if normed else None
+        xq = quant_x_buffers(T_ + 1, K) if quant else None
+        for a in xq or ():
+            a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
+        gemv_route(w, d_x, d_l, k, normalize, d_e, d_w, counter, 0, norm=norm,
+                   xq=QuantX(*(a[:T_] for a in xq)) if quant else None)
+        if quant:
+            ref = quant_x_buffers(T_, K)
+            quantize_x(d_x, ref, 0, norm)
+            for name, got, want in zip("qds", xq, ref):
+                got, want = got.copy_to_host().view(np.uint32), want.copy_to_host().view(np.uint32)
+                assert np.array_equal(got[:T_], want), f"the router's x̂ {name} differs from quantize_x's"
+                assert (got[T_] == 0xFFFFFFFF).all(), f"the router wrote x̂ past T rows ({name})"
         logits, experts, weights = d_l.copy_to_host(), d_e.copy_to_host(), d_w.copy_to_host()
         assert np.isfinite(logits).all(), "non-finite logits (poison left?)"
         if normed:
@@ -206,16 +219,17 @@ def test_route(k, T_, E, normalize):
 
 
 @pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0, T.F16], ids=lambda t: t.name)
-@pytest.mark.parametrize("T_,E,K,k", [(1, 128, 2048, 8), (3, 60, 512, 4), (8, 256, 768, 1), (2, 8, 256, 2),
+@pytest.mark.parametrize("T_,E,K,k", [(1, 128, 2048, 8), (3, 60, 512, 4), (8, 256, 768, 1), (2, 8, 2304, 2),
                                       (5, 1000, 128, 8)])
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("normed", [False, True])
 def test_gemv_route(ggml_type, T_, E, K, k, normalize, normed):
     """Qwen3-30B-A3B's router (128 experts, k 8), odd expert counts, k 1..8, T 1..8; its input
-    normed (decode) or not."""
+    normed (decode) or not, and then its int8 form written (decode before dp4a experts; K 2304:
+    two of quantize_x's blocks a token)."""
     rng = np.random.default_rng([int(ggml_type), T_, E, k, normed])
     for std in STDS:
-        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed)
+        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.F16, T.F32],

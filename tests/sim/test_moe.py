@@ -18,7 +18,8 @@ def test_gemv_route():
     rng = np.random.default_rng(5)
     moe.check_gemv_route(rng, T.F32, 40, 64, 2, 3, True, 1.0)
     moe.check_gemv_route(rng, T.Q8_0, 8, 32, 1, 2, False, 1.0, calls=1)
-    moe.check_gemv_route(rng, T.F32, 12, 64, 1, 4, True, 3.0, calls=1, normed=True)
+    moe.check_gemv_route(rng, T.F32, 12, 64, 1, 4, True, 3.0, calls=1, normed=True, quant=True)
+    moe.check_gemv_route(rng, T.F32, 2, 32, 3, 1, True, 1.0, calls=1, quant=True)  # fewer blocks than tokens
 
 
 def test_down_sum():
