@@ -49,11 +49,14 @@ DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs pe
 # IMPNB_SHORT_DECODE_MAX / IMPNB_SHORT_CLUSTER override them for A/B runs (0: never).
 SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
-# head dims whose short decode attention takes qkv_post fused in front (one kernel a layer
-# fewer). Measured on the H100 (2026-11-24, tg128 in one run, fused / separate): SmolLM2 (D 64)
-# 1664 / 1606; Gemma3 (D 256) 1341 / 1362, where every block's norm and RoPE prologue costs
-# more than the kernel it saves. IMPNB_FUSED_POST_DIMS overrides the list for A/B runs.
-FUSED_POST_DIMS = (64,)
+# short decode attention takes qkv_post fused in front (one kernel a layer fewer) at these head
+# dims, up to the given query heads a KV head. Measured on the H100 (tg128 in one run, fused /
+# separate): SmolLM2 (D 64, 3 a KV head) 1664 / 1606 and Gemma3 (D 256, 4) 1341 / 1362
+# (2026-11-24), where every block's norm and RoPE prologue costs more than the kernel it saves;
+# synthetic Qwen3-8B Q4_K_M (D 128, 4) 371.0, 371.4 / 367.1, 366.9, Qwen3-30B-A3B (D 128, 8)
+# 364.4, 364.4 / 373.3, 373.2 (2026-11-25). IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides
+# it for A/B runs.
+FUSED_POST = {64: 32, 128: 4}
 # decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
 # norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,
 # 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
@@ -90,6 +93,11 @@ GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 # IMPNB_DP4A_MIN_MB and IMPNB_DP4A_MIN_K override them for A/B runs (a huge size: never).
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
+
+
+def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:
+    """Whether decode attention takes qkv_post fused in front at this shape (FUSED_POST)."""
+    return n_head // n_head_kv <= FUSED_POST.get(head_dim, 0)
 
 
 def env_ints(name: str) -> tuple[int, ...] | None:
@@ -146,7 +154,8 @@ class DeviceModel:
         self.short_max_env = env_ints("IMPNB_SHORT_DECODE_MAX")
         self.short_cluster_env = env_ints("IMPNB_SHORT_CLUSTER")
         post_dims = env_ints("IMPNB_FUSED_POST_DIMS")
-        self.decode_post = cfg.head_dim in (FUSED_POST_DIMS if post_dims is None else post_dims)
+        self.decode_post = (cfg.head_dim in post_dims if post_dims is not None
+                            else fuses_post(cfg.head_dim, cfg.n_head, cfg.n_head_kv))
         self.gemv_tail = GEMV_TAIL
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)

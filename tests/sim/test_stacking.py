@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 
 from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
-from impnb.gpu.model import DeviceModel
+from impnb.gpu.model import DeviceModel, fuses_post
 from impnb.kernels.repack import unpack
 from impnb.synthetic import tiny_gguf
 
@@ -41,3 +41,10 @@ def test_decode_overrides_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("IMPNB_SHORT_CLUSTER", "two")
     with pytest.raises(ParameterError, match="IMPNB_SHORT_CLUSTER"):
         DeviceModel(mf, 64)
+
+
+def test_fused_post_table():
+    # qkv_post fused into the short decode attention where it measured faster (FUSED_POST):
+    # SmolLM2 and Qwen3-8B yes; Gemma3 and Qwen3-30B-A3B (8 query heads a KV head) no
+    assert fuses_post(64, 9, 3) and fuses_post(128, 32, 8)
+    assert not fuses_post(256, 4, 1) and not fuses_post(128, 32, 4)
