@@ -84,7 +84,7 @@ def main() -> int:
                           glu=gemv.SILU)
 
     def down(i, t, slots=None):
-        # x stays the same input: the rows it gains are never read back in the timed calls
+        # adds into h, x's stand-in: what it holds is never read back in the timed calls
         experts_down_sum(downs[t][i % 2], D, act, h, routings[i % N_IN] if slots is None else slots, weights, s,
                          accumulate=True)
 
