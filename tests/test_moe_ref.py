@@ -59,8 +59,10 @@ def test_check_experts_refuses_what_the_kernels_cannot_route():
     class Cfg:
         n_expert: int
         n_expert_used: int
+        post_norms: bool = False
 
     check_experts(Cfg(128, 8))
-    for bad in (Cfg(128, MAX_K + 1), Cfg(MAX_EXPERTS + 1, 2), Cfg(8, 0)):
+    # post-norms: decode fuses the pre-norms into the expert GEMVs, with no residual tail
+    for bad in (Cfg(128, MAX_K + 1), Cfg(MAX_EXPERTS + 1, 2), Cfg(8, 0), Cfg(128, 8, True)):
         with pytest.raises(UnsupportedError, match="use --device cpu"):
             check_experts(bad)
