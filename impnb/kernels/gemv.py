@@ -6,8 +6,9 @@ A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused
 reads all of x anyway, so it sums x² on the way and scales its dot products at the end); its
 reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
 residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
-`route` kernel (the MoE router) ends with that block choosing each token's experts from y
-(moe.route_token; reference moe.route_ref).
+`route` kernel (the MoE router, normed at decode) ends with that block choosing each token's
+experts from y (moe.route_token; reference moe.route_ref), its blocks having written the int8 form
+of its input for the dp4a experts where asked (quant_x.make_quantize_block).
 """
 
 import math
@@ -25,7 +26,7 @@ from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WAR
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
                                          sweep)
 from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_token
-from impnb.kernels.quant_x import GROUP, QuantX, make_quantize_block
+from impnb.kernels.quant_x import GROUP, THREADS as QUANT_THREADS, QuantX, make_quantize_block
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -338,7 +339,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
-            gx = (d.shape[1] + BLOCK - 1) // BLOCK
+            gx = (d.shape[1] + QUANT_THREADS - 1) // QUANT_THREADS  # quantize_x's blocks a token
             for item in range(cuda.blockIdx.x, gx * x.shape[0] if quant else 0, cuda.gridDim.x):
                 quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
                 cuda.syncthreads()  # its shared sums are free again
@@ -381,8 +382,9 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
     POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
-    routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for K <= 32 x span x unroll, a thread's one step of loads
-    issued before griddepcontrol.wait (W is no kernel's output), so they overlap the kernel before."""
+    routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for
+    K <= 32 x span x unroll, a thread's one step of loads issued before griddepcontrol.wait (W is
+    no kernel's output), so they overlap the kernel before."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -464,6 +466,7 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
 # H200 (2026-11-25, scripts/bench_moe_decode.py, 128 x 2048 F32): 2.50 µs a call against 4.65
 # for choose()'s 4 rows a group (16 blocks).
 ROUTER_VARIANT = Variant(128, 1, 1)
+assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
 
 
 def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
@@ -583,8 +586,8 @@ BUILD_SIGNATURES = [
     (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
      {})
     for n in (1, 8) for normed in (False, True)
-] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048), Qwen3-30B-A3B's attn_output
-    # (K 4096)
+] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048); ADD (no post-norm) at K 4096
+    # and T 2, a mode no model's decode takes since qwen3moe moved to the fused norms (tested, kept)
     (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
      {"max_registers": 128})
     for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
