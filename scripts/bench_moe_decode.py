@@ -6,8 +6,8 @@ path of gpu/moe.py's moe_ffn_decode, on x with ffn_norm fused into its readers. 
   router   gemv_route normed (the GEMV's last block routes), per GEMV variant (span, unroll, rows);
            and writing h in int8 for dp4a as decode does (else quantize_x's work)
   gate|up  gemv_dp4a_experts with SiLU (what decode runs), and gemv_experts on float h, per variant
-  down     experts_down_sum adding into x
-  layer    all of it in decode's order
+  down     experts_down_sum adding into x, on float act and on dp4a (experts_down_sum_dp4a)
+  layer    all of it in decode's order, the down on float act or on dp4a (what decode runs)
 Each call reads other expert weights: 2 copies of every matrix, 16 inputs x (so the router picks
 other experts) and 16 fixed routings for the gate|up and down rows, taken in turn. --calls calls
 are captured into one CUDA graph (programmatic launches as in a decode step) and replayed, the
@@ -36,6 +36,7 @@ from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels import gemv, repack  # noqa: E402
 from impnb.kernels.gemv_dp4a import gemv_dp4a_experts  # noqa: E402
 from impnb.kernels.gemv_moe import experts_down_sum  # noqa: E402
+from impnb.kernels.gemv_moe_dp4a import experts_down_sum_dp4a  # noqa: E402
 from impnb.kernels.gemv_variants import Variant  # noqa: E402
 from impnb.kernels.quant_x import GROUP, QuantX, quantize_x  # noqa: E402
 
@@ -83,16 +84,16 @@ def main() -> int:
         gemv_dp4a_experts(gate_up[i % 2], 2 * F, xq, act, routings[i % N_IN] if slots is None else slots, k, s,
                           glu=gemv.SILU)
 
-    def down(i, t, slots=None):
+    def down(i, t, slots=None, dp4a=False):
         # adds into h, x's stand-in: what it holds is never read back in the timed calls
-        experts_down_sum(downs[t][i % 2], D, act, h, routings[i % N_IN] if slots is None else slots, weights, s,
-                         accumulate=True)
+        fn = experts_down_sum_dp4a if dp4a else experts_down_sum
+        fn(downs[t][i % 2], D, act, h, routings[i % N_IN] if slots is None else slots, weights, s, accumulate=True)
 
-    def layer(i, t):
+    def layer(i, t, dp4a=False):
         slots = experts.reshape(k)
         router(i, quant=True)
         glu(i, slots)
-        down(i, t, slots)
+        down(i, t, slots, dp4a)
 
     def timed(label, fn, nbytes):
         fn(0)  # compile, load
@@ -118,7 +119,9 @@ def main() -> int:
     for t in downs:
         db = k * per_expert[f"down {t.name}"]
         timed(f"down {t.name}: experts_down_sum accumulate", lambda i, t=t: down(i, t), db)
+        timed(f"down {t.name}: experts_down_sum_dp4a accumulate", lambda i, t=t: down(i, t, dp4a=True), db)
         timed(f"layer, down {t.name}", lambda i, t=t: layer(i, t), rb + gb + db)
+        timed(f"layer, down {t.name} on dp4a", lambda i, t=t: layer(i, t, True), rb + gb + db)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

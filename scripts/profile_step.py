@@ -5,6 +5,9 @@ replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kerne
 printed: the whole graph's replay time, engine.step()'s wall time and the Python time in it
 (step() less the wait for the device's token).
     python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--json PATH]
+With --ncu, one replay of the step's graph runs between cuProfilerStart and cuProfilerStop and
+nothing is timed: `ncu --profile-from-start off ... python scripts/profile_step.py MODEL --ncu`
+profiles each kernel of one decode step (L2 flushed before each, as the weights are cold in a step).
 """
 
 import argparse
@@ -88,6 +91,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50, help="copies of a node in its timing graph")
     ap.add_argument("--json")
     ap.add_argument("--by-grid", action="store_true", help="a row per kernel and grid, not per kernel")
+    ap.add_argument("--ncu", action="store_true", help="one replay inside the profiler's range, for ncu")
     args = ap.parse_args()
 
     mf = open_model_file(resolve_model(args.model))
@@ -96,6 +100,14 @@ def main() -> int:
     tok = eng.prefill(list(range(10, 74)))
     for _ in range(3):  # eager step, capture, one replay
         tok = eng.step(tok)
+    if args.ncu:
+        (graph,) = eng.graphs.values()
+        ok(driver.cuCtxSynchronize())
+        ok(driver.cuProfilerStart())
+        ok(driver.cuGraphLaunch(graph.exec, graph.stream))
+        ok(driver.cuCtxSynchronize())
+        ok(driver.cuProfilerStop())
+        return 0
     walls, hosts, waits = [], [], []
     collect = eng.replays.collect
 

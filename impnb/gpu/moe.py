@@ -8,7 +8,8 @@
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
                                                    gpu/model.py's rule picks it)
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/gemv_moe.py: the GEMV, the weighted sum
-                                                   and the residual add in one kernel)
+                                                   and the residual add in one kernel; on dp4a
+                                                   with act made int8 in it, gemv_moe_dp4a.py)
   prefill (moe_ffn): slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles (gpu/moe_prefill.py)
@@ -18,16 +19,23 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
+import os
+
 import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
-from impnb.kernels import activations, gemv
+from impnb.kernels import activations, gemv, gemv_dp4a
+from impnb.kernels import gemv_moe_dp4a as down_dp4a
 from impnb.kernels import norm as norm_fn
 from impnb.kernels.gemv_dp4a import gemv_dp4a_experts
 from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import moe_combine, moe_route
+
+# The decode down projection of dp4a-type experts on dp4a (gemv_moe_dp4a.py, act made int8 in the
+# kernel) rather than on float act (gemv_moe.py). IMPNB_MOE_DOWN_DP4A=0 for A/B runs.
+MOE_DOWN_DP4A = os.environ.get("IMPNB_MOE_DOWN_DP4A", "1") != "0"
 
 
 def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
@@ -70,7 +78,11 @@ def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
         gemv_dp4a_experts(m.w[name], 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
         _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
-    experts_down_sum(m.w[prefix + "ffn_down_exps"], D, act, x, slots, weights, s, accumulate=True)
+    down = m.w[prefix + "ffn_down_exps"]
+    if MOE_DOWN_DP4A and down.ggml_type in gemv_dp4a.DOTS and D >= down_dp4a.ROWS:
+        down_dp4a.experts_down_sum_dp4a(down, D, act, x, slots, weights, s, accumulate=True)
+    else:
+        experts_down_sum(down, D, act, x, slots, weights, s, accumulate=True)
 
 
 def _experts_glu_gemv(m, x, norm: tuple, prefix: str, slots, k: int, act) -> None:

@@ -7,7 +7,7 @@ reads all of x anyway, so it sums x² on the way and scales its dot products at 
 reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
 residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
 `route` kernel (the MoE router, normed at decode) ends with that block choosing each token's
-experts from y (moe.route_token; reference moe.route_ref), its blocks having written the int8 form
+experts from y (moe.route_block; reference moe.route_ref), its blocks having written the int8 form
 of its input for the dp4a experts where asked (quant_x.make_quantize_block).
 """
 
@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, from_dtype, types
+from numba import cuda, float32, from_dtype, types, uint32
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
@@ -25,7 +25,7 @@ from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # n
 from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_TYPES, Variant, choose, rows_per_block, span_for,
                                          sweep)
-from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_token
+from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block
 from impnb.kernels.quant_x import GROUP, THREADS as QUANT_THREADS, QuantX, make_quantize_block
 from impnb.kernels.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
@@ -344,10 +344,10 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                 quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
                 cuda.syncthreads()  # its shared sums are free again
             if last_block(counter):
-                logits = cuda.shared.array((WARPS, MAX_EXPERTS), float32)
-                warp = cuda.threadIdx.x >> 5
-                for t in range(warp, n_tok, WARPS):
-                    route_token(y, t, k, normalize, experts, weights, logits[warp])
+                keys = cuda.shared.array(MAX_EXPERTS, uint32)
+                vals = cuda.shared.array(MAX_K, float32)
+                for t in range(n_tok):
+                    route_block(y, t, k, normalize, experts, weights, keys, vals)
 
         return _gemv_route_kernel
 

@@ -160,6 +160,47 @@ def route_token(logits, t, k, normalize, experts, weights, row):
     warp_sync()  # row is free again
 
 
+@cuda.jit(device=True, inline=True)
+def route_block(logits, t, k, normalize, experts, weights, keys, vals):
+    """Every thread of a block: route_token's experts and weights of token t into experts[t],
+    weights[t], bit for bit, by ranks rather than k rounds: thread i keeps the order keys
+    (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,) uint32, then counts
+    for each of them the experts ahead of it (a larger key, or an equal one at a lower index);
+    rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32). Warp 0 then
+    weighs the choices as route_token does. The logits are read through L2 (ld.global.cg)."""
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    E = logits.shape[1]
+    for e in range(tid, E, n):
+        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e))
+    cuda.syncthreads()
+    for e in range(tid, E, n):
+        mine = keys[e]
+        ahead = 0
+        for f in range(E):
+            kf = keys[f]
+            ahead += (kf > mine) or (kf == mine and f < e)
+        if ahead < k:
+            experts[t, ahead] = e
+            vals[ahead] = key_value(mine)
+    cuda.syncthreads()
+    if tid < 32:
+        mx = vals[0]
+        p = math.exp(vals[tid] - mx) if tid < k else float32(0.0)
+        if normalize:
+            den = warp_sum(p)
+        else:
+            den = float32(0.0)
+            for i in range((E + 31) >> 5):
+                e = tid + 32 * i
+                if e < E:
+                    den += math.exp(key_value(keys[e]) - mx)
+            den = warp_sum(den)
+        if tid < k:
+            weights[t, tid] = p / den
+    cuda.syncthreads()  # keys and vals are free again
+
+
 # grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w (route_token).
 @cuda.jit
 def _route_kernel(logits, k, normalize, experts, weights):

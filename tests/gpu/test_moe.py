@@ -18,10 +18,11 @@ from impnb.kernels.dequant import dequant_ref
 from impnb.kernels.gemm_grouped import BM, gemm_grouped, grouped_ref
 from impnb.kernels.gemv import SILU, gemv_experts, gemv_ref, gemv_route
 from impnb.kernels.gemv_moe import experts_down_sum
+from impnb.kernels.gemv_moe_dp4a import down_sum_dp4a_ref, experts_down_sum_dp4a
 from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.quant_x import QuantX, quant_x_buffers, quantize_x
+from impnb.kernels.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
@@ -51,13 +52,16 @@ def check_route(rng, T_, E, k, normalize, std, ties=False):
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
 
 
-def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False, quant=False):
+def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False, quant=False, ties=False):
     """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|;
     normed: of RMSNorm(x) * wn, wn Gaussian about 1), then experts equal to route_ref of the
     kernel's own logits and weights to rtol 1e-5; `calls` runs on fresh x, the ticket counter back
     to zero after each. quant: the int8 form of its input it writes equals quantize_x's bit for bit
-    (its buffers poisoned, a spare row left alone)."""
+    (its buffers poisoned, a spare row left alone). ties: expert 2i + 1's row is expert 2i's, so
+    every logit has an equal twin (the lower expert goes first)."""
     raw = make_weight(ggml_type, E, K, rng)
+    if ties:
+        raw[1::2] = raw[0:E - 1:2]
     w = repack(raw, ggml_type).to_device()
     wabs = np.abs(dequantize(raw, ggml_type).reshape(E, K).astype(np.float64))
     counter = cuda.to_device(np.zeros(1, np.uint32))
@@ -93,19 +97,23 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, norme
         assert counter.copy_to_host()[0] == 0
 
 
-def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False):
+def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False, dp4a=False):
     """experts_down_sum against float64: out[t] = sum_j w[t, j] W_e act[t k + j] within 1e-4 of
     sum_j |w| |W_e| |act| per output; accumulate: added into out's Gaussian values (the residual
-    stream, std 3 std), the bound growing by 1e-6 of them (one float32 add)."""
+    stream, std 3 std), the bound growing by 1e-6 of them (one float32 add). dp4a:
+    experts_down_sum_dp4a, act taken as its int8 form x̂ (quantize_x_ref's, dequantized)."""
     raw = make_weight(ggml_type, E * D, F, rng)
     slots = routed(rng, T_, E, k).reshape(-1)
     act = (rng.standard_normal((T_ * k, F)) * std).astype(np.float32)
     wts = rng.random((T_, k)).astype(np.float32)
     wts /= wts.sum(axis=1, keepdims=True)
     wd = dequantize(raw, ggml_type).reshape(E, D, F).astype(np.float64)
-    y = np.einsum("sdf,sf->sd", wd[slots], act.astype(np.float64)).reshape(T_, k, D)
-    yabs = np.einsum("sdf,sf->sd", np.abs(wd[slots]), np.abs(act.astype(np.float64))).reshape(T_, k, D)
+    x = dequantize_x_ref(*quantize_x_ref(act)[:2]) if dp4a else act.astype(np.float64)
+    y = np.einsum("sdf,sf->sd", wd[slots], x).reshape(T_, k, D)
+    yabs = np.einsum("sdf,sf->sd", np.abs(wd[slots]), np.abs(x)).reshape(T_, k, D)
     ref = (wts[:, :, None] * y).sum(axis=1)
+    if dp4a:
+        np.testing.assert_allclose(down_sum_dp4a_ref(wd, act, slots, wts), ref, rtol=1e-12, atol=1e-12)
     bound = 1e-4 * (wts[:, :, None] * yabs).sum(axis=1) + 1e-30
     start = np.full((T_, D), np.nan, np.float32)  # poison: overwritten unless accumulating
     if accumulate:
@@ -113,8 +121,9 @@ def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False):
         ref = ref + start
         bound = bound + 1e-6 * np.abs(start)
     d_out = cuda.to_device(start)
-    experts_down_sum(repack(raw, ggml_type).to_device(), D, cuda.to_device(act), d_out, cuda.to_device(slots),
-                     cuda.to_device(wts), 0, accumulate)
+    down_sum = experts_down_sum_dp4a if dp4a else experts_down_sum
+    down_sum(repack(raw, ggml_type).to_device(), D, cuda.to_device(act), d_out, cuda.to_device(slots),
+             cuda.to_device(wts), 0, accumulate)
     out = d_out.copy_to_host().astype(np.float64)
     assert np.isfinite(out).all(), "non-finite outputs (poison left?)"
     assert (np.abs(out - ref) <= bound).all(), f"max err/bound {np.max(np.abs(out - ref) / bound):.3g}"
@@ -226,10 +235,10 @@ def test_route(k, T_, E, normalize):
 def test_gemv_route(ggml_type, T_, E, K, k, normalize, normed):
     """Qwen3-30B-A3B's router (128 experts, k 8), odd expert counts, k 1..8, T 1..8; its input
     normed (decode) or not, and then its int8 form written (decode before dp4a experts; K 2304:
-    two of quantize_x's blocks a token)."""
+    two of quantize_x's blocks a token); at std 1 every logit tied with its twin's (ties)."""
     rng = np.random.default_rng([int(ggml_type), T_, E, k, normed])
     for std in STDS:
-        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed)
+        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed, ties=std == 1.0)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.F16, T.F32],
@@ -242,6 +251,18 @@ def test_down_sum(ggml_type, accumulate):
     cases = [(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 76, 256, 8, 1), (8, 77, 512, 2, 3)]
     for (E, D, F, T_, k), std in zip(cases, STDS + (1.0,)):
         check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_down_sum_dp4a(ggml_type, accumulate):
+    """As test_down_sum on dp4a: Qwen3-30B-A3B's down, D not a multiple of the block's rows (odd
+    too, one block's worth), k * F / 32 past one block's 1024 threads (k 5, F 7168), k 1..8, T 1..8."""
+    rng = np.random.default_rng([int(ggml_type), accumulate, 1])
+    cases = [(128, 2048, 768, 1, 8), (60, 132, 2304, 3, 5), (16, 9, 256, 8, 1), (8, 77, 512, 2, 3),
+             (6, 20, 7168, 1, 5)]
+    for (E, D, F, T_, k), std in zip(cases, STDS + (1.0, 0.3)):
+        check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate, dp4a=True)
 
 
 @pytest.mark.parametrize("T_,E,k", [(1, 128, 8), (19, 8, 2), (512, 128, 8), (111, 60, 4), (3, 256, 1)])

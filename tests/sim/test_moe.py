@@ -20,12 +20,20 @@ def test_gemv_route():
     moe.check_gemv_route(rng, T.Q8_0, 8, 32, 1, 2, False, 1.0, calls=1)
     moe.check_gemv_route(rng, T.F32, 12, 64, 1, 4, True, 3.0, calls=1, normed=True, quant=True)
     moe.check_gemv_route(rng, T.F32, 2, 32, 3, 1, True, 1.0, calls=1, quant=True)  # fewer blocks than tokens
+    moe.check_gemv_route(rng, T.F32, 21, 64, 2, 8, False, 1.0, calls=1, ties=True)
 
 
 def test_down_sum():
     rng = np.random.default_rng(6)
     moe.check_down_sum(rng, T.Q8_0, 4, 8, 64, 2, 3, 1.0, accumulate=True)
     moe.check_down_sum(rng, T.Q4_K, 3, 5, 256, 1, 2, 1.0)
+
+
+def test_down_sum_dp4a():
+    rng = np.random.default_rng(7)
+    moe.check_down_sum(rng, T.Q8_0, 4, 9, 64, 2, 3, 1.0, accumulate=True, dp4a=True)
+    moe.check_down_sum(rng, T.Q4_K, 3, 8, 256, 1, 2, 3.0, dp4a=True)
+    moe.check_down_sum(rng, T.Q6_K, 3, 10, 256, 1, 1, 0.1, dp4a=True)
 
 
 def test_group_invariants():
