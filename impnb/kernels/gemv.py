@@ -327,10 +327,10 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     if route:
         quantize_block = make_quantize_block(normed)
 
-        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E); then,
-        # with quant, the blocks write the int8 form of the same input into q, d, s as quantize_x
-        # would (its blocks (bx, t) spread over the grid); then the grid's last block routes the
-        # T tokens, a warp a token
+        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E) in its
+        # first ceil(E / rows a block) blocks; with quant, the blocks after those write the int8
+        # form of the same input into q, d, s as quantize_x's blocks (bx, t) would, beside the
+        # GEMV rather than after it; then the grid's last block routes the T tokens (route_block)
         @cuda.jit
         def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s,
                                quant):
@@ -338,11 +338,14 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
-            gx = (d.shape[1] + QUANT_THREADS - 1) // QUANT_THREADS  # quantize_x's blocks a token
-            for item in range(cuda.blockIdx.x, gx * x.shape[0] if quant else 0, cuda.gridDim.x):
-                quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
-                cuda.syncthreads()  # its shared sums are free again
+            n_gemv = (n_rows + rows * groups - 1) // (rows * groups)
+            if cuda.blockIdx.x < n_gemv:
+                rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
+            elif quant:
+                gx = (d.shape[1] + QUANT_THREADS - 1) // QUANT_THREADS  # quantize_x's blocks a token
+                for item in range(cuda.blockIdx.x - n_gemv, gx * x.shape[0], cuda.gridDim.x - n_gemv):
+                    quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
+                    cuda.syncthreads()  # its shared sums are free again
             if last_block(counter):
                 keys = cuda.shared.array(MAX_EXPERTS, uint32)
                 vals = cuda.shared.array(MAX_K, float32)
@@ -490,6 +493,8 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
     if xq is not None:
         assert K % GROUP == 0 and xq.q.shape == (n_tok, K // 4) and xq.d.shape == xq.s.shape == (n_tok, K // GROUP)
     q, d, s = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
+    if xq is not None:  # quantize_x's blocks after the GEMV's
+        grid += (K // GROUP + QUANT_THREADS - 1) // QUANT_THREADS * n_tok
     launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
            stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
            experts, weights, counter, q, d, s, np.int32(xq is not None))
