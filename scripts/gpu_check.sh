@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|attn|decode|dp4a|all]   (all: not moe, attn,
-#   decode, dp4a)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|ncu|attn|decode|dp4a|all]   (all: not moe,
+#   ncu, attn, decode, dp4a)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
-# experts at decode piece by piece (bench_moe_decode.py); dp4a benches the dp4a GEMV and a synthetic
-# Qwen3-8B Q4_K_M with and without it (see its block for DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE).
+# experts at decode piece by piece (bench_moe_decode.py); ncu profiles each kernel of one decode
+# step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); dp4a
+# benches the dp4a GEMV and a synthetic Qwen3-8B Q4_K_M with and without it (see its block for
+# DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE).
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -48,6 +50,18 @@ if [[ $what == moe ]]; then
   status[bench-moe]="rc=$? $(grep -E 'tg128' "$OUT/bench-moe.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
   timeout 200 python3 scripts/bench_moe_decode.py --json "$OUT/bench-moe-decode.json" > "$OUT/bench-moe-decode.log" 2>&1
   status[bench-moe-decode]="rc=$? see bench-moe-decode.log"
+fi
+
+if [[ $what == ncu ]]; then
+  model=${NCU_MODEL:-/tmp/qwen3-30b-a3b-q4_k_m.gguf}
+  [ -f "$model" ] || timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M \
+    --out "$model" > "$OUT/moe-make.log" 2>&1
+  timeout 450 "$(command -v ncu || echo /usr/local/cuda/bin/ncu)" --profile-from-start off --csv --section SpeedOfLight \
+    --section WarpStateStats --section LaunchStats --section Occupancy --metrics dram__bytes_read.sum \
+    python3 scripts/profile_step.py "$model" --ncu > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
+  status[ncu]="rc=$? see ncu-table.txt"
+  python3 scripts/ncu_table.py "$OUT/ncu.csv" --json "$OUT/ncu-table.json" > "$OUT/ncu-table.txt" 2>&1
+  status[ncu-table]="rc=$? $(tail -n 1 "$OUT/ncu-table.txt")"
 fi
 
 if [[ $what == decode ]]; then

@@ -7,7 +7,8 @@ printed: the whole graph's replay time, engine.step()'s wall time and the Python
     python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--json PATH]
 With --ncu, one replay of the step's graph runs between cuProfilerStart and cuProfilerStop and
 nothing is timed: `ncu --profile-from-start off ... python scripts/profile_step.py MODEL --ncu`
-profiles each kernel of one decode step (L2 flushed before each, as the weights are cold in a step).
+profiles each kernel of one decode step (L2 flushed before each, as the weights are cold in a step);
+scripts/ncu_table.py tabulates its CSV (`scripts/gpu_check.sh ncu` runs both).
 """
 
 import argparse
