@@ -7,7 +7,7 @@ each timed by its own pair of CUDA events; the median of --reps is reported.
                                  [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--dp4a [V,...]] [--json PATH]
 --read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
---dp4a [V,...] also times gemv_dp4a (choose_dp4a's variant, or these) and quantize_x, which it needs
+--dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these) and quantize_x, which it needs
 first, on the same x (rows "dp4a ..." and "quant_x"; their sum is what a decode step pays).
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
@@ -30,7 +30,7 @@ from numba import cuda, uint32  # noqa: E402
 from impnb.kernels import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv import DECODERS, Variant, gemv  # noqa: E402
-from impnb.kernels.gemv_dp4a import DOTS, choose_dp4a, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv_dp4a import DOTS, NO_GLU, choose_capped, gemv_dp4a  # noqa: E402
 from impnb.kernels.gemv_stream import gemv_stream, sm_count  # noqa: E402
 from impnb.kernels.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.kernels.repack import repack  # noqa: E402
@@ -142,7 +142,7 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
 
 
 def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream):
-    """quantize_x, then gemv_dp4a in each variant (None: choose_dp4a's), on one Gaussian x."""
+    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's), on one Gaussian x."""
     rows, cols = weights[0].rows, weights[0].cols
     x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
     xq = quant_x_buffers(n_tok, cols)
@@ -153,7 +153,9 @@ def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream):
         med, b2b = time_launches(lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v),
                                  len(weights), reps, stream)
         assert np.isfinite(y.copy_to_host()).all()
-        out.append(result(f"dp4a {(v or choose_dp4a(t, n_tok, cols)).name}", t, weights, n_tok,
+        chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, NO_GLU, rows)
+        name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
+        out.append(result(f"dp4a {name}", t, weights, n_tok,
                           weights[0].nbytes, med, b2b))
     return out
 

@@ -77,7 +77,7 @@ fi
 if [[ $what == dp4a ]]; then
   # the dp4a decode GEMV end to end: synthetic Qwen3-8B Q4_K_M (dense, norms fused into the
   # GEMVs), tg128 at each IMPNB_DP4A_MIN_MB of DP4A_MB (default: off, then the rule's 8); the
-  # GEMV alone on 4096x14336 and 14336x4096 in choose_dp4a's variant or DP4A_VARIANTS (e.g.
+  # GEMV alone on 4096x14336 and 14336x4096 in choose_capped's variant or DP4A_VARIANTS (e.g.
   # s64u1r8,s128u2r4); with BASE=<another checkout's root>, its GEMV and tg128 in the same call
   q8b=/tmp/qwen3-8b-q4_k_m.gguf
   types=${DP4A_TYPES:-Q8_0,Q4_K,Q4_1}

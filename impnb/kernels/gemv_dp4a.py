@@ -230,7 +230,7 @@ LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max_registers):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
@@ -359,7 +359,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
 
         return _gemv_dp4a_experts_kernel
 
-    @cuda.jit
+    @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
     def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
         start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -371,16 +371,18 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead):
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                     experts: bool = False, ahead: bool = False):
+                     experts: bool = False, ahead: bool = False, max_registers: int | None = None):
     """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
     row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
     stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
-    `ahead`: each chunk's loads are issued a step early (a Variant's unroll 2)."""
+    `ahead`: each chunk's loads are issued a step early (a Variant's unroll 2); `max_registers`
+    caps the registers (T1_CAPPED; not the experts kernel's)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
     assert not experts or n_tok == 1
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, ahead)
+    assert not (experts and max_registers), "the cap is the plain kernel's"
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, ahead, max_registers)
 
 
 # T = 1: measured on the H100 (2026-11-25 17:35 UTC, scripts/bench_gemv.py --dp4a with six
@@ -397,6 +399,12 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
 # s128u1r8); one warp a group lost everywhere (s32u1r8 26-43%, earlier). Capping Q4_K s128u1r4
 # at 64 registers (8 blocks an SM, all 1024 blocks resident) gave 68.1 / 81.4: the same as
 # s128u1r8. Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
+# Register caps (max_registers; one call, 2026-11-26 08:25 UTC, H100, % of 2.97 TB/s back to
+# back): Q4_K 14336x4096 s64u1r4 84.1% -> 86.1% at 96 or 80, s128u1r4 77.6% -> 82.8% at 96 and
+# 88.5% at 80 (ptxas then gives it 72 registers, against 64 uncapped: the cap changes its
+# schedule, not the blocks an SM), 77.4% at 64. 4096x14336 gained nothing (s128u1r8 80.4%; at 96
+# 77.4%, at 80 66.3%; s128u1r4 at 64 81.1%). The runtime builds through LTO, whose register
+# counts differ from BUILD_SIGNATURES' compile_ptx + link (s128u1r8 Q4_K at K 14336: 127 against 96).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 4)),
@@ -407,6 +415,13 @@ T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q6_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 8)),
 }
+# At T = 1 and 4096 <= K < LONG_K, (type, GLU): (variant, register cap, fewest output rows).
+# Synthetic Qwen3-8B Q4_K_M tg128, each against the tree before in the same call (H100): both
+# entries with no row floor 372.2 -> 369.5 tok/s (08:45 UTC; its plain Q4_K weights have 1024-4096
+# rows); the plain entry from 8192 rows (none there) and the GLU one (gate|up 24576x4096) 371.2 ->
+# 376.2, the plain entry alone 370.0 (08:50 UTC).
+T1_CAPPED = {(T.Q4_K, False): (Variant(BLOCK, 1, 4), 80, 8192),
+             (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
 
 
 def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:
@@ -422,21 +437,30 @@ def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: i
     return Variant(min(span, span_for(cols)), unroll, rows)
 
 
+def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> tuple[Variant, int | None]:
+    """gemv_dp4a's variant and register cap: T1_CAPPED's where it has the entry and the weight
+    the K and output rows, else choose_dp4a's, uncapped."""
+    v, cap, fewest = T1_CAPPED.get((ggml_type, glu != NO_GLU), (None, None, 0))
+    if n_tok == 1 and 4096 <= cols < LONG_K and v and n_out >= max(fewest, v.rows // (2 if glu else 1)):
+        return v, cap
+    return choose_dp4a(ggml_type, n_tok, cols, glu, n_out), None
+
+
 def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,
               glu: int = NO_GLU):
     """y (T, N) float32 = W x̂, or y += W x̂ with accumulate; x̂ (quant_x.quantize_x) of T in 1..8
     tokens (its first T rows, T = y's rows); glu (SILU, GELU): W is gate|up stacked (2F, K) and
-    y (T, F) = act(W[:F] x̂) * W[F:] x̂; `variant` overrides `choose_dp4a`."""
+    y (T, F) = act(W[:F] x̂) * W[F:] x̂; `variant` overrides `choose_capped`."""
     n_tok, N = y.shape
     K = w.cols
     assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and 1 <= n_tok <= MAX_T
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
-    v = variant or choose_dp4a(w.ggml_type, n_tok, K, glu, N)
+    v, cap = (variant, None) if variant else choose_capped(w.ggml_type, n_tok, K, glu, N)
     out_rows = v.rows // (2 if glu else 1)  # outputs a group
     assert out_rows <= N, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll == 2),
+    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll == 2, cap),
            ((N + per_block - 1) // per_block,), BLOCK,
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
@@ -472,16 +496,17 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
 
 
 # Registers: 55-96, 125-127 for the 5/6-bit K-quants at eight rows a group (4 blocks an SM).
-# Built at K 4096 and 16384 in the variants choose_dp4a picks.
+# Built at K 4096 and 16384 in the variants choose_capped picks (with its cap where it has one).
 BUILD_SIGNATURES = [
-    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2), types.void(*kernel_args(t)),
-     {"max_registers": 160 if v.unroll == 2 else 128})
-    for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8) for v in (choose_dp4a(t, n, K),)
+    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2, cap), types.void(*kernel_args(t)),
+     {"max_registers": cap or (160 if v.unroll == 2 else 128)})
+    for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8)
+    for v, cap in (choose_capped(t, n, K, NO_GLU, 8192),)
     if K == 4096 or n == 1
 ] + [  # gate|up with SiLU (llama, qwen3)
-    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll == 2), types.void(*kernel_args(t)),
-     {"max_registers": 128})
-    for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v in (choose_dp4a(t, n, 4096, SILU),)
+    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll == 2, cap), types.void(*kernel_args(t)),
+     {"max_registers": cap or 128})
+    for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
 ] + [  # qwen3moe's routed gate|up experts
     (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll == 2), types.void(*kernel_args(t, True)),
      {"max_registers": 128})
