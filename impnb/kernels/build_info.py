@@ -1,7 +1,8 @@
 """Compile a numba.cuda kernel for sm_90 without a GPU and read its registers and spills.
 
 `compile_ptx` gives PTX; nvJitLink assembles it as ptxas would and its verbose log names
-the register count and spill bytes, which CI asserts for every kernel.
+the register count and spill bytes. `runtime_info` reads the same from the LTO cubin the
+launcher loads, which CI asserts for every @cuda.jit kernel.
 """
 
 import re
@@ -44,7 +45,19 @@ def build_info(fn, sig, cc=CC) -> BuildInfo:
     """PTX, registers and spill bytes of `fn` (a @cuda.jit kernel or its Python function)."""
     ptx, _ = cuda.compile_ptx(getattr(fn, "py_func", fn), sig, cc=cc)
     opts = getattr(fn, "targetoptions", {})
-    log = link_ptx(ptx, "sm_%d%d%s" % (cc + ("",))[:3], opts.get("max_registers"))
+    return _parsed(ptx, link_ptx(ptx, "sm_%d%d%s" % (cc + ("",))[:3], opts.get("max_registers")))
+
+
+def runtime_info(kernel, sig, cc=CC) -> BuildInfo:
+    """Registers and spills of the cubin impnb.launch loads for this @cuda.jit kernel: built through
+    LTO (numba's default), whose counts can differ from build_info's (no PTX kept)."""
+    from impnb.launch.cubin import link_cubin
+
+    args = tuple(getattr(sig, "args", sig))  # a Signature, or the argument types
+    return _parsed("", link_cubin(kernel, args, cc, verbose=True)[1])
+
+
+def _parsed(ptx: str, log: str) -> BuildInfo:
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     spills = [int(a) + int(b) for a, b in
               re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]

@@ -17,6 +17,11 @@ def arch_cc(cc: tuple[int, int]) -> tuple[int, int, str]:
 
 def compile_cubin(kernel, sig: tuple, cc: tuple[int, int, str]) -> bytes:
     """The cubin of `kernel` (a @cuda.jit dispatcher) for argument types `sig` on target cc."""
+    return link_cubin(kernel, sig, cc)[0]
+
+
+def link_cubin(kernel, sig: tuple, cc: tuple[int, int, str], verbose: bool = False) -> tuple[bytes, str]:
+    """compile_cubin's cubin and, with verbose, the linker's info log (ptxas's registers and spills)."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
 
     opts = kernel.targetoptions
@@ -31,8 +36,10 @@ def compile_cubin(kernel, sig: tuple, cc: tuple[int, int, str]) -> bytes:
                            opt=opts.get("opt"), launch_bounds=opts.get("launch_bounds"))
     obj = ObjectCode.from_ltoir(code) if lto else ObjectCode.from_ptx(code)
     options = LinkerOptions(arch="sm_%d%d%s" % cc, max_register_count=opts.get("max_registers"),
-                            link_time_optimization=True if lto else None)
-    return bytes(Linker(obj, options=options).link("cubin").code)
+                            link_time_optimization=True if lto else None, verbose=verbose or None)
+    linker = Linker(obj, options=options)
+    cubin = bytes(linker.link("cubin").code)
+    return cubin, linker.get_info_log() if verbose else ""
 
 
 def entry_name(cubin: bytes) -> str:
