@@ -38,20 +38,16 @@ def test_kernel_builds_for_sm90(kernel, sig, checks):
     differ from compile_ptx + link's); a PTX check, or a bare function, takes build_info's path."""
     runtime = hasattr(kernel, "targetoptions")
     if runtime:
-        info = runtime_info(kernel, sig)
-        print(f"runtime cubin: {info.registers} registers, {info.spill_bytes} spill bytes, "
-              f"{info.stack_bytes} stack bytes")
-        assert_within(info, checks)
+        assert_within(runtime_info(kernel, sig), checks, "runtime cubin")
     if checks.get("ptx_contains") or not runtime:
         info = build_info(kernel, sig)
-        print(f"compile_ptx: {info.registers} registers, {info.spill_bytes} spill bytes, "
-              f"{info.stack_bytes} stack bytes")
-        assert_within(info, checks)
+        assert_within(info, checks, "compile_ptx")
         for needle in checks.get("ptx_contains", ()):
             assert needle in info.ptx, f"{needle} not in PTX"
 
 
-def assert_within(info, checks):
+def assert_within(info, checks, label):
+    print(f"{label}: {info.registers} registers, {info.spill_bytes} spill bytes, {info.stack_bytes} stack bytes")
     assert info.registers > 0, info.log
     assert info.spill_bytes == 0, info.log
     assert info.stack_bytes <= checks.get("stack_bytes", 0), info.log
