@@ -1,4 +1,4 @@
-"""Prefill attention (kernels/attention_fa2.py) against torch SDPA's flash and cuDNN backends: TFLOP/s.
+"""Prefill attention (kernels/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and cuDNN backends: TFLOP/s.
 
 Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands. impnb runs one
 sequence per call over its paged cache (page 32, contiguous tables), Z calls back to back on one
@@ -9,7 +9,8 @@ rep queued behind a ~1 ms sleeping kernel so host launch cost stays off the cloc
 replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
         [--tilings m32,m16] [--no-torch]
---tilings: attention_fa2's TILINGS to time side by side (one impnb column each).
+--tilings: attention_fa2's TILINGS to time side by side (one impnb column each); "wg" is
+attention_wgmma (head dims 64 and 128).
 """
 
 import argparse
@@ -24,6 +25,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
+from impnb.kernels.attention_wgmma import attention_wgmma  # noqa: E402
 from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
@@ -63,7 +65,10 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
 
     def run():
         for z in range(Z):
-            attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
+            if tiling == "wg":
+                attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream)
+            else:
+                attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
     ms = median_ms(run, reps, stream, lambda: _sleep[1, 1, stream](1))
     assert np.isfinite(out[Z - 1].copy_to_host(stream=stream)).all()
@@ -106,7 +111,7 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
-    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2")
+    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2, or wg")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     args = ap.parse_args()
     tilings = args.tilings.split(",")

@@ -343,6 +343,20 @@ def _check(a, dtype, ndim: int, name: str):
         f"{name}: C-contiguous {np.dtype(dtype)} with {ndim} dims expected, got {a.dtype} {a.shape}"
 
 
+def check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap):
+    """The arguments' dtypes, layouts and shapes, as the prefill attention kernels take them."""
+    for a, dt, nd, name in ((q, np.float32, 3, "q"), (out, np.float32, 3, "out"),
+                            (k_pool, np.float16, 4, "k_pool"), (v_pool, np.float16, 4, "v_pool"),
+                            (block_table, np.int32, 1, "block_table"), (pos, np.int32, 1, "pos")):
+        _check(a, dt, nd, name)
+    T, H, D = q.shape
+    assert out.shape == q.shape and pos.shape == (T,), "out or pos shape"
+    assert k_pool.shape[3] == D and v_pool.shape == k_pool.shape, "head dims"
+    assert k_pool.shape[1] in PAGE_SIZES and H % k_pool.shape[2] == 0, "pages or heads"
+    assert window is None or window > 0, "window must be None or positive"
+    assert softcap is None or softcap > 0, "softcap must be None or positive"
+
+
 def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
                   window: int | None, softcap: float | None, stream, tiling: str = DEFAULT_TILING) -> None:
     """out (T, H, D) = causal attention of q (T, H, D) float32 at positions pos (T,) int32,
@@ -350,17 +364,10 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
     float16 already hold keys 0 .. max(pos); block_table (max_pages,) int32 of this sequence.
     window None or > 0; softcap None or > 0. All queries at one position N - 1 give
     non-causal attention over N keys. tiling: a key of TILINGS."""
-    for a, dt, nd, name in ((q, np.float32, 3, "q"), (out, np.float32, 3, "out"),
-                            (k_pool, np.float16, 4, "k_pool"), (v_pool, np.float16, 4, "v_pool"),
-                            (block_table, np.int32, 1, "block_table"), (pos, np.int32, 1, "pos")):
-        _check(a, dt, nd, name)
+    check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
-    assert out.shape == q.shape and pos.shape == (T,), "out or pos shape"
-    assert D in HEAD_DIMS and k_pool.shape[3] == D and v_pool.shape == k_pool.shape, "head dims"
     P = k_pool.shape[1]
-    assert P in PAGE_SIZES and H % k_pool.shape[2] == 0, "pages or heads"
-    assert window is None or window > 0, "window must be None or positive"
-    assert softcap is None or softcap > 0, "softcap must be None or positive"
+    assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
     BN, MT, q_in_regs = TILINGS[tiling][D]
     BM = 16 * MT * WARPS
     if T:

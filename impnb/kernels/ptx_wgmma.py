@@ -13,6 +13,13 @@ ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layo
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
 of a 64-wide tile starts 32 kk bytes further (desc + 2 kk).
 
+The register-A form (`MMA_RS_F16`) takes A from registers in mma.sync m16n8k16's A fragment
+layout (warp w of the warpgroup rows 16 w ..) and B "MN-major" (`desc_sw128_mn`): a K x N tile
+stored as rows of k, 64 n values (128 bytes) a row, swizzled as above, 8-row groups 1024 bytes
+apart; N past 64 continues in a second such block `lbo` bytes on (PTX ISA, "Canonical Layouts",
+MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))). So a tile of keys x head dim stored for
+K-major use (S = Q·Kᵀ) is also V's MN-major B for O += P·V, with no transpose in memory.
+
 Accumulators (PTX ISA, "Register fragment of wgmma D, .f32"): thread t = 32 w + 4 g + c of the
 warpgroup holds, in register i of N/2, row 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1).
 
@@ -23,6 +30,7 @@ from numba import config
 
 SIM = bool(config.ENABLE_CUDASIM)
 WG_N = (128, 256)  # wgmma widths built here (the tiles' BN)
+WG_N_RS = (64, 128)  # register-A widths (attention's head dims)
 
 if not SIM:
     from llvmlite import ir
@@ -64,6 +72,20 @@ if not SIM:
             return builder.or_(start, _I64((1 << 16) | (64 << 32) | (1 << 62)))
         return types.uint64(addr), codegen
 
+    @intrinsic
+    def desc_sw128_mn(typingctx, addr, lbo):
+        """Matrix descriptor of an MN-major 128-byte-swizzled tile at shared-window address addr:
+        start (addr >> 4), leading-byte offset lbo >> 4 (between 64-wide n blocks; lbo a
+        compile-time integer), stride-byte offset 1024 >> 4 (between 8-row k groups), 128B swizzle."""
+        if not (isinstance(addr, types.Integer) and isinstance(lbo, types.IntegerLiteral)):
+            return None
+        const = ((lbo.literal_value >> 4) << 16) | (64 << 32) | (1 << 62)
+
+        def codegen(context, builder, sig, args):
+            a = builder.zext(builder.trunc(args[0], ir.IntType(32)), _I64)
+            return builder.or_(builder.and_(builder.lshr(a, _I64(4)), _I64(0x3FFF)), _I64(const))
+        return types.uint64(addr, lbo), codegen
+
     def _mma(n):
         text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
@@ -93,4 +115,36 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
+    def _mma_rs(n):
+        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
+                "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
+                "{" + ", ".join(f"${n + i}" for i in range(4)) + "}, "
+                f"${n + 4}, 1, 1, 1, 1;")
+        constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["r"] * 4 + ["l", "~{memory}"])
+
+        @intrinsic
+        def mma(typingctx, acc, a0, a1, a2, a3, db):
+            """acc (n/2 float32 local array) += A·B of a 64 x 16 A in registers (a0..a3: this
+            thread's fp16x2 words of mma.sync's A fragment) and a 16 x n MN-major B (descriptor
+            db), asynchronously as the shared-memory form."""
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32
+                    and all(isinstance(t, types.Integer) for t in (a0, a1, a2, a3, db))):
+                return None
+
+            def codegen(context, builder, sig, args):
+                data = context.make_array(sig.args[0])(context, builder, args[0]).data
+                ptrs = [builder.gep(data, [ir.IntType(64)(i)]) for i in range(n // 2)]
+                vals = [builder.load(p) for p in ptrs]
+                regs = [builder.trunc(a, ir.IntType(32)) if a.type.width > 32 else a for a in args[1:5]]
+                desc = builder.zext(args[5], _I64) if args[5].type.width < 64 else args[5]
+                res = _asm(builder, ir.LiteralStructType([_F32] * (n // 2)), vals + regs + [desc],
+                           text, constraints, side_effect=True)
+                for i, p in enumerate(ptrs):
+                    builder.store(builder.extract_value(res, i), p)
+                return context.get_dummy_value()
+            return types.void(acc, a0, a1, a2, a3, db), codegen
+        mma.__doc__ = text
+        return mma
+
     MMA_F16 = {n: _mma(n) for n in WG_N}
+    MMA_RS_F16 = {n: _mma_rs(n) for n in WG_N_RS}

@@ -1,0 +1,268 @@
+"""Prefill attention over the paged fp16 KV cache on Hopper's wgmma (FlashAttention-3 style, sm_90a).
+
+The same operation and arguments as attention_fa2.py (causal, sliding window, softcap, GQA,
+chunked prefill against the cache; numpy reference attention.attention_ref), at head dims 64
+and 128. A block is two warpgroups over 128 query rows, 64 each; per 128-key tile S = Q·Kᵀ is
+one m64n128k16 wgmma a 16-wide k step with Q and K from shared memory, the online softmax runs
+on S's accumulators in fp32 (log2 units, lazy max, as attention_fa2), and O += P·V is one
+m64nDk16 wgmma a 16-key step with P in registers (S's accumulators packed to fp16: the
+accumulator layout of n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major
+from the same swizzled tile layout K uses (ptx_wgmma). K/V tiles stream through two cp.async
+stages. Numba's simulator cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, types, uint32
+
+from impnb.kernels import ptx, ptx_wgmma as wg
+from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, _SIG, check_args
+from impnb.kernels.norm import quad_max, quad_sum, warp_any
+from impnb.launch import launch
+
+HEAD_DIMS = (64, 128)
+BM = 128          # query rows a block: two warpgroups of 64
+BN = 128          # keys a tile
+THREADS = 256
+ROW = 128         # bytes a swizzled tile row: 64 fp16 of the head dim
+ALIGN = 1024      # the 128-byte swizzle repeats every 8 rows: tiles start 1024-byte aligned
+SMEM_ALIGN = ptx.SMEM_ALIGN
+
+
+@cuda.jit(device=True, inline=True)
+def tile_offset(r, ch, rows):
+    """Byte offset of 16-byte chunk ch (8 head-dim values) of row r in a tile of `rows` rows:
+    head-dim halves of 64 are blocks of rows x 128 bytes, chunks swizzled by r & 7 within a row."""
+    return (ch >> 3) * (rows * ROW) + r * ROW + (((ch & 7) ^ (r & 7)) << 4)
+
+
+@lru_cache(maxsize=None)
+def wgmma_attention_kernel(D: int, PAGE: int):
+    CH = D // 8                  # 16-byte chunks a row
+    KK = D // 16                 # k steps of S = Q·Kᵀ
+    Q_BYTES = BM * 2 * D
+    KV_BYTES = BN * 2 * D
+    STAGE = 2 * KV_BYTES         # K tile, V tile
+    RSTEP = THREADS // CH        # tile rows one pass of the block's cp.async covers
+    KV_PASSES = BN // RSTEP
+    NS = BN // 8                 # S n-tiles (8 keys)
+    NO = D // 8                  # O n-tiles (8 head-dim values)
+    N_S = 4 * NS                 # S accumulators a thread (BN / 2)
+    N_O = 4 * NO                 # O accumulators a thread (D / 2)
+    N_P = N_S // 2               # P's fp16x2 A-fragment words a thread
+    V_LBO = BN * ROW             # bytes between V's head-dim halves
+    PSH = PAGE.bit_length() - 1
+    Q_CHUNKS = BM * CH // THREADS
+    QV = 8 * Q_CHUNKS
+    mma_s = wg.MMA_F16[BN]
+    mma_o = wg.MMA_RS_F16[D]
+    assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
+
+    @cuda.jit(device=True, inline=True)
+    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, ch, col, row_elems, page_elems):
+        # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + KV_BYTES, zero outside lo..hi;
+        # this thread: rows r0 + RSTEP i, chunk ch of each (the r & 7 swizzle is r0's: RSTEP % 8 == 0)
+        for i in range(KV_PASSES):
+            r = r0 + RSTEP * i
+            key = int32(k0 + r)
+            live = min(max(key, lo), hi)
+            n = 16 if lo <= key and key <= hi else 0
+            src = block_table[uint32(live >> PSH)] * page_elems + int32((r & (PAGE - 1)) * row_elems + col)
+            dst = sk + tile_offset(r, ch, BN)
+            ptx.cp_async_16_zfill(dst, k_pool, src, n)
+            ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
+
+    # grid (H, ceil(T / BM)), block 256 = warpgroups 0, 1 over query rows t0 + 64 wg .. + 63 of
+    # head h, heaviest query tile first (as attention_fa2). Warp w of a warpgroup holds rows
+    # 16 w + g and + 8 (g = lane >> 2, c = lane & 3) of its 64 in the accumulator layout of
+    # ptx_wgmma: S (16 x 128) and O (16 x D), register 4 n + 2 half + e at column 8 n + 2 c + e.
+    # Shared (dynamic, 1024-aligned): the Q tile (BM x D fp16, scale·log2 e folded in), then 2
+    # stages of [K tile | V tile] (BN x D fp16), each in tile_offset's layout.
+    def attention(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        T = q.shape[0]
+        H = q.shape[1]
+        Hkv = k_pool.shape[2]
+        h = cuda.blockIdx.x
+        kh = h // (H // Hkv)
+        t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
+        t_last = min(t0 + BM, T) - 1
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        g = lane >> 2
+        c = lane & 3
+        grp = tid >> 7                  # warpgroup
+        wrow = 64 * grp + 16 * ((tid >> 5) & 3)  # the warp's first row in the block
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
+        sq = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        skv = sq + Q_BYTES
+
+        # -- key range of the block; first K/V tile in flight --
+        first = int32(pos[t0])
+        hi = int32(pos[t_last])
+        lo = int32(max(0, first - window + 1) if window > 0 else 0)
+        j0 = lo // BN
+        j1 = hi // BN
+        r0 = tid // CH
+        ch = tid - r0 * CH
+        col = kh * D + 8 * ch
+        row_elems = Hkv * D
+        page_elems = np.int64(row_elems * PAGE)
+        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, ch, col, row_elems, page_elems)
+        ptx.cp_async_commit()
+
+        # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory; rows past T are zeros --
+        qv = cuda.local.array(QV, float32)
+        for u in range(Q_CHUNKS):
+            idx = tid + THREADS * u
+            r = idx // CH
+            base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
+            for v in range(2):
+                qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
+                    ptx.ld_global_cg_v4_f32(q, base + 4 * v)
+        for u in range(Q_CHUNKS):
+            idx = tid + THREADS * u
+            r = idx // CH
+            live = t0 + r < T
+            w = cuda.local.array(4, uint32)
+            for i in range(4):
+                w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
+            ptx.st_shared_v4_u32(sq + tile_offset(r, idx - r * CH, BM), w[0], w[1], w[2], w[3])
+
+        # -- per row (2 a thread: g, g + 8): online max m and sum l; per warpgroup / warp: key ranges --
+        m = cuda.local.array(2, float32)
+        lsum = cuda.local.array(2, float32)
+        mx = cuda.local.array(2, float32)
+        for rh in range(2):
+            m[rh] = NEG
+            lsum[rh] = float32(0)
+        g_last = int32(pos[min(t0 + 64 * grp + 63, t_last)])
+        g_lo = int32(pos[min(t0 + 64 * grp, t_last)]) - window + 1 if window > 0 else 0
+        w_first = int32(pos[min(t0 + wrow, t_last)])
+        w_last = int32(pos[min(t0 + wrow + 15, t_last)])
+        s = cuda.local.array(N_S, float32)
+        o = cuda.local.array(N_O, float32)
+        for i in range(N_O):
+            o[i] = float32(0)
+        pa = cuda.local.array(N_P, uint32)
+        dq = wg.desc_sw128(sq + grp * (64 * ROW))
+
+        cur = 0  # byte offset of tile j's stage: 0 or STAGE
+        for j in range(j0, j1 + 1):
+            # -- wait for tile j (and, at j0, the Q tile); both warpgroups are done with tile
+            # j - 1, so refill its slot --
+            ptx.cp_async_wait_group(0)
+            wg.fence_proxy_async()   # this thread's shared writes, visible to wgmma
+            cuda.syncthreads()
+            k0 = int32(j * BN)
+            if j < j1:
+                load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, ch,
+                        col, row_elems, page_elems)
+            ptx.cp_async_commit()
+            sk = skv + cur
+            cur = STAGE - cur
+            # the warpgroup's rows see none of these keys (warpgroup-uniform: wgmma is collective)
+            if k0 > g_last or k0 + BN <= g_lo:
+                continue
+
+            # -- S = Q·Kᵀ: k step kk is 32 bytes into its head-dim half's swizzled rows --
+            for i in range(N_S):
+                s[i] = float32(0)
+            dk = wg.desc_sw128(sk)
+            wg.wgmma_fence()
+            for kk in range(KK):
+                mma_s(s, dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3),
+                      dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3))
+            wg.wgmma_commit()
+            wg.wgmma_wait(0)
+
+            # -- softcap; mask tiles that cross a row's causal or window edge (warp-uniform) --
+            if softcap > 0:
+                cap_out = float32(softcap * LOG2E)
+                cap_in = float32(1) / cap_out
+                for i in range(N_S):
+                    s[i] = cap_out * math.tanh(s[i] * cap_in)
+            if k0 + BN - 1 > w_first or (window > 0 and k0 <= w_last - window):
+                for rh in range(2):
+                    last_off = int32(pos[min(t0 + wrow + 8 * rh + g, t_last)]) - k0 - 2 * c
+                    first_off = int32(last_off - window)
+                    for n in range(NS):
+                        for e in range(2):
+                            if 8 * n + e > last_off or (window > 0 and 8 * n + e <= first_off):
+                                s[4 * n + 2 * rh + e] = NEG
+
+            # -- online softmax: new max (lazily, a warp vote), rescale O, exp2, partial sums --
+            for rh in range(2):
+                mx[rh] = m[rh]
+            for i in range(N_S):
+                mx[(i >> 1) & 1] = max(mx[(i >> 1) & 1], s[i])
+            grow = False
+            for rh in range(2):
+                mx[rh] = quad_max(mx[rh])
+                grow = grow or mx[rh] > m[rh] + LAZY
+            if warp_any(grow):
+                a_lo = ptx.ex2_approx_ftz(m[0] - mx[0])
+                a_hi = ptx.ex2_approx_ftz(m[1] - mx[1])
+                m[0] = mx[0]
+                m[1] = mx[1]
+                lsum[0] *= a_lo
+                lsum[1] *= a_hi
+                for n in range(NO):
+                    o[4 * n] *= a_lo
+                    o[4 * n + 1] *= a_lo
+                    o[4 * n + 2] *= a_hi
+                    o[4 * n + 3] *= a_hi
+            for i in range(N_S):
+                p = ptx.ex2_approx_ftz(s[i] - m[(i >> 1) & 1])
+                lsum[(i >> 1) & 1] += p
+                s[i] = p
+            for i in range(N_P):
+                pa[i] = ptx.pack_f16x2(s[2 * i], s[2 * i + 1])
+
+            # -- O += P·V: key step kj's P words are pa[4 kj ..]; V's 16 rows from kj on, MN-major --
+            dv = wg.desc_sw128_mn(sk + KV_BYTES, V_LBO)
+            wg.wgmma_fence()
+            for kj in range(BN // 16):
+                mma_o(o, pa[4 * kj], pa[4 * kj + 1], pa[4 * kj + 2], pa[4 * kj + 3], dv + kj * (16 * ROW // 16))
+            wg.wgmma_commit()
+            wg.wgmma_wait(0)
+
+        # -- epilogue: out = O / l, rows t < T --
+        for rh in range(2):
+            inv = float32(1) / quad_sum(lsum[rh])
+            t = t0 + wrow + 8 * rh + g
+            if t < T:
+                base = (t * H + h) * D + 2 * c
+                for n in range(NO):
+                    ptx.st_global_v2_f32(out, base + 8 * n, o[4 * n + 2 * rh] * inv, o[4 * n + 2 * rh + 1] * inv)
+
+    attention.__name__ = f"_attention_wgmma_d{D}_p{PAGE}_kernel"
+    return cuda.jit(attention)
+
+
+def shared_bytes(D: int) -> int:
+    return BM * 2 * D + 2 * 2 * BN * 2 * D + ALIGN  # + ALIGN: room to align the Q tile
+
+
+def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
+                    window: int | None, softcap: float | None, stream) -> None:
+    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a)."""
+    check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
+    T, H, D = q.shape
+    assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
+    if T:
+        launch(wgmma_attention_kernel(D, k_pool.shape[1]), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
+               v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
+               np.float32(softcap or 0.0), shared_bytes=shared_bytes(D))
+
+
+BUILD_SIGNATURES = [] if wg.SIM else [
+    (wgmma_attention_kernel(D, 32), _SIG,
+     {"max_registers": 255,
+      "ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+                       f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
+    for D in HEAD_DIMS
+]
