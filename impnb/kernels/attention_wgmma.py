@@ -7,7 +7,7 @@ one m64n128k16 wgmma a 16-wide k step with Q and K from shared memory, the onlin
 on S's accumulators in fp32 (log2 units, lazy max, as attention_fa2), and O += P·V is one
 m64nDk16 wgmma a 16-key step with P in registers (S's accumulators packed to fp16: the
 accumulator layout of n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major
-from the same swizzled tile layout K uses (ptx_wgmma). K/V tiles stream through two cp.async
+from the same swizzled tile layout K uses (ptx_wgmma). K/V tiles stream through three cp.async
 stages. Numba's simulator cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
 """
 
@@ -27,6 +27,7 @@ BM = 128          # query rows a block: two warpgroups of 64
 BN = 128          # keys a tile
 THREADS = 256
 ROW = 128         # bytes a swizzled tile row: 64 fp16 of the head dim
+STAGES = 3        # K/V stages: tile j + 1 loading, j in S, j - 1 in P·V
 ALIGN = 1024      # the 128-byte swizzle repeats every 8 rows: tiles start 1024-byte aligned
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
@@ -74,12 +75,76 @@ def wgmma_attention_kernel(D: int, PAGE: int):
             ptx.cp_async_16_zfill(dst, k_pool, src, n)
             ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
 
+    @cuda.jit(device=True, inline=True)
+    def qk(s, dq, sk):
+        # -- issue S = Q·Kᵀ as one group: k step kk is 32 bytes into its head-dim half's
+        # swizzled rows --
+        for i in range(N_S):
+            s[i] = float32(0)
+        dk = wg.desc_sw128(sk)
+        wg.wgmma_fence()
+        for kk in range(KK):
+            mma_s(s, dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3), dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3))
+        wg.wgmma_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def pack(s, pa):
+        for i in range(N_P):
+            pa[i] = ptx.pack_f16x2(s[2 * i], s[2 * i + 1])
+
+    @cuda.jit(device=True, inline=True)
+    def pv(o, pa, sv):
+        # -- issue O += P·V over the tile at sv: key step kj's P words are pa[4 kj ..], V's 16
+        # rows from kj on, MN-major --
+        dv = wg.desc_sw128_mn(sv + KV_BYTES, V_LBO)
+        for kj in range(BN // 16):
+            mma_o(o, pa[4 * kj], pa[4 * kj + 1], pa[4 * kj + 2], pa[4 * kj + 3], dv + kj * (16 * ROW // 16))
+
+    @cuda.jit(device=True, inline=True)
+    def softmax(s, m, mx, lsum, pos, t0, t_last, wrow, g, c, k0, w_first, w_last, window, softcap):
+        # -- S (log2 units) -> P in place: softcap; masks where the tile crosses a row's causal
+        # or window edge (warp-uniform); the running max m moved lazily (a warp vote: returns
+        # whether it moved, mx then holding O's rescale factors); exp2; the sums l --
+        if softcap > 0:
+            cap_out = float32(softcap * LOG2E)
+            cap_in = float32(1) / cap_out
+            for i in range(N_S):
+                s[i] = cap_out * math.tanh(s[i] * cap_in)
+        if k0 + BN - 1 > w_first or (window > 0 and k0 <= w_last - window):
+            for rh in range(2):
+                last_off = int32(pos[min(t0 + wrow + 8 * rh + g, t_last)]) - k0 - 2 * c
+                first_off = int32(last_off - window)
+                for n in range(NS):
+                    for e in range(2):
+                        if 8 * n + e > last_off or (window > 0 and 8 * n + e <= first_off):
+                            s[4 * n + 2 * rh + e] = NEG
+        for rh in range(2):
+            mx[rh] = m[rh]
+        for i in range(N_S):
+            mx[(i >> 1) & 1] = max(mx[(i >> 1) & 1], s[i])
+        grow = False
+        for rh in range(2):
+            mx[rh] = quad_max(mx[rh])
+            grow = grow or mx[rh] > m[rh] + LAZY
+        grow = warp_any(grow)
+        if grow:
+            for rh in range(2):
+                a = ptx.ex2_approx_ftz(m[rh] - mx[rh])
+                m[rh] = mx[rh]
+                lsum[rh] *= a
+                mx[rh] = a
+        for i in range(N_S):
+            p = ptx.ex2_approx_ftz(s[i] - m[(i >> 1) & 1])
+            lsum[(i >> 1) & 1] += p
+            s[i] = p
+        return grow
+
     # grid (H, ceil(T / BM)), block 256 = warpgroups 0, 1 over query rows t0 + 64 wg .. + 63 of
     # head h, heaviest query tile first (as attention_fa2). Warp w of a warpgroup holds rows
     # 16 w + g and + 8 (g = lane >> 2, c = lane & 3) of its 64 in the accumulator layout of
     # ptx_wgmma: S (16 x 128) and O (16 x D), register 4 n + 2 half + e at column 8 n + 2 c + e.
-    # Shared (dynamic, 1024-aligned): the Q tile (BM x D fp16, scale·log2 e folded in), then 2
-    # stages of [K tile | V tile] (BN x D fp16), each in tile_offset's layout.
+    # Shared (dynamic, 1024-aligned): the Q tile (BM x D fp16, scale·log2 e folded in), then
+    # STAGES stages of [K tile | V tile] (BN x D fp16), each in tile_offset's layout.
     def attention(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
@@ -150,83 +215,57 @@ def wgmma_attention_kernel(D: int, PAGE: int):
         pa = cuda.local.array(N_P, uint32)
         dq = wg.desc_sw128(sq + grp * (64 * ROW))
 
-        cur = 0  # byte offset of tile j's stage: 0 or STAGE
+        # the warpgroup's tiles: ja .. jb (none where ja > jb); tile j's stage is `cur`, j - 1's
+        # `prv` (its V read by P·V of tile j - 1, issued beside S of tile j), j + 1's `nxt`
+        ja = max(j0, g_lo // BN)
+        jb = min(j1, g_last // BN)
+        prv = 2 * STAGE
+        cur = 0
+        nxt = STAGE
         for j in range(j0, j1 + 1):
-            # -- wait for tile j (and, at j0, the Q tile); both warpgroups are done with tile
-            # j - 1, so refill its slot --
+            # -- wait for tile j (and, at j0, the Q tile); both warpgroups are done with S of
+            # tile j - 1 and P·V of tile j - 2, whose stage takes tile j + 1 --
             ptx.cp_async_wait_group(0)
             wg.fence_proxy_async()   # this thread's shared writes, visible to wgmma
             cuda.syncthreads()
             k0 = int32(j * BN)
             if j < j1:
-                load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, ch,
+                load_kv(skv + nxt, k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, ch,
                         col, row_elems, page_elems)
             ptx.cp_async_commit()
             sk = skv + cur
-            cur = STAGE - cur
-            # the warpgroup's rows see none of these keys (warpgroup-uniform: wgmma is collective)
-            if k0 > g_last or k0 + BN <= g_lo:
-                continue
-
-            # -- S = Q·Kᵀ: k step kk is 32 bytes into its head-dim half's swizzled rows --
-            for i in range(N_S):
-                s[i] = float32(0)
-            dk = wg.desc_sw128(sk)
+            sv = skv + prv
+            prv, cur, nxt = cur, nxt, prv
+            # (warpgroup-uniform branches: wgmma is collective)
+            if ja < j and j <= jb:
+                # -- S = Q·Kᵀ, then P·V of tile j - 1: two groups, S the older; the softmax of S
+                # runs while P·V does, and O is rescaled once P·V is done --
+                qk(s, dq, sk)
+                pv(o, pa, sv)
+                wg.wgmma_commit()
+                wg.wgmma_wait(1)
+                grow = softmax(s, m, mx, lsum, pos, t0, t_last, wrow, g, c, k0, w_first, w_last, window, softcap)
+                wg.wgmma_wait(0)
+                if grow:
+                    for n in range(NO):
+                        o[4 * n] *= mx[0]
+                        o[4 * n + 1] *= mx[0]
+                        o[4 * n + 2] *= mx[1]
+                        o[4 * n + 3] *= mx[1]
+                pack(s, pa)
+            elif j == ja:  # the warpgroup's first tile: O is still zero
+                qk(s, dq, sk)
+                wg.wgmma_wait(0)
+                softmax(s, m, mx, lsum, pos, t0, t_last, wrow, g, c, k0, w_first, w_last, window, softcap)
+                pack(s, pa)
+            elif j == jb + 1 and ja <= jb:  # the last tile's P·V, before its stage is refilled
+                wg.wgmma_fence()
+                pv(o, pa, sv)
+                wg.wgmma_commit()
+                wg.wgmma_wait(0)
+        if jb == j1 and ja <= jb:  # (no load follows the last tile: its stage is intact)
             wg.wgmma_fence()
-            for kk in range(KK):
-                mma_s(s, dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3),
-                      dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3))
-            wg.wgmma_commit()
-            wg.wgmma_wait(0)
-
-            # -- softcap; mask tiles that cross a row's causal or window edge (warp-uniform) --
-            if softcap > 0:
-                cap_out = float32(softcap * LOG2E)
-                cap_in = float32(1) / cap_out
-                for i in range(N_S):
-                    s[i] = cap_out * math.tanh(s[i] * cap_in)
-            if k0 + BN - 1 > w_first or (window > 0 and k0 <= w_last - window):
-                for rh in range(2):
-                    last_off = int32(pos[min(t0 + wrow + 8 * rh + g, t_last)]) - k0 - 2 * c
-                    first_off = int32(last_off - window)
-                    for n in range(NS):
-                        for e in range(2):
-                            if 8 * n + e > last_off or (window > 0 and 8 * n + e <= first_off):
-                                s[4 * n + 2 * rh + e] = NEG
-
-            # -- online softmax: new max (lazily, a warp vote), rescale O, exp2, partial sums --
-            for rh in range(2):
-                mx[rh] = m[rh]
-            for i in range(N_S):
-                mx[(i >> 1) & 1] = max(mx[(i >> 1) & 1], s[i])
-            grow = False
-            for rh in range(2):
-                mx[rh] = quad_max(mx[rh])
-                grow = grow or mx[rh] > m[rh] + LAZY
-            if warp_any(grow):
-                a_lo = ptx.ex2_approx_ftz(m[0] - mx[0])
-                a_hi = ptx.ex2_approx_ftz(m[1] - mx[1])
-                m[0] = mx[0]
-                m[1] = mx[1]
-                lsum[0] *= a_lo
-                lsum[1] *= a_hi
-                for n in range(NO):
-                    o[4 * n] *= a_lo
-                    o[4 * n + 1] *= a_lo
-                    o[4 * n + 2] *= a_hi
-                    o[4 * n + 3] *= a_hi
-            for i in range(N_S):
-                p = ptx.ex2_approx_ftz(s[i] - m[(i >> 1) & 1])
-                lsum[(i >> 1) & 1] += p
-                s[i] = p
-            for i in range(N_P):
-                pa[i] = ptx.pack_f16x2(s[2 * i], s[2 * i + 1])
-
-            # -- O += P·V: key step kj's P words are pa[4 kj ..]; V's 16 rows from kj on, MN-major --
-            dv = wg.desc_sw128_mn(sk + KV_BYTES, V_LBO)
-            wg.wgmma_fence()
-            for kj in range(BN // 16):
-                mma_o(o, pa[4 * kj], pa[4 * kj + 1], pa[4 * kj + 2], pa[4 * kj + 3], dv + kj * (16 * ROW // 16))
+            pv(o, pa, skv + prv)
             wg.wgmma_commit()
             wg.wgmma_wait(0)
 
@@ -244,7 +283,7 @@ def wgmma_attention_kernel(D: int, PAGE: int):
 
 
 def shared_bytes(D: int) -> int:
-    return BM * 2 * D + 2 * 2 * BN * 2 * D + ALIGN  # + ALIGN: room to align the Q tile
+    return BM * 2 * D + STAGES * 2 * BN * 2 * D + ALIGN  # + ALIGN: room to align the Q tile
 
 
 def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
