@@ -21,9 +21,10 @@ The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is 
 
 import numpy as np
 
+from impnb.gpu import attention_dispatch
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe import moe_ffn, moe_ffn_decode
-from impnb.kernels import activations, attention_decode, attention_fa2, norm, qkv_post
+from impnb.kernels import activations, attention_decode, attention_fa2, attention_wgmma, norm, qkv_post
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
 from impnb.kernels.gemv_tail import Residual
@@ -159,6 +160,9 @@ def _attention(m, il: int, q, pos, out, T: int):
         attention_decode.attention_decode(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
                                           partials, counters, m.decode_splits, cfg.attn_scale, window,
                                           None, s)
+    elif attention_dispatch.use_wgmma(q.shape[2], tuple(m.ctx.device.compute_capability)):
+        attention_wgmma.attention_wgmma(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+                                        cfg.attn_scale, window, None, s)
     else:
         attention_fa2.attention_fa2(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
                                     cfg.attn_scale, window, None, s)

@@ -42,6 +42,26 @@ def test_prefill_matches_reference(case):
     assert rel < 1e-2 and np.mean(out.argmax(-1) == ref.argmax(-1)) >= 0.95
 
 
+def test_prefill_on_wgmma_attention_matches_reference(case, monkeypatch):
+    """The prefill with attention on the wgmma kernel (attention_dispatch's choice at head dim 128,
+    forced at this model's 64), checked as above, and the wgmma kernel was the one launched."""
+    from impnb.gpu import attention_dispatch
+    from impnb.kernels import attention_fa2
+
+    ids, ref, engine = case
+    monkeypatch.setattr(attention_dispatch, "WGMMA_HEAD_DIMS", (64,))
+    monkeypatch.setattr(attention_fa2, "attention_fa2", None)  # any FA2 call now fails
+    attention_dispatch.use_wgmma.cache_clear()
+    try:
+        engine.reset(SamplingParams(temperature=0))
+        out = engine.logits(ids)
+    finally:
+        attention_dispatch.use_wgmma.cache_clear()
+    rel = np.abs(out - ref).max() / np.abs(ref).max()
+    print(f"prefill (wgmma attention): max|dlogit|/max|logit| {rel:.2e}")
+    assert rel < 1e-2 and np.mean(out.argmax(-1) == ref.argmax(-1)) >= 0.95
+
+
 def test_engine_greedy_equals_reference_argmax(case):
     ids, ref, engine = case
     engine.reset(SamplingParams(temperature=0))
