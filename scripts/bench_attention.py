@@ -10,7 +10,7 @@ replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
         [--tilings m32,m16] [--no-torch]
 --tilings: attention_fa2's TILINGS to time side by side (one impnb column each); "wg" is
-attention_wgmma (head dims 64 and 128).
+attention_wgmma (head dims 64 and 128), "wgqr" / "wgqs" it with Q in registers / shared memory.
 """
 
 import argparse
@@ -65,8 +65,9 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
 
     def run():
         for z in range(Z):
-            if tiling == "wg":
-                attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream)
+            if tiling.startswith("wg"):  # wg: the default; wgqr / wgqs: Q in registers / shared memory
+                attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream,
+                                {"wg": None, "wgqr": True, "wgqs": False}[tiling])
             else:
                 attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
@@ -111,7 +112,7 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
-    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2, or wg")
+    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2, or wg, wgqr, wgqs")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     args = ap.parse_args()
     tilings = args.tilings.split(",")

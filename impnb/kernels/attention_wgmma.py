@@ -23,6 +23,7 @@ from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
+Q_IN_REGS = {64: True, 128: False}  # head dim: Q's fragments in registers (measured below)
 BM = 128          # query rows a block: two warpgroups of 64
 BN = 128          # keys a tile
 THREADS = 256
@@ -40,7 +41,7 @@ def tile_offset(r, ch, rows):
 
 
 @lru_cache(maxsize=None)
-def wgmma_attention_kernel(D: int, PAGE: int):
+def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
     CH = D // 8                  # 16-byte chunks a row
     KK = D // 16                 # k steps of S = Q·Kᵀ
     Q_BYTES = BM * 2 * D
@@ -58,6 +59,10 @@ def wgmma_attention_kernel(D: int, PAGE: int):
     Q_CHUNKS = BM * CH // THREADS
     QV = 8 * Q_CHUNKS
     mma_s = wg.MMA_F16[BN]
+    mma_s0 = wg.MMA_F16_FIRST[BN]
+    mma_s_r = wg.MMA_RS_F16_K[BN]
+    mma_s_r0 = wg.MMA_RS_F16_K_FIRST[BN]
+    NQF = 4 * KK if q_regs else 1  # Q's A-fragment words a thread, held with q_regs
     mma_o = wg.MMA_RS_F16[D]
     assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
 
@@ -76,15 +81,22 @@ def wgmma_attention_kernel(D: int, PAGE: int):
             ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
 
     @cuda.jit(device=True, inline=True)
-    def qk(s, dq, sk):
-        # -- issue S = Q·Kᵀ as one group: k step kk is 32 bytes into its head-dim half's
-        # swizzled rows --
-        for i in range(N_S):
-            s[i] = float32(0)
+    def qk(s, dq, qf, sk):
+        # -- issue S = Q·Kᵀ as one group (the first k step overwrites S): K's k step kk is 32
+        # bytes into its head-dim half's swizzled rows; Q's the same, or registers qf[4 kk ..] --
         dk = wg.desc_sw128(sk)
         wg.wgmma_fence()
         for kk in range(KK):
-            mma_s(s, dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3), dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3))
+            db = dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3)
+            da = dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3)
+            if q_regs and kk == 0:
+                mma_s_r0(s, qf[0], qf[1], qf[2], qf[3], db)
+            elif q_regs:
+                mma_s_r(s, qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3], db)
+            elif kk == 0:
+                mma_s0(s, da, db)
+            else:
+                mma_s(s, da, db)
         wg.wgmma_commit()
 
     @cuda.jit(device=True, inline=True)
@@ -196,6 +208,12 @@ def wgmma_attention_kernel(D: int, PAGE: int):
             for i in range(4):
                 w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
             ptx.st_shared_v4_u32(sq + tile_offset(r, idx - r * CH, BM), w[0], w[1], w[2], w[3])
+        qf = cuda.local.array(NQF, uint32)
+        if q_regs:  # the warp's 16 rows as mma.sync A fragments, k step kk in qf[4 kk ..]
+            cuda.syncthreads()
+            for kk in range(KK):
+                qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3] = ptx.ldmatrix_x4(
+                    sq + tile_offset(wrow + (lane & 15), 2 * kk + (lane >> 4), BM))
 
         # -- per row (2 a thread: g, g + 8): online max m and sum l; per warpgroup / warp: key ranges --
         m = cuda.local.array(2, float32)
@@ -240,7 +258,7 @@ def wgmma_attention_kernel(D: int, PAGE: int):
             if ja < j and j <= jb:
                 # -- S = Q·Kᵀ, then P·V of tile j - 1: two groups, S the older; the softmax of S
                 # runs while P·V does, and O is rescaled once P·V is done --
-                qk(s, dq, sk)
+                qk(s, dq, qf, sk)
                 pv(o, pa, sv)
                 wg.wgmma_commit()
                 wg.wgmma_wait(1)
@@ -254,7 +272,7 @@ def wgmma_attention_kernel(D: int, PAGE: int):
                         o[4 * n + 3] *= mx[1]
                 pack(s, pa)
             elif j == ja:  # the warpgroup's first tile: O is still zero
-                qk(s, dq, sk)
+                qk(s, dq, qf, sk)
                 wg.wgmma_wait(0)
                 softmax(s, m, mx, lsum, pos, t0, t_last, wrow, g, c, k0, w_first, w_last, window, softcap)
                 pack(s, pa)
@@ -278,7 +296,7 @@ def wgmma_attention_kernel(D: int, PAGE: int):
                 for n in range(NO):
                     ptx.st_global_v2_f32(out, base + 8 * n, o[4 * n + 2 * rh] * inv, o[4 * n + 2 * rh + 1] * inv)
 
-    attention.__name__ = f"_attention_wgmma_d{D}_p{PAGE}_kernel"
+    attention.__name__ = f"_attention_wgmma_d{D}_p{PAGE}{'_qr' if q_regs else ''}_kernel"
     return cuda.jit(attention)
 
 
@@ -287,21 +305,24 @@ def shared_bytes(D: int) -> int:
 
 
 def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
-                    window: int | None, softcap: float | None, stream) -> None:
-    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a)."""
+                    window: int | None, softcap: float | None, stream, q_regs: bool | None = None) -> None:
+    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a); q_regs:
+    Q's fragments held in registers (S = Q·Kᵀ in wgmma's register-A form), else read from
+    shared memory per k step; None: Q_IN_REGS's choice."""
     check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
+    q_regs = Q_IN_REGS[D] if q_regs is None else q_regs
     if T:
-        launch(wgmma_attention_kernel(D, k_pool.shape[1]), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
+        launch(wgmma_attention_kernel(D, k_pool.shape[1], q_regs), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
                v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
                np.float32(softcap or 0.0), shared_bytes=shared_bytes(D))
 
 
 BUILD_SIGNATURES = [] if wg.SIM else [
-    (wgmma_attention_kernel(D, 32), _SIG,
+    (wgmma_attention_kernel(D, 32, q_regs), _SIG,
      {"max_registers": 255,
       "ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
                        f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
-    for D in HEAD_DIMS
+    for D in HEAD_DIMS for q_regs in (False, True)
 ]

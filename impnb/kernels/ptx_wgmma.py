@@ -13,7 +13,7 @@ ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layo
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
 of a 64-wide tile starts 32 kk bytes further (desc + 2 kk).
 
-The register-A form (`MMA_RS_F16`) takes A from registers in mma.sync m16n8k16's A fragment
+The register-A form (`MMA_RS_F16`, `MMA_RS_F16_K` with B K-major) takes A from registers in mma.sync m16n8k16's A fragment
 layout (warp w of the warpgroup rows 16 w ..) and B "MN-major" (`desc_sw128_mn`): a K x N tile
 stored as rows of k, 64 n values (128 bytes) a row, swizzled as above, 8-row groups 1024 bytes
 apart; N past 64 continues in a second such block `lbo` bytes on (PTX ISA, "Canonical Layouts",
@@ -86,16 +86,17 @@ if not SIM:
             return builder.or_(builder.and_(builder.lshr(a, _I64(4)), _I64(0x3FFF)), _I64(const))
         return types.uint64(addr, lbo), codegen
 
-    def _mma(n):
+    def _mma(n, scale_d=1):
         text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
-                f"${n}, ${n + 1}, 1, 1, 1, 0, 0;")
+                f"${n}, ${n + 1}, {scale_d}, 1, 1, 0, 0;")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["l", "l", "~{memory}"])
 
         @intrinsic
         def mma(typingctx, acc, da, db):
             """acc (n/2 float32 local array) += A·B of a 64 x 16 A and 16 x n B (descriptors da,
-            db), issued asynchronously: the registers are read and written when the group is waited."""
+            db), issued asynchronously: the registers are read and written when the group is waited.
+            (scale_d 0: acc = A·B, its old values ignored.)"""
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32
                     and isinstance(da, types.Integer) and isinstance(db, types.Integer)):
                 return None
@@ -115,18 +116,18 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
-    def _mma_rs(n):
+    def _mma_rs(n, trans_b, scale_d=1):
         text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
                 "{" + ", ".join(f"${n + i}" for i in range(4)) + "}, "
-                f"${n + 4}, 1, 1, 1, 1;")
+                f"${n + 4}, {scale_d}, 1, 1, {trans_b};")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["r"] * 4 + ["l", "~{memory}"])
 
         @intrinsic
         def mma(typingctx, acc, a0, a1, a2, a3, db):
             """acc (n/2 float32 local array) += A·B of a 64 x 16 A in registers (a0..a3: this
-            thread's fp16x2 words of mma.sync's A fragment) and a 16 x n MN-major B (descriptor
-            db), asynchronously as the shared-memory form."""
+            thread's fp16x2 words of mma.sync's A fragment) and a 16 x n B (descriptor db:
+            MN-major with trans_b 1, K-major with 0), asynchronously as the shared-memory form."""
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32
                     and all(isinstance(t, types.Integer) for t in (a0, a1, a2, a3, db))):
                 return None
@@ -147,4 +148,7 @@ if not SIM:
         return mma
 
     MMA_F16 = {n: _mma(n) for n in WG_N}
-    MMA_RS_F16 = {n: _mma_rs(n) for n in WG_N_RS}
+    MMA_F16_FIRST = {n: _mma(n, scale_d=0) for n in WG_N}          # acc = A·B
+    MMA_RS_F16 = {n: _mma_rs(n, trans_b=1) for n in WG_N_RS}       # B MN-major
+    MMA_RS_F16_K = {n: _mma_rs(n, trans_b=0) for n in WG_N}        # B K-major
+    MMA_RS_F16_K_FIRST = {n: _mma_rs(n, trans_b=0, scale_d=0) for n in WG_N}

@@ -24,13 +24,14 @@ from tests.gpu.test_attention import gauss, paged_cache
 pytestmark = pytest.mark.gpu
 
 TOL16, TOL32 = 4e-3, 8e-3
+WG_TILINGS = {"wgqr": True, "wgqs": False}  # attention_wgmma with Q in registers / shared memory
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
               tiling=DEFAULT_TILING):
     """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
     puts every query at the last position (each sees all pos0 + T keys). tiling: a TILINGS key
-    of attention_fa2, or "wg" for attention_wgmma."""
+    of attention_fa2, or a WG_TILINGS key for attention_wgmma."""
     L = pos0 + T
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
     q = gauss(rng, (T, H, D), std)
@@ -39,8 +40,8 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
     out = np.full(q.shape, np.nan, np.float32)
     stream = cuda.stream()
     dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
-    if tiling == "wg":
-        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream)
+    if tiling in WG_TILINGS:
+        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream, WG_TILINGS[tiling])
     else:
         attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
@@ -108,21 +109,23 @@ def test_fa2_tilings(D, tiling):
 WG_SHAPES = [sh for sh in SHAPES if sh[2] in attention_wgmma.HEAD_DIMS]
 
 
+@pytest.mark.parametrize("tiling", sorted(WG_TILINGS))
 @pytest.mark.parametrize("std", STDS)
 @pytest.mark.parametrize("pos0,T", [(0, 1), (0, 17), (0, 255), (0, 1000), (17, 255), (1000, 17), (130, 300)])
 @pytest.mark.parametrize("H,Hkv,D,window", WG_SHAPES + [(8, 8, 128, 200), (12, 4, 64, 77)])
-def test_wgmma(H, Hkv, D, window, pos0, T, std):
+def test_wgmma(H, Hkv, D, window, pos0, T, std, tiling):
     check_fa2(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2),
-              tiling="wg")
+              tiling=tiling)
 
 
+@pytest.mark.parametrize("tiling", sorted(WG_TILINGS))
 @pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
-def test_wgmma_long_softcap_not_causal(D):
+def test_wgmma_long_softcap_not_causal(D, tiling):
     """A 4097-token prompt (33 query tiles, the last of one row), softcap with and without a
     window, every query at the last position, windows of one key and of a tile width."""
-    check_fa2(_seed(D, 4097), 0, 4097, 8, 2, D, 1.0, tiling="wg")
-    check_fa2(_seed(D, 20), 300, 140, 4, 1, D, 3.0, None, softcap=20.0, tiling="wg")
-    check_fa2(_seed(D, 100), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling="wg")
-    check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False, tiling="wg")
+    check_fa2(_seed(D, 4097), 0, 4097, 8, 2, D, 1.0, tiling=tiling)
+    check_fa2(_seed(D, 20), 300, 140, 4, 1, D, 3.0, None, softcap=20.0, tiling=tiling)
+    check_fa2(_seed(D, 100), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling=tiling)
+    check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False, tiling=tiling)
     for pos0, T, window in [(500, 64, 1), (500, 100, 128), (37, 200, 129)]:
-        check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, D, 1.0, window, tiling="wg")
+        check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, D, 1.0, window, tiling=tiling)
