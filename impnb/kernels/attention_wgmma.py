@@ -3,12 +3,14 @@
 The same operation and arguments as attention_fa2.py (causal, sliding window, softcap, GQA,
 chunked prefill against the cache; numpy reference attention.attention_ref), at head dims 64
 and 128. A block is two warpgroups over 128 query rows, 64 each; per 128-key tile S = Q·Kᵀ is
-one m64n128k16 wgmma a 16-wide k step with Q and K from shared memory, the online softmax runs
-on S's accumulators in fp32 (log2 units, lazy max, as attention_fa2), and O += P·V is one
-m64nDk16 wgmma a 16-key step with P in registers (S's accumulators packed to fp16: the
-accumulator layout of n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major
-from the same swizzled tile layout K uses (ptx_wgmma). K/V tiles stream through three cp.async
-stages. Numba's simulator cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
+one m64n128k16 wgmma a 16-wide k step with K from shared memory and Q from shared memory or
+registers (Q_IN_REGS), the first step overwriting S; the online softmax runs on S's
+accumulators in fp32 (log2 units, lazy max, as attention_fa2); O += P·V is one m64nDk16 wgmma a
+16-key step with P in registers (S's accumulators packed to fp16: the accumulator layout of
+n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major from the same swizzled
+tile layout K uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile j, so the softmax
+of S runs while it does; K/V tiles stream through three cp.async stages. Numba's simulator
+cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
 """
 
 import math
@@ -23,7 +25,20 @@ from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
-Q_IN_REGS = {64: True, 128: False}  # head dim: Q's fragments in registers (measured below)
+# head dim: Q's fragments held in registers (S in wgmma's register-A form) rather than read from
+# shared memory per k step. H100, 2026-11-26, scripts/bench_attention.py (TFLOP/s, Z=4 H=32, N 1024
+# / 4096 / 16384, not causal | causal), registers / shared memory, two calls:
+#   D 64:  203 / 279 / 306 | 152 / 257 / 305  against 201 / 276 / 302 | 146 / 252 / 303;
+#          204 / 286 / 312 | 150 / 259 / 308  against 202 / 281 / 307 | 147 / 256 / 305
+#   D 128: 284 / 390 / 412 | 204 / 362 / -    against 284 / 386 / 405 | 206 / 358 / -;
+#          278 / 386 / 391 | 201 / 356 / 417  against 287 / 394 / 389 | 30 (one outlier) / 363 / 401
+# Within 2% at D 128 either way: it keeps the form with fewer registers (246 against 255).
+# Tried and dropped, not causal at N 4096 / 16384: P·V after the softmax rather than beside the
+# next S (D 128 373 / 394 against 386 / 405, the same call); three warpgroups a block at D 64 (168
+# registers, 168 bytes spilled: 253 / 307 against 276 / 302); an mbarrier pair a stage in place of
+# the block barrier a tile, letting one warpgroup run a tile ahead (D 128 374 / 356, D 64 253 / 272,
+# against 390 / 400 and 280 / 304 an hour before).
+Q_IN_REGS = {64: True, 128: False}
 BM = 128          # query rows a block: two warpgroups of 64
 BN = 128          # keys a tile
 THREADS = 256
@@ -319,8 +334,12 @@ def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
                np.float32(softcap or 0.0), shared_bytes=shared_bytes(D))
 
 
+# Both Q forms at each head dim, the LTO cubin that runs; the default one's PTX too (compile_ptx +
+# link, where libdevice's tanh stays an extern call: D 128 with Q in registers spills 12 bytes
+# there, none in the cubin that runs)
 BUILD_SIGNATURES = [] if wg.SIM else [
     (wgmma_attention_kernel(D, 32, q_regs), _SIG,
+     {"max_registers": 255} if q_regs != Q_IN_REGS[D] else
      {"max_registers": 255,
       "ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
                        f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
