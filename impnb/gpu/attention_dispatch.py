@@ -1,10 +1,12 @@
 """Which prefill attention kernel runs a head dim: the wgmma kernel (kernels/attention_wgmma.py)
 on Hopper where it measured faster than FA2 on mma.sync (kernels/attention_fa2.py), else FA2.
 
-H100, 2026-11-26 12:40 UTC, one call (scripts/bench_attention.py --tilings m32,wg: Z=4 H=32 fp16,
-TFLOP/s at N 1024 / 4096 / 16384, not causal | causal):
-  D 64:  FA2 232 / 304 / 314 | 125 / 284 / 322    wgmma 200 / 280 / 304 | 147 / 254 / 303
-  D 128: FA2 258 / 323 / 325 | 141 / 306 / 331    wgmma 284 / 390 / 400 | 206 / 360 / 396
+H100, 2026-11-26 12:48 UTC (scripts/bench_attention.py --tilings m32,wg: Z=4 H=32 fp16, TFLOP/s
+at N 1024 / 2048 / 4096 / 8192 / 16384, not causal | causal), the same call:
+  D 64:  FA2 234 / 279 / 308 / 318 / 311 | 126 / 239 / 285 / 312 / 322
+         wgmma 205 / 246 / 284 / 303 / 311 | 151 / 210 / 258 / 293 / 312
+  D 128: FA2 260 / 292 / 327 / 334 / 323 | 141 / 266 / 308 / 331 / 336
+         wgmma 286 / 351 / 389 / 413 / 384 | 206 / 291 / 362 / 400 / 422
 The choice is logged once per head dim ("impnb.attention", debug).
 """
 
