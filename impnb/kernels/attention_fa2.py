@@ -71,6 +71,44 @@ def swz(r, ch, row_bytes):
 
 
 @lru_cache(maxsize=None)
+def q_tile_loader(D: int, BM: int, threads: int, offset):
+    """A device function q_tile(q, sq, t0, h, qscale): Q rows t0 .. t0 + BM - 1 of head h (q (T, H,
+    D) float32) times qscale, to fp16 in shared memory, 16-byte chunk ch of tile row r at
+    sq + offset(r, ch); a block of `threads` loads QB chunks of 8 values a thread (16-byte loads)
+    before converting any; rows past T are zeros."""
+    CH = D // 8
+    Q_CHUNKS = BM * CH // threads  # 16-byte fp16 chunks of the Q tile per thread
+    QB = min(Q_CHUNKS, 8)          # ... loaded per round
+    QV = 8 * QB                    # their float32 values
+    assert Q_CHUNKS % QB == 0
+
+    @cuda.jit(device=True, inline=True)
+    def q_tile(q, sq, t0, h, qscale):
+        T = q.shape[0]
+        H = q.shape[1]
+        tid = cuda.threadIdx.x
+        for b in range(Q_CHUNKS // QB):
+            qv = cuda.local.array(QV, float32)
+            for u in range(QB):
+                idx = tid + threads * (QB * b + u)
+                r = idx // CH
+                base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
+                for v in range(2):
+                    qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
+                        ptx.ld_global_cg_v4_f32(q, base + 4 * v)
+            for u in range(QB):
+                idx = tid + threads * (QB * b + u)
+                r = idx // CH
+                live = t0 + r < T
+                w = cuda.local.array(4, uint32)
+                for i in range(4):
+                    w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
+                ptx.st_shared_v4_u32(sq + offset(r, idx - r * CH), w[0], w[1], w[2], w[3])
+
+    return q_tile
+
+
+@lru_cache(maxsize=None)
 def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     BM = 16 * MT * WARPS         # query rows per block
     WM = 16 * MT                 # query rows per warp
@@ -92,10 +130,6 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     N_O = MT * O1                # O accumulators per lane
     N_P = 4 * MT                 # P A-fragment registers per lane and k step
     PSH = PAGE.bit_length() - 1  # log2 page size
-    Q_CHUNKS = BM * CH // THREADS  # 16-byte fp16 chunks of the Q tile per thread
-    QB = min(Q_CHUNKS, 8)          # ... loaded per round
-    QV = 8 * QB                    # their float32 values
-    assert Q_CHUNKS % QB == 0
     assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
 
     @cuda.jit(device=True, inline=True)
@@ -116,6 +150,12 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
             for u in range(CH // 8):
                 ptx.cp_async_16_zfill(dst + 128 * u, k_pool, src + 64 * u, n)
                 ptx.cp_async_16_zfill(dst + 128 * u + KV_BYTES, v_pool, src + 64 * u, n)
+
+    @cuda.jit(device=True, inline=True)
+    def q_offset(r, ch):
+        return swz(r, ch, ROWB)
+
+    q_tile = q_tile_loader(D, BM, THREADS, q_offset)
 
     @cuda.jit(device=True, inline=True)
     def q_frags(sq, row0, kk, qf, o):
@@ -168,25 +208,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
         load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, row_elems, page_elems)
         ptx.cp_async_commit()
 
-        # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory, QB chunks of 8 values
-        # loaded (16-byte loads) before any is converted; rows past T are zeros --
-        for b in range(Q_CHUNKS // QB):
-            qv = cuda.local.array(QV, float32)
-            for u in range(QB):
-                idx = tid + THREADS * (QB * b + u)
-                r = idx // CH
-                base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
-                for v in range(2):
-                    qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
-                        ptx.ld_global_cg_v4_f32(q, base + 4 * v)
-            for u in range(QB):
-                idx = tid + THREADS * (QB * b + u)
-                r = idx // CH
-                live = t0 + r < T
-                w = cuda.local.array(4, uint32)
-                for i in range(4):
-                    w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
-                ptx.st_shared_v4_u32(sq + swz(r, idx - r * CH, ROWB), w[0], w[1], w[2], w[3])
+        q_tile(q, sq, t0, h, qscale)
         cuda.syncthreads()
         qf = cuda.local.array(NQF, uint32)
         if q_in_regs:

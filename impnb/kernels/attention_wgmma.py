@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels import ptx, ptx_wgmma as wg
-from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, _SIG, check_args
+from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, _SIG, check_args, q_tile_loader
 from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
@@ -71,8 +71,6 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
     N_P = N_S // 2               # P's fp16x2 A-fragment words a thread
     V_LBO = BN * ROW             # bytes between V's head-dim halves
     PSH = PAGE.bit_length() - 1
-    Q_CHUNKS = BM * CH // THREADS
-    QV = 8 * Q_CHUNKS
     mma_s = wg.MMA_F16[BN]
     mma_s0 = wg.MMA_F16_FIRST[BN]
     mma_s_r = wg.MMA_RS_F16_K[BN]
@@ -94,6 +92,12 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
             dst = sk + tile_offset(r, ch, BN)
             ptx.cp_async_16_zfill(dst, k_pool, src, n)
             ptx.cp_async_16_zfill(dst + KV_BYTES, v_pool, src, n)
+
+    @cuda.jit(device=True, inline=True)
+    def q_offset(r, ch):
+        return tile_offset(r, ch, BM)
+
+    q_tile = q_tile_loader(D, BM, THREADS, q_offset)
 
     @cuda.jit(device=True, inline=True)
     def qk(s, dq, qf, sk):
@@ -206,23 +210,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
         load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, ch, col, row_elems, page_elems)
         ptx.cp_async_commit()
 
-        # -- Q tile: float32 * scale * log2 e -> fp16 in shared memory; rows past T are zeros --
-        qv = cuda.local.array(QV, float32)
-        for u in range(Q_CHUNKS):
-            idx = tid + THREADS * u
-            r = idx // CH
-            base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
-            for v in range(2):
-                qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
-                    ptx.ld_global_cg_v4_f32(q, base + 4 * v)
-        for u in range(Q_CHUNKS):
-            idx = tid + THREADS * u
-            r = idx // CH
-            live = t0 + r < T
-            w = cuda.local.array(4, uint32)
-            for i in range(4):
-                w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
-            ptx.st_shared_v4_u32(sq + tile_offset(r, idx - r * CH, BM), w[0], w[1], w[2], w[3])
+        q_tile(q, sq, t0, h, qscale)  # rows past T are zeros
         qf = cuda.local.array(NQF, uint32)
         if q_regs:  # the warp's 16 rows as mma.sync A fragments, k step kk in qf[4 kk ..]
             cuda.syncthreads()
