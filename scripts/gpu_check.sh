@@ -112,7 +112,7 @@ if [[ $what == dp4a ]]; then
 fi
 
 if [[ $what == attn ]]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_attention_fa2.py -p no:cacheprovider -W ignore -n 8 \
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_attention_fa2.py tests/gpu/test_attention_real.py -p no:cacheprovider -W ignore -n 8 \
     > "$OUT/attn-tests.log" 2>&1
   status[attn-tests]="rc=$? $(tail -n 1 "$OUT/attn-tests.log")"
   timeout 300 python3 scripts/bench_attention.py --tilings m32,wg --json "$OUT/bench-attention.json" \

@@ -1,0 +1,92 @@
+"""Prefill attention on Q/K/V captured from real SmolLM2 and Gemma3 layers: the numpy reference
+model runs a real prompt and hands over each chosen layer's roped Q, K and V; FA2 (every head dim)
+and the wgmma kernel (its head dims, both Q forms) run them from a paged cache and are held to
+the float64 reference on the cached fp16 K/V.
+
+Tolerance: max |error| <= 1e-2 max |V| (the output is a convex combination of V's rows; fp16 Q and
+P as tensor-core operands cost ~1e-3 of it on these layers), and no NaN.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from impnb.gguf_file import open_model_file
+from impnb.kernels import attention_wgmma
+from impnb.kernels.attention import attention_ref
+from impnb.kernels.attention_fa2 import attention_fa2
+from impnb.kernels.kv_cache import kv_gather_ref, kv_write_ref, pages_needed
+from impnb.models import load_reference
+from impnb.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+          "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
+          "from 1887 to 1889. Locally nicknamed the Iron Lady, it was constructed as the centrepiece "
+          "of the 1889 World's Fair, and to crown the centennial anniversary of the French Revolution. ")
+TOL = 1e-2
+
+
+def captured(path, n_layers_picked=3, repeat=6):
+    """(cfg, {layer: (q, k, v, pos)}) of the first, middle and last layers on PROMPT x repeat."""
+    mf = open_model_file(path)
+    ids = np.array(Tokenizer.from_metadata(mf.metadata).encode(PROMPT * repeat), np.int32)
+    ref = load_reference(mf)
+    layers = sorted({0, ref.cfg.n_layer // 2, ref.cfg.n_layer - 1})[:n_layers_picked]
+    got = {}
+    attention = ref.ops.attention
+
+    def capture(q, k, v, pos, il, cache):
+        if il in layers:
+            got[il] = (q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), pos.astype(np.int32))
+        return attention(q, k, v, pos, il, cache)
+
+    ref.ops.attention = capture
+    ref.forward(ids, ref.new_cache(len(ids)))
+    return ref.cfg, got
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def layers(request, smollm2_path, gemma3_path):
+    return captured(smollm2_path if request.param == "smollm2" else gemma3_path)
+
+
+def run(kernel, q, k, v, pos, scale, window, page_size=16):
+    """kernel's output on q (T, H, D) over k, v (T, Hkv, D) written into a shuffled paged cache."""
+    T, Hkv, D = k.shape
+    n_pages = pages_needed(T, page_size) + 1
+    table = np.random.default_rng(T).permutation(n_pages + 2)[:n_pages].astype(np.int32)
+    k_pool = np.full((n_pages + 2, page_size, Hkv, D), np.nan, np.float16)
+    v_pool = np.full_like(k_pool, np.nan)
+    kv_write_ref(k_pool, v_pool, table, k, v, pos)
+    out = np.full(q.shape, np.nan, np.float32)
+    stream = cuda.stream()
+    dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, table, pos, out)]
+    kernel(*dev, scale, window, None, stream)
+    got = dev[5].copy_to_host(stream=stream)
+    stream.synchronize()
+    return got, kv_gather_ref(k_pool, table, T), kv_gather_ref(v_pool, table, T)
+
+
+def kernels(D):
+    yield "fa2", attention_fa2
+    if D in attention_wgmma.HEAD_DIMS:
+        for q_regs in (False, True):
+            yield f"wgmma q_regs={q_regs}", lambda *a, q_regs=q_regs: attention_wgmma.attention_wgmma(*a, q_regs)
+
+
+def test_prefill_attention_on_real_layers(layers):
+    cfg, got = layers
+    assert got, "no layer captured"
+    for il, (q, k, v, pos) in got.items():
+        window = cfg.window(il)
+        for name, kernel in kernels(q.shape[2]):
+            out, k16, v16 = run(kernel, q, k, v, pos, cfg.attn_scale, window)
+            want = attention_ref(q, k16, v16, pos, cfg.attn_scale, window, None)
+            err = np.abs(out - want).max()
+            bound = TOL * np.abs(v16).max()
+            print(f"{cfg.arch} layer {il} {name}: T={len(pos)} H={q.shape[1]}/{k.shape[1]} D={q.shape[2]} "
+                  f"window={window} err {err:.2e} (bound {bound:.2e})")
+            assert np.isfinite(out).all(), f"layer {il} {name}: non-finite output"
+            assert err <= bound, f"layer {il} {name}: {err:.3e} > {bound:.3e}"
