@@ -32,7 +32,7 @@ HEAD_DIMS = (64, 128)
 #          204 / 286 / 312 | 150 / 259 / 308  against 202 / 281 / 307 | 147 / 256 / 305
 #   D 128: 284 / 390 / 412 | 204 / 362 / -    against 284 / 386 / 405 | 206 / 358 / -;
 #          278 / 386 / 391 | 201 / 356 / 417  against 287 / 394 / 389 | 30 (one outlier) / 363 / 401
-# Within 2% at D 128 either way: it keeps the form with fewer registers (246 against 255).
+# Within 2% at D 128 either way: it keeps the form with fewer registers (247 against 255).
 # Tried and dropped, not causal at N 4096 / 16384: P·V after the softmax rather than beside the
 # next S (D 128 373 / 394 against 386 / 405, the same call); three warpgroups a block at D 64 (168
 # registers, 168 bytes spilled: 253 / 307 against 276 / 302); an mbarrier pair a stage in place of
