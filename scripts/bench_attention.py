@@ -1,4 +1,5 @@
-"""Prefill attention (kernels/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and cuDNN backends: TFLOP/s.
+"""Prefill attention (kernels/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and
+cuDNN backends: TFLOP/s.
 
 Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands. impnb runs one
 sequence per call over its paged cache (page 32, contiguous tables), Z calls back to back on one
@@ -25,7 +26,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
-from impnb.kernels.attention_wgmma import attention_wgmma  # noqa: E402
+from impnb.kernels.attention_wgmma import Q_FORMS, attention_wgmma  # noqa: E402
 from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
@@ -65,9 +66,9 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
 
     def run():
         for z in range(Z):
-            if tiling.startswith("wg"):  # wg: the default; wgqr / wgqs: Q in registers / shared memory
+            if tiling == "wg" or tiling in Q_FORMS:  # wg: Q_IN_REGS's form
                 attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream,
-                                {"wg": None, "wgqr": True, "wgqs": False}[tiling])
+                                Q_FORMS.get(tiling))
             else:
                 attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
@@ -112,7 +113,8 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
-    ap.add_argument("--tilings", default=DEFAULT_TILING, help="comma-separated TILINGS keys of attention_fa2, or wg, wgqr, wgqs")
+    ap.add_argument("--tilings", default=DEFAULT_TILING,
+                    help="comma-separated TILINGS keys of attention_fa2, or wg, wgqr, wgqs")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     args = ap.parse_args()
     tilings = args.tilings.split(",")

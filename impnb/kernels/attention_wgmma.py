@@ -39,6 +39,7 @@ HEAD_DIMS = (64, 128)
 # the block barrier a tile, letting one warpgroup run a tile ahead (D 128 374 / 356, D 64 253 / 272,
 # against 390 / 400 and 280 / 304 an hour before).
 Q_IN_REGS = {64: True, 128: False}
+Q_FORMS = {"wgqr": True, "wgqs": False}  # name: Q's fragments in registers (tests, benches)
 BM = 128          # query rows a block: two warpgroups of 64
 BN = 128          # keys a tile
 THREADS = 256

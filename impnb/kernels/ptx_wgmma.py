@@ -13,12 +13,13 @@ ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layo
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
 of a 64-wide tile starts 32 kk bytes further (desc + 2 kk).
 
-The register-A form (`MMA_RS_F16`, `MMA_RS_F16_K` with B K-major) takes A from registers in mma.sync m16n8k16's A fragment
-layout (warp w of the warpgroup rows 16 w ..) and B "MN-major" (`desc_sw128_mn`): a K x N tile
-stored as rows of k, 64 n values (128 bytes) a row, swizzled as above, 8-row groups 1024 bytes
-apart; N past 64 continues in a second such block `lbo` bytes on (PTX ISA, "Canonical Layouts",
-MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))). So a tile of keys x head dim stored for
-K-major use (S = Q·Kᵀ) is also V's MN-major B for O += P·V, with no transpose in memory.
+The register-A forms take A from registers in mma.sync m16n8k16's A fragment layout (warp w of
+the warpgroup rows 16 w ..); `MMA_RS_F16_K` takes B K-major as above, `MMA_RS_F16` takes B
+"MN-major" (`desc_sw128_mn`): a K x N tile stored as rows of k, 64 n values (128 bytes) a row,
+swizzled as above, 8-row groups 1024 bytes apart; N past 64 continues in a second such block
+`lbo` bytes on (PTX ISA, "Canonical Layouts", MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))).
+So a tile of keys x head dim stored for K-major use (S = Q·Kᵀ) is also V's MN-major B for
+O += P·V, with no transpose in memory.
 
 Accumulators (PTX ISA, "Register fragment of wgmma D, .f32"): thread t = 32 w + 4 g + c of the
 warpgroup holds, in register i of N/2, row 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1).

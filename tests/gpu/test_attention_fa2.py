@@ -1,5 +1,5 @@
-"""Prefill attention on tensor cores (FA2 on mma.sync, and the wgmma kernel: tiling "wg") on the
-GPU against the float64 numpy reference.
+"""Prefill attention on tensor cores (FA2 on mma.sync, and the wgmma kernel: tilings "wgqr" and
+"wgqs", its two Q forms) on the GPU against the float64 numpy reference.
 
 check_fa2 runs one case; tests/sim/test_attention_fa2.py runs it on tiny shapes in the simulator.
 Every case: Gaussian q/k/v, a shuffled block table whose slots holding no live position (and one
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.attention import attention_ref
 from impnb.kernels import attention_wgmma
+from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
 from impnb.kernels.kv_cache import kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
@@ -24,7 +24,7 @@ from tests.gpu.test_attention import gauss, paged_cache
 pytestmark = pytest.mark.gpu
 
 TOL16, TOL32 = 4e-3, 8e-3
-WG_TILINGS = {"wgqr": True, "wgqs": False}  # attention_wgmma with Q in registers / shared memory
+WG_TILINGS = attention_wgmma.Q_FORMS
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
