@@ -11,7 +11,7 @@ replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
         [--tilings m32,m16] [--no-torch]
 --tilings: attention_fa2's TILINGS to time side by side (one impnb column each); "wg" is
-attention_wgmma (head dims 64 and 128), "wgqr" / "wgqs" it with Q in registers / shared memory.
+attention_wgmma (head dims 64 and 128) in its default form, a FORMS key it in that form.
 """
 
 import argparse
@@ -26,7 +26,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
-from impnb.kernels.attention_wgmma import Q_FORMS, attention_wgmma  # noqa: E402
+from impnb.kernels.attention_wgmma import FORMS, attention_wgmma  # noqa: E402
 from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
@@ -52,7 +52,9 @@ def median_ms(fn, reps: int, stream, sleep) -> float:
     return statistics.median(times)
 
 
-def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING) -> float:
+def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING) -> float | None:
+    if tiling in FORMS and D not in FORMS[tiling].dims:
+        return None
     rng = np.random.default_rng(0)
     stream = cuda.stream()
     n_pages = pages_needed(N, PAGE)
@@ -66,9 +68,9 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
 
     def run():
         for z in range(Z):
-            if tiling == "wg" or tiling in Q_FORMS:  # wg: Q_IN_REGS's form
+            if tiling == "wg" or tiling in FORMS:  # wg: DEFAULT_FORM's
                 attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream,
-                                Q_FORMS.get(tiling))
+                                FORMS.get(tiling) and tiling)
             else:
                 attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
@@ -114,7 +116,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--tilings", default=DEFAULT_TILING,
-                    help="comma-separated TILINGS keys of attention_fa2, or wg, wgqr, wgqs")
+                    help="comma-separated TILINGS keys of attention_fa2, wg, or FORMS keys of attention_wgmma")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     args = ap.parse_args()
     tilings = args.tilings.split(",")
@@ -138,7 +140,7 @@ def main():
     print(f"TFLOP/s, Z={Z} H={H} fp16\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
           + "  impnb/flash")
     for r in rows:
-        best = max(r[c] for c in impnb_cols)
+        best = max(r[c] or 0 for c in impnb_cols)
         ratio = f"{best / r['flash']:.2f}" if r.get("flash") else "-"
         print(f"{r['D']:5d} {str(r['causal']):>6} {r['N']:5d}  "
               + "  ".join(f"{fmt(r.get(c)):>8}" for c in cols) + f"  {ratio:>11}")

@@ -1,11 +1,11 @@
 """Which prefill attention kernel runs a head dim: the wgmma kernel (kernels/attention_wgmma.py)
 on Hopper where it measured faster than FA2 on mma.sync (kernels/attention_fa2.py), else FA2.
 
-H100, 2026-11-26 12:48 UTC (scripts/bench_attention.py --tilings m32,wg: Z=4 H=32 fp16, TFLOP/s
-at N 1024 / 2048 / 4096 / 8192 / 16384, not causal | causal), the same call:
-  D 64:  FA2 234 / 279 / 308 / 318 / 311 | 126 / 239 / 285 / 312 / 322
-         wgmma 205 / 246 / 284 / 303 / 311 | 151 / 210 / 258 / 293 / 312
-  D 128: FA2 260 / 292 / 327 / 334 / 323 | 141 / 266 / 308 / 331 / 336
+H100, 2026-11-26 (scripts/bench_attention.py: Z=4 H=32 fp16, TFLOP/s at N 1024 / 2048 / 4096 /
+8192 / 16384, not causal | causal), FA2 and wgmma from one call each:
+  D 64:  FA2 235 / 282 / 307 / 315 / 312 | 125 / 239 / 285 / 313 / 322
+         wgmma 256 / 314 / 346 / 362 / 351 | 142 / 265 / 330 / 363 / 375   (15:00 UTC)
+  D 128: FA2 260 / 292 / 327 / 334 / 323 | 141 / 266 / 308 / 331 / 336   (12:48 UTC)
          wgmma 286 / 351 / 389 / 413 / 384 | 206 / 291 / 362 / 400 / 422
 The choice is logged once per head dim ("impnb.attention", debug).
 """
@@ -13,7 +13,7 @@ The choice is logged once per head dim ("impnb.attention", debug).
 import logging
 from functools import lru_cache
 
-WGMMA_HEAD_DIMS = (128,)  # where the wgmma kernel won at every N above
+WGMMA_HEAD_DIMS = (64, 128)  # where the wgmma kernel won at every N above
 log = logging.getLogger("impnb.attention")
 
 

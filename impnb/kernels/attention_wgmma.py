@@ -2,19 +2,20 @@
 
 The same operation and arguments as attention_fa2.py (causal, sliding window, softcap, GQA,
 chunked prefill against the cache; numpy reference attention.attention_ref), at head dims 64
-and 128. A block is two warpgroups over 128 query rows, 64 each; per 128-key tile S = Q·Kᵀ is
-one m64n128k16 wgmma a 16-wide k step with K from shared memory and Q from shared memory or
-registers (Q_IN_REGS), the first step overwriting S; the online softmax runs on S's
-accumulators in fp32 (log2 units, lazy max, as attention_fa2); O += P·V is one m64nDk16 wgmma a
-16-key step with P in registers (S's accumulators packed to fp16: the accumulator layout of
-n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major from the same swizzled
-tile layout K uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile j, so the softmax
-of S runs while it does; K/V tiles stream through three cp.async stages. Numba's simulator
-cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
+and 128. A block is two warpgroups over 128 query rows, 64 each; per BN-key tile (FORMS: 128
+keys at D 128, 64 at D 64) S = Q·Kᵀ is one m64nBNk16 wgmma a 16-wide k step with Q and K from
+shared memory, the first step overwriting S; the online softmax runs on S's accumulators in
+fp32 (log2 units, lazy max, as attention_fa2); O += P·V is one m64nDk16 wgmma a 16-key step
+with P in registers (S's accumulators packed to fp16: the accumulator layout of n-tiles 2j,
+2j+1 is the A fragment of key step j) and V read MN-major from the same swizzled tile layout K
+uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile j, so the softmax of S runs
+while it does; K/V tiles stream through cp.async stages. Numba's simulator cannot run wgmma:
+tests/gpu/test_attention_fa2.py runs this kernel.
 """
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, int32, types, uint32
@@ -25,26 +26,39 @@ from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
-# head dim: Q's fragments held in registers (S in wgmma's register-A form) rather than read from
-# shared memory per k step. H100, 2026-11-26, scripts/bench_attention.py (TFLOP/s, Z=4 H=32, N 1024
-# / 4096 / 16384, not causal | causal), registers / shared memory, two calls:
-#   D 64:  203 / 279 / 306 | 152 / 257 / 305  against 201 / 276 / 302 | 146 / 252 / 303;
-#          204 / 286 / 312 | 150 / 259 / 308  against 202 / 281 / 307 | 147 / 256 / 305
-#   D 128: 284 / 390 / 412 | 204 / 362 / -    against 284 / 386 / 405 | 206 / 358 / -;
-#          278 / 386 / 391 | 201 / 356 / 417  against 287 / 394 / 389 | 30 (one outlier) / 363 / 401
-# Within 2% at D 128 either way: it keeps the form with fewer registers (247 against 255).
-# Tried and dropped, not causal at N 4096 / 16384: P·V after the softmax rather than beside the
-# next S (D 128 373 / 394 against 386 / 405, the same call); three warpgroups a block at D 64 (168
-# registers, 168 bytes spilled: 253 / 307 against 276 / 302); an mbarrier pair a stage in place of
-# the block barrier a tile, letting one warpgroup run a tile ahead (D 128 374 / 356, D 64 253 / 272,
-# against 390 / 400 and 280 / 304 an hour before).
-Q_IN_REGS = {64: True, 128: False}
-Q_FORMS = {"wgqr": True, "wgqs": False}  # name: Q's fragments in registers (tests, benches)
-BM = 128          # query rows a block: two warpgroups of 64
-BN = 128          # keys a tile
-THREADS = 256
+# The forms, measured on the H100 2026-11-26 (scripts/bench_attention.py, TFLOP/s, Z=4 H=32, N 1024 /
+# 4096 / 16384, not causal | causal; each line's figures from one call):
+#   D 64:  wgn64 256 / 346 / 351 | 142 / 330 / 375: two blocks an SM at 128 registers, 16 warps;
+#          128-key tiles, one block an SM (Q in registers, 254 registers): 202 / 283 / 308 | 149 / 258 / 309;
+#          wgn64 with 4 stages: 255 / 347 / 359 | 142 / 329 / 372; one warpgroup a block, 3 blocks
+#          an SM (shared memory): 192 / 305 / 295 | 160 / 286 / 333.
+#   D 128: wgn128 291 / 399 / 405 | 206 / 364 / 421; 64-key tiles with three warpgroups at 168
+#          registers (12 warps an SM): 216 / 355 / 423 | 193 / 363 / 427, with 4 stages 214 / 356 /
+#          420 | 189 / 360 / 413; 64-key tiles with two warpgroups and 4 stages: 269 / 351 / 375 |
+#          208 / 341 / 383. 64-key tiles with two blocks an SM spill 532 bytes at D 128 (O alone
+#          is 64 registers a thread).
+# Tried and dropped earlier (D 128, same-call comparisons; numbers in git history): Q's fragments
+# held in registers (within 2%); P·V after the softmax rather than beside the next S (3% slower);
+# an mbarrier pair a stage in place of the block barrier a tile (4-11% slower).
+
+
+class Form(NamedTuple):
+    """A build of the kernel: keys a tile; warpgroups a block (64 query rows each); K/V stages
+    (the tile in S, the one before in P·V, the rest loading); the register cap (128 lets two
+    256-thread blocks share an SM); the head dims it builds for without spills."""
+    bn: int = 128
+    groups: int = 2
+    stages: int = 3
+    regs: int = 255
+    dims: tuple = HEAD_DIMS
+
+
+FORMS = {
+    "wgn128": Form(dims=(128,)),
+    "wgn64": Form(64, 2, 3, 128, (64,)),
+}
+DEFAULT_FORM = {64: "wgn64", 128: "wgn128"}
 ROW = 128         # bytes a swizzled tile row: 64 fp16 of the head dim
-STAGES = 3        # K/V stages: tile j + 1 loading, j in S, j - 1 in P·V
 ALIGN = 1024      # the 128-byte swizzle repeats every 8 rows: tiles start 1024-byte aligned
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
@@ -57,14 +71,20 @@ def tile_offset(r, ch, rows):
 
 
 @lru_cache(maxsize=None)
-def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
+def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
+    BN, GROUPS, STAGES = form.bn, form.groups, form.stages
+    BM = 64 * GROUPS             # query rows a block
+    THREADS = 128 * GROUPS
     CH = D // 8                  # 16-byte chunks a row
     KK = D // 16                 # k steps of S = Q·Kᵀ
     Q_BYTES = BM * 2 * D
     KV_BYTES = BN * 2 * D
     STAGE = 2 * KV_BYTES         # K tile, V tile
+    RING = STAGES * STAGE
+    AHEAD = STAGES - 2           # tiles in flight beyond the one in S (the one before is in P·V)
+    WAIT = AHEAD - 1             # commit groups left pending when tile j has landed
     RSTEP = THREADS // CH        # tile rows one pass of the block's cp.async covers
-    KV_PASSES = BN // RSTEP
+    KV_PASSES = -(-BN // RSTEP)  # the last one partial where RSTEP does not divide BN
     NS = BN // 8                 # S n-tiles (8 keys)
     NO = D // 8                  # O n-tiles (8 head-dim values)
     N_S = 4 * NS                 # S accumulators a thread (BN / 2)
@@ -74,11 +94,8 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
     PSH = PAGE.bit_length() - 1
     mma_s = wg.MMA_F16[BN]
     mma_s0 = wg.MMA_F16_FIRST[BN]
-    mma_s_r = wg.MMA_RS_F16_K[BN]
-    mma_s_r0 = wg.MMA_RS_F16_K_FIRST[BN]
-    NQF = 4 * KK if q_regs else 1  # Q's A-fragment words a thread, held with q_regs
     mma_o = wg.MMA_RS_F16[D]
-    assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
+    assert RSTEP % 8 == 0 and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
 
     @cuda.jit(device=True, inline=True)
     def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, ch, col, row_elems, page_elems):
@@ -86,6 +103,8 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
         # this thread: rows r0 + RSTEP i, chunk ch of each (the r & 7 swizzle is r0's: RSTEP % 8 == 0)
         for i in range(KV_PASSES):
             r = r0 + RSTEP * i
+            if KV_PASSES * RSTEP != BN and r >= BN:
+                break
             key = int32(k0 + r)
             live = min(max(key, lo), hi)
             n = 16 if lo <= key and key <= hi else 0
@@ -101,19 +120,15 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
     q_tile = q_tile_loader(D, BM, THREADS, q_offset)
 
     @cuda.jit(device=True, inline=True)
-    def qk(s, dq, qf, sk):
+    def qk(s, dq, sk):
         # -- issue S = Q·Kᵀ as one group (the first k step overwrites S): K's k step kk is 32
-        # bytes into its head-dim half's swizzled rows; Q's the same, or registers qf[4 kk ..] --
+        # bytes into its head-dim half's swizzled rows, Q's the same --
         dk = wg.desc_sw128(sk)
         wg.wgmma_fence()
         for kk in range(KK):
             db = dk + (kk >> 2) * (BN * ROW // 16) + 2 * (kk & 3)
             da = dq + (kk >> 2) * (BM * ROW // 16) + 2 * (kk & 3)
-            if q_regs and kk == 0:
-                mma_s_r0(s, qf[0], qf[1], qf[2], qf[3], db)
-            elif q_regs:
-                mma_s_r(s, qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3], db)
-            elif kk == 0:
+            if kk == 0:
                 mma_s0(s, da, db)
             else:
                 mma_s(s, da, db)
@@ -208,17 +223,13 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
         col = kh * D + 8 * ch
         row_elems = Hkv * D
         page_elems = np.int64(row_elems * PAGE)
-        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, ch, col, row_elems, page_elems)
-        ptx.cp_async_commit()
+        for i in range(AHEAD):  # tiles j0 .. j0 + AHEAD - 1, a commit group each
+            if j0 + i <= j1:
+                load_kv(skv + i * STAGE, k_pool, v_pool, block_table, (j0 + i) * BN, lo, hi, r0, ch,
+                        col, row_elems, page_elems)
+            ptx.cp_async_commit()
 
         q_tile(q, sq, t0, h, qscale)  # rows past T are zeros
-        qf = cuda.local.array(NQF, uint32)
-        if q_regs:  # the warp's 16 rows as mma.sync A fragments, k step kk in qf[4 kk ..]
-            cuda.syncthreads()
-            for kk in range(KK):
-                qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3] = ptx.ldmatrix_x4(
-                    sq + tile_offset(wrow + (lane & 15), 2 * kk + (lane >> 4), BM))
-
         # -- per row (2 a thread: g, g + 8): online max m and sum l; per warpgroup / warp: key ranges --
         m = cuda.local.array(2, float32)
         lsum = cuda.local.array(2, float32)
@@ -238,31 +249,30 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
         dq = wg.desc_sw128(sq + grp * (64 * ROW))
 
         # the warpgroup's tiles: ja .. jb (none where ja > jb); tile j's stage is `cur`, j - 1's
-        # `prv` (its V read by P·V of tile j - 1, issued beside S of tile j), j + 1's `nxt`
+        # the one before (its V read by P·V of tile j - 1, issued beside S of tile j)
         ja = max(j0, g_lo // BN)
         jb = min(j1, g_last // BN)
-        prv = 2 * STAGE
         cur = 0
-        nxt = STAGE
         for j in range(j0, j1 + 1):
             # -- wait for tile j (and, at j0, the Q tile); both warpgroups are done with S of
-            # tile j - 1 and P·V of tile j - 2, whose stage takes tile j + 1 --
-            ptx.cp_async_wait_group(0)
+            # tile j - 1 and P·V of tile j - 2, whose stage takes tile j + AHEAD --
+            ptx.cp_async_wait_group(WAIT)
             wg.fence_proxy_async()   # this thread's shared writes, visible to wgmma
             cuda.syncthreads()
             k0 = int32(j * BN)
-            if j < j1:
-                load_kv(skv + nxt, k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, ch,
-                        col, row_elems, page_elems)
+            if j + AHEAD <= j1:
+                ld = cur + AHEAD * STAGE
+                load_kv(skv + (ld - RING if ld >= RING else ld), k_pool, v_pool, block_table,
+                        k0 + AHEAD * BN, lo, hi, r0, ch, col, row_elems, page_elems)
             ptx.cp_async_commit()
             sk = skv + cur
-            sv = skv + prv
-            prv, cur, nxt = cur, nxt, prv
+            sv = skv + (cur - STAGE if cur >= STAGE else cur + RING - STAGE)
+            cur = cur + STAGE if cur + STAGE < RING else 0
             # (warpgroup-uniform branches: wgmma is collective)
             if ja < j and j <= jb:
                 # -- S = Q·Kᵀ, then P·V of tile j - 1: two groups, S the older; the softmax of S
                 # runs while P·V does, and O is rescaled once P·V is done --
-                qk(s, dq, qf, sk)
+                qk(s, dq, sk)
                 pv(o, pa, sv)
                 wg.wgmma_commit()
                 wg.wgmma_wait(1)
@@ -276,7 +286,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
                         o[4 * n + 3] *= mx[1]
                 pack(s, pa)
             elif j == ja:  # the warpgroup's first tile: O is still zero
-                qk(s, dq, qf, sk)
+                qk(s, dq, sk)
                 wg.wgmma_wait(0)
                 softmax(s, m, mx, lsum, pos, t0, t_last, wrow, g, c, k0, w_first, w_last, window, softcap)
                 pack(s, pa)
@@ -287,7 +297,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
                 wg.wgmma_wait(0)
         if jb == j1 and ja <= jb:  # (no load follows the last tile: its stage is intact)
             wg.wgmma_fence()
-            pv(o, pa, skv + prv)
+            pv(o, pa, skv + (cur - STAGE if cur >= STAGE else cur + RING - STAGE))
             wg.wgmma_commit()
             wg.wgmma_wait(0)
 
@@ -300,37 +310,40 @@ def wgmma_attention_kernel(D: int, PAGE: int, q_regs: bool):
                 for n in range(NO):
                     ptx.st_global_v2_f32(out, base + 8 * n, o[4 * n + 2 * rh] * inv, o[4 * n + 2 * rh + 1] * inv)
 
-    attention.__name__ = f"_attention_wgmma_d{D}_p{PAGE}{'_qr' if q_regs else ''}_kernel"
-    return cuda.jit(attention)
+    attention.__name__ = (f"_attention_wgmma_d{D}_p{PAGE}_n{BN}_g{GROUPS}"
+                          f"_s{STAGES}_r{form.regs}_kernel")
+    return cuda.jit(attention, max_registers=form.regs)
 
 
-def shared_bytes(D: int) -> int:
-    return BM * 2 * D + STAGES * 2 * BN * 2 * D + ALIGN  # + ALIGN: room to align the Q tile
+def shared_bytes(D: int, form: Form) -> int:
+    """Q tile, the K/V stages, and room to align the Q tile."""
+    return 64 * form.groups * 2 * D + form.stages * 2 * form.bn * 2 * D + ALIGN
 
 
 def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
-                    window: int | None, softcap: float | None, stream, q_regs: bool | None = None) -> None:
-    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a); q_regs:
-    Q's fragments held in registers (S = Q·Kᵀ in wgmma's register-A form), else read from
-    shared memory per k step; None: Q_IN_REGS's choice."""
+                    window: int | None, softcap: float | None, stream, form: str | None = None) -> None:
+    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a); form: a
+    key of FORMS, None: DEFAULT_FORM's for the head dim."""
     check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
-    q_regs = Q_IN_REGS[D] if q_regs is None else q_regs
+    f = FORMS[form or DEFAULT_FORM[D]]
+    assert D in f.dims, f"form {form} does not build head dim {D}"
     if T:
-        launch(wgmma_attention_kernel(D, k_pool.shape[1], q_regs), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
-               v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
-               np.float32(softcap or 0.0), shared_bytes=shared_bytes(D))
+        BM = 64 * f.groups
+        launch(wgmma_attention_kernel(D, k_pool.shape[1], f), (H, (T + BM - 1) // BM), 128 * f.groups, stream, q,
+               k_pool, v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
+               np.float32(softcap or 0.0), shared_bytes=shared_bytes(D, f))
 
 
-# Both Q forms at each head dim, the LTO cubin that runs; the default one's PTX too (compile_ptx +
+# Every form at each head dim, the LTO cubin that runs; the default one's PTX too (compile_ptx +
 # link, where libdevice's tanh stays an extern call: D 128 with Q in registers spills 12 bytes
 # there, none in the cubin that runs)
 BUILD_SIGNATURES = [] if wg.SIM else [
-    (wgmma_attention_kernel(D, 32, q_regs), _SIG,
-     {"max_registers": 255} if q_regs != Q_IN_REGS[D] else
-     {"max_registers": 255,
-      "ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+    (wgmma_attention_kernel(D, 32, f), _SIG,
+     {"max_registers": f.regs} if name != DEFAULT_FORM[D] else
+     {"max_registers": f.regs,
+      "ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{f.bn}k16.f32.f16.f16",
                        f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
-    for D in HEAD_DIMS for q_regs in (False, True)
+    for D in HEAD_DIMS for name, f in FORMS.items() if D in f.dims
 ]

@@ -30,7 +30,7 @@ Numba's simulator cannot run these; tests that need them skip there (ptx_sim has
 from numba import config
 
 SIM = bool(config.ENABLE_CUDASIM)
-WG_N = (128, 256)  # wgmma widths built here (the tiles' BN)
+WG_N = (64, 128, 256)  # wgmma widths built here (the tiles' BN)
 WG_N_RS = (64, 128)  # register-A widths (attention's head dims)
 
 if not SIM:

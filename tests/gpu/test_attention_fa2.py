@@ -1,5 +1,5 @@
-"""Prefill attention on tensor cores (FA2 on mma.sync, and the wgmma kernel: tilings "wgqr" and
-"wgqs", its two Q forms) on the GPU against the float64 numpy reference.
+"""Prefill attention on tensor cores (FA2 on mma.sync, and the wgmma kernel in each of its forms,
+attention_wgmma.FORMS) on the GPU against the float64 numpy reference.
 
 check_fa2 runs one case; tests/sim/test_attention_fa2.py runs it on tiny shapes in the simulator.
 Every case: Gaussian q/k/v, a shuffled block table whose slots holding no live position (and one
@@ -24,7 +24,7 @@ from tests.gpu.test_attention import gauss, paged_cache
 pytestmark = pytest.mark.gpu
 
 TOL16, TOL32 = 4e-3, 8e-3
-WG_TILINGS = attention_wgmma.Q_FORMS
+WG_TILINGS = attention_wgmma.FORMS
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
@@ -41,7 +41,7 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
     stream = cuda.stream()
     dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
     if tiling in WG_TILINGS:
-        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream, WG_TILINGS[tiling])
+        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream, tiling)
     else:
         attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
@@ -105,21 +105,22 @@ def test_fa2_tilings(D, tiling):
     check_fa2(_seed(D, 77), 300, 200, 4, 2, D, 1.0, 100, 20.0, page_size=16, tiling=tiling)
 
 
-# -- the wgmma kernel (head dims 64 and 128): the cases above at its head dims --
-WG_SHAPES = [sh for sh in SHAPES if sh[2] in attention_wgmma.HEAD_DIMS]
+# -- the wgmma kernel (head dims 64 and 128): the cases above at its head dims, in every form
+# that builds the head dim --
+WG_SHAPES = [sh for sh in SHAPES if sh[2] in attention_wgmma.HEAD_DIMS] + [(8, 8, 128, 200), (12, 4, 64, 77)]
+WG_CASES = [(*sh, name) for sh in WG_SHAPES for name in sorted(WG_TILINGS) if sh[2] in WG_TILINGS[name].dims]
 
 
-@pytest.mark.parametrize("tiling", sorted(WG_TILINGS))
 @pytest.mark.parametrize("std", STDS)
 @pytest.mark.parametrize("pos0,T", [(0, 1), (0, 17), (0, 255), (0, 1000), (17, 255), (1000, 17), (130, 300)])
-@pytest.mark.parametrize("H,Hkv,D,window", WG_SHAPES + [(8, 8, 128, 200), (12, 4, 64, 77)])
+@pytest.mark.parametrize("H,Hkv,D,window,tiling", WG_CASES)
 def test_wgmma(H, Hkv, D, window, pos0, T, std, tiling):
     check_fa2(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2),
               tiling=tiling)
 
 
-@pytest.mark.parametrize("tiling", sorted(WG_TILINGS))
-@pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
+@pytest.mark.parametrize("D,tiling", [(D, name) for D in attention_wgmma.HEAD_DIMS for name in sorted(WG_TILINGS)
+                                      if D in WG_TILINGS[name].dims])
 def test_wgmma_long_softcap_not_causal(D, tiling):
     """A 4097-token prompt (33 query tiles, the last of one row), softcap with and without a
     window, every query at the last position, windows of one key and of a tile width."""

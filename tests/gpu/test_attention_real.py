@@ -72,8 +72,9 @@ def run(kernel, q, k, v, pos, scale, window, page_size=16):
 def kernels(D):
     yield "fa2", attention_fa2
     if D in attention_wgmma.HEAD_DIMS:
-        for q_regs in (False, True):
-            yield f"wgmma q_regs={q_regs}", lambda *a, q_regs=q_regs: attention_wgmma.attention_wgmma(*a, q_regs)
+        for name, form in attention_wgmma.FORMS.items():
+            if D in form.dims:
+                yield f"wgmma {name}", lambda *a, name=name: attention_wgmma.attention_wgmma(*a, name)
 
 
 def test_prefill_attention_on_real_layers(layers):
