@@ -1,15 +1,15 @@
 """Prefill attention (kernels/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and
 cuDNN backends: TFLOP/s.
 
-Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands. impnb runs one
-sequence per call over its paged cache (page 32, contiguous tables), Z calls back to back on one
-stream; torch runs (Z, H, N, D) fp16 tensors. Causal: query t at position t; not causal: every
-query at position N - 1, so each sees all N keys (impnb has no separate non-causal mode). FLOPs
+Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands (--bf16: bf16). impnb
+runs one sequence per call over its paged cache (page 32, contiguous tables), Z calls back to
+back on one stream; torch runs (Z, H, N, D) tensors. Causal: query t at position t; not causal:
+every query at position N - 1, so each sees all N keys (impnb has no separate non-causal mode). FLOPs
 4 Z H N² D, halved when causal. Timed with CUDA events: one warm-up, the median of --reps, each
 rep queued behind a ~1 ms sleeping kernel so host launch cost stays off the clock (as a graph
 replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
-        [--tilings m32,m16] [--no-torch]
+        [--tilings m32,m16] [--no-torch] [--bf16]
 --tilings: attention_fa2's TILINGS to time side by side (one impnb column each); "wg" is
 attention_wgmma (head dims 64 and 128) in its default form, a FORMS key it in that form.
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
 from impnb.kernels.attention_wgmma import FORMS, attention_wgmma  # noqa: E402
-from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
+from impnb.kernels.kv_cache import bf16_bits, contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
 
@@ -52,7 +52,7 @@ def median_ms(fn, reps: int, stream, sleep) -> float:
     return statistics.median(times)
 
 
-def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING) -> float | None:
+def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING, bf16: bool = False) -> float | None:
     if tiling in FORMS and D not in FORMS[tiling].dims:
         return None
     rng = np.random.default_rng(0)
@@ -60,8 +60,9 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
     n_pages = pages_needed(N, PAGE)
     table = cuda.to_device(contiguous_block_table(Z, n_pages), stream=stream)
     pool = (Z * n_pages, PAGE, H, D)
-    k_pool = cuda.to_device(rng.standard_normal(pool, np.float32).astype(np.float16), stream=stream)
-    v_pool = cuda.to_device(rng.standard_normal(pool, np.float32).astype(np.float16), stream=stream)
+    kv = bf16_bits if bf16 else (lambda a: a.astype(np.float16))
+    k_pool = cuda.to_device(kv(rng.standard_normal(pool, np.float32)), stream=stream)
+    v_pool = cuda.to_device(kv(rng.standard_normal(pool, np.float32)), stream=stream)
     q = [cuda.to_device(rng.standard_normal((N, H, D), np.float32), stream=stream) for _ in range(Z)]
     out = [cuda.device_array((N, H, D), np.float32, stream=stream) for _ in range(Z)]
     pos = cuda.to_device(np.arange(N, dtype=np.int32) if causal else np.full(N, N - 1, np.int32), stream=stream)
@@ -79,14 +80,15 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
     return ms
 
 
-def torch_ms(N: int, D: int, causal: bool, reps: int, backend: str) -> float | None:
+def torch_ms(N: int, D: int, causal: bool, reps: int, backend: str, bf16: bool = False) -> float | None:
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention as sdpa
     except ImportError:
         return None
-    q, k, v = (torch.randn(Z, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    q, k, v = (torch.randn(Z, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
     stream = torch.cuda.current_stream()
     try:
         with sdpa_kernel(getattr(SDPBackend, backend)):
@@ -118,6 +120,7 @@ def main():
     ap.add_argument("--tilings", default=DEFAULT_TILING,
                     help="comma-separated TILINGS keys of attention_fa2, wg, or FORMS keys of attention_wgmma")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
+    ap.add_argument("--bf16", action="store_true", help="bf16 K/V (and torch's tensors), not fp16")
     args = ap.parse_args()
     tilings = args.tilings.split(",")
     impnb_cols = ["impnb"] if tilings == [DEFAULT_TILING] else [f"impnb:{t}" for t in tilings]
@@ -127,17 +130,17 @@ def main():
             for N in (int(x) for x in args.ctx.split(",")):
                 flops = 4 * Z * H * N * N * D / (2 if causal else 1)
                 row = {"D": D, "causal": causal, "N": N}
-                timed = [(col, impnb_ms(N, D, causal, args.reps, t)) for col, t in zip(impnb_cols, tilings)]
+                timed = [(col, impnb_ms(N, D, causal, args.reps, t, args.bf16)) for col, t in zip(impnb_cols, tilings)]
                 if not args.no_torch:
-                    timed += [("flash", torch_ms(N, D, causal, args.reps, "FLASH_ATTENTION")),
-                              ("cudnn", torch_ms(N, D, causal, args.reps, "CUDNN_ATTENTION"))]
+                    timed += [("flash", torch_ms(N, D, causal, args.reps, "FLASH_ATTENTION", args.bf16)),
+                              ("cudnn", torch_ms(N, D, causal, args.reps, "CUDNN_ATTENTION", args.bf16))]
                 for name, ms in timed:
                     row[name] = None if ms is None else flops / (ms * 1e-3) / 1e12
                 rows.append(row)
                 print(row, file=sys.stderr, flush=True)
     fmt = lambda v: "    -" if v is None else f"{v:5.0f}"  # noqa: E731
     cols = impnb_cols + ["flash", "cudnn"]
-    print(f"TFLOP/s, Z={Z} H={H} fp16\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
+    print(f"TFLOP/s, Z={Z} H={H} {'bf16' if args.bf16 else 'fp16'}\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
           + "  impnb/flash")
     for r in rows:
         best = max(r[c] or 0 for c in impnb_cols)

@@ -1,9 +1,10 @@
-"""Prefill attention over the paged fp16 KV cache on tensor cores (FlashAttention-2 style).
+"""Prefill attention over the paged fp16 or bf16 KV cache on tensor cores (FlashAttention-2 style).
 
 T query tokens of one sequence at non-decreasing positions pos[t] (pos0 .. pos0 + T - 1 for a
 prompt chunk) against the cached keys 0 .. pos[t] (causal, optional sliding window and softcap),
-GQA. S = Q·Kᵀ and O += P·V run on mma.sync m16n8k16 (fp16 operands, fp32 accumulation), the
-softmax online in fp32 per query row; numpy reference: attention.attention_ref.
+GQA. S = Q·Kᵀ and O += P·V run on mma.sync m16n8k16 (operands in the cache's type, fp16 or
+bf16: Q and P are rounded to it; fp32 accumulation), the softmax online in fp32 per query row;
+numpy reference: attention.attention_ref.
 
 Per block, the key range is lo .. hi: hi the position of its last row, lo its first row's window
 start (0 without a window). Key tiles wholly outside it are never loaded; only tiles that cross a
@@ -33,7 +34,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels import ptx
-from impnb.kernels.kv_cache import PAGE_SIZES
+from impnb.kernels.kv_cache import BF16, PAGE_SIZES
 from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
@@ -71,15 +72,16 @@ def swz(r, ch, row_bytes):
 
 
 @lru_cache(maxsize=None)
-def q_tile_loader(D: int, BM: int, threads: int, offset):
+def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False):
     """A device function q_tile(q, sq, t0, h, qscale): Q rows t0 .. t0 + BM - 1 of head h (q (T, H,
-    D) float32) times qscale, to fp16 in shared memory, 16-byte chunk ch of tile row r at
+    D) float32) times qscale, to fp16 (bf16) in shared memory, 16-byte chunk ch of tile row r at
     sq + offset(r, ch); a block of `threads` loads QB chunks of 8 values a thread (16-byte loads)
     before converting any; rows past T are zeros."""
     CH = D // 8
     Q_CHUNKS = BM * CH // threads  # 16-byte fp16 chunks of the Q tile per thread
     QB = min(Q_CHUNKS, 8)          # ... loaded per round
     QV = 8 * QB                    # their float32 values
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
     assert Q_CHUNKS % QB == 0
 
     @cuda.jit(device=True, inline=True)
@@ -102,14 +104,14 @@ def q_tile_loader(D: int, BM: int, threads: int, offset):
                 live = t0 + r < T
                 w = cuda.local.array(4, uint32)
                 for i in range(4):
-                    w[i] = ptx.pack_f16x2(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
+                    w[i] = pack(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
                 ptx.st_shared_v4_u32(sq + offset(r, idx - r * CH), w[0], w[1], w[2], w[3])
 
     return q_tile
 
 
 @lru_cache(maxsize=None)
-def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
+def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool = False):
     BM = 16 * MT * WARPS         # query rows per block
     WM = 16 * MT                 # query rows per warp
     CH = D // 8                  # 16-byte chunks per row
@@ -130,6 +132,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     N_O = MT * O1                # O accumulators per lane
     N_P = 4 * MT                 # P A-fragment registers per lane and k step
     PSH = PAGE.bit_length() - 1  # log2 page size
+    mma = ptx.mma_bf16 if bf16 else ptx.mma_f16
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
     assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
 
     @cuda.jit(device=True, inline=True)
@@ -155,7 +159,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
     def q_offset(r, ch):
         return swz(r, ch, ROWB)
 
-    q_tile = q_tile_loader(D, BM, THREADS, q_offset)
+    q_tile = q_tile_loader(D, BM, THREADS, q_offset, bf16)
 
     @cuda.jit(device=True, inline=True)
     def q_frags(sq, row0, kk, qf, o):
@@ -272,7 +276,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                             e = S1 * mt + 4 * (2 * jp + n)
                             bx = b0 if n == 0 else b2
                             by = b1 if n == 0 else b3
-                            s[e], s[e + 1], s[e + 2], s[e + 3] = ptx.mma_f16(
+                            s[e], s[e + 1], s[e + 2], s[e + 3] = mma(
                                 qf[qo], qf[qo + 1], qf[qo + 2], qf[qo + 3], bx, by,
                                 s[e], s[e + 1], s[e + 2], s[e + 3])
 
@@ -330,7 +334,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                 for mt in range(MT):
                     e = S1 * mt + 8 * kj
                     for u in range(4):
-                        pa[4 * mt + u] = ptx.pack_f16x2(s[e + 2 * u], s[e + 2 * u + 1])
+                        pa[4 * mt + u] = pack(s[e + 2 * u], s[e + 2 * u + 1])
                 for dp in range(NO // 2):  # matrices: keys 0..7, 8..15 at d 16dp+0..7, then d +8..15
                     b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(skv + (v_lane ^ (dp << 5)) + 16 * kj * ROWB)
                     for mt in range(MT):
@@ -338,7 +342,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                             f = O1 * mt + 4 * (2 * dp + n)
                             bx = b0 if n == 0 else b2
                             by = b1 if n == 0 else b3
-                            o[f], o[f + 1], o[f + 2], o[f + 3] = ptx.mma_f16(
+                            o[f], o[f + 1], o[f + 2], o[f + 3] = mma(
                                 pa[4 * mt], pa[4 * mt + 1], pa[4 * mt + 2], pa[4 * mt + 3], bx, by,
                                 o[f], o[f + 1], o[f + 2], o[f + 3])
 
@@ -352,7 +356,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int):
                     f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
                     ptx.st_global_v2_f32(out, base + 8 * n, o[f] * inv, o[f + 1] * inv)
 
-    fa2.__name__ = f"_fa2_d{D}_n{BN}_m{WM}{'_qr' if q_in_regs else ''}_p{PAGE}_kernel"
+    fa2.__name__ = f"_fa2_d{D}_n{BN}_m{WM}{'_qr' if q_in_regs else ''}_p{PAGE}{'_bf16' if bf16 else ''}_kernel"
     return cuda.jit(fa2)
 
 
@@ -365,10 +369,12 @@ def _check(a, dtype, ndim: int, name: str):
         f"{name}: C-contiguous {np.dtype(dtype)} with {ndim} dims expected, got {a.dtype} {a.shape}"
 
 
-def check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap):
-    """The arguments' dtypes, layouts and shapes, as the prefill attention kernels take them."""
+def check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap) -> bool:
+    """The arguments' dtypes, layouts and shapes, as the prefill attention kernels take them;
+    returns whether the pools are bf16 (kv_cache.BF16) rather than float16."""
+    kv = BF16 if k_pool.dtype == BF16 else np.float16
     for a, dt, nd, name in ((q, np.float32, 3, "q"), (out, np.float32, 3, "out"),
-                            (k_pool, np.float16, 4, "k_pool"), (v_pool, np.float16, 4, "v_pool"),
+                            (k_pool, kv, 4, "k_pool"), (v_pool, kv, 4, "v_pool"),
                             (block_table, np.int32, 1, "block_table"), (pos, np.int32, 1, "pos")):
         _check(a, dt, nd, name)
     T, H, D = q.shape
@@ -377,33 +383,43 @@ def check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap):
     assert k_pool.shape[1] in PAGE_SIZES and H % k_pool.shape[2] == 0, "pages or heads"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
+    return kv == BF16
 
 
 def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
                   window: int | None, softcap: float | None, stream, tiling: str = DEFAULT_TILING) -> None:
     """out (T, H, D) = causal attention of q (T, H, D) float32 at positions pos (T,) int32,
     non-decreasing (a prompt chunk: consecutive). k_pool, v_pool (n_pages, page_size, Hkv, D)
-    float16 already hold keys 0 .. max(pos); block_table (max_pages,) int32 of this sequence.
+    float16, or both bf16 (kv_cache.BF16), already hold keys 0 .. max(pos); block_table (max_pages,) int32 of this sequence.
     window None or > 0; softcap None or > 0. All queries at one position N - 1 give
     non-causal attention over N keys. tiling: a key of TILINGS."""
-    check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
+    bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     P = k_pool.shape[1]
     assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
     BN, MT, q_in_regs = TILINGS[tiling][D]
     BM = 16 * MT * WARPS
     if T:
-        launch(fa2_kernel(D, BN, MT, q_in_regs, P), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
+        launch(fa2_kernel(D, BN, MT, q_in_regs, P, bf16), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
                v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
                np.float32(softcap or 0.0),
                shared_bytes=shared_bytes(D, BN, MT))
 
 
-_SIG = types.void(types.float32[:, :, ::1], types.float16[:, :, :, ::1], types.float16[:, :, :, ::1],
-                  types.int32[::1], types.int32[::1], types.float32[:, :, ::1],
-                  types.float32, types.int32, types.float32)
+def kernel_sig(bf16: bool = False):
+    """The kernels' argument types: q, the pools (float16, or uint16 bf16 bits), block_table, pos,
+    out, qscale, window, softcap."""
+    kv = types.uint16 if bf16 else types.float16
+    return types.void(types.float32[:, :, ::1], kv[:, :, :, ::1], kv[:, :, :, ::1], types.int32[::1],
+                      types.int32[::1], types.float32[:, :, ::1], types.float32, types.int32, types.float32)
+
+
 FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"]
-# every tiling at page size 32 (the page size only changes the block-table shift and mask)
-BUILD_SIGNATURES = [(fa2_kernel(D, *cfg, 32), _SIG, {"max_registers": 255, "ptx_contains": FA2_PTX})
-                    for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})]
+# every tiling at page size 32 (the page size only changes the block-table shift and mask); the
+# default tiling in bf16 too
+BUILD_SIGNATURES = [(fa2_kernel(D, *cfg, 32), kernel_sig(), {"max_registers": 255, "ptx_contains": FA2_PTX})
+                    for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})] + [
+    (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
+     {"max_registers": 255, "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
+    for D in HEAD_DIMS]

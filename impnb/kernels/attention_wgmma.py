@@ -1,4 +1,4 @@
-"""Prefill attention over the paged fp16 KV cache on Hopper's wgmma (FlashAttention-3 style, sm_90a).
+"""Prefill attention over the paged fp16 or bf16 KV cache on Hopper's wgmma (FlashAttention-3 style, sm_90a).
 
 The same operation and arguments as attention_fa2.py (causal, sliding window, softcap, GQA,
 chunked prefill against the cache; numpy reference attention.attention_ref), at head dims 64
@@ -6,7 +6,8 @@ and 128. A block is two warpgroups over 128 query rows, 64 each; per BN-key tile
 keys at D 128, 64 at D 64) S = Q·Kᵀ is one m64nBNk16 wgmma a 16-wide k step with Q and K from
 shared memory, the first step overwriting S; the online softmax runs on S's accumulators in
 fp32 (log2 units, lazy max, as attention_fa2); O += P·V is one m64nDk16 wgmma a 16-key step
-with P in registers (S's accumulators packed to fp16: the accumulator layout of n-tiles 2j,
+with P in registers (S's accumulators packed to the cache's type, fp16 or bf16, as Q is: the
+accumulator layout of n-tiles 2j,
 2j+1 is the A fragment of key step j) and V read MN-major from the same swizzled tile layout K
 uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile j, so the softmax of S runs
 while it does; K/V tiles stream through cp.async stages. Numba's simulator cannot run wgmma:
@@ -21,7 +22,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels import ptx, ptx_wgmma as wg
-from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, _SIG, check_args, q_tile_loader
+from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, check_args, kernel_sig, q_tile_loader
 from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
@@ -71,7 +72,7 @@ def tile_offset(r, ch, rows):
 
 
 @lru_cache(maxsize=None)
-def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
+def wgmma_attention_kernel(D: int, PAGE: int, form: Form, bf16: bool = False):
     BN, GROUPS, STAGES = form.bn, form.groups, form.stages
     BM = 64 * GROUPS             # query rows a block
     THREADS = 128 * GROUPS
@@ -92,9 +93,11 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
     N_P = N_S // 2               # P's fp16x2 A-fragment words a thread
     V_LBO = BN * ROW             # bytes between V's head-dim halves
     PSH = PAGE.bit_length() - 1
-    mma_s = wg.MMA_F16[BN]
-    mma_s0 = wg.MMA_F16_FIRST[BN]
-    mma_o = wg.MMA_RS_F16[D]
+    dt = "bf16" if bf16 else "f16"
+    mma_s = wg.MMA[dt][BN]
+    mma_s0 = wg.MMA_FIRST[dt][BN]
+    mma_o = wg.MMA_RS[dt][D]
+    pack2 = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
     assert RSTEP % 8 == 0 and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
 
     @cuda.jit(device=True, inline=True)
@@ -117,7 +120,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
     def q_offset(r, ch):
         return tile_offset(r, ch, BM)
 
-    q_tile = q_tile_loader(D, BM, THREADS, q_offset)
+    q_tile = q_tile_loader(D, BM, THREADS, q_offset, bf16)
 
     @cuda.jit(device=True, inline=True)
     def qk(s, dq, sk):
@@ -137,7 +140,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
     @cuda.jit(device=True, inline=True)
     def pack(s, pa):
         for i in range(N_P):
-            pa[i] = ptx.pack_f16x2(s[2 * i], s[2 * i + 1])
+            pa[i] = pack2(s[2 * i], s[2 * i + 1])
 
     @cuda.jit(device=True, inline=True)
     def pv(o, pa, sv):
@@ -311,7 +314,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form):
                     ptx.st_global_v2_f32(out, base + 8 * n, o[4 * n + 2 * rh] * inv, o[4 * n + 2 * rh + 1] * inv)
 
     attention.__name__ = (f"_attention_wgmma_d{D}_p{PAGE}_n{BN}_g{GROUPS}"
-                          f"_s{STAGES}_r{form.regs}_kernel")
+                          f"_s{STAGES}_r{form.regs}{'_bf16' if bf16 else ''}_kernel")
     return cuda.jit(attention, max_registers=form.regs)
 
 
@@ -324,26 +327,25 @@ def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
                     window: int | None, softcap: float | None, stream, form: str | None = None) -> None:
     """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a); form: a
     key of FORMS, None: DEFAULT_FORM's for the head dim."""
-    check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
+    bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
     f = FORMS[form or DEFAULT_FORM[D]]
     assert D in f.dims, f"form {form} does not build head dim {D}"
     if T:
         BM = 64 * f.groups
-        launch(wgmma_attention_kernel(D, k_pool.shape[1], f), (H, (T + BM - 1) // BM), 128 * f.groups, stream, q,
+        launch(wgmma_attention_kernel(D, k_pool.shape[1], f, bf16), (H, (T + BM - 1) // BM), 128 * f.groups, stream, q,
                k_pool, v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
                np.float32(softcap or 0.0), shared_bytes=shared_bytes(D, f))
 
 
-# Every form at each head dim, the LTO cubin that runs; the default one's PTX too (compile_ptx +
-# link, where libdevice's tanh stays an extern call: D 128 with Q in registers spills 12 bytes
-# there, none in the cubin that runs)
+# Every form at its head dims, the LTO cubin that runs, fp16 and bf16; the fp16 default form's PTX
+# too (compile_ptx + link, where libdevice's tanh stays an extern call; LTO inlines it)
 BUILD_SIGNATURES = [] if wg.SIM else [
-    (wgmma_attention_kernel(D, 32, f), _SIG,
-     {"max_registers": f.regs} if name != DEFAULT_FORM[D] else
+    (wgmma_attention_kernel(D, 32, f, bf16), kernel_sig(bf16),
+     {"max_registers": f.regs} if bf16 or name != DEFAULT_FORM[D] else
      {"max_registers": f.regs,
       "ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{f.bn}k16.f32.f16.f16",
                        f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
-    for D in HEAD_DIMS for name, f in FORMS.items() if D in f.dims
+    for D in HEAD_DIMS for name, f in FORMS.items() if D in f.dims for bf16 in (False, True)
 ]

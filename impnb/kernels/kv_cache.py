@@ -6,6 +6,8 @@ Per layer (B sequences, Hkv KV heads, D head dim, P = page_size tokens per page)
   block_table (B, max_pages) int32: position p of sequence b lives at
               pool[block_table[b, p // P], p % P]; entries past the live length are never read.
 One block table serves every layer; pages need not be contiguous or ordered.
+The runtime's pools are float16. The prefill attention kernels also read bf16 pools: numpy has no
+bfloat16, so those are uint16 arrays of bf16 bit patterns (BF16; bf16_bits / bf16_values).
 """
 
 import numpy as np
@@ -16,6 +18,21 @@ from impnb.launch import launch
 
 PAGE_SIZES = (16, 32)
 _THREADS = 128
+
+
+BF16 = np.dtype(np.uint16)  # a pool dtype: bf16 bit patterns
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), r)
+
+
+def bf16_values(b: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> float32, exactly."""
+    return (b.astype(np.uint32) << 16).view(np.float32)
 
 
 def pool_shape(n_pages: int, page_size: int, n_head_kv: int, head_dim: int) -> tuple[int, int, int, int]:

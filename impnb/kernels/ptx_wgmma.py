@@ -7,15 +7,16 @@ since, `wgmma_commit` to close a group, `wgmma_wait(n)` until at most n groups a
 Shared memory written by threads (st.shared, cp.async) must be made visible to the async proxy
 that wgmma reads through: `fence_proxy_async` after the writes, before the barrier.
 
-Operand layout: "K-major" A (M x K, K contiguous) and B (N x K, K contiguous), no transpose, in
-the 128-byte swizzle: a row of 64 fp16 (128 bytes), its 16-byte chunk ch stored at chunk
+Operands are fp16 (`MMA_F16`, the GEMMs'), or fp16 or bf16 by name (attention's `MMA`,
+`MMA_FIRST`, `MMA_RS`). Operand layout: "K-major" A (M x K, K contiguous) and B (N x K, K contiguous), no transpose, in
+the 128-byte swizzle: a row of 64 16-bit values (128 bytes), its 16-byte chunk ch stored at chunk
 ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layout TMA's
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
 of a 64-wide tile starts 32 kk bytes further (desc + 2 kk).
 
-The register-A forms take A from registers in mma.sync m16n8k16's A fragment layout (warp w of
-the warpgroup rows 16 w ..); `MMA_RS_F16_K` takes B K-major as above, `MMA_RS_F16` takes B
-"MN-major" (`desc_sw128_mn`): a K x N tile stored as rows of k, 64 n values (128 bytes) a row,
+The register-A form (`MMA_RS`) takes A from registers in mma.sync m16n8k16's A fragment layout
+(warp w of the warpgroup rows 16 w ..) and B "MN-major" (`desc_sw128_mn`): a K x N tile stored
+as rows of k, 64 n values (128 bytes) a row,
 swizzled as above, 8-row groups 1024 bytes apart; N past 64 continues in a second such block
 `lbo` bytes on (PTX ISA, "Canonical Layouts", MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))).
 So a tile of keys x head dim stored for K-major use (S = Q·Kᵀ) is also V's MN-major B for
@@ -30,7 +31,8 @@ Numba's simulator cannot run these; tests that need them skip there (ptx_sim has
 from numba import config
 
 SIM = bool(config.ENABLE_CUDASIM)
-WG_N = (64, 128, 256)  # wgmma widths built here (the tiles' BN)
+WG_N = (128, 256)  # wgmma widths built here (the GEMM tiles' BN)
+WG_N_S = (64, 128)  # attention's S widths (its tiles' keys)
 WG_N_RS = (64, 128)  # register-A widths (attention's head dims)
 
 if not SIM:
@@ -87,8 +89,8 @@ if not SIM:
             return builder.or_(builder.and_(builder.lshr(a, _I64(4)), _I64(0x3FFF)), _I64(const))
         return types.uint64(addr, lbo), codegen
 
-    def _mma(n, scale_d=1):
-        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
+    def _mma(n, scale_d=1, dtype="f16"):
+        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
                 f"${n}, ${n + 1}, {scale_d}, 1, 1, 0, 0;")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["l", "l", "~{memory}"])
@@ -117,18 +119,18 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
-    def _mma_rs(n, trans_b, scale_d=1):
-        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
+    def _mma_rs(n, dtype):
+        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
                 "{" + ", ".join(f"${n + i}" for i in range(4)) + "}, "
-                f"${n + 4}, {scale_d}, 1, 1, {trans_b};")
+                f"${n + 4}, 1, 1, 1, 1;")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["r"] * 4 + ["l", "~{memory}"])
 
         @intrinsic
         def mma(typingctx, acc, a0, a1, a2, a3, db):
             """acc (n/2 float32 local array) += A·B of a 64 x 16 A in registers (a0..a3: this
-            thread's fp16x2 words of mma.sync's A fragment) and a 16 x n B (descriptor db:
-            MN-major with trans_b 1, K-major with 0), asynchronously as the shared-memory form."""
+            thread's 16-bit pairs of mma.sync's A fragment) and a 16 x n B (descriptor db,
+            MN-major: trans-b 1), asynchronously as the shared-memory form."""
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32
                     and all(isinstance(t, types.Integer) for t in (a0, a1, a2, a3, db))):
                 return None
@@ -149,7 +151,7 @@ if not SIM:
         return mma
 
     MMA_F16 = {n: _mma(n) for n in WG_N}
-    MMA_F16_FIRST = {n: _mma(n, scale_d=0) for n in WG_N}          # acc = A·B
-    MMA_RS_F16 = {n: _mma_rs(n, trans_b=1) for n in WG_N_RS}       # B MN-major
-    MMA_RS_F16_K = {n: _mma_rs(n, trans_b=0) for n in WG_N}        # B K-major
-    MMA_RS_F16_K_FIRST = {n: _mma_rs(n, trans_b=0, scale_d=0) for n in WG_N}
+    # attention's: by operand type, acc = A·B (S's first k step), and A in registers with B MN-major (P·V)
+    MMA_FIRST = {t: {n: _mma(n, 0, t) for n in WG_N_S} for t in ("f16", "bf16")}
+    MMA = {t: {n: _mma(n, 1, t) for n in WG_N_S} for t in ("f16", "bf16")}
+    MMA_RS = {t: {n: _mma_rs(n, t) for n in WG_N_RS} for t in ("f16", "bf16")}

@@ -5,10 +5,11 @@ check_fa2 runs one case; tests/sim/test_attention_fa2.py runs it on tiny shapes 
 Every case: Gaussian q/k/v, a shuffled block table whose slots holding no live position (and one
 table entry past the live length) are fp16 NaN, the output poisoned with NaN.
 
-Tolerances (max abs error, unit = std max(1, std²) as in test_attention.py):
-  vs attention_ref on the fp16 K/V the cache holds: 4e-3 unit (Q·scale and P rounded to fp16 as
-  mma operands: ~2.4e-4 relative each, on scores of std up to std² and on the V sum);
-  vs attention_ref on the float32 K/V before caching: 8e-3 unit (plus the cache's fp16 rounding).
+Tolerances (max abs error, unit = std max(1, std²) as in test_attention.py), per cache dtype:
+  fp16, vs attention_ref on the fp16 K/V the cache holds: 4e-3 unit (Q·scale and P rounded to
+  fp16 as mma operands: ~2.4e-4 relative each, on scores of std up to std² and on the V sum);
+  vs attention_ref on the float32 K/V before caching: 8e-3 unit (plus the cache's fp16 rounding);
+  bf16 (a bf16 cache; Q and P rounded to bf16, 8x fp16's unit roundoff): 3.2e-2 and 6.4e-2 unit.
 """
 
 import numpy as np
@@ -16,24 +17,30 @@ import pytest
 from numba import cuda
 
 from impnb.kernels import attention_wgmma
+from impnb.kernels.attention_wgmma import DEFAULT_FORM
 from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
-from impnb.kernels.kv_cache import kv_gather_ref
+from impnb.kernels.kv_cache import bf16_bits, bf16_values, kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
 
 pytestmark = pytest.mark.gpu
 
-TOL16, TOL32 = 4e-3, 8e-3
+TOL = {"f16": (4e-3, 8e-3), "bf16": (3.2e-2, 6.4e-2)}  # (vs the cached K/V, vs float32 K/V)
 WG_TILINGS = attention_wgmma.FORMS
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
-              tiling=DEFAULT_TILING):
+              tiling=DEFAULT_TILING, kv="f16"):
     """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
     puts every query at the last position (each sees all pos0 + T keys). tiling: a TILINGS key
-    of attention_fa2, or a WG_TILINGS key for attention_wgmma."""
+    of attention_fa2, or a WG_TILINGS key for attention_wgmma; kv: the cache's type, f16 or bf16."""
     L = pos0 + T
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
+    if kv == "bf16":  # the same NaN-poisoned pages, the live rows rounded from float32 to bf16
+        p = np.arange(L)
+        slots = block_table[0][p // page_size], p % page_size
+        k_pool, v_pool = bf16_bits(k_pool.astype(np.float32)), bf16_bits(v_pool.astype(np.float32))
+        k_pool[slots], v_pool[slots] = bf16_bits(ks[0]), bf16_bits(vs[0])
     q = gauss(rng, (T, H, D), std)
     pos = np.arange(pos0, L, dtype=np.int32) if causal else np.full(T, L - 1, np.int32)
     scale = D ** -0.5
@@ -46,14 +53,18 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
         attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
-    what = f"fa2[{tiling}] pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
+    what = f"{kv} fa2[{tiling}] pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
     assert np.isfinite(got).all(), f"{what}: non-finite output"
     k16, v16 = kv_gather_ref(k_pool, block_table[0], L), kv_gather_ref(v_pool, block_table[0], L)
+    if kv == "bf16":
+        k16, v16 = bf16_values(k16), bf16_values(v16)
     unit = std * max(1.0, std * std)
     err16 = np.abs(got - attention_ref(q, k16, v16, pos, scale, window, softcap)).max()
     err32 = np.abs(got - attention_ref(q, ks[0], vs[0], pos, scale, window, softcap)).max()
-    assert err16 <= TOL16 * unit, f"{what}: {err16:.3e} from the fp16-K/V reference"
-    assert err32 <= TOL32 * unit, f"{what}: {err32:.3e} from the float32-K/V reference"
+    tol16, tol32 = TOL[kv]
+    print(f"{what}: {err16 / unit:.2e} / {err32 / unit:.2e} unit")
+    assert err16 <= tol16 * unit, f"{what}: {err16:.3e} from the cached-K/V reference"
+    assert err32 <= tol32 * unit, f"{what}: {err32:.3e} from the float32-K/V reference"
     return err16 / unit
 
 
@@ -130,3 +141,25 @@ def test_wgmma_long_softcap_not_causal(D, tiling):
     check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False, tiling=tiling)
     for pos0, T, window in [(500, 64, 1), (500, 100, 128), (37, 200, 129)]:
         check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, D, 1.0, window, tiling=tiling)
+
+
+# -- a bf16 cache: both kernels, every head dim, GQA, window, softcap, odd lengths --
+BF16_CASES = ([(*sh, DEFAULT_TILING) for sh in SHAPES]
+              + [(*sh, name) for sh in WG_SHAPES for name in sorted(WG_TILINGS) if sh[2] in WG_TILINGS[name].dims])
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("pos0,T", [(0, 17), (0, 1000), (130, 300), (1000, 17)])
+@pytest.mark.parametrize("H,Hkv,D,window,tiling", BF16_CASES)
+def test_bf16(H, Hkv, D, window, pos0, T, std, tiling):
+    check_fa2(_seed(H, D, pos0, T, std, 16), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2),
+              tiling=tiling, kv="bf16")
+
+
+@pytest.mark.parametrize("D,tiling", [(D, DEFAULT_TILING) for D in (64, 128, 256)]
+                         + [(D, DEFAULT_FORM[D]) for D in attention_wgmma.HEAD_DIMS])
+def test_bf16_long_softcap_not_causal(D, tiling):
+    """A 4097-token prompt; softcap with a window; every query at the last position."""
+    check_fa2(_seed(D, 4097, 16), 0, 4097, 8, 2, D, 1.0, 512 if D == 256 else None, tiling=tiling, kv="bf16")
+    check_fa2(_seed(D, 100, 16), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling=tiling, kv="bf16")
+    check_fa2(_seed(D, 7, 16), 0, 333, 4, 4, D, 1.0, causal=False, tiling=tiling, kv="bf16")

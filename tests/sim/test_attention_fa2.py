@@ -30,3 +30,12 @@ def test_fa2(pos0, T, H, Hkv, window, softcap, std, page_size, causal, D):
 def test_fa2_m16(pos0, T, window, softcap, page_size, D):
     """The BM 64 tiling (the default is BM 128 for D 64 and 128)."""
     check_fa2(_seed(pos0, T, D), pos0, T, 2, 1, D, 1.0, window, softcap, page_size, True, tiling="m16")
+
+
+@pytest.mark.parametrize("pos0,T,window,softcap,D", [
+    (70, 17, None, None, 64),     # two key tiles, the ring wraps
+    (40, 9, 20, 20.0, 128),       # D 128, window and softcap
+])
+def test_fa2_bf16(pos0, T, window, softcap, D):
+    """A bf16 cache: Q and P packed to bf16, S and O on mma.sync's bf16 form."""
+    check_fa2(_seed(pos0, T, D, 16), pos0, T, 2, 1, D, 1.0, window, softcap, 32, True, kv="bf16")
