@@ -38,6 +38,13 @@ HEAD_DIMS = (64, 128)
 #          420 | 189 / 360 / 413; 64-key tiles with two warpgroups and 4 stages: 269 / 351 / 375 |
 #          208 / 341 / 383. 64-key tiles with two blocks an SM spill 532 bytes at D 128 (O alone
 #          is 64 registers a thread).
+# A persistent grid (blocks an SM x 132 blocks, each looping over work items (head, query tile)
+# heaviest first with a block barrier between items) measured slower at every short context, so a
+# block is a work item (N 512 / 1024 / 2048 / 4096, not causal | causal, one call 2026-11-26 15:45 UTC):
+#   D 128: 187 / 280 / 343 / 378 | 97 / 171 / 250 / 320 against 199 / 296 / 364 / 398 | 103 / 208 / 297 / 370;
+#   D 64 (164 bytes spilled at 128 registers): 119 / 218 / 267 / 291 | 62 / 122 / 181 / 235 against
+#          147 / 256 / 314 / 347 | 73 / 143 / 268 / 336.
+#   The hardware's block scheduler already hands the heaviest-first blocks out as SMs free up.
 # Tried and dropped earlier (D 128, same-call comparisons; numbers in git history): Q's fragments
 # held in registers (within 2%); P·V after the softmax rather than beside the next S (3% slower);
 # an mbarrier pair a stage in place of the block barrier a tile (4-11% slower).
