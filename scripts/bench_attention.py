@@ -11,7 +11,7 @@ replays them; at N 1024 impnb's four calls otherwise wait on the host).
     python scripts/bench_attention.py [--ctx 1024,2048,4096,8192,16384] [--dims 64,128] [--reps 5] [--json PATH]
         [--tilings m32,m16] [--no-torch] [--bf16]
 --tilings: attention_fa2's TILINGS to time side by side (one impnb column each); "wg" is
-attention_wgmma (head dims 64 and 128) in its default form, a FORMS key it in that form.
+attention_wgmma (head dims 64 and 128).
 """
 
 import argparse
@@ -26,7 +26,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
-from impnb.kernels.attention_wgmma import FORMS, attention_wgmma  # noqa: E402
+from impnb.kernels.attention_wgmma import HEAD_DIMS as WG_DIMS, attention_wgmma  # noqa: E402
 from impnb.kernels.kv_cache import bf16_bits, contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
@@ -53,7 +53,7 @@ def median_ms(fn, reps: int, stream, sleep) -> float:
 
 
 def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILING, bf16: bool = False) -> float | None:
-    if tiling in FORMS and D not in FORMS[tiling].dims:
+    if tiling == "wg" and D not in WG_DIMS:
         return None
     rng = np.random.default_rng(0)
     stream = cuda.stream()
@@ -69,9 +69,8 @@ def impnb_ms(N: int, D: int, causal: bool, reps: int, tiling: str = DEFAULT_TILI
 
     def run():
         for z in range(Z):
-            if tiling == "wg" or tiling in FORMS:  # wg: DEFAULT_FORM's
-                attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream,
-                                FORMS.get(tiling) and tiling)
+            if tiling == "wg":
+                attention_wgmma(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream)
             else:
                 attention_fa2(q[z], k_pool, v_pool, table[z], pos, out[z], D ** -0.5, None, None, stream, tiling)
 
@@ -118,7 +117,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--tilings", default=DEFAULT_TILING,
-                    help="comma-separated TILINGS keys of attention_fa2, wg, or FORMS keys of attention_wgmma")
+                    help="comma-separated TILINGS keys of attention_fa2, or wg (attention_wgmma)")
     ap.add_argument("--no-torch", action="store_true", help="time impnb only")
     ap.add_argument("--bf16", action="store_true", help="bf16 K/V (and torch's tensors), not fp16")
     args = ap.parse_args()
@@ -140,7 +139,8 @@ def main():
                 print(row, file=sys.stderr, flush=True)
     fmt = lambda v: "    -" if v is None else f"{v:5.0f}"  # noqa: E731
     cols = impnb_cols + ["flash", "cudnn"]
-    print(f"TFLOP/s, Z={Z} H={H} {'bf16' if args.bf16 else 'fp16'}\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
+    dtype = "bf16" if args.bf16 else "fp16"
+    print(f"TFLOP/s, Z={Z} H={H} {dtype}\n    D causal     N  " + "  ".join(f"{c:>8}" for c in cols)
           + "  impnb/flash")
     for r in rows:
         best = max(r[c] or 0 for c in impnb_cols)

@@ -390,9 +390,9 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
                   window: int | None, softcap: float | None, stream, tiling: str = DEFAULT_TILING) -> None:
     """out (T, H, D) = causal attention of q (T, H, D) float32 at positions pos (T,) int32,
     non-decreasing (a prompt chunk: consecutive). k_pool, v_pool (n_pages, page_size, Hkv, D)
-    float16, or both bf16 (kv_cache.BF16), already hold keys 0 .. max(pos); block_table (max_pages,) int32 of this sequence.
-    window None or > 0; softcap None or > 0. All queries at one position N - 1 give
-    non-causal attention over N keys. tiling: a key of TILINGS."""
+    float16, or both bf16 (kv_cache.BF16), already hold keys 0 .. max(pos); block_table
+    (max_pages,) int32 of this sequence. window None or > 0; softcap None or > 0. All queries at
+    one position N - 1 give non-causal attention over N keys. tiling: a key of TILINGS."""
     bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     P = k_pool.shape[1]
@@ -421,5 +421,6 @@ FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.a
 BUILD_SIGNATURES = [(fa2_kernel(D, *cfg, 32), kernel_sig(), {"max_registers": 255, "ptx_contains": FA2_PTX})
                     for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})] + [
     (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
-     {"max_registers": 255, "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
+     {"max_registers": 255,
+      "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
     for D in HEAD_DIMS]

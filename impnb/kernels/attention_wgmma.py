@@ -1,4 +1,5 @@
-"""Prefill attention over the paged fp16 or bf16 KV cache on Hopper's wgmma (FlashAttention-3 style, sm_90a).
+"""Prefill attention over the paged fp16 or bf16 KV cache on Hopper's wgmma (FlashAttention-3
+style, sm_90a).
 
 The same operation and arguments as attention_fa2.py (causal, sliding window, softcap, GQA,
 chunked prefill against the cache; numpy reference attention.attention_ref), at head dims 64
@@ -7,11 +8,10 @@ keys at D 128, 64 at D 64) S = Q·Kᵀ is one m64nBNk16 wgmma a 16-wide k step w
 shared memory, the first step overwriting S; the online softmax runs on S's accumulators in
 fp32 (log2 units, lazy max, as attention_fa2); O += P·V is one m64nDk16 wgmma a 16-key step
 with P in registers (S's accumulators packed to the cache's type, fp16 or bf16, as Q is: the
-accumulator layout of n-tiles 2j,
-2j+1 is the A fragment of key step j) and V read MN-major from the same swizzled tile layout K
-uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile j, so the softmax of S runs
-while it does; K/V tiles stream through cp.async stages. Numba's simulator cannot run wgmma:
-tests/gpu/test_attention_fa2.py runs this kernel.
+accumulator layout of n-tiles 2j, 2j+1 is the A fragment of key step j) and V read MN-major from
+the same swizzled tile layout K uses (ptx_wgmma). P·V of tile j - 1 is issued beside S of tile
+j, so the softmax of S runs while it does; K/V tiles stream through cp.async stages. Numba's
+simulator cannot run wgmma: tests/gpu/test_attention_fa2.py runs this kernel.
 """
 
 import math
@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32, int32, types, uint32
+from numba import cuda, float32, int32, uint32
 
 from impnb.kernels import ptx, ptx_wgmma as wg
 from impnb.kernels.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, check_args, kernel_sig, q_tile_loader
@@ -27,8 +27,9 @@ from impnb.kernels.norm import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
-# The forms, measured on the H100 2026-11-26 (scripts/bench_attention.py, TFLOP/s, Z=4 H=32, N 1024 /
-# 4096 / 16384, not causal | causal; each line's figures from one call):
+# The forms (wgnBN: BN-key tiles, two warpgroups, three stages) and the others tried, measured on
+# the H100 2026-11-26 (scripts/bench_attention.py, TFLOP/s, Z=4 H=32, N 1024 / 4096 / 16384, not
+# causal | causal; each line's figures from one call):
 #   D 64:  wgn64 256 / 346 / 351 | 142 / 330 / 375: two blocks an SM at 128 registers, 16 warps;
 #          128-key tiles, one block an SM (Q in registers, 254 registers): 202 / 283 / 308 | 149 / 258 / 309;
 #          wgn64 with 4 stages: 255 / 347 / 359 | 142 / 329 / 372; one warpgroup a block, 3 blocks
@@ -40,7 +41,7 @@ HEAD_DIMS = (64, 128)
 #          is 64 registers a thread).
 # A persistent grid (blocks an SM x 132 blocks, each looping over work items (head, query tile)
 # heaviest first with a block barrier between items) measured slower at every short context, so a
-# block is a work item (N 512 / 1024 / 2048 / 4096, not causal | causal, one call 2026-11-26 15:45 UTC):
+# block is a work item (N 512 / 1024 / 2048 / 4096, not causal | causal, one call 2026-11-26 15:39 UTC):
 #   D 128: 187 / 280 / 343 / 378 | 97 / 171 / 250 / 320 against 199 / 296 / 364 / 398 | 103 / 208 / 297 / 370;
 #   D 64 (164 bytes spilled at 128 registers): 119 / 218 / 267 / 291 | 62 / 122 / 181 / 235 against
 #          147 / 256 / 314 / 347 | 73 / 143 / 268 / 336.
@@ -53,19 +54,14 @@ HEAD_DIMS = (64, 128)
 class Form(NamedTuple):
     """A build of the kernel: keys a tile; warpgroups a block (64 query rows each); K/V stages
     (the tile in S, the one before in P·V, the rest loading); the register cap (128 lets two
-    256-thread blocks share an SM); the head dims it builds for without spills."""
+    256-thread blocks share an SM)."""
     bn: int = 128
     groups: int = 2
     stages: int = 3
     regs: int = 255
-    dims: tuple = HEAD_DIMS
 
 
-FORMS = {
-    "wgn128": Form(dims=(128,)),
-    "wgn64": Form(64, 2, 3, 128, (64,)),
-}
-DEFAULT_FORM = {64: "wgn64", 128: "wgn128"}
+FORMS = {64: Form(bn=64, regs=128), 128: Form()}  # head dim: its form ("wgn64", "wgn128" above)
 ROW = 128         # bytes a swizzled tile row: 64 fp16 of the head dim
 ALIGN = 1024      # the 128-byte swizzle repeats every 8 rows: tiles start 1024-byte aligned
 SMEM_ALIGN = ptx.SMEM_ALIGN
@@ -92,7 +88,7 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form, bf16: bool = False):
     AHEAD = STAGES - 2           # tiles in flight beyond the one in S (the one before is in P·V)
     WAIT = AHEAD - 1             # commit groups left pending when tile j has landed
     RSTEP = THREADS // CH        # tile rows one pass of the block's cp.async covers
-    KV_PASSES = -(-BN // RSTEP)  # the last one partial where RSTEP does not divide BN
+    KV_PASSES = BN // RSTEP
     NS = BN // 8                 # S n-tiles (8 keys)
     NO = D // 8                  # O n-tiles (8 head-dim values)
     N_S = 4 * NS                 # S accumulators a thread (BN / 2)
@@ -105,7 +101,8 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form, bf16: bool = False):
     mma_s0 = wg.MMA_FIRST[dt][BN]
     mma_o = wg.MMA_RS[dt][D]
     pack2 = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
-    assert RSTEP % 8 == 0 and BN % PAGE == 0 and Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
+    assert KV_PASSES * RSTEP == BN and RSTEP % 8 == 0 and BN % PAGE == 0
+    assert Q_BYTES % ALIGN == 0 and KV_BYTES % ALIGN == 0
 
     @cuda.jit(device=True, inline=True)
     def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, ch, col, row_elems, page_elems):
@@ -113,8 +110,6 @@ def wgmma_attention_kernel(D: int, PAGE: int, form: Form, bf16: bool = False):
         # this thread: rows r0 + RSTEP i, chunk ch of each (the r & 7 swizzle is r0's: RSTEP % 8 == 0)
         for i in range(KV_PASSES):
             r = r0 + RSTEP * i
-            if KV_PASSES * RSTEP != BN and r >= BN:
-                break
             key = int32(k0 + r)
             live = min(max(key, lo), hi)
             n = 16 if lo <= key and key <= hi else 0
@@ -331,14 +326,13 @@ def shared_bytes(D: int, form: Form) -> int:
 
 
 def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
-                    window: int | None, softcap: float | None, stream, form: str | None = None) -> None:
-    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a); form: a
-    key of FORMS, None: DEFAULT_FORM's for the head dim."""
+                    window: int | None, softcap: float | None, stream) -> None:
+    """attention_fa2.attention_fa2's operation on wgmma (head dims 64 and 128, sm_90a), in the
+    head dim's form (FORMS)."""
     bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
     T, H, D = q.shape
     assert D in HEAD_DIMS, f"head dim {D} not in {HEAD_DIMS}"
-    f = FORMS[form or DEFAULT_FORM[D]]
-    assert D in f.dims, f"form {form} does not build head dim {D}"
+    f = FORMS[D]
     if T:
         BM = 64 * f.groups
         launch(wgmma_attention_kernel(D, k_pool.shape[1], f, bf16), (H, (T + BM - 1) // BM), 128 * f.groups, stream, q,
@@ -346,13 +340,13 @@ def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
                np.float32(softcap or 0.0), shared_bytes=shared_bytes(D, f))
 
 
-# Every form at its head dims, the LTO cubin that runs, fp16 and bf16; the fp16 default form's PTX
-# too (compile_ptx + link, where libdevice's tanh stays an extern call; LTO inlines it)
+# Each head dim's form, the LTO cubin that runs, fp16 and bf16; the fp16 one's PTX too
+# (compile_ptx + link, where libdevice's tanh stays an extern call; LTO inlines it)
 BUILD_SIGNATURES = [] if wg.SIM else [
     (wgmma_attention_kernel(D, 32, f, bf16), kernel_sig(bf16),
-     {"max_registers": f.regs} if bf16 or name != DEFAULT_FORM[D] else
+     {"max_registers": f.regs} if bf16 else
      {"max_registers": f.regs,
       "ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{f.bn}k16.f32.f16.f16",
                        f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
-    for D in HEAD_DIMS for name, f in FORMS.items() if D in f.dims for bf16 in (False, True)
+    for D, f in FORMS.items() for bf16 in (False, True)
 ]

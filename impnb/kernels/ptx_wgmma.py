@@ -26,6 +26,7 @@ Accumulators (PTX ISA, "Register fragment of wgmma D, .f32"): thread t = 32 w + 
 warpgroup holds, in register i of N/2, row 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1).
 
 Numba's simulator cannot run these; tests that need them skip there (ptx_sim has no twin).
+tests/gpu/test_ptx_wgmma.py probes attention's forms (MMA_FIRST, MMA_RS) thread by thread.
 """
 
 from numba import config

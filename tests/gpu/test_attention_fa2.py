@@ -1,5 +1,5 @@
-"""Prefill attention on tensor cores (FA2 on mma.sync, and the wgmma kernel in each of its forms,
-attention_wgmma.FORMS) on the GPU against the float64 numpy reference.
+"""Prefill attention on tensor cores (FA2 on mma.sync in each tiling, and the wgmma kernel: tiling
+"wg") on the GPU against the float64 numpy reference.
 
 check_fa2 runs one case; tests/sim/test_attention_fa2.py runs it on tiny shapes in the simulator.
 Every case: Gaussian q/k/v, a shuffled block table whose slots holding no live position (and one
@@ -17,7 +17,6 @@ import pytest
 from numba import cuda
 
 from impnb.kernels import attention_wgmma
-from impnb.kernels.attention_wgmma import DEFAULT_FORM
 from impnb.kernels.attention import attention_ref
 from impnb.kernels.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
 from impnb.kernels.kv_cache import bf16_bits, bf16_values, kv_gather_ref
@@ -26,14 +25,13 @@ from tests.gpu.test_attention import gauss, paged_cache
 pytestmark = pytest.mark.gpu
 
 TOL = {"f16": (4e-3, 8e-3), "bf16": (3.2e-2, 6.4e-2)}  # (vs the cached K/V, vs float32 K/V)
-WG_TILINGS = attention_wgmma.FORMS
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
               tiling=DEFAULT_TILING, kv="f16"):
     """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
     puts every query at the last position (each sees all pos0 + T keys). tiling: a TILINGS key
-    of attention_fa2, or a WG_TILINGS key for attention_wgmma; kv: the cache's type, f16 or bf16."""
+    of attention_fa2, or "wg" for attention_wgmma; kv: the cache's type, f16 or bf16."""
     L = pos0 + T
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
     if kv == "bf16":  # the same NaN-poisoned pages, the live rows rounded from float32 to bf16
@@ -47,8 +45,8 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
     out = np.full(q.shape, np.nan, np.float32)
     stream = cuda.stream()
     dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
-    if tiling in WG_TILINGS:
-        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream, tiling)
+    if tiling == "wg":
+        attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream)
     else:
         attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
@@ -116,36 +114,32 @@ def test_fa2_tilings(D, tiling):
     check_fa2(_seed(D, 77), 300, 200, 4, 2, D, 1.0, 100, 20.0, page_size=16, tiling=tiling)
 
 
-# -- the wgmma kernel (head dims 64 and 128): the cases above at its head dims, in every form
-# that builds the head dim --
+# -- the wgmma kernel (head dims 64 and 128): the cases above at its head dims --
 WG_SHAPES = [sh for sh in SHAPES if sh[2] in attention_wgmma.HEAD_DIMS] + [(8, 8, 128, 200), (12, 4, 64, 77)]
-WG_CASES = [(*sh, name) for sh in WG_SHAPES for name in sorted(WG_TILINGS) if sh[2] in WG_TILINGS[name].dims]
 
 
 @pytest.mark.parametrize("std", STDS)
 @pytest.mark.parametrize("pos0,T", [(0, 1), (0, 17), (0, 255), (0, 1000), (17, 255), (1000, 17), (130, 300)])
-@pytest.mark.parametrize("H,Hkv,D,window,tiling", WG_CASES)
-def test_wgmma(H, Hkv, D, window, pos0, T, std, tiling):
+@pytest.mark.parametrize("H,Hkv,D,window", WG_SHAPES)
+def test_wgmma(H, Hkv, D, window, pos0, T, std):
     check_fa2(_seed(H, D, pos0, T, std), pos0, T, H, Hkv, D, std, window, page_size=16 + 16 * (T % 2),
-              tiling=tiling)
+              tiling="wg")
 
 
-@pytest.mark.parametrize("D,tiling", [(D, name) for D in attention_wgmma.HEAD_DIMS for name in sorted(WG_TILINGS)
-                                      if D in WG_TILINGS[name].dims])
-def test_wgmma_long_softcap_not_causal(D, tiling):
+@pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
+def test_wgmma_long_softcap_not_causal(D):
     """A 4097-token prompt (33 query tiles, the last of one row), softcap with and without a
     window, every query at the last position, windows of one key and of a tile width."""
-    check_fa2(_seed(D, 4097), 0, 4097, 8, 2, D, 1.0, tiling=tiling)
-    check_fa2(_seed(D, 20), 300, 140, 4, 1, D, 3.0, None, softcap=20.0, tiling=tiling)
-    check_fa2(_seed(D, 100), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling=tiling)
-    check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False, tiling=tiling)
+    check_fa2(_seed(D, 4097), 0, 4097, 8, 2, D, 1.0, tiling="wg")
+    check_fa2(_seed(D, 20), 300, 140, 4, 1, D, 3.0, None, softcap=20.0, tiling="wg")
+    check_fa2(_seed(D, 100), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling="wg")
+    check_fa2(_seed(D, 7), 0, 333, 4, 4, D, 1.0, causal=False, tiling="wg")
     for pos0, T, window in [(500, 64, 1), (500, 100, 128), (37, 200, 129)]:
-        check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, D, 1.0, window, tiling=tiling)
+        check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, D, 1.0, window, tiling="wg")
 
 
 # -- a bf16 cache: both kernels, every head dim, GQA, window, softcap, odd lengths --
-BF16_CASES = ([(*sh, DEFAULT_TILING) for sh in SHAPES]
-              + [(*sh, name) for sh in WG_SHAPES for name in sorted(WG_TILINGS) if sh[2] in WG_TILINGS[name].dims])
+BF16_CASES = [(*sh, DEFAULT_TILING) for sh in SHAPES] + [(*sh, "wg") for sh in WG_SHAPES]
 
 
 @pytest.mark.parametrize("std", STDS)
@@ -157,7 +151,7 @@ def test_bf16(H, Hkv, D, window, pos0, T, std, tiling):
 
 
 @pytest.mark.parametrize("D,tiling", [(D, DEFAULT_TILING) for D in (64, 128, 256)]
-                         + [(D, DEFAULT_FORM[D]) for D in attention_wgmma.HEAD_DIMS])
+                         + [(D, "wg") for D in attention_wgmma.HEAD_DIMS])
 def test_bf16_long_softcap_not_causal(D, tiling):
     """A 4097-token prompt; softcap with a window; every query at the last position."""
     check_fa2(_seed(D, 4097, 16), 0, 4097, 8, 2, D, 1.0, 512 if D == 256 else None, tiling=tiling, kv="bf16")

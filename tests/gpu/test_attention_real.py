@@ -79,9 +79,7 @@ def run(kernel, q, k, v, pos, scale, window, kv="f16", page_size=16):
 def kernels(D):
     yield "fa2", attention_fa2
     if D in attention_wgmma.HEAD_DIMS:
-        for name, form in attention_wgmma.FORMS.items():
-            if D in form.dims:
-                yield f"wgmma {name}", lambda *a, name=name: attention_wgmma.attention_wgmma(*a, name)
+        yield "wgmma", attention_wgmma.attention_wgmma
 
 
 def test_prefill_attention_on_real_layers(layers):
