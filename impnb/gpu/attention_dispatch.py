@@ -1,12 +1,12 @@
 """Which prefill attention kernel runs a head dim: the wgmma kernel (kernels/attention_wgmma.py)
 on Hopper where it measured faster than FA2 on mma.sync (kernels/attention_fa2.py), else FA2.
 
-H100, 2026-11-26 (scripts/bench_attention.py: Z=4 H=32 fp16, TFLOP/s at N 1024 / 2048 / 4096 /
-8192 / 16384, not causal | causal), FA2 and wgmma from one call each:
-  D 64:  FA2 235 / 282 / 307 / 315 / 312 | 125 / 239 / 285 / 313 / 322
-         wgmma 256 / 314 / 346 / 362 / 351 | 142 / 265 / 330 / 363 / 375   (15:00 UTC)
-  D 128: FA2 260 / 292 / 327 / 334 / 323 | 141 / 266 / 308 / 331 / 336   (12:48 UTC)
-         wgmma 286 / 351 / 389 / 413 / 384 | 206 / 291 / 362 / 400 / 422
+H100, 2026-11-26 15:19 UTC (scripts/bench_attention.py --tilings m32,wg: Z=4 H=32 fp16, TFLOP/s
+at N 1024 / 2048 / 4096 / 8192 / 16384, not causal | causal), the same call:
+  D 64:  FA2 235 / 281 / 307 / 320 / 321 | 126 / 240 / 285 / 315 / 325
+         wgmma 255 / 315 / 349 / 364 / 350 | 143 / 266 / 331 / 362 / 379
+  D 128: FA2 262 / 296 / 324 / 331 / 322 | 142 / 267 / 310 / 331 / 331
+         wgmma 289 / 355 / 398 / 414 / 399 | 207 / 295 / 367 / 411 / 415
 The choice is logged once per head dim ("impnb.attention", debug).
 """
 

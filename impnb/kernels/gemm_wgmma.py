@@ -41,7 +41,7 @@ def gemm_wgmma_kernel(bn: int, stages: int):
     NACC = bn // 2
     AHEAD = stages - 2            # tiles in flight beyond the one multiplied
     PENDING = AHEAD - 1           # cp.async groups left pending once tile k has landed
-    mma = wg.MMA_F16[bn]
+    mma = wg.MMA["f16"][bn]
     assert AHEAD >= 1 and STAGE % ALIGN == 0
 
     @cuda.jit(device=True, inline=True)

@@ -60,7 +60,7 @@ def gemm_wgmma_quant_kernel(ggml_type):
     W_BASE = A_STAGES * A_BYTES
     A_LOADS = BM * 8 // THREADS
     NACC = BN // 2
-    mma = wg.MMA_F16[BN]
+    mma = wg.MMA["f16"][BN]
 
     @cuda.jit(device=True, inline=True)
     def load_a(dst, a, m0, M, K, s):

@@ -9,8 +9,9 @@ One block table serves every layer; pages need not be contiguous or ordered.
 The runtime's pools are float16: K and V sit far inside fp16's range (|V| < 100 on the real
 SmolLM2 and Gemma3 layers of tests/gpu/test_attention_real.py; Gemma's overflow is in the
 residual stream, kept fp32), and fp16 keeps 3 more mantissa bits than bf16 (prefill attention's
-error on those layers is ~8x lower from an fp16 cache). The prefill attention kernels also read bf16 pools: numpy has
-no bfloat16, so those are uint16 arrays of bf16 bit patterns (BF16; bf16_bits / bf16_values).
+error on those layers is ~8x lower from an fp16 cache). The prefill attention kernels also read
+bf16 pools: numpy has no bfloat16, so those are uint16 arrays of bf16 bit patterns (BF16;
+bf16_bits / bf16_values).
 """
 
 import numpy as np

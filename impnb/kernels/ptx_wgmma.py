@@ -7,19 +7,17 @@ since, `wgmma_commit` to close a group, `wgmma_wait(n)` until at most n groups a
 Shared memory written by threads (st.shared, cp.async) must be made visible to the async proxy
 that wgmma reads through: `fence_proxy_async` after the writes, before the barrier.
 
-Operands are fp16 (`MMA_F16`, the GEMMs'), or fp16 or bf16 by name (attention's `MMA`,
-`MMA_FIRST`, `MMA_RS`). Operand layout: "K-major" A (M x K, K contiguous) and B (N x K, K contiguous), no transpose, in
-the 128-byte swizzle: a row of 64 16-bit values (128 bytes), its 16-byte chunk ch stored at chunk
-ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layout TMA's
+Operands are fp16 or bf16, by name: `MMA[dtype][n]`, `MMA_FIRST`, `MMA_RS`. Operand layout:
+"K-major" A (M x K, K contiguous) and B (N x K, K contiguous), no transpose, in the 128-byte
+swizzle: a row of 64 16-bit values (128 bytes), its 16-byte chunk ch stored at chunk ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layout TMA's
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
 of a 64-wide tile starts 32 kk bytes further (desc + 2 kk).
 
 The register-A form (`MMA_RS`) takes A from registers in mma.sync m16n8k16's A fragment layout
 (warp w of the warpgroup rows 16 w ..) and B "MN-major" (`desc_sw128_mn`): a K x N tile stored
-as rows of k, 64 n values (128 bytes) a row,
-swizzled as above, 8-row groups 1024 bytes apart; N past 64 continues in a second such block
-`lbo` bytes on (PTX ISA, "Canonical Layouts", MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))).
-So a tile of keys x head dim stored for K-major use (S = Q·Kᵀ) is also V's MN-major B for
+as rows of k, 64 n values (128 bytes) a row, swizzled as above, 8-row groups 1024 bytes apart;
+N past 64 continues in a second such block `lbo` bytes on (PTX ISA, "Canonical Layouts",
+MN-major 128B: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))). So a tile of keys x head dim stored for K-major use (S = Q·Kᵀ) is also V's MN-major B for
 O += P·V, with no transpose in memory.
 
 Accumulators (PTX ISA, "Register fragment of wgmma D, .f32"): thread t = 32 w + 4 g + c of the
@@ -32,8 +30,7 @@ tests/gpu/test_ptx_wgmma.py probes attention's forms (MMA_FIRST, MMA_RS) thread 
 from numba import config
 
 SIM = bool(config.ENABLE_CUDASIM)
-WG_N = (128, 256)  # wgmma widths built here (the GEMM tiles' BN)
-WG_N_S = (64, 128)  # attention's S widths (its tiles' keys)
+WG_N = (64, 128, 256)  # wgmma widths built here (the GEMM tiles' BN, attention's keys a tile)
 WG_N_RS = (64, 128)  # register-A widths (attention's head dims)
 
 if not SIM:
@@ -151,8 +148,8 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
-    MMA_F16 = {n: _mma(n) for n in WG_N}
-    # attention's: by operand type, acc = A·B (S's first k step), and A in registers with B MN-major (P·V)
-    MMA_FIRST = {t: {n: _mma(n, 0, t) for n in WG_N_S} for t in ("f16", "bf16")}
-    MMA = {t: {n: _mma(n, 1, t) for n in WG_N_S} for t in ("f16", "bf16")}
+    # by operand type and width: acc += A·B; acc = A·B (attention's S, first k step); A in
+    # registers with B MN-major (attention's P·V)
+    MMA = {t: {n: _mma(n, 1, t) for n in WG_N} for t in ("f16", "bf16")}
+    MMA_FIRST = {t: {n: _mma(n, 0, t) for n in WG_N} for t in ("f16", "bf16")}
     MMA_RS = {t: {n: _mma_rs(n, t) for n in WG_N_RS} for t in ("f16", "bf16")}

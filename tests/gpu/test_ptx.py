@@ -13,6 +13,7 @@ import pytest
 from numba import cuda
 
 from impnb.kernels import ptx_probe as probe
+from impnb.kernels.kv_cache import bf16_bits, bf16_values
 
 pytestmark = pytest.mark.gpu
 
@@ -55,15 +56,14 @@ def bits16(x, dtype):
     if dtype == "f16":
         with np.errstate(over="ignore"):
             return x.astype(np.float16).view(np.uint16)
-    u = x.view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bf16_bits(x)
 
 
 def from16(b, dtype):
     b = np.asarray(b, np.uint16)
     if dtype == "f16":
         return b.view(np.float16).astype(np.float64)
-    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bf16_values(b).astype(np.float64)
 
 
 def pack_regs(mat16, table, n_regs):
