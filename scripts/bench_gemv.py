@@ -7,8 +7,9 @@ each timed by its own pair of CUDA events; the median of --reps is reported.
                                  [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--dp4a [V,...]] [--json PATH]
 --read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
---dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these) and quantize_x, which it needs
-first, on the same x (rows "dp4a ..." and "quant_x"; their sum is what a decode step pays).
+--dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these; an empty name is that one)
+and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_x"; their sum is
+what a decode step pays).
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
     python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
@@ -219,6 +220,9 @@ def main():
     def parse_variants(text, flag):
         out = []
         for name in text.split(","):
+            if not name:  # the rule's choice
+                out.append(None)
+                continue
             m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", name)
             if not m:
                 ap.error(f"{flag} {name!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")

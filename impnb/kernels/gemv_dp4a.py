@@ -174,13 +174,17 @@ def _k_scale_pairs(hdr, c):
 
 @cuda.jit(device=True, inline=True)
 def _k_dot(hdr, c, lo, hi, xf, t):
-    # weight d sc q - dmin mn, (sc, mn) of the chunk's two sub-blocks; lo * sc stays an exact
-    # int32 (|lo| <= 16 * 31 * 127, sc < 64)
+    # weight d sc q - dmin mn, (sc, mn) of the chunk's two sub-blocks; lo * sc stays an int32
+    # below 2^22 (|lo| <= 16 * 31 * 127, sc < 64), so small_int_f32 converts it, and mn's bytes
+    # go through the 2^23 trick: no I2F (Q4_K s128u1r8 at 4096x14336 80.6 / 80.7% -> 81.3 / 81.4%
+    # of 2.97 TB/s back to back, two runs each, H100 2026-11-26 18:06 UTC)
     sc, mn = _k_scale_pairs(hdr, c)
     d = qi.f16_to_f32(hdr[0] & qi.HALF)
     dmin = qi.f16_to_f32(hdr[0] >> 16)
-    v = xf[t, 0] * float32(int32(lo * int32(sc & 0xFF))) + xf[t, 1] * float32(int32(hi * int32(qi.shr32(sc, 8))))
-    m = xf[t, 2] * float32(uint32(mn & 0xFF)) + xf[t, 3] * float32(uint32(qi.shr32(mn, 8)))
+    v = (xf[t, 0] * qi.small_int_f32(lo * int32(sc & 0xFF))
+         + xf[t, 1] * qi.small_int_f32(hi * int32(qi.shr32(sc, 8))))
+    m = (xf[t, 2] * (qi.as_f32((mn & 0xFF) | qi.MAGIC) + qi.NEG_TWO23)
+         + xf[t, 3] * (qi.as_f32(qi.shr32(mn, 8) | qi.MAGIC) + qi.NEG_TWO23))
     return d * v - dmin * m
 
 
@@ -230,7 +234,7 @@ LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max_registers):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
@@ -254,6 +258,21 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max
     rows_chunk = tuple_of(row_chunk, rows)
 
     @cuda.jit(device=True, inline=True)
+    def chunk_or(a, c, raws):
+        # chunk c's loads, or past the row's end raws again (never used)
+        return rows_chunk(a, c) if c < cpr else raws
+
+    @cuda.jit(device=True, inline=True)
+    def window_start(a, c0, raws):
+        # -- the loads of the thread's first depth - 1 chunks, the first (raws) from group_start --
+        w = (raws,)
+        if depth > 2:
+            w = w + (chunk_or(a, c0 + span, raws),)
+        if depth > 3:
+            w = w + (chunk_or(a, c0 + 2 * span, raws),)
+        return w
+
+    @cuda.jit(device=True, inline=True)
     def group_start(parts, n_rows, w0):
         # -- (a, c0, raws): the group's rows as row_chunk's a (gate chunk g0 of its first row, up
         # chunk g1), the thread's first chunk and that chunk's loads; the last groups start R rows
@@ -271,7 +290,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max
     # group gi = G*b + g owns output rows o = R*gi .. +R-1; the last groups start R rows before
     # the end, computing rows their predecessor writes, and write only rows >= R*gi.
     # Its thread i takes chunks i, i+span, ... of those rows: the R chunks' 16-byte loads (the
-    # first chunk's from group_start, the next ones a step ahead or after the dots), then x̂ of
+    # first chunk's from group_start, the next ones depth - 1 steps ahead), then x̂ of
     # the chunk's columns for every token (through L1: the block's groups share it), then R x T
     # dots. Sums reduce over the warp by shuffles, then over the group's warps in shared memory;
     # GLU: y[t, o] = act(gate row o) * up row o. Token t reads x̂ row xr + t and writes y row
@@ -305,12 +324,13 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max
         xw = cuda.local.array((n_tok, 8), uint32)
         xf = cuda.local.array((n_tok, 4), float32)
         c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
-        if ahead:  # the next chunk's loads go out before this chunk's dots
+        if depth > 1:  # the next depth - 1 chunks' loads are out during this chunk's dots
+            win = window_start(a, c0, raws)
             for c in range(c0, cpr, span):
-                cur = raws
-                if c + span < cpr:
-                    raws = rows_chunk(a, c + span)
-                chunk_dots(cur, c, c8, xq, xd, xs, xr, xw, xf, acc)
+                cn = c + (depth - 1) * span
+                nxt = chunk_or(a, cn, win[0])
+                chunk_dots(win[0], c, c8, xq, xd, xs, xr, xw, xf, acc)
+                win = win[1:] + (nxt,)
         else:  # each chunk's loads just before its dots (the first chunk's from group_start)
             if c0 < cpr:
                 chunk_dots(raws, c0, c8, xq, xd, xs, xr, xw, xf, acc)
@@ -371,18 +391,20 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, ahead, max
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                     experts: bool = False, ahead: bool = False, max_registers: int | None = None):
+                     experts: bool = False, depth: int = 1, max_registers: int | None = None):
     """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
     row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
     stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
-    `ahead`: each chunk's loads are issued a step early (a Variant's unroll 2); `max_registers`
+    `depth`: the loads of this many chunks a thread are in flight (a Variant's unroll, 1..4: each
+    chunk's loads issued depth - 1 steps early); `max_registers`
     caps the registers (T1_CAPPED; not the experts kernel's)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
     assert not experts or n_tok == 1
     assert not (experts and max_registers), "the routed-experts kernel takes no register cap"
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, ahead, max_registers)
+    assert 1 <= depth <= 4
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers)
 
 
 # T = 1: measured on the H100 (2026-11-25 17:35 UTC, scripts/bench_gemv.py --dp4a with six
@@ -398,19 +420,28 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
 # 75.1 / 87.8 and 79.1 / 92.9. Variants within ~1 point of each other are ties (Q8_0's s64u1r4,
 # s128u1r8); one warp a group lost everywhere (s32u1r8 26-43%, earlier). Capping Q4_K s128u1r4
 # at 64 registers (8 blocks an SM, all 1024 blocks resident) gave 68.1 / 81.4: the same as
-# s128u1r8. Q4_0 and Q5_0 take Q4_1's variants, Q5_K Q4_K's (not measured).
+# s128u1r8. Q4_0 and Q5_0 keep s128u1r4 at every K, Q5_K takes Q4_K's variants (not measured).
 # Register caps (max_registers; one call, 2026-11-26 08:25 UTC, H100, % of 2.97 TB/s back to
 # back): Q4_K 14336x4096 s64u1r4 84.1% -> 86.1% at 96 or 80, s128u1r4 77.6% -> 82.8% at 96 and
 # 88.5% at 80 (ptxas then gives it 72 registers, against 64 uncapped: the cap changes its
 # schedule, not the blocks an SM), 77.4% at 64. 4096x14336 gained nothing (s128u1r8 80.4%; at 96
 # 77.4%, at 80 66.3%; s128u1r4 at 64 81.1%). The runtime builds through LTO, whose register
 # counts differ from BUILD_SIGNATURES' compile_ptx + link (s128u1r8 Q4_K at K 14336: 127 against 96).
+# Loads 2 and 3 chunks ahead (unroll 3, 4; 2026-11-26 18:02-18:07 UTC, H100, back to back on
+# 4096x14336, two calls): Q4_1 s128u1r4 86.3% -> s64u3r2 94.1% (s128u3r2 87.7, s128u2r2 92.4),
+# Q8_0 s128u2r4 93.0% -> s128u2r2 97.9% (s128u3r4 95.2); on 14336x4096 neither beat the variants
+# above (Q4_1 s128u1r4 93.1, s64u3r2 83.6). Q4_K lost with every deeper window: s128u1r8 80.1%,
+# s64u2r4 79.9, s128u2r4 76.9, s128u3r2 69.9, s128u4r2 59.3, s128u4r4 60.9 (s64u1r4 at 14336x4096:
+# 83.7 -> s64u2r4 72.9). ncu puts Q4_K s128u1r8 at 16 warps an SM (127 registers), 62% of
+# cycles with no eligible warp, issue slots 30% busy: latency-bound, yet neither deeper windows
+# nor prefetch.global.L2 of the next 1-3 chunks (s128u1r8 81.3% -> 73.9 / 69.6 / 66.2, same
+# call) helped; only shapes of one chunk a thread reach 85% (16384x3584 s128u1r4 85.7%).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
-    T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 4)),
+    T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 2)),
     T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
     T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
-    T.Q4_1: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
+    T.Q4_1: (Variant(BLOCK, 1, 4), Variant(64, 3, 2)),
     T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
     T.Q6_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 8)),
@@ -460,7 +491,7 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
     out_rows = v.rows // (2 if glu else 1)  # outputs a group
     assert out_rows <= N, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll == 2, cap),
+    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap),
            ((N + per_block - 1) // per_block,), BLOCK,
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
@@ -481,7 +512,7 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
     v = variant or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
     assert v.rows // (2 if glu else 1) <= out_rows, "more rows a group than an expert has"
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll == 2),
+    launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll),
            ((out_rows + per_block - 1) // per_block, S),
            BLOCK, stream, w.parts, x.q, x.d, x.s, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
 
@@ -500,17 +531,17 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
 # build test holds it to the same bounds. Built at K 4096 and 16384 in the variants
 # choose_capped picks (with its cap where it has one).
 BUILD_SIGNATURES = [
-    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll == 2, cap), types.void(*kernel_args(t)),
-     {"max_registers": cap or (160 if v.unroll == 2 else 128)})
+    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
+     {"max_registers": cap or (160 if v.unroll > 1 else 128)})
     for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8)
     for v, cap in (choose_capped(t, n, K, NO_GLU, 8192),)
     if K == 4096 or n == 1
 ] + [  # gate|up with SiLU (llama, qwen3)
-    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll == 2, cap), types.void(*kernel_args(t)),
+    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
      {"max_registers": cap or 128})
     for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
 ] + [  # qwen3moe's routed gate|up experts
-    (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll == 2), types.void(*kernel_args(t, True)),
+    (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
      {"max_registers": 128})
     for t in (T.Q4_K, T.Q8_0) for v in (choose_dp4a(t, 1, 2048, SILU),)
 ]

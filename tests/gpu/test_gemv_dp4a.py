@@ -183,8 +183,11 @@ def test_gemv_dp4a_register_capped(ggml_type, glu):
 def test_gemv_dp4a_accumulate_and_variants(ggml_type):
     check_case(ggml_type, 989, 1024, 1, 1.0, seed=7, accumulate=True)
     for v in (Variant(32, 1, 4), Variant(64, 1, 8), Variant(128, 1, 2), Variant(128, 1, 8), Variant(64, 2, 4),
-              Variant(128, 2, 4), Variant(32, 2, 8)):
-        check_case(ggml_type, 111, 2048, 1, 1.0, seed=[8, v.span, v.rows], variant=v)
+              Variant(128, 2, 4), Variant(32, 2, 8), Variant(64, 3, 2), Variant(32, 4, 2), Variant(128, 3, 4)):
+        check_case(ggml_type, 111, 2048, 1, 1.0, seed=[8, v.span, v.rows, v.unroll], variant=v)
+    # depth 3 and 4 at a long row: windows that turn over several times (14 and 7 steps a thread)
+    for v in (Variant(32, 3, 2), Variant(64, 4, 2)):
+        check_case(ggml_type, 37, 14336, 1, 1.0, seed=[9, v.span, v.unroll], variant=v)
 
 
 @pytest.mark.parametrize("n_tok,K", [(1, 576), (3, 2048), (8, 4096)])

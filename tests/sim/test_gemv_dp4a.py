@@ -31,6 +31,13 @@ def test_gemv_dp4a_loads_ahead():
     g.check_case(T.Q4_1, 3, 2048, 2, 1.0, seed=9, variant=Variant(64, 2, 2), accumulate=True)
 
 
+def test_gemv_dp4a_loads_deeper():
+    """unroll 3 and 4: loads two and three steps early (4 steps a thread; 2 steps, fewer than the
+    window)."""
+    g.check_case(T.Q4_K, 3, 4096, 1, 1.0, seed=10, variant=Variant(32, 3, 2))
+    g.check_case(T.Q6_K, 2, 2048, 1, 10.0, seed=11, variant=Variant(32, 4, 2))
+
+
 def test_quantize_x_norm_and_glu():
     rng = np.random.default_rng(3)
     g.check_quantize_x_norm((rng.standard_normal((2, 64)) * 5).astype(np.float32),
