@@ -435,7 +435,10 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
 # 83.7 -> s64u2r4 72.9). ncu puts Q4_K s128u1r8 at 16 warps an SM (127 registers), 62% of
 # cycles with no eligible warp, issue slots 30% busy: latency-bound, yet neither deeper windows
 # nor prefetch.global.L2 of the next 1-3 chunks (s128u1r8 81.3% -> 73.9 / 69.6 / 66.2, same
-# call) helped; only shapes of one chunk a thread reach 85% (16384x3584 s128u1r4 85.7%).
+# call) helped; only shapes of one chunk a thread reach 85% (16384x3584 s128u1r4 85.7%). Splitting
+# K over a thread-block cluster to get there (blocks of 1/2, 1/4 or 1/7 of K, block 0 adding the
+# parts through distributed shared memory) lost: s128u1r8 81.2% -> 69.3% at 2 blocks, 56.7% at 4
+# (s128u1r4), 53.2% at 7 (s64u1r4); Q4_1 and Q8_0 lost as much (18:23 UTC, not kept).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 2)),
