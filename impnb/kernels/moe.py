@@ -171,22 +171,28 @@ def route_block(logits, t, k, normalize, experts, weights, keys, vals):
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     E = logits.shape[1]
-    E4 = (E + 3) >> 2 << 2
+    E4 = (E + 7) >> 3 << 3
     for e in range(tid, E4, n):  # keys past E are 0: at an index past every expert, never ahead
         keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
     cuda.syncthreads()
     for e in range(tid, E, n):
-        # -- four keys a step into four counts: independent shared loads, not one a step (H100,
-        # 2026-11-26 18:32 UTC: bench_moe_decode's router 7.56 -> 6.74 µs, Qwen3-30B-A3B Q4_K_M
-        # tg128 394.3 / 395.3 -> 399.7 / 400.8 tok/s, runs interleaved) --
+        # -- eight keys a step into four counts: independent shared loads, not one a step (H100,
+        # 2026-11-26, runs interleaved: four keys a step took bench_moe_decode's router 7.56 ->
+        # 6.74 µs and Qwen3-30B-A3B Q4_K_M tg128 394.3 / 395.3 -> 399.7 / 400.8 tok/s at 18:32
+        # UTC; eight 398.7 / 398.7 -> 400.8 / 400.5 against four at 18:47, the router even) --
         mine = keys[e]
         a0 = a1 = a2 = a3 = 0
-        for f in range(0, E4, 4):
+        for f in range(0, E4, 8):
             k0, k1, k2, k3 = keys[f], keys[f + 1], keys[f + 2], keys[f + 3]
+            k4, k5, k6, k7 = keys[f + 4], keys[f + 5], keys[f + 6], keys[f + 7]
             a0 += (k0 > mine) or (k0 == mine and f < e)
             a1 += (k1 > mine) or (k1 == mine and f + 1 < e)
             a2 += (k2 > mine) or (k2 == mine and f + 2 < e)
             a3 += (k3 > mine) or (k3 == mine and f + 3 < e)
+            a0 += (k4 > mine) or (k4 == mine and f + 4 < e)
+            a1 += (k5 > mine) or (k5 == mine and f + 5 < e)
+            a2 += (k6 > mine) or (k6 == mine and f + 6 < e)
+            a3 += (k7 > mine) or (k7 == mine and f + 7 < e)
         ahead = a0 + a1 + a2 + a3
         if ahead < k:
             experts[t, ahead] = e
