@@ -21,7 +21,7 @@ from impnb.kernels.gemv import _F32_2D, _aligned16, tuple_of
 from impnb.kernels.gemv_dp4a import DOTS, LOADS, kernel_args as dp4a_args
 from impnb.kernels.gemv_units import DECODERS
 from impnb.kernels.moe import MAX_K
-from impnb.kernels.quant_x import GROUP, dequantize_x_ref, quantize_x_ref
+from impnb.kernels.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref
 from impnb.kernels.repack import PackedWeight
 from impnb.launch import launch
 
@@ -46,21 +46,7 @@ def _quantize16(act, i, xw, xf, o):
     v = cuda.local.array(GROUP, float32)
     for j in range(4):
         v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(act, i + 4 * j)
-    amax = float32(0.0)
-    for j in range(GROUP):
-        amax = max(amax, abs(v[j]))
-    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
-    total = int32(0)
-    for j in range(4):
-        w = uint32(0)
-        for b in range(4):
-            q = qi.rint_s32(v[4 * j + b] * inv)
-            total += q
-            w |= uint32(q & 0xFF) << uint32(8 * b)
-        xw[0, 4 * o + j] = w
-    scale = amax / float32(127.0)
-    xf[0, o] = scale
-    xf[0, 2 + o] = scale * float32(total)
+    xw[0, 4 * o], xw[0, 4 * o + 1], xw[0, 4 * o + 2], xw[0, 4 * o + 3], xf[0, o], xf[0, 2 + o] = quantize16(v)
 
 
 @lru_cache(maxsize=None)

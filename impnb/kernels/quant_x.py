@@ -71,6 +71,27 @@ def _rms_scale(x, t, wn, eps):
     return float32(1.0) / math.sqrt(total / float32(K) + eps)
 
 
+@cuda.jit(device=True, inline=True)
+def quantize16(v):
+    """The GROUP floats of local array v in int8: (4 words of 4 int8 each, round(v * 127 / amax)
+    ties to even; the scale amax / 127; the scale times the int8 values' sum)."""
+    amax = float32(0.0)
+    for j in range(GROUP):
+        amax = max(amax, abs(v[j]))
+    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+    total = int32(0)
+    words = cuda.local.array(WORDS, uint32)
+    for j in range(WORDS):
+        w = uint32(0)
+        for b in range(4):
+            k = qi.rint_s32(v[4 * j + b] * inv)
+            total += k
+            w |= uint32(k & 0xFF) << uint32(8 * b)
+        words[j] = w
+    scale = amax / float32(127.0)
+    return words[0], words[1], words[2], words[3], scale, scale * float32(total)
+
+
 def make_quantize_block(normed):
     """quantize_block(x, wn, eps, q, d, s, bx, t): the 128 threads of a block write groups
     128 bx .. 128 bx + 127 of token t (normed: of RMSNorm(x[t]) * wn, the row's scale summed by
@@ -91,23 +112,10 @@ def make_quantize_block(normed):
                 v[4 * j + 1] = v[4 * j + 1] * rms * w1
                 v[4 * j + 2] = v[4 * j + 2] * rms * w2
                 v[4 * j + 3] = v[4 * j + 3] * rms * w3
-        amax = float32(0.0)
-        for j in range(GROUP):
-            amax = max(amax, abs(v[j]))
-        inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
-        total = int32(0)
-        words = cuda.local.array(WORDS, uint32)
-        for j in range(WORDS):
-            w = uint32(0)
-            for b in range(4):
-                k = qi.rint_s32(v[4 * j + b] * inv)
-                total += k
-                w |= uint32(k & 0xFF) << uint32(8 * b)
-            words[j] = w
-        qi.stg_x4(q, t * q.shape[1] + 4 * g, words[0], words[1], words[2], words[3])
-        scale = amax / float32(127.0)
+        w0, w1, w2, w3, scale, total = quantize16(v)
+        qi.stg_x4(q, t * q.shape[1] + 4 * g, w0, w1, w2, w3)
         d[t, g] = scale
-        s[t, g] = scale * float32(total)
+        s[t, g] = total
 
     return quantize_block
 
