@@ -199,6 +199,33 @@ def _q5_k_word(q, qh, hb, h):
     return (qi.shr32(q, 4 * h) & qi.LO4) | ((qi.shr32(qh, hb + h) & qi.LO1) << 4)
 
 
+# Q4_K with one header word a thread: lane l loads word l % 4 of its superblock's 16-byte header
+# and q4_k_dot_w gathers the four from lanes 8 (l // 8) .. +3 by shfl.sync, where every lane of
+# the warp works on the same number of chunks (K a multiple of 1024; not under the simulator,
+# which has no shuffles). Taken at T = 1 without GLU, the cases measured and checked on the GPU
+# (T > 1, GLU and the experts keep the 16-byte header: untimed there). A row-chunk then holds
+# 5 registers in flight rather than 8: s128u1r8 at K 14336 builds at 96 registers, 5 blocks an
+# SM where 127 gave 4. H100, 2026-11-26 19:39 UTC, back to back, two runs each against the
+# 16-byte header in the same call: 4096x14336
+# s128u1r8 81.3 / 81.2% -> 85.4 / 85.2%; 14336x4096 s128u1r4c80 88.2 / 87.8% -> 91.4 / 91.3%,
+# and s64u1r4 there 96.9 / 96.9% (deeper windows still lost: s128u2r8 78.9, s64u2r4 77.0).
+@cuda.jit(device=True, inline=True)
+def _q4_k_load_w(parts, g, dr):
+    qs, hdr = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), hdr[uint64(4 * ((g >> 3) + (dr >> 3)) + (g & 3))]
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot_w(raw, c, xw, xf, t):
+    q, w = raw
+    base = cuda.threadIdx.x & 24
+    v = int32(w)
+    hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
+           uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+    lo, hi = _nibbles(q, xw, t)
+    return _k_dot(hdr, c, lo, hi, xf, t)
+
+
 @cuda.jit(device=True, inline=True)
 def q5_k_dot(raw, c, xw, xf, t):
     q, qh, hdr = raw
@@ -238,6 +265,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
+    if ggml_type == T.Q4_K and cols % 1024 == 0 and n_tok == 1 and glu == NO_GLU and not experts and not qi.SIM:
+        load, dot = _q4_k_load_w, q4_k_dot_w  # the header by shuffles (a warp's chunk loops agree)
     act = GLU_ACTS[glu]
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
@@ -438,7 +467,8 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
 # call) helped; only shapes of one chunk a thread reach 85% (16384x3584 s128u1r4 85.7%). Splitting
 # K over a thread-block cluster to get there (blocks of 1/2, 1/4 or 1/7 of K, block 0 adding the
 # parts through distributed shared memory) lost: s128u1r8 81.2% -> 69.3% at 2 blocks, 56.7% at 4
-# (s128u1r4), 53.2% at 7 (s64u1r4); Q4_1 and Q8_0 lost as much (18:23 UTC, not kept).
+# (s128u1r4), 53.2% at 7 (s64u1r4); Q4_1 and Q8_0 lost as much (18:23 UTC, not kept). What
+# reached it was fewer registers a chunk in flight: Q4_K's header by shuffles (_q4_k_load_w).
 LONG_K = 8192
 T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
     T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 2)),
