@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, int32, types, uint32
+from numba import cuda, float32, types, uint32
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
