@@ -17,56 +17,77 @@ from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
 MAX_D = 256
+LANE_COLS = MAX_D // 32  # a lane's columns of a head, and of its rotation pairs
+LANE_PAIRS = MAX_D // 64
 
 
 # grid (T, H + 2 Hkv), block 32 (one warp): head j of token t, a q head (j < H), a k head, or a
 # v head. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
 # 2 * inv_freq.shape[1] dims (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written
 # back in place, k and v go to the cache as fp16. pos < 0 (padding) writes nothing.
+# Before griddepcontrol.wait the warp reads what the kernel before it cannot have written: pos
+# and the block table (written before the step, or by kernels two launches back or more, which
+# completed before the kernel before this one passed its own wait and let this one start), the
+# norm weight, and works out the rotation; lane l keeps columns l + 32 m and pairs l + 32 m.
 # shared: xs f32[MAX_D] (the head, normalized).
 @cuda.jit
 def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
                      k_pool, v_pool):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
     t = cuda.blockIdx.x
     j = cuda.blockIdx.y
     lane = cuda.threadIdx.x
     H = q.shape[1]
     Hkv = k.shape[1]
+    D = q.shape[2]
+    half = inv_freq.shape[1]
     p = pos[t]
     page_size = k_pool.shape[1]
     page = block_table[p // page_size] if p >= 0 else -1
     off = p % page_size
+    is_q = j < H
+    wv = cuda.local.array(LANE_COLS, types.float32)
+    cs = cuda.local.array(LANE_PAIRS, types.float32)
+    sn = cuda.local.array(LANE_PAIRS, types.float32)
+    if j < H + Hkv:
+        for m in range(LANE_COLS):
+            d = lane + 32 * m
+            wv[m] = (q_norm[d] if is_q else k_norm[d]) if use_norm and d < D else np.float32(1)
+        for m in range(LANE_PAIRS):
+            cs[m], sn[m] = cos_sin(p, inv_freq, lane + 32 * m) if lane + 32 * m < half else (
+                np.float32(1), np.float32(0))
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
     if j >= H + Hkv:  # a v head: straight to the cache
         h = j - H - Hkv
         if page >= 0:
             for d in range(lane, v.shape[2], 32):
                 v_pool[page, off, h, d] = types.float16(v[t, h, d])
         return
-    is_q = j < H
     h = j if is_q else j - H
-    D = q.shape[2]
     xs = cuda.shared.array(MAX_D, types.float32)
     acc = np.float32(0)
-    for d in range(lane, D, 32):
-        x = q[t, h, d] if is_q else k[t, h, d]
-        xs[d] = x
-        acc += x * x
+    for m in range(LANE_COLS):
+        d = lane + 32 * m
+        if d < D:
+            x = q[t, h, d] if is_q else k[t, h, d]
+            xs[d] = x
+            acc += x * x
     if use_norm:
         inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
-        for d in range(lane, D, 32):
-            xs[d] = xs[d] * inv * (q_norm[d] if is_q else k_norm[d])
+        for m in range(LANE_COLS):
+            d = lane + 32 * m
+            if d < D:
+                xs[d] = xs[d] * inv * wv[m]
     cuda.syncthreads()
-    half = inv_freq.shape[1]
-    for i in range(lane, half, 32):
-        cs, sn = cos_sin(p, inv_freq, i)
-        i0 = i if neox else 2 * i
-        i1 = i + half if neox else 2 * i + 1
-        a = xs[i0]
-        b = xs[i1]
-        xs[i0] = a * cs - b * sn
-        xs[i1] = b * cs + a * sn
+    for m in range(LANE_PAIRS):
+        i = lane + 32 * m
+        if i < half:
+            i0 = i if neox else 2 * i
+            i1 = i + half if neox else 2 * i + 1
+            a = xs[i0]
+            b = xs[i1]
+            xs[i0] = a * cs[m] - b * sn[m]
+            xs[i1] = b * cs[m] + a * sn[m]
     cuda.syncthreads()
     for d in range(lane, D, 32):
         if is_q:
@@ -106,5 +127,5 @@ _H4 = types.float16[:, :, :, ::1]
 BUILD_SIGNATURES = [
     (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
                         _F1, types.float32, types.int32, types.int32[::1], _H4, _H4),
-     {"max_registers": 48, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
+     {"max_registers": 64, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
 ]
