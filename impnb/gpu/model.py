@@ -55,7 +55,15 @@ SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024
 # (2026-11-24), where every block's norm and RoPE prologue costs more than the kernel it saves;
 # synthetic Qwen3-8B Q4_K_M (D 128, 4) 371.0, 371.4 / 367.1, 366.9, Qwen3-30B-A3B (D 128, 8)
 # 364.4, 364.4 / 373.3, 373.2 (2026-11-25). IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides
-# it for A/B runs.
+# it for A/B runs. Where neither fuses it, qkv_post stays a kernel of its own: as the Q|K|V GEMVs'
+# tail instead (the last block to store a head's rows normalizing, rotating and writing it, a
+# ticket a head) Qwen3-30B-A3B Q4_K_M tg128 went 401.0, 400.0 -> 383.5, 384.1 (H100, 2026-11-26
+# 21:49 UTC; the Q|K GEMV 6.0 -> 10.9 µs in profile_step.py): the tail's fence, ticket and
+# dependent loads outlast the kernel it saves. Tried and removed.
+# Also tried on that model and removed (H100, 2026-11-26, tg128 against the tree before in the
+# same call): the next layer's Q|K|V, attn_output and router weights prefetched into L2
+# (cp.async.bulk.prefetch.L2) from a graph branch forked after attn_output and joined before the
+# next Q|K|V, 401.1, 401.3 -> 342.0, 340.6.
 FUSED_POST = {64: 32, 128: 4}
 # decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
 # norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,

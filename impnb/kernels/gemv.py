@@ -467,7 +467,13 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
 
 # The router's few rows (E of K = D): a row a block spreads them over E blocks. Measured on an
 # H200 (2026-11-25, scripts/bench_moe_decode.py, 128 x 2048 F32): 2.50 µs a call against 4.65
-# for choose()'s 4 rows a group (16 blocks).
+# for choose()'s 4 rows a group (16 blocks). Its last block routes: moving the routing into the
+# dp4a gate|up experts kernel (each of its 192 x 8 blocks choosing its slot's expert from the
+# logits, the router then a plain GEMV at 3.7 µs against 7.3) lost on Qwen3-30B-A3B Q4_K_M (H100,
+# 2026-11-26, tg128 against the tree before in the same call): 402.2, 403.8 -> 320.4, 321.9 with
+# all 128 threads of a block ranking the keys, 404.5, 404.5 -> 361.0, 361.1 with one warp's k
+# rounds (moe.route_token's); gate|up 6.5 -> 25.6 / 17.8 µs: 1536 blocks in two waves each pay
+# the routing before their first weight load.
 ROUTER_VARIANT = Variant(128, 1, 1)
 assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
 
