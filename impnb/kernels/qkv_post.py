@@ -17,8 +17,8 @@ from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
 MAX_D = 256
-LANE_COLS = MAX_D // 32  # a lane's columns of a head, and of its rotation pairs
-LANE_PAIRS = MAX_D // 64
+LANE_COLS = MAX_D // 32  # a lane's columns of a head (its kernel: one warp a head)
+LANE_PAIRS = MAX_D // 64  # and its rotation pairs
 
 
 # grid (T, H + 2 Hkv), block 32 (one warp): head j of token t, a q head (j < H), a k head, or a
