@@ -264,21 +264,26 @@ def test_debug_kernels_are_refused():
 
 
 def test_programmatic_launch_only_for_kernels_that_wait():
-    """A kernel is launched early (programmatic stream serialization) only when its own body
-    waits on the grid before its first global store, and before its first global load unless it
-    reads early only what the kernel just before cannot write (qkv_post: pos, the block table,
-    the norm weight)."""
-    from impnb.kernels import attention_decode, attention_fa2, qkv_post
+    """A kernel is launched early (programmatic stream serialization) only when its body, or a
+    device function it calls (attention_decode_short's), waits on the grid before its first global
+    store, and before its first global load unless it reads early only what the kernel just
+    before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
+    F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
+    the cache rows before the step's)."""
+    from impnb.kernels import attention_decode, attention_decode_short, attention_fa2, gemv_moe_dp4a, qkv_post
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))
-    for kernel, sig, _ in (norm.BUILD_SIGNATURES[:2] + qkv_post.BUILD_SIGNATURES[:1]
-                           + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]):
-        assert waits_on_grid(kernel)
+    short = [attention_decode_short.BUILD_SIGNATURES[i] for i in (0, 2, 4)]  # plain, post, cluster
+    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short]
+    late = (norm.BUILD_SIGNATURES[:2] + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]
+            + gemv_moe_dp4a.BUILD_SIGNATURES[1:2])
+    for (kernel, sig, _), reads_early in [(c, True) for c in early] + [(c, False) for c in late]:
+        assert waits_on_grid(kernel), kernel.py_func.__name__
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         wait = ptx.index("griddepcontrol.wait")
         assert wait < ptx.index("st.global")
-        assert wait < ptx.index("ld.global") or kernel is qkv_post._qkv_post_kernel
+        assert (wait < ptx.index("ld.global")) != reads_early, kernel.py_func.__name__
 
 
 def test_launch_configs():

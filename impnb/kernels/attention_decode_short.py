@@ -220,7 +220,8 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
     # parts of [lo, hi); each leaves its (max, sum, unnormalized row) in shared memory and the
     # cluster's block 0 merges them through distributed shared memory (ld.shared::cluster).
     # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table
-    # and (post) the cache rows of the keys before the step's.
+    # and the first turn's cache rows of the keys before the step's (pos[b, 0] on); without post
+    # the step's rows of that turn are read after it.
     # post: the kernel also does qkv_post's work for the step (see post_rows): q, k_new, v_new
     # come raw from the Q|K|V GEMV, the step's keys are read from shared memory, and the block of
     # row 0 writes them to the cache.
@@ -258,7 +259,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
         p0 = lo >> shift
         for i in range(tid, ((hi - 1) >> shift) - p0 + 1, NT):
             pages[i] = block_table[b, p0 + i]
-        fresh = pos[b, 0] if post else hi  # post: keys from here on are the step's, in kfw / vfw
+        fresh = pos[b, 0]  # keys from here on are the step's (post: in kfw / vfw)
         cuda.syncthreads()
 
         kk = lane // LPK
@@ -272,10 +273,10 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
         vf = cuda.local.array(8, types.float32)
         acc = cuda.local.array(8, types.float32)
         key0 = lo + warp * KI
-        if post:  # the cache rows before the step's are no kernel's of the step: read them early
-            load_k(kr, k_words, kfw, pages, key0 + kk, min(hi, fresh), fresh, p0, shift, Hkv, kh, dl)
-            load_v(vr, v_words, vfw, pages, key0 + slot * KPS, min(hi, fresh), fresh, p0, shift,
-                   Hkv, kh, dv)
+        # the cache rows before the step's are no kernel's of the step: read them early
+        load_k(kr, k_words, kfw, pages, key0 + kk, min(hi, fresh), fresh, p0, shift, Hkv, kh, dl)
+        load_v(vr, v_words, vfw, pages, key0 + slot * KPS, min(hi, fresh), fresh, p0, shift,
+               Hkv, kh, dv)
         ptx.grid_dep_wait()  # programmatic launch: q and the newest K/V are the last kernels'
         ptx.grid_dep_launch()
         if post:
@@ -290,8 +291,10 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
             if tid < D:  # the query row, pre-scaled, as 32-dim slices padded to QS floats
                 qs[(tid // 32) * QS + tid % 32] = q[b, t, h, tid] * scale
             cuda.syncthreads()
-            load_k(kr, k_words, kfw, pages, key0 + kk, hi, fresh, p0, shift, Hkv, kh, dl)
-            load_v(vr, v_words, vfw, pages, key0 + slot * KPS, hi, fresh, p0, shift, Hkv, kh, dv)
+            if key0 + kk >= fresh:  # the step's rows, written by the kernel just before
+                load_k(kr, k_words, kfw, pages, key0 + kk, hi, fresh, p0, shift, Hkv, kh, dl)
+            if key0 + slot * KPS + KPS > fresh:
+                load_v(vr, v_words, vfw, pages, key0 + slot * KPS, hi, fresh, p0, shift, Hkv, kh, dv)
         for i in range(8):
             acc[i] = _ZERO
         m = NEG

@@ -28,6 +28,7 @@ from impnb.launch import launch
 ROWS = 8  # output rows a block
 MAX_WARPS = 16  # 512 threads: at up to 128 registers (asserted at build) a block fits an SM
 MAX_BLOCK = 32 * MAX_WARPS
+EARLY_BLOCK = 256  # early builds' largest block (their registers are not capped)
 
 
 def down_sum_dp4a_ref(wd: np.ndarray, act: np.ndarray, experts: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -63,6 +64,8 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
 
     rows_chunk = tuple_of(row_chunk, ROWS)
 
+    early = MAX_K * cpr <= EARLY_BLOCK  # one (slot, chunk) a thread, in a block of at most 256
+
     # grid (T * ceil(D / ROWS),), block 32 * ceil(k * cpr / 32) (at most 512): block b is token
     # t = b // ceil(D / ROWS), rows ROWS * (b mod ceil(D / ROWS)) .. +ROWS-1, the last block of a
     # token starting ROWS rows before D (its rows before its own not written). Thread p takes
@@ -70,10 +73,13 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
     # first, then x̂ of the chunk's 32 columns of act row t * k + j, then ROWS dots scaled by
     # weights[t, j]. Per row a warp sum, then thread r sums the warps in order and stores (or,
     # accumulate, adds) out[t, row r].
+    # early (F <= 1024): the experts, the weights and W are no output of the kernel before (they
+    # are the router's, two launches back or more, complete before that kernel passed its own wait
+    # and let this one start), so a thread reads its (slot, chunk) and issues its W loads before
+    # griddepcontrol.wait, overlapping the gate|up GEMV's tail. Those registers held across the
+    # wait (up to 168) are why early builds are bounded to 256 threads.
     @cuda.jit
     def _down_sum_dp4a_kernel(parts, act, out, experts, weights, accumulate):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
         D = out.shape[1]
         k = weights.shape[1]
         nb = (D + ROWS - 1) // ROWS
@@ -86,17 +92,33 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
             acc[r] = 0.0
         xw = cuda.local.array((1, 8), uint32)
         xf = cuda.local.array((1, 4), float32)
-        for p in range(tid, k * cpr, cuda.blockDim.x):
+        if early:
+            p = min(tid, k * cpr - 1)  # past the last (slot, chunk): loaded, not used
             j = p // cpr
-            c = p - j * cpr
-            s = t * k + j
-            e = experts[s]
             wj = weights[t, j]
-            _quantize16(act, s * cols + col(c, 0), xw, xf, 0)  # act's loads beside e's
-            _quantize16(act, s * cols + col(c, 1), xw, xf, 1)
-            raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
-            for r in range(ROWS):
-                acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+            raws = rows_chunk(parts, (experts[t * k + j] * D + row0) * cpr + p - j * cpr)
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel (act's) has finished
+            ptx.grid_dep_launch()
+            if tid < k * cpr:  # x̂ of act row t * k + j's chunk c, then the ROWS dots
+                c = p - j * cpr
+                _quantize16(act, (t * k + j) * cols + col(c, 0), xw, xf, 0)
+                _quantize16(act, (t * k + j) * cols + col(c, 1), xw, xf, 1)
+                for r in range(ROWS):
+                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+        else:
+            ptx.grid_dep_wait()
+            ptx.grid_dep_launch()
+            for p in range(tid, k * cpr, cuda.blockDim.x):
+                j = p // cpr
+                c = p - j * cpr
+                s = t * k + j
+                e = experts[s]
+                wj = weights[t, j]
+                _quantize16(act, s * cols + col(c, 0), xw, xf, 0)  # act's loads beside e's
+                _quantize16(act, s * cols + col(c, 1), xw, xf, 1)
+                raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
+                for r in range(ROWS):
+                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
         scratch = cuda.shared.array(MAX_BLOCK, float32)
         red = cuda.shared.array((MAX_WARPS, ROWS), float32)
         lane = tid & 31
@@ -127,7 +149,8 @@ def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weigh
     """As gemv_moe.experts_down_sum, on dp4a (w of a gemv_dp4a type, D >= ROWS, F a multiple of 32
     (256 for K-quants)): out (T, D) float32 = sum_j weights[t, j] W_e x̂[t * k + j], or out += that
     with accumulate; w: E experts of n_rows = D rows stacked, (E * D, F); act (T * k, F) float32;
-    experts (T * k,) int32; weights (T, k) float32."""
+    experts (T * k,) int32; weights (T, k) float32. Under programmatic launch, with F <= 1024,
+    experts and weights are read before the wait: they must not come from the kernel just before."""
     n_tok, D = out.shape
     k = weights.shape[1]
     S, F = act.shape
@@ -142,6 +165,7 @@ def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weigh
            experts, weights, np.int32(accumulate))
 
 
-# Registers (sm_90a): see tests/test_kernel_build.py. Built at Qwen3-30B-A3B's F 768.
-BUILD_SIGNATURES = [(down_sum_dp4a_kernel(t, 768), types.void(*kernel_args(t)), {"max_registers": 128})
-                    for t in DOTS]
+# Registers (sm_90a): see tests/test_kernel_build.py. Built at Qwen3-30B-A3B's F 768 (early, blocks
+# of up to 256 threads) and at F 2304 (blocks of up to 512).
+BUILD_SIGNATURES = [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
+                    for t in DOTS for F, bound in ((768, 192), (2304, 128))]

@@ -34,6 +34,7 @@ def test_down_sum_dp4a():
     moe.check_down_sum(rng, T.Q8_0, 4, 9, 64, 2, 3, 1.0, accumulate=True, dp4a=True)
     moe.check_down_sum(rng, T.Q4_K, 3, 8, 256, 1, 2, 3.0, dp4a=True)
     moe.check_down_sum(rng, T.Q6_K, 3, 10, 256, 1, 1, 0.1, dp4a=True)
+    moe.check_down_sum(rng, T.Q4_0, 3, 9, 1280, 1, 2, 1.0, dp4a=True)  # F past the early builds'
 
 
 def test_group_invariants():
