@@ -1,7 +1,8 @@
 """The decoder stack on the GPU for llama, qwen3, qwen3moe and gemma3, with fused residual norms.
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
-  h = norm(x) -> q, k, v = linear(h) (one stacked GEMV, or Q|K and V where V's type differs)
+  h = norm(x) -> q, k, v = linear(h) (one stacked GEMV, or Q|K and V where V's type differs:
+                                    at decode one launch of two types)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
   -> attention (decode: one block per query row at short contexts, at head dim 64 with the
                 kernel above fused in front; else split-K over the cache; prefill: FA2 tiles)
@@ -93,8 +94,7 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
     if p + "attn_qkv" in m.w:
         m.linear_split(h, p + "attn_qkv", qkv, norm_w)
     elif p + "attn_qk" in m.w:
-        m.linear_split(h, p + "attn_qk", qkv[:2], norm_w)
-        m.linear(h, p + "attn_v", qkv[2], norm_w)
+        m.linear_pair(h, p + "attn_qk", qkv[:2], p + "attn_v", qkv[2], norm_w)
     else:
         for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
             m.linear(h, p + name, y, norm_w)

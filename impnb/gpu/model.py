@@ -77,6 +77,12 @@ GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
 # in 24 of 48 layers): 291.1, 291.1 with it, 287.3 without. IMPNB_STACK_MIXED=0 (one type only)
 # for A/B runs.
 STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
+# where Q|K and V stay apart (V of a type neither holds), their decode GEMVs with the pre-norm
+# fused run as one launch of two weight types (gemv.gemv_pair): one kernel a layer fewer.
+# Measured on the H100 (2026-11-27 01:34 UTC, synthetic Qwen3-30B-A3B Q4_K_M, Q4_K Q|K and Q6_K V
+# in 24 of 48 layers; tg128 in one call): 439.1, 441.4 without, 460.6, 459.9 with.
+# IMPNB_GEMV_PAIR=0 for A/B runs.
+GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
 # scripts/bench_gemv.py --stream, µs back to back): Gemma3's 262144x640 Q8_0 logits 65.4 (91.8%
@@ -295,6 +301,17 @@ class DeviceModel:
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
+
+    def linear_pair(self, x, name_a: str, ys_a, name_b: str, y_b, norm: tuple | None = None) -> None:
+        """linear_split(x, name_a, ys_a, norm) then linear(x, name_b, y_b, norm) (a layer's Q|K and
+        its V of another type): one GEMV launch for both at decode with norm where neither weight
+        takes dp4a (GEMV_PAIR)."""
+        if GEMV_PAIR and x.shape[0] <= GEMV_MAX_ROWS and norm is not None \
+                and not (self.dp4a_pays(name_a) or self.dp4a_pays(name_b)):
+            gemv.gemv_pair(self.w[name_a], ys_a, self.w[name_b], y_b, x, norm, self.ctx.nb_stream)
+            return
+        self.linear_split(x, name_a, ys_a, norm)
+        self.linear(x, name_b, y_b, norm)
 
     def linear_glu(self, x, name: str, act: str, y, norm: tuple | None = None) -> None:
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in `name`; act gelu or silu;

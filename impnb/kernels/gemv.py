@@ -64,7 +64,8 @@ def tuple_of(f, n):
     return g
 
 
-def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, one_step):
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, one_step,
+               block_fn=False):
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg
     act = GLU_ACTS[glu]
@@ -198,10 +199,11 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     step_loads = tuple_of(step_chunk, unroll)
 
     @cuda.jit(device=True, inline=True)
-    def group_at(parts, n_rows, w0, K):
-        # -- (a, c1): the group's rows (W's from w0) as row_chunk's a, the thread's first chunk --
+    def group_at(parts, n_rows, w0, K, bx):
+        # -- (a, c1): the group's rows (W's from w0) as row_chunk's a, the thread's first chunk;
+        # bx the GEMV's block (cuda.blockIdx.x but in gemv_pair) --
         group = cuda.threadIdx.x // span
-        return (parts, w0, cuda.blockIdx.x * groups + group, n_rows, K // 32), cuda.threadIdx.x - group * span
+        return (parts, w0, bx * groups + group, n_rows, K // 32), cuda.threadIdx.x - group * span
 
     @cuda.jit(device=True, inline=True)
     def step_dots(raws, c0, cpr, x, xo, K, acc, wa, wb, wn, ss):
@@ -292,7 +294,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                     for i in range(wpg):
                         s += red[g * wpg + i, r, t]
                     tot[r] = s * scale
-                store(y0, y1, y2, n0, n1, n_rows, cuda.blockIdx.x * groups + g, yo + t, tot, accumulate)
+                store(y0, y1, y2, n0, n1, n_rows, gi - tid // span + g, yo + t, tot, accumulate)
 
     if experts:
         # grid (ceil(N_out / (R_out * G)), S): blockIdx.y is slot s = t * k + j of the routed tokens;
@@ -303,7 +305,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
-            at = group_at(parts, n_rows, experts[s] * n_rows, x.shape[1])
+            at = group_at(parts, n_rows, experts[s] * n_rows, x.shape[1], cuda.blockIdx.x)
             rows_times_x(at, first_loads(at), x, y, y, y, n_rows, 0, n_rows, accumulate, (s // x_div) * x.shape[1],
                          s, x, float32(0))
 
@@ -315,7 +317,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         # as _gemv_kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
         @cuda.jit
         def _gemv_tail_kernel(parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter):
-            at = group_at(parts, n_rows, 0, x.shape[1])
+            at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
@@ -334,7 +336,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         @cuda.jit
         def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s,
                                quant):
-            at = group_at(parts, n_rows, 0, x.shape[1])
+            at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
@@ -355,19 +357,27 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
         return _gemv_route_kernel
 
     if normed:
-        @cuda.jit
-        def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
-            at = group_at(parts, n_rows, 0, x.shape[1])
+        @cuda.jit(device=True, inline=True)
+        def normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate, bx):
+            # -- block bx of the normed GEMV --
+            at = group_at(parts, n_rows, 0, x.shape[1], bx)
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, wn, eps)
 
+        if block_fn:
+            return normed_block
+
+        @cuda.jit
+        def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
+            normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate, cuda.blockIdx.x)
+
         return _gemv_norm_kernel
 
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
-        at = group_at(parts, n_rows, 0, x.shape[1])
+        at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
         first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
@@ -379,7 +389,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
                 unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0,
-                route: bool = False, one_step: bool = False):
+                route: bool = False, one_step: bool = False, block_fn: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
@@ -387,7 +397,9 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
     routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for
     K <= 32 x span x unroll, a thread's one step of loads issued before griddepcontrol.wait (W is
-    no kernel's output), so they overlap the kernel before."""
+    no kernel's output), so they overlap the kernel before; `block_fn` (normed only): the device
+    function of one block instead, normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows,
+    accumulate, bx) (gemv_pair's halves)."""
     if not 1 <= n_tok <= MAX_T:
         raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
     assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
@@ -397,19 +409,22 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
     assert not experts or (n_tok == 1 and not normed)
     assert not (tail or route) or (glu == NO_GLU and not experts and not (tail and (normed or route)))
+    assert not block_fn or (normed and not (tail or route or experts))
     return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route,
-                      one_step)
+                      one_step, block_fn)
 
 
 WIDE_LOADS = (T.F16, T.F32)
 
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
-                   normed: bool = False, tail: int = 0, route: bool = False, cols: int = 0):
+                   normed: bool = False, tail: int = 0, route: bool = False, cols: int = 0,
+                   block_fn: bool = False):
     """gemv_kernel in variant v; with cols (K), the one-step kernel where a thread's chunks fit one step
     (quantized types: F16 / F32 chunks would hold 64 / 128 bytes a row in registers across the wait)."""
     one_step = 0 < cols // 32 <= v.span * v.unroll and ggml_type not in WIDE_LOADS
-    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route, one_step)
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route, one_step,
+                       block_fn)
 
 
 def _out_per_block(v: Variant, glu: int) -> int:
@@ -515,6 +530,45 @@ def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, n
     _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
 
 
+@lru_cache(maxsize=None)
+def pair_kernel(type_a: T, va: Variant, type_b: T, vb: Variant, n_tok: int, cols: int):
+    """gemv_pair's kernel: the normed GEMVs of a type_a and a type_b weight (variants va, vb) over
+    one x of cols columns."""
+    block_a = variant_kernel(type_a, n_tok, va, normed=True, cols=cols, block_fn=True)
+    block_b = variant_kernel(type_b, n_tok, vb, normed=True, cols=cols, block_fn=True)
+
+    # grid (blocks_a + blocks_b,), block BLOCK: blocks below blocks_a are A's GEMV into y0 | y1
+    # (its rows split at n0), the rest B's into yb
+    @cuda.jit
+    def _gemv_pair_kernel(parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a, yb, rows_b, blocks_a):
+        if cuda.blockIdx.x < blocks_a:
+            block_a(parts_a, x, wn, eps, y0, y1, y1, n0, rows_a - n0, rows_a, 0, cuda.blockIdx.x)
+        else:
+            block_b(parts_b, x, wn, eps, yb, yb, yb, rows_b, 0, rows_b, 0, cuda.blockIdx.x - blocks_a)
+
+    return _gemv_pair_kernel
+
+
+def gemv_pair(wa: PackedWeight, ys_a, wb: PackedWeight, yb, x, norm: tuple, stream):
+    """gemv_split(wa, x, ys_a) and gemv(wb, x, yb), both with norm (wn, eps), as one launch for
+    weights of two types (a layer's Q|K and a V of another type): ys_a = (y0, y1) (T, N_i) of
+    wa's stacked rows, yb (T, N_b); x (T, K) float32."""
+    n_tok, K = x.shape
+    y0, y1 = ys_a
+    assert wa.cols == wb.cols == K and y0.shape[1] + y1.shape[1] == wa.rows and yb.shape == (n_tok, wb.rows)
+    assert x.dtype == np.float32 and x.is_c_contiguous() and _aligned16(x)
+    for y in (y0, y1, yb):
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,) and _aligned16(wn)
+    va, vb = choose(wa.ggml_type, n_tok, K, wa.rows), choose(wb.ggml_type, n_tok, K, wb.rows)
+    blocks_a = -(-wa.rows // _out_per_block(va, NO_GLU))
+    blocks_b = -(-wb.rows // _out_per_block(vb, NO_GLU))
+    launch(pair_kernel(wa.ggml_type, va, wb.ggml_type, vb, n_tok, K), blocks_a + blocks_b, BLOCK, stream,
+           wa.parts, wb.parts, x, wn, np.float32(eps), y0, y1, np.int32(y0.shape[1]), np.int32(wa.rows), yb,
+           np.int32(wb.rows), np.int32(blocks_a))
+
+
 def glu_fits(w: PackedWeight, n_tok: int) -> bool:
     """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
     return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
@@ -571,6 +625,13 @@ def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail:
     return (_parts_type(ggml_type), _F32_2D, *norm, _F32_2D, _F32_2D, _F32_2D, _I32, _I32, _I32, _I32)
 
 
+def pair_args(type_a: T, type_b: T) -> tuple:
+    """Argument types of pair_kernel's kernel: parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a,
+    yb, rows_b, blocks_a."""
+    return (_parts_type(type_a), _parts_type(type_b), _F32_2D, types.Array(types.float32, 1, "C"), types.float32,
+            _F32_2D, _F32_2D, _I32, _I32, _F32_2D, _I32, _I32)
+
+
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
 # (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
 BUILD_SIGNATURES = [
@@ -609,4 +670,8 @@ BUILD_SIGNATURES = [
     for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
                                                                   (2, BLOCK, NO_GLU), (2, 64, SILU))
     for one_step in (False, True)
+] + [  # Q|K and V of two types (Qwen3-30B-A3B Q4_K_M: Q4_K and Q6_K at K 2048), T 1 and 2
+    (pair_kernel(a, choose(a, n, 2048, 1), b, choose(b, n, 2048, 1), n, 2048), types.void(*pair_args(a, b)),
+     {"max_registers": 136})
+    for a, b in ((T.Q4_K, T.Q6_K),) for n in (1, 2)
 ]

@@ -149,6 +149,40 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
     assert (err <= bound + (np.abs(y0) * 1e-6 if accumulate else 0)).all(), f"max err/bound {np.max(err / bound):.3g}"
 
 
+def check_gemv_pair(type_a, type_b, cols, splits, rows_b, n_tok, std, seed):
+    """gemv_pair: W_a (rows split into two outputs) and W_b of another type, both times
+    RMSNorm(x) wn in one launch, each against RMSNorm in float64 then the float64 GEMV."""
+    from impnb.kernels.gemv import gemv_pair
+    from impnb.kernels.norm import rms_norm_ref
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    wn = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
+    eps = 1e-6
+    xn = rms_norm_ref(x, wn, eps)
+    stream = cuda.stream()
+    (raw_a, wabs_a, wa), (raw_b, wabs_b, wb) = weight(type_a, sum(splits), cols), weight(type_b, rows_b, cols)
+    ys = [cuda.to_device(np.full((n_tok, n), np.nan, np.float32), stream=stream) for n in (*splits, rows_b)]
+    gemv_pair(wa, ys[:2], wb, ys[2], cuda.to_device(x, stream=stream), (cuda.to_device(wn, stream=stream), eps),
+              stream)
+    y = [d.copy_to_host(stream=stream).astype(np.float64) for d in ys]
+    for got, raw, t, wabs in ((np.concatenate(y[:2], axis=1), raw_a, type_a, wabs_a), (y[2], raw_b, type_b, wabs_b)):
+        ref = gemv_ref(raw, t, xn)
+        bound = RTOL * (np.abs(xn.astype(np.float64)) @ wabs.T) + 1e-5 * np.abs(ref)
+        assert np.isfinite(got).all() and (np.abs(got - ref) <= bound).all(), \
+            f"{t.name}: max err/bound {np.max(np.abs(got - ref) / bound):.3g}"
+
+
+@pytest.mark.parametrize("types", [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q4_1), (T.Q6_K, T.Q8_0)], ids=str)
+@pytest.mark.parametrize("n_tok", [1, 2, 5])
+def test_gemv_pair(types, n_tok):
+    """Qwen3-30B-A3B Q4_K_M's Q|K (Q4_K) and V (Q6_K) at K 2048, the tiny qwen3moe's Q8_0 and
+    Q4_1, and B's rows odd; x at three magnitudes."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_gemv_pair(*types, 2048, (4096, 512), 512, n_tok, std, seed=[n_tok, i])
+        check_gemv_pair(*types, 768, (576, 192), 191, n_tok, std, seed=[n_tok, i, 1])
+
+
 @pytest.mark.parametrize("ggml_type", (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16), ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 2, 8])
 def test_gemv_norm(ggml_type, n_tok):

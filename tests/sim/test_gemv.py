@@ -130,6 +130,14 @@ def test_gemv_norm(ggml_type, n_tok):
         check_gemv_norm(ggml_type, 256, (4, 4), n_tok, SILU, 1.0, seed=3)
 
 
+def test_gemv_pair():
+    """Two weight types in one launch (Q|K Q4_K, V Q6_K), the pre-norm fused."""
+    from tests.gpu.test_gemv import check_gemv_pair
+
+    check_gemv_pair(T.Q4_K, T.Q6_K, 256, (5, 3), 3, 1, 1.0, seed=4)
+    check_gemv_pair(T.Q8_0, T.Q4_1, 256, (4, 2), 5, 2, 10.0, seed=5)
+
+
 @pytest.mark.parametrize("ggml_type,rows,cols,n_tok,post", [(T.Q4_K, 12, 256, 1, True), (T.Q8_0, 20, 512, 2, False),
                                                             (T.Q6_K, 4, 256, 3, True)], ids=str)
 def test_gemv_residual(ggml_type, rows, cols, n_tok, post):
