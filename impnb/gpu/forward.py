@@ -6,7 +6,8 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> [QK-norm] -> RoPE(pos) -> paged fp16 KV write                          (one fused kernel)
   -> attention (decode: one block per query row at short contexts, at head dim 64 with the
                 kernel above fused in front; else split-K over the cache; prefill: FA2 tiles)
-  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block)
+  -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block;
+                          at short contexts on dp4a of the int8 form attention writes beside attn)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
@@ -74,8 +75,9 @@ def _forward_fused(m, x, T: int, last_only: bool, last_row):
     cfg, eps = m.cfg, m.cfg.eps
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps))
-        m.linear(attn, p + "attn_output", x, accumulate=True)
+        xq = m.attn_xq(p + "attn_output", T)  # attention writes its output in int8 there too
+        attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps), xq)
+        m.linear(attn, p + "attn_output", x, accumulate=True, xq=xq)
         if cfg.n_expert:
             moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))
         else:
@@ -83,8 +85,9 @@ def _forward_fused(m, x, T: int, last_only: bool, last_row):
     return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
 
 
-def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
-    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv)."""
+def _attention_block(m, il: int, h, pos, T: int, norm_w=None, xq=None):
+    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv);
+    xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv, p = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, f"blk.{il}."
     q = a.get("q", (T, H, Dh))
@@ -104,11 +107,11 @@ def _attention_block(m, il: int, h, pos, T: int, norm_w=None):
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
-                               splits=m.decode_short)
+                               splits=m.decode_short, xq=xq)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           m.block_table, m.k_pool[il], m.v_pool[il], s)
-        _attention(m, il, q, pos, attn, T)
+        _attention(m, il, q, pos, attn, T, xq)
     return attn.reshape(T, H * Dv)
 
 
@@ -147,12 +150,13 @@ def _residual(m, x, h, post_norm: str, next_norm: str) -> Residual:
     return Residual(x, h, m.w[next_norm], w_post, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 
-def _attention(m, il: int, q, pos, out, T: int):
+def _attention(m, il: int, q, pos, out, T: int, xq=None):
     cfg, s = m.cfg, m.ctx.nb_stream
     window = cfg.window(il)
+    assert xq is None or (T <= attention_decode.MAX_T and m.decode_short), "xq: the short kernel's"
     if T <= attention_decode.MAX_T and m.decode_short:
         attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                               cfg.attn_scale, window, None, s, splits=m.decode_short)
+                               cfg.attn_scale, window, None, s, splits=m.decode_short, xq=xq)
     elif T <= attention_decode.MAX_T and m.decode_splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
             1, m.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))

@@ -59,7 +59,11 @@ SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024
 # tail instead (the last block to store a head's rows normalizing, rotating and writing it, a
 # ticket a head) Qwen3-30B-A3B Q4_K_M tg128 went 401.0, 400.0 -> 383.5, 384.1 (H100, 2026-11-26
 # 21:49 UTC; the Q|K GEMV 6.0 -> 10.9 µs in profile_step.py): the tail's fence, ticket and
-# dependent loads outlast the kernel it saves. Tried and removed.
+# dependent loads outlast the kernel it saves. Tried and removed. Re-measured after decode
+# attention became a programmatic launch (2026-11-27 01:53 UTC, tg128 in one call, fused /
+# separate): Qwen3-30B-A3B 445.6 / 460.2, synthetic Qwen3-8B Q4_K_M 386.0 / 387.7 (even); the
+# fused path working out its rotation and norm weights before the wait (shared tables) and
+# loading V beside q and k gave 383.5 on the 8B: removed.
 # Also tried on that model and removed (H100, 2026-11-26, tg128 against the tree before in the
 # same call): the next layer's Q|K|V, attn_output and router weights prefetched into L2
 # (cp.async.bulk.prefetch.L2) from a graph branch forked after attn_output and joined before the
@@ -83,6 +87,14 @@ STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
 # in 24 of 48 layers; tg128 in one call): 439.1, 441.4 without, 460.6, 459.9 with.
 # IMPNB_GEMV_PAIR=0 for A/B runs.
 GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
+# decode attention on the short kernel writes its output's int8 form beside it where attn_output
+# is of a dp4a type at least DP4A_MIN_K wide, which then takes gemv_dp4a without a quantize_x
+# launch (H100, 2026-11-27, bench_gemv.py, cold weights, back to back: Qwen3-30B-A3B's 2048x4096
+# Q4_K 5.10 µs on gemv's best variant, 4.07 on dp4a). tg128 (H100, 2026-11-27 02:16 UTC, one
+# call, synthetic Q4_K_M): Qwen3-30B-A3B 468.6, 467.7 without, 500.0, 501.6 with; Qwen3-8B (its
+# attn_output already on dp4a after a quantize_x launch) 385.4 -> 395.8 with this and the
+# GEMV_PAIR and gemv_variants.WIDE_MIN_ROWS changes. IMPNB_ATTN_DP4A=0 for A/B runs.
+ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
 # scripts/bench_gemv.py --stream, µs back to back): Gemma3's 262144x640 Q8_0 logits 65.4 (91.8%
@@ -150,6 +162,7 @@ class DeviceModel:
         self.dp4a = {name for name, w in self.w.items()  # their decode GEMVs may take gemv_dp4a
                      if isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS
                      and w.nbytes >= min_mb * 1e6 and w.cols >= min_k and name not in self.streamed}
+        self.dp4a_min_k = min_k
         for name in sorted(self.dp4a):
             log.debug("%s: decode GEMV on gemv_dp4a", name)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
@@ -247,11 +260,16 @@ class DeviceModel:
         return sum(t.data.nbytes for t in mf.tensors.values()) + kv + (64 << 20)
 
     def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False,
-               residual: Residual | None = None) -> None:
+               residual: Residual | None = None, xq: QuantX | None = None) -> None:
         """y (T, N) = x (T, K) · W(name)ᵀ, float32 in and out. GEMV only (T <= GEMV_MAX_ROWS):
-        norm (wn, eps) reads RMSNorm(x) * wn for x; accumulate adds into y. residual
-        (gemv_tail.Residual) is then applied to y: by the GEMV's tail, else a norm kernel."""
+        norm (wn, eps) reads RMSNorm(x) * wn for x; accumulate adds into y; xq: x's int8 form,
+        already written (attn_xq), for gemv_dp4a. residual (gemv_tail.Residual) is then applied
+        to y: by the GEMV's tail, else a norm kernel."""
         w, s = self.w[name], self.ctx.nb_stream
+        if xq is not None:
+            assert norm is None and residual is None and x.shape[0] <= GEMV_MAX_ROWS
+            gemv_dp4a.gemv_dp4a(w, xq, y, s, accumulate)
+            return
         if x.shape[0] <= GEMV_MAX_ROWS:
             if name in self.streamed and x.shape[0] == 1 and norm is None and not accumulate \
                     and residual is None:
@@ -338,11 +356,20 @@ class DeviceModel:
         quantize_x(x, xq, self.ctx.nb_stream, norm)
         return xq
 
-    def xq_buffers(self, n_tok: int, K: int) -> QuantX:
+    def xq_buffers(self, n_tok: int, K: int, name: str = "xq") -> QuantX:
         """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""
         a = self.arena
-        return QuantX(a.get("xq", (n_tok, K // 4), np.uint32), a.get("xq_d", (n_tok, K // GROUP)),
-                      a.get("xq_s", (n_tok, K // GROUP)))
+        return QuantX(a.get(name, (n_tok, K // 4), np.uint32), a.get(name + "_d", (n_tok, K // GROUP)),
+                      a.get(name + "_s", (n_tok, K // GROUP)))
+
+    def attn_xq(self, name: str, n_tok: int) -> QuantX | None:
+        """Where decode attention (the short kernel) writes its output's int8 form for `name`
+        (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
+        w = self.w[name]
+        if ATTN_DP4A and n_tok <= attention_decode.MAX_T and self.decode_short \
+                and isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS and w.cols >= self.dp4a_min_k:
+            return self.xq_buffers(n_tok, w.cols, "attn_xq")
+        return None
 
     def x16(self, x):
         x16 = self.arena.get("x16", x.shape, np.float16)

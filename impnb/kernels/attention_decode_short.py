@@ -24,6 +24,7 @@ from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, unpack_halves
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import SIMULATOR, shfl_idx, shfl_xor, warp_sum
+from impnb.kernels.quant_x import GROUP, QuantX, quantize16
 from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
@@ -42,7 +43,7 @@ def turn_keys(D: int) -> int:
     return 32 // (D // 32)
 
 
-def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
+def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool = False):
     NT = NW * 32
     LPK = D // 32            # score lanes per key: 32 dims each
     KI = 32 // LPK           # keys a warp turn
@@ -55,6 +56,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
     QW = LPK * QS            # floats of the query row in shared
     FW = MAX_T * WPR if post else 4  # u32 words of the step's K rows (and of its V rows) in shared
     CW = D + 2 if S > 1 else 1       # floats of the block's part for the cluster merge
+    OW = D if quant else 1           # floats of the output row in shared (quant)
     KEY_OFFS = tuple(1 << i for i in range(int(math.log2(LPK))))        # lanes of one key
     TURN_OFFS = tuple(LPK << i for i in range(int(math.log2(KI))))      # keys of one turn
     SLOT_OFFS = tuple(LPV << i for i in range(int(math.log2(KPV))))     # PV key slots
@@ -198,6 +200,24 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
         cuda.syncthreads()
 
     @cuda.jit(device=True, inline=True)
+    def quant_out(ov, xq, xd, xs, row, c0, tid):
+        # -- quant: the block's output row (ov) in int8 for the dp4a GEMV after it, as quantize_x
+        # writes columns c0 .. c0 + D - 1 of x row `row` (a thread a group of 16) --
+        cuda.syncthreads()
+        if tid < D // GROUP:
+            v = cuda.local.array(GROUP, types.float32)
+            for j in range(GROUP):
+                v[j] = ov[tid * GROUP + j]
+            w0, w1, w2, w3, d, sm = quantize16(v)
+            i = (c0 + tid * GROUP) // 4
+            xq[row, i] = w0
+            xq[row, i + 1] = w1
+            xq[row, i + 2] = w2
+            xq[row, i + 3] = w3
+            xd[row, c0 // GROUP + tid] = d
+            xs[row, c0 // GROUP + tid] = sm
+
+    @cuda.jit(device=True, inline=True)
     def write_fresh(k_words, v_words, kfw, vfw, block_table, pos, b, kh, shift, T, tid):
         # -- the step's K and V rows of head kh into the paged cache (pos < 0: padding) --
         for i in range(tid, T * WPR, NT):
@@ -227,7 +247,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
     # row 0 writes them to the cache.
     @cuda.jit(device=True, inline=True)
     def attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
-               k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
+               k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, xq, xd, xs):
         b = cuda.blockIdx.y
         Hkv = k_words.shape[2]
         g, kh, r0, _ = row_group(q, k_words, 1, cuda.blockIdx.x)
@@ -246,6 +266,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
         kfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
         vfw = cuda.shared.array(FW, types.uint32, alignment=SMEM_ALIGN)
         cres = cuda.shared.array(CW, types.float32)
+        ov = cuda.shared.array(OW, types.float32)
 
         # -- the row's key range and its pages --
         qp = pos[b, t]
@@ -361,6 +382,8 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
                 den += wl[w] * c
             if S == 1:
                 out[b, t, h, tid] = num / den
+                if quant:
+                    ov[tid] = num / den
             else:
                 cres[tid] = num
                 if tid == 0:
@@ -380,38 +403,49 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int):
                     num += ptx.ld_cluster_f32(ptx.smem_addr(cres, tid), z) * c
                     den += ptx.ld_cluster_f32(ptx.smem_addr(cres, D + 1), z) * c
                 out[b, t, h, tid] = num / den
+                if quant:
+                    ov[tid] = num / den
+            if quant and split == 0:
+                quant_out(ov, xq, xd, xs, b * q.shape[1] + t, h * D, tid)
             ptx.cluster_sync()
+        elif quant:
+            quant_out(ov, xq, xd, xs, b * q.shape[1] + t, h * D, tid)
 
     if post:
         def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
-                         k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
+                         xq, xd, xs, k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
             attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
-                   k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm)
+                   k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, xq, xd, xs)
     else:
-        def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift):
+        def short_kernel(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
+                         xq, xd, xs):
             attend(q, k_words, v_words, block_table, pos, out, scale, window, softcap, shift,
-                   q, q, out[0, 0], 0, q[0, 0, 0], q[0, 0, 0], scale, 0)  # post's arguments unread
+                   q, q, out[0, 0], 0, q[0, 0, 0], q[0, 0, 0], scale, 0,  # post's arguments unread
+                   xq, xd, xs)
 
     short_kernel.__name__ = (f"_decode_short_d{D}_w{NW}{'_softcap' if capped else ''}"
-                             f"{'_post' if post else ''}{f'_s{S}' if S > 1 else ''}_kernel")
+                             f"{'_post' if post else ''}{f'_s{S}' if S > 1 else ''}{'_quant' if quant else ''}_kernel")
     cap = {} if SIMULATOR else {"max_registers": min(255, 65536 // NT)}  # a block fits an SM
     return cuda.jit(short_kernel, **cap)
 
 
 # qkv_post fused (post) without softcap, as decode runs it; softcap and post variants up to 8
-# warps: at 16 the 128-register cap makes them spill; clusters of S blocks a row without softcap
-_KERNELS = {(D, NW, capped, post, S): _make_kernel(D, NW, capped, post, S)
+# warps: at 16 the 128-register cap makes them spill; clusters of S blocks a row without softcap;
+# the output's int8 form (quant) without softcap
+_KERNELS = {(D, NW, capped, post, S, quant): _make_kernel(D, NW, capped, post, S, quant)
             for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
             for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8
                                  else ((False, False),))
-            for S in (SPLITS if not capped else (1,))}
+            for S in (SPLITS if not capped else (1,))
+            for quant in ((False,) if capped else (False, True))}
 
 
 # ---------------------------------------------------------------- host side
 
 def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: float,
                            window: int | None, softcap: float | None, stream,
-                           warps: int | None = None, post: tuple | None = None, splits: int = 1) -> None:
+                           warps: int | None = None, post: tuple | None = None, splits: int = 1,
+                           xq: QuantX | None = None) -> None:
     """out (B, T, H, D) = attention of q (B, T, H, D) float32 over the paged fp16 cache, for
     contexts up to MAX_KEYS keys (a row sees at most MAX_KEYS keys; more are not read).
 
@@ -433,6 +467,8 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     float32 the step's raw K and V, which the kernel normalizes, rotates and writes to the
     cache; the step's T tokens must sit at consecutive positions pos[b, 0] + i.
     splits (SPLITS): blocks a query row, a thread-block cluster that merges in shared memory.
+    xq (quant_x.QuantX of B * T rows, H * D columns): the output's int8 form is written there too,
+    equal to quantize_x's of out as (B * T, H * D) (one kernel fewer before a dp4a GEMV of it).
     """
     if q.ndim == 3:
         q, out, pos = q.reshape(1, *q.shape), out.reshape(1, *out.shape), pos.reshape(1, q.shape[0])
@@ -452,11 +488,15 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     warps = warps or (8 if softcap or post or splits > 1 else 16)
-    key = (D, warps, bool(softcap), bool(post), splits)
+    key = (D, warps, bool(softcap), bool(post), splits, xq is not None)
     assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}, splits {splits}"
+    if xq is not None:
+        assert xq.q.shape == (B * T, H * D // 4) and xq.d.shape == xq.s.shape == (B * T, H * D // GROUP)
+    flat = out.reshape(B * T * H, D)
+    xq = xq or (flat.view(np.uint32), flat, flat)  # unread without quant
     args = (q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, out,
             np.float32(scale), np.int32(window or 0), np.float32(softcap or 0.0),
-            np.int32(k_pool.shape[1].bit_length() - 1))
+            np.int32(k_pool.shape[1].bit_length() - 1), *xq)
     if post:
         k_new, v_new, inv_freq, neox, q_norm, k_norm, eps = post
         for a, name in ((k_new, "k_new"), (v_new, "v_new")):
@@ -478,10 +518,12 @@ _Q = types.float32[:, :, :, ::1]
 _POOL = types.uint32[:, :, :, ::1]
 _I2 = types.int32[:, ::1]
 _F1 = types.float32[::1]
-_SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32)
+_SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32,
+        types.uint32[:, ::1], types.float32[:, ::1], types.float32[:, ::1])
 _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
 BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG,
                      {"max_registers": min(255, 65536 // (nw * 32)),
                       "stack_bytes": SIN_COS_STACK if post else 0,
                       "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
-                    for (_, nw, _, post, S), kernel in _KERNELS.items() if S == 1 or (nw == 8 and S in (2, 8))]
+                    for (d, nw, _, post, S, quant), kernel in _KERNELS.items()
+                    if (S == 1 or (nw == 8 and S in (2, 8))) and (not quant or (d == 128 and nw in (8, 16)))]

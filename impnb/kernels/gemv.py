@@ -23,8 +23,8 @@ from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv_tail import ADD, POST_ADD, Residual, last_block, make_tail
 from impnb.kernels.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
-                                         WIDE_TYPES, Variant, choose, rows_per_block, span_for,
-                                         sweep)
+                                         WIDE_MIN_ROWS, WIDE_TYPES, Variant, choose, rows_per_block,
+                                         span_for, sweep)
 from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block
 from impnb.kernels.quant_x import GROUP, THREADS as QUANT_THREADS, QuantX, make_quantize_block
 from impnb.kernels.repack import LAYOUTS, PackedWeight
@@ -650,9 +650,10 @@ BUILD_SIGNATURES = [
 ] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
     # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
     (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
-    for t, v in [(t, choose(t, 1, WIDE_K, 1)) for t in WIDE_TYPES] + [(T.Q4_K, Variant(32, 4, 4))]
+    for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
+    + [(T.Q4_K, Variant(32, 4, 4))]
 ] + [
-    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, 1), SILU, True),
+    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
      types.void(*kernel_args(T.Q4_K, True)), {})
 ] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
     (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),

@@ -44,15 +44,20 @@ def span_for(cols: int) -> int:
 # two warps a group over twice the rows beat the one-chunk default by 1.0-1.3x on 4096x14336 and
 # 14336x4096 (Q8_0 66-68% of 2.97 TB/s, Q4_1 59-64%, Q4_K 56-60%, Q6_K 66-76%); unrolled loads
 # (u2, u4) lost nearly everywhere, and at K = 640 (Gemma3's 262144x640) the default stays best.
+# Below WIDE_MIN_ROWS rows the wide variant leaves under two blocks an SM; four warps a group over
+# the same rows beat it there (H100, 2026-11-27, bench_gemv.py, cold weights, µs a launch / back to
+# back, Qwen3-30B-A3B's attn_output 2048x4096 Q4_K): s64u1r8 9.44 / 6.20, s128u1r8 8.35 / 5.10,
+# s128u1r4 7.98 / 5.63, s64u1r4 8.64 / 5.56; tg128 of Qwen3-30B-A3B Q4_K_M (same day, one call,
+# its attn_output on this GEMV) 458.7, 460.1 -> 468.6, 467.7.
 WIDE_K = 4096
 WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
+WIDE_MIN_ROWS = 4096
 
 
 def choose(ggml_type: T, n_tok: int, cols: int, rows: int) -> Variant:
-    """The variant for a (rows, cols) weight of this type times T tokens (rows: unused; the rule
-    keys on type, T and cols)."""
+    """The variant for a (rows, cols) weight of this type times T tokens."""
     if n_tok == 1 and cols >= WIDE_K and ggml_type in WIDE_TYPES:
-        return Variant(64, 1, 2 * rows_per_block(ggml_type, 1))
+        return Variant(64 if rows >= WIDE_MIN_ROWS else 128, 1, 2 * rows_per_block(ggml_type, 1))
     return Variant(span_for(cols), 1, rows_per_block(ggml_type, n_tok))
 
 

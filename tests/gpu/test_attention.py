@@ -23,6 +23,7 @@ from impnb.kernels.attention_decode import attention_decode, counters_shape, num
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
 from impnb.kernels.norm import rms_norm_ref
+from impnb.kernels.quant_x import QuantX, quantize_x_ref
 from impnb.kernels.rope import rope_inv_freq, rope_ref
 
 pytestmark = pytest.mark.gpu
@@ -86,11 +87,25 @@ def check_kv_write(rng, B, T, Hkv, D, page_size, std=1.0):
     np.testing.assert_array_equal(got_v.view(np.uint16), want_v.view(np.uint16))
 
 
+def poisoned_xq(rows, K, stream) -> QuantX:
+    """quant_x buffers of (rows, K) filled with garbage (0xffffffff words, NaN scales and sums)."""
+    return QuantX(cuda.to_device(np.full((rows, K // 4), 0xFFFFFFFF, np.uint32), stream=stream),
+                  cuda.to_device(np.full((rows, K // 16), np.nan, np.float32), stream=stream),
+                  cuda.to_device(np.full((rows, K // 16), np.nan, np.float32), stream=stream))
+
+
+def assert_quantized(xq: QuantX, out: np.ndarray) -> None:
+    """The int8 form the kernel wrote is quantize_x_ref's of its output, bit for bit."""
+    for got, want, name in zip((a.copy_to_host() for a in xq), quantize_x_ref(out), ("q", "d", "s")):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=name)
+
+
 def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, page_size=16,
-                 n_splits=None, split_keys=None, short=False, warps=None, cluster=1):
+                 n_splits=None, split_keys=None, short=False, warps=None, cluster=1, quant=False):
     """B = len(lengths) sequences, T queries each at positions L - T .. L - 1; split_keys: the
     keys a split takes at least (default the kernel's); short: attention_decode_short instead
-    of the split kernel, with blocks of `warps` warps (default its own), `cluster` blocks a row."""
+    of the split kernel, with blocks of `warps` warps (default its own), `cluster` blocks a row;
+    quant: its output's int8 form too, which must equal quantize_x_ref's of the output."""
     B = len(lengths)
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, T, H, D), std)
@@ -103,12 +118,15 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
     counters = np.zeros(counters_shape(B, T, H), np.int32)
     dev = [cuda.to_device(a, stream=stream)
            for a in (q, k_pool, v_pool, block_table, pos, out, partials, counters)]
+    xq = poisoned_xq(B * T, H * D, stream) if quant else None
     if short:
-        attention_decode_short(*dev[:6], scale, window, softcap, stream, warps, splits=cluster)
+        attention_decode_short(*dev[:6], scale, window, softcap, stream, warps, splits=cluster, xq=xq)
     else:
         attention_decode(*dev, n_splits, scale, window, softcap, stream, split_keys=split_keys)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
+    if quant:
+        assert_quantized(xq, got.reshape(B * T, H * D))
     for b, L in enumerate(lengths):
         assert_attention(got[b], q[b], k_pool, v_pool, block_table[b], ks[b], vs[b], pos[b], scale,
                          window, softcap, std, f"decode L={L} T={T} H={H}/{Hkv} D={D} std={std} "
@@ -116,7 +134,7 @@ def check_decode(rng, lengths, T, H, Hkv, D, std, window=None, softcap=None, pag
 
 
 def check_decode_post(rng, L, T, H, Hkv, D, std, window=None, neox=True, norm=True, n_rot=None,
-                      warps=None, page_size=16, cluster=1):
+                      warps=None, page_size=16, cluster=1, quant=False):
     """attention_decode_short with qkv_post fused: the step's T tokens at L - T .. L - 1 come
     raw (q, k, v Gaussian at std, QK-norm weights around 1, RoPE over n_rot dims), the keys before
     them are cached, the step's cache rows poisoned. The output is held to check_decode's bounds
@@ -142,11 +160,15 @@ def check_decode_post(rng, L, T, H, Hkv, D, std, window=None, neox=True, norm=Tr
     stream = cuda.stream()
     dev = lambda a: None if a is None else cuda.to_device(a, stream=stream)  # noqa: E731
     d_kp, d_vp, d_out = dev(k_pool), dev(v_pool), dev(np.full(q.shape, np.nan, np.float32))
+    xq = poisoned_xq(T, H * D, stream) if quant else None
     attention_decode_short(dev(q), d_kp, d_vp, dev(table[0]), dev(pos), d_out, D ** -0.5, window,
                            None, stream, warps,
-                           post=(dev(k), dev(v), dev(inv_freq), neox, dev(qn), dev(kn), eps), splits=cluster)
+                           post=(dev(k), dev(v), dev(inv_freq), neox, dev(qn), dev(kn), eps), splits=cluster,
+                           xq=xq)
     got, got_k, got_v = (d.copy_to_host(stream=stream) for d in (d_out, d_kp, d_vp))
     stream.synchronize()
+    if quant:
+        assert_quantized(xq, got.reshape(T, H * D))
     what = (f"decode+post L={L} T={T} H={H}/{Hkv} D={D} std={std} window={window} neox={neox} norm={norm}"
             f" cluster={cluster}")
     assert np.array_equal(got_v, v_ref, equal_nan=True), what
@@ -291,6 +313,19 @@ def test_decode_short_post_variants(H, Hkv, D, window, T, neox, norm, warps):
         warps = 8
     check_decode_post(_seed(H, D, T, warps, 4), 300 + T, T, H, Hkv, D, 1.0, window, neox, norm,
                       n_rot=D // 2 if T == 8 else D, warps=warps)
+
+
+@pytest.mark.parametrize("post", (False, True))
+@pytest.mark.parametrize("cluster,T,L", ((1, 1, 131), (2, 1, 1000), (8, 3, 300), (1, 8, 700)))
+def test_decode_short_quant(post, cluster, T, L):
+    """The output's int8 form beside it (Qwen3's attn_output input for dp4a): H 32 over 4 KV heads,
+    D 128, with and without qkv_post fused, one block or a cluster a row, several tokens."""
+    rng = _seed(T, cluster, L, post, 8)
+    for std in STDS:
+        if post:
+            check_decode_post(rng, L, T, 32, 4, 128, std, cluster=cluster, quant=True)
+        else:
+            check_decode(rng, [L], T, 32, 4, 128, std, short=True, cluster=cluster, quant=True)
 
 
 # -- the short kernel with a thread-block cluster of 2, 4 or 8 blocks a query row (key ranges

@@ -107,7 +107,8 @@ def test_prefill_cublas_fallback(case, monkeypatch):
 
 def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     """Every decode GEMV of a dp4a type on gemv_dp4a, the routed gate|up experts included
-    (IMPNB_DP4A_MIN_MB and _MIN_K 0): teacher-forced decode still agrees with the reference."""
+    (IMPNB_DP4A_MIN_MB and _MIN_K 0), attn_output on the int8 form decode attention writes:
+    teacher-forced decode still agrees with the reference."""
     ids, ref, _, engine = case
     from impnb.engine_cuda import CudaEngine
 
@@ -117,6 +118,9 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     if not any(name.endswith("ffn_gate_up_exps") for name in dp4a.m.dp4a):
         pytest.skip("no expert weight of a dp4a type (F32 model)")
     dp4a.reset(SamplingParams(temperature=0))
+    m = dp4a.m
+    m.decode_short, m.decode_splits = m.decode_plan(m.n_ctx)  # as step() plans it: the short kernel
+    assert m.attn_xq("blk.0.attn_output", 1) is not None, "attn_output not on attention's int8 form"
     out = np.concatenate([dp4a.logits([t]) for t in ids])
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a)} weights) vs reference")
 

@@ -64,6 +64,7 @@ def test_gemv(ggml_type, rows, cols, n_tok):
 @pytest.mark.parametrize("n_tok", [1, 8])
 def test_gemv_4096x14336(ggml_type, n_tok):
     check_gemv(ggml_type, 4096, 14336, n_tok, 1.0, seed=n_tok)
+    check_gemv(ggml_type, 2047, 4096, n_tok, 3.0, seed=n_tok + 1)  # wide K, under WIDE_MIN_ROWS rows
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q8_0, T.Q6_K], ids=lambda t: t.name)

@@ -88,3 +88,10 @@ def test_decode_short_batch_softcap_growing():
 def test_decode_short_post(L, T, window, neox, norm, D_):
     check_decode_post(np.random.default_rng([L, T, D_]), L, T, H, HKV, D_, 1.0, window, neox, norm,
                       warps=8)
+
+
+def test_decode_short_quant():
+    """The output's int8 form beside it, bit-equal to quantize_x_ref's of the output: two
+    sequences of two tokens; one token with qkv_post fused."""
+    check_decode(np.random.default_rng(9), [3, 40], 2, H, HKV, D, 1.0, short=True, warps=4, quant=True)
+    check_decode_post(np.random.default_rng(10), 20, 1, H, HKV, 128, 1.0, warps=4, quant=True)
