@@ -269,13 +269,16 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     store, and before its first global load unless it reads early only what the kernel just
     before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
     F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
-    the cache rows before the step's)."""
-    from impnb.kernels import attention_decode, attention_decode_short, attention_fa2, gemv_moe_dp4a, qkv_post
+    the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
+    first weight chunks)."""
+    from impnb.kernels import attention_decode, attention_decode_short, attention_fa2, gemv, gemv_moe_dp4a, qkv_post
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))
     short = [attention_decode_short.BUILD_SIGNATURES[i] for i in (0, 2, 4)]  # plain, post, cluster
-    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short]
+    pair = [c for c in gemv.BUILD_SIGNATURES if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
+    assert pair
+    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short, *pair]
     late = (norm.BUILD_SIGNATURES[:2] + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]
             + gemv_moe_dp4a.BUILD_SIGNATURES[1:2])
     for (kernel, sig, _), reads_early in [(c, True) for c in early] + [(c, False) for c in late]:
