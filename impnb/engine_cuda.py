@@ -20,7 +20,7 @@ from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
 from impnb.graphs import prefill as prefill_graphs
 from impnb.graphs.capture import CaptureError, Graph
 from impnb.graphs.replays import Replays
-from impnb.kernels import argmax
+from impnb.kernels import argmax, attention_decode
 from impnb.kernels import sample as sample_kernels
 from impnb.kernels import sample_penalty
 from impnb.kernels import step_state
@@ -184,9 +184,13 @@ class CudaEngine:
         step_state.advance(self.out_ids, self.m.ids[:1], self.m.pos[:1], self.step_no, s)
 
     def logits(self, ids) -> np.ndarray:
-        """Feed ids at the next positions (one chunk) -> float32 logits of every one (T, V), on the host."""
+        """Feed ids at the next positions (one chunk) -> float32 logits of every one (T, V), on the host.
+        A chunk of decode size takes decode attention as step() plans it for its context."""
         self._drain()
-        return self._run(np.asarray(ids, np.int32), last_only=False).copy_to_host()
+        ids = np.asarray(ids, np.int32)
+        if len(ids) <= attention_decode.MAX_T:
+            self.m.decode_short, self.m.decode_splits = self.m.decode_plan(self.pos + len(ids))
+        return self._run(ids, last_only=False).copy_to_host()
 
     def _run(self, chunk: np.ndarray, last_only: bool = True):
         T = len(chunk)

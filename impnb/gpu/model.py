@@ -117,6 +117,14 @@ GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 # - tg128 with every weight on dp4a: SmolLM2 (K 576) 1676 -> 1454, Gemma3 (K 640) 1516 -> 1471,
 #   where x is short and the GEMVs small: those keep gemv.
 # IMPNB_DP4A_MIN_MB and IMPNB_DP4A_MIN_K override them for A/B runs (a huge size: never).
+# Tried and removed (2026-11-27, on an H200): normed GEMVs on dp4a whose blocks each quantize
+# x * w into shared memory themselves (no quantize_x launch; outputs scaled by 1 / rms(x) from
+# sums of x² made beside). bench_gemv.py, µs back to back, that kernel / gemv's normed / quantize_x
+# + gemv_dp4a: Q4_K 4608x2048 5.26 / 6.84 / 2.34 + 3.49, 6144x4096 10.37 / 10.27 / 2.53 + 6.07,
+# 24576x4096 38.91 / 33.28 / 2.54 + 17.39: every block rereads x and w from L2, 8 bytes a column,
+# more than its own rows of weights at K 4096. tg128: synthetic Qwen3-30B-A3B Q4_K_M 536.0, 535.6
+# -> 547.3, 547.6 (its Q|K|V), Qwen3-8B 458.8 -> 405.1; and int8 Q|K|V inputs took the tiny
+# qwen3moe's all-dp4a teacher-forced top-1 agreement to 98.4%, under the 99% its test asks.
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
 

@@ -42,6 +42,20 @@ def agree(out, ref, what):
     assert top1 >= MIN_TOP1 and close >= MIN_TOP1, (top1, close)
 
 
+def assert_graph_equals_eager(eager, ids):
+    """32 greedy steps after a 20-token prompt through the captured decode graph (programmatic
+    launches) equal eager's steps bit for bit; eager: a CudaEngine with graphs off."""
+    from impnb.engine_cuda import CudaEngine
+    from tests.gpu.test_graphs import decode
+
+    graphed = CudaEngine(eager.mf, 256, graphs=True, lookahead=False)
+    p = SamplingParams(temperature=0)
+    t_e, l_e = decode(eager, list(ids[:20]), p, 32)
+    t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
+    assert graphed.graphs, graphed.graph_disabled
+    assert t_e == t_g and np.array_equal(l_e, l_g)
+
+
 def test_decode_steps_match_reference(case):
     ids, ref, _, engine = case
     engine.reset(SamplingParams(temperature=0))
@@ -67,7 +81,6 @@ def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
     routed gate|up and every other decode GEMV of a dp4a type on gemv_dp4a)."""
     ids, _, _, engine = case
     from impnb.engine_cuda import CudaEngine
-    from tests.gpu.test_graphs import decode
 
     if dp4a:
         monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
@@ -75,12 +88,7 @@ def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
     eager = CudaEngine(engine.mf, 256, graphs=False)
     if dp4a and not eager.m.dp4a:
         pytest.skip("no weight of a dp4a type (F32 model)")
-    graphed = CudaEngine(engine.mf, 256, graphs=True, lookahead=False)
-    p = SamplingParams(temperature=0)
-    t_e, l_e = decode(eager, list(ids[:20]), p, 32)
-    t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
-    assert graphed.graphs, graphed.graph_disabled
-    assert t_e == t_g and np.array_equal(l_e, l_g)
+    assert_graph_equals_eager(eager, ids)
 
 
 def test_prefill_cublas_fallback(case, monkeypatch):
@@ -118,10 +126,8 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     if not any(name.endswith("ffn_gate_up_exps") for name in dp4a.m.dp4a):
         pytest.skip("no expert weight of a dp4a type (F32 model)")
     dp4a.reset(SamplingParams(temperature=0))
-    m = dp4a.m
-    m.decode_short, m.decode_splits = m.decode_plan(m.n_ctx)  # as step() plans it: the short kernel
-    assert m.attn_xq("blk.0.attn_output", 1) is not None, "attn_output not on attention's int8 form"
     out = np.concatenate([dp4a.logits([t]) for t in ids])
+    assert dp4a.m.attn_xq("blk.0.attn_output", 1) is not None, "attn_output not on attention's int8 form"
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a)} weights) vs reference")
 
 
@@ -133,16 +139,11 @@ def test_decode_with_separate_qkv_post(case, monkeypatch):
     bit."""
     ids, ref, _, engine = case
     from impnb.engine_cuda import CudaEngine
-    from tests.gpu.test_graphs import decode
 
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
     eager = CudaEngine(engine.mf, 256, graphs=False)
     assert not eager.m.decode_post
     eager.reset(SamplingParams(temperature=0))
     agree(np.concatenate([eager.logits([t]) for t in ids]), ref, "decode (qkv_post apart) vs reference")
-    graphed = CudaEngine(engine.mf, 256, graphs=True, lookahead=False)
-    p = SamplingParams(temperature=0)
-    t_e, l_e = decode(eager, list(ids[:20]), p, 32)
-    t_g, l_g = decode(graphed, list(ids[:20]), p, 32)
-    assert graphed.graphs, graphed.graph_disabled
-    assert t_e == t_g and np.array_equal(l_e, l_g)
+    assert eager.m.decode_short, "teacher-forced decode not on the short attention kernel step() takes"
+    assert_graph_equals_eager(eager, ids)
