@@ -24,7 +24,7 @@ from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.attention_decode import HEAD_DIMS, LOG2E, MAX_T, NEG, row_group, unpack_halves
 from impnb.kernels.kv_cache import PAGE_SIZES
 from impnb.kernels.norm import SIMULATOR, shfl_idx, shfl_xor, warp_sum
-from impnb.kernels.quant_x import GROUP, QuantX, quantize16
+from impnb.kernels.quant_x import GROUP, QuantX, store_group
 from impnb.kernels.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
@@ -208,14 +208,7 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
             v = cuda.local.array(GROUP, types.float32)
             for j in range(GROUP):
                 v[j] = ov[tid * GROUP + j]
-            w0, w1, w2, w3, d, sm = quantize16(v)
-            i = (c0 + tid * GROUP) // 4
-            xq[row, i] = w0
-            xq[row, i + 1] = w1
-            xq[row, i + 2] = w2
-            xq[row, i + 3] = w3
-            xd[row, c0 // GROUP + tid] = d
-            xs[row, c0 // GROUP + tid] = sm
+            store_group(v, xq, xd, xs, row, c0 // GROUP + tid)
 
     @cuda.jit(device=True, inline=True)
     def write_fresh(k_words, v_words, kfw, vfw, block_table, pos, b, kh, shift, T, tid):

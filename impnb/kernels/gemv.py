@@ -489,6 +489,15 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
 # all 128 threads of a block ranking the keys, 404.5, 404.5 -> 361.0, 361.1 with one warp's k
 # rounds (moe.route_token's); gate|up 6.5 -> 25.6 / 17.8 µs: 1536 blocks in two waves each pay
 # the routing before their first weight load.
+# The whole router in one thread-block cluster instead (8 blocks of 512 threads, 16 experts'
+# rows of W a block held in registers from before the wait, x normed in shared memory, block 0
+# ranking all logits through distributed shared memory: no fence, no ticket) lost on the H100
+# (2026-11-27 07:33 UTC, scripts/bench_moe_decode.py: 9.95 µs against 7.04; synthetic
+# Qwen3-30B-A3B Q4_K_M tg128 in one call 470.7 / 472.2 tok/s against 502.0 / 502.2 for this
+# kernel). Reading W is not all of it: scripts/bench_block_bandwidth.py's 8 blocks of 512
+# threads read 128 KB each in 2.7 µs; which part of the rest (x staged and normed, three block
+# barriers and two cluster ones, the ranking) costs the other 7 µs was not found. The patch is
+# kept in .dev/moe_router_and_mend.patch.
 ROUTER_VARIANT = Variant(128, 1, 1)
 assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
 

@@ -92,6 +92,15 @@ def quantize16(v):
     return words[0], words[1], words[2], words[3], scale, scale * float32(total)
 
 
+@cuda.jit(device=True, inline=True)
+def store_group(v, q, d, s, t, g):
+    """Group g of row t: the GROUP floats of local array v in int8 (quantize16) into q, d, s."""
+    w0, w1, w2, w3, scale, total = quantize16(v)
+    qi.stg_x4(q, t * q.shape[1] + 4 * g, w0, w1, w2, w3)
+    d[t, g] = scale
+    s[t, g] = total
+
+
 def make_quantize_block(normed):
     """quantize_block(x, wn, eps, q, d, s, bx, t): the 128 threads of a block write groups
     128 bx .. 128 bx + 127 of token t (normed: of RMSNorm(x[t]) * wn, the row's scale summed by
@@ -112,10 +121,7 @@ def make_quantize_block(normed):
                 v[4 * j + 1] = v[4 * j + 1] * rms * w1
                 v[4 * j + 2] = v[4 * j + 2] * rms * w2
                 v[4 * j + 3] = v[4 * j + 3] * rms * w3
-        w0, w1, w2, w3, scale, total = quantize16(v)
-        qi.stg_x4(q, t * q.shape[1] + 4 * g, w0, w1, w2, w3)
-        d[t, g] = scale
-        s[t, g] = total
+        store_group(v, q, d, s, t, g)
 
     return quantize_block
 
