@@ -63,7 +63,12 @@ SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024
 # attention became a programmatic launch (2026-11-27 01:53 UTC, tg128 in one call, fused /
 # separate): Qwen3-30B-A3B 445.6 / 460.2, synthetic Qwen3-8B Q4_K_M 386.0 / 387.7 (even); the
 # fused path working out its rotation and norm weights before the wait (shared tables) and
-# loading V beside q and k gave 383.5 on the 8B: removed.
+# loading V beside q and k gave 383.5 on the 8B: removed. As the tail of thread-block clusters
+# instead (the GEMV's blocks in clusters of 16 whose rows are one head; after a cluster barrier,
+# no fence or ticket, the first block normalizes, rotates and writes it; bit-equal to the two
+# launches in its GPU test) Qwen3-30B-A3B Q4_K_M tg128 went 504.4, 504.2 -> 463.6, 463.7 (H100,
+# 2026-11-27 07:52 UTC, one call): clusters of 16 blocks and the tail's 96 registers (80 in the
+# GEMV alone) cost more than the launch they save. Removed; .dev/gemv_qkv_post.patch.
 # Also tried on that model and removed (H100, 2026-11-26, tg128 against the tree before in the
 # same call): the next layer's Q|K|V, attn_output and router weights prefetched into L2
 # (cp.async.bulk.prefetch.L2) from a graph branch forked after attn_output and joined before the
