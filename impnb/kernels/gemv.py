@@ -497,7 +497,9 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
 # kernel). Reading W is not all of it: scripts/bench_block_bandwidth.py's 8 blocks of 512
 # threads read 128 KB each in 2.7 µs; which part of the rest (x staged and normed, three block
 # barriers and two cluster ones, the ranking) costs the other 7 µs was not found. The patch is
-# kept in .dev/moe_router_and_mend.patch.
+# kept in .dev/moe_router_and_mend.patch. Its W loads issued before the wait as one_step
+# kernels do (a thread's one F32 chunk, 32 registers held across it) measured even: tg128 500.5,
+# 500.4 against 499.8 (H100, 2026-11-27 07:59 UTC, one call); not kept.
 ROUTER_VARIANT = Variant(128, 1, 1)
 assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
 
