@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|ncu|attn|decode|dp4a|all]   (all: not moe,
-#   ncu, attn, decode, dp4a)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|ncu|attn|decode|dp4a|blocks|all]   (all: not
+#   moe, ncu, attn, decode, dp4a, blocks)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py); ncu profiles each kernel of one decode
 # step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); dp4a
 # benches the dp4a GEMV and a synthetic Qwen3-8B Q4_K_M with and without it (see its block for
-# DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE).
+# DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE); blocks times how fast few blocks read from HBM
+# (bench_block_bandwidth.py).
 set -uo pipefail
 what=${1:-all}
 source "$(dirname "$0")/device_setup.sh"
@@ -41,6 +42,11 @@ fi
 if [[ $what == all || $what == smoke ]]; then
   timeout 400 python3 scripts/smoke.py multi-model --device cuda --json "$OUT/smoke.json" > "$OUT/smoke.txt" 2> "$OUT/smoke.log"
   status[smoke]="rc=$? $(tail -n 1 "$OUT/smoke.txt")"
+fi
+
+if [[ $what == blocks ]]; then
+  timeout 120 python3 scripts/bench_block_bandwidth.py > "$OUT/bench-blocks.log" 2>&1
+  status[bench-blocks]="rc=$? see bench-blocks.log"
 fi
 
 if [[ $what == moe ]]; then
