@@ -1,0 +1,107 @@
+"""What int8 x costs the reference model: teacher-forced top-1 agreement and logit error of the numpy
+reference with the GEMV inputs rounded as gemv_dp4a multiplies them (quant_x's int8 groups of 16
+columns, `dequantize_x_ref`), against float x. CPU only; no GPU kernel runs.
+
+Sets of GEMVs rounded:
+  qkv  Q, K and V's input (the normed x)
+  all  every GEMV but the router and the logits, the experts' gate|up and down included
+       (llama.cpp's mmvq way)
+Tiny random qwen3moe / qwen3 (the GPU tests' seed 3, and 11) on 128 random ids; each GGUF given
+on the command line on a paragraph of English.
+    python scripts/int8_sensitivity.py [GGUF ...]
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.kernels.moe import route_ref  # noqa: E402
+from impnb.kernels.quant_x import dequantize_x_ref, quantize_x_ref  # noqa: E402
+from impnb.models import load_reference  # noqa: E402
+from impnb.synthetic import tiny_gguf  # noqa: E402
+from impnb.tokenizer import Tokenizer  # noqa: E402
+
+TEXT = ("The Eiffel Tower is located in the city of Paris, France. It was built for the 1889 World's Fair and "
+        "was at first criticized by some of France's leading artists and intellectuals for its design, but it "
+        "has become a global cultural icon of France and one of the most recognizable structures in the world. "
+        "The tower is 330 metres tall, about the same height as an 81-storey building.")
+QKV = ("attn_q", "attn_k", "attn_v")
+FLOAT = ("ffn_gate_inp", "output", "token_embd")  # "all" leaves these float
+
+
+def int8(x: np.ndarray) -> np.ndarray:
+    """x (..., K) as gemv_dp4a multiplies it."""
+    rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    q, d, _ = quantize_x_ref(rows)
+    return dequantize_x_ref(q, d).astype(np.float32).reshape(x.shape)
+
+
+def logits(ref, ids: np.ndarray, mode: str) -> np.ndarray:
+    """Teacher-forced logits (T, vocab) with mode's GEMV inputs rounded ("none": float)."""
+    ops = ref.ops
+    plain = type(ops).linear
+
+    def linear(self, x, name):
+        short = name.rsplit(".", 1)[-1]
+        rounded = (mode == "qkv" and short in QKV) or (mode == "all" and short not in FLOAT)
+        return plain(self, int8(x) if rounded else x, name)
+
+    def moe(self, x, prefix):  # ops.moe with its experts' inputs rounded
+        cfg = self.cfg
+        experts, weights = route_ref(plain(self, x, prefix + "ffn_gate_inp"), cfg.n_expert_used,
+                                     cfg.expert_weights_norm)
+        gate, up, down = (self.w[prefix + n] for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+        out, xq = np.zeros_like(x), int8(x)
+        for t in range(x.shape[0]):
+            for e, wt in zip(experts[t], weights[t]):
+                act = self.gated_act(gate[e] @ xq[t], up[e] @ xq[t])
+                out[t] += wt * (down[e] @ int8(act[None])[0])
+        return out
+
+    ops.linear = linear.__get__(ops)
+    if mode == "all":
+        ops.moe = moe.__get__(ops)
+    try:
+        return ref.forward(ids, ref.new_cache(len(ids) + 8))
+    finally:
+        ops.__dict__.pop("linear", None)
+        ops.__dict__.pop("moe", None)
+
+
+def report(label: str, ref, ids: np.ndarray) -> None:
+    base = logits(ref, ids, "none")
+    for mode in ("qkv", "all"):
+        out = logits(ref, ids, mode)
+        top1 = np.mean(out.argmax(-1) == base.argmax(-1))
+        rel = np.abs(out - base).max(-1) / np.abs(base).max(-1)
+        print(f"{label:<44} {mode:<4} {top1:6.3f} {np.median(rel):9.2e} {np.quantile(rel, 0.99):9.2e} "
+              f"{np.mean(rel <= 1e-2):6.3f}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("ggufs", nargs="*")
+    args = ap.parse_args()
+    print(f"{'model':<44} {'GEMVs':<4} {'top-1':>6} {'rel med':>9} {'rel p99':>9} {'<=1e-2':>6}")
+    with tempfile.TemporaryDirectory() as d:
+        for arch, quant, seed in (("qwen3moe", "Q8_0", 3), ("qwen3moe", "F32", 3), ("qwen3moe", "Q8_0", 11),
+                                  ("qwen3", "Q8_0", 3)):
+            _, path = tiny_gguf(arch, quant, d, seed=seed)
+            ref = load_reference(open_model_file(path))
+            ids = np.random.default_rng(5).integers(0, ref.cfg.n_vocab, 128).astype(np.int32)
+            report(f"tiny {arch} {quant} seed {seed} (128 ids)", ref, ids)
+    for path in args.ggufs:
+        mf = open_model_file(path)
+        ids = np.array(Tokenizer.from_metadata(mf.metadata).encode(TEXT), np.int32)[:128]
+        report(f"{Path(path).name} ({len(ids)} tokens)", load_reference(mf), ids)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
