@@ -1,6 +1,7 @@
 """What int8 x costs the reference model: teacher-forced top-1 agreement and logit error of the numpy
 reference with the GEMV inputs rounded as gemv_dp4a multiplies them (quant_x's int8 groups of 16
-columns, `dequantize_x_ref`), against float x. CPU only; no GPU kernel runs.
+columns, `dequantize_x_ref`), against float x; with --fp16, rounded to fp16 instead (what a
+tensor-core GEMV on fp16 x would multiply). CPU only; no GPU kernel runs.
 
 Sets of GEMVs rounded:
   qkv  Q, K and V's input (the normed x)
@@ -8,7 +9,7 @@ Sets of GEMVs rounded:
        (llama.cpp's mmvq way)
 Tiny random qwen3moe / qwen3 (the GPU tests' seed 3, and 11) on 128 random ids; each GGUF given
 on the command line on a paragraph of English.
-    python scripts/int8_sensitivity.py [GGUF ...]
+    python scripts/int8_sensitivity.py [--fp16] [GGUF ...]
 """
 
 import argparse
@@ -35,6 +36,10 @@ QKV = ("attn_q", "attn_k", "attn_v")
 FLOAT = ("ffn_gate_inp", "output", "token_embd")  # "all" leaves these float
 
 
+def fp16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
 def int8(x: np.ndarray) -> np.ndarray:
     """x (..., K) as gemv_dp4a multiplies it."""
     rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
@@ -42,7 +47,7 @@ def int8(x: np.ndarray) -> np.ndarray:
     return dequantize_x_ref(q, d).astype(np.float32).reshape(x.shape)
 
 
-def logits(ref, ids: np.ndarray, mode: str) -> np.ndarray:
+def logits(ref, ids: np.ndarray, mode: str, rounding=int8) -> np.ndarray:
     """Teacher-forced logits (T, vocab) with mode's GEMV inputs rounded ("none": float)."""
     ops = ref.ops
     plain = type(ops).linear
@@ -50,18 +55,18 @@ def logits(ref, ids: np.ndarray, mode: str) -> np.ndarray:
     def linear(self, x, name):
         short = name.rsplit(".", 1)[-1]
         rounded = (mode == "qkv" and short in QKV) or (mode == "all" and short not in FLOAT)
-        return plain(self, int8(x) if rounded else x, name)
+        return plain(self, rounding(x) if rounded else x, name)
 
     def moe(self, x, prefix):  # ops.moe with its experts' inputs rounded
         cfg = self.cfg
         experts, weights = route_ref(plain(self, x, prefix + "ffn_gate_inp"), cfg.n_expert_used,
                                      cfg.expert_weights_norm)
         gate, up, down = (self.w[prefix + n] for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
-        out, xq = np.zeros_like(x), int8(x)
+        out, xq = np.zeros_like(x), rounding(x)
         for t in range(x.shape[0]):
             for e, wt in zip(experts[t], weights[t]):
                 act = self.gated_act(gate[e] @ xq[t], up[e] @ xq[t])
-                out[t] += wt * (down[e] @ int8(act[None])[0])
+                out[t] += wt * (down[e] @ rounding(act[None])[0])
         return out
 
     ops.linear = linear.__get__(ops)
@@ -74,10 +79,10 @@ def logits(ref, ids: np.ndarray, mode: str) -> np.ndarray:
         ops.__dict__.pop("moe", None)
 
 
-def report(label: str, ref, ids: np.ndarray) -> None:
+def report(label: str, ref, ids: np.ndarray, rounding) -> None:
     base = logits(ref, ids, "none")
     for mode in ("qkv", "all"):
-        out = logits(ref, ids, mode)
+        out = logits(ref, ids, mode, rounding)
         top1 = np.mean(out.argmax(-1) == base.argmax(-1))
         rel = np.abs(out - base).max(-1) / np.abs(base).max(-1)
         print(f"{label:<44} {mode:<4} {top1:6.3f} {np.median(rel):9.2e} {np.quantile(rel, 0.99):9.2e} "
@@ -87,7 +92,9 @@ def report(label: str, ref, ids: np.ndarray) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ggufs", nargs="*")
+    ap.add_argument("--fp16", action="store_true", help="x rounded to fp16, not to int8 groups")
     args = ap.parse_args()
+    rounding = fp16 if args.fp16 else int8
     print(f"{'model':<44} {'GEMVs':<4} {'top-1':>6} {'rel med':>9} {'rel p99':>9} {'<=1e-2':>6}")
     with tempfile.TemporaryDirectory() as d:
         for arch, quant, seed in (("qwen3moe", "Q8_0", 3), ("qwen3moe", "F32", 3), ("qwen3moe", "Q8_0", 11),
@@ -95,11 +102,11 @@ def main() -> int:
             _, path = tiny_gguf(arch, quant, d, seed=seed)
             ref = load_reference(open_model_file(path))
             ids = np.random.default_rng(5).integers(0, ref.cfg.n_vocab, 128).astype(np.int32)
-            report(f"tiny {arch} {quant} seed {seed} (128 ids)", ref, ids)
+            report(f"tiny {arch} {quant} seed {seed} (128 ids)", ref, ids, rounding)
     for path in args.ggufs:
         mf = open_model_file(path)
         ids = np.array(Tokenizer.from_metadata(mf.metadata).encode(TEXT), np.int32)[:128]
-        report(f"{Path(path).name} ({len(ids)} tokens)", load_reference(mf), ids)
+        report(f"{Path(path).name} ({len(ids)} tokens)", load_reference(mf), ids, rounding)
     return 0
 
 

@@ -125,7 +125,8 @@ GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
 # What int8 x costs the reference (scripts/int8_sensitivity.py, CPU, 2026-11-27; teacher-forced
 # top-1 against float x, Q|K|V's input rounded / every GEMV's but the router's and the logits'):
 # SmolLM2 on 90 tokens of English 0.978 / 0.989, Gemma3 1.000 / 1.000, tiny qwen3moe Q8_0 seed 3
-# 1.000 / 1.000, seed 11 0.984 / 0.992. The models this rule puts Q|K|V on dp4a for (Qwen3-8B's
+# 1.000 / 1.000, seed 11 0.984 / 0.992; x rounded to fp16 instead (--fp16) 1.000 everywhere,
+# errors 2e-4 to 1e-3 of the largest logit. The models this rule puts Q|K|V on dp4a for (Qwen3-8B's
 # 6144 x 4096) had no real GGUF here to measure.
 # Tried and removed (2026-11-27, on an H200): normed GEMVs on dp4a whose blocks each quantize
 # x * w into shared memory themselves (no quantize_x launch; outputs scaled by 1 / rms(x) from
