@@ -3,7 +3,8 @@ block streaming its own contiguous `kb` KB (float4 loads, UNROLL in flight a thr
 rotated through 1 GiB so that no read hits L2; launches chained in one CUDA graph as in a decode
 step (programmatic, each waiting for the one before). Whether a kernel that puts its data in few
 blocks (one thread-block cluster, a block a head) can read it fast: compare a row's µs with the
-kb 1 row's (the launch floor) and its GB/s a block with the copy rate / 132 SMs (22.5 GB/s).
+smallest slab's (near the launch floor; a slab is at least 16 KB a 256-thread block, 4 float4 a
+thread) and its GB/s a block with the copy rate / 132 SMs (22.5 GB/s).
     python scripts/bench_block_bandwidth.py [--calls 32]
 """
 

@@ -22,7 +22,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.gguf_file import open_model_file  # noqa: E402
-from impnb.kernels.moe import route_ref  # noqa: E402
 from impnb.kernels.quant_x import dequantize_x_ref, quantize_x_ref  # noqa: E402
 from impnb.models import load_reference  # noqa: E402
 from impnb.synthetic import tiny_gguf  # noqa: E402
@@ -57,26 +56,17 @@ def logits(ref, ids: np.ndarray, mode: str, rounding=int8) -> np.ndarray:
         rounded = (mode == "qkv" and short in QKV) or (mode == "all" and short not in FLOAT)
         return plain(self, rounding(x) if rounded else x, name)
 
-    def moe(self, x, prefix):  # ops.moe with its experts' inputs rounded
-        cfg = self.cfg
-        experts, weights = route_ref(plain(self, x, prefix + "ffn_gate_inp"), cfg.n_expert_used,
-                                     cfg.expert_weights_norm)
-        gate, up, down = (self.w[prefix + n] for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
-        out, xq = np.zeros_like(x), rounding(x)
-        for t in range(x.shape[0]):
-            for e, wt in zip(experts[t], weights[t]):
-                act = self.gated_act(gate[e] @ xq[t], up[e] @ xq[t])
-                out[t] += wt * (down[e] @ rounding(act[None])[0])
-        return out
+    def expert(self, w, x):  # the routed experts' gate|up and down
+        return type(ops).expert(self, w, rounding(x[None])[0])
 
     ops.linear = linear.__get__(ops)
     if mode == "all":
-        ops.moe = moe.__get__(ops)
+        ops.expert = expert.__get__(ops)
     try:
         return ref.forward(ids, ref.new_cache(len(ids) + 8))
     finally:
         ops.__dict__.pop("linear", None)
-        ops.__dict__.pop("moe", None)
+        ops.__dict__.pop("expert", None)
 
 
 def report(label: str, ref, ids: np.ndarray, rounding) -> None:

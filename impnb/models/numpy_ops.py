@@ -55,9 +55,13 @@ class NumpyOps:
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
             for e, wt in zip(experts[t], weights[t]):
-                h = self.gated_act(gate[e] @ x[t], up[e] @ x[t])
-                out[t] += wt * (down[e] @ h)
+                h = self.gated_act(self.expert(gate[e], x[t]), self.expert(up[e], x[t]))
+                out[t] += wt * self.expert(down[e], h)
         return out
+
+    def expert(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """One expert matrix w (N, K) times one token's x (K,) -> (N,)."""
+        return w @ x
 
     def output(self, x: np.ndarray) -> np.ndarray:
         """Final norm and logits (T, n_vocab); tied to token_embd when `output` is absent."""
