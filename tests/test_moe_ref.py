@@ -66,3 +66,25 @@ def test_check_experts_refuses_what_the_kernels_cannot_route():
     for bad in (Cfg(128, MAX_K + 1), Cfg(MAX_EXPERTS + 1, 2), Cfg(8, 0), Cfg(128, 8, True)):
         with pytest.raises(UnsupportedError, match="use --device cpu"):
             check_experts(bad)
+
+
+@pytest.mark.parametrize("std", [0.1, 1.0, 10.0])
+def test_fold_ref_is_the_router_of_the_updated_residual(std):
+    """router_fold's identity: W_r (RMSNorm(x + W_o a) * wn) = (Wx x + Wa a) / rms(x + W_o a), and
+    the same experts, on Gaussian weights and inputs of odd sizes."""
+    from impnb.kernels.norm import rms_norm_ref
+    from impnb.kernels.router_fold import fold_ref
+
+    rng = np.random.default_rng(int(std * 10))
+    E, D, K, eps = 37, 96, 160, 1e-6
+    w_r = (rng.standard_normal((E, D)) * D ** -0.5).astype(np.float32)
+    wn = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32)
+    w_o = (rng.standard_normal((D, K)) * K ** -0.5).astype(np.float32)
+    x = (rng.standard_normal((3, D)) * 3 * std).astype(np.float32)
+    a = (rng.standard_normal((3, K)) * std).astype(np.float32)
+    y = x + a @ w_o.T
+    direct = rms_norm_ref(y, wn, eps) @ w_r.T
+    fold = fold_ref(w_r, wn, w_o)
+    folded = (x @ fold.wx.T + a @ fold.wa.T) / np.sqrt((y.astype(np.float64) ** 2).mean(1, keepdims=True) + eps)
+    np.testing.assert_allclose(folded, direct, rtol=1e-4, atol=1e-5 * np.abs(direct).max())
+    assert np.array_equal(route_ref(folded.astype(np.float32), 4, True)[0], route_ref(direct, 4, True)[0])

@@ -17,7 +17,8 @@ Decode (T <= GEMV_MAX_ROWS) of the models without post-norms (llama, qwen3, qwen
 norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
 RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
 kernels a layer fewer than separate norms; each costs ~3 µs in the decode graph; no grid-wide
-tail either).
+tail either). qwen3moe's router runs in attn_output's launch where gpu/model.py folds it
+(ROUTER_FOLD): attn_output then writes x + o out of place, into a spare buffer that becomes x.
 The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from impnb.gpu import attention_dispatch
 from impnb.gpu.model import GEMV_MAX_ROWS
-from impnb.gpu.moe import moe_ffn, moe_ffn_decode
+from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
 from impnb.kernels import activations, attention_decode, attention_fa2, attention_wgmma, norm, qkv_post
 from impnb.kernels.attention_decode_short import attention_decode_short
 from impnb.kernels.embedding import embedding
@@ -73,10 +74,15 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
 def _forward_fused(m, x, T: int, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (llama, qwen3, qwen3moe)."""
     cfg, eps = m.cfg, m.cfg.eps
+    spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the folded router's out-of-place residual
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         xq = m.attn_xq(p + "attn_output", T)  # attention writes its output in int8 there too
         attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps), xq)
+        if xq is not None and p in m.router_folds:  # attn_output and the router in one launch
+            attn_output_moe_decode(m, attn, xq, x, spare, p, (m.w[p + "ffn_norm"], eps))
+            x, spare = spare, x
+            continue
         m.linear(attn, p + "attn_output", x, accumulate=True, xq=xq)
         if cfg.n_expert:
             moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))

@@ -29,6 +29,7 @@ from impnb.kernels.moe import check_experts
 from impnb.kernels.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.rope import rope_inv_freq
+from impnb.kernels.router_fold import Fold, fold_ref
 from impnb.models import model_config
 from impnb.quant_promote import common_type, promote
 
@@ -100,6 +101,11 @@ GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
 # attn_output already on dp4a after a quantize_x launch) 385.4 -> 395.8 with this and the
 # GEMV_PAIR and gemv_variants.WIDE_MIN_ROWS changes. IMPNB_ATTN_DP4A=0 for A/B runs.
 ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
+# qwen3moe decode runs attn_output (on dp4a, ATTN_DP4A) and the MoE router as one launch
+# (kernels/router_fold.py: the router's logits are linear in the layer's input and attention's
+# output but for the norm's scale, so its rows are folded through W_o at load and run beside
+# attn_output's). IMPNB_ROUTER_FOLD=0 for A/B runs.
+ROUTER_FOLD = os.environ.get("IMPNB_ROUTER_FOLD", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
 # scripts/bench_gemv.py --stream, µs back to back): Gemma3's 262144x640 Q8_0 logits 65.4 (91.8%
@@ -184,6 +190,7 @@ class DeviceModel:
         self.dp4a_min_k = min_k
         for name in sorted(self.dp4a):
             log.debug("%s: decode GEMV on gemv_dp4a", name)
+        self.router_folds = self._router_folds(mf)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         n_pages = kv_cache.pages_needed(n_ctx, PAGE_SIZE)
@@ -256,6 +263,26 @@ class DeviceModel:
             w[name] = self.ctx.upload(t.dequantize()) if len(t.shape) == 1 else self._upload_matrix(name, [t])
         return w
 
+    def _router_folds(self, mf: ModelFile) -> dict:
+        """router_fold's weights (Wx, Wa) by layer prefix, for the qwen3moe layers whose attn_output
+        can take gemv_dp4a on attention's int8 output and whose routed gate|up take it too
+        (ROUTER_FOLD); the fold runs where attn_xq gives those buffers."""
+        cfg, folds = self.cfg, {}
+        if not (ROUTER_FOLD and ATTN_DP4A and cfg.n_expert):
+            return folds
+        for il in range(cfg.n_layer):
+            p = f"blk.{il}."
+            w_o = self.w[p + "attn_output"]
+            if not (isinstance(w_o, repack.PackedWeight) and w_o.ggml_type in gemv_dp4a.DOTS
+                    and w_o.cols >= self.dp4a_min_k and self.dp4a_pays(p + "ffn_gate_up_exps")):
+                continue
+            fold = fold_ref(*(mf.tensors[p + n + ".weight"].dequantize()
+                              for n in ("ffn_gate_inp", "ffn_norm", "attn_output")))
+            folds[p] = Fold(*(self.ctx.upload(a) for a in fold))
+        if folds:
+            log.debug("the router folded into attn_output's launch in %d layers", len(folds))
+        return folds
+
     def _upload_matrix(self, name: str, ts, ggml_type=None):
         """Rows of ts stacked, repacked in ggml_type (default: theirs; F16 where no kernel reads
         it); expert tensors (E, rows, cols) are stacked per expert: expert e's rows of every t,
@@ -276,7 +303,8 @@ class DeviceModel:
     def _bytes_needed(self, mf: ModelFile, n_ctx: int) -> int:
         cfg = self.cfg
         kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
-        return sum(t.data.nbytes for t in mf.tensors.values()) + kv + (64 << 20)
+        folds = 4 * cfg.n_layer * cfg.n_expert * (cfg.n_embd + cfg.n_head * cfg.head_dim_v) if ROUTER_FOLD else 0
+        return sum(t.data.nbytes for t in mf.tensors.values()) + kv + folds + (64 << 20)
 
     def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False,
                residual: Residual | None = None, xq: QuantX | None = None) -> None:

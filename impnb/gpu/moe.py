@@ -1,7 +1,8 @@
 """The routed-expert FFN of a qwen3moe layer on the GPU (reference: numpy_ops.moe).
 
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
-      the router GEMV's last block, gemv.gemv_route)
+      the router GEMV's last block, gemv.gemv_route; or, folded through W_o, beside attn_output's
+      GEMV in its launch, kernels/router_fold.py)
   decode (moe_ffn_decode, T <= GEMV_MAX_ROWS): h = RMSNorm(x) * ffn_norm read by the router GEMV
       itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
       GEMVs over the chosen experts' rows
@@ -32,6 +33,7 @@ from impnb.kernels.gemv_dp4a import gemv_dp4a_experts
 from impnb.kernels.gemv_moe import experts_down_sum
 from impnb.kernels.gemv_tail import Residual
 from impnb.kernels.moe import moe_combine, moe_route
+from impnb.kernels.router_fold import router_fold
 
 # The decode down projection of dp4a-type experts on dp4a (gemv_moe_dp4a.py, act made int8 in the
 # kernel) rather than on float act (gemv_moe.py). Measured on an H200 (2026-11-26, synthetic
@@ -65,19 +67,47 @@ def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
     h = RMSNorm(x) * wn, norm = (wn, eps); weights m.w[prefix + ...]."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
-    k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
     assert T <= GEMV_MAX_ROWS
-    logits = a.get("moe_logits", (T, E))
-    experts = a.get("moe_experts", (T, k), np.int32)
-    weights = a.get("moe_weights", (T, k))
-    slots = experts.reshape(T * k)
+    logits, experts, weights = _route_buffers(m, T)
     name = prefix + "ffn_gate_up_exps"
     xq = m.xq_buffers(T, D) if name in m.w and m.dp4a_pays(name) else None  # the router writes h in int8
-    gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, k, cfg.expert_weights_norm, experts, weights,
-                    a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
-    act = a.get("moe_act", (T * k, F))
+    gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
+                    experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
+    _experts_decode(m, x, prefix, norm, xq, experts, weights)
+
+
+def attn_output_moe_decode(m, attn, aq, x, out, prefix: str, norm: tuple) -> None:
+    """Decode, the router folded into attn_output's launch (kernels/router_fold.py, for the
+    layers in m.router_folds): out (T, D) = x + W_o â (aq: â, the int8 form of attn (T, H Dv)
+    that decode attention wrote), then out += the routed experts' SwiGLU FFN of
+    RMSNorm(out) * wn, norm = (wn, eps)."""
+    cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
+    T, D = x.shape
+    logits, experts, weights = _route_buffers(m, T)
+    xq = m.xq_buffers(T, D)  # the fold's last block writes h in int8 there
+    router_fold(m.w[prefix + "attn_output"], aq, attn, x, out, m.router_folds[prefix], norm, logits,
+                cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
+                a.zeros("fold_counter", (1,), np.uint32), xq, s)
+    _experts_decode(m, out, prefix, norm, xq, experts, weights)
+
+
+def _route_buffers(m, T: int) -> tuple:
+    """The decode router's logits (T, E), experts (T, k) int32 and weights (T, k)."""
+    a, k = m.arena, m.cfg.n_expert_used
+    return (a.get("moe_logits", (T, m.cfg.n_expert)), a.get("moe_experts", (T, k), np.int32),
+            a.get("moe_weights", (T, k)))
+
+
+def _experts_decode(m, x, prefix: str, norm: tuple, xq, experts, weights) -> None:
+    """x (T, D) += sum_j weights[t, j] down_e act[t * k + j], act = silu(gate_e h) * up_e h of
+    the chosen experts e = experts[t, j]; h = RMSNorm(x) * wn in int8 in xq (dp4a), or None."""
+    cfg, s = m.cfg, m.ctx.nb_stream
+    T, D = x.shape
+    k, F = cfg.n_expert_used, cfg.n_ff_exp
+    slots = experts.reshape(T * k)
+    act = m.arena.get("moe_act", (T * k, F))
     if xq is not None:
-        gemv_dp4a_experts(m.w[name], 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
+        gemv_dp4a_experts(m.w[prefix + "ffn_gate_up_exps"], 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
         _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
     down = m.w[prefix + "ffn_down_exps"]

@@ -261,7 +261,7 @@ LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5
 DP4A_TYPES = tuple(DOTS)
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
@@ -323,7 +323,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     # the chunk's columns for every token (through L1: the block's groups share it), then R x T
     # dots. Sums reduce over the warp by shuffles, then over the group's warps in shared memory;
     # GLU: y[t, o] = act(gate row o) * up row o. Token t reads x̂ row xr + t and writes y row
-    # yr + t. K (cols) is built in, so a slot's loads share one address.
+    # yr + t (accumulate: plus res's, res y itself but for router_fold.py's out-of-place add).
+    # K (cols) is built in, so a slot's loads share one address.
     @cuda.jit(device=True, inline=True)
     def chunk_dots(cur, c, c8, xq, xd, xs, xr, xw, xf, acc):
         # -- acc[r, t] += chunk c of slot r (its loads cur) . x̂ row xr + t: x̂ of the chunk's
@@ -342,7 +343,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
                 acc[r, t] += dot(cur[r], c8, xw, xf, t)
 
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr):
+    def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr, res):
         a, c0, raws = start
         tid = cuda.threadIdx.x
         n_out = n_rows // 2 if glu else n_rows
@@ -392,8 +393,11 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             row = min(gi_t * out_rows, n_out - out_rows) + r
             if row >= gi_t * out_rows:
                 if accumulate:
-                    s += y[yr + t, row]
+                    s += res[yr + t, row]
                 y[yr + t, row] = s
+
+    if block_fns:
+        return group_start, rows_times_x
 
     if experts:
         # grid (ceil(N_out / (R_out * G)), S): blockIdx.y is slot s; W is E stacked (n_rows, K)
@@ -404,7 +408,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             ptx.grid_dep_launch()
             s = cuda.blockIdx.y
             start = group_start(parts, n_rows, experts[s] * n_rows)
-            rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, s // x_div, s)
+            rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, s // x_div, s, y)
 
         return _gemv_dp4a_experts_kernel
 
@@ -413,7 +417,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
         start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0)
+        rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0, y)
 
     return _gemv_dp4a_kernel
 
@@ -434,6 +438,16 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
     assert not (experts and max_registers), "the routed-experts kernel takes no register cap"
     assert 1 <= depth <= 4
     return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers)
+
+
+@lru_cache(maxsize=None)
+def dp4a_block_fns(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, depth: int):
+    """The plain kernel's device functions for a kernel that runs its blocks among others
+    (router_fold.py): group_start(parts, n_rows, 0), whose loads may go out before the wait, then
+    rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0, res); both read
+    cuda.blockIdx.x as the GEMV's block."""
+    assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, NO_GLU, False, cols, depth, None, block_fns=True)
 
 
 # T = 1: measured on the H100 (2026-11-25 17:35 UTC, scripts/bench_gemv.py --dp4a with six

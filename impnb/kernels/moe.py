@@ -161,9 +161,10 @@ def route_token(logits, t, k, normalize, experts, weights, row):
 
 
 @cuda.jit(device=True, inline=True)
-def route_block(logits, t, k, normalize, experts, weights, keys, vals):
+def route_block(logits, t, k, normalize, experts, weights, keys, vals, scale):
     """Every thread of a block: route_token's experts and weights of token t into experts[t],
-    weights[t], bit for bit, by ranks rather than k rounds: thread i keeps the order keys
+    weights[t] (of the logits times scale: float32 1 for route_token's, bit for bit), by ranks
+    rather than k rounds: thread i keeps the order keys
     (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,) uint32, then counts
     for each of them the experts ahead of it (a larger key, or an equal one at a lower index);
     rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32). Warp 0 then
@@ -173,7 +174,7 @@ def route_block(logits, t, k, normalize, experts, weights, keys, vals):
     E = logits.shape[1]
     E4 = (E + 7) >> 3 << 3
     for e in range(tid, E4, n):  # keys past E are 0: at an index past every expert, never ahead
-        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
+        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e) * scale) if e < E else uint32(0)
     cuda.syncthreads()
     for e in range(tid, E, n):
         # -- eight keys a step into four counts: independent shared loads, not one a step (H100,

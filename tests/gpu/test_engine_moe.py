@@ -78,7 +78,8 @@ def test_prefill_matches_reference_and_hf(case):
 @pytest.mark.parametrize("dp4a", [False, True], ids=["gemv", "dp4a"])
 def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
     """32 greedy steps through the captured decode graph equal eager steps bit for bit (dp4a: the
-    routed gate|up and every other decode GEMV of a dp4a type on gemv_dp4a)."""
+    routed gate|up and every other decode GEMV of a dp4a type on gemv_dp4a, the router folded
+    into attn_output's launch)."""
     ids, _, _, engine = case
     from impnb.engine_cuda import CudaEngine
 
@@ -115,8 +116,9 @@ def test_prefill_cublas_fallback(case, monkeypatch):
 
 def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     """Every decode GEMV of a dp4a type on gemv_dp4a, the routed gate|up experts included
-    (IMPNB_DP4A_MIN_MB and _MIN_K 0), attn_output on the int8 form decode attention writes:
-    teacher-forced decode still agrees with the reference."""
+    (IMPNB_DP4A_MIN_MB and _MIN_K 0), attn_output on the int8 form decode attention writes with
+    the router folded into its launch (kernels/router_fold.py): teacher-forced decode still
+    agrees with the reference."""
     ids, ref, _, engine = case
     from impnb.engine_cuda import CudaEngine
 
@@ -128,6 +130,7 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     dp4a.reset(SamplingParams(temperature=0))
     out = np.concatenate([dp4a.logits([t]) for t in ids])
     assert dp4a.m.attn_xq("blk.0.attn_output", 1) is not None, "attn_output not on attention's int8 form"
+    assert len(dp4a.m.router_folds) == dp4a.m.cfg.n_layer, "the router not folded into attn_output"
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a)} weights) vs reference")
 
 

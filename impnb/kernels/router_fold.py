@@ -1,0 +1,191 @@
+"""attn_output's dp4a GEMV with the qwen3moe router folded in: one decode launch for two.
+
+The router reads h = RMSNorm(x') * wn of x' = x + W_o a, the residual after attn_output (a the
+attention output). Its logits are linear in x and a but for the norm's scale:
+    W_r h = (Wx x + Wa a) / rms(x'),   Wx = W_r diag(wn) (E, D),   Wa = Wx W_o (E, H Dv)
+(fold_ref, once at load), and x and a are both final before the kernel starts. So E blocks beside
+the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and the grid's last block,
+once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts (quant_x.store_group)
+and routes on z / rms(x') (moe.route_block). The GEMV writes x' = x + W_o â out of place (y): the
+router's blocks read x while it runs, so the caller alternates two residual buffers.
+Numpy reference: router_fold_ref.
+"""
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, types, uint32
+
+from impnb.kernels import ptx
+from impnb.kernels import quant_intrinsics as qi
+from impnb.kernels.gemv_dp4a import DOTS, MAX_T, choose_dp4a, dp4a_block_fns, gemv_dp4a_ref
+from impnb.kernels.gemv_dp4a import kernel_args as dp4a_args
+from impnb.kernels.gemv_tail import last_block
+from impnb.kernels.gemv_variants import BLOCK, Variant
+from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, route_ref
+from impnb.kernels.norm import block_sum
+from impnb.kernels.quant_x import GROUP, WORDS, QuantX, store_group
+from impnb.kernels.repack import PackedWeight
+from impnb.launch import launch
+
+
+class Fold(NamedTuple):
+    wx: object  # (E, D) float32: W_r diag(wn)
+    wa: object  # (E, H Dv) float32: Wx W_o
+
+
+def fold_ref(w_r: np.ndarray, wn: np.ndarray, w_o: np.ndarray) -> Fold:
+    """The folded router weights (numpy float32) from W_r (E, D), the norm weight wn (D,) and
+    attn_output's W_o (D, H Dv) dequantized."""
+    wx = (np.asarray(w_r, np.float32) * np.asarray(wn, np.float32)).astype(np.float32)
+    return Fold(wx, (wx @ np.asarray(w_o, np.float32)).astype(np.float32))
+
+
+def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: np.ndarray, fold: Fold,
+                    wn: np.ndarray, eps: float, k: int, normalize: bool) -> tuple:
+    """What the kernel computes, float64 where it sums: (x' = x + W_o â (gemv_dp4a_ref of the raw
+    GGUF rows w_o and aq = (q, d), â's int8 form), the logits (Wx x + Wa a) / rms(x'), the experts
+    and weights (moe.route_ref), h = x' / rms(x') * wn before its int8 rounding)."""
+    y = x.astype(np.float64) + gemv_dp4a_ref(w_o, ggml_type, *aq)
+    inv = 1.0 / np.sqrt((y * y).mean(axis=1, keepdims=True) + eps)
+    z = x.astype(np.float64) @ fold.wx.T.astype(np.float64) + a.astype(np.float64) @ fold.wa.T.astype(np.float64)
+    experts, weights = route_ref((z * inv).astype(np.float32), k, normalize)
+    return y, z * inv, experts, weights, y * inv * wn.astype(np.float64)
+
+
+@lru_cache(maxsize=None)
+def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
+    """The kernel for attn_output's type, row length (H Dv), T and dp4a variant."""
+    group_start, rows_times_x = dp4a_block_fns(T(ggml_type), cols, n_tok, v.span, v.rows, v.unroll)
+    a_steps = -(-cols // (4 * BLOCK))  # float4s of a row of Wa a thread
+    wr_len = 4 * a_steps
+
+    @cuda.jit(device=True, inline=True)
+    def router_row(x, a, wx, wa, z, e):
+        # -- z[t, e] = Wx[e] . x[t] + Wa[e] . a[t] for every token; x and Wa are no output of the
+        # kernel before (x is the layer's input, three launches back): the x half and the loads
+        # of the thread's part of Wa[e] go before the wait --
+        tid = cuda.threadIdx.x
+        D = x.shape[1]
+        wr = cuda.local.array(wr_len, float32)
+        for i in range(a_steps):
+            c = min(4 * (tid + BLOCK * i), cols - 4)
+            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_f32x4(wa, e * cols + c)
+        acc = cuda.local.array(n_tok, float32)
+        for t in range(n_tok):
+            acc[t] = 0.0
+        for c in range(4 * tid, D, 4 * BLOCK):
+            w0, w1, w2, w3 = qi.ldg_f32x4(wx, e * D + c)
+            for t in range(n_tok):
+                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * D + c)
+                acc[t] += (w0 * x0 + w1 * x1) + (w2 * x2 + w3 * x3)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel (a's) has finished
+        ptx.grid_dep_launch()
+        for i in range(a_steps):
+            c = 4 * (tid + BLOCK * i)
+            if c < cols:
+                for t in range(n_tok):
+                    a0, a1, a2, a3 = qi.ldg_f32x4(a, t * cols + c)
+                    acc[t] += (wr[4 * i] * a0 + wr[4 * i + 1] * a1) + (wr[4 * i + 2] * a2 + wr[4 * i + 3] * a3)
+        red = cuda.shared.array(32, float32)
+        for t in range(n_tok):
+            total = block_sum(acc[t], red)
+            if tid == 0:
+                z[t, e] = total
+
+    @cuda.jit(device=True, inline=True)
+    def fold_tail(y, wn, eps, z, k, normalize, experts, weights, q, d, s):
+        # -- the last block: per token 1 / rms(x'), h's int8 groups (a thread a group), the
+        # routing on z scaled by it; x' and z through L2 (other blocks wrote them) --
+        tid = cuda.threadIdx.x
+        D = y.shape[1]
+        red = cuda.shared.array(32, float32)
+        keys = cuda.shared.array(MAX_EXPERTS, uint32)
+        vals = cuda.shared.array(MAX_K, float32)
+        v = cuda.local.array(GROUP, float32)
+        for t in range(n_tok):
+            ss = float32(0.0)
+            for c in range(4 * tid, D, 4 * BLOCK):
+                y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c)
+                ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
+            inv = float32(1.0) / math.sqrt(block_sum(ss, red) / float32(D) + eps)
+            for g in range(tid, D // GROUP, BLOCK):
+                for j in range(WORDS):
+                    c = GROUP * g + 4 * j
+                    y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c)
+                    w0, w1, w2, w3 = qi.ldg_f32x4(wn, c)
+                    v[4 * j] = y0 * inv * w0
+                    v[4 * j + 1] = y1 * inv * w1
+                    v[4 * j + 2] = y2 * inv * w2
+                    v[4 * j + 3] = y3 * inv * w3
+                store_group(v, q, d, s, t, g)
+            route_block(z, t, k, normalize, experts, weights, keys, vals, inv)
+
+    # grid (GEMV blocks + E,), block BLOCK: the dp4a GEMV's blocks (y = x + W_o â), then a block
+    # a router row; the last block to finish runs fold_tail
+    @cuda.jit
+    def _router_fold_kernel(parts, xq, xd, xs, y, n_rows, x, a, wx, wa, z, wn, eps, k, normalize, experts,
+                            weights, counter, q, d, s):
+        n_gemv = cuda.gridDim.x - wx.shape[0]
+        if cuda.blockIdx.x < n_gemv:
+            start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(start, xq, xd, xs, y, n_rows, 1, 0, 0, x)
+        else:
+            router_row(x, a, wx, wa, z, cuda.blockIdx.x - n_gemv)
+        if last_block(counter):
+            fold_tail(y, wn, eps, z, k, normalize, experts, weights, q, d, s)
+
+    return _router_fold_kernel
+
+
+def variant_for(ggml_type: T, n_tok: int, cols: int, n_out: int) -> Variant:
+    """The dp4a variant of the GEMV's blocks: gemv_dp4a's uncapped choice."""
+    return choose_dp4a(ggml_type, n_tok, cols, n_out=n_out)
+
+
+def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z, k: int, normalize: bool,
+                experts, weights, counter, hq: QuantX, stream) -> None:
+    """attn_output then the router in one launch: y (T, D) = x + W â (â = aq, the int8 form of a
+    (T, H Dv) float32 that decode attention writes beside it); z (T, E) = Wx x + Wa a; then
+    experts (T, k) int32 and weights (T, k) float32 = moe.route_ref of the logits z / rms(y) with
+    `normalize`, and hq = the int8 form of RMSNorm(y) * wn (norm = (wn, eps)) for the dp4a experts.
+    y must not be x. counter (1,) uint32, zero between uses."""
+    n_tok, D = x.shape
+    E, K = fold.wa.shape
+    wn, eps = norm
+    assert w.ggml_type in DOTS and w.rows == D and w.cols == K and 1 <= n_tok <= MAX_T
+    assert y.shape == x.shape and a.shape == (n_tok, K) and fold.wx.shape == (E, D) and z.shape == (n_tok, E)
+    assert y is not x, "y is written while x is read"
+    assert D % GROUP == 0 and K % 4 == 0 and wn.shape == (D,) and E <= MAX_EXPERTS and 1 <= k <= min(MAX_K, E)
+    assert aq.q.shape[1] == K // 4 and aq.q.shape[0] >= n_tok and hq.q.shape[1] == D // 4 and hq.q.shape[0] >= n_tok
+    assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32
+    assert counter.dtype == np.uint32 and counter.shape == (1,)
+    for arr in (x, y, a, fold.wx, fold.wa, z, wn, weights):
+        assert arr.dtype == np.float32 and arr.is_c_contiguous()
+    v = variant_for(w.ggml_type, n_tok, K, D)
+    per_block = v.rows * (BLOCK // v.span)
+    launch(fold_kernel(w.ggml_type, K, n_tok, v), (-(-D // per_block) + E,), BLOCK, stream,
+           w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx, fold.wa, z, wn,
+           np.float32(eps), np.int32(k), np.int32(normalize), experts, weights, counter,
+           hq.q[:n_tok], hq.d[:n_tok], hq.s[:n_tok])
+
+
+def kernel_args(ggml_type: T) -> tuple:
+    """parts, xq, xd, xs, y, n_rows (gemv_dp4a's, less accumulate), x, a, wx, wa, z, wn, eps, k,
+    normalize, experts, weights, counter, q, d, s."""
+    f2 = types.Array(types.float32, 2, "C")
+    i32 = types.int32
+    return (*dp4a_args(ggml_type)[:6], f2, f2, f2, f2, f2, types.Array(types.float32, 1, "C"), types.float32,
+            i32, i32, types.Array(types.int32, 2, "C"), f2, types.Array(types.uint32, 1, "C"),
+            types.Array(types.uint32, 2, "C"), f2, f2)
+
+
+# Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8.
+BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, variant_for(t, n, 4096, 2048)), types.void(*kernel_args(t)),
+                     {"max_registers": 128})
+                    for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]
