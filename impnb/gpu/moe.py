@@ -87,7 +87,7 @@ def attn_output_moe_decode(m, attn, aq, x, out, prefix: str, norm: tuple) -> Non
     xq = m.xq_buffers(T, D)  # the fold's last block writes h in int8 there
     router_fold(m.w[prefix + "attn_output"], aq, attn, x, out, m.router_folds[prefix], norm, logits,
                 cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
-                a.zeros("fold_counter", (1,), np.uint32), xq, s)
+                a.zeros("fold_counter", (2,), np.uint32), xq, s)
     _experts_decode(m, out, prefix, norm, xq, experts, weights)
 
 

@@ -352,7 +352,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                 keys = cuda.shared.array(MAX_EXPERTS, uint32)
                 vals = cuda.shared.array(MAX_K, float32)
                 for t in range(n_tok):
-                    route_block(y, t, k, normalize, experts, weights, keys, vals, float32(1.0))
+                    route_block(y, t, k, normalize, experts, weights, keys, vals, 0)
 
         return _gemv_route_kernel
 

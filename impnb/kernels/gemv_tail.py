@@ -28,12 +28,17 @@ def last_block(counter):
     stores of the GEMV output. As cooperative groups' grid sync: the barrier orders the block's
     stores before thread 0's fence and ticket, and thread 0's fence after a last ticket orders the
     block's reads after it."""
+    return last_of(counter, uint32(cuda.gridDim.x))
+
+
+@cuda.jit(device=True, inline=True)
+def last_of(counter, n):
+    """last_block among n blocks that each call it once (counter wraps to 0 after the n-th)."""
     last = cuda.shared.array(1, int32)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         cuda.threadfence()
-        n = uint32(cuda.gridDim.x - 1)
-        last[0] = 1 if cuda.atomic.inc(counter, 0, n) == n else 0
+        last[0] = 1 if cuda.atomic.inc(counter, 0, n - 1) == n - 1 else 0
         if last[0]:
             cuda.threadfence()
     cuda.syncthreads()

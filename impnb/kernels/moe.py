@@ -161,20 +161,41 @@ def route_token(logits, t, k, normalize, experts, weights, row):
 
 
 @cuda.jit(device=True, inline=True)
-def route_block(logits, t, k, normalize, experts, weights, keys, vals, scale):
+def weigh(v, mx, t, k, normalize, logits, scale, weights):
+    """Warp 0 of a block: the softmax weights of token t's k choices into weights[t], lane j < k
+    holding v, the j-th choice's logit, and mx the first's; without normalize the denominator
+    sums over every expert's logit (logits (T, E) through L2, each times scale first)."""
+    lane = cuda.threadIdx.x
+    E = logits.shape[1]
+    p = math.exp(v - mx) if lane < k else float32(0.0)
+    if normalize:
+        den = warp_sum(p)
+    else:
+        den = float32(0.0)
+        for i in range((E + 31) >> 5):
+            e = lane + 32 * i
+            if e < E:
+                den += math.exp(ptx.ld_global_cg_f32(logits, t * E + e) * scale - mx)
+        den = warp_sum(den)
+    if lane < k:
+        weights[t, lane] = p / den
+
+
+@cuda.jit(device=True, inline=True)
+def route_block(logits, t, k, normalize, experts, weights, keys, vals, raw):
     """Every thread of a block: route_token's experts and weights of token t into experts[t],
-    weights[t] (of the logits times scale: float32 1 for route_token's, bit for bit), by ranks
-    rather than k rounds: thread i keeps the order keys
+    weights[t], bit for bit, by ranks rather than k rounds: thread i keeps the order keys
     (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,) uint32, then counts
     for each of them the experts ahead of it (a larger key, or an equal one at a lower index);
     rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32). Warp 0 then
-    weighs the choices as route_token does. The logits are read through L2 (ld.global.cg)."""
+    weighs the choices as route_token does (weigh), or with raw leaves the chosen logits in
+    weights[t] for a later weigh. The logits are read through L2 (ld.global.cg)."""
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     E = logits.shape[1]
     E4 = (E + 7) >> 3 << 3
     for e in range(tid, E4, n):  # keys past E are 0: at an index past every expert, never ahead
-        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e) * scale) if e < E else uint32(0)
+        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
     cuda.syncthreads()
     for e in range(tid, E, n):
         # -- eight keys a step into four counts: independent shared loads, not one a step (H100,
@@ -199,20 +220,10 @@ def route_block(logits, t, k, normalize, experts, weights, keys, vals, scale):
             experts[t, ahead] = e
             vals[ahead] = key_value(mine)
     cuda.syncthreads()
-    if tid < 32:
-        mx = vals[0]
-        p = math.exp(vals[tid] - mx) if tid < k else float32(0.0)
-        if normalize:
-            den = warp_sum(p)
-        else:
-            den = float32(0.0)
-            for i in range((E + 31) >> 5):
-                e = tid + 32 * i
-                if e < E:
-                    den += math.exp(key_value(keys[e]) - mx)
-            den = warp_sum(den)
-        if tid < k:
-            weights[t, tid] = p / den
+    if tid < k and raw:
+        weights[t, tid] = vals[tid]
+    elif tid < 32 and not raw:
+        weigh(vals[tid] if tid < k else float32(0.0), vals[0], t, k, normalize, logits, float32(1.0), weights)
     cuda.syncthreads()  # keys and vals are free again
 
 

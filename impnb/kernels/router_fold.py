@@ -6,7 +6,8 @@ attention output). Its logits are linear in x and a but for the norm's scale:
 (fold_ref, once at load), and x and a are both final before the kernel starts. So E blocks beside
 the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and the grid's last block,
 once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts (quant_x.store_group)
-and routes on z / rms(x') (moe.route_block). The GEMV writes x' = x + W_o â out of place (y): the
+and weighs the experts the router blocks' last one chose on z (moe.route_block; z's order is
+z / rms(x')'s but for rounding) at that scale (moe.weigh). The GEMV writes x' = x + W_o â out of place (y): the
 router's blocks read x while it runs, so the caller alternates two residual buffers.
 Numpy reference: router_fold_ref.
 """
@@ -23,10 +24,10 @@ from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
 from impnb.kernels.gemv_dp4a import DOTS, MAX_T, choose_dp4a, dp4a_block_fns, gemv_dp4a_ref
 from impnb.kernels.gemv_dp4a import kernel_args as dp4a_args
-from impnb.kernels.gemv_tail import last_block
+from impnb.kernels.gemv_tail import last_block, last_of
 from impnb.kernels.gemv_variants import BLOCK, Variant
-from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, route_ref
-from impnb.kernels.norm import block_sum
+from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, route_ref, weigh
+from impnb.kernels.norm import block_sum, shfl_idx
 from impnb.kernels.quant_x import GROUP, WORDS, QuantX, store_group
 from impnb.kernels.repack import PackedWeight
 from impnb.launch import launch
@@ -97,39 +98,50 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                 z[t, e] = total
 
     @cuda.jit(device=True, inline=True)
-    def fold_tail(y, wn, eps, z, k, normalize, experts, weights, q, d, s):
+    def fold_tail(y, wn, eps, z, k, normalize, weights, q, d, s):
         # -- the last block: per token 1 / rms(x'), h's int8 groups (a thread a group), the
-        # routing on z scaled by it; x' and z through L2 (other blocks wrote them) --
+        # weights of the router's choices at that scale; x' and z through L2 (other blocks
+        # wrote them). A thread's first group stays in registers from the sum of squares on. --
         tid = cuda.threadIdx.x
         D = y.shape[1]
         red = cuda.shared.array(32, float32)
-        keys = cuda.shared.array(MAX_EXPERTS, uint32)
-        vals = cuda.shared.array(MAX_K, float32)
         v = cuda.local.array(GROUP, float32)
         for t in range(n_tok):
             ss = float32(0.0)
-            for c in range(4 * tid, D, 4 * BLOCK):
+            if tid < D // GROUP:
+                for j in range(WORDS):
+                    c = GROUP * tid + 4 * j
+                    v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = ptx.ld_global_cg_v4_f32(y, t * D + c)
+                for j in range(GROUP):
+                    ss += v[j] * v[j]
+            for c in range(GROUP * BLOCK + 4 * tid, D, 4 * BLOCK):  # D past BLOCK groups
                 y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c)
                 ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
             inv = float32(1.0) / math.sqrt(block_sum(ss, red) / float32(D) + eps)
             for g in range(tid, D // GROUP, BLOCK):
                 for j in range(WORDS):
                     c = GROUP * g + 4 * j
-                    y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c)
+                    if g != tid:
+                        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = ptx.ld_global_cg_v4_f32(y, t * D + c)
                     w0, w1, w2, w3 = qi.ldg_f32x4(wn, c)
-                    v[4 * j] = y0 * inv * w0
-                    v[4 * j + 1] = y1 * inv * w1
-                    v[4 * j + 2] = y2 * inv * w2
-                    v[4 * j + 3] = y3 * inv * w3
+                    v[4 * j] = v[4 * j] * inv * w0
+                    v[4 * j + 1] = v[4 * j + 1] * inv * w1
+                    v[4 * j + 2] = v[4 * j + 2] * inv * w2
+                    v[4 * j + 3] = v[4 * j + 3] * inv * w3
                 store_group(v, q, d, s, t, g)
-            route_block(z, t, k, normalize, experts, weights, keys, vals, inv)
+            if tid < 32:  # the choices' logits, left in weights by the router's last block
+                mine = ptx.ld_global_cg_f32(weights, t * k + min(tid, k - 1)) * inv
+                weigh(mine, shfl_idx(mine, 0), t, k, normalize, z, inv, weights)
 
     # grid (GEMV blocks + E,), block BLOCK: the dp4a GEMV's blocks (y = x + W_o â), then a block
-    # a router row; the last block to finish runs fold_tail
+    # a router row, the last of those to finish choosing each token's experts on z (the order of
+    # z / rms(x') but for rounding: the scale is positive); the last block of all runs fold_tail.
+    # counter: the grid's ticket, then the router blocks'.
     @cuda.jit
     def _router_fold_kernel(parts, xq, xd, xs, y, n_rows, x, a, wx, wa, z, wn, eps, k, normalize, experts,
                             weights, counter, q, d, s):
-        n_gemv = cuda.gridDim.x - wx.shape[0]
+        E = wx.shape[0]
+        n_gemv = cuda.gridDim.x - E
         if cuda.blockIdx.x < n_gemv:
             start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -137,8 +149,13 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
             rows_times_x(start, xq, xd, xs, y, n_rows, 1, 0, 0, x)
         else:
             router_row(x, a, wx, wa, z, cuda.blockIdx.x - n_gemv)
-        if last_block(counter):
-            fold_tail(y, wn, eps, z, k, normalize, experts, weights, q, d, s)
+            if last_of(counter[1:], uint32(E)):
+                keys = cuda.shared.array(MAX_EXPERTS, uint32)
+                vals = cuda.shared.array(MAX_K, float32)
+                for t in range(n_tok):
+                    route_block(z, t, k, normalize, experts, weights, keys, vals, 1)
+        if last_block(counter[:1]):
+            fold_tail(y, wn, eps, z, k, normalize, weights, q, d, s)
 
     return _router_fold_kernel
 
@@ -154,7 +171,7 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     (T, H Dv) float32 that decode attention writes beside it); z (T, E) = Wx x + Wa a; then
     experts (T, k) int32 and weights (T, k) float32 = moe.route_ref of the logits z / rms(y) with
     `normalize`, and hq = the int8 form of RMSNorm(y) * wn (norm = (wn, eps)) for the dp4a experts.
-    y must not be x. counter (1,) uint32, zero between uses."""
+    y must not be x. counter (2,) uint32, zero between uses."""
     n_tok, D = x.shape
     E, K = fold.wa.shape
     wn, eps = norm
@@ -164,7 +181,7 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     assert D % GROUP == 0 and K % 4 == 0 and wn.shape == (D,) and E <= MAX_EXPERTS and 1 <= k <= min(MAX_K, E)
     assert aq.q.shape[1] == K // 4 and aq.q.shape[0] >= n_tok and hq.q.shape[1] == D // 4 and hq.q.shape[0] >= n_tok
     assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32
-    assert counter.dtype == np.uint32 and counter.shape == (1,)
+    assert counter.dtype == np.uint32 and counter.shape == (2,)
     for arr in (x, y, a, fold.wx, fold.wa, z, wn, weights):
         assert arr.dtype == np.float32 and arr.is_c_contiguous()
     v = variant_for(w.ggml_type, n_tok, K, D)
