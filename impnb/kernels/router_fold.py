@@ -72,9 +72,12 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
         tid = cuda.threadIdx.x
         D = x.shape[1]
         wr = cuda.local.array(wr_len, float32)
-        for i in range(a_steps):
-            c = min(4 * (tid + BLOCK * i), cols - 4)
-            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_f32x4(wa, e * cols + c)
+        for i in range(a_steps):  # past the row's end: zeros (no branch around a's loads below)
+            c = 4 * (tid + BLOCK * i)
+            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_f32x4(wa, e * cols + min(c, cols - 4))
+            if c >= cols:
+                for j in range(4):
+                    wr[4 * i + j] = 0.0
         acc = cuda.local.array(n_tok, float32)
         for t in range(n_tok):
             acc[t] = 0.0
@@ -85,12 +88,10 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                 acc[t] += (w0 * x0 + w1 * x1) + (w2 * x2 + w3 * x3)
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel (a's) has finished
         ptx.grid_dep_launch()
-        for i in range(a_steps):
-            c = 4 * (tid + BLOCK * i)
-            if c < cols:
-                for t in range(n_tok):
-                    a0, a1, a2, a3 = qi.ldg_f32x4(a, t * cols + c)
-                    acc[t] += (wr[4 * i] * a0 + wr[4 * i + 1] * a1) + (wr[4 * i + 2] * a2 + wr[4 * i + 3] * a3)
+        for t in range(n_tok):
+            for i in range(a_steps):
+                a0, a1, a2, a3 = qi.ldg_f32x4(a, t * cols + min(4 * (tid + BLOCK * i), cols - 4))
+                acc[t] += (wr[4 * i] * a0 + wr[4 * i + 1] * a1) + (wr[4 * i + 2] * a2 + wr[4 * i + 3] * a3)
         red = cuda.shared.array(32, float32)
         for t in range(n_tok):
             total = block_sum(acc[t], red)
@@ -107,6 +108,8 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
         red = cuda.shared.array(32, float32)
         v = cuda.local.array(GROUP, float32)
         for t in range(n_tok):
+            # the choices' logits, left in weights by the router's last block (weighed below)
+            mine = ptx.ld_global_cg_f32(weights, t * k + min(tid & 31, k - 1))
             ss = float32(0.0)
             if tid < D // GROUP:
                 for j in range(WORDS):
@@ -129,8 +132,8 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                     v[4 * j + 2] = v[4 * j + 2] * inv * w2
                     v[4 * j + 3] = v[4 * j + 3] * inv * w3
                 store_group(v, q, d, s, t, g)
-            if tid < 32:  # the choices' logits, left in weights by the router's last block
-                mine = ptx.ld_global_cg_f32(weights, t * k + min(tid, k - 1)) * inv
+            if tid < 32:
+                mine = mine * inv
                 weigh(mine, shfl_idx(mine, 0), t, k, normalize, z, inv, weights)
 
     # grid (GEMV blocks + E,), block BLOCK: the dp4a GEMV's blocks (y = x + W_o â), then a block
@@ -202,7 +205,8 @@ def kernel_args(ggml_type: T) -> tuple:
             types.Array(types.uint32, 2, "C"), f2, f2)
 
 
-# Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8.
+# Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 70 registers (Q4_K, T 1) to 132
+# (the dp4a blocks' own at 8 rows a group: 125-127).
 BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, variant_for(t, n, 4096, 2048)), types.void(*kernel_args(t)),
-                     {"max_registers": 128})
+                     {"max_registers": 136})
                     for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]
