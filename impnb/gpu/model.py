@@ -107,7 +107,9 @@ ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
 # F32 on Qwen3-30B-A3B, and run beside attn_output's). Measured on the H100 (2026-11-27, synthetic
 # Qwen3-30B-A3B Q4_K_M, tg128 interleaved in one call, folded / not): the grid's last block
 # ranking, normalizing and quantizing 513.1, 512.6 / 500.7, 499.2 tok/s (11:32 UTC); the router
-# blocks' last one ranking while the GEMV runs 517.8, 517.9 / 500.6, 502.7 (11:46 UTC).
+# blocks' last one ranking while the GEMV runs 517.8, 517.9 / 500.6, 502.7 (11:46 UTC); with a's
+# loads after the wait free of branches and the tail's loads in one round 518.9, 516.3 / 498.6,
+# 499.6 (11:59 UTC; even with the one before).
 # profile_step.py --by-grid (11:48 UTC): the folded kernel 10.5 µs a layer alone, against
 # attn_output's 3.5 and the router's 7.6 before. IMPNB_ROUTER_FOLD=0 for A/B runs.
 ROUTER_FOLD = os.environ.get("IMPNB_ROUTER_FOLD", "1") != "0"

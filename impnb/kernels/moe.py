@@ -107,6 +107,27 @@ def lane_best(row, lane, E, taken):
 
 
 @cuda.jit(device=True, inline=True)
+def weigh(v, mx, t, k, normalize, logits, scale, weights):
+    """A warp: the softmax weights of token t's k choices into weights[t], lane j < k holding v,
+    the j-th choice's logit, and mx the first's; without normalize the denominator sums over
+    every expert's logit (logits (T, E) through L2, each times scale first)."""
+    lane = cuda.threadIdx.x & 31
+    E = logits.shape[1]
+    p = math.exp(v - mx) if lane < k else float32(0.0)
+    if normalize:
+        den = warp_sum(p)
+    else:
+        den = float32(0.0)
+        for i in range((E + 31) >> 5):
+            e = lane + 32 * i
+            if e < E:
+                den += math.exp(ptx.ld_global_cg_f32(logits, t * E + e) * scale - mx)
+        den = warp_sum(den)
+    if lane < k:
+        weights[t, lane] = p / den
+
+
+@cuda.jit(device=True, inline=True)
 def route_token(logits, t, k, normalize, experts, weights, row):
     """One warp: token t's top k experts and their softmax weights from logits (T, E) (route_ref)
     into experts[t], weights[t]. The logits are read through L2 (ld.global.cg: they may come
@@ -144,41 +165,8 @@ def route_token(logits, t, k, normalize, experts, weights, row):
             mine = val
         if lane == 0:
             experts[t, j] = win
-    # -- softmax weights of the chosen experts --
-    p = math.exp(mine - mx) if lane < k else float32(0.0)
-    if normalize:
-        den = warp_sum(p)
-    else:
-        den = float32(0.0)
-        for i in range((E + 31) >> 5):
-            e = lane + 32 * i
-            if e < E:
-                den += math.exp(row[e] - mx)
-        den = warp_sum(den)
-    if lane < k:
-        weights[t, lane] = p / den
+    weigh(mine, mx, t, k, normalize, logits, float32(1.0), weights)
     warp_sync()  # row is free again
-
-
-@cuda.jit(device=True, inline=True)
-def weigh(v, mx, t, k, normalize, logits, scale, weights):
-    """Warp 0 of a block: the softmax weights of token t's k choices into weights[t], lane j < k
-    holding v, the j-th choice's logit, and mx the first's; without normalize the denominator
-    sums over every expert's logit (logits (T, E) through L2, each times scale first)."""
-    lane = cuda.threadIdx.x
-    E = logits.shape[1]
-    p = math.exp(v - mx) if lane < k else float32(0.0)
-    if normalize:
-        den = warp_sum(p)
-    else:
-        den = float32(0.0)
-        for i in range((E + 31) >> 5):
-            e = lane + 32 * i
-            if e < E:
-                den += math.exp(ptx.ld_global_cg_f32(logits, t * E + e) * scale - mx)
-        den = warp_sum(den)
-    if lane < k:
-        weights[t, lane] = p / den
 
 
 @cuda.jit(device=True, inline=True)

@@ -93,6 +93,16 @@ def quantize16(v):
 
 
 @cuda.jit(device=True, inline=True)
+def scale4(v, j, rms, wn, k):
+    """v[4 j .. 4 j + 3] times rms and wn[k .. k + 3] (the pre-norm of four columns)."""
+    w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
+    v[4 * j] = v[4 * j] * rms * w0
+    v[4 * j + 1] = v[4 * j + 1] * rms * w1
+    v[4 * j + 2] = v[4 * j + 2] * rms * w2
+    v[4 * j + 3] = v[4 * j + 3] * rms * w3
+
+
+@cuda.jit(device=True, inline=True)
 def store_group(v, q, d, s, t, g):
     """Group g of row t: the GROUP floats of local array v in int8 (quantize16) into q, d, s."""
     w0, w1, w2, w3, scale, total = quantize16(v)
@@ -116,11 +126,7 @@ def make_quantize_block(normed):
             k = GROUP * g + 4 * j
             v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * x.shape[1] + k)
             if normed:
-                w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
-                v[4 * j] = v[4 * j] * rms * w0
-                v[4 * j + 1] = v[4 * j + 1] * rms * w1
-                v[4 * j + 2] = v[4 * j + 2] * rms * w2
-                v[4 * j + 3] = v[4 * j + 3] * rms * w3
+                scale4(v, j, rms, wn, k)
         store_group(v, q, d, s, t, g)
 
     return quantize_block

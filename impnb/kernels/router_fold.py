@@ -28,7 +28,7 @@ from impnb.kernels.gemv_tail import last_block, last_of
 from impnb.kernels.gemv_variants import BLOCK, Variant
 from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, route_ref, weigh
 from impnb.kernels.norm import block_sum, shfl_idx
-from impnb.kernels.quant_x import GROUP, WORDS, QuantX, store_group
+from impnb.kernels.quant_x import GROUP, WORDS, QuantX, scale4, store_group
 from impnb.kernels.repack import PackedWeight
 from impnb.launch import launch
 
@@ -126,11 +126,7 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                     c = GROUP * g + 4 * j
                     if g != tid:
                         v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = ptx.ld_global_cg_v4_f32(y, t * D + c)
-                    w0, w1, w2, w3 = qi.ldg_f32x4(wn, c)
-                    v[4 * j] = v[4 * j] * inv * w0
-                    v[4 * j + 1] = v[4 * j + 1] * inv * w1
-                    v[4 * j + 2] = v[4 * j + 2] * inv * w2
-                    v[4 * j + 3] = v[4 * j + 3] * inv * w3
+                    scale4(v, j, inv, wn, c)
                 store_group(v, q, d, s, t, g)
             if tid < 32:
                 mine = mine * inv
