@@ -6,9 +6,10 @@ attention output). Its logits are linear in x and a but for the norm's scale:
 (fold_ref, once at load), and x and a are both final before the kernel starts. So E blocks beside
 the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and the grid's last block,
 once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts (quant_x.store_group)
-and weighs the experts the router blocks' last one chose on z (moe.route_block; z's order is
-z / rms(x')'s but for rounding) at that scale (moe.weigh). The GEMV writes x' = x + W_o â out of place (y): the
-router's blocks read x while it runs, so the caller alternates two residual buffers.
+and weighs at that scale (moe.weigh) the experts that the last of the router blocks chose on z
+(moe.route_block; z's order is z / rms(x')'s but for rounding). The GEMV writes x' = x + W_o â
+out of place (y): the router's blocks read x while it runs, so the caller alternates two
+residual buffers.
 Numpy reference: router_fold_ref.
 """
 
@@ -26,7 +27,7 @@ from impnb.kernels.gemv_dp4a import DOTS, MAX_T, choose_dp4a, dp4a_block_fns, ge
 from impnb.kernels.gemv_dp4a import kernel_args as dp4a_args
 from impnb.kernels.gemv_tail import last_block, last_of
 from impnb.kernels.gemv_variants import BLOCK, Variant
-from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, route_ref, weigh
+from impnb.kernels.moe import MAX_EXPERTS, MAX_K, route_block, weigh
 from impnb.kernels.norm import block_sum, shfl_idx
 from impnb.kernels.quant_x import GROUP, WORDS, QuantX, scale4, store_group
 from impnb.kernels.repack import PackedWeight
@@ -45,16 +46,13 @@ def fold_ref(w_r: np.ndarray, wn: np.ndarray, w_o: np.ndarray) -> Fold:
     return Fold(wx, (wx @ np.asarray(w_o, np.float32)).astype(np.float32))
 
 
-def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: np.ndarray, fold: Fold,
-                    wn: np.ndarray, eps: float, k: int, normalize: bool) -> tuple:
-    """What the kernel computes, float64 where it sums: (x' = x + W_o â (gemv_dp4a_ref of the raw
-    GGUF rows w_o and aq = (q, d), â's int8 form), the logits (Wx x + Wa a) / rms(x'), the experts
-    and weights (moe.route_ref), h = x' / rms(x') * wn before its int8 rounding)."""
+def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: np.ndarray, fold: Fold) -> tuple:
+    """The kernel's two sums in float64: x' = x + W_o â (gemv_dp4a_ref of the raw GGUF rows w_o
+    and aq = (q, d), a's int8 form) and z = Wx x + Wa a. The experts, weights and h follow from
+    them as route_ref of z / rms(x') and RMSNorm(x') * wn."""
     y = x.astype(np.float64) + gemv_dp4a_ref(w_o, ggml_type, *aq)
-    inv = 1.0 / np.sqrt((y * y).mean(axis=1, keepdims=True) + eps)
     z = x.astype(np.float64) @ fold.wx.T.astype(np.float64) + a.astype(np.float64) @ fold.wa.T.astype(np.float64)
-    experts, weights = route_ref((z * inv).astype(np.float32), k, normalize)
-    return y, z * inv, experts, weights, y * inv * wn.astype(np.float64)
+    return y, z
 
 
 @lru_cache(maxsize=None)
@@ -159,11 +157,6 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
     return _router_fold_kernel
 
 
-def variant_for(ggml_type: T, n_tok: int, cols: int, n_out: int) -> Variant:
-    """The dp4a variant of the GEMV's blocks: gemv_dp4a's uncapped choice."""
-    return choose_dp4a(ggml_type, n_tok, cols, n_out=n_out)
-
-
 def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z, k: int, normalize: bool,
                 experts, weights, counter, hq: QuantX, stream) -> None:
     """attn_output then the router in one launch: y (T, D) = x + W â (â = aq, the int8 form of a
@@ -183,7 +176,7 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     assert counter.dtype == np.uint32 and counter.shape == (2,)
     for arr in (x, y, a, fold.wx, fold.wa, z, wn, weights):
         assert arr.dtype == np.float32 and arr.is_c_contiguous()
-    v = variant_for(w.ggml_type, n_tok, K, D)
+    v = choose_dp4a(w.ggml_type, n_tok, K, n_out=D)  # gemv_dp4a's variant, uncapped
     per_block = v.rows * (BLOCK // v.span)
     launch(fold_kernel(w.ggml_type, K, n_tok, v), (-(-D // per_block) + E,), BLOCK, stream,
            w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx, fold.wa, z, wn,
@@ -203,6 +196,6 @@ def kernel_args(ggml_type: T) -> tuple:
 
 # Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 70 registers (Q4_K, T 1) to 132
 # (the dp4a blocks' own at 8 rows a group: 125-127).
-BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, variant_for(t, n, 4096, 2048)), types.void(*kernel_args(t)),
+BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_dp4a(t, n, 4096, n_out=2048)), types.void(*kernel_args(t)),
                      {"max_registers": 136})
                     for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]
