@@ -112,6 +112,12 @@ ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
 # 499.6 (11:59 UTC; even with the one before).
 # profile_step.py --by-grid (11:48 UTC): the folded kernel 10.5 µs a layer alone, against
 # attn_output's 3.5 and the router's 7.6 before. IMPNB_ROUTER_FOLD=0 for A/B runs.
+# Tried and removed (H100, 2026-11-27, tg128 in one call, with / without): the experts' gate|up
+# starting on a flag the fold's ranking block sets (its thread 0 spinning, then reading the slot's
+# expert and loading its weights before griddepcontrol.wait, the last block past the flag clearing
+# it) rather than at the fold's end: 501.2, 502.3 / 516.7, 516.8 (14:34 UTC, an acquiring load a
+# round); 504.4, 504.6 / 514.9, 517.0 (14:41, relaxed loads, one acquire, the ticket after the
+# loads). The weights' early loads (14 MB) crowd the fold's own critical path; .dev/experts_early.patch.
 ROUTER_FOLD = os.environ.get("IMPNB_ROUTER_FOLD", "1") != "0"
 # T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
 # rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
