@@ -37,6 +37,9 @@ def gemma3_path() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
+    # the simulator's run of tests/sim/ (about half of a 2-core CI) first, so that with -n the
+    # other workers take the rest beside it
+    items.sort(key=lambda item: item.nodeid != "tests/test_simulator.py::test_kernels_in_the_cuda_simulator")
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     from impnb.devices import cuda_unavailable_reason
