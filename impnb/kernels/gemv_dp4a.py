@@ -16,6 +16,7 @@ under programmatic launch those loads overlap the kernel before (synthetic Qwen3
 361.0 tok/s on the H100).
 """
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -500,6 +501,13 @@ T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
 # 376.2, the plain entry alone 370.0 (08:50 UTC).
 T1_CAPPED = {(T.Q4_K, False): (Variant(BLOCK, 1, 4), 80, 8192),
              (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
+# The routed experts' gate|up (gemv_dp4a_experts with GLU) at K < LONG_K, by type; elsewhere
+# choose_dp4a's. Synthetic Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27 15:00 UTC, one call, its
+# 768 x 2 x 2048 Q4_K experts): choose_dp4a's s64u1r4 516.4 and 517.5 tok/s, s32u1r8 516.4,
+# s64u1r8 509.8, s32u2r4 521.0 (two chunks a thread, the second's loads out during the first's
+# dots); this table / choose_dp4a's, interleaved in one call (15:05 UTC) 520.8, 520.8 / 516.2,
+# 515.3. IMPNB_EXPERTS_T1=0 (choose_dp4a's) for A/B runs.
+EXPERTS_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_EXPERTS_T1", "1") != "0" else {}
 
 
 def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:
@@ -556,7 +564,7 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and y.shape == (S, out_rows) and x_div >= 1
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
     assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
-    v = variant or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
+    v = variant or (glu and K < LONG_K and EXPERTS_T1.get(w.ggml_type)) or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
     assert v.rows // (2 if glu else 1) <= out_rows, "more rows a group than an expert has"
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
     launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll),
@@ -590,5 +598,5 @@ BUILD_SIGNATURES = [
 ] + [  # qwen3moe's routed gate|up experts
     (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
      {"max_registers": 128})
-    for t in (T.Q4_K, T.Q8_0) for v in (choose_dp4a(t, 1, 2048, SILU),)
+    for t in (T.Q4_K, T.Q8_0) for v in (EXPERTS_T1.get(t) or choose_dp4a(t, 1, 2048, SILU),)
 ]
