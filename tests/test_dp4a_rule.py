@@ -1,11 +1,13 @@
-"""choose_dp4a: the measured T = 1 table covers every dp4a type, and a variant never asks for
-more rows a group than the weight's outputs, a wider span than a row's chunks, or an odd GLU row
-count (the kernel's last group starts R rows before the end)."""
+"""choose_dp4a and choose_experts (the routed experts'): the measured T = 1 table covers every
+dp4a type, and a variant never asks for more rows a group than the weight's outputs, a wider span
+than a row's chunks, or an odd GLU row count (the kernel's last group starts R rows before the
+end)."""
 
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv_dp4a import DP4A_TYPES, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a
+from impnb.kernels.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
+                                     choose_experts)
 from impnb.kernels.gemv_variants import span_for
 
 
@@ -30,3 +32,23 @@ def test_measured_choices():
     assert choose_dp4a(T.Q4_K, 1, 4096).name == "s64u1r4"
     assert choose_dp4a(T.Q6_K, 1, 12288).name == "s128u1r8"
     assert choose_dp4a(T.Q8_0, 1, 4096, SILU, 1).rows == 2
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("glu", [NO_GLU, SILU])
+def test_experts_variant_fits_the_expert(ggml_type, glu):
+    for cols in (256, 2048, 4096, LONG_K):
+        for n_out in (1, 2, 3, 77, 768):
+            v = choose_experts(ggml_type, cols, glu, n_out)
+            out_rows = v.rows // 2 if glu else v.rows
+            assert 1 <= out_rows <= n_out and v.span <= span_for(cols)
+            assert not glu or v.rows % 2 == 0
+
+
+def test_experts_choices():
+    """Qwen3-30B-A3B's Q4_K gate|up (768 x 2 x 2048) takes the measured entry; the rest and
+    the down projection (no GLU) take choose_dp4a's."""
+    assert choose_experts(T.Q4_K, 2048, SILU, 768) == EXPERTS_T1[T.Q4_K] and EXPERTS_T1[T.Q4_K].name == "s32u2r4"
+    assert choose_experts(T.Q4_K, 2048, NO_GLU, 768) == choose_dp4a(T.Q4_K, 1, 2048, NO_GLU, 768)
+    assert choose_experts(T.Q4_K, LONG_K, SILU, 768) == choose_dp4a(T.Q4_K, 1, LONG_K, SILU, 768)
+    assert choose_experts(T.Q8_0, 2048, SILU, 768) == choose_dp4a(T.Q8_0, 1, 2048, SILU, 768)

@@ -532,6 +532,15 @@ def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> 
     return choose_dp4a(ggml_type, n_tok, cols, glu, n_out), None
 
 
+def choose_experts(ggml_type: T, cols: int, glu: int, n_out: int) -> Variant:
+    """gemv_dp4a_experts' variant: EXPERTS_T1's for a gate|up (GLU) of K < LONG_K where it has
+    the type and the expert's n_out outputs fill a group, else choose_dp4a's at T = 1."""
+    v = EXPERTS_T1.get(ggml_type)
+    if v and glu != NO_GLU and cols < LONG_K and v.rows // 2 <= n_out:
+        return v
+    return choose_dp4a(ggml_type, 1, cols, glu, n_out)
+
+
 def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,
               glu: int = NO_GLU):
     """y (T, N) float32 = W x̂, or y += W x̂ with accumulate; x̂ (quant_x.quantize_x) of T in 1..8
@@ -564,7 +573,7 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and y.shape == (S, out_rows) and x_div >= 1
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
     assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
-    v = variant or (glu and K < LONG_K and EXPERTS_T1.get(w.ggml_type)) or choose_dp4a(w.ggml_type, 1, K, glu, out_rows)
+    v = variant or choose_experts(w.ggml_type, K, glu, out_rows)
     assert v.rows // (2 if glu else 1) <= out_rows, "more rows a group than an expert has"
     per_block = v.rows // (2 if glu else 1) * (BLOCK // v.span)
     launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, True, v.unroll),
@@ -598,5 +607,5 @@ BUILD_SIGNATURES = [
 ] + [  # qwen3moe's routed gate|up experts
     (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
      {"max_registers": 128})
-    for t in (T.Q4_K, T.Q8_0) for v in (EXPERTS_T1.get(t) or choose_dp4a(t, 1, 2048, SILU),)
+    for t in (T.Q4_K, T.Q8_0) for v in (choose_experts(t, 2048, SILU, 768),)
 ]
