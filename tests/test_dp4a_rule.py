@@ -1,4 +1,4 @@
-"""choose_dp4a and choose_experts (the routed experts'): the measured T = 1 table covers every
+"""choose_dp4a, choose_experts (the routed experts') and choose_fold (router_fold's GEMV): the measured T = 1 table covers every
 dp4a type, and a variant never asks for more rows a group than the weight's outputs, a wider span
 than a row's chunks, or an odd GLU row count (the kernel's last group starts R rows before the
 end)."""
@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.kernels.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
                                      choose_experts)
 from impnb.kernels.gemv_variants import span_for
+from impnb.kernels.router_fold import FOLD_T1, choose_fold
 
 
 def test_table_covers_every_type():
@@ -52,3 +53,22 @@ def test_experts_choices():
     assert choose_experts(T.Q4_K, 2048, NO_GLU, 768) == choose_dp4a(T.Q4_K, 1, 2048, NO_GLU, 768)
     assert choose_experts(T.Q4_K, LONG_K, SILU, 768) == choose_dp4a(T.Q4_K, 1, LONG_K, SILU, 768)
     assert choose_experts(T.Q8_0, 2048, SILU, 768) == choose_dp4a(T.Q8_0, 1, 2048, SILU, 768)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+def test_fold_variant_fits_the_weight(ggml_type):
+    for n_tok in (1, 2, 8):
+        for cols in (256, 4096, LONG_K):
+            for n_out in (1, 2, 3, 48, 2048):
+                v = choose_fold(ggml_type, n_tok, cols, n_out)
+                assert 1 <= v.rows <= n_out and v.span <= span_for(cols)
+
+
+def test_fold_choices():
+    """Qwen3-30B-A3B's Q4_K attn_output (2048 x 4096) at T = 1 takes the measured entry; other T,
+    K from LONG_K, other types and too few outputs take choose_dp4a's."""
+    assert choose_fold(T.Q4_K, 1, 4096, 2048) == FOLD_T1[T.Q4_K] and FOLD_T1[T.Q4_K].name == "s32u2r4"
+    assert choose_fold(T.Q4_K, 2, 4096, 2048) == choose_dp4a(T.Q4_K, 2, 4096, n_out=2048)
+    assert choose_fold(T.Q4_K, 1, LONG_K, 2048) == choose_dp4a(T.Q4_K, 1, LONG_K, n_out=2048)
+    assert choose_fold(T.Q6_K, 1, 4096, 2048) == choose_dp4a(T.Q6_K, 1, 4096, n_out=2048)
+    assert choose_fold(T.Q4_K, 1, 4096, 3) == choose_dp4a(T.Q4_K, 1, 4096, n_out=3)

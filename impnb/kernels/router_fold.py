@@ -14,6 +14,7 @@ Numpy reference: router_fold_ref.
 """
 
 import math
+import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -23,7 +24,7 @@ from numba import cuda, float32, types, uint32
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.gemv_dp4a import DOTS, MAX_T, choose_dp4a, dp4a_block_fns, gemv_dp4a_ref
+from impnb.kernels.gemv_dp4a import DOTS, LONG_K, MAX_T, choose_dp4a, dp4a_block_fns, gemv_dp4a_ref
 from impnb.kernels.gemv_dp4a import kernel_args as dp4a_args
 from impnb.kernels.gemv_tail import last_block, last_of
 from impnb.kernels.gemv_variants import BLOCK, Variant
@@ -53,6 +54,30 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
     y = x.astype(np.float64) + gemv_dp4a_ref(w_o, ggml_type, *aq)
     z = x.astype(np.float64) @ fold.wx.T.astype(np.float64) + a.astype(np.float64) @ fold.wa.T.astype(np.float64)
     return y, z
+
+
+# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type; elsewhere choose_dp4a's. Its
+# blocks issue their first weight loads after griddepcontrol.wait, not before as gemv_dp4a's do:
+# under programmatic launch those 4.7 MB crowd decode attention, the kernel before. Synthetic
+# Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27, its 2048 x 4096 Q4_K attn_output; one call each):
+# with early loads, choose_dp4a's s64u1r4 517.7, 517.5 tok/s, s32u2r4 531.5 (17:05 UTC); s32u2r4
+# 530.8, 530.3, s32u4r4 530.6, s32u1r8 529.1, s32u3r4 531.1 (17:11 UTC); the loads after the wait
+# 522.5 on s64u1r4 (17:04 UTC), 534.7 on s32u2r4 (17:14 UTC). The router blocks' loads of Wx and
+# Wa stay before the wait: after it, 507.7 (Wa) and 508.6 (both) against 517.7; all of the
+# thread's Wx loads in flight at once (D built in) 506.7, 507.3 against 519.5, 520.2 (16:55 UTC).
+# Both against the tree before, interleaved in one call (17:22 UTC): 519.7, 519.7 -> 533.7, 532.9.
+# The same order in the Q|K|V GEMVs (gemv.py's one-step loads) and the experts' down kernel was
+# even there (533.6, 533.4): not kept. IMPNB_FOLD_T1=0 (choose_dp4a's) for A/B runs.
+FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
+
+
+def choose_fold(ggml_type: T, n_tok: int, cols: int, n_out: int) -> Variant:
+    """The GEMV half's variant: FOLD_T1's at T = 1 and K < LONG_K where its rows fit n_out
+    outputs, else choose_dp4a's (uncapped)."""
+    v = FOLD_T1.get(ggml_type)
+    if v and n_tok == 1 and cols < LONG_K and v.rows <= n_out:
+        return v
+    return choose_dp4a(ggml_type, n_tok, cols, n_out=n_out)
 
 
 @lru_cache(maxsize=None)
@@ -140,9 +165,9 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
         E = wx.shape[0]
         n_gemv = cuda.gridDim.x - E
         if cuda.blockIdx.x < n_gemv:
-            start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
+            start = group_start(parts, n_rows, 0)  # after the wait: see FOLD_T1
             rows_times_x(start, xq, xd, xs, y, n_rows, 1, 0, 0, x)
         else:
             router_row(x, a, wx, wa, z, cuda.blockIdx.x - n_gemv)
@@ -176,7 +201,7 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     assert counter.dtype == np.uint32 and counter.shape == (2,)
     for arr in (x, y, a, fold.wx, fold.wa, z, wn, weights):
         assert arr.dtype == np.float32 and arr.is_c_contiguous()
-    v = choose_dp4a(w.ggml_type, n_tok, K, n_out=D)  # gemv_dp4a's variant, uncapped
+    v = choose_fold(w.ggml_type, n_tok, K, D)
     per_block = v.rows * (BLOCK // v.span)
     launch(fold_kernel(w.ggml_type, K, n_tok, v), (-(-D // per_block) + E,), BLOCK, stream,
            w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx, fold.wa, z, wn,
@@ -194,8 +219,8 @@ def kernel_args(ggml_type: T) -> tuple:
             types.Array(types.uint32, 2, "C"), f2, f2)
 
 
-# Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 70 registers (Q4_K, T 1) to 132
+# Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 84 registers (Q4_K, T 1) to 132
 # (the dp4a blocks' own at 8 rows a group: 125-127).
-BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_dp4a(t, n, 4096, n_out=2048)), types.void(*kernel_args(t)),
+BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_fold(t, n, 4096, 2048)), types.void(*kernel_args(t)),
                      {"max_registers": 136})
                     for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]
