@@ -103,8 +103,8 @@ GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
 ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
 # qwen3moe decode runs attn_output (on dp4a, ATTN_DP4A) and the MoE router as one launch
 # (kernels/router_fold.py: the router's logits are linear in the layer's input and attention's
-# output but for the norm's scale, so its rows are folded through W_o at load, 3 MB a layer of
-# F32 on Qwen3-30B-A3B, and run beside attn_output's). Measured on the H100 (2026-11-27, synthetic
+# output but for the norm's scale, so its rows are folded through W_o at load, 1.5 MB a layer of
+# F16 on Qwen3-30B-A3B, and run beside attn_output's). Measured on the H100 (2026-11-27, synthetic
 # Qwen3-30B-A3B Q4_K_M, tg128 interleaved in one call, folded / not): the grid's last block
 # ranking, normalizing and quantizing 513.1, 512.6 / 500.7, 499.2 tok/s (11:32 UTC); the router
 # blocks' last one ranking while the GEMV runs 517.8, 517.9 / 500.6, 502.7 (11:46 UTC); with a's
@@ -316,7 +316,7 @@ class DeviceModel:
     def _bytes_needed(self, mf: ModelFile, n_ctx: int) -> int:
         cfg = self.cfg
         kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
-        folds = 4 * cfg.n_layer * cfg.n_expert * (cfg.n_embd + cfg.n_head * cfg.head_dim_v) if ROUTER_FOLD else 0
+        folds = 2 * cfg.n_layer * cfg.n_expert * (cfg.n_embd + cfg.n_head * cfg.head_dim_v) if ROUTER_FOLD else 0
         return sum(t.data.nbytes for t in mf.tensors.values()) + kv + folds + (64 << 20)
 
     def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False,

@@ -3,7 +3,7 @@
 The router reads h = RMSNorm(x') * wn of x' = x + W_o a, the residual after attn_output (a the
 attention output). Its logits are linear in x and a but for the norm's scale:
     W_r h = (Wx x + Wa a) / rms(x'),   Wx = W_r diag(wn) (E, D),   Wa = Wx W_o (E, H Dv)
-(fold_ref, once at load), and x and a are both final before the kernel starts. So E blocks beside
+(fold_ref, once at load, in fp16: see Fold), and x and a are both final before the kernel starts. So E blocks beside
 the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and the grid's last block,
 once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts (quant_x.store_group)
 and weighs at that scale (moe.weigh) the experts that the last of the router blocks chose on z
@@ -35,16 +35,21 @@ from impnb.kernels.repack import PackedWeight
 from impnb.launch import launch
 
 
+# The folded weights are fp16 (half of fp32's bytes: 1.5 MB a layer on Qwen3-30B-A3B, read before
+# the wait beside decode attention). Their rounding (2^-11 of a weight) is far under that of the
+# int8 â attn_output's half reads (2^-8 of a group's largest); the sums stay fp32. Synthetic
+# Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27 17:44 UTC, interleaved in one call, fp32 / fp16):
+# 535.6, 534.0 / 538.9, 538.7 tok/s.
 class Fold(NamedTuple):
-    wx: object  # (E, D) float32: W_r diag(wn)
-    wa: object  # (E, H Dv) float32: Wx W_o
+    wx: object  # (E, D) float16: W_r diag(wn)
+    wa: object  # (E, H Dv) float16: Wx W_o
 
 
 def fold_ref(w_r: np.ndarray, wn: np.ndarray, w_o: np.ndarray) -> Fold:
-    """The folded router weights (numpy float32) from W_r (E, D), the norm weight wn (D,) and
-    attn_output's W_o (D, H Dv) dequantized."""
-    wx = (np.asarray(w_r, np.float32) * np.asarray(wn, np.float32)).astype(np.float32)
-    return Fold(wx, (wx @ np.asarray(w_o, np.float32)).astype(np.float32))
+    """The folded router weights (numpy float16, rounded from float32 products; see Fold) from
+    W_r (E, D), the norm weight wn (D,) and attn_output's W_o (D, H Dv) dequantized."""
+    wx = np.asarray(w_r, np.float32) * np.asarray(wn, np.float32)
+    return Fold(wx.astype(np.float16), (wx @ np.asarray(w_o, np.float32)).astype(np.float16))
 
 
 def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: np.ndarray, fold: Fold) -> tuple:
@@ -84,37 +89,53 @@ def choose_fold(ggml_type: T, n_tok: int, cols: int, n_out: int) -> Variant:
 def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
     """The kernel for attn_output's type, row length (H Dv), T and dp4a variant."""
     group_start, rows_times_x = dp4a_block_fns(T(ggml_type), cols, n_tok, v.span, v.rows, v.unroll)
-    a_steps = -(-cols // (4 * BLOCK))  # float4s of a row of Wa a thread
-    wr_len = 4 * a_steps
+    a_steps = -(-cols // (8 * BLOCK))  # 8-half steps of a row of Wa a thread
+    wr_len = 4 * a_steps  # its words (half pairs)
+
+    @cuda.jit(device=True, inline=True)
+    def halves8(u0, u1, u2, u3, w):
+        # -- the 8 halves of 4 words into floats w[0:8] --
+        qi.halves2(u0, w, 0)
+        qi.halves2(u1, w, 2)
+        qi.halves2(u2, w, 4)
+        qi.halves2(u3, w, 6)
+
+    @cuda.jit(device=True, inline=True)
+    def dot8(w, v, t, c):
+        # -- w[0:8] . v[t, c:c+8] --
+        v0, v1, v2, v3 = qi.ldg_f32x4(v, t * v.shape[1] + c)
+        v4, v5, v6, v7 = qi.ldg_f32x4(v, t * v.shape[1] + c + 4)
+        return ((w[0] * v0 + w[1] * v1) + (w[2] * v2 + w[3] * v3)) + ((w[4] * v4 + w[5] * v5) + (w[6] * v6 + w[7] * v7))
 
     @cuda.jit(device=True, inline=True)
     def router_row(x, a, wx, wa, z, e):
-        # -- z[t, e] = Wx[e] . x[t] + Wa[e] . a[t] for every token; x and Wa are no output of the
-        # kernel before (x is the layer's input, three launches back): the x half and the loads
-        # of the thread's part of Wa[e] go before the wait --
+        # -- z[t, e] = Wx[e] . x[t] + Wa[e] . a[t] for every token (Wx, Wa fp16 as half-pair words);
+        # x and Wa are no output of the kernel before (x is the layer's input, three launches back):
+        # the x half and the loads of the thread's part of Wa[e] go before the wait --
         tid = cuda.threadIdx.x
         D = x.shape[1]
-        wr = cuda.local.array(wr_len, float32)
+        wr = cuda.local.array(wr_len, uint32)
         for i in range(a_steps):  # past the row's end: zeros (no branch around a's loads below)
-            c = 4 * (tid + BLOCK * i)
-            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_f32x4(wa, e * cols + min(c, cols - 4))
+            c = 8 * (tid + BLOCK * i)
+            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_u32x4(wa, (e * cols + min(c, cols - 8)) // 2)
             if c >= cols:
                 for j in range(4):
-                    wr[4 * i + j] = 0.0
+                    wr[4 * i + j] = 0
+        w8 = cuda.local.array(8, float32)
         acc = cuda.local.array(n_tok, float32)
         for t in range(n_tok):
             acc[t] = 0.0
-        for c in range(4 * tid, D, 4 * BLOCK):
-            w0, w1, w2, w3 = qi.ldg_f32x4(wx, e * D + c)
+        for c in range(8 * tid, D, 8 * BLOCK):
+            u0, u1, u2, u3 = qi.ldg_u32x4(wx, (e * D + c) // 2)
+            halves8(u0, u1, u2, u3, w8)
             for t in range(n_tok):
-                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * D + c)
-                acc[t] += (w0 * x0 + w1 * x1) + (w2 * x2 + w3 * x3)
+                acc[t] += dot8(w8, x, t, c)
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel (a's) has finished
         ptx.grid_dep_launch()
-        for t in range(n_tok):
-            for i in range(a_steps):
-                a0, a1, a2, a3 = qi.ldg_f32x4(a, t * cols + min(4 * (tid + BLOCK * i), cols - 4))
-                acc[t] += (wr[4 * i] * a0 + wr[4 * i + 1] * a1) + (wr[4 * i + 2] * a2 + wr[4 * i + 3] * a3)
+        for i in range(a_steps):
+            halves8(wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3], w8)
+            for t in range(n_tok):
+                acc[t] += dot8(w8, a, t, min(8 * (tid + BLOCK * i), cols - 8))
         red = cuda.shared.array(32, float32)
         for t in range(n_tok):
             total = block_sum(acc[t], red)
@@ -185,7 +206,8 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
 def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z, k: int, normalize: bool,
                 experts, weights, counter, hq: QuantX, stream) -> None:
     """attn_output then the router in one launch: y (T, D) = x + W â (â = aq, the int8 form of a
-    (T, H Dv) float32 that decode attention writes beside it); z (T, E) = Wx x + Wa a; then
+    (T, H Dv) float32 that decode attention writes beside it); z (T, E) = Wx x + Wa a (fold's
+    float16 weights, fp32 sums; K a multiple of 8); then
     experts (T, k) int32 and weights (T, k) float32 = moe.route_ref of the logits z / rms(y) with
     `normalize`, and hq = the int8 form of RMSNorm(y) * wn (norm = (wn, eps)) for the dp4a experts.
     y must not be x. counter (2,) uint32, zero between uses."""
@@ -195,16 +217,17 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     assert w.ggml_type in DOTS and w.rows == D and w.cols == K and 1 <= n_tok <= MAX_T
     assert y.shape == x.shape and a.shape == (n_tok, K) and fold.wx.shape == (E, D) and z.shape == (n_tok, E)
     assert y is not x, "y is written while x is read"
-    assert D % GROUP == 0 and K % 4 == 0 and wn.shape == (D,) and E <= MAX_EXPERTS and 1 <= k <= min(MAX_K, E)
+    assert D % GROUP == 0 and K % 8 == 0 and wn.shape == (D,) and E <= MAX_EXPERTS and 1 <= k <= min(MAX_K, E)
     assert aq.q.shape[1] == K // 4 and aq.q.shape[0] >= n_tok and hq.q.shape[1] == D // 4 and hq.q.shape[0] >= n_tok
     assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32
     assert counter.dtype == np.uint32 and counter.shape == (2,)
-    for arr in (x, y, a, fold.wx, fold.wa, z, wn, weights):
+    for arr in (x, y, a, z, wn, weights):
         assert arr.dtype == np.float32 and arr.is_c_contiguous()
+    assert fold.wx.dtype == fold.wa.dtype == np.float16 and fold.wx.is_c_contiguous() and fold.wa.is_c_contiguous()
     v = choose_fold(w.ggml_type, n_tok, K, D)
     per_block = v.rows * (BLOCK // v.span)
     launch(fold_kernel(w.ggml_type, K, n_tok, v), (-(-D // per_block) + E,), BLOCK, stream,
-           w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx, fold.wa, z, wn,
+           w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx.view(np.uint32), fold.wa.view(np.uint32), z, wn,
            np.float32(eps), np.int32(k), np.int32(normalize), experts, weights, counter,
            hq.q[:n_tok], hq.d[:n_tok], hq.s[:n_tok])
 
@@ -214,7 +237,8 @@ def kernel_args(ggml_type: T) -> tuple:
     normalize, experts, weights, counter, q, d, s."""
     f2 = types.Array(types.float32, 2, "C")
     i32 = types.int32
-    return (*dp4a_args(ggml_type)[:6], f2, f2, f2, f2, f2, types.Array(types.float32, 1, "C"), types.float32,
+    u2 = types.Array(types.uint32, 2, "C")  # Wx, Wa: fp16 pairs
+    return (*dp4a_args(ggml_type)[:6], f2, f2, u2, u2, f2, types.Array(types.float32, 1, "C"), types.float32,
             i32, i32, types.Array(types.int32, 2, "C"), f2, types.Array(types.uint32, 1, "C"),
             types.Array(types.uint32, 2, "C"), f2, f2)
 
