@@ -49,6 +49,9 @@ def span_for(cols: int) -> int:
 # back, Qwen3-30B-A3B's attn_output 2048x4096 Q4_K): s64u1r8 9.44 / 6.20, s128u1r8 8.35 / 5.10,
 # s128u1r4 7.98 / 5.63, s64u1r4 8.64 / 5.56; tg128 of Qwen3-30B-A3B Q4_K_M (same day, one call,
 # its attn_output on this GEMV) 458.7, 460.1 -> 468.6, 467.7.
+# In the decode graph (synthetic Qwen3-30B-A3B Q4_K_M tg128, H100, 2026-11-27 17:30 UTC, one call)
+# its normed Q|K|V and Q|K GEMVs (5120 and 4608 x 2048 Q4_K) on this rule's s64u1r4 535.6, 534.5
+# tok/s; s64u1r8 537.2, s128u1r4 518.8, s32u2r4 519.1, s32u1r4 513.7, s64u2r4 497.9: kept.
 WIDE_K = 4096
 WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
 WIDE_MIN_ROWS = 4096
