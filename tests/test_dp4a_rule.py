@@ -1,15 +1,15 @@
-"""choose_dp4a, choose_experts (the routed experts') and choose_fold (router_fold's GEMV): the measured T = 1 table covers every
-dp4a type, and a variant never asks for more rows a group than the weight's outputs, a wider span
-than a row's chunks, or an odd GLU row count (the kernel's last group starts R rows before the
-end)."""
+"""choose_dp4a, and choose_measured for the routed experts (choose_experts) and router_fold's GEMV
+(FOLD_T1): the measured T = 1 table covers every dp4a type, and a variant never asks for more rows
+a group than the weight's outputs, a wider span than a row's chunks, or an odd GLU row count (the
+kernel's last group starts R rows before the end)."""
 
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from impnb.kernels.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
-                                     choose_experts)
+                                     choose_experts, choose_measured)
 from impnb.kernels.gemv_variants import span_for
-from impnb.kernels.router_fold import FOLD_T1, choose_fold
+from impnb.kernels.router_fold import FOLD_T1
 
 
 def test_table_covers_every_type():
@@ -60,15 +60,18 @@ def test_fold_variant_fits_the_weight(ggml_type):
     for n_tok in (1, 2, 8):
         for cols in (256, 4096, LONG_K):
             for n_out in (1, 2, 3, 48, 2048):
-                v = choose_fold(ggml_type, n_tok, cols, n_out)
+                v = choose_measured(FOLD_T1, ggml_type, n_tok, cols, NO_GLU, n_out)
                 assert 1 <= v.rows <= n_out and v.span <= span_for(cols)
 
 
 def test_fold_choices():
     """Qwen3-30B-A3B's Q4_K attn_output (2048 x 4096) at T = 1 takes the measured entry; other T,
     K from LONG_K, other types and too few outputs take choose_dp4a's."""
-    assert choose_fold(T.Q4_K, 1, 4096, 2048) == FOLD_T1[T.Q4_K] and FOLD_T1[T.Q4_K].name == "s32u2r4"
-    assert choose_fold(T.Q4_K, 2, 4096, 2048) == choose_dp4a(T.Q4_K, 2, 4096, n_out=2048)
-    assert choose_fold(T.Q4_K, 1, LONG_K, 2048) == choose_dp4a(T.Q4_K, 1, LONG_K, n_out=2048)
-    assert choose_fold(T.Q6_K, 1, 4096, 2048) == choose_dp4a(T.Q6_K, 1, 4096, n_out=2048)
-    assert choose_fold(T.Q4_K, 1, 4096, 3) == choose_dp4a(T.Q4_K, 1, 4096, n_out=3)
+    def fold(ggml_type, n_tok, cols, n_out):
+        return choose_measured(FOLD_T1, ggml_type, n_tok, cols, NO_GLU, n_out)
+
+    assert fold(T.Q4_K, 1, 4096, 2048) == FOLD_T1[T.Q4_K] and FOLD_T1[T.Q4_K].name == "s32u2r4"
+    assert fold(T.Q4_K, 2, 4096, 2048) == choose_dp4a(T.Q4_K, 2, 4096, n_out=2048)
+    assert fold(T.Q4_K, 1, LONG_K, 2048) == choose_dp4a(T.Q4_K, 1, LONG_K, n_out=2048)
+    assert fold(T.Q6_K, 1, 4096, 2048) == choose_dp4a(T.Q6_K, 1, 4096, n_out=2048)
+    assert fold(T.Q4_K, 1, 4096, 3) == choose_dp4a(T.Q4_K, 1, 4096, n_out=3)

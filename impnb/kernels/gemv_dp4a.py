@@ -532,13 +532,18 @@ def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> 
     return choose_dp4a(ggml_type, n_tok, cols, glu, n_out), None
 
 
-def choose_experts(ggml_type: T, cols: int, glu: int, n_out: int) -> Variant:
-    """gemv_dp4a_experts' variant: EXPERTS_T1's for a gate|up (GLU) of K < LONG_K where it has
-    the type and the expert's n_out outputs fill a group, else choose_dp4a's at T = 1."""
-    v = EXPERTS_T1.get(ggml_type)
-    if v and glu != NO_GLU and cols < LONG_K and v.rows // 2 <= n_out:
+def choose_measured(table: dict, ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> Variant:
+    """One use's measured variant (EXPERTS_T1, router_fold.FOLD_T1): table's entry for the type at
+    T = 1 and K < LONG_K where its group's outputs fit n_out, else choose_dp4a's."""
+    v = table.get(ggml_type)
+    if v and n_tok == 1 and cols < LONG_K and v.rows // (2 if glu else 1) <= n_out:
         return v
-    return choose_dp4a(ggml_type, 1, cols, glu, n_out)
+    return choose_dp4a(ggml_type, n_tok, cols, glu, n_out)
+
+
+def choose_experts(ggml_type: T, cols: int, glu: int, n_out: int) -> Variant:
+    """gemv_dp4a_experts' variant: EXPERTS_T1's for a gate|up (GLU), else choose_dp4a's at T = 1."""
+    return choose_measured(EXPERTS_T1 if glu != NO_GLU else {}, ggml_type, 1, cols, glu, n_out)
 
 
 def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,

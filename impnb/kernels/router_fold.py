@@ -3,10 +3,10 @@
 The router reads h = RMSNorm(x') * wn of x' = x + W_o a, the residual after attn_output (a the
 attention output). Its logits are linear in x and a but for the norm's scale:
     W_r h = (Wx x + Wa a) / rms(x'),   Wx = W_r diag(wn) (E, D),   Wa = Wx W_o (E, H Dv)
-(fold_ref, once at load, in fp16: see Fold), and x and a are both final before the kernel starts. So E blocks beside
-the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and the grid's last block,
-once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts (quant_x.store_group)
-and weighs at that scale (moe.weigh) the experts that the last of the router blocks chose on z
+(fold_ref, once at load, in fp16: see Fold), and x and a are both final before the kernel starts.
+So E blocks beside the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and
+the grid's last block, once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts
+(quant_x.store_group) and weighs at that scale (moe.weigh) the experts that the last of the router blocks chose on z
 (moe.route_block; z's order is z / rms(x')'s but for rounding). The GEMV writes x' = x + W_o â
 out of place (y): the router's blocks read x while it runs, so the caller alternates two
 residual buffers.
@@ -24,7 +24,7 @@ from numba import cuda, float32, types, uint32
 
 from impnb.kernels import ptx
 from impnb.kernels import quant_intrinsics as qi
-from impnb.kernels.gemv_dp4a import DOTS, LONG_K, MAX_T, choose_dp4a, dp4a_block_fns, gemv_dp4a_ref
+from impnb.kernels.gemv_dp4a import DOTS, MAX_T, NO_GLU, choose_measured, dp4a_block_fns, gemv_dp4a_ref
 from impnb.kernels.gemv_dp4a import kernel_args as dp4a_args
 from impnb.kernels.gemv_tail import last_block, last_of
 from impnb.kernels.gemv_variants import BLOCK, Variant
@@ -61,10 +61,10 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
     return y, z
 
 
-# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type; elsewhere choose_dp4a's. Its
-# blocks issue their first weight loads after griddepcontrol.wait, not before as gemv_dp4a's do:
-# under programmatic launch those 4.7 MB crowd decode attention, the kernel before. Synthetic
-# Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27, its 2048 x 4096 Q4_K attn_output; one call each):
+# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured); elsewhere
+# choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not before as
+# gemv_dp4a's do: under programmatic launch those 4.7 MB crowd decode attention, the kernel before.
+# Synthetic Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27, its 2048 x 4096 Q4_K attn_output):
 # with early loads, choose_dp4a's s64u1r4 517.7, 517.5 tok/s, s32u2r4 531.5 (17:05 UTC); s32u2r4
 # 530.8, 530.3, s32u4r4 530.6, s32u1r8 529.1, s32u3r4 531.1 (17:11 UTC); the loads after the wait
 # 522.5 on s64u1r4 (17:04 UTC), 534.7 on s32u2r4 (17:14 UTC). The router blocks' loads of Wx and
@@ -74,15 +74,6 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
 # The same order in the Q|K|V GEMVs (gemv.py's one-step loads) and the experts' down kernel was
 # even there (533.6, 533.4): not kept. IMPNB_FOLD_T1=0 (choose_dp4a's) for A/B runs.
 FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
-
-
-def choose_fold(ggml_type: T, n_tok: int, cols: int, n_out: int) -> Variant:
-    """The GEMV half's variant: FOLD_T1's at T = 1 and K < LONG_K where its rows fit n_out
-    outputs, else choose_dp4a's (uncapped)."""
-    v = FOLD_T1.get(ggml_type)
-    if v and n_tok == 1 and cols < LONG_K and v.rows <= n_out:
-        return v
-    return choose_dp4a(ggml_type, n_tok, cols, n_out=n_out)
 
 
 @lru_cache(maxsize=None)
@@ -224,10 +215,11 @@ def router_fold(w: PackedWeight, aq: QuantX, a, x, y, fold: Fold, norm: tuple, z
     for arr in (x, y, a, z, wn, weights):
         assert arr.dtype == np.float32 and arr.is_c_contiguous()
     assert fold.wx.dtype == fold.wa.dtype == np.float16 and fold.wx.is_c_contiguous() and fold.wa.is_c_contiguous()
-    v = choose_fold(w.ggml_type, n_tok, K, D)
+    v = choose_measured(FOLD_T1, w.ggml_type, n_tok, K, NO_GLU, D)
     per_block = v.rows * (BLOCK // v.span)
     launch(fold_kernel(w.ggml_type, K, n_tok, v), (-(-D // per_block) + E,), BLOCK, stream,
-           w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a, fold.wx.view(np.uint32), fold.wa.view(np.uint32), z, wn,
+           w.parts, aq.q[:n_tok], aq.d[:n_tok], aq.s[:n_tok], y, np.int32(D), x, a,
+           fold.wx.view(np.uint32), fold.wa.view(np.uint32), z, wn,
            np.float32(eps), np.int32(k), np.int32(normalize), experts, weights, counter,
            hq.q[:n_tok], hq.d[:n_tok], hq.s[:n_tok])
 
@@ -245,6 +237,7 @@ def kernel_args(ggml_type: T) -> tuple:
 
 # Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 84 registers (Q4_K, T 1) to 132
 # (the dp4a blocks' own at 8 rows a group: 125-127).
-BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_fold(t, n, 4096, 2048)), types.void(*kernel_args(t)),
+BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_measured(FOLD_T1, t, n, 4096, NO_GLU, 2048)),
+                      types.void(*kernel_args(t)),
                      {"max_registers": 136})
                     for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]

@@ -2,7 +2,7 @@
 against router_fold_ref:
 - y = x + W_o â within 1e-4 of |W_o| @ |â| plus 1e-6 of |x| (float32 accumulation of exact
   integer dots, one float32 add);
-- z = Wx x + Wa a within 1e-4 of |Wx| @ |x| + |Wa| @ |a| (fp32 sums);
+- z = Wx x + Wa a within 1e-4 of |Wx| @ |x| + |Wa| @ |a| (fold_ref's fp16 Wx, Wa; fp32 sums);
 - the experts equal route_ref of the kernel's own z / rms(y) (chosen on z, whose order that is
   but for rounding), the weights to rtol 1e-5;
 - h, the int8 form of RMSNorm(y) * wn, within half a step of its group (plus 1e-5 for the norm's
