@@ -73,7 +73,10 @@ SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024
 # Also tried on that model and removed (H100, 2026-11-26, tg128 against the tree before in the
 # same call): the next layer's Q|K|V, attn_output and router weights prefetched into L2
 # (cp.async.bulk.prefetch.L2) from a graph branch forked after attn_output and joined before the
-# next Q|K|V, 401.1, 401.3 -> 342.0, 340.6.
+# next Q|K|V, 401.1, 401.3 -> 342.0, 340.6. Issued inside the kernels instead (2026-11-27 19:44 UTC,
+# tg128 interleaved in one call, the same tree without them 517.6, 521.3): attn_output's and the
+# folded router's weights by qkv_post's blocks after their wait, while attention leaves HBM idle,
+# 476.1, 476.5; the next layer's Q|K|V by the experts' down kernel after its wait 516.8, 519.1.
 FUSED_POST = {64: 32, 128: 4}
 # decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
 # norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,

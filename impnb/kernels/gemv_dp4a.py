@@ -507,6 +507,13 @@ T1_CAPPED = {(T.Q4_K, False): (Variant(BLOCK, 1, 4), 80, 8192),
 # s64u1r8 509.8, s32u2r4 521.0 (two chunks a thread, the second's loads out during the first's
 # dots); this table / choose_dp4a's, interleaved in one call (15:05 UTC) 520.8, 520.8 / 516.2,
 # 515.3. IMPNB_EXPERTS_T1=0 (choose_dp4a's) for A/B runs.
+# s32u2r4 builds at 116 registers: 4 blocks an SM, so its 768 blocks a layer run in 1.45 waves.
+# Fitting one wave lost (H100, 2026-11-27, tg128 interleaved in one call, not kept): Q4_K's header
+# by shuffles (_q4_k_load_w) in s32u2r4 (96 registers) 522.1, 523.2 against 537.3, 537.0 (19:32
+# UTC), in s32u2r8 (156, one wave) 530.7, 529.4, in s32u1r8 (108, one wave) 527.5, 530.9; every
+# chunk a thread takes staged through shared memory by cp.async after the wait (55 registers, 18
+# KB a block, one wave, all of a layer's 14 MB in flight at once) 512.1, 510.0, 512.0 against
+# 536.6, 538.9, 539.0 (20:06 UTC; .dev/experts_staged.patch).
 EXPERTS_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_EXPERTS_T1", "1") != "0" else {}
 
 

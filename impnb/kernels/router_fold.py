@@ -72,7 +72,10 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
 # thread's Wx loads in flight at once (D built in) 506.7, 507.3 against 519.5, 520.2 (16:55 UTC).
 # Both against the tree before, interleaved in one call (17:22 UTC): 519.7, 519.7 -> 533.7, 532.9.
 # The same order in the Q|K|V GEMVs (gemv.py's one-step loads) and the experts' down kernel was
-# even there (533.6, 533.4): not kept. IMPNB_FOLD_T1=0 (choose_dp4a's) for A/B runs.
+# even there (533.6, 533.4): not kept. More rows in flight at once, loads after the wait (19:52
+# UTC, one call, against s32u2r4's 539.0, 538.8): s128u1r4 (512 GEMV blocks, one chunk a thread)
+# 530.2, 531.6, s128u1r8 534.2, 533.7, s64u2r4 537.3, 537.4. IMPNB_FOLD_T1=0 (choose_dp4a's) for
+# A/B runs.
 FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
 
 
