@@ -5,11 +5,11 @@ attention output). Its logits are linear in x and a but for the norm's scale:
     W_r h = (Wx x + Wa a) / rms(x'),   Wx = W_r diag(wn) (E, D),   Wa = Wx W_o (E, H Dv)
 (fold_ref, once at load, in fp16: see Fold), and x and a are both final before the kernel starts.
 So E blocks beside the GEMV's make z = Wx x + Wa a (the x half before griddepcontrol.wait), and
-the grid's last block, once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a experts
-(quant_x.store_group) and weighs at that scale (moe.weigh) the experts that the last of the router blocks chose on z
-(moe.route_block; z's order is z / rms(x')'s but for rounding). The GEMV writes x' = x + W_o â
-out of place (y): the router's blocks read x while it runs, so the caller alternates two
-residual buffers.
+the grid's last block, once x' is whole, takes 1 / rms(x'), writes h in int8 for the dp4a
+experts (quant_x.store_group) and weighs at that scale (moe.weigh) the experts that the last of
+the router blocks chose on z (moe.route_block; z's order is z / rms(x')'s but for rounding). The
+GEMV writes x' = x + W_o â out of place (y): the router's blocks read x while it runs, so the
+caller alternates two residual buffers.
 Numpy reference: router_fold_ref.
 """
 
@@ -111,7 +111,8 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
         wr = cuda.local.array(wr_len, uint32)
         for i in range(a_steps):  # past the row's end: zeros (no branch around a's loads below)
             c = 8 * (tid + BLOCK * i)
-            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_u32x4(wa, (e * cols + min(c, cols - 8)) // 2)
+            w_at = (e * cols + min(c, cols - 8)) // 2  # words: half pairs
+            wr[4 * i], wr[4 * i + 1], wr[4 * i + 2], wr[4 * i + 3] = qi.ldg_u32x4(wa, w_at)
             if c >= cols:
                 for j in range(4):
                     wr[4 * i + j] = 0
