@@ -5,7 +5,8 @@
 #   moe, ncu, attn, decode, dp4a, blocks)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
-# experts at decode piece by piece (bench_moe_decode.py); ncu profiles each kernel of one decode
+# experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
+# (bench_decode_floor.py); ncu profiles each kernel of one decode
 # step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); dp4a
 # benches the dp4a GEMV and a synthetic Qwen3-8B Q4_K_M with and without it (see its block for
 # DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE); blocks times how fast few blocks read from HBM
@@ -56,6 +57,8 @@ if [[ $what == moe ]]; then
   status[bench-moe]="rc=$? $(grep -E 'tg128' "$OUT/bench-moe.log" | tail -n 1 | awk -F'|' '{print $8 $9 $10}')"
   timeout 200 python3 scripts/bench_moe_decode.py --json "$OUT/bench-moe-decode.json" > "$OUT/bench-moe-decode.log" 2>&1
   status[bench-moe-decode]="rc=$? see bench-moe-decode.log"
+  timeout 200 python3 scripts/bench_decode_floor.py $moe > "$OUT/bench-floor.log" 2>&1
+  status[bench-floor]="rc=$? $(grep -E '^prefetched, 4' "$OUT/bench-floor.log" | awk '{print $(NF-2), $NF}')"
 fi
 
 if [[ $what == ncu ]]; then
