@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|ncu|attn|decode|dp4a|blocks|all]   (all: not
-#   moe, ncu, attn, decode, dp4a, blocks)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|all]   (all:
+#   not moe, llama, ncu, attn, decode, dp4a, blocks)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
-# (bench_decode_floor.py); ncu profiles each kernel of one decode
+# (bench_decode_floor.py); llama builds llama.cpp's llama-bench and times it beside impnb's bench
+# on the same GGUF (see its block); ncu profiles each kernel of one decode
 # step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); dp4a
 # benches the dp4a GEMV and a synthetic Qwen3-8B Q4_K_M with and without it (see its block for
 # DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE); blocks times how fast few blocks read from HBM
@@ -59,6 +60,30 @@ if [[ $what == moe ]]; then
   status[bench-moe-decode]="rc=$? see bench-moe-decode.log"
   timeout 200 python3 scripts/bench_decode_floor.py $moe > "$OUT/bench-floor.log" 2>&1
   status[bench-floor]="rc=$? $(grep -E '^prefetched, 4' "$OUT/bench-floor.log" | awk '{print $(NF-2), $NF}')"
+fi
+
+if [[ $what == llama ]]; then
+  # llama.cpp's llama-bench built here from .dev/llama/src.tgz (scripts/llama_cpp_stage.sh; ~4.5 min
+  # on 16 cores) against impnb's bench on the same GGUFs (LLAMA_GGUF, default the synthetic
+  # Qwen3-30B-A3B Q4_K_M), in one call
+  moe=/tmp/qwen3-30b-a3b-q4_k_m.gguf
+  if [[ -z ${LLAMA_GGUF:-} && ! -f $moe ]]; then
+    timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M --out $moe > "$OUT/moe-make.log" 2>&1
+  fi
+  src=$PWD/.dev/llama/src.tgz
+  (mkdir -p /tmp/llama && cd /tmp/llama && tar xzf "$src" && echo 'add_subdirectory(llama-bench)' > tools/CMakeLists.txt &&
+    cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+      -DCMAKE_BUILD_TYPE=Release && timeout 480 cmake --build build --target llama-bench -j "$(nproc)") \
+    > "$OUT/llama-build.log" 2>&1
+  status[llama-build]="rc=$?"
+  for m in ${LLAMA_GGUF:-$moe}; do
+    name=$(basename "$m" .gguf)
+    timeout 200 /tmp/llama/build/bin/llama-bench -m "$m" -p 512 -n 128 -r 3 -ngl 99 -fa 0,1 >> "$OUT/bench-llama.log" 2>&1
+    status[llama-$name]="rc=$? $(grep -E 'tg128' "$OUT/bench-llama.log" | tail -n 2 | awk -F'|' '{printf "fa%s%s ", $7, $9}')"
+    timeout 200 python3 -m impnb bench -m "$m" -p 512 -n 128 -r 3 --device cuda >> "$OUT/bench-llama.log" 2>&1
+    status[impnb-$name]="rc=$? $(grep -E 'tg128' "$OUT/bench-llama.log" | tail -n 1 | awk -F'|' '{print $9}')"
+  done
 fi
 
 if [[ $what == ncu ]]; then
