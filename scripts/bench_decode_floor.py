@@ -239,6 +239,18 @@ def _routed(w, ids, at, stride, n, acc):
 
 
 @cuda.jit(device=True, inline=True)
+def _dense(w, at, smem, s, n, mb, par, mode, acc):
+    """A dense phase's n vectors a block: read from word `at` after the barrier (modes 1, 5) or
+    from smem vector s once mbarrier mb's phase `par` landed them (modes 2, 4)."""
+    if mode == 1 or mode == 5:
+        acc = _stream(w, at, n, acc)
+    elif mode == 2 or mode == 4:
+        _wait(mb, par)
+        acc = _consume(smem, s, n, acc)
+    return acc
+
+
+@cuda.jit(device=True, inline=True)
 def _prefetch(smem, w, lw, b, n1, n3, n4, o3, o4, m1, m3, m4):
     """A layer's Q|K|V, KV and attn_output + router slices to smem vectors 0.. (bulk copies)."""
     _arm(m1, 16 * n1)
@@ -290,11 +302,7 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
         lw = int64(layer) * ls
         par = layer & 1  # the mbarriers' phase this layer
         # Q|K|V
-        if mode == 1 or mode == 5:
-            acc = _stream(w, lw + 4 * b * n1, n1, acc)
-        elif pre:
-            _wait(m1, par)
-            acc = _consume(smem, s1, n1, acc)
+        acc = _dense(w, lw + 4 * b * n1, smem, s1, n1, m1, par, mode, acc)
         if mode != 4:
             nb += 1
             acc = _sync(bar, base + nb * g, vec, 0, acc, mode, stamp, nb)
@@ -303,19 +311,11 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
             nb += 1
             acc = _sync(bar, base + nb * g, vec, 1, acc, mode, stamp, nb)
         # attention
-        if mode == 1 or mode == 5:
-            acc = _stream(w, lw + o3 + 4 * b * n3, n3, acc)
-        elif pre:
-            _wait(m3, par)
-            acc = _consume(smem, s3, n3, acc)
+        acc = _dense(w, lw + o3 + 4 * b * n3, smem, s3, n3, m3, par, mode, acc)
         nb += 1
         acc = _sync(bar, base + nb * g, vec, 0, acc, mode, stamp, nb)
         # attn_output and the router; block 0 writes the 8 experts' ids
-        if mode == 1 or mode == 5:
-            acc = _stream(w, lw + o4 + 4 * b * n4, n4, acc)
-        elif pre:
-            _wait(m4, par)
-            acc = _consume(smem, s4, n4, acc)
+        acc = _dense(w, lw + o4 + 4 * b * n4, smem, s4, n4, m4, par, mode, acc)
         if b == 0 and t < USED:
             pick = t * (n_expert // USED) + (layer * 7 + tok * 13) % n_expert  # 8 distinct experts
             route[layer * USED + t] = float32(pick % n_expert)
