@@ -55,8 +55,10 @@ from impnb.models import model_config  # noqa: E402
 VEC = 4096  # floats of a phase's output vector (the chain)
 USED = 8    # experts a token
 SPIN_MAX = 1 << 25  # a barrier gives up after this many polls (blocks not all resident)
-MODES = ("barriers only", "reads after barrier", "prefetched to smem", "bare barriers",
-         "prefetched, 4 syncs", "routed to smem only")  # by mode number
+# the modes, in the order they run, and their rows' names
+BARE, CHAIN, READS, ROUTED, PREFETCH, FOUR_SYNCS = range(6)
+MODES = ("bare barriers", "barriers only", "reads after barrier", "routed to smem only",
+         "prefetched to smem", "prefetched, 4 syncs")
 
 
 def _ld(sem):
@@ -138,27 +140,30 @@ _red_release_add, _red_relaxed_add = _red_add("release"), _red_add("relaxed")
 
 @cuda.jit(device=True, inline=True)
 def _sync(bar, target, vec, slot, acc, mode, stamp, at):
-    """Publish this phase's output, wait for every block, read the next phase's input (mode 3: a
-    bare barrier, relaxed, no output: the hardware's round trip alone)."""
+    """Publish this phase's output, wait for every block, read the next phase's input (BARE: a
+    relaxed barrier, no output: the hardware's round trip alone). A barrier that gives up (blocks
+    not all resident) sets bar[2]."""
     t, b = cuda.threadIdx.x, cuda.blockIdx.x
-    if mode != 3:
+    if mode != BARE:
         vec[slot * VEC + (b * cuda.blockDim.x + t) % VEC] = float32(acc & 1)
     cuda.syncthreads()
     if t == 0:
-        if mode == 3:
+        if mode == BARE:
             _red_relaxed_add(bar, 0)
         else:
             _red_release_add(bar, 0)
         spins = 0
         while spins < SPIN_MAX:
-            seen = _ld_relaxed(bar, 0) if mode == 3 else _ld_acquire(bar, 0)
+            seen = _ld_relaxed(bar, 0) if mode == BARE else _ld_acquire(bar, 0)
             if int64(seen) >= target:
                 break
             spins += 1
+        if spins == SPIN_MAX:
+            bar[2] = 1
         if cuda.blockIdx.x == 0:
             stamp[at] = _globaltimer()  # when block 0 leaves barrier `at`
     cuda.syncthreads()
-    if mode != 3:
+    if mode != BARE:
         acc ^= uint32(ptx.ld_global_cg_f32(vec, slot * VEC + (t * cuda.gridDim.x + b) % VEC) != 0)
     return acc
 
@@ -240,11 +245,11 @@ def _routed(w, ids, at, stride, n, acc):
 
 @cuda.jit(device=True, inline=True)
 def _dense(w, at, smem, s, n, mb, par, mode, acc):
-    """A dense phase's n vectors a block: read from word `at` after the barrier (modes 1, 5) or
-    from smem vector s once mbarrier mb's phase `par` landed them (modes 2, 4)."""
-    if mode == 1 or mode == 5:
+    """A dense phase's n vectors a block: read from word `at` after the barrier (READS, ROUTED) or
+    from smem vector s once mbarrier mb's phase `par` landed them (PREFETCH, FOUR_SYNCS)."""
+    if mode == READS or mode == ROUTED:
         acc = _stream(w, at, n, acc)
-    elif mode == 2 or mode == 4:
+    elif mode == PREFETCH or mode == FOUR_SYNCS:
         _wait(mb, par)
         acc = _consume(smem, s, n, acc)
     return acc
@@ -284,8 +289,8 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
             stamp[0] = _globaltimer()
     nb = int64(0)
     acc = uint32(t)
-    pre = mode == 2 or mode == 4  # the next layer's weights prefetched
-    tma = pre or mode == 5  # the routed weights copied to smem
+    pre = mode == PREFETCH or mode == FOUR_SYNCS  # the next layer's weights prefetched
+    tma = pre or mode == ROUTED  # the routed weights copied to smem
     m0, m1, m3, m4 = ptx.smem_addr(mbar, 0), ptx.smem_addr(mbar, 1), ptx.smem_addr(mbar, 2), ptx.smem_addr(mbar, 3)
     m5 = ptx.smem_addr(mbar, 4)
     if tma:
@@ -303,11 +308,11 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
         par = layer & 1  # the mbarriers' phase this layer
         # Q|K|V
         acc = _dense(w, lw + 4 * b * n1, smem, s1, n1, m1, par, mode, acc)
-        if mode != 4:
+        if mode != FOUR_SYNCS:
             nb += 1
             acc = _sync(bar, base + nb * g, vec, 0, acc, mode, stamp, nb)
         # QK-norm, RoPE, the KV write
-        if mode != 4:
+        if mode != FOUR_SYNCS:
             nb += 1
             acc = _sync(bar, base + nb * g, vec, 1, acc, mode, stamp, nb)
         # attention
@@ -324,7 +329,7 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
         if t < USED:
             ids[t] = int32(ptx.ld_global_cg_f32(route, layer * USED + t))
         cuda.syncthreads()
-        # the routed gate|up (modes 2, 4, 5: its weights and the down's copied to smem at once)
+        # the routed gate|up (tma: its weights and the down's copied to smem at once)
         if tma:
             _arm(m0, 16 * USED * n5)
             for j in range(USED):
@@ -334,12 +339,12 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
                 _fetch(smem, sd + j * n6, w, lw + o5 + int64(ids[j]) * es + 4 * g * n5 + 4 * b * n6, n6, m5)
             _wait(m0, par)
             acc = _consume(smem, 0, USED * n5, acc)
-        elif mode == 1:
+        elif mode == READS:
             acc = _routed(w, ids, lw + o5 + 4 * b * n5, es, n5, acc)
         nb += 1
         acc = _sync(bar, base + nb * g, vec, 0, acc, mode, stamp, nb)
-        # the routed down (mode 2: the next layer's weights' copies issued first)
-        if mode == 1:
+        # the routed down (pre: the next layer's weights' copies issued first)
+        if mode == READS:
             acc = _routed(w, ids, lw + o5 + 4 * g * n5 + 4 * b * n6, es, n6, acc)
         elif tma:
             if pre and layer + 1 < n_layer:
@@ -348,7 +353,7 @@ def _step(w, vec, route, bar, out, stamp, sz, n_layer, n_expert, tok, mode):
             acc = _consume(smem, sd, USED * n6, acc)
         nb += 1
         acc = _sync(bar, base + nb * g, vec, 1, acc, mode, stamp, nb)
-    if mode != 0 and mode != 3:
+    if mode != BARE and mode != CHAIN:
         acc = _stream(w, int64(n_layer) * ls + 4 * b * nl, nl, acc)
     nb += 1
     acc = _sync(bar, base + nb * g, vec, 0, acc, mode, stamp, nb)
@@ -408,7 +413,7 @@ def main() -> int:
     w = cuda.device_array(words, np.uint32)
     vec = ctx.upload(np.random.default_rng(0).standard_normal(2 * VEC).astype(np.float32))
     route = ctx.upload(np.zeros(L * USED, np.float32))
-    bar = ctx.upload(np.zeros(2, np.uint32))
+    bar = ctx.upload(np.zeros(3, np.uint32))  # the arrivals, where a launch left them, gave up
     out = ctx.empty(g * args.threads, np.uint32)
     dsz = ctx.upload(sz)
     stamp = ctx.upload(np.zeros(phases + 1, np.int64))
@@ -418,14 +423,17 @@ def main() -> int:
         frac = bound / (us * 1e-6) / (args.copy_gbs * 1e9)
         print(f"{name:<22} {us:>10.1f} {us / phases:>10.2f} {1e6 / us:>8.1f} {100 * frac:>7.1f}%", flush=True)
 
-    for mode in (3, 0, 1, 5, 2, 4):
+    for mode in range(len(MODES)):
         body = lambda: [launch(_step, g, args.threads, s, w, vec, route, bar, out, stamp, dsz, np.int32(L),
                                np.int32(E), np.int32(i), np.int32(mode), shared_bytes=smem)
                         for i in range(args.tokens)]
         body()
         ctx.sync()
-        n = phases - 2 * L * (mode == 4)
-        row(MODES[mode], graph_us(ctx, body, args.tokens), n)
+        n = phases - 2 * L * (mode == FOUR_SYNCS)
+        us = graph_us(ctx, body, args.tokens)
+        if bar.copy_to_host()[2]:
+            sys.exit(f"{MODES[mode]}: a barrier gave up waiting (were all {g} blocks resident?)")
+        row(MODES[mode], us, n)
         d = np.diff(stamp.copy_to_host()[:n + 1]) / 1e3  # µs from barrier to barrier, the last token
         avg = d[:-1].reshape(L, (n - 1) // L)[1:].mean(axis=0)  # a layer's phases, layer 0 left out
         print(f"{'':<22} a layer's phases (µs): " + " ".join(f"{x:.2f}" for x in avg) + f"; logits {d[-1]:.2f}")
