@@ -20,10 +20,11 @@ from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
 from impnb.graphs import prefill as prefill_graphs
 from impnb.graphs.capture import CaptureError, Graph
 from impnb.graphs.replays import Replays
-from impnb.kernels import argmax, attention_decode
-from impnb.kernels import sample as sample_kernels
-from impnb.kernels import sample_penalty
-from impnb.kernels import step_state
+from impnb.kernels.sample import argmax
+from impnb.kernels.attention import attention_decode
+from impnb.kernels.sample import sample as sample_kernels
+from impnb.kernels.sample import sample_penalty
+from impnb.kernels.sample import step_state
 from impnb.sampling import SamplingParams
 
 HISTORY = 64  # repetition-penalty window, tokens

@@ -1,4 +1,4 @@
-"""Prefill attention (kernels/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and
+"""Prefill attention (kernels/attention/attention_fa2.py, attention_wgmma.py) against torch SDPA's flash and
 cuDNN backends: TFLOP/s.
 
 Z sequences of N_CTX tokens, H heads (no GQA), head dim D, fp16 operands (--bf16: bf16). impnb
@@ -25,9 +25,9 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from impnb.kernels.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
-from impnb.kernels.attention_wgmma import HEAD_DIMS as WG_DIMS, attention_wgmma  # noqa: E402
-from impnb.kernels.kv_cache import bf16_bits, contiguous_block_table, pages_needed  # noqa: E402
+from impnb.kernels.attention.attention_fa2 import DEFAULT_TILING, attention_fa2  # noqa: E402
+from impnb.kernels.attention.attention_wgmma import HEAD_DIMS as WG_DIMS, attention_wgmma  # noqa: E402
+from impnb.kernels.attention.kv_cache import bf16_bits, contiguous_block_table, pages_needed  # noqa: E402
 
 Z, H, PAGE = 4, 32, 32
 

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels import ptx  # noqa: E402
-from impnb.kernels import quant_intrinsics as qi  # noqa: E402
+from impnb.kernels.common import ptx  # noqa: E402
+from impnb.kernels.common import quant_intrinsics as qi  # noqa: E402
 from impnb.launch import launch  # noqa: E402
 
 UNROLL = 4

@@ -1,4 +1,4 @@
-"""Decode attention (kernels/attention_decode.py) alone on the GPU: µs per call and KV bandwidth.
+"""Decode attention (kernels/attention/attention_decode.py) alone on the GPU: µs per call and KV bandwidth.
 
 One query token per step at context L (positions 0..L-1 cached), the split count the engine
 would use for a given n_ctx (or --splits), 50 calls captured into one CUDA graph and replayed
@@ -29,9 +29,9 @@ from cuda.bindings import driver  # noqa: E402
 
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.capture import Graph  # noqa: E402
-from impnb.kernels import attention_decode as ad  # noqa: E402
-from impnb.kernels import attention_decode_short as ads  # noqa: E402
-from impnb.kernels.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
+from impnb.kernels.attention import attention_decode as ad  # noqa: E402
+from impnb.kernels.attention import attention_decode_short as ads  # noqa: E402
+from impnb.kernels.attention.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
 SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "qwen3-30b-a3b": (32, 4, 128)}
 PAGE = 32

@@ -46,9 +46,9 @@ from impnb.commands.bench import bytes_per_token  # noqa: E402
 from impnb.gguf_file import ModelFile  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels import ptx  # noqa: E402
-from impnb.kernels import quant_intrinsics as qi  # noqa: E402
-from impnb.kernels.ptx import _asm, _element_ptr, _i32  # noqa: E402
+from impnb.kernels.common import ptx  # noqa: E402
+from impnb.kernels.common import quant_intrinsics as qi  # noqa: E402
+from impnb.kernels.common.ptx import inline_asm, element_ptr, as_i32  # noqa: E402
 from impnb.launch import launch  # noqa: E402
 from impnb.models import model_config  # noqa: E402
 
@@ -66,8 +66,8 @@ def _ld(sem):
     def ld(typingctx, a, i):
         """ld.<sem>.gpu.global.u32 r, [&a[i]]"""
         def codegen(context, builder, sig, args):
-            ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            return _asm(builder, ir.IntType(32), [ptr], f"ld.{sem}.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", True)
+            ptr = element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            return inline_asm(builder, ir.IntType(32), [ptr], f"ld.{sem}.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", True)
         return types.uint32(a, i), codegen
     return ld
 
@@ -77,8 +77,8 @@ def _red_add(sem):
     def red(typingctx, a, i):
         """red.<sem>.gpu.global.add.u32 [&a[i]], 1"""
         def codegen(context, builder, sig, args):
-            ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            _asm(builder, ir.VoidType(), [ptr], f"red.{sem}.gpu.global.add.u32 [$0], 1;", "l,~{memory}", True)
+            ptr = element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            inline_asm(builder, ir.VoidType(), [ptr], f"red.{sem}.gpu.global.add.u32 [$0], 1;", "l,~{memory}", True)
             return context.get_dummy_value()
         return types.void(a, i), codegen
     return red
@@ -88,7 +88,7 @@ def _red_add(sem):
 def _globaltimer(typingctx):
     """mov.u64 r, %globaltimer (ns)"""
     def codegen(context, builder, sig, args):
-        return _asm(builder, ir.IntType(64), [], "mov.u64 $0, %globaltimer;", "=l", True)
+        return inline_asm(builder, ir.IntType(64), [], "mov.u64 $0, %globaltimer;", "=l", True)
     return types.int64(), codegen
 
 
@@ -96,7 +96,7 @@ def _globaltimer(typingctx):
 def _mbar_init(typingctx, mb):
     """mbarrier.init.shared::cta.b64 [mb], 1; then the init made visible to the async proxy"""
     def codegen(context, builder, sig, args):
-        _asm(builder, ir.VoidType(), [args[0]], "mbarrier.init.shared::cta.b64 [$0], 1; "
+        inline_asm(builder, ir.VoidType(), [args[0]], "mbarrier.init.shared::cta.b64 [$0], 1; "
              "fence.mbarrier_init.release.cluster;", "r,~{memory}", True)
         return context.get_dummy_value()
     return types.void(mb), codegen
@@ -106,7 +106,7 @@ def _mbar_init(typingctx, mb):
 def _mbar_expect(typingctx, mb, nbytes):
     """mbarrier.arrive.expect_tx.shared::cta.b64 _, [mb], nbytes"""
     def codegen(context, builder, sig, args):
-        _asm(builder, ir.VoidType(), [args[0], _i32(builder, args[1])],
+        inline_asm(builder, ir.VoidType(), [args[0], as_i32(builder, args[1])],
              "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}", True)
         return context.get_dummy_value()
     return types.void(mb, nbytes), codegen
@@ -116,7 +116,7 @@ def _mbar_expect(typingctx, mb, nbytes):
 def _mbar_ready(typingctx, mb, parity):
     """1 once phase `parity` of mbarrier mb completed (mbarrier.try_wait.parity), else 0"""
     def codegen(context, builder, sig, args):
-        return _asm(builder, ir.IntType(32), [args[0], _i32(builder, args[1])],
+        return inline_asm(builder, ir.IntType(32), [args[0], as_i32(builder, args[1])],
                     "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
                     "=r,r,r,~{memory}", True)
     return types.uint32(mb, parity), codegen
@@ -126,8 +126,8 @@ def _mbar_ready(typingctx, mb, parity):
 def _bulk_copy(typingctx, dst, a, i, nbytes, mb):
     """cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [&a[i]], nbytes, [mb]"""
     def codegen(context, builder, sig, args):
-        ptr = _element_ptr(context, builder, sig.args[1], args[1], args[2], sig.args[2])
-        _asm(builder, ir.VoidType(), [args[0], ptr, _i32(builder, args[3]), args[4]],
+        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], sig.args[2])
+        inline_asm(builder, ir.VoidType(), [args[0], ptr, as_i32(builder, args[3]), args[4]],
              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
              "r,l,r,r,~{memory}", True)
         return context.get_dummy_value()

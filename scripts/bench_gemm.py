@@ -31,13 +31,13 @@ from numba import cuda  # noqa: E402
 
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
-from impnb.kernels.dequant import dequant  # noqa: E402
-from impnb.kernels.gemm_tc import gemm_f16  # noqa: E402
-from impnb.kernels.gemm_wgmma import TILES as WG_TILES, gemm_wgmma  # noqa: E402
-from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant  # noqa: E402
-from impnb.kernels.gemm_tc_quant import gemm_quant  # noqa: E402
-from impnb.kernels.ptx import SIM  # noqa: E402
-from impnb.kernels.repack import repack  # noqa: E402
+from impnb.kernels.gemm.dequant import dequant  # noqa: E402
+from impnb.kernels.gemm.gemm_tc import gemm_f16  # noqa: E402
+from impnb.kernels.gemm.gemm_wgmma import TILES as WG_TILES, gemm_wgmma  # noqa: E402
+from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant  # noqa: E402
+from impnb.kernels.gemm.gemm_tc_quant import gemm_quant  # noqa: E402
+from impnb.kernels.common.ptx import SIM  # noqa: E402
+from impnb.kernels.common.repack import repack  # noqa: E402
 
 L2_BYTES = 50e6
 CUBLAS_MEASURED = 752.0  # TFLOP/s, fp16 4096^3 on the H100 (shared/GPU.md)

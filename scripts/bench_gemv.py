@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 from numba import cuda, uint32  # noqa: E402
 
-from impnb.kernels import ptx, quant_intrinsics as qi  # noqa: E402
-from impnb.kernels.dequant import dequant  # noqa: E402
-from impnb.kernels.gemv import DECODERS, Variant, gemv  # noqa: E402
-from impnb.kernels.gemv_dp4a import DOTS, NO_GLU, choose_capped, gemv_dp4a  # noqa: E402
-from impnb.kernels.gemv_stream import gemv_stream, sm_count  # noqa: E402
-from impnb.kernels.quant_x import quant_x_buffers, quantize_x  # noqa: E402
-from impnb.kernels.repack import repack  # noqa: E402
+from impnb.kernels.common import ptx, quant_intrinsics as qi  # noqa: E402
+from impnb.kernels.gemm.dequant import dequant  # noqa: E402
+from impnb.kernels.gemv.gemv import DECODERS, Variant, gemv  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import DOTS, NO_GLU, choose_capped, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
+from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
+from impnb.kernels.common.repack import repack  # noqa: E402
 
 PEAK = 2.97e12  # bytes/s, device-to-device copy on the H100 (shared/GPU.md)
 L2_BYTES = 50e6

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from numba import cuda  # noqa: E402
 
-from impnb.kernels.norm import _rms_norm_kernel  # noqa: E402
+from impnb.kernels.elementwise.norm import _rms_norm_kernel  # noqa: E402
 from impnb.launch import launch  # noqa: E402
 
 

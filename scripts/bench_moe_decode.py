@@ -33,12 +33,13 @@ from impnb import synthetic_full as sf  # noqa: E402
 from impnb.gpu.buffers import Arena  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels import gemv, repack  # noqa: E402
-from impnb.kernels.gemv_dp4a import gemv_dp4a_experts  # noqa: E402
-from impnb.kernels.gemv_moe import experts_down_sum  # noqa: E402
-from impnb.kernels.gemv_moe_dp4a import experts_down_sum_dp4a  # noqa: E402
-from impnb.kernels.gemv_variants import Variant  # noqa: E402
-from impnb.kernels.quant_x import GROUP, QuantX, quantize_x  # noqa: E402
+from impnb.kernels.gemv import gemv
+from impnb.kernels.common import repack  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_experts  # noqa: E402
+from impnb.kernels.moe.gemv_moe import experts_down_sum  # noqa: E402
+from impnb.kernels.moe.gemv_moe_dp4a import experts_down_sum_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv_variants import Variant  # noqa: E402
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x  # noqa: E402
 
 PEAK = 2.97e12
 N_IN = 16

@@ -15,7 +15,8 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from impnb.kernels import ptx, qkv_post  # noqa: E402
+from impnb.kernels.common import ptx
+from impnb.kernels.attention import qkv_post  # noqa: E402
 from impnb.launch import launch  # noqa: E402
 
 PAD = int(os.environ.get("PAD", "0"))

@@ -22,8 +22,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import cuda
 
 from bench_gemv import PEAK, device_copies, random_weight, time_launches
-from impnb.kernels import gemv as g
-from impnb.kernels.repack import repack
+from impnb.kernels.gemv import gemv as g
+from impnb.kernels.common.repack import repack
 from impnb.launch import cache
 from impnb.launch.cubin import arch_cc, entry_name
 

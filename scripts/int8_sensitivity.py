@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.gguf_file import open_model_file  # noqa: E402
-from impnb.kernels.quant_x import dequantize_x_ref, quantize_x_ref  # noqa: E402
+from impnb.kernels.gemv.quant_x import dequantize_x_ref, quantize_x_ref  # noqa: E402
 from impnb.models import load_reference  # noqa: E402
 from impnb.synthetic import tiny_gguf  # noqa: E402
 from impnb.tokenizer import Tokenizer  # noqa: E402

@@ -27,8 +27,8 @@ from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm_tc_quant import QUANT_TYPES  # noqa: E402
-from impnb.kernels.gemm_wgmma import BK as WG_BK  # noqa: E402
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
+from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
 NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")

@@ -32,10 +32,10 @@ from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
 from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels import repack  # noqa: E402
-from impnb.kernels.gemm_grouped import BM, gemm_grouped  # noqa: E402
-from impnb.kernels.moe import max_tiles, moe_group  # noqa: E402
-from impnb.kernels.moe_batched import moe_gather  # noqa: E402
+from impnb.kernels.common import repack  # noqa: E402
+from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped  # noqa: E402
+from impnb.kernels.moe.moe import max_tiles, moe_group  # noqa: E402
+from impnb.kernels.moe.moe_batched import moe_gather  # noqa: E402
 
 MODEL = "qwen3-30b-a3b"
 MARGIN = 1.03

@@ -8,7 +8,7 @@ from numba import types
 
 from impnb.commands.bench import bytes_per_token
 from impnb.gguf_file import open_model_file
-from impnb.kernels.build_info import runtime_info
+from impnb.kernels.common.build_info import runtime_info
 from impnb.models import model_config
 from impnb.synthetic import tiny_gguf
 

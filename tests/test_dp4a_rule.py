@@ -6,10 +6,10 @@ kernel's last group starts R rows before the end)."""
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
+from impnb.kernels.gemv.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
                                      choose_experts, choose_measured)
-from impnb.kernels.gemv_variants import span_for
-from impnb.kernels.router_fold import FOLD_T1
+from impnb.kernels.gemv.gemv_variants import span_for
+from impnb.kernels.moe.router_fold import FOLD_T1
 
 
 def test_table_covers_every_type():

@@ -4,8 +4,8 @@ exactly where a thread's chunks fit one step, and only for quantized types."""
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv import NO_GLU, WIDE_LOADS, choose, gemv_kernel, variant_kernel
-from impnb.kernels.gemv_variants import Variant
+from impnb.kernels.gemv.gemv import NO_GLU, WIDE_LOADS, choose, gemv_kernel, variant_kernel
+from impnb.kernels.gemv.gemv_variants import Variant
 
 
 def _kernel(t, n_tok, v, one_step):

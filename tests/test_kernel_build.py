@@ -15,15 +15,17 @@ import pkgutil
 import pytest
 
 import impnb.kernels
-from impnb.kernels.build_info import build_info, runtime_info
+import tests.probes
+from impnb.kernels.common.build_info import build_info, runtime_info
 
 
 def _cases():
-    for mod in pkgutil.iter_modules(impnb.kernels.__path__):
-        module = importlib.import_module(f"impnb.kernels.{mod.name}")
+    for mod in [*pkgutil.walk_packages(impnb.kernels.__path__, "impnb.kernels."),
+                *pkgutil.iter_modules(tests.probes.__path__, "tests.probes.")]:
+        module = importlib.import_module(mod.name)
         for kernel, sig, checks in getattr(module, "BUILD_SIGNATURES", ()):
             name = getattr(kernel, "__name__", None) or kernel.py_func.__name__
-            yield pytest.param(kernel, sig, checks, id=f"{mod.name}.{name}[{sig}]")
+            yield pytest.param(kernel, sig, checks, id=f"{mod.name.removeprefix('impnb.kernels.')}.{name}[{sig}]")
 
 
 CASES = list(_cases())

@@ -16,7 +16,9 @@ from numba.cuda.cudadrv.driver import MemoryPointer, binding
 from numba.cuda.dispatcher import _Kernel
 from numba.cuda.typing.typeof import Purpose, typeof
 
-from impnb.kernels import embedding, gemv, norm, sample_penalty
+from impnb.kernels.elementwise import embedding, norm
+from impnb.kernels.gemv import gemv
+from impnb.kernels.sample import sample_penalty
 from impnb.launch import cache
 from impnb.launch.args import flatten, param_codes, signature
 from impnb.launch.cubin import compile_cubin, entry_name
@@ -44,7 +46,7 @@ def gemv_q8(n_tok=1, span=128):
 # ---------------------------------------------------------------- cache keys
 
 def test_key_is_the_same_in_another_process():
-    code = ("from gguf import GGMLQuantizationType as T; from impnb.kernels import gemv; "
+    code = ("from gguf import GGMLQuantizationType as T; from impnb.kernels.gemv import gemv; "
             "from impnb.launch.cache import cache_key; "
             "print(cache_key(gemv.gemv_kernel(T.Q8_0, 1, 128), gemv.BUILD_SIGNATURES[0][1].args, "
             "(9, 0, 'a')))")
@@ -271,7 +273,9 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
     the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
     first weight chunks)."""
-    from impnb.kernels import attention_decode, attention_decode_short, attention_fa2, gemv, gemv_moe_dp4a, qkv_post
+    from impnb.kernels.attention import attention_decode, attention_decode_short, attention_fa2, qkv_post
+    from impnb.kernels.gemv import gemv
+    from impnb.kernels.moe import gemv_moe_dp4a
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))

@@ -1,10 +1,10 @@
-"""The MoE references the GPU kernels are tested against (kernels/moe.py), and the grouping's
+"""The MoE references the GPU kernels are tested against (kernels/moe/moe.py), and the grouping's
 size bound: the tiles moe_group writes never exceed the buffer max_tiles sizes."""
 
 import numpy as np
 import pytest
 
-from impnb.kernels.moe import combine_ref, group_ref, max_tiles, route_ref
+from impnb.kernels.moe.moe import combine_ref, group_ref, max_tiles, route_ref
 
 
 def test_route_ref_ties_go_to_the_lower_expert():
@@ -53,7 +53,7 @@ def test_check_experts_refuses_what_the_kernels_cannot_route():
     from dataclasses import dataclass
 
     from impnb.errors import UnsupportedError
-    from impnb.kernels.moe import MAX_EXPERTS, MAX_K, check_experts
+    from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, check_experts
 
     @dataclass
     class Cfg:
@@ -73,8 +73,8 @@ def test_fold_ref_is_the_router_of_the_updated_residual(std):
     """router_fold's identity: W_r (RMSNorm(x + W_o a) * wn) = (Wx x + Wa a) / rms(x + W_o a) to
     within the fp16 rounding of Wx and Wa (2^-11 of each term), and the same experts, on Gaussian
     weights and inputs of odd sizes."""
-    from impnb.kernels.norm import rms_norm_ref
-    from impnb.kernels.router_fold import fold_ref
+    from impnb.kernels.elementwise.norm import rms_norm_ref
+    from impnb.kernels.moe.router_fold import fold_ref
 
     rng = np.random.default_rng(int(std * 10))
     E, D, K, eps = 37, 96, 160, 1e-6

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from impnb.graphs.prefill import BUCKETS, bucket, padded
-from impnb.kernels.rows import gather_row_ref
+from impnb.kernels.elementwise.rows import gather_row_ref
 
 
 @pytest.mark.parametrize("n,want", [(1, 16), (15, 16), (16, 16), (17, 32), (511, 512), (512, 512),

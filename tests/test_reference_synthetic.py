@@ -43,7 +43,7 @@ def test_reference_matches_transformers(arch, qtype, tmp_path):
 
 def test_moe_routing_is_exercised(tmp_path):
     """Different tokens pick different experts, so a routing bug cannot hide."""
-    from impnb.kernels.moe import route_ref
+    from impnb.kernels.moe.moe import route_ref
 
     _, path = tiny_gguf("qwen3moe", "F32", tmp_path, seed=1)
     model = load_reference(open_model_file(path))

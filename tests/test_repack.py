@@ -11,7 +11,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import quantize
 
-from impnb.kernels.repack import ALIGN, PACKED_TYPES, repack, unpack
+from impnb.kernels.common.repack import ALIGN, PACKED_TYPES, repack, unpack
 from impnb.quants import dequantize
 
 QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0)

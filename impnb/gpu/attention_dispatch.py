@@ -1,5 +1,5 @@
-"""Which prefill attention kernel runs a head dim: the wgmma kernel (kernels/attention_wgmma.py)
-on Hopper where it measured faster than FA2 on mma.sync (kernels/attention_fa2.py), else FA2.
+"""Which prefill attention kernel runs a head dim: the wgmma kernel (kernels/attention/attention_wgmma.py)
+on Hopper where it measured faster than FA2 on mma.sync (kernels/attention/attention_fa2.py), else FA2.
 
 H100, 2026-11-26 15:19 UTC (scripts/bench_attention.py --tilings m32,wg: Z=4 H=32 fp16, TFLOP/s
 at N 1024 / 2048 / 4096 / 8192 / 16384, not causal | causal), the same call:

@@ -42,7 +42,7 @@ class Cublas:
     def gemm_f16_batched(self, ptrs, N: int, M: int, K: int) -> None:
         """Row-major c_i (M, N) fp32 = a_i (M, K) fp16 · w_i (N, K)ᵀ fp16 for every batch entry i,
         fp32 accumulation; ptrs (3, batch) int64 on the device holds the addresses of (w_i, a_i,
-        c_i) (kernels/moe_batched.py writes them), so the batch's operands are chosen on the device.
+        c_i) (kernels/moe/moe_batched.py writes them), so the batch's operands are chosen on the device.
         """
         batch = ptrs.shape[1]
         assert ptrs.shape == (3, batch) and ptrs.dtype == np.int64 and ptrs.is_c_contiguous()

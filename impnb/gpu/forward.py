@@ -12,7 +12,7 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
      or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
-tail of the GEMV (kernels/gemv_tail.py: one kernel a layer fewer each).
+tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) of the models without post-norms (llama, qwen3, qwen3moe) fuses the
 norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
 RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
@@ -27,11 +27,12 @@ import numpy as np
 from impnb.gpu import attention_dispatch
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
-from impnb.kernels import activations, attention_decode, attention_fa2, attention_wgmma, norm, qkv_post
-from impnb.kernels.attention_decode_short import attention_decode_short
-from impnb.kernels.embedding import embedding
-from impnb.kernels.gemv_tail import Residual
-from impnb.kernels.rows import gather_row
+from impnb.kernels.elementwise import activations, norm
+from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
+from impnb.kernels.attention.attention_decode_short import attention_decode_short
+from impnb.kernels.elementwise.embedding import embedding
+from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.elementwise.rows import gather_row
 from impnb.models.config import ModelConfig
 
 

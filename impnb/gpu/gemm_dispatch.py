@@ -1,6 +1,6 @@
 """Which prefill GEMM runs a weight: cuBLAS on a dequantized fp16 copy (the fallback), the
-mma.sync tiles that decode the weight in shared memory (kernels/gemm_tc_quant.py, bm 64 or 128)
-or the wgmma tiles that do the same on Hopper (kernels/gemm_wgmma_quant.py).
+mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_quant.py, bm 64 or 128)
+or the wgmma tiles that do the same on Hopper (kernels/gemm/gemm_wgmma_quant.py).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in gemm_table.json, which
 scripts/tune_gemm.py writes on the H100 (it lists only shapes where a tile beat cuBLAS there).

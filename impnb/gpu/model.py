@@ -1,6 +1,6 @@
 """A model resident on the GPU: quantized weights, the paged KV cache, buffers and `linear`.
 
-Weights stay in their GGUF type (kernel layout from impnb/kernels/repack.py); 1-D norm
+Weights stay in their GGUF type (kernel layout from impnb/kernels/common/repack.py); 1-D norm
 weights are float32. `linear` is GEMV with fused dequantization for up to GEMV_MAX_ROWS
 tokens (on dp4a with int8 activations for the weights DP4A_MIN_MB / DP4A_MIN_K pick), else the
 GEMM gpu/gemm_dispatch.py picks: tensor-core tiles on the stored weight, or dequantization to
@@ -20,16 +20,19 @@ from impnb.gpu.buffers import Arena
 from impnb.gpu import gemm_dispatch
 from impnb.gpu.context import GpuContext
 from impnb.gpu.cublas_gemm import Cublas
-from impnb.kernels import activations, attention_decode, gemv, gemv_dp4a, gemv_stream, kv_cache, repack
-from impnb.kernels.dequant import dequant
-from impnb.kernels.gemv_tail import Residual
-from impnb.kernels.quant_x import GROUP, QuantX, quantize_x
-from impnb.kernels.cast import cast_f16
-from impnb.kernels.moe import check_experts
-from impnb.kernels.gemm_tc_quant import gemm_quant
-from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant
-from impnb.kernels.rope import rope_inv_freq
-from impnb.kernels.router_fold import Fold, fold_ref
+from impnb.kernels.elementwise import activations
+from impnb.kernels.attention import attention_decode, kv_cache
+from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_stream
+from impnb.kernels.common import repack
+from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
+from impnb.kernels.elementwise.cast import cast_f16
+from impnb.kernels.moe.moe import check_experts
+from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
+from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
+from impnb.kernels.attention.rope import rope_inv_freq
+from impnb.kernels.moe.router_fold import Fold, fold_ref
 from impnb.models import model_config
 from impnb.quant_promote import common_type, promote
 
@@ -105,7 +108,7 @@ GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
 # GEMV_PAIR and gemv_variants.WIDE_MIN_ROWS changes. IMPNB_ATTN_DP4A=0 for A/B runs.
 ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
 # qwen3moe decode runs attn_output (on dp4a, ATTN_DP4A) and the MoE router as one launch
-# (kernels/router_fold.py: the router's logits are linear in the layer's input and attention's
+# (kernels/moe/router_fold.py: the router's logits are linear in the layer's input and attention's
 # output but for the norm's scale, so its rows are folded through W_o at load, 1.5 MB a layer of
 # F16 on Qwen3-30B-A3B, and run beside attn_output's). Measured on the H100 (2026-11-27, synthetic
 # Qwen3-30B-A3B Q4_K_M, tg128 interleaved in one call, folded / not): the grid's last block

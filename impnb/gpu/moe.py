@@ -2,13 +2,13 @@
 
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
       the router GEMV's last block, gemv.gemv_route; or, folded through W_o, beside attn_output's
-      GEMV in its launch, kernels/router_fold.py)
+      GEMV in its launch, kernels/moe/router_fold.py)
   decode (moe_ffn_decode, T <= GEMV_MAX_ROWS): h = RMSNorm(x) * ffn_norm read by the router GEMV
       itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
       GEMVs over the chosen experts' rows
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
                                                    gpu/model.py's rule picks it)
-      x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/gemv_moe.py: the GEMV, the weighted sum
+      x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
   prefill (moe_ffn): slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
@@ -26,14 +26,15 @@ import numpy as np
 
 from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
-from impnb.kernels import activations, gemv, gemv_dp4a
-from impnb.kernels import gemv_moe_dp4a as down_dp4a
-from impnb.kernels import norm as norm_fn
-from impnb.kernels.gemv_dp4a import gemv_dp4a_experts
-from impnb.kernels.gemv_moe import experts_down_sum
-from impnb.kernels.gemv_tail import Residual
-from impnb.kernels.moe import moe_combine, moe_route
-from impnb.kernels.router_fold import router_fold
+from impnb.kernels.elementwise import activations
+from impnb.kernels.gemv import gemv, gemv_dp4a
+from impnb.kernels.moe import gemv_moe_dp4a as down_dp4a
+from impnb.kernels.elementwise import norm as norm_fn
+from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_experts
+from impnb.kernels.moe.gemv_moe import experts_down_sum
+from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.moe.moe import moe_combine, moe_route
+from impnb.kernels.moe.router_fold import router_fold
 
 # The decode down projection of dp4a-type experts on dp4a (gemv_moe_dp4a.py, act made int8 in the
 # kernel) rather than on float act (gemv_moe.py). Measured on an H200 (2026-11-26, synthetic
@@ -77,7 +78,7 @@ def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, prefix: str, norm: tuple) -> None:
-    """Decode, the router folded into attn_output's launch (kernels/router_fold.py, for the
+    """Decode, the router folded into attn_output's launch (kernels/moe/router_fold.py, for the
     layers in m.router_folds): out (T, D) = x + W_o â (aq: â, the int8 form of attn (T, H Dv)
     that decode attention wrote), then out += the routed experts' SwiGLU FFN of
     RMSNorm(out) * wn, norm = (wn, eps)."""

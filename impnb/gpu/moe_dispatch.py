@@ -1,5 +1,5 @@
 """Which path runs a prefill expert GEMM of a qwen3moe layer: the grouped tensor-core tiles
-(kernels/gemm_grouped.py) or the cuBLAS fallback, one batched GEMM over the tiles on the experts
+(kernels/moe/gemm_grouped.py) or the cuBLAS fallback, one batched GEMM over the tiles on the experts
 dequantized to fp16 (gpu/moe_prefill.py).
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as

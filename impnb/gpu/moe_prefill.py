@@ -4,7 +4,7 @@ Both layouts start from moe_group's tiles (e, r0, n) of at most BM rows, in expe
   grouped, when every matrix takes the tiles: S rows in expert order; gemm_grouped gathers the
       tokens' rows itself (x_div = k), then reads act in place (x_div = 0).
   padded, when any takes cuBLAS: tile i owns rows i * BM .. i * BM + BM - 1 of every buffer
-      (kernels/moe_batched.py); moe_gather copies the tokens' fp16 rows there, zeros past n. A
+      (kernels/moe/moe_batched.py); moe_gather copies the tokens' fp16 rows there, zeros past n. A
       matrix then runs as gemm_grouped over the padded tiles (x_div = 0) or as one
       cublasGemmBatchedEx of max_tiles entries of BM rows on all E experts dequantized to fp16
       (moe_pointers writes its pointer arrays on the device; entries past n_tiles multiply a zero
@@ -20,12 +20,12 @@ P = max_tiles * BM padded rows.
 import numpy as np
 
 from impnb.gpu import moe_dispatch
-from impnb.kernels import activations
-from impnb.kernels.cast import cast_f16
-from impnb.kernels.dequant import dequant
-from impnb.kernels.gemm_grouped import BM, gemm_grouped
-from impnb.kernels.moe import max_tiles, moe_group
-from impnb.kernels.moe_batched import batch_bases, moe_gather, moe_pointers
+from impnb.kernels.elementwise import activations
+from impnb.kernels.elementwise.cast import cast_f16
+from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
+from impnb.kernels.moe.moe import max_tiles, moe_group
+from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
 
 def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, paths=None) -> tuple:

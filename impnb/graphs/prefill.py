@@ -4,7 +4,7 @@ A chunk is padded to the smallest bucket B >= n: rows n..B-1 repeat the last tok
 positions after it. Their K/V land in cache slots past the prompt, which the next real tokens
 overwrite before any query reads them (attention is causal and reads positions <= its own);
 their logits are never read: the graph's logits row is gathered from the row index the host
-uploads (kernels/rows.py). A bucket whose padded end would pass n_ctx runs eagerly instead.
+uploads (kernels/elementwise/rows.py). A bucket whose padded end would pass n_ctx runs eagerly instead.
 Each bucket's graph is captured after its first (eager) run, which is also a warm-up.
 """
 

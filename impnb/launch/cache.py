@@ -79,7 +79,7 @@ def _file_digest(path: str) -> str:
 
 
 def sources_digest(py_func) -> str:
-    files = {str(p) for p in KERNELS_DIR.glob("*.py")}
+    files = {str(p) for p in KERNELS_DIR.rglob("*.py")}
     if os.path.isfile(py_func.__code__.co_filename):
         files.add(py_func.__code__.co_filename)
     return hashlib.sha256(" ".join(_file_digest(f) for f in sorted(files)).encode()).hexdigest()

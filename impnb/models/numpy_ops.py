@@ -3,11 +3,11 @@
 import numpy as np
 
 from impnb.gguf_file import ModelFile
-from impnb.kernels.activations import geglu_ref, swiglu_ref
-from impnb.kernels.attention import attention_ref
-from impnb.kernels.moe import route_ref
-from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.rope import rope_ref
+from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
+from impnb.kernels.attention.attention import attention_ref
+from impnb.kernels.moe.moe import route_ref
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.attention.rope import rope_ref
 from impnb.models.config import ModelConfig
 from impnb.models.kv_cache import KVCache
 

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.attention import attention_ref
-from impnb.kernels.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
-from impnb.kernels.attention_decode_short import attention_decode_short
-from impnb.kernels.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
-from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.quant_x import QuantX, quantize_x_ref
-from impnb.kernels.rope import rope_inv_freq, rope_ref
+from impnb.kernels.attention.attention import attention_ref
+from impnb.kernels.attention.attention_decode import attention_decode, counters_shape, num_splits, partials_shape
+from impnb.kernels.attention.attention_decode_short import attention_decode_short
+from impnb.kernels.attention.kv_cache import kv_gather_ref, kv_write, kv_write_ref, pages_needed
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.gemv.quant_x import QuantX, quantize_x_ref
+from impnb.kernels.attention.rope import rope_inv_freq, rope_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -278,7 +278,7 @@ def test_decode_short(H, Hkv, D, window, L, std):
 @pytest.mark.parametrize("T", (2, 5, 8))
 def test_decode_short_warps_and_tokens(H, Hkv, D, window, T):
     """Multi-token batches at every block size built for the head dim."""
-    from impnb.kernels.attention_decode_short import WARPS
+    from impnb.kernels.attention.attention_decode_short import WARPS
     for nw in WARPS:
         if nw * 32 >= D:
             check_decode(_seed(H, D, T, nw), [T, 300, 700], T, H, Hkv, D, 1.0, window, short=True,
@@ -344,7 +344,7 @@ def test_decode_short_cluster(H, Hkv, D, window, L, cluster):
 @pytest.mark.parametrize("cluster", (2, 8))
 @pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
 def test_decode_short_cluster_tokens(H, Hkv, D, window, cluster):
-    from impnb.kernels.attention_decode_short import WARPS
+    from impnb.kernels.attention.attention_decode_short import WARPS
     for nw in WARPS:
         if nw * 32 >= D:
             check_decode(_seed(H, D, nw, cluster, 6), [5, 300, 700], 5, H, Hkv, D, 1.0, window, short=True,

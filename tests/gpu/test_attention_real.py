@@ -13,10 +13,10 @@ import pytest
 from numba import cuda
 
 from impnb.gguf_file import open_model_file
-from impnb.kernels import attention_wgmma
-from impnb.kernels.attention import attention_ref
-from impnb.kernels.attention_fa2 import attention_fa2
-from impnb.kernels.kv_cache import bf16_bits, bf16_values, kv_gather_ref, kv_write_ref, pages_needed
+from impnb.kernels.attention import attention_wgmma
+from impnb.kernels.attention.attention import attention_ref
+from impnb.kernels.attention.attention_fa2 import attention_fa2
+from impnb.kernels.attention.kv_cache import bf16_bits, bf16_values, kv_gather_ref, kv_write_ref, pages_needed
 from impnb.models import load_reference
 from impnb.tokenizer import Tokenizer
 

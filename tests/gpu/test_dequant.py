@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.dequant import DECODERS, dequant, dequant_ref
-from impnb.kernels.repack import repack
+from impnb.kernels.gemm.dequant import DECODERS, dequant, dequant_ref
+from impnb.kernels.common.repack import repack
 from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
 

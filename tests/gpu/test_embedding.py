@@ -5,8 +5,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.embedding import EMBEDDING_TYPES, embedding, embedding_ref
-from impnb.kernels.repack import repack
+from impnb.kernels.elementwise.embedding import EMBEDDING_TYPES, embedding, embedding_ref
+from impnb.kernels.common.repack import repack
 from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
 

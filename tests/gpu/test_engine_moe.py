@@ -117,7 +117,7 @@ def test_prefill_cublas_fallback(case, monkeypatch):
 def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     """Every decode GEMV of a dp4a type on gemv_dp4a, the routed gate|up experts included
     (IMPNB_DP4A_MIN_MB and _MIN_K 0), attn_output on the int8 form decode attention writes with
-    the router folded into its launch (kernels/router_fold.py): teacher-forced decode still
+    the router folded into its launch (kernels/moe/router_fold.py): teacher-forced decode still
     agrees with the reference."""
     ids, ref, _, engine = case
     from impnb.engine_cuda import CudaEngine

@@ -47,7 +47,7 @@ def test_prefill_on_fa2_attention_matches_reference(case, monkeypatch):
     256; on an H100 this model's 64 takes the wgmma kernel), checked as above, and FA2 was the one
     launched."""
     from impnb.gpu import attention_dispatch
-    from impnb.kernels import attention_wgmma
+    from impnb.kernels.attention import attention_wgmma
 
     ids, ref, engine = case
     monkeypatch.setattr(attention_dispatch, "WGMMA_HEAD_DIMS", ())

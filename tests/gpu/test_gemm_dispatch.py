@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from impnb.gpu import gemm_dispatch as gd
-from impnb.kernels.gemm_tc_quant import QUANT_TYPES
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
 
 pytestmark = pytest.mark.gpu
 

@@ -19,10 +19,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.dequant import DECODERS, dequant_ref
-from impnb.kernels.gemm_tc import F16_TILE, SMALL_TILE, gemm, gemm_f16, gemm_ref
-from impnb.kernels.gemm_tc_quant import QUANT_TYPES, gemm_quant
-from impnb.kernels.repack import repack
+from impnb.kernels.gemm.dequant import DECODERS, dequant_ref
+from impnb.kernels.gemm.gemm_tc import F16_TILE, SMALL_TILE, gemm, gemm_f16, gemm_ref
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES, gemm_quant
+from impnb.kernels.common.repack import repack
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
@@ -105,7 +105,7 @@ def test_quant_tile(ggml_type, M):
     """One stage of gemm_quant: the decoded 128 x 32 W tile must equal dequant_ref's fp16 values at
     columns col(c, 0)..+16, col(c, 1)..+16 (as values: the decoders give +0 where gguf has -0, as
     test_dequant allows); the A tile must hold those columns of A bit for bit."""
-    from impnb.kernels.ptx_probe import quant_tile_probe
+    from tests.probes.ptx_probe import quant_tile_probe
 
     N, K = 100, 1024
     raw, w16, w = weight(ggml_type, N, K)

@@ -1,4 +1,4 @@
-"""wgmma GEMM tiles (kernels/gemm_wgmma.py, gemm_wgmma_quant.py) on the GPU against float64 with
+"""wgmma GEMM tiles (kernels/gemm/gemm_wgmma.py, gemm_wgmma_quant.py) on the GPU against float64 with
 test_gemm_tc's bound.
 
 First a layout probe whose products encode their position: a wrong accumulator fragment map,
@@ -12,10 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm_tc import gemm_ref
-from impnb.kernels.gemm_tc_quant import QUANT_TYPES
-from impnb.kernels.gemm_wgmma import TILES, gemm_wgmma
-from impnb.kernels.gemm_wgmma_quant import gemm_wgmma_quant
+from impnb.kernels.gemm.gemm_tc import gemm_ref
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
+from impnb.kernels.gemm.gemm_wgmma import TILES, gemm_wgmma
+from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from tests.gpu.test_gemm_tc import Q_SHAPES, STDS, check, run, weight
 
 pytestmark = pytest.mark.gpu

@@ -12,8 +12,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import DECODERS, SILU, SWEEP_TYPES, gemv, gemv_ref, sweep
-from impnb.kernels.repack import repack
+from impnb.kernels.gemv.gemv import DECODERS, SILU, SWEEP_TYPES, gemv, gemv_ref, sweep
+from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.cases import fitting
 from tests.test_repack import make_weight
@@ -81,8 +81,8 @@ def test_gemv_accumulate(ggml_type):
 
 def check_fused(ggml_type, cols, splits, n_tok, glu, seed, variant=None):
     """Stacked rows (Q|K|V splits, or gate|up with glu) against the unfused float64 reference."""
-    from impnb.kernels.activations import geglu_ref, swiglu_ref
-    from impnb.kernels.gemv import GELU, gemv_glu, gemv_split
+    from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
+    from impnb.kernels.gemv.gemv import GELU, gemv_glu, gemv_split
 
     rows = sum(splits)
     raw, wabs, w = weight(ggml_type, rows, cols)
@@ -111,9 +111,9 @@ def check_fused(ggml_type, cols, splits, n_tok, glu, seed, variant=None):
 def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=False):
     """The normed kernels (the pre-norm fused: W RMSNorm(x) wn) against RMSNorm in float64, then
     the float64 GEMV: plain (one split, optionally accumulating), Q|K|V splits or gate|up (glu)."""
-    from impnb.kernels.activations import swiglu_ref
-    from impnb.kernels.gemv import gemv_glu, gemv_split
-    from impnb.kernels.norm import rms_norm_ref
+    from impnb.kernels.elementwise.activations import swiglu_ref
+    from impnb.kernels.gemv.gemv import gemv_glu, gemv_split
+    from impnb.kernels.elementwise.norm import rms_norm_ref
 
     rows = sum(splits)
     raw, wabs, w = weight(ggml_type, rows, cols)
@@ -153,8 +153,8 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
 def check_gemv_pair(type_a, type_b, cols, splits, rows_b, n_tok, std, seed):
     """gemv_pair: W_a (rows split into two outputs) and W_b of another type, both times
     RMSNorm(x) wn in one launch, each against RMSNorm in float64 then the float64 GEMV."""
-    from impnb.kernels.gemv import gemv_pair
-    from impnb.kernels.norm import rms_norm_ref
+    from impnb.kernels.gemv.gemv import gemv_pair
+    from impnb.kernels.elementwise.norm import rms_norm_ref
 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
@@ -246,8 +246,8 @@ def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
     """The residual tail (gemv_tail.py): y = W x against the float64 GEMV, then x_res and h against
     float64 math on the kernel's own y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res)
     * w_next. Run `calls` times on fresh inputs: the ticket counter must come back to zero."""
-    from impnb.kernels.gemv import gemv_residual
-    from impnb.kernels.gemv_tail import Residual
+    from impnb.kernels.gemv.gemv import gemv_residual
+    from impnb.kernels.gemv.gemv_tail import Residual
 
     raw, wabs, w = weight(ggml_type, rows, cols)
     rng = np.random.default_rng(seed)

@@ -15,12 +15,12 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.activations import geglu_ref, swiglu_ref
-from impnb.kernels.gemv import gemv_ref
-from impnb.kernels.gemv_dp4a import (DP4A_TYPES, GELU, NO_GLU, SILU, T1_CAPPED, Variant, choose_capped, gemv_dp4a,
+from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
+from impnb.kernels.gemv.gemv import gemv_ref
+from impnb.kernels.gemv.gemv_dp4a import (DP4A_TYPES, GELU, NO_GLU, SILU, T1_CAPPED, Variant, choose_capped, gemv_dp4a,
                                      gemv_dp4a_experts, gemv_dp4a_ref)
-from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.gemv.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
 from tests.gpu.cases import fitting
 from tests.gpu.test_gemv import weight
 

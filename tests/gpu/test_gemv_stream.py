@@ -7,8 +7,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import gemv_ref
-from impnb.kernels.gemv_stream import gemv_stream
+from impnb.kernels.gemv.gemv import gemv_ref
+from impnb.kernels.gemv.gemv_stream import gemv_stream
 from tests.gpu.cases import fitting
 from tests.gpu.test_gemv import RTOL, weight
 

@@ -18,9 +18,13 @@ from cuda.bindings import driver
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from impnb.kernels import (attention_decode, attention_fa2, cast, dequant, embedding, gemv,
-                           norm, repack, sample, sample_penalty, step_state)
-from impnb.kernels import argmax as argmax_kernels
+from impnb.kernels.attention import attention_decode, attention_fa2
+from impnb.kernels.elementwise import cast, embedding, norm
+from impnb.kernels.gemm import dequant
+from impnb.kernels.gemv import gemv
+from impnb.kernels.common import repack
+from impnb.kernels.sample import sample, sample_penalty, step_state
+from impnb.kernels.sample import argmax as argmax_kernels
 from impnb.launch import launch
 from impnb.sampling import SamplingParams
 from tests.gpu.test_attention import paged_cache
@@ -287,7 +291,7 @@ WARM_START = """
 import json
 import numpy as np
 from numba import cuda
-from impnb.kernels import cast, norm
+from impnb.kernels.elementwise import cast, norm
 from impnb.launch import cache
 
 rng = np.random.default_rng(0)

@@ -14,16 +14,16 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.dequant import dequant_ref
-from impnb.kernels.gemm_grouped import BM, gemm_grouped, grouped_ref
-from impnb.kernels.gemv import SILU, gemv_experts, gemv_ref, gemv_route
-from impnb.kernels.gemv_moe import experts_down_sum
-from impnb.kernels.gemv_moe_dp4a import down_sum_dp4a_ref, experts_down_sum_dp4a
-from impnb.kernels.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
+from impnb.kernels.gemm.dequant import dequant_ref
+from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped, grouped_ref
+from impnb.kernels.gemv.gemv import SILU, gemv_experts, gemv_ref, gemv_route
+from impnb.kernels.moe.gemv_moe import experts_down_sum
+from impnb.kernels.moe.gemv_moe_dp4a import down_sum_dp4a_ref, experts_down_sum_dp4a
+from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
-from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
-from impnb.kernels.repack import repack
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
+from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
 from tests.test_repack import make_weight

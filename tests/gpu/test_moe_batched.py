@@ -1,4 +1,4 @@
-"""The MoE prefill's cuBLAS fallback (kernels/moe_batched.py, gpu/moe_prefill.py) on the GPU: the
+"""The MoE prefill's cuBLAS fallback (kernels/moe/moe_batched.py, gpu/moe_prefill.py) on the GPU: the
 gather and pointer kernels against their numpy references (bit for bit; rows of tiles past n_tiles
 untouched), the expert GEMMs on every mix of paths against float64 on the dequantized weights and
 against the grouped tiles, and a captured graph's replay equal to eager.
@@ -17,12 +17,12 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.cast import cast_f16_ref
-from impnb.kernels.dequant import dequant_ref
-from impnb.kernels.gemm_grouped import BM
-from impnb.kernels.moe import max_tiles
-from impnb.kernels.moe_batched import gather_ref, moe_gather, moe_pointers, pointers_ref
-from impnb.kernels.repack import repack
+from impnb.kernels.elementwise.cast import cast_f16_ref
+from impnb.kernels.gemm.dequant import dequant_ref
+from impnb.kernels.moe.gemm_grouped import BM
+from impnb.kernels.moe.moe import max_tiles
+from impnb.kernels.moe.moe_batched import gather_ref, moe_gather, moe_pointers, pointers_ref
+from impnb.kernels.common.repack import repack
 from tests.gpu.test_moe import host_order, routed
 from tests.test_repack import make_weight
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.activations import (geglu, geglu_fused, geglu_ref, swiglu, swiglu_fused,
+from impnb.kernels.elementwise.activations import (geglu, geglu_fused, geglu_ref, swiglu, swiglu_fused,
                                        swiglu_ref)
-from impnb.kernels.norm import rms_norm, rms_norm_add, rms_norm_post_add, rms_norm_ref
-from impnb.kernels.rope import rope, rope_inv_freq, rope_ref
+from impnb.kernels.elementwise.norm import rms_norm, rms_norm_add, rms_norm_post_add, rms_norm_ref
+from impnb.kernels.attention.rope import rope, rope_inv_freq, rope_ref
 
 pytestmark = pytest.mark.gpu
 

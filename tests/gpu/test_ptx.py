@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels import ptx_probe as probe
-from impnb.kernels.kv_cache import bf16_bits, bf16_values
+from tests.probes import ptx_probe as probe
+from impnb.kernels.attention.kv_cache import bf16_bits, bf16_values
 
 pytestmark = pytest.mark.gpu
 
@@ -273,7 +273,7 @@ def tile_codes(rows, cols=32):
 @pytest.mark.parametrize("geometry", [(128, 128, 2, 4), (64, 128, 2, 4)], ids=["128x128", "64x128"])
 def test_tile_fragments(geometry):
     bm, bn, warps_m, warps_n = geometry
-    from impnb.kernels.gemm_tc import tile_ops
+    from impnb.kernels.gemm.gemm_tc import tile_ops
 
     ops = tile_ops(*geometry)
     m_rows, n_rows = bm - 3, bn - 5  # rows past the matrix must arrive as zeros

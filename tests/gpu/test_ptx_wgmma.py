@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels import ptx_wgmma_probe as probe
+from tests.probes import ptx_wgmma_probe as probe
 from tests.gpu.test_ptx import a_frag, bits16, from16
 
 pytestmark = pytest.mark.gpu

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.kv_cache import kv_write_ref, pool_shape
-from impnb.kernels.norm import rms_norm_ref
-from impnb.kernels.qkv_post import qkv_post
-from impnb.kernels.rope import rope_inv_freq, rope_ref
+from impnb.kernels.attention.kv_cache import kv_write_ref, pool_shape
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.attention.qkv_post import qkv_post
+from impnb.kernels.attention.rope import rope_inv_freq, rope_ref
 
 pytestmark = pytest.mark.gpu
 

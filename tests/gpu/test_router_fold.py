@@ -1,4 +1,4 @@
-"""attn_output's dp4a GEMV with the MoE router folded in (kernels/router_fold.py) on the GPU
+"""attn_output's dp4a GEMV with the MoE router folded in (kernels/moe/router_fold.py) on the GPU
 against router_fold_ref:
 - y = x + W_o â within 1e-4 of |W_o| @ |â| plus 1e-6 of |x| (float32 accumulation of exact
   integer dots, one float32 add);
@@ -17,10 +17,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.moe import route_ref
-from impnb.kernels.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x_ref
-from impnb.kernels.repack import repack
-from impnb.kernels.router_fold import Fold, fold_ref, router_fold, router_fold_ref
+from impnb.kernels.moe.moe import route_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x_ref
+from impnb.kernels.common.repack import repack
+from impnb.kernels.moe.router_fold import Fold, fold_ref, router_fold, router_fold_ref
 from impnb.quants import dequantize
 from tests.test_repack import make_weight
 

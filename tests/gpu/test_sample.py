@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.argmax import argmax, argmax_scratch
-from impnb.kernels.philox import _philox4x32, _uniform, philox4x32_ref, uniform_ref
-from impnb.kernels.sample import sample, sample_params, sample_ref, sample_scratch
-from impnb.kernels.sample_penalty import push_history, repeat_penalty
-from impnb.kernels.sample_select import NT, _pick_bin
+from impnb.kernels.sample.argmax import argmax, argmax_scratch
+from impnb.kernels.sample.philox import _philox4x32, philox_uniform, philox4x32_ref, uniform_ref
+from impnb.kernels.sample.sample import sample, sample_params, sample_ref, sample_scratch
+from impnb.kernels.sample.sample_penalty import push_history, repeat_penalty
+from impnb.kernels.sample.sample_select import NT, pick_bin
 from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
 
 pytestmark = pytest.mark.gpu
@@ -64,14 +64,14 @@ def _philox_kernel(ctr, key, rounds, out):
 def _uniform_kernel(seed, seq, step, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
-        out[i] = _uniform(seed[i, 0], seed[i, 1], seq[i], step[i])
+        out[i] = philox_uniform(seed[i, 0], seed[i, 1], seq[i], step[i])
 
 
 @cuda.jit
 def _pick_bin_kernel(hist_w, hist_c, targets, strict, buf, state, out):
     for i in range(targets.shape[0]):
         nb = hist_w.shape[0]
-        d, above, cnt = _pick_bin(hist_w, hist_c, nb, targets[i], strict[i], buf, state)
+        d, above, cnt = pick_bin(hist_w, hist_c, nb, targets[i], strict[i], buf, state)
         if cuda.threadIdx.x == 0:
             out[i, 0] = d
             out[i, 1] = above

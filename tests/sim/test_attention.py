@@ -4,7 +4,7 @@ tiny shapes (H 4 / Hkv 2, D 64, page 16, contexts 1..40 across page boundaries, 
 import numpy as np
 import pytest
 
-from impnb.kernels.kv_cache import kv_gather_ref, kv_write_ref
+from impnb.kernels.attention.kv_cache import kv_gather_ref, kv_write_ref
 from tests.gpu.test_attention import check_decode, check_decode_growing, check_decode_post, check_kv_write
 
 H, HKV, D = 4, 2, 64

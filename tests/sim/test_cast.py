@@ -3,7 +3,7 @@
 import numpy as np
 from numba import cuda
 
-from impnb.kernels.cast import cast_f16, cast_f16_ref
+from impnb.kernels.elementwise.cast import cast_f16, cast_f16_ref
 
 
 def test_cast_f16_matches_reference():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from impnb.kernels.embedding import EMBEDDING_TYPES, embedding, embedding_ref
-from impnb.kernels.repack import repack
+from impnb.kernels.elementwise.embedding import EMBEDDING_TYPES, embedding, embedding_ref
+from impnb.kernels.common.repack import repack
 from tests.test_repack import make_weight
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm_tc import gemm_f16, gemm_ref
-from impnb.kernels.gemm_tc_quant import gemm_quant
+from impnb.kernels.gemm.gemm_tc import gemm_f16, gemm_ref
+from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from tests.gpu import test_gemm_tc as gemm_tests
 from tests.gpu import test_ptx as probes
 

@@ -11,8 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv import DECODERS, SILU, SWEEP_TYPES, Variant, gemv, gemv_ref, sweep
-from impnb.kernels.repack import repack
+from impnb.kernels.gemv.gemv import DECODERS, SILU, SWEEP_TYPES, Variant, gemv, gemv_ref, sweep
+from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.test_repack import make_weight
 

@@ -6,8 +6,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemv_stream import gemv_stream
-from impnb.kernels.repack import repack
+from impnb.kernels.gemv.gemv_stream import gemv_stream
+from impnb.kernels.common.repack import repack
 from tests.sim.test_gemv import check
 from tests.test_repack import make_weight
 

@@ -3,7 +3,7 @@
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv import SILU
+from impnb.kernels.gemv.gemv import SILU
 from tests.gpu import test_moe as moe
 
 

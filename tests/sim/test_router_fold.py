@@ -1,4 +1,4 @@
-"""The folded router (kernels/router_fold.py) in numba's CUDA simulator on tiny shapes, through
+"""The folded router (kernels/moe/router_fold.py) in numba's CUDA simulator on tiny shapes, through
 tests/gpu/test_router_fold.py's check."""
 
 import numpy as np

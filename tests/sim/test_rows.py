@@ -1,9 +1,9 @@
-"""kernels/rows.py's gather in numba's CUDA simulator, against gather_row_ref."""
+"""kernels/elementwise/rows.py's gather in numba's CUDA simulator, against gather_row_ref."""
 
 import numpy as np
 from numba import cuda
 
-from impnb.kernels.rows import gather_row, gather_row_ref
+from impnb.kernels.elementwise.rows import gather_row, gather_row_ref
 
 
 def test_gather_row():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from impnb.errors import ParameterError
-from impnb.kernels.sample import CHUNK, sample_params
+from impnb.kernels.sample.sample import CHUNK, sample_params
 from impnb.sampling import SamplingParams
 from tests.gpu.test_sample import (CONFIGS, MIN_P_CONFIGS, PLATEAU_CONFIGS, check_argmax,
                                    check_penalty, check_philox, check_pick_bin,

@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
 from impnb.gpu.model import DeviceModel, fuses_post
-from impnb.kernels.repack import unpack
+from impnb.kernels.common.repack import unpack
 from impnb.synthetic import tiny_gguf
 
 

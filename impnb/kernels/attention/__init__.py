@@ -1,0 +1,1 @@
+"""Attention: prefill (FA2, wgmma), decode (split-K and short-context), the paged KV cache, QK-norm + RoPE + KV write."""

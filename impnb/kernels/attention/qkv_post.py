@@ -1,0 +1,131 @@
+"""After the Q|K|V GEMV, one kernel: per-head QK-norm (qwen3, gemma3), RoPE, and the fp16 write
+of K and V into the paged cache; q stays float32 in place for attention.
+
+Same math as rms_norm's warp kernel, _rope_kernel and _kv_write_kernel in turn (their numpy
+twins rms_norm_ref, rope_ref, kv_write_ref are this kernel's reference).
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from impnb.kernels.common import ptx
+from impnb.kernels.attention.kv_cache import PAGE_SIZES
+from impnb.kernels.common.warp import warp_sum
+from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin
+from impnb.launch import launch
+
+MAX_D = 256
+LANE_COLS = MAX_D // 32  # a lane's columns of a head (its kernel: one warp a head)
+LANE_PAIRS = MAX_D // 64  # and its rotation pairs
+
+
+# grid (T, H + 2 Hkv), block 32 (one warp): head j of token t, a q head (j < H), a k head, or a
+# v head. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
+# 2 * inv_freq.shape[1] dims (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written
+# back in place, k and v go to the cache as fp16. pos < 0 (padding) writes nothing.
+# Before griddepcontrol.wait the warp reads what the kernel before it cannot have written: pos
+# and the block table (written before the step, or by kernels two launches back or more, which
+# completed before the kernel before this one passed its own wait and let this one start), the
+# norm weight, and works out the rotation; lane l keeps columns l + 32 m and pairs l + 32 m.
+# shared: xs f32[MAX_D] (the head, normalized).
+@cuda.jit
+def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
+                     k_pool, v_pool):
+    t = cuda.blockIdx.x
+    j = cuda.blockIdx.y
+    lane = cuda.threadIdx.x
+    H = q.shape[1]
+    Hkv = k.shape[1]
+    D = q.shape[2]
+    half = inv_freq.shape[1]
+    p = pos[t]
+    page_size = k_pool.shape[1]
+    page = block_table[p // page_size] if p >= 0 else -1
+    off = p % page_size
+    is_q = j < H
+    wv = cuda.local.array(LANE_COLS, types.float32)
+    cs = cuda.local.array(LANE_PAIRS, types.float32)
+    sn = cuda.local.array(LANE_PAIRS, types.float32)
+    if j < H + Hkv:
+        for m in range(LANE_COLS):
+            d = lane + 32 * m
+            wv[m] = (q_norm[d] if is_q else k_norm[d]) if use_norm and d < D else np.float32(1)
+        for m in range(LANE_PAIRS):
+            cs[m], sn[m] = cos_sin(p, inv_freq, lane + 32 * m) if lane + 32 * m < half else (
+                np.float32(1), np.float32(0))
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    if j >= H + Hkv:  # a v head: straight to the cache
+        h = j - H - Hkv
+        if page >= 0:
+            for d in range(lane, v.shape[2], 32):
+                v_pool[page, off, h, d] = types.float16(v[t, h, d])
+        return
+    h = j if is_q else j - H
+    xs = cuda.shared.array(MAX_D, types.float32)
+    acc = np.float32(0)
+    for m in range(LANE_COLS):
+        d = lane + 32 * m
+        if d < D:
+            x = q[t, h, d] if is_q else k[t, h, d]
+            xs[d] = x
+            acc += x * x
+    if use_norm:
+        inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
+        for m in range(LANE_COLS):
+            d = lane + 32 * m
+            if d < D:
+                xs[d] = xs[d] * inv * wv[m]
+    cuda.syncthreads()
+    for m in range(LANE_PAIRS):
+        i = lane + 32 * m
+        if i < half:
+            i0 = i if neox else 2 * i
+            i1 = i + half if neox else 2 * i + 1
+            a = xs[i0]
+            b = xs[i1]
+            xs[i0] = a * cs[m] - b * sn[m]
+            xs[i1] = b * cs[m] + a * sn[m]
+    cuda.syncthreads()
+    for d in range(lane, D, 32):
+        if is_q:
+            q[t, h, d] = xs[d]
+        elif page >= 0:
+            k_pool[page, off, h, d] = types.float16(xs[d])
+
+
+def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table,
+             k_pool, v_pool, stream) -> None:
+    """q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) float32 of one sequence at pos (T,) int32:
+    QK-norm with q_norm, k_norm (D,) float32 when given (else None), RoPE by inv_freq
+    (rope_inv_freq), q in place, K and V to k_pool, v_pool (n_pages, page_size, Hkv, D) fp16
+    through block_table (max_pages,) int32."""
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    for a, name in ((q, "q"), (k, "k"), (v, "v")):
+        assert a.dtype == np.float32 and a.ndim == 3 and a.is_c_contiguous(), f"{name}: (T, H, D) float32"
+    assert k.shape == (T, Hkv, D) and v.shape[:2] == (T, Hkv) and D <= MAX_D
+    assert pos.dtype == np.int32 and pos.shape == (T,) and block_table.dtype == np.int32
+    assert k_pool.shape[1] in PAGE_SIZES and k_pool.shape[2:] == (Hkv, D)
+    assert v_pool.shape[2:] == (Hkv, v.shape[2]) and 2 * inv_freq.shape[1] <= D
+    use_norm = q_norm is not None
+    if use_norm:
+        assert q_norm.shape == (D,) and k_norm.shape == (D,)
+    else:
+        q_norm = k_norm = inv_freq[0]  # unread
+    if T:
+        launch(_qkv_post_kernel, (T, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
+               np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
+               block_table, k_pool, v_pool)
+
+
+_F3 = types.float32[:, :, ::1]
+_F1 = types.float32[::1]
+_H4 = types.float16[:, :, :, ::1]
+BUILD_SIGNATURES = [
+    (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
+                        _F1, types.float32, types.int32, types.int32[::1], _H4, _H4),
+     {"max_registers": 64, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
+]

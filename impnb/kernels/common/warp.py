@@ -1,0 +1,142 @@
+"""Warp and block reductions and shuffles shared by the kernels, with the simulator's twins
+(the simulator has no warp shuffles: see `_sim_warp_values`)."""
+
+import threading
+
+import numpy as np
+from numba import cuda
+from numba.cuda.core import config as cuda_config
+
+from impnb.kernels.common import ptx
+
+SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
+WARP = 32
+
+
+def _sim_warp_values(value):
+    """The simulator has no warp shuffles: the warp's 32 threads meet at a barrier (kept on the
+    BlockManager, which runs one block at a time with every thread live) and each gets the list
+    of all 32 values. Two buffers taken in turn let one barrier per call suffice: a lane can only
+    reuse a buffer after every lane has passed the next call's barrier, hence finished reading
+    this one."""
+    thread = threading.current_thread()
+    warps = thread._manager.__dict__.setdefault("impnb_warps", {})
+    barrier, bufs = warps.setdefault(thread.thread_id // WARP,
+                                     (threading.Barrier(WARP), ([None] * WARP, [None] * WARP)))
+    turn = thread.__dict__.get("impnb_turn", 0)
+    thread.impnb_turn = turn ^ 1
+    bufs[turn][thread.thread_id % WARP] = value
+    barrier.wait()
+    return list(bufs[turn])
+
+
+def _sim_butterfly(value, combine, offsets=(16, 8, 4, 2, 1)):
+    """Each lane replays the xor butterfly over the warp's 32 values: the shuffle result."""
+    thread = threading.current_thread()
+    vals = _sim_warp_values(value)
+    for off in offsets:
+        vals = [combine(vals[i], vals[i ^ off]) for i in range(WARP)]
+    return vals[thread.thread_id % WARP]
+
+
+if SIMULATOR:
+    def warp_sum(v):
+        return _sim_butterfly(v, lambda a, b: a + b)
+
+    def warp_max(v):
+        return _sim_butterfly(v, max)
+
+    def quad_sum(v):
+        return _sim_butterfly(v, lambda a, b: a + b, (1, 2))
+
+    def quad_max(v):
+        return _sim_butterfly(v, max, (1, 2))
+
+    def warp_any(pred):
+        return any(_sim_warp_values(bool(pred)))
+
+    def warp_sync():
+        _sim_warp_values(None)
+
+    def warp_max_u32(v):
+        return np.uint32(max(int(u) for u in _sim_warp_values(int(v) & 0xFFFFFFFF)))
+
+    def warp_min_u32(v):
+        return np.uint32(min(int(u) for u in _sim_warp_values(int(v) & 0xFFFFFFFF)))
+
+    def shfl_xor(v, off):
+        return _sim_butterfly(v, lambda a, b: b, (int(off),))
+
+    def shfl_idx(v, src):
+        return _sim_warp_values(v)[int(src)]
+else:
+    @cuda.jit(device=True, inline=True)
+    def shfl_xor(v, off):
+        """v of lane (lane xor off). Whole warps only."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+
+    @cuda.jit(device=True, inline=True)
+    def shfl_idx(v, src):
+        """v of lane src (the same for every lane, or not). Whole warps only."""
+        return cuda.shfl_sync(0xFFFFFFFF, v, src)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sum(v):
+        """Butterfly sum over the 32 lanes; every lane gets the total. Whole warps only."""
+        for off in (16, 8, 4, 2, 1):
+            v += cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max(v):
+        """Butterfly max over the 32 lanes; every lane gets it. Whole warps only."""
+        for off in (16, 8, 4, 2, 1):
+            v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max_u32(v):
+        """The largest uint32 v over the 32 lanes (one redux.sync); every lane gets it. Whole warps only."""
+        return ptx.redux_max_u32(v)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_min_u32(v):
+        """The smallest uint32 v over the 32 lanes (one redux.sync); every lane gets it. Whole warps only."""
+        return ptx.redux_min_u32(v)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_sync():
+        """bar.warp.sync: the warp's shared-memory writes are seen by all its lanes. Whole warps only."""
+        cuda.syncwarp()
+
+    @cuda.jit(device=True, inline=True)
+    def warp_any(pred):
+        """Whether pred holds on any of the 32 lanes (a warp vote); every lane gets it. Whole warps only."""
+        return cuda.any_sync(0xFFFFFFFF, pred)
+
+    @cuda.jit(device=True, inline=True)
+    def quad_sum(v):
+        """Sum over the 4 lanes of a quad (lanes 4i..4i+3, an mma fragment row). Whole warps only."""
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 1)
+        return v + cuda.shfl_xor_sync(0xFFFFFFFF, v, 2)
+
+    @cuda.jit(device=True, inline=True)
+    def quad_max(v):
+        """Max over the 4 lanes of a quad; every lane gets it. Whole warps only."""
+        v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 1))
+        return max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 2))
+
+
+@cuda.jit(device=True, inline=True)
+def block_sum(v, red):
+    """Sum over the block (a multiple of 32 threads); every thread gets it. red: shared f32[32]."""
+    tid = cuda.threadIdx.x
+    v = warp_sum(v)
+    if tid % WARP == 0:
+        red[tid // WARP] = v
+    cuda.syncthreads()
+    lane = tid % WARP
+    v = red[lane] if lane < cuda.blockDim.x // WARP else np.float32(0)
+    v = warp_sum(v)
+    cuda.syncthreads()  # red may be reused
+    return v

@@ -1,0 +1,176 @@
+"""RMSNorm: numpy reference and the CUDA kernels (plain, per-head, fused residual add)."""
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.core import types
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common.warp import SIMULATOR, WARP, block_sum, warp_sum
+from impnb.launch import launch
+
+WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, longer ones a block
+
+
+def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., D) float32, weight (D,) -> x / rms(x) * weight over the last axis.
+
+    Gemma's (1 + w) form needs no flag: llama.cpp's converter stores 1 + w in the GGUF.
+    """
+    x = x.astype(np.float32, copy=False)
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    return x / np.sqrt(ms + np.float32(eps)) * weight
+
+
+# ---------------------------------------------------------------- kernels
+
+# grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i, i + NT, ...
+# shared: red f32[32] (one partial sum per warp). Pass 2 re-reads the row (L1) to scale it.
+@cuda.jit
+def _rms_norm_kernel(x, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x
+    D = x.shape[1]
+    red = cuda.shared.array(32, types.float32)
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        out[row, i] = x[row, i] * inv * w[i]
+
+
+# grid (ceil(R / 4),), block (32, 4): warp y owns row 4 * block + y; lane owns columns lane, lane + 32, ...
+# No shared memory. For per-head QK-norm (rows of head_dim) and other short rows.
+@cuda.jit
+def _rms_norm_warp_kernel(x, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    if row >= x.shape[0]:  # the whole warp leaves together
+        return
+    D = x.shape[1]
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, WARP):
+        v = x[row, i]
+        acc += v * v
+    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
+    for i in range(cuda.threadIdx.x, D, WARP):
+        out[row, i] = x[row, i] * inv * w[i]
+
+
+# grid (R,), block NT: as _rms_norm_kernel; pass 1 writes x += h and sums its squares, pass 2
+# re-reads the new x (same thread, same columns) and writes out = rms_norm(x) * w.
+@cuda.jit
+def _rms_norm_add_kernel(x, h, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x
+    D = x.shape[1]
+    red = cuda.shared.array(32, types.float32)
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = x[row, i] + h[row, i]
+        x[row, i] = v
+        acc += v * v
+    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        out[row, i] = x[row, i] * inv * w[i]
+
+
+# grid (R,), block NT: Gemma's post-norm residual. Pass 1 sums h², pass 2 writes
+# x += rms_norm(h) * w_post and sums the new x², pass 3 writes out = rms_norm(x) * w.
+@cuda.jit
+def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x
+    D = x.shape[1]
+    red = cuda.shared.array(32, types.float32)
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = h[row, i]
+        acc += v * v
+    inv_h = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = x[row, i] + h[row, i] * inv_h * w_post[i]
+        x[row, i] = v
+        acc += v * v
+    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        out[row, i] = x[row, i] * inv * w[i]
+
+
+# ---------------------------------------------------------------- launchers
+
+def _rows(a, D: int, name: str):
+    """A C-contiguous float32 (..., D) device array viewed as (R, D)."""
+    assert a.dtype == np.float32, f"{name}: float32 expected, got {a.dtype}"
+    assert a.shape[a.ndim - 1] == D, f"{name}: last dim of {a.shape} != {D}"
+    assert a.is_c_contiguous(), f"{name}: must be C-contiguous"
+    return a.reshape(a.size // D, D) if a.ndim != 2 else a
+
+
+def _weight(w):
+    assert w.dtype == np.float32 and w.ndim == 1 and w.is_c_contiguous(), "weight: float32 (D,)"
+    return w
+
+
+def block_threads(D: int) -> int:
+    """Threads per row for the block-per-row kernels: about 8 columns each, 128..1024."""
+    nt = 128
+    while nt < 1024 and nt * 8 < D:
+        nt *= 2
+    return nt
+
+
+def rms_norm(x, w, out, eps: float, stream) -> None:
+    """out (..., D) = rms_norm(x (..., D)) * w (D,); float32. out may be x.
+
+    Rows of D <= 256 (per-head QK-norm on (T, H, Dh)) take a warp each, longer rows a block.
+    """
+    D = w.shape[0]
+    x2, out2 = _rows(x, D, "x"), _rows(out, D, "out")
+    assert x2.shape == out2.shape, "x and out differ in shape"
+    R = x2.shape[0]
+    if R == 0:
+        return
+    if D <= WARP_ROWS_MAX_D:
+        launch(_rms_norm_warp_kernel, (R + 3) // 4, (WARP, 4), stream, x2, _weight(w), out2,
+               np.float32(eps))
+    else:
+        launch(_rms_norm_kernel, R, block_threads(D), stream, x2, _weight(w), out2, np.float32(eps))
+
+
+def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
+    """x += h in place, then out = rms_norm(x) * w; x, h, out (T, D) float32, w (D,)."""
+    D = w.shape[0]
+    x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
+    assert x2.shape == h2.shape == out2.shape, "x, h, out differ in shape"
+    if x2.shape[0]:
+        launch(_rms_norm_add_kernel, x2.shape[0], block_threads(D), stream, x2, h2, _weight(w), out2,
+               np.float32(eps))
+
+
+def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream) -> None:
+    """Gemma's x += rms_norm(h) * w_post in place, then out = rms_norm(x) * w; (T, D) float32."""
+    D = w.shape[0]
+    x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
+    assert x2.shape == h2.shape == out2.shape and w_post.shape == (D,), "shapes differ"
+    if x2.shape[0]:
+        launch(_rms_norm_post_add_kernel, x2.shape[0], block_threads(D), stream,
+               x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
+
+
+_ROWS = types.float32[:, ::1]
+_W = types.float32[::1]
+BUILD_SIGNATURES = [
+    (_rms_norm_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
+    (_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
+    (_rms_norm_add_kernel, (_ROWS, _ROWS, _W, _ROWS, types.float32), {"max_registers": 48}),
+    (_rms_norm_post_add_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
+]

@@ -1,0 +1,195 @@
+"""wgmma GEMM over quantized weights: C (M, N) float32 [+]= A (M, K) fp16 · dequant(W)ᵀ.
+
+gemm_wgmma's block (two warpgroups, 128 x 128 of C, 64-deep stages in the 128-byte swizzle) with
+the W tile decoded by the block's threads instead of copied: stage s covers W chunks 2s and 2s+1
+(32 weights each, repack.py layout, quant_blocks*.py decoders, bit for bit what `dequant`
+writes); thread t decodes chunk 2s + (t & 1) of tile row t >> 1, its half h into the row's
+16-byte chunks 4 (t & 1) + 2h and + 1. The A tile takes the same columns in the same places
+(col(c, h) of the type's decoder: K-quant chunks are not contiguous), as a dot product does not
+care about the order of k.
+
+Per step k: A stage k + 2 goes into the cp.async ring (4 stages); the wgmma group of step k is
+issued; while it runs the threads decode W of step k + 1 (raw blocks loaded a step earlier) into
+the third of three W buffers (step k - 1's group may still read one, step k's the other), then
+load step k + 2's raw blocks; wgmma_wait(1) retires step k - 1. Each W element is decoded
+ceil(M / 128) times.
+
+Requirements (asserted): K a multiple of 64 and of the type's block, N % 8 == 0, any M.
+Numpy reference: gemm_tc.gemm_ref with the raw bytes and type.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from numba import cuda, float32, types, uint32
+
+from impnb.kernels.common import ptx, ptx_wgmma as wg
+from impnb.kernels.gemm.dequant import DECODERS
+from impnb.kernels.gemm.gemm_tc import aligned16, block_tile, grid_size
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
+from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, BM, ROW, THREADS
+from impnb.kernels.gemv.gemv import parts_type
+from impnb.kernels.common.repack import PackedWeight
+from impnb.launch import launch
+
+BN = 128
+A_STAGES = 4
+AHEAD = A_STAGES - 2    # A tiles in flight beyond the one multiplied
+PENDING = AHEAD - 1     # cp.async groups left pending once step k's A tile has landed
+W_BUFS = 3
+SMEM_ALIGN = ptx.SMEM_ALIGN
+
+
+@cuda.jit(device=True, inline=True)
+def q8_0_load_l1(parts, g):
+    """quant_blocks32.q8_0_load through L1: the two 16-byte loads of a chunk's 32 qs bytes share
+    one sector, which the decode GEMVs' no-allocate loads fetch from L2 twice (the two lanes of a
+    pair here read adjacent chunks, so no load of the warp covers a whole sector)."""
+    qs, d = parts
+    return ptx.ld_global_v4_u32(qs, 8 * g), ptx.ld_global_v4_u32(qs, 8 * g + 4), float32(d[g])
+
+
+@lru_cache(maxsize=None)
+def gemm_wgmma_quant_kernel(ggml_type):
+    load, run, col = DECODERS[T(ggml_type)]
+    if ggml_type == T.Q8_0:
+        load = q8_0_load_l1
+    A_BYTES = BM * ROW
+    W_BYTES = BN * ROW
+    W_BASE = A_STAGES * A_BYTES
+    A_LOADS = BM * 8 // THREADS
+    NACC = BN // 2
+    mma = wg.MMA["f16"][BN]
+
+    @cuda.jit(device=True, inline=True)
+    def load_a(dst, a, m0, M, K, s):
+        # -- A rows m0.. (zero past M), the 64 columns of W chunks 2s, 2s+1 in their tile places --
+        tid = cuda.threadIdx.x
+        for i in range(A_LOADS):
+            idx = tid + THREADS * i
+            r = idx >> 3
+            p = idx & 7
+            row = m0 + r
+            k = col(2 * s + (p >> 2), (p >> 1) & 1) + 8 * (p & 1)
+            ptx.cp_async_16_zfill(dst + r * ROW + ((p ^ (r & 7)) << 4), a, min(row, M - 1) * K + k,
+                                  16 if row < M else 0)
+
+    @cuda.jit(device=True, inline=True)
+    def load_raw(parts, n0, N, cpr, s):
+        # -- raw blocks of this thread's chunk of step s (rows past N read row N - 1, never stored) --
+        t = cuda.threadIdx.x
+        return load(parts, min(n0 + (t >> 1), N - 1) * cpr + 2 * s + (t & 1))
+
+    @cuda.jit(device=True, inline=True)
+    def decode(raw, s, dst):
+        # -- both halves of this thread's chunk -> fp16 -> its W tile row, chunks 4u + 2h, + 1 --
+        t = cuda.threadIdx.x
+        n = t >> 1
+        u = t & 1
+        w = cuda.local.array(16, float32)
+        for h in range(2):
+            sc = run(raw, 2 * s + u, h, w)
+            p0 = 4 * u + 2 * h
+            base = dst + n * ROW
+            ptx.st_shared_v4_u32(base + ((p0 ^ (n & 7)) << 4),
+                                 ptx.pack_f16x2(w[0] * sc, w[1] * sc), ptx.pack_f16x2(w[2] * sc, w[3] * sc),
+                                 ptx.pack_f16x2(w[4] * sc, w[5] * sc), ptx.pack_f16x2(w[6] * sc, w[7] * sc))
+            ptx.st_shared_v4_u32(base + (((p0 + 1) ^ (n & 7)) << 4),
+                                 ptx.pack_f16x2(w[8] * sc, w[9] * sc), ptx.pack_f16x2(w[10] * sc, w[11] * sc),
+                                 ptx.pack_f16x2(w[12] * sc, w[13] * sc), ptx.pack_f16x2(w[14] * sc, w[15] * sc))
+
+    # grid (tiles,), block 256: as gemm_wgmma's kernel at BN 128; parts: the PackedWeight's parts.
+    @cuda.jit
+    def _gemm_wgmma_quant_kernel(a, parts, c, accumulate):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        M, K = a.shape
+        N = c.shape[1]
+        cpr = K // 32      # W chunks per row
+        KT = K // BK       # steps
+        tm, tn = block_tile((M + BM - 1) // BM, (N + BN - 1) // BN)
+        m0 = tm * BM
+        n0 = tn * BN
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
+        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        tid = cuda.threadIdx.x
+        g = tid >> 7
+        for s in range(AHEAD):
+            if s < KT:
+                load_a(base + s * A_BYTES, a, m0, M, K, s)
+            ptx.cp_async_commit()
+        decode(load_raw(parts, n0, N, cpr, 0), 0, base + W_BASE)
+        raw = load_raw(parts, n0, N, cpr, min(1, KT - 1))
+        acc = cuda.local.array(NACC, float32)
+        for i in range(NACC):
+            acc[i] = float32(0)
+        for kt in range(KT):
+            ptx.cp_async_wait_group(PENDING)
+            wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
+            cuda.syncthreads()
+            nk = kt + AHEAD
+            if nk < KT:
+                load_a(base + (nk % A_STAGES) * A_BYTES, a, m0, M, K, nk)
+            ptx.cp_async_commit()
+            sa = base + (kt % A_STAGES) * A_BYTES
+            sw = base + W_BASE + (kt % W_BUFS) * W_BYTES
+            da = wg.desc_sw128(sa + g * (64 * ROW))
+            db = wg.desc_sw128(sw)
+            wg.wgmma_fence()
+            for kk in range(BK // 16):
+                mma(acc, da + 2 * kk, db + 2 * kk)
+            wg.wgmma_commit()
+            if kt + 1 < KT:
+                decode(raw, kt + 1, base + W_BASE + ((kt + 1) % W_BUFS) * W_BYTES)
+                raw = load_raw(parts, n0, N, cpr, min(kt + 2, KT - 1))
+            wg.wgmma_wait(1)
+        wg.wgmma_wait(0)
+
+        lane = tid & 31
+        row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)
+        col0 = n0 + 2 * (lane & 3)
+        for half in range(2):
+            row = row0 + 8 * half
+            if row < M:
+                for j in range(NACC // 4):
+                    cn = col0 + 8 * j
+                    if cn < N:
+                        v0 = acc[4 * j + 2 * half]
+                        v1 = acc[4 * j + 2 * half + 1]
+                        if accumulate:
+                            v0 += c[row, cn]
+                            v1 += c[row, cn + 1]
+                        ptx.st_global_v2_f32(c, row * N + cn, v0, v1)
+
+    _gemm_wgmma_quant_kernel.__name__ = f"_gemm_wgmma_{T(ggml_type).name.lower()}_kernel"
+    return _gemm_wgmma_quant_kernel
+
+
+def shared_bytes() -> int:
+    return A_STAGES * BM * ROW + W_BUFS * BN * ROW + ALIGN
+
+
+def gemm_wgmma_quant(a, w: PackedWeight, c, stream, accumulate: bool = False):
+    """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ, or c += with accumulate."""
+    M, K = a.shape
+    N = w.rows
+    t = T(w.ggml_type)
+    assert t in QUANT_TYPES, f"no wgmma GEMM for {t.name}"
+    assert w.cols == K and c.shape == (M, N), (a.shape, w.rows, w.cols, c.shape)
+    assert K % BK == 0 and K % GGML_QUANT_SIZES[t][0] == 0 and N % 8 == 0, (N, K)
+    assert a.dtype == np.float16 and c.dtype == np.float32
+    for x in (a, c):
+        assert x.is_c_contiguous() and aligned16(x)
+    launch(gemm_wgmma_quant_kernel(t), grid_size(M, N, BM, BN), THREADS, stream, a, w.parts, c,
+           np.int32(accumulate), shared_bytes=shared_bytes())
+
+
+F16_2D = types.Array(types.float16, 2, "C")
+F32_2D = types.Array(types.float32, 2, "C")
+BUILD_SIGNATURES = [] if wg.SIM else [
+    (gemm_wgmma_quant_kernel(t), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
+     {"ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "st.shared.v4.u32",
+                       "cvt.rn.f16x2.f32", "fence.proxy.async.shared::cta"]})
+    for t in QUANT_TYPES
+]

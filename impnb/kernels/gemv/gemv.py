@@ -1,0 +1,691 @@
+"""Quantized GEMV for decode: y[t, n] (+)= sum_k W[n, k] x[t, k], dequant fused, fp32 accumulation.
+
+One kernel per weight type and token count T (1..8), built from the type's chunk decoder in
+quant_blocks32.py / quant_blocks_k.py on a PackedWeight (repack.py). Numpy reference: `gemv_ref`.
+A `normed` kernel reads RMSNorm(x) * wn instead of x (the layer's pre-norm fused: every row group
+reads all of x anyway, so it sums x² on the way and scales its dot products at the end); its
+reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends with gemv_tail's
+residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
+`route` kernel (the MoE router, normed at decode) ends with that block choosing each token's
+experts from y (moe.route_block; reference moe.route_ref), its blocks having written the int8 form
+of its input for the dp4a experts where asked (quant_x.make_quantize_block).
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, from_dtype, types, uint32
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, last_block, make_tail
+from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
+from impnb.kernels.gemv.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
+                                         WIDE_MIN_ROWS, WIDE_TYPES, Variant, choose, rows_per_block,
+                                         span_for, sweep)
+from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, route_block
+from impnb.kernels.gemv.quant_x import GROUP, THREADS as QUANT_THREADS, QuantX, make_quantize_block
+from impnb.kernels.common.repack import LAYOUTS, PackedWeight
+from impnb.launch import launch
+from impnb.quants import dequantize
+
+MAX_T = 8
+
+
+def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
+    """Raw GGUF weight bytes (N, row_bytes), x (T, K) -> (T, N) float64 = x @ dequant(W).T."""
+    wd = dequantize(np.asarray(w).view(np.uint8).reshape(w.shape[0], -1), ggml_type)
+    return x.astype(np.float64) @ wd.astype(np.float64).reshape(w.shape[0], -1).T
+
+
+def tuple_of(f, n):
+    """Device function g(a, c) = (f(a, c, 0), ..., f(a, c, n-1)) for n in 1, 2, 4, 8."""
+    if n == 1:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return (f(a, c, 0),)
+    elif n == 2:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return f(a, c, 0), f(a, c, 1)
+    elif n == 4:
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return f(a, c, 0), f(a, c, 1), f(a, c, 2), f(a, c, 3)
+    else:
+        assert n == 8
+
+        @cuda.jit(device=True, inline=True)
+        def g(a, c):
+            return (f(a, c, 0), f(a, c, 1), f(a, c, 2), f(a, c, 3),
+                    f(a, c, 4), f(a, c, 5), f(a, c, 6), f(a, c, 7))
+    return g
+
+
+def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, one_step,
+               block_fn=False):
+    wpg = span // 32  # warps per row group
+    groups = WARPS // wpg
+    act = GLU_ACTS[glu]
+
+    @cuda.jit(device=True, inline=True)
+    def rms_scale(sq, K, eps):
+        # -- normed: 1 / sqrt(mean of x² + eps), else 1 --
+        if normed:
+            return float32(1.0) / math.sqrt(sq / float32(K) + eps)
+        return float32(1.0)
+
+    # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128/span groups of `span`
+    # threads, R = `rows` weight rows per group. Group gi = G*b + g owns rows R*gi .. +R-1 (past
+    # the last: clamped, computed and dropped), or with GLU the R/2 gate rows o = R/2*gi .. and
+    # their up rows F + o; its thread i takes chunks i, i+span, ... of those rows in steps of U =
+    # `unroll` chunks: the 16-byte quant loads of all R rows x U chunks first (chunk indices past
+    # the row's end clamped to its last chunk, loaded and skipped), then per chunk 32 weights in
+    # two halves of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every
+    # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
+    # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
+    # one_step (a thread's chunks fit one step): that step's loads precede griddepcontrol.wait.
+    # After the wait instead in the normed Q|K|V GEMVs, synthetic Qwen3-30B-A3B Q4_K_M tg128 went
+    # 538.7, 537.2 -> 538.2, 538.8 tok/s (H100, 2026-11-27 22:45 UTC, one call): even, left early.
+    @cuda.jit(device=True, inline=True)
+    def x4(x, i, wn, k, ss, t):
+        # -- x[i .. i + 4]; normed: times wn[k .. k + 4], their squares summed into ss[t] --
+        x0, x1, x2, x3 = qi.ldg_f32x4(x, i)
+        if normed:
+            ss[t] += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+            w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
+            return x0 * w0, x1 * w1, x2 * w2, x3 * w3
+        return x0, x1, x2, x3
+
+    @cuda.jit(device=True, inline=True)
+    def half_chunk(raws, c, h, x, xo, K, acc, wa, wb, wn, ss):
+        # -- R <= 2: decode 16 weights of each row, FMA against every token --
+        # weights are a * u[i] + b: dot = a * sum(u x) + b * sum(x)
+        aa, ba = unit(raws[0], c, h, wa)
+        if rows == 2:
+            ab, bb = unit(raws[1], c, h, wb)
+        k = col(c, h)
+        for t in range(n_tok):
+            pa = float32(0.0)
+            pb = float32(0.0)
+            sx = float32(0.0)
+            for v in range(4):
+                x0, x1, x2, x3 = x4(x, xo + t * K + k + 4 * v, wn, k + 4 * v, ss, t)
+                pa += wa[4 * v] * x0
+                pa += wa[4 * v + 1] * x1
+                pa += wa[4 * v + 2] * x2
+                pa += wa[4 * v + 3] * x3
+                if rows == 2:
+                    pb += wb[4 * v] * x0
+                    pb += wb[4 * v + 1] * x1
+                    pb += wb[4 * v + 2] * x2
+                    pb += wb[4 * v + 3] * x3
+                sx += (x0 + x1) + (x2 + x3)
+            acc[0, t] += aa * pa + ba * sx
+            if rows == 2:
+                acc[1, t] += ab * pb + bb * sx
+
+    @cuda.jit(device=True, inline=True)
+    def half_chunk_x1(raws, c, h, x, xo, acc, w, wn, ss):
+        # -- T = 1, R >= 4: x[k..k+16] and its sum in registers, then each row decoded and FMAed --
+        k = col(c, h)
+        xv = cuda.local.array(16, float32)
+        sx = float32(0.0)
+        for v in range(4):
+            x0, x1, x2, x3 = x4(x, xo + k + 4 * v, wn, k + 4 * v, ss, 0)
+            xv[4 * v] = x0
+            xv[4 * v + 1] = x1
+            xv[4 * v + 2] = x2
+            xv[4 * v + 3] = x3
+            sx += (x0 + x1) + (x2 + x3)
+        for r in range(rows):
+            a, b = unit(raws[r], c, h, w)
+            p = float32(0.0)
+            for i in range(16):
+                p += w[i] * xv[i]
+            acc[r, 0] += a * p + b * sx
+
+    pairs = rows // 2  # GLU: output rows per group (gate rows, then the same up rows)
+    out_rows = pairs if glu else rows
+
+    @cuda.jit(device=True, inline=True)
+    def weight_row(gi, r, n_rows):
+        # -- row r of group gi: GLU groups hold gate rows o.. and up rows F + o.. --
+        if glu:
+            F = n_rows // 2
+            return min(gi * pairs + r % pairs, F - 1) + (F if r >= pairs else 0)
+        return min(gi * rows + r, n_rows - 1)
+
+    @cuda.jit(device=True, inline=True)
+    def store(y0, y1, y2, n0, n1, n_rows, gi, t, tot, accumulate):
+        # -- GLU: y0[t, o] = act(gate) * up; else row i to y0, y1 or y2 by the splits n0, n1 --
+        for i in range(out_rows):
+            if glu:
+                o = gi * pairs + i
+                if o < n_rows // 2:
+                    v = act(tot[i]) * tot[pairs + i]
+                    if accumulate:
+                        v += y0[t, o]
+                    y0[t, o] = v
+            else:
+                row = gi * rows + i
+                v = tot[i]
+                if row < n0:
+                    if accumulate:
+                        v += y0[t, row]
+                    y0[t, row] = v
+                elif row < n0 + n1:
+                    if accumulate:
+                        v += y1[t, row - n0]
+                    y1[t, row - n0] = v
+                elif row < n_rows:
+                    if accumulate:
+                        v += y2[t, row - n0 - n1]
+                    y2[t, row - n0 - n1] = v
+
+    @cuda.jit(device=True, inline=True)
+    def row_chunk(a, c, r):
+        # -- chunk c of the group's row r; a = (parts, w0, gi, n_rows, chunks per row) --
+        parts, w0, gi, n_rows, cpr = a
+        return load(parts, (w0 + weight_row(gi, r, n_rows)) * cpr + c)
+
+    rows_chunk = tuple_of(row_chunk, rows)
+
+    @cuda.jit(device=True, inline=True)
+    def step_chunk(a, c0, u):
+        # -- chunk c0 + u * span of every row, clamped to the row's last chunk --
+        return rows_chunk(a, min(c0 + u * span, a[4] - 1))
+
+    step_loads = tuple_of(step_chunk, unroll)
+
+    @cuda.jit(device=True, inline=True)
+    def group_at(parts, n_rows, w0, K, bx):
+        # -- (a, c1): the group's rows (W's from w0) as row_chunk's a, the thread's first chunk;
+        # bx the GEMV's block (cuda.blockIdx.x but in gemv_pair) --
+        group = cuda.threadIdx.x // span
+        return (parts, w0, bx * groups + group, n_rows, K // 32), cuda.threadIdx.x - group * span
+
+    @cuda.jit(device=True, inline=True)
+    def step_dots(raws, c0, cpr, x, xo, K, acc, wa, wb, wn, ss):
+        # -- decode the step's U chunks of every row (raws from step_loads) against x --
+        for u in range(unroll):
+            c = c0 + u * span
+            if c < cpr:
+                if rows >= 4:
+                    half_chunk_x1(raws[u], c, 0, x, xo, acc, wa, wn, ss)
+                    half_chunk_x1(raws[u], c, 1, x, xo, acc, wa, wn, ss)
+                else:
+                    half_chunk(raws[u], c, 0, x, xo, K, acc, wa, wb, wn, ss)
+                    half_chunk(raws[u], c, 1, x, xo, K, acc, wa, wb, wn, ss)
+
+    if one_step:  # K <= 32 x span x U: a thread's one step, its loads issued by the kernel (first_loads)
+        @cuda.jit(device=True, inline=True)
+        def first_loads(at):
+            return step_loads(at[0], at[1])
+
+        @cuda.jit(device=True, inline=True)
+        def steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss):
+            if at[1] < cpr:
+                step_dots(first, at[1], cpr, x, xo, K, acc, wa, wb, wn, ss)
+    else:  # load U chunks of every row, then decode them, step after step
+        @cuda.jit(device=True, inline=True)
+        def first_loads(at):
+            return 0
+
+        @cuda.jit(device=True, inline=True)
+        def steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss):
+            a, c1 = at
+            for c0 in range(c1, cpr, span * unroll):
+                step_dots(step_loads(a, c0), c0, cpr, x, xo, K, acc, wa, wb, wn, ss)
+
+    @cuda.jit(device=True, inline=True)
+    def rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, xo, yo, wn, eps):
+        # -- the group's rows (at: group_at's; first: first_loads') times x (from flat offset xo)
+        # into y rows yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
+        gi = at[0][2]
+        K = x.shape[1]
+        cpr = K // 32
+        tid = cuda.threadIdx.x
+        acc = cuda.local.array((rows, n_tok), float32)
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = 0.0
+        ss = cuda.local.array(n_tok, float32)
+        for t in range(n_tok):
+            ss[t] = 0.0
+        wa = cuda.local.array(16, float32)
+        wb = cuda.local.array(16, float32)
+        steps(at, first, cpr, x, xo, K, acc, wa, wb, wn, ss)
+        # -- reduce over the warp, then over the group's warps; one thread stores a (group, t) --
+        scratch = cuda.shared.array(BLOCK, float32)
+        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        red_ss = cuda.shared.array((WARPS, n_tok), float32)
+        tot = cuda.local.array(rows, float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = qi.warp_sum(acc[r, t], scratch)
+                if wpg > 1 and lane == 0:
+                    red[warp, r, t] = acc[r, t]
+        if normed:
+            for t in range(n_tok):
+                ss[t] = qi.warp_sum(ss[t], scratch)
+                if wpg > 1 and lane == 0:
+                    red_ss[warp, t] = ss[t]
+        if wpg == 1:
+            if lane == 0:
+                for t in range(n_tok):
+                    scale = rms_scale(ss[t], K, eps)
+                    for r in range(rows):
+                        tot[r] = acc[r, t] * scale
+                    store(y0, y1, y2, n0, n1, n_rows, gi, yo + t, tot, accumulate)
+        else:
+            cuda.syncthreads()
+            if tid < groups * n_tok:
+                g = tid // n_tok
+                t = tid - g * n_tok
+                sq = float32(0.0)
+                for i in range(wpg):
+                    sq += red_ss[g * wpg + i, t]
+                scale = rms_scale(sq, K, eps)
+                for r in range(rows):
+                    s = float32(0.0)
+                    for i in range(wpg):
+                        s += red[g * wpg + i, r, t]
+                    tot[r] = s * scale
+                store(y0, y1, y2, n0, n1, n_rows, gi - tid // span + g, yo + t, tot, accumulate)
+
+    if experts:
+        # grid (ceil(N_out / (R_out * G)), S): blockIdx.y is slot s = t * k + j of the routed tokens;
+        # W is E stacked (n_rows, K) experts, x row s // x_div is the slot's input (x_div = k for
+        # the tokens, 1 for per-slot rows), y row s its output.
+        @cuda.jit
+        def _gemv_experts_kernel(parts, x, y, n_rows, experts, x_div, accumulate):
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            s = cuda.blockIdx.y
+            at = group_at(parts, n_rows, experts[s] * n_rows, x.shape[1], cuda.blockIdx.x)
+            rows_times_x(at, first_loads(at), x, y, y, y, n_rows, 0, n_rows, accumulate, (s // x_div) * x.shape[1],
+                         s, x, float32(0))
+
+        return _gemv_experts_kernel
+
+    if tail:
+        residual_tail = make_tail(tail)
+
+        # as _gemv_kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
+        @cuda.jit
+        def _gemv_tail_kernel(parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter):
+            at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0))
+            residual_tail(y, x_res, w_post, w_next, h, eps, counter)
+
+        return _gemv_tail_kernel
+
+    if route:
+        quantize_block = make_quantize_block(normed)
+
+        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E) in its
+        # first ceil(E / rows a block) blocks; with quant, the blocks after those write the int8
+        # form of the same input into q, d, s as quantize_x's blocks (bx, t) would, beside the
+        # GEMV rather than after it; then the grid's last block routes the T tokens (route_block)
+        @cuda.jit
+        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s,
+                               quant):
+            at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            n_gemv = (n_rows + rows * groups - 1) // (rows * groups)
+            if cuda.blockIdx.x < n_gemv:
+                rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
+            elif quant:
+                gx = (d.shape[1] + QUANT_THREADS - 1) // QUANT_THREADS  # quantize_x's blocks a token
+                for item in range(cuda.blockIdx.x - n_gemv, gx * x.shape[0], cuda.gridDim.x - n_gemv):
+                    quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
+                    cuda.syncthreads()  # its shared sums are free again
+            if last_block(counter):
+                keys = cuda.shared.array(MAX_EXPERTS, uint32)
+                vals = cuda.shared.array(MAX_K, float32)
+                for t in range(n_tok):
+                    route_block(y, t, k, normalize, experts, weights, keys, vals, 0)
+
+        return _gemv_route_kernel
+
+    if normed:
+        @cuda.jit(device=True, inline=True)
+        def normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate, bx):
+            # -- block bx of the normed GEMV --
+            at = group_at(parts, n_rows, 0, x.shape[1], bx)
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, wn, eps)
+
+        if block_fn:
+            return normed_block
+
+        @cuda.jit
+        def _gemv_norm_kernel(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate):
+            normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows, accumulate, cuda.blockIdx.x)
+
+        return _gemv_norm_kernel
+
+    @cuda.jit
+    def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
+        at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
+        first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, x, float32(0))
+
+    return _gemv_kernel
+
+
+@lru_cache(maxsize=None)
+def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
+                unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0,
+                route: bool = False, one_step: bool = False, block_fn: bool = False):
+    """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
+    `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
+    per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
+    x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
+    POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
+    routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for
+    K <= 32 x span x unroll, a thread's one step of loads issued before griddepcontrol.wait (W is
+    no kernel's output), so they overlap the kernel before; `block_fn` (normed only): the device
+    function of one block instead, normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows,
+    accumulate, bx) (gemv_pair's halves)."""
+    if not 1 <= n_tok <= MAX_T:
+        raise ValueError(f"gemv: T={n_tok} tokens, supported 1..{MAX_T}")
+    assert span in (32, 64, BLOCK) and unroll in (1, 2, 4)
+    ggml_type = T(ggml_type)
+    rows = rows or rows_per_block(ggml_type, n_tok)
+    assert rows in (1, 2) or (rows in (4, 8) and n_tok == 1), (rows, n_tok)
+    assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows per group"
+    assert not experts or (n_tok == 1 and not normed)
+    assert not (tail or route) or (glu == NO_GLU and not experts and not (tail and (normed or route)))
+    assert not block_fn or (normed and not (tail or route or experts))
+    return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route,
+                      one_step, block_fn)
+
+
+WIDE_LOADS = (T.F16, T.F32)
+
+
+def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
+                   normed: bool = False, tail: int = 0, route: bool = False, cols: int = 0,
+                   block_fn: bool = False):
+    """gemv_kernel in variant v; with cols (K), the one-step kernel where a thread's chunks fit one step
+    (quantized types: F16 / F32 chunks would hold 64 / 128 bytes a row in registers across the wait)."""
+    one_step = 0 < cols // 32 <= v.span * v.unroll and ggml_type not in WIDE_LOADS
+    return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route, one_step,
+                       block_fn)
+
+
+def _out_per_block(v: Variant, glu: int) -> int:
+    return v.rows // (2 if glu else 1) * (BLOCK // v.span)
+
+
+def parts_type(ggml_type: T):
+    return types.Tuple(tuple(types.Array(from_dtype(np.dtype(dt)), 1, "C")
+                             for _, _, _, dt in LAYOUTS[ggml_type]))
+
+
+def aligned16(a) -> bool:
+    ptr = getattr(a, "device_ctypes_pointer", None)
+    return ptr is None or (ptr.value or 0) % 16 == 0
+
+
+def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
+            stream, accumulate: bool, variant: Variant | None, norm: tuple | None):
+    n_tok, K = x.shape
+    assert w.cols == K and x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
+    for y in (y0, y1, y2):
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
+    v = variant or choose(w.ggml_type, n_tok, K, w.rows)
+    grid = (out_rows + _out_per_block(v, glu) - 1) // _out_per_block(v, glu)
+    tail = (y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+    if norm is None:
+        launch(variant_kernel(w.ggml_type, n_tok, v, glu, cols=K), grid, BLOCK, stream, w.parts, x, *tail)
+        return
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
+    launch(variant_kernel(w.ggml_type, n_tok, v, glu, normed=True, cols=K), grid, BLOCK, stream, w.parts, x,
+           wn, np.float32(eps), *tail)
+
+
+def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Variant | None = None,
+         norm: tuple | None = None):
+    """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8;
+    `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn."""
+    assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
+    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
+
+
+def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant | None = None):
+    """y (T, N) float32 = W x as gemv, then the grid's last block applies res to y: res.x +=
+    y (or RMSNorm(y) * res.w_post), res.h = RMSNorm(res.x) * res.w_next (gemv_tail.py)."""
+    n_tok, K = x.shape
+    assert y.shape == (n_tok, w.rows) and w.cols == K, (w.rows, w.cols, x.shape, y.shape)
+    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
+    assert y.dtype == np.float32 and y.is_c_contiguous() and aligned16(y)
+    v = variant or choose(w.ggml_type, n_tok, K, w.rows)
+    grid = (w.rows + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
+    launch(variant_kernel(w.ggml_type, n_tok, v, tail=res.mode, cols=K), grid, BLOCK, stream, w.parts, x, y,
+           np.int32(w.rows), *res.args(y))
+
+
+# The router's few rows (E of K = D): a row a block spreads them over E blocks. Measured on an
+# H200 (2026-11-25, scripts/bench_moe_decode.py, 128 x 2048 F32): 2.50 µs a call against 4.65
+# for choose()'s 4 rows a group (16 blocks). Its last block routes: moving the routing into the
+# dp4a gate|up experts kernel (each of its 192 x 8 blocks choosing its slot's expert from the
+# logits, the router then a plain GEMV at 3.7 µs against 7.3) lost on Qwen3-30B-A3B Q4_K_M (H100,
+# 2026-11-26, tg128 against the tree before in the same call): 402.2, 403.8 -> 320.4, 321.9 with
+# all 128 threads of a block ranking the keys, 404.5, 404.5 -> 361.0, 361.1 with one warp's k
+# rounds (moe.route_token's); gate|up 6.5 -> 25.6 / 17.8 µs: 1536 blocks in two waves each pay
+# the routing before their first weight load.
+# The whole router in one thread-block cluster instead (8 blocks of 512 threads, 16 experts'
+# rows of W a block held in registers from before the wait, x normed in shared memory, block 0
+# ranking all logits through distributed shared memory: no fence, no ticket) lost on the H100
+# (2026-11-27 07:33 UTC, scripts/bench_moe_decode.py: 9.95 µs against 7.04; synthetic
+# Qwen3-30B-A3B Q4_K_M tg128 in one call 470.7 / 472.2 tok/s against 502.0 / 502.2 for this
+# kernel). Reading W is not all of it: scripts/bench_block_bandwidth.py's 8 blocks of 512
+# threads read 128 KB each in 2.7 µs; which part of the rest (x staged and normed, three block
+# barriers and two cluster ones, the ranking) costs the other 7 µs was not found. The patch is
+# kept in .dev/moe_router_and_mend.patch. Its W loads issued before the wait as one_step
+# kernels do (a thread's one F32 chunk, 32 registers held across it) measured even: tg128 500.5,
+# 500.4 against 499.8 (H100, 2026-11-27 07:59 UTC, one call); not kept.
+ROUTER_VARIANT = Variant(128, 1, 1)
+assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
+
+
+def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
+               variant: Variant | None = None, norm: tuple | None = None, xq: QuantX | None = None):
+    """The MoE router: logits (T, E) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
+    the grid's last block writes each token's top k experts (T, k) int32 and their softmax weights
+    (T, k) float32 (moe.route_ref of the logits, normalized to sum 1 with `normalize`); counter (1,)
+    uint32, zero between uses. With xq, the kernel also writes the int8 form of its input (x or
+    RMSNorm(x) wn) there, equal to quantize_x's (one kernel fewer before dp4a experts)."""
+    n_tok, K = x.shape
+    E = w.rows
+    assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
+    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
+    assert logits.dtype == np.float32 and logits.is_c_contiguous()
+    assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32 and weights.dtype == np.float32
+    assert counter.dtype == np.uint32 and counter.shape == (1,)
+    v = variant or ROUTER_VARIANT
+    grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
+    wn, eps = norm or (x[0], 0.0)
+    assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
+    if xq is not None:
+        assert K % GROUP == 0 and xq.q.shape == (n_tok, K // 4) and xq.d.shape == xq.s.shape == (n_tok, K // GROUP)
+    q, d, s = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
+    if xq is not None:  # quantize_x's blocks after the GEMV's
+        grid += (K // GROUP + QUANT_THREADS - 1) // QUANT_THREADS * n_tok
+    launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
+           stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
+           experts, weights, counter, q, d, s, np.int32(xq is not None))
+
+
+def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
+    """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
+    one to three outputs whose N_i sum to W's rows; norm as in gemv."""
+    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
+    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
+    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
+    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
+
+
+@lru_cache(maxsize=None)
+def pair_kernel(type_a: T, va: Variant, type_b: T, vb: Variant, n_tok: int, cols: int):
+    """gemv_pair's kernel: the normed GEMVs of a type_a and a type_b weight (variants va, vb) over
+    one x of cols columns."""
+    block_a = variant_kernel(type_a, n_tok, va, normed=True, cols=cols, block_fn=True)
+    block_b = variant_kernel(type_b, n_tok, vb, normed=True, cols=cols, block_fn=True)
+
+    # grid (blocks_a + blocks_b,), block BLOCK: blocks below blocks_a are A's GEMV into y0 | y1
+    # (its rows split at n0), the rest B's into yb
+    @cuda.jit
+    def _gemv_pair_kernel(parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a, yb, rows_b, blocks_a):
+        if cuda.blockIdx.x < blocks_a:
+            block_a(parts_a, x, wn, eps, y0, y1, y1, n0, rows_a - n0, rows_a, 0, cuda.blockIdx.x)
+        else:
+            block_b(parts_b, x, wn, eps, yb, yb, yb, rows_b, 0, rows_b, 0, cuda.blockIdx.x - blocks_a)
+
+    return _gemv_pair_kernel
+
+
+def gemv_pair(wa: PackedWeight, ys_a, wb: PackedWeight, yb, x, norm: tuple, stream):
+    """gemv_split(wa, x, ys_a) and gemv(wb, x, yb), both with norm (wn, eps), as one launch for
+    weights of two types (a layer's Q|K and a V of another type): ys_a = (y0, y1) (T, N_i) of
+    wa's stacked rows, yb (T, N_b); x (T, K) float32."""
+    n_tok, K = x.shape
+    y0, y1 = ys_a
+    assert wa.cols == wb.cols == K and y0.shape[1] + y1.shape[1] == wa.rows and yb.shape == (n_tok, wb.rows)
+    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
+    for y in (y0, y1, yb):
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
+    va, vb = choose(wa.ggml_type, n_tok, K, wa.rows), choose(wb.ggml_type, n_tok, K, wb.rows)
+    blocks_a = -(-wa.rows // _out_per_block(va, NO_GLU))
+    blocks_b = -(-wb.rows // _out_per_block(vb, NO_GLU))
+    launch(pair_kernel(wa.ggml_type, va, wb.ggml_type, vb, n_tok, K), blocks_a + blocks_b, BLOCK, stream,
+           wa.parts, wb.parts, x, wn, np.float32(eps), y0, y1, np.int32(y0.shape[1]), np.int32(wa.rows), yb,
+           np.int32(wb.rows), np.int32(blocks_a))
+
+
+def glu_fits(w: PackedWeight, n_tok: int) -> bool:
+    """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
+    return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
+
+
+def gemv_glu(w: PackedWeight, x, y, act: int, stream, variant: Variant | None = None,
+             norm: tuple | None = None):
+    """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh);
+    norm as in gemv."""
+    assert act in (SILU, GELU) and w.rows % 2 == 0 and y.shape == (x.shape[0], w.rows // 2)
+    assert (variant.rows % 2 == 0) if variant else glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group"
+    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False, variant, norm)
+
+
+def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU,
+                 variant: Variant | None = None):
+    """Routed experts, one token per slot: y[s] = W_e x[s // x_div] with e = experts[s], or with
+    glu (SILU, GELU) y[s] = act(gate_e x) * up_e x for gate|up stacked per expert.
+
+    w: E experts of n_rows rows stacked, (E * n_rows, K); x (rows, K) float32; experts (S,) int32
+    in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu; `variant` overrides `choose`.
+    """
+    S, K = experts.shape[0], x.shape[1]
+    out_rows = n_rows // 2 if glu else n_rows
+    assert w.cols == K and w.rows % n_rows == 0 and y.shape == (S, out_rows), (w.rows, n_rows, x.shape, y.shape)
+    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x) and x_div >= 1
+    assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
+    v = variant or choose(w.ggml_type, 1, K, n_rows)
+    assert not glu or v.rows % 2 == 0
+    per_block = _out_per_block(v, glu)
+    launch(variant_kernel(w.ggml_type, 1, v, glu, True), ((out_rows + per_block - 1) // per_block, S),
+           BLOCK, stream, w.parts, x, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
+
+
+F32_2D = types.Array(types.float32, 2, "C")
+_I32 = types.int32
+
+
+def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0,
+                route: bool = False) -> tuple:
+    """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail, routed-expert
+    or router one)."""
+    if tail:  # parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter
+        vec = types.Array(types.float32, 1, "C")
+        return (parts_type(ggml_type), F32_2D, F32_2D, _I32, F32_2D, vec, vec, F32_2D, types.float32,
+                types.Array(types.uint32, 1, "C"))
+    if route:  # parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s, quant
+        return (parts_type(ggml_type), F32_2D, types.Array(types.float32, 1, "C"), types.float32, F32_2D, _I32,
+                _I32, _I32, types.Array(types.int32, 2, "C"), F32_2D, types.Array(types.uint32, 1, "C"),
+                types.Array(types.uint32, 2, "C"), F32_2D, F32_2D, _I32)
+    if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
+        return (parts_type(ggml_type), F32_2D, F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
+    norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
+    return (parts_type(ggml_type), F32_2D, *norm, F32_2D, F32_2D, F32_2D, _I32, _I32, _I32, _I32)
+
+
+def pair_args(type_a: T, type_b: T) -> tuple:
+    """Argument types of pair_kernel's kernel: parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a,
+    yb, rows_b, blocks_a."""
+    return (parts_type(type_a), parts_type(type_b), F32_2D, types.Array(types.float32, 1, "C"), types.float32,
+            F32_2D, F32_2D, _I32, _I32, F32_2D, _I32, _I32)
+
+
+# Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
+# (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
+BUILD_SIGNATURES = [
+    (gemv_kernel(t, n, span, glu), types.void(*kernel_args(t)), {"max_registers": 112})
+    for t in DECODERS
+    for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
+                         (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
+                         (1, BLOCK, GELU), (2, 64, SILU))
+] + [
+    (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
+    for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
+] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
+    (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
+    for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
+                                           (1, 64, GELU))
+] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
+    # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
+    (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
+    for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
+    + [(T.Q4_K, Variant(32, 4, 4))]
+] + [
+    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
+     types.void(*kernel_args(T.Q4_K, True)), {})
+] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
+    (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
+     {})
+    for n in (1, 8) for normed in (False, True)
+] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048); ADD (no post-norm) at K 4096
+    # and T 2, a mode no model's decode takes since qwen3moe moved to the fused norms (tested, kept)
+    (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
+     {"max_registers": 128})
+    for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
+                          (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
+] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
+    (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
+     {"max_registers": 136})
+    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
+                                                                  (2, BLOCK, NO_GLU), (2, 64, SILU))
+    for one_step in (False, True)
+] + [  # Q|K and V of two types (Qwen3-30B-A3B Q4_K_M: Q4_K and Q6_K at K 2048), T 1 and 2
+    (pair_kernel(a, choose(a, n, 2048, 1), b, choose(b, n, 2048, 1), n, 2048), types.void(*pair_args(a, b)),
+     {"max_registers": 136})
+    for a, b in ((T.Q4_K, T.Q6_K),) for n in (1, 2)
+]

@@ -1,0 +1,175 @@
+"""The routed experts' down projection at decode on dp4a, with their weighted sum fused in (the
+dp4a twin of gemv_moe.py):
+
+  out[t, n] (+)= sum_j weights[t, j] * (W_e x̂[t * k + j])[n]      e = experts[t * k + j], j < k
+
+x̂ the int8 form of act's rows (quant_x.py's groups of 16 columns), made by the kernel itself: a
+thread quantizes the 32 columns of the chunk it multiplies, so no quantize_x launch comes first.
+Reference: `down_sum_dp4a_ref` (gemv_moe's of the dequantized x̂).
+Legend: T tokens, k experts a token, D output rows of an expert, F its input width (cols).
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, types, uint32
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
+from impnb.kernels.gemv.gemv_dp4a import DOTS, LOADS, kernel_args as dp4a_args
+from impnb.kernels.gemv.gemv_units import DECODERS
+from impnb.kernels.moe.moe import MAX_K
+from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref
+from impnb.kernels.common.repack import PackedWeight
+from impnb.launch import launch
+
+# output rows a block. 4 in the decode graph (synthetic Qwen3-30B-A3B Q4_K_M tg128, H100,
+# 2026-11-27 16:58 UTC, one call): 459.2 tok/s against 507 at 8; 16 exceeds the register bound.
+ROWS = 8
+MAX_WARPS = 16  # 512 threads: at up to 128 registers (asserted at build) a block fits an SM
+MAX_BLOCK = 32 * MAX_WARPS
+EARLY_BLOCK = 256  # early builds' largest block (their registers are not capped)
+
+
+def down_sum_dp4a_ref(wd: np.ndarray, act: np.ndarray, experts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """wd (E, D, F) float64 dequantized experts, act (T * k, F) float32, experts (T * k,),
+    weights (T, k) -> (T, D) float64: the weighted sum of the experts' outputs on x̂ of act."""
+    n_tok, k = weights.shape
+    xq, xd, _ = quantize_x_ref(act)
+    y = np.einsum("sdf,sf->sd", wd[experts], dequantize_x_ref(xq, xd))
+    return (weights[:, :, None].astype(np.float64) * y.reshape(n_tok, k, -1)).sum(axis=1)
+
+
+@cuda.jit(device=True, inline=True)
+def _quantize16(act, i, xw, xf, o):
+    """xw[0, 4o:4o+4] = the 16 floats act.flat[i:i+16] in int8 (quant_x's rounding), xf[0, o] its
+    scale and xf[0, 2 + o] the sum of its dequantized values."""
+    v = cuda.local.array(GROUP, float32)
+    for j in range(4):
+        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(act, i + 4 * j)
+    xw[0, 4 * o], xw[0, 4 * o + 1], xw[0, 4 * o + 2], xw[0, 4 * o + 3], xf[0, o], xf[0, 2 + o] = quantize16(v)
+
+
+@lru_cache(maxsize=None)
+def down_sum_dp4a_kernel(ggml_type: T, cols: int):
+    """The kernel for one weight type and expert input width F = cols (built in: a row's chunks
+    and a row's distance are constants)."""
+    load, dot = LOADS[T(ggml_type)], DOTS[T(ggml_type)]
+    col = DECODERS[T(ggml_type)][2]
+    cpr = cols // 32  # chunks a row
+
+    @cuda.jit(device=True, inline=True)
+    def row_chunk(parts, g, r):
+        return load(parts, g, r * cpr)  # row r's chunk: r * cpr chunks on (a build-time constant)
+
+    rows_chunk = tuple_of(row_chunk, ROWS)
+
+    early = MAX_K * cpr <= EARLY_BLOCK  # one (slot, chunk) a thread, in a block of at most 256
+
+    # grid (T * ceil(D / ROWS),), block 32 * ceil(k * cpr / 32) (at most 512): block b is token
+    # t = b // ceil(D / ROWS), rows ROWS * (b mod ceil(D / ROWS)) .. +ROWS-1, the last block of a
+    # token starting ROWS rows before D (its rows before its own not written). Thread p takes
+    # (slot j, chunk c) = divmod(p, cpr), and p + blockDim, ...: the ROWS chunks' 16-byte loads
+    # first, then x̂ of the chunk's 32 columns of act row t * k + j, then ROWS dots scaled by
+    # weights[t, j]. Per row a warp sum, then thread r sums the warps in order and stores (or,
+    # accumulate, adds) out[t, row r].
+    # early (F <= 1024): the experts, the weights and W are no output of the kernel before (they
+    # are the router's, two launches back or more, complete before that kernel passed its own wait
+    # and let this one start), so a thread reads its (slot, chunk) and issues its W loads before
+    # griddepcontrol.wait, overlapping the gate|up GEMV's tail. Those registers held across the
+    # wait (up to 168) are why early builds are bounded to 256 threads. With those loads after the
+    # wait instead, synthetic Qwen3-30B-A3B Q4_K_M tg128 went 538.7, 537.2 -> 523.5 tok/s (H100,
+    # 2026-11-27 22:45 UTC, one call): kept early.
+    @cuda.jit
+    def _down_sum_dp4a_kernel(parts, act, out, experts, weights, accumulate):
+        D = out.shape[1]
+        k = weights.shape[1]
+        nb = (D + ROWS - 1) // ROWS
+        t = cuda.blockIdx.x // nb
+        first = (cuda.blockIdx.x - t * nb) * ROWS
+        row0 = min(first, D - ROWS)
+        tid = cuda.threadIdx.x
+        acc = cuda.local.array(ROWS, float32)
+        for r in range(ROWS):
+            acc[r] = 0.0
+        xw = cuda.local.array((1, 8), uint32)
+        xf = cuda.local.array((1, 4), float32)
+        if early:
+            p = min(tid, k * cpr - 1)  # past the last (slot, chunk): loaded, not used
+            j = p // cpr
+            wj = weights[t, j]
+            raws = rows_chunk(parts, (experts[t * k + j] * D + row0) * cpr + p - j * cpr)
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel (act's) has finished
+            ptx.grid_dep_launch()
+            if tid < k * cpr:  # x̂ of act row t * k + j's chunk c, then the ROWS dots
+                c = p - j * cpr
+                _quantize16(act, (t * k + j) * cols + col(c, 0), xw, xf, 0)
+                _quantize16(act, (t * k + j) * cols + col(c, 1), xw, xf, 1)
+                for r in range(ROWS):
+                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+        else:
+            ptx.grid_dep_wait()
+            ptx.grid_dep_launch()
+            for p in range(tid, k * cpr, cuda.blockDim.x):
+                j = p // cpr
+                c = p - j * cpr
+                s = t * k + j
+                e = experts[s]
+                wj = weights[t, j]
+                _quantize16(act, s * cols + col(c, 0), xw, xf, 0)  # act's loads beside e's
+                _quantize16(act, s * cols + col(c, 1), xw, xf, 1)
+                raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
+                for r in range(ROWS):
+                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+        scratch = cuda.shared.array(MAX_BLOCK, float32)
+        red = cuda.shared.array((MAX_WARPS, ROWS), float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(ROWS):
+            v = qi.warp_sum(acc[r], scratch)
+            if lane == 0:
+                red[warp, r] = v
+        cuda.syncthreads()
+        if tid < ROWS and row0 + tid >= first:
+            tot = float32(0.0)
+            for i in range(cuda.blockDim.x >> 5):
+                tot += red[i, tid]
+            if accumulate:
+                tot += out[t, row0 + tid]
+            out[t, row0 + tid] = tot
+
+    return _down_sum_dp4a_kernel
+
+
+def kernel_args(ggml_type: T) -> tuple:
+    """parts, act, out, experts, weights, accumulate."""
+    return (dp4a_args(ggml_type)[0], F32_2D, F32_2D, types.Array(types.int32, 1, "C"), F32_2D, types.int32)
+
+
+def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weights, stream,
+                          accumulate: bool = False):
+    """As gemv_moe.experts_down_sum, on dp4a (w of a gemv_dp4a type, D >= ROWS, F a multiple of 32
+    (256 for K-quants)): out (T, D) float32 = sum_j weights[t, j] W_e x̂[t * k + j], or out += that
+    with accumulate; w: E experts of n_rows = D rows stacked, (E * D, F); act (T * k, F) float32;
+    experts (T * k,) int32; weights (T, k) float32. Under programmatic launch, with F <= 1024,
+    experts and weights are read before the wait: they must not come from the kernel just before."""
+    n_tok, D = out.shape
+    k = weights.shape[1]
+    S, F = act.shape
+    assert w.ggml_type in DOTS and F % GROUP == 0 and D >= ROWS
+    assert 1 <= k <= MAX_K and S == n_tok * k and experts.shape == (S,) and weights.shape == (n_tok, k)
+    assert w.cols == F and w.rows % n_rows == 0 and n_rows == D, (w.rows, w.cols, n_rows, act.shape, out.shape)
+    assert act.dtype == np.float32 and act.is_c_contiguous() and aligned16(act)
+    assert out.dtype == np.float32 and out.is_c_contiguous()
+    assert experts.dtype == np.int32 and weights.dtype == np.float32 and weights.is_c_contiguous()
+    block = min(32 * -(-(k * (F // 32)) // 32), MAX_BLOCK)
+    launch(down_sum_dp4a_kernel(w.ggml_type, F), n_tok * -(-D // ROWS), block, stream, w.parts, act, out,
+           experts, weights, np.int32(accumulate))
+
+
+# Registers (sm_90a): see tests/test_kernel_build.py. Built at Qwen3-30B-A3B's F 768 (early, blocks
+# of up to 256 threads) and at F 2304 (blocks of up to 512).
+BUILD_SIGNATURES = [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
+                    for t in DOTS for F, bound in ((768, 192), (2304, 128))]

@@ -1,0 +1,326 @@
+"""Mixture-of-experts routing on the GPU: softmax top-k per token, grouping of the routed slots by
+expert (prefill), and the weighted sum of the experts' outputs; numpy references beside each.
+
+Legend: T tokens, E experts, k experts per token, S = T * k routed slots (slot s = t * k + j is
+token t's j-th choice), D model dim.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import warp_max_u32, warp_min_u32, warp_sum, warp_sync
+from impnb.launch import launch
+
+MAX_K = 8
+MAX_EXPERTS = 1024       # a lane's taken-mask has one bit per 32 experts
+SEGMENTS = MAX_EXPERTS + 1
+ROUTE_WARPS = 4          # tokens per route block
+GROUP_THREADS = 1024
+COMBINE_THREADS = 128
+NEG = np.float32(-3.0e38)
+SIGN = np.uint32(0x80000000)
+ALL_ONES = np.uint32(0xFFFFFFFF)
+
+
+def route_ref(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (T, E) -> (experts (T, k) int32, weights (T, k) float32).
+
+    The k largest logits (the order of their softmax, without the ties its underflow makes
+    where logits span more than ~745), ties to the lower expert index; their weights are the
+    softmax over all experts, or with `normalize` over the k alone (rescaled to sum to 1).
+    """
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    experts = np.argsort(-z, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(p, experts, axis=-1)
+    if normalize:
+        weights /= weights.sum(axis=-1, keepdims=True)
+    return experts.astype(np.int32), weights.astype(np.float32)
+
+
+def group_ref(experts: np.ndarray, n_expert: int, tm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots grouped by expert -> (segment starts (E + 1,), tiles (n_tiles, 3) of (e, first row, rows)):
+    expert e's slots fill rows seg[e] .. seg[e+1]-1, cut into tiles of at most tm rows."""
+    counts = np.bincount(experts.reshape(-1), minlength=n_expert)
+    seg = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    tiles = [(e, r, min(tm, seg[e + 1] - r)) for e in range(n_expert) for r in range(seg[e], seg[e + 1], tm)]
+    return seg, np.array(tiles, np.int32).reshape(-1, 3)
+
+
+def combine_ref(y: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]] (float64)."""
+    T, k = weights.shape
+    return (weights[:, :, None].astype(np.float64) * y[rows.reshape(T, k)].astype(np.float64)).sum(axis=1)
+
+
+def check_experts(cfg) -> None:
+    """UnsupportedError unless the routing kernels take cfg's expert counts."""
+    from impnb.errors import UnsupportedError
+
+    if not (1 <= cfg.n_expert_used <= MAX_K and cfg.n_expert <= MAX_EXPERTS):
+        raise UnsupportedError(f"{cfg.n_expert} experts with {cfg.n_expert_used} per token: the GPU "
+                               f"path routes up to {MAX_EXPERTS} experts, up to {MAX_K} per token; "
+                               "use --device cpu")
+    if cfg.post_norms:
+        raise UnsupportedError("experts with post-norms: the GPU path's decode fuses the pre-norms into "
+                               "the expert GEMVs; use --device cpu")
+
+
+def max_tiles(n_slots: int, n_expert: int, tm: int) -> int:
+    """Most tiles moe_group can write: each non-empty expert adds at most one partial tile."""
+    return min(n_slots, n_slots // tm + min(n_expert, n_slots))
+
+
+@cuda.jit(device=True, inline=True)
+def order_key(v):
+    """A uint32 ordered as float32 v is (NaN aside): sign-flipped bits, -0 taken as +0 (equal
+    floats, equal keys); 0 below every float."""
+    b = qi.f32_bits(v + float32(0.0))  # -0 + 0 = +0
+    return b ^ ALL_ONES if b & SIGN else b | SIGN
+
+
+@cuda.jit(device=True, inline=True)
+def key_value(u):
+    """The float32 of order_key u."""
+    return qi.as_f32(u ^ SIGN if u & SIGN else u ^ ALL_ONES)
+
+
+@cuda.jit(device=True, inline=True)
+def lane_best(row, lane, E, taken):
+    """(order key, expert) of the lane's largest untaken logit, the lower expert on ties; key 0
+    and expert E when none is left."""
+    bk = np.uint32(0)
+    bi = E
+    for i in range((E + 31) >> 5):
+        e = lane + 32 * i
+        if e < E and (taken >> i) & 1 == 0:
+            key = order_key(row[e])
+            if key > bk:
+                bk = key
+                bi = e
+    return bk, bi
+
+
+@cuda.jit(device=True, inline=True)
+def weigh(v, mx, t, k, normalize, logits, scale, weights):
+    """A warp: the softmax weights of token t's k choices into weights[t], lane j < k holding v,
+    the j-th choice's logit, and mx the first's; without normalize the denominator sums over
+    every expert's logit (logits (T, E) through L2, each times scale first)."""
+    lane = cuda.threadIdx.x & 31
+    E = logits.shape[1]
+    p = math.exp(v - mx) if lane < k else float32(0.0)
+    if normalize:
+        den = warp_sum(p)
+    else:
+        den = float32(0.0)
+        for i in range((E + 31) >> 5):
+            e = lane + 32 * i
+            if e < E:
+                den += math.exp(ptx.ld_global_cg_f32(logits, t * E + e) * scale - mx)
+        den = warp_sum(den)
+    if lane < k:
+        weights[t, lane] = p / den
+
+
+@cuda.jit(device=True, inline=True)
+def route_token(logits, t, k, normalize, experts, weights, row):
+    """One warp: token t's top k experts and their softmax weights from logits (T, E) (route_ref)
+    into experts[t], weights[t]. The logits are read through L2 (ld.global.cg: they may come
+    from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,) float32 of shared
+    memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as
+    chosen) and keeps its best untaken one; each of the k rounds takes the warp's largest key
+    and, among the lanes holding it, the lowest expert (two redux.sync), and the winning lane
+    finds its next best. The softmax denominator is a warp sum."""
+    lane = cuda.threadIdx.x & 31
+    E = logits.shape[1]
+    base = t * E
+    for e0 in range(lane, E, 128):  # four L2 loads in flight a lane
+        v = cuda.local.array(4, float32)
+        for q in range(4):
+            v[q] = ptx.ld_global_cg_f32(logits, base + min(e0 + 32 * q, E - 1))
+        for q in range(4):
+            if e0 + 32 * q < E:
+                row[e0 + 32 * q] = v[q]
+    warp_sync()
+    taken = 0
+    bk, bi = lane_best(row, lane, E, taken)
+    mx = NEG
+    mine = NEG  # lane j < k: the logit of the j-th choice
+    # -- top k --
+    for j in range(k):
+        top = warp_max_u32(bk)
+        win = warp_min_u32(np.uint32(bi) if bk == top else ALL_ONES)
+        if win & 31 == lane:
+            taken |= 1 << (win >> 5)
+            bk, bi = lane_best(row, lane, E, taken)
+        val = key_value(top)
+        if j == 0:
+            mx = val
+        if j == lane:
+            mine = val
+        if lane == 0:
+            experts[t, j] = win
+    weigh(mine, mx, t, k, normalize, logits, float32(1.0), weights)
+    warp_sync()  # row is free again
+
+
+@cuda.jit(device=True, inline=True)
+def route_block(logits, t, k, normalize, experts, weights, keys, vals, raw):
+    """Every thread of a block: route_token's experts and weights of token t into experts[t],
+    weights[t], bit for bit, by ranks rather than k rounds: thread i keeps the order keys
+    (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,) uint32, then counts
+    for each of them the experts ahead of it (a larger key, or an equal one at a lower index);
+    rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32). Warp 0 then
+    weighs the choices as route_token does (weigh), or with raw leaves the chosen logits in
+    weights[t] for a later weigh. The logits are read through L2 (ld.global.cg)."""
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    E = logits.shape[1]
+    E4 = (E + 7) >> 3 << 3
+    for e in range(tid, E4, n):  # keys past E are 0: at an index past every expert, never ahead
+        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
+    cuda.syncthreads()
+    for e in range(tid, E, n):
+        # -- eight keys a step into four counts: independent shared loads, not one a step (H100,
+        # 2026-11-26, runs interleaved: four keys a step took bench_moe_decode's router 7.56 ->
+        # 6.74 µs and Qwen3-30B-A3B Q4_K_M tg128 394.3 / 395.3 -> 399.7 / 400.8 tok/s at 18:32
+        # UTC; eight 398.7 / 398.7 -> 400.8 / 400.5 against four at 18:47, the router even) --
+        mine = keys[e]
+        a0 = a1 = a2 = a3 = 0
+        for f in range(0, E4, 8):
+            k0, k1, k2, k3 = keys[f], keys[f + 1], keys[f + 2], keys[f + 3]
+            k4, k5, k6, k7 = keys[f + 4], keys[f + 5], keys[f + 6], keys[f + 7]
+            a0 += (k0 > mine) or (k0 == mine and f < e)
+            a1 += (k1 > mine) or (k1 == mine and f + 1 < e)
+            a2 += (k2 > mine) or (k2 == mine and f + 2 < e)
+            a3 += (k3 > mine) or (k3 == mine and f + 3 < e)
+            a0 += (k4 > mine) or (k4 == mine and f + 4 < e)
+            a1 += (k5 > mine) or (k5 == mine and f + 5 < e)
+            a2 += (k6 > mine) or (k6 == mine and f + 6 < e)
+            a3 += (k7 > mine) or (k7 == mine and f + 7 < e)
+        ahead = a0 + a1 + a2 + a3
+        if ahead < k:
+            experts[t, ahead] = e
+            vals[ahead] = key_value(mine)
+    cuda.syncthreads()
+    if tid < k and raw:
+        weights[t, tid] = vals[tid]
+    elif tid < 32 and not raw:
+        weigh(vals[tid] if tid < k else float32(0.0), vals[0], t, k, normalize, logits, float32(1.0), weights)
+    cuda.syncthreads()  # keys and vals are free again
+
+
+# grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w (route_token).
+@cuda.jit
+def _route_kernel(logits, k, normalize, experts, weights):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    warp = cuda.threadIdx.x >> 5
+    rows = cuda.shared.array((ROUTE_WARPS, MAX_EXPERTS), float32)
+    t = cuda.blockIdx.x * ROUTE_WARPS + warp
+    if t < logits.shape[0]:
+        route_token(logits, t, k, normalize, experts, weights, rows[warp])
+
+
+def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None:
+    """Router logits (T, E) float32 -> experts (T, k) int32, weights (T, k) float32 (route_ref)."""
+    T, E = logits.shape
+    assert 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS, (k, E)
+    assert experts.shape == weights.shape == (T, k) and experts.dtype == np.int32
+    assert logits.dtype == weights.dtype == np.float32
+    launch(_route_kernel, -(-T // ROUTE_WARPS), 32 * ROUTE_WARPS, stream,
+           logits, np.int32(k), np.int32(normalize), experts, weights)
+
+
+# grid (1,), block 1024. Shared: counts, fill (E) and the scans seg, tile0 (E + 1) int32.
+# Counts by shared atomics; one thread scans them into segment starts and first tiles; each
+# slot then takes the next free row of its expert's segment (by atomics, so the order inside a
+# segment is unspecified: every row is computed on its own, results do not depend on it);
+# each expert writes its tiles of at most tm rows.
+@cuda.jit
+def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    tid = cuda.threadIdx.x
+    S = experts.shape[0]
+    counts = cuda.shared.array(MAX_EXPERTS, int32)
+    fill = cuda.shared.array(MAX_EXPERTS, int32)
+    seg = cuda.shared.array(SEGMENTS, int32)
+    tile0 = cuda.shared.array(SEGMENTS, int32)
+    for e in range(tid, n_expert, GROUP_THREADS):
+        counts[e] = 0
+        fill[e] = 0
+    cuda.syncthreads()
+    # -- count, then scan --
+    for s in range(tid, S, GROUP_THREADS):
+        cuda.atomic.add(counts, experts[s], 1)
+    cuda.syncthreads()
+    if tid == 0:
+        seg[0] = 0
+        tile0[0] = 0
+        for e in range(n_expert):
+            seg[e + 1] = seg[e] + counts[e]
+            tile0[e + 1] = tile0[e] + (counts[e] + tm - 1) // tm
+        n_tiles[0] = tile0[n_expert]
+    cuda.syncthreads()
+    # -- place the slots, write the tiles --
+    for s in range(tid, S, GROUP_THREADS):
+        e = experts[s]
+        r = seg[e] + cuda.atomic.add(fill, e, 1)
+        order[r] = s
+        slot_row[s] = r
+    for e in range(tid, n_expert, GROUP_THREADS):
+        for i in range(tile0[e], tile0[e + 1]):
+            r0 = seg[e] + (i - tile0[e]) * tm
+            tiles[i, 0] = e
+            tiles[i, 1] = r0
+            tiles[i, 2] = min(tm, seg[e + 1] - r0)
+
+
+def moe_group(experts, n_expert: int, tm: int, order, slot_row, tiles, n_tiles, stream) -> None:
+    """Routed slots experts (S,) int32 grouped by expert: order (S,) the slot at each grouped row,
+    slot_row (S,) its inverse, tiles (max_tiles, 3) int32 (e, first row, rows <= tm) in expert
+    order, n_tiles (1,) int32 how many (group_ref's segments and tiles)."""
+    S = experts.shape[0]
+    assert n_expert <= MAX_EXPERTS and tm >= 1
+    assert order.shape == slot_row.shape == (S,) and tiles.shape == (max_tiles(S, n_expert, tm), 3)
+    for a in (experts, order, slot_row, tiles, n_tiles):
+        assert a.dtype == np.int32 and a.is_c_contiguous()
+    launch(_group_kernel, 1, GROUP_THREADS, stream, experts, np.int32(n_expert), np.int32(tm),
+           order, slot_row, tiles, n_tiles)
+
+
+# grid (T, ceil(D / 128)), block 128: thread d of token t sums its k weighted slot rows in order.
+@cuda.jit
+def _combine_kernel(y, rows, weights, out):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    t = cuda.blockIdx.x
+    d = cuda.blockIdx.y * COMBINE_THREADS + cuda.threadIdx.x
+    if d < out.shape[1]:
+        k = weights.shape[1]
+        acc = float32(0.0)
+        for j in range(k):
+            acc += weights[t, j] * y[rows[t * k + j], d]
+        out[t, d] = acc
+
+
+def moe_combine(y, rows, weights, out, stream) -> None:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]]; y (rows, D), rows (>= T * k,) int32."""
+    T, D = out.shape
+    assert weights.shape[0] == T and rows.shape[0] >= T * weights.shape[1] and y.shape[1] == D
+    launch(_combine_kernel, (T, -(-D // COMBINE_THREADS)), COMBINE_THREADS, stream, y, rows, weights, out)
+
+
+F32_2D = float32[:, ::1]
+_I32_1D = int32[::1]
+BUILD_SIGNATURES = [
+    (_route_kernel, (F32_2D, int32, int32, int32[:, ::1], F32_2D), {"max_registers": 64}),
+    (_group_kernel, (_I32_1D, int32, int32, _I32_1D, _I32_1D, int32[:, ::1], _I32_1D), {"max_registers": 64}),
+    (_combine_kernel, (F32_2D, _I32_1D, F32_2D, F32_2D), {"max_registers": 32}),
+]

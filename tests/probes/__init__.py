@@ -1,0 +1,1 @@
+"""Layout probes: kernels that record what each lane holds, for the PTX layout tests."""
