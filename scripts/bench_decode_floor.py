@@ -19,15 +19,7 @@ chain as one empty programmatic kernel a phase (the decode graph's way), for the
 Per mode the µs from barrier to barrier of a layer's phases (block 0's %globaltimer, the last
 token). A real kernel adds its arithmetic to every row.
 
-H100 (2026-11-27 22:12 UTC, synthetic Qwen3-30B-A3B Q4_K_M, 128 threads a block; % of the
-bytes_per_token bound at 2.97 TB/s): a bare barrier 0.69 µs, one that publishes and reads 1.42
-(1.85 at 256 threads), a programmatic kernel boundary that does 1.17; reads after barrier 47.3%,
-routed to smem only 48.7%, prefetched 53.9%, prefetched with 4 syncs 60.6% (impnb's decode with
-its arithmetic: 34.8%). A barrier slows under streaming traffic: with the next layer's 13.6 MB
-in flight the down's phase takes 5.90 µs, without 2.44; so the chain does not hide under the
-weights' stream, and a layer costs about its bytes at the copy rate plus the barriers that run
-while nothing streams. Copies issued by a thread that does not arrive at the barrier, or after
-the down's wait, measured the same.
+Its figures, and what they say about a one-kernel decode: docs/EXPERIMENTS.md, 'Megakernel floor'.
     python scripts/bench_decode_floor.py /tmp/moe.gguf [--tokens 16] [--threads 128]
 """
 

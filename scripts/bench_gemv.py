@@ -36,7 +36,7 @@ from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
 from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.kernels.common.repack import repack  # noqa: E402
 
-PEAK = 2.97e12  # bytes/s, device-to-device copy on the H100 (shared/GPU.md)
+PEAK = 2.97e12  # bytes/s, a device-to-device copy on the H100 (bytes read + written)
 L2_BYTES = 50e6
 SCALES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,),
           T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}  # fp16 scale fields

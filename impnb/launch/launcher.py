@@ -12,13 +12,10 @@ writes memory, and before it reads what the kernel just before writes) is launch
 with programmatic stream serialization (cuLaunchKernelEx): it may be scheduled while the kernel
 before it runs and waits on the device, so the launch gap between graph nodes overlaps work.
 IMPNB_PDL=0 turns this off. A launch with cluster dims goes through cuLaunchKernelEx too.
-attention_decode_short waits inside a device function; until the search went into device
-functions its kernels were launched plainly. Found and fixed 2026-11-27: with that and its and the
-experts' down's early loads, synthetic Qwen3-30B-A3B Q4_K_M tg128 went 412.4, 408.0 -> 439.1,
-441.4 tok/s (H100, one call).
+The search for the wait looks into device functions: attention_decode_short waits inside one.
 The shared-memory carveout is left to the driver: one preferred carveout for every kernel (so no
-SM reconfigures between a kernel and the next) was even there (H100, 2026-11-27 20:11 UTC, tg128
-in one call: driver's 535.6, 537.9; 25% 537.2, 538.5; 100% 537.1; 10% 540.7). Not kept.
+SM reconfigures between a kernel and the next) measured even (docs/EXPERIMENTS.md, 'Launch and
+graphs').
 """
 
 import ctypes

@@ -446,14 +446,10 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     pos (B, T) int32, the positions of the queries, whose K/V are already in the cache.
     window None or > 0; softcap None or > 0. One sequence may pass q/out (T, H, D), pos (T,),
     block_table (max_pages,). warps: the block size, one of WARPS; by default 16 (8 with softcap
-    or post).
-    Measured on the H100 (2026-11-24, µs a call at 131 / 256 keys, 4, 8, 16 warps): SmolLM2
-    (D 64) 3.44, 2.97, 2.65 / 4.35, 3.18, 3.17; Gemma3 (D 256) -, 6.01, 6.08 / -, 9.12, 8.26;
-    Qwen3-30B-A3B (D 128) 5.16, 4.01, 4.18 / 7.72, 5.25, 4.87; 16 wins from 512 keys on.
-    Clusters of 8 warps a block (2026-11-24, µs at 131 / 1024 / 4096 keys, 1 / 2 / 4 / 8 blocks a
-    row): Gemma3 7.39, 6.55, 5.77, 5.39 / 33.4, 19.5, 12.1, 8.4 / 124.6, 65.5, 35.1, 20.1;
-    SmolLM2 4.28, 4.69, 4.72, 4.93 / 10.3, 7.8, 5.9, 5.1 / 32.8, 19.3, 11.6, 8.1; Qwen3-30B-A3B
-    5.40, 5.59, 8.77, 13.1 / 18.2, 12.0, 15.1, 16.4 / 63.7, 35.2, 38.3, 34.2 (gpu/model.py picks).
+    or post): 16 warps win from 512 keys on; below, 8 and 16 are within 10% of each other.
+    Clusters pay from 1024 keys, where 8 blocks a row run Gemma3 and SmolLM2 2-6x faster than
+    one; at head dim 128 2 blocks measured best (gpu/model.py picks; figures in
+    docs/EXPERIMENTS.md, 'Decode attention').
 
     post = (k_new, v_new, inv_freq, neox, q_norm, k_norm, eps): qkv_post's work fused in front,
     its arguments as there. q is then raw from the Q|K|V GEMV, k_new, v_new (B, T, Hkv, D)

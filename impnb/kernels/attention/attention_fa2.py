@@ -53,9 +53,8 @@ SMEM_ALIGN = ptx.SMEM_ALIGN
 # FlashAttention-2's sm80 forward) reuses every K/V fragment read from shared memory for two
 # m-tiles, halving ldmatrix traffic per mma; MT 1 keeps BM 64. Without Q in registers its
 # fragments are re-read per k step, as FlashAttention-2 does. D 128 at MT 2 fits 255 registers
-# only with 32-key tiles (64 spill 24 bytes; measured 1-3% faster on the H100, 2026-11-24, so
-# not worth the spill). All compile without spills (tests/test_kernel_build.py). A third
-# cp.async stage measured no faster.
+# only with 32-key tiles (64 spill 24 bytes for 1-3%, not worth the spill). All compile without
+# spills (tests/test_kernel_build.py). A third cp.async stage measured no faster.
 TILINGS = {
     "m32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False)},
     "m16": {64: (64, 1, True), 128: (64, 1, True), 256: (32, 1, False)},

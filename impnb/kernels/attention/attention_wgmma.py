@@ -27,28 +27,13 @@ from impnb.kernels.common.warp import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
-# The forms (wgnBN: BN-key tiles, two warpgroups, three stages) and the others tried, measured on
-# the H100 2026-11-26 (scripts/bench_attention.py, TFLOP/s, Z=4 H=32, N 1024 / 4096 / 16384, not
-# causal | causal; each line's figures from one call):
-#   D 64:  wgn64 256 / 346 / 351 | 142 / 330 / 375: two blocks an SM at 128 registers, 16 warps;
-#          128-key tiles, one block an SM (Q in registers, 254 registers): 202 / 283 / 308 | 149 / 258 / 309;
-#          wgn64 with 4 stages: 255 / 347 / 359 | 142 / 329 / 372; one warpgroup a block, 3 blocks
-#          an SM (shared memory): 192 / 305 / 295 | 160 / 286 / 333.
-#   D 128: wgn128 291 / 399 / 405 | 206 / 364 / 421; 64-key tiles with three warpgroups at 168
-#          registers (12 warps an SM): 216 / 355 / 423 | 193 / 363 / 427, with 4 stages 214 / 356 /
-#          420 | 189 / 360 / 413; 64-key tiles with two warpgroups and 4 stages: 269 / 351 / 375 |
-#          208 / 341 / 383. 64-key tiles with two blocks an SM spill 532 bytes at D 128 (O alone
-#          is 64 registers a thread).
-# A persistent grid (blocks an SM x 132 blocks, each looping over work items (head, query tile)
-# heaviest first with a block barrier between items) measured slower at every short context, so a
-# block is a work item (N 512 / 1024 / 2048 / 4096, not causal | causal, one call 2026-11-26 15:39 UTC):
-#   D 128: 187 / 280 / 343 / 378 | 97 / 171 / 250 / 320 against 199 / 296 / 364 / 398 | 103 / 208 / 297 / 370;
-#   D 64 (164 bytes spilled at 128 registers): 119 / 218 / 267 / 291 | 62 / 122 / 181 / 235 against
-#          147 / 256 / 314 / 347 | 73 / 143 / 268 / 336.
-#   The hardware's block scheduler already hands the heaviest-first blocks out as SMs free up.
-# Tried and dropped earlier (D 128, same-call comparisons; numbers in git history): Q's fragments
-# held in registers (within 2%); P·V after the softmax rather than beside the next S (3% slower);
-# an mbarrier pair a stage in place of the block barrier a tile (4-11% slower).
+# The forms run (wgnBN: BN-key tiles, two warpgroups, three stages): D 64 on 64-key tiles at 128
+# registers, two blocks an SM (16 warps); D 128 on 128-key tiles, one block an SM. Other tilings,
+# stage counts and warpgroup counts measured slower or spilled (64-key tiles with two blocks an SM
+# spill 532 bytes at D 128: O alone is 64 registers a thread). A block is one work item (head,
+# query tile), handed out heaviest first by the hardware's block scheduler as SMs free up; a
+# persistent grid looping over items measured slower at every short context. Figures of the forms
+# and of what lost: docs/EXPERIMENTS.md, 'Prefill attention'.
 
 
 class Form(NamedTuple):

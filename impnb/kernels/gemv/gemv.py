@@ -86,9 +86,8 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     # two halves of 16, each half FMAed against x[t, k..k+16] (float4 loads through L1) for every
     # token t. Partial sums acc[r, t] are reduced over the warp by shuffles, then (span > 32) over
     # the group's warps in shared memory red[4, R, T]; `store` writes a group's rows for one token.
-    # one_step (a thread's chunks fit one step): that step's loads precede griddepcontrol.wait.
-    # After the wait instead in the normed Q|K|V GEMVs, synthetic Qwen3-30B-A3B Q4_K_M tg128 went
-    # 538.7, 537.2 -> 538.2, 538.8 tok/s (H100, 2026-11-27 22:45 UTC, one call): even, left early.
+    # one_step (a thread's chunks fit one step): that step's loads precede griddepcontrol.wait
+    # (weights are no kernel's output, so they overlap the kernel before under programmatic launch).
     @cuda.jit(device=True, inline=True)
     def x4(x, i, wn, k, ss, t):
         # -- x[i .. i + 4]; normed: times wn[k .. k + 4], their squares summed into ss[t] --
@@ -482,26 +481,10 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
            np.int32(w.rows), *res.args(y))
 
 
-# The router's few rows (E of K = D): a row a block spreads them over E blocks. Measured on an
-# H200 (2026-11-25, scripts/bench_moe_decode.py, 128 x 2048 F32): 2.50 µs a call against 4.65
-# for choose()'s 4 rows a group (16 blocks). Its last block routes: moving the routing into the
-# dp4a gate|up experts kernel (each of its 192 x 8 blocks choosing its slot's expert from the
-# logits, the router then a plain GEMV at 3.7 µs against 7.3) lost on Qwen3-30B-A3B Q4_K_M (H100,
-# 2026-11-26, tg128 against the tree before in the same call): 402.2, 403.8 -> 320.4, 321.9 with
-# all 128 threads of a block ranking the keys, 404.5, 404.5 -> 361.0, 361.1 with one warp's k
-# rounds (moe.route_token's); gate|up 6.5 -> 25.6 / 17.8 µs: 1536 blocks in two waves each pay
-# the routing before their first weight load.
-# The whole router in one thread-block cluster instead (8 blocks of 512 threads, 16 experts'
-# rows of W a block held in registers from before the wait, x normed in shared memory, block 0
-# ranking all logits through distributed shared memory: no fence, no ticket) lost on the H100
-# (2026-11-27 07:33 UTC, scripts/bench_moe_decode.py: 9.95 µs against 7.04; synthetic
-# Qwen3-30B-A3B Q4_K_M tg128 in one call 470.7 / 472.2 tok/s against 502.0 / 502.2 for this
-# kernel). Reading W is not all of it: scripts/bench_block_bandwidth.py's 8 blocks of 512
-# threads read 128 KB each in 2.7 µs; which part of the rest (x staged and normed, three block
-# barriers and two cluster ones, the ranking) costs the other 7 µs was not found. The patch is
-# kept in .dev/moe_router_and_mend.patch. Its W loads issued before the wait as one_step
-# kernels do (a thread's one F32 chunk, 32 registers held across it) measured even: tg128 500.5,
-# 500.4 against 499.8 (H100, 2026-11-27 07:59 UTC, one call); not kept.
+# The router's few rows (E of K = D): a row a block spreads them over E blocks (1.9x faster than
+# choose()'s 4 rows a group on 128 x 2048 F32). Its last block routes: the routing moved into
+# the experts' gate|up kernel, or the whole router in one thread-block cluster, lost in the
+# decode graph (docs/EXPERIMENTS.md, 'MoE decode').
 ROUTER_VARIANT = Variant(128, 1, 1)
 assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
 

@@ -25,8 +25,8 @@ from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quan
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
 
-# output rows a block. 4 in the decode graph (synthetic Qwen3-30B-A3B Q4_K_M tg128, H100,
-# 2026-11-27 16:58 UTC, one call): 459.2 tok/s against 507 at 8; 16 exceeds the register bound.
+# output rows a block: 8 decodes about 10% faster than 4 on Qwen3-30B-A3B; 16 exceeds the
+# register bound.
 ROWS = 8
 MAX_WARPS = 16  # 512 threads: at up to 128 registers (asserted at build) a block fits an SM
 MAX_BLOCK = 32 * MAX_WARPS
@@ -80,8 +80,7 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
     # and let this one start), so a thread reads its (slot, chunk) and issues its W loads before
     # griddepcontrol.wait, overlapping the gate|up GEMV's tail. Those registers held across the
     # wait (up to 168) are why early builds are bounded to 256 threads. With those loads after the
-    # wait instead, synthetic Qwen3-30B-A3B Q4_K_M tg128 went 538.7, 537.2 -> 523.5 tok/s (H100,
-    # 2026-11-27 22:45 UTC, one call): kept early.
+    # wait instead, Qwen3-30B-A3B decoded 2.8% slower (docs/EXPERIMENTS.md, 'MoE decode').
     @cuda.jit
     def _down_sum_dp4a_kernel(parts, act, out, experts, weights, accumulate):
         D = out.shape[1]

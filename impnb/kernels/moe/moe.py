@@ -186,10 +186,9 @@ def route_block(logits, t, k, normalize, experts, weights, keys, vals, raw):
         keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
     cuda.syncthreads()
     for e in range(tid, E, n):
-        # -- eight keys a step into four counts: independent shared loads, not one a step (H100,
-        # 2026-11-26, runs interleaved: four keys a step took bench_moe_decode's router 7.56 ->
-        # 6.74 µs and Qwen3-30B-A3B Q4_K_M tg128 394.3 / 395.3 -> 399.7 / 400.8 tok/s at 18:32
-        # UTC; eight 398.7 / 398.7 -> 400.8 / 400.5 against four at 18:47, the router even) --
+        # -- eight keys a step into four counts: independent shared loads, not one a step (the
+        # router 11% faster with four a step; eight measured even with four; docs/EXPERIMENTS.md,
+        # 'MoE decode') --
         mine = keys[e]
         a0 = a1 = a2 = a3 = 0
         for f in range(0, E4, 8):

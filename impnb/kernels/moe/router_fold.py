@@ -37,9 +37,8 @@ from impnb.launch import launch
 
 # The folded weights are fp16 (half of fp32's bytes: 1.5 MB a layer on Qwen3-30B-A3B, read before
 # the wait beside decode attention). Their rounding (2^-11 of a weight) is far under that of the
-# int8 â attn_output's half reads (2^-8 of a group's largest); the sums stay fp32. Synthetic
-# Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27 17:44 UTC, interleaved in one call, fp32 / fp16):
-# 535.6, 534.0 / 538.9, 538.7 tok/s.
+# int8 â attn_output's half reads (2^-8 of a group's largest); the sums stay fp32. fp16 decodes
+# about 0.7% faster than fp32 on Qwen3-30B-A3B (docs/EXPERIMENTS.md, 'MoE decode').
 class Fold(NamedTuple):
     wx: object  # (E, D) float16: W_r diag(wn)
     wa: object  # (E, H Dv) float16: Wx W_o
@@ -64,18 +63,10 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
 # The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured); elsewhere
 # choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not before as
 # gemv_dp4a's do: under programmatic launch those 4.7 MB crowd decode attention, the kernel before.
-# Synthetic Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27, its 2048 x 4096 Q4_K attn_output):
-# with early loads, choose_dp4a's s64u1r4 517.7, 517.5 tok/s, s32u2r4 531.5 (17:05 UTC); s32u2r4
-# 530.8, 530.3, s32u4r4 530.6, s32u1r8 529.1, s32u3r4 531.1 (17:11 UTC); the loads after the wait
-# 522.5 on s64u1r4 (17:04 UTC), 534.7 on s32u2r4 (17:14 UTC). The router blocks' loads of Wx and
-# Wa stay before the wait: after it, 507.7 (Wa) and 508.6 (both) against 517.7; all of the
-# thread's Wx loads in flight at once (D built in) 506.7, 507.3 against 519.5, 520.2 (16:55 UTC).
-# Both against the tree before, interleaved in one call (17:22 UTC): 519.7, 519.7 -> 533.7, 532.9.
-# The same order in the Q|K|V GEMVs (gemv.py's one-step loads) and the experts' down kernel was
-# even there (533.6, 533.4): not kept. More rows in flight at once, loads after the wait (19:52
-# UTC, one call, against s32u2r4's 539.0, 538.8): s128u1r4 (512 GEMV blocks, one chunk a thread)
-# 530.2, 531.6, s128u1r8 534.2, 533.7, s64u2r4 537.3, 537.4. IMPNB_FOLD_T1=0 (choose_dp4a's) for
-# A/B runs.
+# On Qwen3-30B-A3B's 2048 x 4096 Q4_K attn_output, s32u2r4 with its loads after the wait decodes
+# about 3% faster than choose_dp4a's s64u1r4 with early loads; the router blocks' Wx and Wa loads
+# stay before the wait (after it they lost 2%), and wider variants (more rows in flight) lost
+# (docs/EXPERIMENTS.md, 'MoE decode'). IMPNB_FOLD_T1=0 (choose_dp4a's) for A/B runs.
 FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
 
 
