@@ -31,6 +31,17 @@ _SCALARS = {
 }
 
 
+_U64 = struct.Struct("<Q")
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Tensor:
     """One tensor: `shape` in numpy order (rows, cols), `data` the raw bytes in the mmap."""
@@ -53,7 +64,7 @@ class _Walker:
     """Bounds-checked little-endian reads over the header bytes."""
 
     def __init__(self, buf, size: int):
-        self.buf, self.size, self.pos = buf, size, 0
+        self.buf, self.size, self.pos = memoryview(buf), size, 0
 
     def take(self, n: int) -> int:
         if n < 0 or self.pos + n > self.size:
@@ -73,9 +84,36 @@ class _Walker:
             raise GGUFError(f"string of {n} bytes at offset {self.pos}")
         start = self.take(n)
         try:
-            return bytes(self.buf[start:start + n]).decode("utf-8")
+            return str(self.buf[start:start + n], "utf-8")
         except UnicodeDecodeError:
             raise GGUFError(f"string at offset {start} is not UTF-8") from None
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings: lengths walked in one tight loop, then the bytes decoded from one copy."""
+        if count * 8 > self.size - self.pos:
+            raise GGUFError(f"array of {count} strings cannot fit in the file")
+        unpack, buf, size = _U64.unpack_from, self.buf, self.size
+        first = p = self.pos
+        starts, ends = [0] * count, [0] * count
+        for i in range(count):
+            if p + 8 > size:
+                raise GGUFError(f"truncated header: needs 8 bytes at offset {p}, file has {size}")
+            n, = unpack(buf, p)
+            p += 8
+            if n > MAX_STRING:
+                raise GGUFError(f"string of {n} bytes at offset {p}")
+            if p + n > size:
+                raise GGUFError(f"truncated header: needs {n} bytes at offset {p}, file has {size}")
+            starts[i] = p
+            p += n
+            ends[i] = p
+        self.pos = p
+        span = bytes(buf[first:p])
+        try:
+            return [span[a - first:b - first].decode("utf-8") for a, b in zip(starts, ends)]
+        except UnicodeDecodeError:
+            bad = next(a for a, b in zip(starts, ends) if not _is_utf8(span[a - first:b - first]))
+            raise GGUFError(f"string at offset {bad} is not UTF-8") from None
 
     def value(self, vtype: int):
         if vtype in _SCALARS:
@@ -90,9 +128,7 @@ class _Walker:
             start = self.take(count * struct.calcsize(fmt))
             return np.frombuffer(self.buf, np.dtype(fmt), count, start).tolist()
         if etype == GGUFValueType.STRING:
-            if count * 8 > self.size - self.pos:
-                raise GGUFError(f"array of {count} strings cannot fit in the file")
-            return [self.string() for _ in range(count)]
+            return self.strings(count)
         raise GGUFError(f"array element type {etype} is not valid")
 
 

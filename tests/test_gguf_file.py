@@ -217,6 +217,48 @@ def test_absurd_string_array_count(tmp_path):
     rejects(build_gguf([ARCH, kv]).write(tmp_path / "a"), f"array of {2**62} strings")
 
 
+def test_large_vocabulary_agrees_with_reader_and_loads_fast(tmp_path):
+    """A 262k-string vocabulary (Gemma3's size) of mixed lengths, multi-byte UTF-8 and empty
+    strings, with its scores: the same lists as GGUFReader, read well under a second."""
+    rng = np.random.default_rng(11)
+    alphabet = ["a", "b", "é", "☃", "\u2581", "🙂", "<", ">", "0"]
+    tokens = ["".join(rng.choice(alphabet, rng.integers(0, 12))) for _ in range(262_144)]
+    tokens[7] = "x" * 70_000  # a length past two bytes
+    scores = rng.standard_normal(len(tokens)).astype(np.float32)
+    kvs = [ARCH, kv_array("tokenizer.ggml.tokens", V.STRING, b"".join(gguf_string(t) for t in tokens),
+                          len(tokens)),
+           kv_array("tokenizer.ggml.scores", V.FLOAT32, scores.tobytes(), len(scores))]
+    path = build_gguf(kvs).write(tmp_path / "vocab.gguf")
+    start = time.perf_counter()
+    mf = open_model_file(path)
+    elapsed = time.perf_counter() - start
+    assert mf.metadata["tokenizer.ggml.tokens"] == tokens
+    assert mf.metadata["tokenizer.ggml.scores"] == scores.tolist()
+    assert elapsed < 1.0, f"took {elapsed:.2f} s"
+    assert_agrees_with_reader(path)
+
+
+@pytest.mark.parametrize("length, match", [(2**62, f"string of {2**62} bytes"), (2**26 + 1, "string of"),
+                                           (10**6, "truncated header")])
+def test_bad_length_inside_a_string_array(tmp_path, length, match):
+    items = gguf_string("ok") + gguf_string("bad", length=length) + gguf_string("later")
+    kv = kv_array("tokenizer.ggml.tokens", V.STRING, items, 3)
+    rejects(build_gguf([ARCH, kv]).write(tmp_path / "a"), match)
+
+
+def test_string_array_cut_inside_a_length(tmp_path):
+    kv = kv_array("tokenizer.ggml.tokens", V.STRING, gguf_string("okokokok") + gguf_string("b")[:5], 2)
+    rejects(build_gguf([ARCH, kv], alignment=1).write(tmp_path / "a"), "truncated header")
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"\xe2\x98", b"\x80"])
+def test_invalid_utf8_inside_a_string_array(tmp_path, bad):
+    """Each string must be UTF-8 on its own: a character split across two strings is refused."""
+    items = gguf_string("ok") + u64(len(bad)) + bad + u64(1) + b"\x83"
+    kv = kv_array("tokenizer.ggml.tokens", V.STRING, items, 3)
+    rejects(build_gguf([ARCH, kv]).write(tmp_path / "a"), "not UTF-8")
+
+
 def test_invalid_utf8_string(tmp_path):
     kv = kv_raw("general.name", V.STRING, u64(2) + b"\xff\xfe")
     rejects(build_gguf([ARCH, kv]).write(tmp_path / "a"), "not UTF-8")
