@@ -3,11 +3,14 @@
 import codecs
 from operator import itemgetter
 
+import numpy as np
+
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
 from impnb.errors import GGUFError, UnsupportedError
+from impnb.tokenizer_cache import cached_merges
 
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 SPIECE_SPACE = "\u2581"
@@ -98,9 +101,12 @@ def _sentencepiece_backend(md: dict, gemma: bool) -> tuple[Backend, dict[str, in
     if "tokenizer.ggml.merges" in md:
         merges = [tuple(m.split(" ")) for m in md["tokenizer.ggml.merges"]]
     elif gemma:
-        merges = derived_merges(vocab, {tok: -i for i, tok in enumerate(tokens)})
+        merges = cached_merges(tokens, vocab, b"gemma: vocabulary order", lambda: derived_merges(
+            vocab, {tok: -i for i, tok in enumerate(tokens)}))
     else:
-        merges = derived_merges(vocab, dict(zip(tokens, md["tokenizer.ggml.scores"])))
+        scores = md["tokenizer.ggml.scores"]
+        merges = cached_merges(tokens, vocab, np.asarray(scores, np.float64).tobytes(),
+                               lambda: derived_merges(vocab, dict(zip(tokens, scores))))
     steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
         backend = Backend(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,

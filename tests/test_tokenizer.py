@@ -1,7 +1,9 @@
 """Tokenizer: ids identical to HF transformers' GGUF tokenizer, decode round trips, streaming decode."""
 
+import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from impnb.errors import GGUFError, UnsupportedError
@@ -231,3 +233,43 @@ def test_unsupported_or_incomplete_tokenizer_metadata():
     del metadata["tokenizer.ggml.merges"]
     with pytest.raises(GGUFError, match="tokenizer.ggml.merges"):
         Tokenizer.from_metadata(metadata)
+
+
+def test_merges_cache_hit_equals_derivation_and_corrupt_entries_are_rebuilt(tmp_path, monkeypatch):
+    from impnb import tokenizer_cache
+
+    monkeypatch.setenv("IMPNB_CACHE_DIR", str(tmp_path / "kernels"))
+    metadata = tiny_llama_metadata()
+    fresh = Tokenizer.from_metadata(metadata)
+    files = list((tmp_path / "tokenizers").iterdir())
+    assert len(files) == 1
+    calls = []
+    real = tokenizer_cache.cached_merges
+
+    def counting(tokens, vocab, rank, derive):
+        return real(tokens, vocab, rank, lambda: calls.append(1) or derive())
+
+    monkeypatch.setattr("impnb.tokenizer.cached_merges", counting)
+    out_of_range = np.array([[0, 10**6]], "<i4").tobytes()
+    for damage in (None, b"junk", files[0].read_bytes()[:-3], files[0].read_bytes()[:-8] + b"\xff" * 8,
+                   tokenizer_cache.MAGIC + hashlib.sha256(out_of_range).digest() + out_of_range):
+        if damage is not None:
+            files[0].write_bytes(damage)
+        calls.clear()
+        tok = Tokenizer.from_metadata(metadata)
+        assert calls == ([] if damage is None else [1])
+        for text in TINY_TEXTS:
+            assert tok.encode(text) == fresh.encode(text), text
+    scores = list(metadata["tokenizer.ggml.scores"])
+    metadata["tokenizer.ggml.scores"] = scores[::-1]
+    calls.clear()
+    Tokenizer.from_metadata(metadata)
+    assert calls == [1]  # other scores, other key
+
+
+def test_merges_cache_dir_that_cannot_be_written(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("IMPNB_CACHE_DIR", str(blocker / "kernels"))
+    tok = Tokenizer.from_metadata(tiny_llama_metadata())
+    assert tok.decode(tok.encode("ab ab")) == "<s> ab ab"

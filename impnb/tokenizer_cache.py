@@ -1,0 +1,85 @@
+"""Merges derived from a SentencePiece vocabulary, cached on disk by the vocabulary's hash.
+
+Deriving Gemma3's half-million merges from its 262k tokens takes seconds of Python; the cache
+keeps them as pairs of token ids beside the kernel cache ($IMPNB_CACHE_DIR's parent, default
+~/.cache/impnb/tokenizers): MAGIC, the SHA-256 of the payload, the int32 pairs. A file that is
+short, corrupt or names an id outside the vocabulary is ignored and rebuilt; a cache dir that
+cannot be written only costs the derivation.
+"""
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+log = logging.getLogger("impnb.tokenizer")
+
+MAGIC = b"impnb-merges-1\n"
+
+
+def cache_dir() -> Path:
+    kernels = os.environ.get("IMPNB_CACHE_DIR") or Path.home() / ".cache" / "impnb" / "kernels"
+    return Path(kernels).parent / "tokenizers"
+
+
+def vocab_key(tokens: list[str], rank: bytes) -> str:
+    """Hex digest of the token texts (length-prefixed, so no separator is ambiguous) and `rank`,
+    the bytes that order the merges."""
+    h = hashlib.sha256(MAGIC)
+    h.update(np.fromiter(map(len, tokens), np.int64, len(tokens)).tobytes())
+    h.update("".join(tokens).encode("utf-8", "surrogatepass"))
+    h.update(rank)
+    return h.hexdigest()
+
+
+def _read(path: Path, n_vocab: int) -> np.ndarray | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("tokenizer cache: cannot read %s (%s); rebuilding", path, e)
+        return None
+    n = len(MAGIC)
+    payload = data[n + 32:]
+    if (data[:n] != MAGIC or hashlib.sha256(payload).digest() != data[n:n + 32]
+            or len(payload) % 8):
+        log.warning("tokenizer cache: %s is corrupt; rebuilding", path)
+        return None
+    pairs = np.frombuffer(payload, "<i4").reshape(-1, 2)
+    if pairs.size and (pairs.min() < 0 or pairs.max() >= n_vocab):
+        log.warning("tokenizer cache: %s names tokens outside the vocabulary; rebuilding", path)
+        return None
+    return pairs
+
+
+def _write(path: Path, pairs: np.ndarray) -> None:
+    payload = np.ascontiguousarray(pairs, "<i4").tobytes()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
+            tmp = f.name
+            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("tokenizer cache: cannot write %s (%s)", path, e)
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def cached_merges(tokens: list[str], vocab: dict[str, int], rank: bytes,
+                  derive: Callable[[], list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """derive()'s merges for this vocabulary, from the cache when an intact entry exists."""
+    path = cache_dir() / f"merges-{vocab_key(tokens, rank)[:32]}.bin"
+    pairs = _read(path, len(tokens))
+    if pairs is None:
+        merges = derive()
+        _write(path, np.array([(vocab[a], vocab[b]) for a, b in merges], np.int32).reshape(-1, 2))
+        return merges
+    text = tokens.__getitem__
+    return list(zip(map(text, pairs[:, 0].tolist()), map(text, pairs[:, 1].tolist())))
