@@ -3,11 +3,10 @@
 import numpy as np
 
 from impnb.gguf_file import ModelFile
-from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
 from impnb.kernels.attention.attention import attention_ref
-from impnb.kernels.moe.moe import route_ref
-from impnb.kernels.elementwise.norm import rms_norm_ref
-from impnb.kernels.attention.rope import rope_ref
+from impnb.kernels.attention.reference import rope_ref
+from impnb.kernels.elementwise.reference import geglu_ref, rms_norm_ref, swiglu_ref
+from impnb.kernels.moe.reference import route_ref
 from impnb.models.config import ModelConfig
 from impnb.models.kv_cache import KVCache
 

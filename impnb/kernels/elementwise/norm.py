@@ -8,19 +8,10 @@ from numba.core import types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import SIMULATOR, WARP, block_sum, warp_sum
+from impnb.kernels.elementwise.reference import rms_norm_ref  # noqa: F401
 from impnb.launch import launch
 
 WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, longer ones a block
-
-
-def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x (..., D) float32, weight (D,) -> x / rms(x) * weight over the last axis.
-
-    Gemma's (1 + w) form needs no flag: llama.cpp's converter stores 1 + w in the GGUF.
-    """
-    x = x.astype(np.float32, copy=False)
-    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-    return x / np.sqrt(ms + np.float32(eps)) * weight
 
 
 # ---------------------------------------------------------------- kernels

@@ -1,0 +1,38 @@
+"""Start-up: the CPU path and `info` import no GPU module (numba, cuda, impnb's GPU packages)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+GPU_MODULES = ("numba", "llvmlite", "cuda.core", "impnb.gpu", "impnb.launch", "impnb.graphs",
+               "impnb.engine_cuda", "impnb.kernels.common", "impnb.kernels.gemv")
+
+_PROBE = """
+import json, sys
+from impnb.cli import main
+code = main(sys.argv[1:])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite") or m.startswith({gpu!r}))
+print(json.dumps([code, loaded]), file=sys.stderr)
+"""
+
+
+def gpu_modules_after(*argv) -> list[str]:
+    """Run the CLI with argv in a fresh interpreter; the GPU modules it imported."""
+    probe = _PROBE.format(gpu=tuple(m for m in GPU_MODULES if "." in m))
+    proc = subprocess.run([sys.executable, "-c", probe, *map(str, argv)], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    code, loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert code == 0, proc.stderr
+    return loaded
+
+
+def test_info_imports_no_gpu_module(smollm2_path):
+    assert gpu_modules_after("info", smollm2_path) == []
+
+
+@pytest.mark.slow
+def test_cpu_generate_imports_no_gpu_module(smollm2_path):
+    assert gpu_modules_after("generate", "Hi", "-m", smollm2_path, "-n", "1", "--device", "cpu") == []
