@@ -1,8 +1,9 @@
-"""Command line: `python -m impnb generate | info | bench`."""
+"""Command line: `impnb generate | info | bench` (or `python -m impnb ...`)."""
 
 import argparse
 import sys
 
+from impnb import __version__
 from impnb.errors import ImpnbError
 
 DEFAULT_CTX = 4096
@@ -15,44 +16,60 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"impnb: error: {message} (see --help)\n")
 
 
+class _Help(argparse.HelpFormatter):
+    """Help that shows each option's default, unless it has none (None, False) or says it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS or "default" in text
+                or action.option_strings == [] and action.nargs in ("?", "*")):
+            return text
+        return f"{text} (default {default})".lstrip()
+
+
 def _add_generate(sub):
-    p = sub.add_parser("generate", help="generate text from a prompt")
+    p = sub.add_parser("generate", help="generate text from a prompt", formatter_class=_Help)
     p.add_argument("prompt", nargs="?", help="the prompt (read from stdin when omitted)")
     p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name (default gemma3-270m)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message for --chat")
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
+    p.add_argument("--max-tokens", "-n", type=int, default=128, help="tokens to generate at most")
     p.add_argument("--temperature", "-t", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=40, help="0 = off")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p times the top one")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when one is usable, else the CPU reference")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
 
 
 def _add_info(sub):
-    p = sub.add_parser("info", help="describe a GGUF model")
-    p.add_argument("model", nargs="?", default=None, help="a .gguf path or a model name")
+    p = sub.add_parser("info", help="describe a GGUF model", formatter_class=_Help)
+    p.add_argument("model", nargs="?", default=None, help="a .gguf path or a model name (default gemma3-270m)")
 
 
 def _add_bench(sub):
-    p = sub.add_parser("bench", help="prompt and generation throughput (llama-bench style)")
-    p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name")
+    p = sub.add_parser("bench", help="prompt and generation throughput (llama-bench style)",
+                       formatter_class=_Help)
+    p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name (default gemma3-270m)")
     p.add_argument("-p", default="512", help="prompt lengths, comma-separated")
     p.add_argument("-n", default="128", help="generation lengths, comma-separated")
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("-d", default="0", help="context depths the tests start from, comma-separated "
                    "(tg at depth d: d prompt tokens first, then n generated; llama-bench's -d)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-graphs", action="store_true")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when one is usable, else the CPU reference")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m impnb", description="GGUF language models on numba.cuda kernels")
+    parser = _Parser(prog="impnb", description="GGUF language models on numba.cuda kernels")
+    parser.add_argument("--version", action="version", version=f"impnb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_info(sub)

@@ -36,3 +36,36 @@ def test_info_imports_no_gpu_module(smollm2_path):
 @pytest.mark.slow
 def test_cpu_generate_imports_no_gpu_module(smollm2_path):
     assert gpu_modules_after("generate", "Hi", "-m", smollm2_path, "-n", "1", "--device", "cpu") == []
+
+
+def run_cli(*argv, timeout=600):
+    return subprocess.run([sys.executable, "-m", "impnb", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def test_version_and_usage_name_impnb():
+    from impnb import __version__
+
+    proc = run_cli("--version")
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"impnb {__version__}")
+    proc = run_cli("generate", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: impnb generate")
+
+
+def test_help_shows_defaults():
+    from impnb.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    generate = sub["generate"].format_help()
+    for text in ("(default 128)", "(default 0.8)", "(default 40)", "(default 0)", "(default 4096)",
+                 "(default auto)", "(default gemma3-270m)"):
+        assert text in generate, text
+    assert "(default None)" not in generate and "(default False)" not in generate
+    assert "(default 5)" in sub["bench"].format_help()
+
+
+@pytest.mark.slow
+def test_chat_without_a_template_names_the_fallback(gemma3_path):
+    proc = run_cli("generate", "Hi", "-m", gemma3_path, "--chat", "-n", "1", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "no chat template" in proc.stderr and "Gemma 3 template" in proc.stderr

@@ -65,24 +65,27 @@ def run(args) -> int:
         tests += [(f"pp{p}{at}", lambda p=p, c=ctx: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist(), c))
                   for p in pps]
         tests += [(f"tg{n}{at}", lambda n=n, c=ctx: _tg(engine, n, c)) for n in tgs]
+    if not args.json:
+        print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
+              f"| {'graphs':<6} | {'test':>12} | {'tok/s':>16} | {'weights GB/s':>12} |")
+        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 14, 18, 14)) + "|", flush=True)
     for name, fn in tests:
         fn()  # warm-up: compilation, buffers, graph capture
         rates = [fn() for _ in range(args.r)]
-        rows.append(dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
+        r = dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
             t.data.nbytes for t in mf.tensors.values()) / 2**20, 1), params_m=round(mf.n_params() / 1e6, 1),
             quant=_quant(mf), device=engine.device, graphs=getattr(engine, "use_graphs", False),
             test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates),
-            weight_gb_s=round(statistics.median(rates) * step_bytes / 1e9, 1) if name.startswith("tg") else None))
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
-              f"| {'graphs':<6} | {'test':>12} | {'tok/s':>16} | {'weights GB/s':>12} |")
-        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 14, 18, 14)) + "|")
-        for r in rows:
+            weight_gb_s=round(statistics.median(rates) * step_bytes / 1e9, 1) if name.startswith("tg") else None)
+        rows.append(r)
+        if args.json:
+            print(f"impnb: bench: {name} {r['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+        else:
             print(f"| {r['model'][:28]:<28} | {r['size_mib']:>8} | {r['params_m']:>8} | {r['quant']:<8} "
                   f"| {r['device']:<6} | {str(r['graphs']):<6} | {r['test']:>12} "
-                  f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} | {r['weight_gb_s'] or '':>12} |")
+                  f"| {r['tok_s']:>8.1f} ± {r['std']:<5.1f} | {r['weight_gb_s'] or '':>12} |", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
     sys.stdout.flush()
     return 0
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from impnb.chat import render_chat
+from impnb.chat import GEMMA_ARCHS, render_chat
 from impnb.devices import engine_class
 from impnb.errors import ParameterError
 from impnb.generate import generate
@@ -21,9 +21,18 @@ def _prompt_text(args) -> str:
     return sys.stdin.read()
 
 
+def _note_fallback_template(mf) -> None:
+    """Say on stderr when --chat uses impnb's built-in template because the file has none."""
+    if not mf.get("tokenizer.chat_template") and mf.arch in GEMMA_ARCHS:
+        print(f"impnb: note: {mf.path} has no chat template; --chat falls back to impnb's built-in "
+              f"Gemma 3 template (google/gemma-3's), which a base model that was not instruction-tuned "
+              f"may not follow", file=sys.stderr)
+
+
 def _prompt_ids(args, mf, tokenizer) -> list[int]:
     text = _prompt_text(args)
     if args.chat:
+        _note_fallback_template(mf)
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": text})
         return tokenizer.encode(render_chat(mf.metadata, messages), add_special=False)
