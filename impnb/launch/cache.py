@@ -138,6 +138,17 @@ def _write(path: Path, cubin: bytes) -> None:
             os.unlink(tmp)
 
 
+def cubin_path(kernel, key: str) -> Path:
+    """Where the cubin of cache key `key` of `kernel` lives on disk."""
+    return cache_dir() / f"{kernel.py_func.__name__}-{key[:32]}.cubin"
+
+
+def kernels_digest() -> str:
+    """SHA-256 of every kernel source file (what a model's set of kernels is built from)."""
+    files = sorted(str(p) for p in KERNELS_DIR.rglob("*.py"))
+    return hashlib.sha256(" ".join(_file_digest(f) for f in files).encode()).hexdigest()
+
+
 def get_cubin(kernel, sig: tuple, cc: tuple) -> bytes:
     """The cubin of (kernel, sig) for target cc: from memory, from disk, else compiled and stored."""
     key = cache_key(kernel, sig, cc)
@@ -147,7 +158,7 @@ def get_cubin(kernel, sig: tuple, cc: tuple) -> bytes:
     if key in _memory:
         stats["memory"] += 1
         return _memory[key]
-    path = cache_dir() / f"{kernel.py_func.__name__}-{key[:32]}.cubin"
+    path = cubin_path(kernel, key)
     cubin = _read(path)
     if cubin is None:
         cubin = compile_cubin(kernel, sig, cc)

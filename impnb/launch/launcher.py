@@ -35,6 +35,7 @@ _DEFAULT_SHARED = 48 * 1024  # bytes of static + dynamic shared memory allowed w
 _plans: dict[tuple, "Plan"] = {}
 PROGRAMMATIC = os.environ.get("IMPNB_PDL", "1") != "0"
 _build_lock = threading.Lock()
+recorder = None  # set by precompile.record(): a dry run notes its launches instead of making them
 
 
 def _check(result, what: str):
@@ -151,6 +152,9 @@ def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster: t
     included), numpy scalars, tuples of these; shared_bytes: dynamic shared memory per block;
     cluster: thread-block cluster dims (x, y, z) dividing the grid's (sm_90; 8 blocks at most).
     """
+    if recorder is not None:  # a dry run (impnb.launch.precompile.record): note it, launch nothing
+        recorder(kernel, args)
+        return
     key, values = [kernel], []
     flatten(args, key, values)
     key = tuple(key)

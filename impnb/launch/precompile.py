@@ -1,0 +1,128 @@
+"""Build a model's kernels before its first launch: a dry run records the (kernel, signature)
+pairs its launches need, then the cubins the disk cache lacks compile in worker processes forked
+from this one (so they inherit every kernel, factory closures included), one a core, with a
+progress line on stderr. Anything that fails here only leaves that kernel to compile at its first
+launch, as it would without this.
+"""
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from impnb.launch import cache, launcher
+from impnb.launch.args import signature
+
+log = logging.getLogger("impnb.launch")
+_jobs: list = []  # (kernel, sig, cc) for the forked workers, by index
+
+
+class Recorder:
+    """The distinct (kernel, signature) pairs a dry run launches, by cache key."""
+
+    def __init__(self, cc: tuple):
+        self.cc = cc
+        self.jobs: dict[str, tuple] = {}
+
+    def __call__(self, kernel, args) -> None:
+        sig = signature(args)
+        key = cache.cache_key(kernel, sig, self.cc)
+        if key is not None:
+            self.jobs.setdefault(key, (kernel, sig))
+
+    def missing(self) -> list[tuple]:
+        """(kernel, sig, cc) of the recorded pairs whose cubin is not on disk."""
+        return [(k, sig, self.cc) for key, (k, sig) in self.jobs.items()
+                if not cache.cubin_path(k, key).is_file()]
+
+    def paths(self) -> list[str]:
+        return sorted(cache.cubin_path(k, key).name for key, (k, _) in self.jobs.items())
+
+
+@contextlib.contextmanager
+def record(cc: tuple):
+    """Within: launch() records its kernel and signature and launches nothing."""
+    rec = Recorder(cc)
+    launcher.recorder = rec
+    try:
+        yield rec
+    finally:
+        launcher.recorder = None
+
+
+class Progress:
+    """`impnb: compiling kernels i/n` on stderr: rewritten in place on a terminal, else a line at
+    most every few seconds and at the end."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.stream = total, 0, stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.last = 0.0
+        self._show()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.tty or self.done == self.total or now - self.last >= 5:
+            self._show()
+
+    def _show(self) -> None:
+        self.last = time.monotonic()
+        end = "\n" if self.done == self.total or not self.tty else ""
+        self.stream.write(f"{chr(13) if self.tty else ''}impnb: compiling kernels {self.done}/{self.total}{end}")
+        self.stream.flush()
+
+
+def _compile_one(i: int) -> int:
+    kernel, sig, cc = _jobs[i]
+    cache.get_cubin(kernel, sig, cc)  # compiles and writes the cache file
+    return i
+
+
+def workers() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def compile_all(jobs: list[tuple], n_workers: int | None = None, stream=None) -> int:
+    """Compile (kernel, sig, cc) jobs into the disk cache, in parallel where fork and more than
+    one core allow; returns how many failed (left to their first launch)."""
+    global _jobs
+    if not jobs:
+        return 0
+    n_workers = min(n_workers or workers(), len(jobs))
+    progress = Progress(len(jobs), stream)
+    failed = 0
+    if n_workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        _jobs = list(jobs)
+        try:
+            with warnings.catch_warnings():  # fork in a threaded process: the workers only compile
+                warnings.simplefilter("ignore", DeprecationWarning)
+                with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                    for future in as_completed([pool.submit(_compile_one, i) for i in range(len(jobs))]):
+                        if future.exception() is not None:
+                            failed += 1
+                            log.info("precompile: %s", future.exception())
+                        progress.step()
+            return failed
+        except Exception as e:  # a broken pool: the rest compile here, one by one
+            log.warning("parallel compile failed (%s); compiling in this process", e)
+            jobs = [j for j in jobs if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()]
+            progress = Progress(len(jobs), stream)
+        finally:
+            _jobs = []
+    for kernel, sig, cc in jobs:
+        try:
+            cache.get_cubin(kernel, sig, cc)
+        except Exception as e:
+            failed += 1
+            log.info("precompile: %s", e)
+        progress.step()
+    return failed

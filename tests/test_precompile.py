@@ -1,0 +1,58 @@
+"""Parallel precompile: cubins compiled in forked workers land in the disk cache as the launcher's
+own compile writes them; a failed job is counted and left to its first launch; the recorder keeps
+each (kernel, signature) once and launches nothing."""
+
+import io
+
+import numpy as np
+import pytest
+from numba.cuda import types
+
+from impnb.kernels.common.build_info import CC
+from impnb.kernels.elementwise import cast, rows
+from impnb.kernels.sample import step_state
+from impnb.launch import cache, launcher, precompile
+
+JOBS = [(cast._cast_f16_kernel, (types.float32[::1], types.float16[::1]), CC),
+        (rows._gather_row_kernel, rows.BUILD_SIGNATURES[0][1].args, CC),
+        (step_state._advance_kernel, step_state.BUILD_SIGNATURES[0][1].args, CC)]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMPNB_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cache, "_memory", {})
+    return tmp_path / "kernels"
+
+
+def test_parallel_compile_fills_the_cache_as_the_launcher_would(cache_dir):
+    out = io.StringIO()
+    assert precompile.compile_all(JOBS, n_workers=2, stream=out) == 0
+    assert out.getvalue().splitlines()[-1] == "impnb: compiling kernels 3/3"
+    for kernel, sig, cc in JOBS:
+        path = cache.cubin_path(kernel, cache.cache_key(kernel, sig, cc))
+        assert path.is_file()
+        before = dict(cache.stats)
+        cubin = cache.get_cubin(kernel, sig, cc)
+        assert cache.stats["disk"] == before.get("disk", 0) + 1  # read back, not compiled again
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_a_failing_job_is_counted_and_the_rest_compile(cache_dir):
+    bad = (cast._cast_f16_kernel, (types.int32, types.float16[::1]), CC)  # no such typing
+    out = io.StringIO()
+    assert precompile.compile_all([bad, JOBS[0]], n_workers=2, stream=out) == 1
+    assert cache.cubin_path(JOBS[0][0], cache.cache_key(*JOBS[0])).is_file()
+
+
+def test_recorder_notes_each_pair_once_and_launches_nothing(cache_dir, monkeypatch):
+    # host arrays stand in for device arrays (no GPU here): typed as the launcher would type them
+    monkeypatch.setattr(precompile, "signature", lambda args: JOBS[0][1])
+    x = np.zeros(4, np.float32)
+    with precompile.record(CC) as rec:
+        for _ in range(3):
+            launcher.launch(cast._cast_f16_kernel, 1, 32, 0, x, x)
+    assert launcher.recorder is None
+    assert len(rec.jobs) == 1
+    [(kernel, sig, cc)] = rec.missing()
+    assert (kernel, sig, cc) == JOBS[0]
