@@ -1,4 +1,4 @@
-"""Command line: `impnb generate | info | bench` (or `python -m impnb ...`)."""
+"""Command line: `impnb generate | info | bench | warmup` (or `python -m impnb ...`)."""
 
 import argparse
 import sys
@@ -67,6 +67,14 @@ def _add_bench(sub):
                    help="auto: the GPU when one is usable, else the CPU reference")
 
 
+def _add_warmup(sub):
+    p = sub.add_parser("warmup", help="build the model's GPU kernels into the disk cache ahead of its first start",
+                       formatter_class=_Help)
+    p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name (default gemma3-270m)")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="compile processes (default: one a core)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="impnb", description="GGUF language models on numba.cuda kernels")
     parser.add_argument("--version", action="version", version=f"impnb {__version__}")
@@ -74,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_info(sub)
     _add_bench(sub)
+    _add_warmup(sub)
     return parser
 
 
@@ -84,6 +93,8 @@ def main(argv=None) -> int:
             from impnb.commands.generate import run
         elif args.command == "bench":
             from impnb.commands.bench import run
+        elif args.command == "warmup":
+            from impnb.commands.warmup import run
         else:
             from impnb.commands.info import run
         return run(args)

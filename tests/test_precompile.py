@@ -56,3 +56,30 @@ def test_recorder_notes_each_pair_once_and_launches_nothing(cache_dir, monkeypat
     assert len(rec.jobs) == 1
     [(kernel, sig, cc)] = rec.missing()
     assert (kernel, sig, cc) == JOBS[0]
+
+
+def test_manifest_is_warm_only_when_every_cubin_is_on_disk(tmp_path):
+    from impnb.warmup import _is_warm, _write_manifest
+
+    path = tmp_path / "manifest-x.json"
+    assert not _is_warm(path)
+    _write_manifest(path, ["a.cubin", "b.cubin"])
+    (tmp_path / "a.cubin").write_bytes(b"")
+    assert not _is_warm(path)
+    (tmp_path / "b.cubin").write_bytes(b"")
+    assert _is_warm(path)
+    path.write_text("{not json")
+    assert not _is_warm(path)
+
+
+def test_manifest_key_follows_context_and_settings(tmp_path, monkeypatch, cache_dir):
+    from impnb.warmup import manifest_path
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    mf = type("MF", (), {"path": str(model)})()
+    a = manifest_path(mf, 4096, CC)
+    assert a.parent == cache_dir and a == manifest_path(mf, 4096, CC)
+    assert manifest_path(mf, 2048, CC) != a
+    monkeypatch.setenv("IMPNB_GEMV_TAIL", "0")
+    assert manifest_path(mf, 4096, CC) != a

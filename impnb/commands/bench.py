@@ -54,6 +54,10 @@ def run(args) -> int:
     cfg = model_config(mf)
     n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
     cls = engine_class(args.device, cfg.arch)
+    if cls.device == "cuda":
+        from impnb.warmup import prepare
+
+        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
     engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
     rng = np.random.default_rng(0)
     rows = []

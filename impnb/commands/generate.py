@@ -59,6 +59,10 @@ def run(args) -> int:
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
     cls = engine_class(args.device, cfg.arch)
+    if cls.device == "cuda":
+        from impnb.warmup import prepare
+
+        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
     engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
 
     def emit(text: str) -> None:

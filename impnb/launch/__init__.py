@@ -7,9 +7,14 @@
 from numba.cuda.core import config as _cuda_config
 
 if _cuda_config.ENABLE_CUDASIM:
+    recorder = None  # precompile.record()'s, as launcher.recorder on a GPU
+
     def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster=None) -> None:
         """kernel[grid, block, stream, shared_bytes](*args) in the simulator (no clusters: it runs
         one block at a time)."""
+        if recorder is not None:
+            recorder(kernel, args)
+            return
         assert cluster is None, "the simulator has no thread-block clusters"
         kernel[grid, block, stream, shared_bytes](*args)
 else:

@@ -14,11 +14,16 @@ import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from impnb.launch import cache, launcher
-from impnb.launch.args import signature
+from impnb.launch import cache
 
 log = logging.getLogger("impnb.launch")
 _jobs: list = []  # (kernel, sig, cc) for the forked workers, by index
+
+
+def signature(args) -> tuple:
+    from impnb.launch.args import signature as numba_signature  # not importable under the simulator
+
+    return numba_signature(args)
 
 
 class Recorder:
@@ -46,12 +51,18 @@ class Recorder:
 @contextlib.contextmanager
 def record(cc: tuple):
     """Within: launch() records its kernel and signature and launches nothing."""
+    import impnb.launch
+
     rec = Recorder(cc)
-    launcher.recorder = rec
+    if hasattr(impnb.launch, "recorder"):  # the simulator's launch
+        owner = impnb.launch
+    else:
+        from impnb.launch import launcher as owner
+    owner.recorder = rec
     try:
         yield rec
     finally:
-        launcher.recorder = None
+        owner.recorder = None
 
 
 class Progress:

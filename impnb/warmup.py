@@ -1,0 +1,134 @@
+"""A model's GPU kernels built before its first token: on a start that finds them missing, a dry
+run of the CUDA engine (launches recorded, none made) lists every (kernel, signature) its load,
+prompt buckets, context buckets and sampler configurations need; launch/precompile.py compiles the
+ones the disk cache lacks across the host's cores. A manifest beside the cubins names the set,
+so a warm start checks files and runs nothing. `impnb warmup -m MODEL` does it ahead of time;
+IMPNB_PRECOMPILE=0 leaves every kernel to compile at its first launch.
+"""
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from impnb.gguf_file import ModelFile
+from impnb.sampling import SamplingParams
+
+log = logging.getLogger("impnb.warmup")
+MANIFEST_VERSION = "impnb-manifest-1"
+# the sampler's configurations, as the decode graph keys them: greedy or not, penalty or not
+CONFIGS = [SamplingParams(temperature=0), SamplingParams(),
+           SamplingParams(temperature=0, repeat_penalty=1.1), SamplingParams(repeat_penalty=1.1)]
+
+
+class _InertCublas:
+    """cuBLAS for the dry run: no call reaches the device (its operands were never written)."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _cc() -> tuple:
+    from numba import cuda
+
+    from impnb.launch.cubin import arch_cc
+
+    return arch_cc(cuda.current_context().device.compute_capability)
+
+
+def manifest_path(mf: ModelFile, n_ctx: int, cc: tuple) -> Path:
+    """The manifest of this model file, context and target under the toolchain and kernel sources
+    in use; IMPNB_* settings are in the key, since some choose kernels."""
+    from impnb.launch.cache import cache_dir, kernels_digest, toolchain
+
+    st = os.stat(mf.path)
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k.startswith("IMPNB_") and k not in ("IMPNB_CACHE_DIR", "IMPNB_MODELS_DIR", "IMPNB_PRECOMPILE"))
+    parts = [MANIFEST_VERSION, os.path.abspath(mf.path), st.st_size, st.st_mtime_ns, n_ctx, cc,
+             toolchain(), kernels_digest(), env]
+    return cache_dir() / f"manifest-{hashlib.sha256(repr(parts).encode()).hexdigest()[:32]}.json"
+
+
+def _is_warm(path: Path) -> bool:
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(names, list) and all(isinstance(n, str) and (path.parent / n).is_file() for n in names)
+
+
+def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
+    """The precompile.Recorder of a CUDA engine's load, every prompt bucket and every context
+    bucket's decode step under each sampler configuration, none of it launched."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.gpu.model import DECODE_CTX_BUCKETS
+    from impnb.graphs import prefill as prefill_graphs
+    from impnb.launch.precompile import record
+
+    with record(cc) as rec:
+        engine = CudaEngine(mf, n_ctx, graphs=False, lookahead=False)
+        try:
+            if engine.m.cublas is not None:
+                engine.m.cublas.close()
+            engine.m.cublas = _InertCublas()
+            positions = sorted({min(b, n_ctx) - 2 for b in DECODE_CTX_BUCKETS if min(b, n_ctx) >= 3})
+            for params in CONFIGS:
+                engine.reset(params)
+                for B in (b for b in prefill_graphs.BUCKETS if b <= n_ctx):
+                    engine.pos = 0
+                    engine.prefill(np.ones(B, np.int32))
+                for pos in positions:
+                    engine.pos = pos
+                    engine.step(1)  # eager: the step's launches
+                    engine._decode_launches()  # the decode graph's body, its device-side advance too
+        finally:
+            del engine
+            gc.collect()
+    return rec
+
+
+def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
+            stream=None) -> dict | None:
+    """Build what the model's GPU path needs unless the manifest says it is built (or `force`);
+    a dict of counts and seconds, or None when the dry run failed (kernels then compile at their
+    first launch, as without this)."""
+    from numba import cuda
+
+    from impnb.launch.precompile import compile_all
+
+    if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
+        return None
+    start = time.perf_counter()
+    cc = _cc()
+    path = manifest_path(mf, n_ctx, cc)
+    if not force and _is_warm(path):
+        return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
+    try:
+        rec = dry_run(mf, n_ctx, cc)
+    except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
+        log.warning("kernel warm-up's dry run failed (%s: %s); kernels compile at first launch",
+                    type(e).__name__, e)
+        return None
+    finally:
+        cuda.current_context().deallocations.clear()  # the dry engine's memory, before the real one
+    missing = rec.missing()
+    failed = compile_all(missing, n_workers, stream)
+    if not failed:
+        _write_manifest(path, rec.paths())
+    return dict(warm=False, kernels=len(rec.jobs), compiled=len(missing) - failed, failed=failed,
+                seconds=time.perf_counter() - start)
+
+
+def _write_manifest(path: Path, names: list[str]) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(names))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("kernel cache: cannot write %s (%s)", path, e)
