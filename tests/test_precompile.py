@@ -83,3 +83,22 @@ def test_manifest_key_follows_context_and_settings(tmp_path, monkeypatch, cache_
     assert manifest_path(mf, 2048, CC) != a
     monkeypatch.setenv("IMPNB_GEMV_TAIL", "0")
     assert manifest_path(mf, 4096, CC) != a
+
+
+def test_a_stuck_pool_is_killed_and_the_jobs_compile_here(cache_dir, monkeypatch):
+    import os
+    import time
+
+    parent, here = os.getpid(), []
+
+    def stuck_in_workers(kernel, sig, cc):
+        if os.getpid() != parent:
+            time.sleep(60)
+        here.append(kernel)
+
+    monkeypatch.setattr(precompile, "STALL_S", 2)
+    monkeypatch.setattr(cache, "get_cubin", stuck_in_workers)
+    start = time.perf_counter()
+    assert precompile.compile_all(JOBS[:2], n_workers=2, stream=io.StringIO()) == 0
+    assert time.perf_counter() - start < 30
+    assert here == [JOBS[0][0], JOBS[1][0]]

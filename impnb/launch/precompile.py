@@ -12,12 +12,13 @@ import os
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from impnb.launch import cache
 
 log = logging.getLogger("impnb.launch")
 _jobs: list = []  # (kernel, sig, cc) for the forked workers, by index
+STALL_S = 300  # a pool where no kernel finishes compiling for this long is taken as stuck
 
 
 def signature(args) -> tuple:
@@ -94,6 +95,33 @@ def _compile_one(i: int) -> int:
     return i
 
 
+def _compile_forked(n: int, n_workers: int, progress: Progress) -> int:
+    """_jobs[0..n) compiled by n_workers forked processes; how many failed. TimeoutError when
+    none finishes for STALL_S (the workers are then killed)."""
+    failed = 0
+    with warnings.catch_warnings():  # fork in a threaded process: the workers only compile
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork"))
+    try:
+        pending = {pool.submit(_compile_one, i) for i in range(n)}
+        while pending:
+            done, pending = wait(pending, timeout=STALL_S, return_when=FIRST_COMPLETED)
+            if not done:
+                raise TimeoutError(f"no kernel finished compiling in {STALL_S} s")
+            for future in done:
+                if future.exception() is not None:
+                    failed += 1
+                    log.info("precompile: %s", future.exception())
+                progress.step()
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return failed
+
+
 def workers() -> int:
     """Cores this process may run on."""
     try:
@@ -114,19 +142,12 @@ def compile_all(jobs: list[tuple], n_workers: int | None = None, stream=None) ->
     if n_workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         _jobs = list(jobs)
         try:
-            with warnings.catch_warnings():  # fork in a threaded process: the workers only compile
-                warnings.simplefilter("ignore", DeprecationWarning)
-                with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                    for future in as_completed([pool.submit(_compile_one, i) for i in range(len(jobs))]):
-                        if future.exception() is not None:
-                            failed += 1
-                            log.info("precompile: %s", future.exception())
-                        progress.step()
+            failed = _compile_forked(len(jobs), n_workers, progress)
             return failed
-        except Exception as e:  # a broken pool: the rest compile here, one by one
-            log.warning("parallel compile failed (%s); compiling in this process", e)
+        except Exception as e:  # a broken or stuck pool: what is missing compiles here, one by one
+            log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, e)
             jobs = [j for j in jobs if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()]
-            progress = Progress(len(jobs), stream)
+            progress, failed = Progress(len(jobs), stream), 0
         finally:
             _jobs = []
     for kernel, sig, cc in jobs:
