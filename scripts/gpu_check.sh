@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|all]   (all:
-#   not moe, llama, ncu, attn, decode, dp4a, blocks)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|all]
+#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
@@ -152,6 +152,23 @@ if [[ $what == attn ]]; then
   timeout 300 python3 scripts/bench_attention.py --tilings m32,wg --json "$OUT/bench-attention.json" \
     > "$OUT/bench-attention.log" 2>&1
   status[bench-attention]="rc=$? see bench-attention.log"
+fi
+
+if [[ $what == startup ]]; then
+  # process start to the first token and to the last of `generate -n 32`, warm and cold (a fresh
+  # IMPNB_CACHE_DIR), and `info`, on both real models (scripts/bench_startup.py); beside llama.cpp's
+  # start to one token where LLAMA_BENCH names a llama-bench (the llama mode builds
+  # /tmp/llama/build/bin/llama-bench); with BASE=<another checkout's root> its impnb too, same call
+  lb=${LLAMA_BENCH:-/tmp/llama/build/bin/llama-bench}
+  [ -x "$lb" ] || lb=
+  timeout 220 python3 scripts/bench_startup.py --json "$OUT/startup.json" ${lb:+--llama-bench "$lb"} \
+    > "$OUT/startup.log" 2>&1
+  status[startup]="rc=$? $(grep -E '^\| (gemma|smol)' "$OUT/startup.log" | awk -F'|' '{printf "%s:%s/%s/%s ", $2, $4, $5, $6}')"
+  if [ -n "${BASE:-}" ]; then
+    timeout 370 python3 scripts/bench_startup.py --root "$BASE" --json "$OUT/startup-base.json" \
+      > "$OUT/startup-base.log" 2>&1
+    status[startup-base]="rc=$? $(grep -E '^\| (gemma|smol)' "$OUT/startup-base.log" | awk -F'|' '{printf "%s:%s/%s/%s ", $2, $4, $5, $6}')"
+  fi
 fi
 
 if [[ $what == all || $what == bench ]]; then
