@@ -69,3 +69,34 @@ def test_chat_without_a_template_names_the_fallback(gemma3_path):
     proc = run_cli("generate", "Hi", "-m", gemma3_path, "--chat", "-n", "1", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert "no chat template" in proc.stderr and "Gemma 3 template" in proc.stderr
+
+
+def test_dispatcher_signatures_shared_per_code_object_only_where_equal():
+    import inspect
+
+    from impnb.launch.signatures import pysignature
+
+    def make(k):
+        def body(a, b, *rest):
+            return a + b + k
+        return body
+
+    f, g = make(1), make(2)
+    assert pysignature(f) is pysignature(g) and pysignature(f) == inspect.signature(f)
+
+    def with_default(a, b=1):
+        return a + b
+
+    def annotated(a: int) -> int:
+        return a
+
+    for fn in (with_default, annotated):
+        assert pysignature(fn) == inspect.signature(fn)
+    assert str(pysignature(with_default)) == "(a, b=1)"
+
+
+def test_gpu_path_dispatchers_use_the_shared_signatures():
+    probe = ("import impnb.kernels.gemv.gemv\nfrom numba.cuda import dispatcher\n"
+             "from impnb.launch.signatures import pysignature\nprint(dispatcher.utils.pysignature is pysignature)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert proc.stdout.strip() == "True", proc.stderr

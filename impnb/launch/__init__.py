@@ -6,6 +6,10 @@
 
 from numba.cuda.core import config as _cuda_config
 
+from impnb.launch import signatures as _signatures
+
+_signatures.install()  # before the kernel modules' decorators run (impnb/kernels/common imports this)
+
 if _cuda_config.ENABLE_CUDASIM:
     recorder = None  # precompile.record()'s, as launcher.recorder on a GPU
 
