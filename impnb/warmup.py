@@ -95,14 +95,22 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
 def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
             stream=None) -> dict | None:
     """Build what the model's GPU path needs unless the manifest says it is built (or `force`);
-    a dict of counts and seconds, or None when the dry run failed (kernels then compile at their
+    a dict of counts and seconds, or None when it is off or failed (kernels then compile at their
     first launch, as without this)."""
+    if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
+        return None
+    try:
+        return _prepare(mf, n_ctx, force, n_workers, stream)
+    except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
+        log.warning("kernel warm-up failed (%s: %s); kernels compile at first launch", type(e).__name__, e)
+        return None
+
+
+def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream) -> dict | None:
     from numba import cuda
 
     from impnb.launch.precompile import compile_all
 
-    if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
-        return None
     start = time.perf_counter()
     cc = _cc()
     path = manifest_path(mf, n_ctx, cc)
