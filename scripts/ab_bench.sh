@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host: `impnb bench` of this tree and of another checkout (BASE, e.g. a `git archive`
 # of an older commit unpacked under .dev/) on the same models in one call, rounds interleaved
-# (head, base, head, base, ...), so the two compare as a ratio. Each tree keeps its own kernel
-# cache. Models: names or .gguf paths; `qwen3-8b` and `qwen3-30b-a3b` are written first as
+# (head, base, head, base, ...), so the two compare as a ratio. This tree uses the default kernel
+# cache, BASE its own (/tmp/impnb-cache-base). Models: names or .gguf paths; `qwen3-8b` and `qwen3-30b-a3b` are written first as
 # synthetic Q4_K_M GGUFs under /tmp (scripts/make_synthetic_full.py). Rows go to $OUT/ab-bench.log,
 # the table last.
 #   BASE=.dev/base ROUNDS=2 bash scripts/ab_bench.sh smollm2-135m gemma3-270m qwen3-8b qwen3-30b-a3b
@@ -10,7 +10,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_setup.sh"
 export IMPNB_MODELS_DIR=${IMPNB_MODELS_DIR:-/root/impnb/models}
 OUT=${OUT:-/tmp/impnb-out}
-BASE=${BASE:?BASE=<checkout to compare with>}
+BASE=$(cd "${BASE:?BASE=<checkout to compare with>}" && pwd)
 ROUNDS=${ROUNDS:-2}
 HEAD=$PWD
 mkdir -p "$OUT"
@@ -29,7 +29,9 @@ path_of() {  # a model name or path -> what bench takes, writing the synthetic o
 }
 
 bench() {  # tree, model -> "pp512 tg128"
-  (cd "$1" && IMPNB_CACHE_DIR=/tmp/impnb-cache-$(basename "$1") PYTHONPATH=/tmp/site:$1 \
+  local cache=${IMPNB_CACHE_DIR:-$HOME/.cache/impnb/kernels}
+  [ "$1" = "$BASE" ] && cache=/tmp/impnb-cache-base
+  (cd "$1" && IMPNB_CACHE_DIR=$cache PYTHONPATH=/tmp/site:$1 \
     timeout 400 python3 -m impnb bench -m "$2" -p 512 -n 128 -r 3 --device cuda --json 2>>"$log") |
     python3 -c 'import json,sys; r={x["test"]: x["tok_s"] for x in json.load(sys.stdin)}; print(r.get("pp512", 0), r.get("tg128", 0))'
 }
