@@ -4,6 +4,7 @@ import numpy as np
 
 from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
+from impnb.models.validate import validate_model
 from impnb.sampling import Sampler, SamplingParams
 
 
@@ -13,6 +14,7 @@ class CpuEngine:
     device = "cpu"
 
     def __init__(self, mf: ModelFile, n_ctx: int):
+        validate_model(mf, n_ctx, device="cpu")  # before a weight is dequantized
         self.model = load_reference(mf)
         self.cfg = self.model.cfg
         self.n_ctx = n_ctx

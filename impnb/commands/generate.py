@@ -8,7 +8,7 @@ from impnb.errors import ParameterError
 from impnb.generate import generate
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
-from impnb.models import model_config
+from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
 from impnb.tokenizer import Tokenizer
 
@@ -43,7 +43,7 @@ def run(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
                             args.repeat_penalty, seed=args.seed).validate()
     mf = open_model_file(resolve_model(args.model))
-    cfg = model_config(mf)
+    cfg = validate_model(mf)
     tokenizer = Tokenizer.from_metadata(mf.metadata)
     ids = _prompt_ids(args, mf, tokenizer)
     n_ctx = min(args.ctx, cfg.n_ctx)
