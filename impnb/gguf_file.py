@@ -223,7 +223,8 @@ def tensor_nbytes(info: _TensorInfo) -> int:
 
 def check_layout(infos, data_start: int, size: int, align: int) -> None:
     """Tensor data packed as GGUF writers lay it out: in the data section, each tensor where the
-    one before it ends (rounded up to the alignment), none overlapping, the last inside the file.
+    one before it ends (rounded up to the alignment), none overlapping, the last inside the file
+    and the file ending with it.
 
     A gap or an overlap means an offset, a type or a shape was changed: bytes read as a tensor
     that were written as something else.
@@ -245,6 +246,9 @@ def check_layout(infos, data_start: int, size: int, align: int) -> None:
             raise GGUFError(f"tensor {info.name} data starts at offset {info.offset}; {where} "
                             f"(overlapping or unaccounted bytes)")
         expected, before = -(-(info.offset + nbytes) // align) * align, info
+    if infos and size > data_start + expected:
+        raise GGUFError(f"{size - data_start - expected} bytes follow the last tensor's data "
+                        f"({before.name}, ending at offset {data_start + expected})")
 
 
 _PLAIN_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}

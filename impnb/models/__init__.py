@@ -44,6 +44,7 @@ class ReferenceModel:
             raise ParameterError(f"{cache.pos + len(tokens)} tokens exceed the context of {cache.n_ctx}")
         if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab):
             raise ParameterError(f"token id out of range [0, {self.cfg.n_vocab})")
+        self.ops.first_nonfinite = None
         return self.arch.forward(self.ops, self.cfg, tokens, cache)
 
 
