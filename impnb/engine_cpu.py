@@ -18,7 +18,8 @@ class CpuEngine:
 
     def __init__(self, mf: ModelFile, n_ctx: int):
         validate_model(mf, n_ctx, device="cpu")  # before a weight is dequantized
-        self.model = load_reference(mf)
+        with np.errstate(all="ignore"):  # non-finite weights are reported by _sample, once
+            self.model = load_reference(mf)
         self.cfg = self.model.cfg
         self.n_ctx = n_ctx
         self.cache = None
@@ -36,13 +37,15 @@ class CpuEngine:
         self.n_prompt = len(ids)
         ids = np.asarray(ids)
         for start in range(0, len(ids), PREFILL_CHUNK):
-            logits = self.model.forward(ids[start:start + PREFILL_CHUNK], self.cache)
+            with np.errstate(all="ignore"):
+                logits = self.model.forward(ids[start:start + PREFILL_CHUNK], self.cache)
         return self._sample(logits[-1], "the prompt")
 
     def step(self, token: int) -> int:
         self.history.append(token)
-        return self._sample(self.model.forward(np.array([token]), self.cache)[-1],
-                            f"generated token {len(self.history) - self.n_prompt + 1}")
+        with np.errstate(all="ignore"):
+            logits = self.model.forward(np.array([token]), self.cache)[-1]
+        return self._sample(logits, f"generated token {len(self.history) - self.n_prompt + 1}")
 
     @property
     def pos(self) -> int:

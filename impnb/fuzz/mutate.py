@@ -123,7 +123,8 @@ def parse(path) -> Mutant:
 
 
 def copy(m: Mutant, **changes) -> Mutant:
-    return replace(m, kvs=list(m.kvs), infos=list(m.infos), patches=list(m.patches), **changes)
+    fresh = dict(kvs=list(m.kvs), infos=list(m.infos), patches=list(m.patches))
+    return replace(m, **{**fresh, **changes})
 
 
 def _arch(m: Mutant) -> str:
@@ -153,9 +154,9 @@ def set_kv(m: Mutant, key: str, value, vtype: int) -> Mutant:
     return out
 
 
-def set_info(m: Mutant, name: str, **changes) -> Mutant:
+def set_info(m: Mutant, tensor: str, **changes) -> Mutant:
     out = copy(m)
-    out.infos = [replace(i, **changes) if i.name == name else i for i in m.infos]
+    out.infos = [replace(i, **changes) if i.name == tensor else i for i in m.infos]
     return out
 
 
