@@ -22,6 +22,7 @@ from impnb.models.config import ModelConfig
 NORM_TYPES = (T.F32, T.F16, T.BF16)  # one-dimensional weights: llama.cpp writes them F32
 SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
 TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix")
+IGNORED_TENSORS = frozenset({"rope_freqs.weight"})  # present in some llama files, not read
 _LAYER = re.compile(r"blk\.(\d+)\.")
 
 
@@ -82,7 +83,8 @@ def _dims(shape) -> str:
 
 def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
     """Every tensor cfg's layer graph reads is present, of its shape; 1-D ones of a float type."""
-    for name, exp in expected_tensors(cfg).items():
+    expected = expected_tensors(cfg)
+    for name, exp in expected.items():
         if not mf.has(name):
             if exp.optional:
                 continue
@@ -100,6 +102,9 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
         if m and int(m.group(1)) >= cfg.n_layer:
             raise GGUFError(f"{mf.path}: tensor {name} belongs to layer {m.group(1)}, but "
                             f"{cfg.arch}.block_count is {cfg.n_layer}")
+        if name.removesuffix(".weight") not in expected and name not in IGNORED_TENSORS:
+            raise GGUFError(f"{mf.path}: tensor {name} is not one {cfg.arch} reads (a renamed "
+                            f"tensor, or a model impnb does not know)")
 
 
 def _int_id(value) -> bool:
