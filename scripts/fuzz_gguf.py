@@ -30,6 +30,9 @@ from impnb.fuzz.mutate import parse  # noqa: E402
 from impnb.fuzz.run import argv_for, run_forked, run_in_subprocess  # noqa: E402
 from impnb.fuzz.seeds import write_seeds  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
+# what a command imports, imported once here: forked children then share it and read no code
+# from disk, so the tree can change under a long run
+import impnb.commands.generate, impnb.commands.info, impnb.engine_cpu  # noqa: E401, E402, F401
 
 # share of the cases each source takes (real models where installed)
 SHARES = {"tiny": 0.93, "smollm2-135m": 0.05, "gemma3-270m": 0.02}
