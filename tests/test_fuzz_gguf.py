@@ -86,8 +86,8 @@ def _key(m, suffix):
     ("gemma3", lambda m: set_kv(m, "gemma3.block_count", 2**63, V.UINT64), ["gemma3.block_count"]),
     ("llama", lambda m: set_kv(m, "llama.block_count", 1, V.UINT32),
      ["blk.1.", "belongs to layer 1", "llama.block_count is 1"]),
-    ("qwen3", lambda m: set_info(m, "blk.0.attn_q.weight", dims=(128, 64)),
-     ["blk.0.attn_q.weight has shape [128, 64]", "qwen3 with d_model 64 and 4 heads of 32 needs [64, 128]"]),
+    ("qwen3", lambda m: set_info(m, "blk.0.attn_q.weight", dims=(256, 64)),
+     ["blk.0.attn_q.weight has shape [256, 64]", "qwen3 with d_model 64 and 4 heads of 64 needs [64, 256]"]),
     ("qwen3", lambda m: set_info(m, "blk.1.attn_norm.weight", dims=(64, 1)), ["blk.1.attn_norm.weight has shape [64, 1]"]),
     ("llama", lambda m: set_kv(m, "llama.attention.layer_norm_rms_epsilon", "1e-6", V.STRING),
      ["layer_norm_rms_epsilon", "not a number"]),
@@ -236,3 +236,17 @@ def test_long_prompt_in_chunks_matches_one_pass(seeds, monkeypatch):
         engine.reset(SamplingParams(temperature=0))
         runs.append([engine.prefill(ids)] + [engine.step(t) for t in (5, 6, 7)])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("greedy", [True, False])
+def test_gpu_nan_logits_stop_with_the_flag(greedy, seeds, tmp_path):
+    """The GPU sampler's non-finite flag reaches the host with the token, eager and in graphs."""
+    m = parse(seeds["llama"])
+    info = next(i for i in m.infos if i.name == "blk.1.ffn_norm.weight")
+    path = copy(m, patches=[(info.offset, catalogue.NAN32)]).write(tmp_path / "nan.gguf")
+    o = run_in_process(argv_for("generate", path, device="cuda")
+                       + ([] if greedy else ["--temperature", "0.8"]))
+    assert o.outcome == "exit2" and "NaN or inf logits at the prompt on the GPU" in o.stderr, o.stderr
+    good = run_in_process(argv_for("generate", seeds["llama"], device="cuda") + ["-n", "40"])
+    assert good.outcome == "exit0", good.stderr

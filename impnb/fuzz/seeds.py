@@ -18,11 +18,12 @@ SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # (layers, d_model, heads, KV heads, head dim, FFN, matrix type)
+# Head dims of 64: the smallest the GPU attention kernels take, so the seeds run on both devices.
 SIZES = {
-    "llama": (2, 64, 4, 2, 16, 128, T.Q8_0),
-    "qwen3": (2, 64, 4, 2, 32, 96, T.Q4_1),
-    "qwen3moe": (2, 64, 4, 2, 16, 64, T.F16),
-    "gemma3": (7, 64, 2, 1, 32, 128, T.Q5_0),  # seven layers: one of them global
+    "llama": (2, 128, 2, 1, 64, 128, T.Q8_0),
+    "qwen3": (2, 64, 4, 2, 64, 96, T.Q4_1),
+    "qwen3moe": (2, 64, 2, 1, 64, 64, T.F16),
+    "gemma3": (7, 64, 2, 1, 64, 128, T.Q5_0),  # seven layers: one of them global
 }
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
 
@@ -90,7 +91,7 @@ def _tensors(arch: str, n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
         p = f"blk.{il}."
         out += [(p + "attn_norm.weight", norm(D), T.F32), (p + "ffn_norm.weight", norm(D), T.F32),
                 (p + "attn_q.weight", matrix(H * Dh, D), qtype), (p + "attn_k.weight", matrix(Hkv * Dh, D), qtype),
-                (p + "attn_v.weight", matrix(Hkv * Dh, D), T.F32), (p + "attn_output.weight", matrix(D, H * Dh), qtype)]
+                (p + "attn_v.weight", matrix(Hkv * Dh, D), qtype), (p + "attn_output.weight", matrix(D, H * Dh), qtype)]
         if arch != "llama":
             out += [(p + "attn_q_norm.weight", norm(Dh), T.F32), (p + "attn_k_norm.weight", norm(Dh), T.F32)]
         if arch == "gemma3":

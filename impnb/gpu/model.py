@@ -186,7 +186,7 @@ class DeviceModel:
     """Everything one sequence needs on the device, allocated at load."""
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None):
-        self.cfg = cfg = validate_model(mf)
+        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         if cfg.arch not in GPU_ARCHS:
             raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")

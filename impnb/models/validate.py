@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
 
-from impnb.errors import DeviceError, GGUFError
+from impnb.errors import DeviceError, GGUFError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig
 
@@ -173,6 +173,16 @@ def check_host_memory(needed: int, what: str) -> None:
                           f"{available / 2**30:.1f} GiB is available")
 
 
+def check_gpu_shapes(cfg: ModelConfig) -> None:
+    """UnsupportedError where the GPU kernels take no such head dim (the CPU reference takes any)."""
+    from impnb.kernels.attention.attention_decode import HEAD_DIMS
+
+    if cfg.head_dim not in HEAD_DIMS or cfg.head_dim_v != cfg.head_dim:
+        raise UnsupportedError(f"{cfg.arch} with head dim {cfg.head_dim} (V {cfg.head_dim_v}) has no "
+                               f"GPU attention kernel (head dims {', '.join(map(str, HEAD_DIMS))}); "
+                               f"use --device cpu")
+
+
 def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None = None) -> ModelConfig:
     """mf's config once every key, tensor and the host memory of a `device` load are checked."""
     from impnb.models import model_config
@@ -180,6 +190,8 @@ def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None =
     cfg = model_config(mf)
     check_tensors(mf, cfg)
     check_tokenizer_keys(mf, cfg.n_vocab)
+    if device == "cuda":
+        check_gpu_shapes(cfg)
     if device == "cpu":
         ctx = min(n_ctx or cfg.n_ctx, cfg.n_ctx)
         check_host_memory(host_bytes_needed(mf, cfg, ctx), f"{cfg.arch} on the CPU")
