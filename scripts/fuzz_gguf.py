@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=120, help="seconds a command may run")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     ap.add_argument("--keep", default=None, help="copy mutants whose outcome is not allowed here")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no case after this many seconds; the table says how many ran")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     counts = collections.defaultdict(collections.Counter)
@@ -108,10 +110,20 @@ def main() -> int:
         tmp = Path(tmp)
         cases = plan(sources(tmp), args.cases, rng)
         cases = [cases[i] for i in rng.permutation(len(cases))]  # a partial run samples every source
+        # info reads no weights and is the same on either device: the GPU subset runs generate only
+        commands = ("info", "generate") if args.device == "cpu" else ("generate",)
+        if args.device == "cuda":
+            print(f"fuzz: warm-up (fills the kernel cache): GPU works: {gpu_still_works(600)}",
+                  file=sys.stderr, flush=True)
+        t0 = time.time()
+        ran = 0
         for i, (source, _, case) in enumerate(cases):
+            if args.max_seconds and time.time() - t0 > args.max_seconds:
+                break
+            ran = i + 1
             path = case.mutant.write(tmp / "mutant.gguf")
             kinds[case.kind] += 1
-            for command in ("info", "generate"):
+            for command in commands:
                 argv = argv_for(command, path, args.device, case.chat)
                 o = (run_forked(argv, args.timeout) if args.device == "cpu"
                      else run_in_subprocess(argv, args.timeout))
@@ -131,7 +143,8 @@ def main() -> int:
                 if args.out:  # the table so far, should the run be stopped
                     Path(args.out).write_text(f"partial: {i + 1} of {len(cases)} mutants, "
                                               f"{len(findings)} findings\n\n{table(counts, kinds)}\n")
-    report = [f"{len(cases)} mutants, {args.device}, seed {args.seed}, {time.time() - t0:.0f} s", "",
+    report = [f"{ran} of {len(cases)} mutants, {args.device}, seed {args.seed}, {time.time() - t0:.0f} s, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
               table(counts, kinds)]
     if args.device == "cuda":
         report += ["", f"a fresh process generates on the GPU after the run: {gpu_still_works(args.timeout)}"]
