@@ -250,3 +250,12 @@ def test_gpu_nan_logits_stop_with_the_flag(greedy, seeds, tmp_path):
     assert o.outcome == "exit2" and "NaN or inf logits at the prompt on the GPU" in o.stderr, o.stderr
     good = run_in_process(argv_for("generate", seeds["llama"], device="cuda") + ["-n", "40"])
     assert good.outcome == "exit0", good.stderr
+
+
+def test_real_gemma3_transposed_q_names_tensor_and_shape(tmp_path):
+    from tests.conftest import real_model_path
+
+    m = parse(real_model_path("gemma3-270m"))
+    path = set_info(m, "blk.4.attn_q.weight", dims=(1024, 640)).write(tmp_path / "m.gguf")
+    _refused(path, "blk.4.attn_q.weight has shape [1024, 640]; gemma3 with d_model 640 and 4 heads "
+                   "of 256 needs [640, 1024]", command="info")
