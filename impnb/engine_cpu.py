@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from impnb.errors import NumericalError
+from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
 from impnb.models.validate import validate_model
@@ -25,6 +25,7 @@ class CpuEngine:
         self.cache = None
         self.sampler = None
         self.history = []
+        self.n_prompt = 0
 
     def reset(self, params: SamplingParams) -> None:
         self.cache = self.model.new_cache(self.n_ctx)
@@ -33,6 +34,8 @@ class CpuEngine:
 
     def prefill(self, ids) -> int:
         """Chunks of PREFILL_CHUNK tokens, so that a chunk's logits (T, n_vocab) stay small."""
+        if not len(ids):
+            raise ParameterError("the prompt is empty")
         self.history = list(ids)
         self.n_prompt = len(ids)
         ids = np.asarray(ids)
