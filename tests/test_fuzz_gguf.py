@@ -16,7 +16,7 @@ import pytest
 from gguf import GGUFValueType as V
 
 from impnb.fuzz import catalogue
-from impnb.fuzz.mutate import FAIL, HUGE, copy, parse, set_info, set_kv
+from impnb.fuzz.mutate import HUGE, copy, parse, set_info, set_kv
 from impnb.fuzz.run import argv_for, run_in_process
 from impnb.fuzz.seeds import SEED_ARCHS, write_seeds
 
@@ -74,10 +74,6 @@ def _refused(path, *words, chat=False, command="generate"):
     for w in words:
         assert w in o.stderr, o.stderr
     return o.stderr
-
-
-def _key(m, suffix):
-    return next(kv for kv in m.kvs if kv.key.endswith(suffix))
 
 
 @pytest.mark.parametrize("arch, mutate, words", [

@@ -4,9 +4,9 @@ import math
 import struct
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType as T, GGUFValueType as V
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V
 
-from impnb.fuzz.mutate import (ANY, FAIL, HUGE, PASS, SCALE_OFFSET, Mutant, _arch, copy,
+from impnb.fuzz.mutate import (ANY, FAIL, HUGE, PASS, SCALE_OFFSET, Mutant, arch_of, copy,
                                other_size_types, same_size_types, set_info, set_kv)
 
 NAN32, INF16, NAN16 = struct.pack("<I", 0x7FC00000), struct.pack("<H", 0x7C00), struct.pack("<H", 0x7E00)
@@ -159,7 +159,7 @@ def bad_offset(m, rng):
 
 
 def _arch_keys(m):
-    arch = _arch(m)
+    arch = arch_of(m)
     return arch, [kv for kv in m.kvs if kv.key.startswith(arch + ".") and kv.vtype != V.ARRAY]
 
 
@@ -190,7 +190,7 @@ def bad_key_value(m, rng):
 
 
 def missing_key(m, rng):
-    arch = _arch(m)
+    arch = arch_of(m)
     key = f"{arch}.{_pick(rng, REQUIRED_KEYS)}"
     out = copy(m)
     out.kvs = [kv for kv in m.kvs if kv.key != key]
@@ -253,8 +253,6 @@ def nan_weight(m, rng):
 
 
 def _block_bytes(t) -> int:
-    from gguf import GGML_QUANT_SIZES
-
     return GGML_QUANT_SIZES[t][1]
 
 

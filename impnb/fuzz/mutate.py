@@ -127,7 +127,7 @@ def copy(m: Mutant, **changes) -> Mutant:
     return replace(m, **{**fresh, **changes})
 
 
-def _arch(m: Mutant) -> str:
+def arch_of(m: Mutant) -> str:
     return next(kv.value for kv in m.kvs if kv.key == "general.architecture")
 
 
