@@ -6,7 +6,7 @@ from datetime import datetime
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, SecurityError
 
 from impnb.errors import ParameterError, UnsupportedError
 
@@ -51,6 +51,8 @@ GEMMA_CHAT_TEMPLATE = """{{ bos_token }}
 {%- endif -%}
 """
 GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
+MAX_RENDERED = 1 << 24  # characters a rendered prompt may have
+MAX_POWER = 1024  # largest exponent a template may raise to
 _SPECIAL_TOKENS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
 
 
@@ -81,18 +83,55 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with `*` and `**` bounded as its `range` is, so that no template can build a
+    huge string or number; the sandbox's own range stops at MAX_RANGE items."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(right, (int, float)) and (
+                abs(right) > MAX_POWER or isinstance(left, int) and left.bit_length() * abs(right) > 1 << 16):
+            raise SecurityError(f"a power of {right} is above the template's limit")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and n * len(seq) > MAX_RANGE:
+                    raise SecurityError(f"a repeat of {n} x {len(seq)} items is above {MAX_RANGE}")
+        return super().call_binop(context, operator, left, right)
+
+
+class _RangeBudget:
+    """`range` for templates: every range of one render together yields at most MAX_RANGE items,
+    so nested loops cannot run for hours."""
+
+    def __init__(self):
+        self.left = MAX_RANGE
+
+    def __call__(self, *args):
+        items = range(*args)
+        self.left -= len(items)
+        if self.left < 0:
+            raise SecurityError(f"the template's loops ask for more than {MAX_RANGE} items")
+        return items
+
+
+_range_budget = _RangeBudget()
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, loopcontrols])
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                              extensions=[_Generation, loopcontrols])
     env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, range=_range_budget)
     return env.from_string(template)
 
 
 def chat_template(metadata: dict) -> str:
     """The file's chat template, or the built-in Gemma one; UnsupportedError if neither applies."""
     template = metadata.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise UnsupportedError(f"tokenizer.chat_template is {type(template).__name__}, not a string")
     if template:
         return template
     arch = metadata.get("general.architecture")
@@ -112,8 +151,15 @@ def render_chat(metadata: dict, messages: list[dict], add_generation_prompt: boo
         template = _compile(chat_template(metadata))
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise UnsupportedError(f"chat template does not parse: {e}") from e
+    _range_budget.left = MAX_RANGE
     try:
-        return template.render(messages=messages, tools=None, documents=None,
+        text = template.render(messages=messages, tools=None, documents=None,
                                add_generation_prompt=add_generation_prompt, **special)
     except jinja2.exceptions.TemplateError as e:
         raise ParameterError(f"chat template rejected the conversation: {e}") from e
+    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError,
+            MemoryError) as e:  # the template's own fault: 1/0, a bad call, a huge range
+        raise UnsupportedError(f"chat template failed: {type(e).__name__}: {e}") from None
+    if len(text) > MAX_RENDERED:
+        raise UnsupportedError(f"chat template wrote {len(text)} characters (limit {MAX_RENDERED})")
+    return text

@@ -2,9 +2,13 @@
 
 import numpy as np
 
+from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
+from impnb.models.validate import validate_model
 from impnb.sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 256  # prompt tokens a forward pass takes at once
 
 
 class CpuEngine:
@@ -13,12 +17,15 @@ class CpuEngine:
     device = "cpu"
 
     def __init__(self, mf: ModelFile, n_ctx: int):
-        self.model = load_reference(mf)
+        validate_model(mf, n_ctx, device="cpu")  # before a weight is dequantized
+        with np.errstate(all="ignore"):  # non-finite weights are reported by _sample, once
+            self.model = load_reference(mf)
         self.cfg = self.model.cfg
         self.n_ctx = n_ctx
         self.cache = None
         self.sampler = None
         self.history = []
+        self.n_prompt = 0
 
     def reset(self, params: SamplingParams) -> None:
         self.cache = self.model.new_cache(self.n_ctx)
@@ -26,17 +33,31 @@ class CpuEngine:
         self.history = []
 
     def prefill(self, ids) -> int:
+        """Chunks of PREFILL_CHUNK tokens, so that a chunk's logits (T, n_vocab) stay small."""
+        if not len(ids):
+            raise ParameterError("the prompt is empty")
         self.history = list(ids)
-        logits = self.model.forward(np.asarray(ids), self.cache)
-        return self._sample(logits[-1])
+        self.n_prompt = len(ids)
+        ids = np.asarray(ids)
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            with np.errstate(all="ignore"):
+                logits = self.model.forward(ids[start:start + PREFILL_CHUNK], self.cache)
+        return self._sample(logits[-1], "the prompt")
 
     def step(self, token: int) -> int:
         self.history.append(token)
-        return self._sample(self.model.forward(np.array([token]), self.cache)[-1])
+        with np.errstate(all="ignore"):
+            logits = self.model.forward(np.array([token]), self.cache)[-1]
+        return self._sample(logits, f"generated token {len(self.history) - self.n_prompt + 1}")
 
     @property
     def pos(self) -> int:
         return self.cache.pos
 
-    def _sample(self, logits: np.ndarray) -> int:
+    def _sample(self, logits: np.ndarray, step: str) -> int:
+        if not np.isfinite(logits).all():
+            where = self.model.ops.first_nonfinite
+            raise NumericalError(f"the model produced NaN or inf logits at {step}"
+                                 + (f" (first non-finite values entering {where})" if where else "")
+                                 + "; its weights are broken or its numerics overflowed")
         return self.sampler(logits, self.history)

@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from impnb.errors import ParameterError
+from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
 from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
@@ -25,6 +25,7 @@ from impnb.kernels.attention import attention_decode
 from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample import sample_penalty
 from impnb.kernels.sample import step_state
+from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.sampling import SamplingParams
 
 HISTORY = 64  # repetition-penalty window, tokens
@@ -65,6 +66,7 @@ class CudaEngine:
         self.p = None
         self.pos = 0
         self.n_sampled = 0
+        self.n_checked = 0  # sampled ids checked for the non-finite flag
 
     def reset(self, params: SamplingParams) -> None:
         self._drain()
@@ -74,6 +76,7 @@ class CudaEngine:
         self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         self.pos = 0
         self.n_sampled = 0
+        self.n_checked = 0
 
     def prefill(self, ids) -> int:
         self._drain()
@@ -116,9 +119,19 @@ class CudaEngine:
         self.pos += 1
         if self.lookahead and self.pos < self.n_ctx:  # queue the next step on the device's token
             self.ahead = self.replays.launch(graph, None)
-        token = self._sampled(self.replays.collect(current))
+        token = self._sampled(self._checked(self.replays.collect(current)))
         if self.ahead is not None:
             self.ahead.token = token
+        return token
+
+    def _checked(self, token: int) -> int:
+        """The sampled id; NumericalError, naming the step, where the sampler's logits held a
+        NaN or inf (flag_nonfinite's bit)."""
+        self.n_checked += 1
+        if token & NONFINITE_BIT:
+            step = "the prompt" if self.n_checked == 1 else f"generated token {self.n_checked}"
+            raise NumericalError(f"the model produced NaN or inf logits at {step} on the GPU; its "
+                                 f"weights are broken or its numerics overflowed")
         return token
 
     def _sampled(self, token: int) -> int:
@@ -180,9 +193,11 @@ class CudaEngine:
 
     def _decode_launches(self) -> None:
         """One graph-captured decode step: stack, sampler, and the device-side advance."""
-        self._sample_launches(forward(self.m, 1))
+        logits = forward(self.m, 1)
+        self._sample_launches(logits)
         s = self.m.ctx.nb_stream
         step_state.advance(self.out_ids, self.m.ids[:1], self.m.pos[:1], self.step_no, s)
+        flag_nonfinite(logits, self.out_ids, s)  # after advance: the next step's input stays clean
 
     def logits(self, ids) -> np.ndarray:
         """Feed ids at the next positions (one chunk) -> float32 logits of every one (T, V), on the host.
@@ -209,9 +224,10 @@ class CudaEngine:
         self.host_step[0] = self.n_sampled
         self.step_no.copy_to_device(self.host_step, stream=s)
         self._sample_launches(logits)
+        flag_nonfinite(logits, self.out_ids, s)
         self.out_ids.copy_to_host(self.host_out, stream=s)
         self.m.ctx.sync()
-        return self._sampled(int(self.host_out[0]))
+        return self._sampled(self._checked(int(self.host_out[0])))
 
     def _sample_launches(self, logits) -> None:
         """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""

@@ -19,3 +19,7 @@ class ParameterError(ImpnbError):
 
 class DeviceError(ImpnbError):
     """No usable GPU, or not enough GPU memory."""
+
+
+class NumericalError(ImpnbError):
+    """The model produced NaN or inf logits: broken weights, or numerics that overflowed."""

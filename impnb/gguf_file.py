@@ -195,6 +195,10 @@ class ModelFile:
             self.metadata, infos, data_start = _parse_header(self._mmap, size)
         except GGUFError as e:
             raise GGUFError(f"{self.path}: {e}") from None
+        try:
+            check_layout(infos, data_start, size, self.metadata.get("general.alignment", 32))
+        except GGUFError as e:
+            raise GGUFError(f"{self.path}: {e}") from None
         self.tensors = self._tensors(infos, data_start, size)
         self.arch = self.metadata.get("general.architecture")
         if not isinstance(self.arch, str):
@@ -246,6 +250,41 @@ class ModelFile:
 
     def n_params(self) -> int:
         return sum(int(np.prod(t.shape)) for t in self.tensors.values())
+
+
+def tensor_nbytes(info: _TensorInfo) -> int:
+    """Bytes a tensor's type and shape take (Python ints: four large dims must not wrap)."""
+    return math.prod(info.dims[1:]) * info.fmt.row_bytes(info.dims[0])
+
+
+def check_layout(infos, data_start: int, size: int, align: int) -> None:
+    """Tensor data packed as GGUF writers lay it out: in the data section, each tensor where the
+    one before it ends (rounded up to the alignment), none overlapping, the last inside the file
+    and the file ending with it.
+
+    A gap or an overlap means an offset, a type or a shape was changed: bytes read as a tensor
+    that were written as something else.
+    """
+    for info in infos:
+        if info.dims[0] % info.fmt.block_size:
+            raise GGUFError(f"tensor {info.name} row of {info.dims[0]} is not a multiple of the "
+                            f"{info.fmt.name} block ({info.fmt.block_size})")
+    expected, before = 0, None
+    for info in sorted(infos, key=lambda i: i.offset):
+        nbytes = tensor_nbytes(info)
+        end = data_start + info.offset + nbytes
+        if end > size:
+            raise GGUFError(f"tensor {info.name} ({nbytes} bytes at offset "
+                            f"{data_start + info.offset}) lies past the end of the file ({size} bytes)")
+        if info.offset != expected:
+            where = (f"the tensor before it ({before.name}) ends at {expected}" if before
+                     else "the data section starts at 0")
+            raise GGUFError(f"tensor {info.name} data starts at offset {info.offset}; {where} "
+                            f"(overlapping or unaccounted bytes)")
+        expected, before = -(-(info.offset + nbytes) // align) * align, info
+    if infos and size > data_start + expected:
+        raise GGUFError(f"{size - data_start - expected} bytes follow the last tensor's data "
+                        f"({before.name}, ending at offset {data_start + expected})")
 
 
 _PLAIN_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}

@@ -53,14 +53,25 @@ def _from_models_dir(name: str) -> Path | None:
     return matches[0] if matches else None
 
 
+def _regular_file(path: Path, arg: str) -> Path:
+    """path when it names a regular file; GGUFError saying what it is otherwise."""
+    if path.is_dir():
+        raise GGUFError(f"{arg}: is a directory, not a .gguf file")
+    if path.exists() and not path.is_file():
+        raise GGUFError(f"{arg}: is not a regular file (a FIFO, socket or device)")
+    if not path.exists():
+        raise GGUFError(f"{arg}: no such file")
+    return path
+
+
 def resolve_model(arg: str | None) -> Path:
     """A path to a GGUF file for `arg` (path or known name); ParameterError if none is found."""
+    if arg is not None and not arg.strip():
+        raise ParameterError("the model argument is empty: give a .gguf path or a model name")
     arg = arg or DEFAULT_MODEL
     path = Path(arg).expanduser()
     if path.suffix == ".gguf" or os.sep in arg or path.exists():
-        if not path.is_file():
-            raise GGUFError(f"{arg}: no such file")
-        return path
+        return _regular_file(path, arg)
     found = _from_models_dir(arg)
     if found is None and arg in KNOWN:
         found = globals()[KNOWN[arg][1]]()

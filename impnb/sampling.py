@@ -10,6 +10,9 @@ import numpy as np
 
 from impnb.errors import ParameterError
 
+# A penalty divides or multiplies a logit: beyond this either way float32 logits overflow.
+MAX_REPEAT_PENALTY = 1000.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -22,18 +25,19 @@ class SamplingParams:
     seed: int = 0
 
     def validate(self) -> "SamplingParams":
-        if not self.temperature >= 0:
-            raise ParameterError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ParameterError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ParameterError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ParameterError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ParameterError(f"min-p must be in [0, 1], got {self.min_p}")
-        if not self.repeat_penalty > 0:
-            raise ParameterError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed < 0:
-            raise ParameterError(f"seed must be >= 0, got {self.seed}")
+        if not 1 / MAX_REPEAT_PENALTY <= self.repeat_penalty <= MAX_REPEAT_PENALTY:
+            raise ParameterError(f"repeat penalty must be in [{1 / MAX_REPEAT_PENALTY:g}, "
+                                 f"{MAX_REPEAT_PENALTY:g}], got {self.repeat_penalty}")
+        if not 0 <= self.seed < 2**64:
+            raise ParameterError(f"seed must be in [0, 2**64), got {self.seed}")
         return self
 
     @property
@@ -57,8 +61,9 @@ def filter_probs(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.
     order = np.argsort(-logits, kind="stable")
     if p.top_k > 0:
         order = order[: p.top_k]
-    z = logits[order].astype(np.float64) / p.temperature
-    probs = np.exp(z - z[0])
+    # the largest logit subtracted before the temperature divides: no inf - inf at a tiny temperature
+    z = (logits[order].astype(np.float64) - float(logits[order[0]])) / p.temperature
+    probs = np.exp(z)
     probs /= probs.sum()
     if p.top_p < 1:
         keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)

@@ -169,12 +169,22 @@ class Tokenizer:
         for key in (f"tokenizer.ggml.{name}" for name in needs):
             if not isinstance(metadata.get(key), list):
                 raise GGUFError(f"{kind} tokenizer metadata lacks the array {key}")
-        if kind == "gpt2":
-            backend, vocab = _byte_level_backend(metadata)
-        else:
-            gemma = metadata.get("general.architecture") in GEMMA_ARCHS
-            backend, vocab = _sentencepiece_backend(metadata, gemma)
-        _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
+        for m in metadata.get("tokenizer.ggml.merges", ()):
+            if not isinstance(m, str) or m.count(" ") != 1:
+                raise GGUFError(f"tokenizer.ggml.merges entry {m!r:.40} is not two tokens and a space")
+        try:
+            if kind == "gpt2":
+                backend, vocab = _byte_level_backend(metadata)
+            else:
+                gemma = metadata.get("general.architecture") in GEMMA_ARCHS
+                backend, vocab = _sentencepiece_backend(metadata, gemma)
+            _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
+        except (TypeError, ValueError, KeyError, IndexError) as e:
+            raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
+        except Exception as e:  # the tokenizers library's own errors: "Token `x` out of vocabulary"
+            if type(e).__module__.split(".")[0] not in ("tokenizers", "builtins"):
+                raise
+            raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
         return cls(backend, kind, metadata)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:

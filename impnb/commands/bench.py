@@ -11,7 +11,7 @@ from impnb.devices import engine_class
 from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
-from impnb.models import model_config
+from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
@@ -51,7 +51,7 @@ def run(args) -> int:
     if args.r <= 0:
         raise ParameterError(f"-r must be > 0, got {args.r}")
     mf = open_model_file(resolve_model(args.model))
-    cfg = model_config(mf)
+    cfg = validate_model(mf)
     n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
     cls = engine_class(args.device, cfg.arch)
     if cls.device == "cuda":

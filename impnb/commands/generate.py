@@ -8,17 +8,36 @@ from impnb.errors import ParameterError
 from impnb.generate import generate
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
-from impnb.models import model_config
+from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
 from impnb.tokenizer import Tokenizer
 
 
+def _utf8_text(text: str, what: str) -> str:
+    """text unchanged when it is valid Unicode (an argv byte that is not UTF-8 arrives as a lone
+    surrogate); ParameterError naming the offending position otherwise."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ParameterError(f"{what} is not valid UTF-8 (character {e.start} is "
+                             f"{text[e.start]!a})") from None
+    return text
+
+
 def _prompt_text(args) -> str:
     if args.prompt is not None:
-        return args.prompt
+        return _utf8_text(args.prompt, "the prompt")
     if sys.stdin is None or sys.stdin.isatty():
         raise ParameterError("no prompt: give one as an argument or on stdin")
-    return sys.stdin.read()
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes (a test's StringIO)
+        return _utf8_text(sys.stdin.read(), "the prompt on stdin")
+    raw = stream.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParameterError(f"the prompt on stdin is not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                             f"at offset {e.start}); convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def _note_fallback_template(mf) -> None:
@@ -33,7 +52,8 @@ def _prompt_ids(args, mf, tokenizer) -> list[int]:
     text = _prompt_text(args)
     if args.chat:
         _note_fallback_template(mf)
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        system = _utf8_text(args.system, "--system") if args.system else None
+        messages = ([{"role": "system", "content": system}] if system else [])
         messages.append({"role": "user", "content": text})
         return tokenizer.encode(render_chat(mf.metadata, messages), add_special=False)
     if args.system:
@@ -52,7 +72,7 @@ def run(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
                             args.repeat_penalty, seed=args.seed).validate()
     mf = open_model_file(resolve_model(args.model))
-    cfg = model_config(mf)
+    cfg = validate_model(mf)
     tokenizer = Tokenizer.from_metadata(mf.metadata)
     ids = _prompt_ids(args, mf, tokenizer)
     n_ctx = min(args.ctx, cfg.n_ctx)

@@ -4,12 +4,12 @@ from collections import Counter
 
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
-from impnb.models import model_config
+from impnb.models.validate import validate_model
 
 
 def run(args) -> int:
     mf = open_model_file(resolve_model(args.model))
-    cfg = model_config(mf)
+    cfg = validate_model(mf)
     print(f"model         {mf.path}")
     print(f"name          {mf.get('general.name', '?')}")
     print(f"architecture  {mf.arch}")

@@ -33,7 +33,7 @@ from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.attention.rope import rope_inv_freq
 from impnb.kernels.moe.router_fold import Fold, fold_ref
-from impnb.models import model_config
+from impnb.models.validate import validate_model
 from impnb.quant_promote import common_type, promote
 
 log = logging.getLogger("impnb.gpu")
@@ -186,7 +186,7 @@ class DeviceModel:
     """Everything one sequence needs on the device, allocated at load."""
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None):
-        self.cfg = cfg = model_config(mf)
+        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         if cfg.arch not in GPU_ARCHS:
             raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")

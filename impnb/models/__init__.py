@@ -8,6 +8,7 @@ from impnb.models import gemma3, llama, qwen3, qwen3moe
 from impnb.models.config import ModelConfig
 from impnb.models.kv_cache import KVCache
 from impnb.models.numpy_ops import NumpyOps
+from impnb.models.validate import validate_model
 
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "qwen3": qwen3, "qwen3moe": qwen3moe}
 
@@ -30,7 +31,7 @@ class ReferenceModel:
 
     def __init__(self, mf: ModelFile):
         self.arch = architecture(mf)
-        self.cfg = self.arch.config(mf)
+        self.cfg = validate_model(mf)
         self.ops = NumpyOps(mf, self.cfg)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
@@ -43,6 +44,7 @@ class ReferenceModel:
             raise ParameterError(f"{cache.pos + len(tokens)} tokens exceed the context of {cache.n_ctx}")
         if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab):
             raise ParameterError(f"token id out of range [0, {self.cfg.n_vocab})")
+        self.ops.first_nonfinite = None
         return self.arch.forward(self.ops, self.cfg, tokens, cache)
 
 

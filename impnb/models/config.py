@@ -47,40 +47,76 @@ class ModelConfig:
         return self.rope_base_swa if self.is_swa(il) and self.rope_base_swa else self.rope_base
 
 
-def positive_int(mf: ModelFile, suffix: str, default=None) -> int:
-    """An architecture metadata integer that must be positive."""
+# Bounds on the sizes a file may declare: far above any real model, low enough that no loop or
+# allocation driven by them can hang or exhaust the host before the memory check runs.
+MAX_LAYERS = 1024
+MAX_EMBD = 1 << 17
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_FF = 1 << 20
+MAX_CTX = 1 << 24
+MAX_EXPERTS = 1024
+
+
+def positive_int(mf: ModelFile, suffix: str, default=None, limit: int = 1 << 31) -> int:
+    """An architecture metadata integer in [1, limit]; GGUFError naming the key otherwise."""
     value = mf.arch_get(suffix, default) if default is not None else mf.require(suffix)
+    key = f"{mf.arch}.{suffix}"
     if isinstance(value, list):  # per-layer arrays: impnb needs them uniform
-        if len(set(value)) != 1:
-            raise GGUFError(f"{mf.path}: per-layer {mf.arch}.{suffix} is not supported")
+        if not value:
+            raise GGUFError(f"{mf.path}: metadata {key} is an empty array")
+        if len(set(map(repr, value))) != 1:
+            raise GGUFError(f"{mf.path}: per-layer {key} is not supported")
         value = value[0]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GGUFError(f"{mf.path}: metadata {mf.arch}.{suffix} = {value!r} is not a positive integer")
+        raise GGUFError(f"{mf.path}: metadata {key} = {_short(value)} is not a positive integer")
+    if value > limit:
+        raise GGUFError(f"{mf.path}: metadata {key} = {value} is above the limit of {limit}")
     return value
 
 
+def positive_float(mf: ModelFile, suffix: str, default: float, limit: float) -> float:
+    """An architecture metadata number, finite, in (0, limit]; GGUFError naming the key otherwise."""
+    value = mf.arch_get(suffix, default)
+    key = f"{mf.arch}.{suffix}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GGUFError(f"{mf.path}: metadata {key} = {_short(value)} is not a number")
+    if not 0 < value <= limit:  # NaN fails too
+        raise GGUFError(f"{mf.path}: metadata {key} = {value} is not in (0, {limit:g}]")
+    return float(value)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def common_fields(mf: ModelFile) -> dict:
-    """Fields every llama-like architecture reads the same way."""
-    n_embd = positive_int(mf, "embedding_length")
-    n_head = positive_int(mf, "attention.head_count")
-    n_head_kv = positive_int(mf, "attention.head_count_kv", n_head)
+    """Fields every llama-like architecture reads the same way, each type- and range-checked."""
+    n_embd = positive_int(mf, "embedding_length", limit=MAX_EMBD)
+    n_head = positive_int(mf, "attention.head_count", limit=MAX_HEADS)
+    n_head_kv = positive_int(mf, "attention.head_count_kv", n_head, limit=MAX_HEADS)
     if n_head % n_head_kv:
-        raise GGUFError(f"{mf.path}: {n_head} heads do not divide into {n_head_kv} KV heads")
-    head_dim = positive_int(mf, "attention.key_length", n_embd // n_head)
-    n_vocab = mf.tensor("token_embd").shape[0]
+        raise GGUFError(f"{mf.path}: {mf.arch}.attention.head_count {n_head} is not a multiple of "
+                        f"{mf.arch}.attention.head_count_kv {n_head_kv}")
+    head_dim = positive_int(mf, "attention.key_length", max(n_embd // n_head, 1), limit=MAX_HEAD_DIM)
+    n_rot = positive_int(mf, "rope.dimension_count", head_dim, limit=MAX_HEAD_DIM)
+    if n_rot > head_dim or n_rot % 2:
+        raise GGUFError(f"{mf.path}: {mf.arch}.rope.dimension_count {n_rot} must be even and at most "
+                        f"the head dim {head_dim}")
     return dict(
         arch=mf.arch,
-        n_layer=positive_int(mf, "block_count"),
+        n_layer=positive_int(mf, "block_count", limit=MAX_LAYERS),
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        head_dim_v=positive_int(mf, "attention.value_length", head_dim),
-        n_ff=positive_int(mf, "feed_forward_length", 1),
-        n_vocab=n_vocab,
-        n_ctx=positive_int(mf, "context_length", 2048),
-        eps=float(mf.arch_get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_base=float(mf.arch_get("rope.freq_base", 10000.0)),
-        n_rot=positive_int(mf, "rope.dimension_count", head_dim),
+        head_dim_v=positive_int(mf, "attention.value_length", head_dim, limit=MAX_HEAD_DIM),
+        n_ff=positive_int(mf, "feed_forward_length", 1, limit=MAX_FF),
+        n_vocab=mf.tensor("token_embd").shape[0],
+        n_ctx=positive_int(mf, "context_length", 2048, limit=MAX_CTX),
+        eps=positive_float(mf, "attention.layer_norm_rms_epsilon", 1e-6, 0.1),
+        rope_base=positive_float(mf, "rope.freq_base", 10000.0, 1e12),
+        n_rot=n_rot,
         attn_scale=head_dim ** -0.5,
     )

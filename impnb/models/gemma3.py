@@ -3,7 +3,7 @@
 import numpy as np
 
 from impnb.gguf_file import ModelFile
-from impnb.models.config import ModelConfig, common_fields, positive_int
+from impnb.models.config import MAX_CTX, ModelConfig, common_fields, positive_int
 from impnb.models.layers import attention_block, gated_ffn
 
 # Every sixth layer is global; the others attend within the sliding window with RoPE base 10k.
@@ -21,7 +21,7 @@ def config(mf: ModelFile) -> ModelConfig:
         act="gelu",
         qk_norm=True,
         post_norms=True,
-        sliding_window=positive_int(mf, "attention.sliding_window", 512),
+        sliding_window=positive_int(mf, "attention.sliding_window", 512, limit=MAX_CTX),
         swa_layers=tuple((il + 1) % SWA_PATTERN != 0 for il in range(n_layer)),
         rope_base_swa=ROPE_BASE_SWA,
     )

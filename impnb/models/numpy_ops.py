@@ -10,6 +10,8 @@ from impnb.kernels.moe.reference import route_ref
 from impnb.models.config import ModelConfig
 from impnb.models.kv_cache import KVCache
 
+SCORES_BYTES = 64 << 20  # attention scores one query chunk holds
+
 
 class NumpyOps:
     """Weights dequantized to float32 once, by GGUF name; activations (T, ...) float32."""
@@ -17,6 +19,7 @@ class NumpyOps:
     def __init__(self, mf: ModelFile, cfg: ModelConfig):
         self.cfg = cfg
         self.w = {name.removesuffix(".weight"): t.dequantize() for name, t in mf.tensors.items()}
+        self.first_nonfinite = None  # the first norm whose input held NaN or inf, by name
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return self.w["token_embd"][tokens] * np.float32(self.cfg.embed_scale)
@@ -30,6 +33,8 @@ class NumpyOps:
         return x @ self.w[name].T
 
     def norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        if self.first_nonfinite is None and not np.isfinite(x).all():
+            self.first_nonfinite = name
         return rms_norm_ref(x, self.w[name], self.cfg.eps)
 
     def rope(self, x: np.ndarray, pos: np.ndarray, il: int) -> np.ndarray:
@@ -39,7 +44,11 @@ class NumpyOps:
     def attention(self, q, k, v, pos: np.ndarray, il: int, cache: KVCache) -> np.ndarray:
         """q (T, H, D), k/v (T, Hkv, D) at positions `pos` -> (T, H * Dv), K/V cached."""
         k_all, v_all = cache.store(il, int(pos[0]), k, v)
-        out = attention_ref(q, k_all, v_all, pos, self.cfg.attn_scale, self.cfg.window(il))
+        # queries in chunks, so that a chunk's float64 scores (H, rows, S) stay near SCORES_BYTES
+        rows = max(1, SCORES_BYTES // (8 * q.shape[1] * k_all.shape[0]))
+        out = np.concatenate([attention_ref(q[t:t + rows], k_all, v_all, pos[t:t + rows],
+                                            self.cfg.attn_scale, self.cfg.window(il))
+                              for t in range(0, q.shape[0], rows)])
         return out.reshape(q.shape[0], -1)
 
     def gated_act(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:

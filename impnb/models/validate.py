@@ -1,0 +1,198 @@
+"""One check of a whole model before any weight is read: metadata, tokenizer keys, tensors, memory.
+
+`validate_model` reads the config (every key type- and range-checked in config.py), then checks
+that every tensor the architecture uses is present with the shape the config implies and a type
+the device reads, that no tensor belongs to a layer past `block_count`, that the tokenizer's
+keys have the right types and its special ids lie inside the vocabulary, and that what the load
+will allocate fits in the host's memory. Errors name the key or tensor and what was expected.
+Shapes are printed in GGUF order (the row length first), as gguf-dump shows them.
+"""
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as T
+
+from impnb.errors import DeviceError, GGUFError, UnsupportedError
+from impnb.gguf_file import ModelFile
+from impnb.models.config import ModelConfig
+
+NORM_TYPES = (T.F32, T.F16, T.BF16)  # one-dimensional weights: llama.cpp writes them F32
+SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
+TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix")
+IGNORED_TENSORS = frozenset({"rope_freqs.weight"})  # present in some llama files, not read
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A tensor the layer graph reads: its numpy shape and the sizes it derives from."""
+
+    shape: tuple[int, ...]
+    why: str
+    optional: bool = False
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
+    """GGUF name (less ".weight") -> Expected, for cfg's architecture."""
+    D, V = cfg.n_embd, cfg.n_vocab
+    d_model = f"d_model {D}"
+    q_heads = f"d_model {D} and {cfg.n_head} heads of {cfg.head_dim}"
+    kv_heads = f"d_model {D} and {cfg.n_head_kv} KV heads of {cfg.head_dim}"
+    v_heads = f"d_model {D} and {cfg.n_head_kv} KV heads of {cfg.head_dim_v}"
+    o_heads = f"d_model {D} and {cfg.n_head} heads of {cfg.head_dim_v}"
+    out = {
+        "token_embd": Expected((V, D), f"a vocabulary of {V} and {d_model}"),
+        "output_norm": Expected((D,), d_model),
+        "output": Expected((V, D), f"a vocabulary of {V} and {d_model}", optional=True),
+    }
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        out[p + "attn_norm"] = Expected((D,), d_model)
+        out[p + "attn_q"] = Expected((cfg.n_head * cfg.head_dim, D), q_heads)
+        out[p + "attn_k"] = Expected((cfg.n_head_kv * cfg.head_dim, D), kv_heads)
+        out[p + "attn_v"] = Expected((cfg.n_head_kv * cfg.head_dim_v, D), v_heads)
+        out[p + "attn_output"] = Expected((D, cfg.n_head * cfg.head_dim_v), o_heads)
+        out[p + "ffn_norm"] = Expected((D,), d_model)
+        if cfg.qk_norm:
+            out[p + "attn_q_norm"] = Expected((cfg.head_dim,), f"heads of {cfg.head_dim}")
+            out[p + "attn_k_norm"] = Expected((cfg.head_dim,), f"heads of {cfg.head_dim}")
+        if cfg.post_norms:
+            out[p + "post_attention_norm"] = Expected((D,), d_model)
+            out[p + "post_ffw_norm"] = Expected((D,), d_model)
+        if cfg.n_expert:
+            E, F = cfg.n_expert, cfg.n_ff_exp
+            experts = f"{E} experts, {d_model} and expert FFN {F}"
+            out[p + "ffn_gate_inp"] = Expected((E, D), f"{E} experts and {d_model}")
+            out[p + "ffn_gate_exps"] = Expected((E, F, D), experts)
+            out[p + "ffn_up_exps"] = Expected((E, F, D), experts)
+            out[p + "ffn_down_exps"] = Expected((E, D, F), experts)
+        else:
+            ffn = f"{d_model} and FFN {cfg.n_ff}"
+            out[p + "ffn_gate"] = Expected((cfg.n_ff, D), ffn)
+            out[p + "ffn_up"] = Expected((cfg.n_ff, D), ffn)
+            out[p + "ffn_down"] = Expected((D, cfg.n_ff), ffn)
+    return out
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join(str(d) for d in reversed(shape)) + "]"
+
+
+def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
+    """Every tensor cfg's layer graph reads is present, of its shape; 1-D ones of a float type."""
+    expected = expected_tensors(cfg)
+    for name, exp in expected.items():
+        if not mf.has(name):
+            if exp.optional:
+                continue
+            raise GGUFError(f"{mf.path}: tensor {name}.weight is missing ({cfg.arch} with "
+                            f"{cfg.n_layer} layers needs it)")
+        t = mf.tensor(name)
+        if t.shape != exp.shape:
+            raise GGUFError(f"{mf.path}: {t.name} has shape {_dims(t.shape)}; {cfg.arch} with "
+                            f"{exp.why} needs {_dims(exp.shape)}")
+        if len(exp.shape) == 1 and t.ggml_type not in NORM_TYPES:
+            raise GGUFError(f"{mf.path}: {t.name} is {t.fmt.name}; a norm weight must be one of "
+                            f"{', '.join(x.name for x in NORM_TYPES)}")
+    for name in mf.tensors:
+        m = _LAYER.match(name)
+        if m and int(m.group(1)) >= cfg.n_layer:
+            raise GGUFError(f"{mf.path}: tensor {name} belongs to layer {m.group(1)}, but "
+                            f"{cfg.arch}.block_count is {cfg.n_layer}")
+        if name.removesuffix(".weight") not in expected and name not in IGNORED_TENSORS:
+            raise GGUFError(f"{mf.path}: tensor {name} is not one {cfg.arch} reads (a renamed "
+                            f"tensor, or a model impnb does not know)")
+
+
+def _int_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_tokenizer_keys(mf: ModelFile, n_vocab: int) -> None:
+    """tokenizer.* keys of the right types; arrays one entry a token; special ids in the vocabulary."""
+    md = mf.metadata
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
+        if key in md and not isinstance(md[key], str):
+            raise GGUFError(f"{mf.path}: metadata {key} is {type(md[key]).__name__}, not a string")
+    arrays = (("tokens", str), ("token_type", int), ("scores", (int, float)), ("merges", str))
+    for name, kind in arrays:
+        key = f"tokenizer.ggml.{name}"
+        if key not in md:
+            continue
+        value = md[key]
+        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+            raise GGUFError(f"{mf.path}: metadata {key} is not an array of "
+                            f"{'strings' if kind is str else 'numbers'}")
+        if name != "merges" and len(value) != n_vocab:
+            raise GGUFError(f"{mf.path}: metadata {key} has {len(value)} entries; token_embd has "
+                            f"{n_vocab} rows")
+    for name in SPECIAL_IDS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key in md and not (_int_id(md[key]) and 0 <= md[key] < n_vocab):
+            raise GGUFError(f"{mf.path}: metadata {key} = {md[key]!r:.40} is not a token id "
+                            f"in [0, {n_vocab})")
+    for name in TOKENIZER_FLAGS:
+        key = f"tokenizer.ggml.{name}"
+        if key in md and not isinstance(md[key], bool):
+            raise GGUFError(f"{mf.path}: metadata {key} = {md[key]!r:.40} is not a boolean")
+    declared = mf.arch_get("vocab_size")
+    if declared is not None and declared != n_vocab:
+        raise GGUFError(f"{mf.path}: metadata {mf.arch}.vocab_size = {declared!r:.40}; token_embd "
+                        f"has {n_vocab} rows")
+
+
+def host_bytes_needed(mf: ModelFile, cfg: ModelConfig, n_ctx: int) -> int:
+    """What the CPU reference allocates: every weight in float32 and the float32 KV cache."""
+    weights = sum(math.prod(t.shape) for t in mf.tensors.values()) * 4
+    kv = cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 4
+    return weights + kv
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(needed: int, what: str) -> None:
+    """DeviceError when `needed` bytes exceed the host's available memory."""
+    if os.environ.get("IMPNB_SKIP_MEMORY_CHECK") == "1":
+        return
+    available = host_memory_available()
+    if available is not None and needed > available:
+        raise DeviceError(f"{what} needs {needed / 2**30:.1f} GiB of host memory; "
+                          f"{available / 2**30:.1f} GiB is available")
+
+
+def check_gpu_shapes(cfg: ModelConfig) -> None:
+    """UnsupportedError where the GPU kernels take no such head dim (the CPU reference takes any)."""
+    from impnb.kernels.attention.attention_decode import HEAD_DIMS
+
+    if cfg.head_dim not in HEAD_DIMS or cfg.head_dim_v != cfg.head_dim:
+        raise UnsupportedError(f"{cfg.arch} with head dim {cfg.head_dim} (V {cfg.head_dim_v}) has no "
+                               f"GPU attention kernel (head dims {', '.join(map(str, HEAD_DIMS))}); "
+                               f"use --device cpu")
+
+
+def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None = None) -> ModelConfig:
+    """mf's config once every key, tensor and the host memory of a `device` load are checked."""
+    from impnb.models import model_config
+
+    cfg = model_config(mf)
+    check_tensors(mf, cfg)
+    check_tokenizer_keys(mf, cfg.n_vocab)
+    if device == "cuda":
+        check_gpu_shapes(cfg)
+    if device == "cpu":
+        ctx = min(n_ctx or cfg.n_ctx, cfg.n_ctx)
+        check_host_memory(host_bytes_needed(mf, cfg, ctx), f"{cfg.arch} on the CPU")
+    return cfg
