@@ -1,4 +1,4 @@
-"""Measure the prefill GEMM paths on this GPU and write impnb/gpu/gemm_table.json.
+"""Measure the prefill GEMM paths on this GPU and write impnb/tuning/gemm_table.json.
 
 For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
 ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'

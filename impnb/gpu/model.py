@@ -8,12 +8,11 @@ fp16 and cuBLAS (the fallback). The stacked Q|K|V always takes cuBLAS.
 """
 
 import logging
-import os
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.errors import ParameterError, UnsupportedError
+from impnb.errors import UnsupportedError
 from impnb.devices import GPU_ARCHS
 from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
@@ -35,151 +34,10 @@ from impnb.kernels.attention.rope import rope_inv_freq
 from impnb.kernels.moe.router_fold import Fold, fold_ref
 from impnb.models import model_config
 from impnb.quant_promote import common_type, promote
+from impnb.tuning import (DECODE_CTX_BUCKETS, GEMV_MAX_ROWS, MAX_PREFILL_CHUNK, PAGE_SIZE, SHORT_DECODE_CLUSTER,
+                          SHORT_DECODE_MAX, STREAM_MIN_ROWS, Overrides, fuses_post)
 
 log = logging.getLogger("impnb.gpu")
-PAGE_SIZE = 32
-GEMV_MAX_ROWS = 8
-MAX_PREFILL_CHUNK = 512
-DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # decode graphs per bucket
-# decode attention for context buckets up to this (by head dim) takes attention_decode_short,
-# else the split kernel; SHORT_DECODE_CLUSTER gives its blocks a query row (a thread-block
-# cluster splitting the keys) by (head dim, bucket), 1 where not listed. Measured on the H100
-# (2026-11-24, µs a call, split kernel / short at 1 / short at the cluster chosen): at 1024 keys
-# SmolLM2 (D 64) 10.3 / 9.3 / 5.1 (8), Qwen3-30B-A3B (D 128) 17.2 / 16.1 / 11.6 (2), Gemma3
-# (D 256) 14.5 / 29.0 / 8.4 (8); at 4096 keys SmolLM2 10.3 / 32.8 / 8.1 (8), Gemma3 25.3 / 124.6
-# / 20.1 (8), Qwen3-30B-A3B 21 / 63.7 / 34.2 (8: split stays); at 131-256 keys clusters lose at
-# D 64 and 128 and break even at D 256 (tg128 in one run: Gemma3 1368 / 1365). tg128 at depth
-# 700: SmolLM2 1293 -> 1462, Gemma3 1084 (split) -> 1261.
-# IMPNB_SHORT_DECODE_MAX / IMPNB_SHORT_CLUSTER override them for A/B runs (0: never).
-SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
-SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
-# short decode attention takes qkv_post fused in front (one kernel a layer fewer) at these head
-# dims, up to the given query heads a KV head. Measured on the H100 (tg128 in one run, fused /
-# separate): SmolLM2 (D 64, 3 a KV head) 1664 / 1606 and Gemma3 (D 256, 4) 1341 / 1362
-# (2026-11-24), where every block's norm and RoPE prologue costs more than the kernel it saves;
-# synthetic Qwen3-8B Q4_K_M (D 128, 4) 371.0, 371.4 / 367.1, 366.9, Qwen3-30B-A3B (D 128, 8)
-# 364.4, 364.4 / 373.3, 373.2 (2026-11-25). IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides
-# it for A/B runs. Where neither fuses it, qkv_post stays a kernel of its own: as the Q|K|V GEMVs'
-# tail instead (the last block to store a head's rows normalizing, rotating and writing it, a
-# ticket a head) Qwen3-30B-A3B Q4_K_M tg128 went 401.0, 400.0 -> 383.5, 384.1 (H100, 2026-11-26
-# 21:49 UTC; the Q|K GEMV 6.0 -> 10.9 µs in profile_step.py): the tail's fence, ticket and
-# dependent loads outlast the kernel it saves. Tried and removed. Re-measured after decode
-# attention became a programmatic launch (2026-11-27 01:53 UTC, tg128 in one call, fused /
-# separate): Qwen3-30B-A3B 445.6 / 460.2, synthetic Qwen3-8B Q4_K_M 386.0 / 387.7 (even); the
-# fused path working out its rotation and norm weights before the wait (shared tables) and
-# loading V beside q and k gave 383.5 on the 8B: removed. As the tail of thread-block clusters
-# instead (the GEMV's blocks in clusters of 16 whose rows are one head; after a cluster barrier,
-# no fence or ticket, the first block normalizes, rotates and writes it; bit-equal to the two
-# launches in its GPU test) Qwen3-30B-A3B Q4_K_M tg128 went 504.4, 504.2 -> 463.6, 463.7 (H100,
-# 2026-11-27 07:52 UTC, one call): clusters of 16 blocks and the tail's 96 registers (80 in the
-# GEMV alone) cost more than the launch they save. Removed; .dev/gemv_qkv_post.patch.
-# Also tried on that model and removed (H100, 2026-11-26, tg128 against the tree before in the
-# same call): the next layer's Q|K|V, attn_output and router weights prefetched into L2
-# (cp.async.bulk.prefetch.L2) from a graph branch forked after attn_output and joined before the
-# next Q|K|V, 401.1, 401.3 -> 342.0, 340.6. Issued inside the kernels instead (2026-11-27 19:44 UTC,
-# tg128 interleaved in one call, the same tree without them 517.6, 521.3): attn_output's and the
-# folded router's weights by qkv_post's blocks after their wait, while attention leaves HBM idle,
-# 476.1, 476.5; the next layer's Q|K|V by the experts' down kernel after its wait 516.8, 519.1.
-FUSED_POST = {64: 32, 128: 4}
-# decode GEMVs followed by a residual update run it as their tail (gemv_tail.py) rather than a
-# norm kernel after them. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each): 1378,
-# 1380 with it, 1368, 1365 without. IMPNB_GEMV_TAIL=0 turns it off for A/B runs.
-GEMV_TAIL = os.environ.get("IMPNB_GEMV_TAIL", "1") != "0"
-# a layer's Q, K, V (gate, up) of mixed types that one type holds exactly (Q5_0 and Q8_0 as
-# Q8_0: quant_promote.py) are stacked in it, one GEMV for three; where none does, Q and K alone
-# (attn_qk), one GEMV for two. Measured on the H100 (2026-11-24, Gemma3 tg128, two runs each; 9
-# of its 18 layers have Q5_0 Q and K, Q8_0 V): 1464.7, 1466.1 with promotion, 1363.7, 1363.7
-# without (131 -> 113 graph nodes); synthetic Qwen3-30B-A3B Q4_K_M tg128 (Q|K apart from a Q6_K V
-# in 24 of 48 layers): 291.1, 291.1 with it, 287.3 without. IMPNB_STACK_MIXED=0 (one type only)
-# for A/B runs.
-STACK_MIXED = os.environ.get("IMPNB_STACK_MIXED", "1") != "0"
-# where Q|K and V stay apart (V of a type neither holds), their decode GEMVs with the pre-norm
-# fused run as one launch of two weight types (gemv.gemv_pair): one kernel a layer fewer.
-# Measured on the H100 (2026-11-27 01:34 UTC, synthetic Qwen3-30B-A3B Q4_K_M, Q4_K Q|K and Q6_K V
-# in 24 of 48 layers; tg128 in one call): 439.1, 441.4 without, 460.6, 459.9 with.
-# IMPNB_GEMV_PAIR=0 for A/B runs.
-GEMV_PAIR = os.environ.get("IMPNB_GEMV_PAIR", "1") != "0"
-# decode attention on the short kernel writes its output's int8 form beside it where attn_output
-# is of a dp4a type at least DP4A_MIN_K wide, which then takes gemv_dp4a without a quantize_x
-# launch (H100, 2026-11-27, bench_gemv.py, cold weights, back to back: Qwen3-30B-A3B's 2048x4096
-# Q4_K 5.10 µs on gemv's best variant, 4.07 on dp4a). tg128 (H100, 2026-11-27 02:16 UTC, one
-# call, synthetic Q4_K_M): Qwen3-30B-A3B 468.6, 467.7 without, 500.0, 501.6 with; Qwen3-8B (its
-# attn_output already on dp4a after a quantize_x launch) 385.4 -> 395.8 with this and the
-# GEMV_PAIR and gemv_variants.WIDE_MIN_ROWS changes. IMPNB_ATTN_DP4A=0 for A/B runs.
-ATTN_DP4A = os.environ.get("IMPNB_ATTN_DP4A", "1") != "0"
-# qwen3moe decode runs attn_output (on dp4a, ATTN_DP4A) and the MoE router as one launch
-# (kernels/moe/router_fold.py: the router's logits are linear in the layer's input and attention's
-# output but for the norm's scale, so its rows are folded through W_o at load, 1.5 MB a layer of
-# F16 on Qwen3-30B-A3B, and run beside attn_output's). Measured on the H100 (2026-11-27, synthetic
-# Qwen3-30B-A3B Q4_K_M, tg128 interleaved in one call, folded / not): the grid's last block
-# ranking, normalizing and quantizing 513.1, 512.6 / 500.7, 499.2 tok/s (11:32 UTC); the router
-# blocks' last one ranking while the GEMV runs 517.8, 517.9 / 500.6, 502.7 (11:46 UTC); with a's
-# loads after the wait free of branches and the tail's loads in one round 518.9, 516.3 / 498.6,
-# 499.6 (11:59 UTC; even with the one before).
-# profile_step.py --by-grid (11:48 UTC): the folded kernel 10.5 µs a layer alone, against
-# attn_output's 3.5 and the router's 7.6 before. IMPNB_ROUTER_FOLD=0 for A/B runs.
-# Tried and removed (H100, 2026-11-27, tg128 in one call, with / without): the experts' gate|up
-# starting on a flag the fold's ranking block sets (its thread 0 spinning, then reading the slot's
-# expert and loading its weights before griddepcontrol.wait, the last block past the flag clearing
-# it) rather than at the fold's end: 501.2, 502.3 / 516.7, 516.8 (14:34 UTC, an acquiring load a
-# round); 504.4, 504.6 / 514.9, 517.0 (14:41, relaxed loads, one acquire, the ticket after the
-# loads). The weights' early loads (14 MB) crowd the fold's own critical path; .dev/experts_early.patch.
-ROUTER_FOLD = os.environ.get("IMPNB_ROUTER_FOLD", "1") != "0"
-# T = 1 GEMVs of plain x (no fused norm, accumulation or tail) over at least STREAM_MIN_ROWS
-# rows that gemv_stream serves (K <= 1024) take it. Measured on the H100 (2026-11-24,
-# scripts/bench_gemv.py --stream, µs back to back): Gemma3's 262144x640 Q8_0 logits 65.4 (91.8%
-# of 2.97 TB/s) against gemv's 93.1 (64.5%); 49152x576 Q8_0 18.7 against 18.6 (even).
-# IMPNB_GEMV_STREAM=0 for A/B runs.
-STREAM_MIN_ROWS = 131072
-GEMV_STREAM = os.environ.get("IMPNB_GEMV_STREAM", "1") != "0"
-# decode GEMVs (T <= 8) of weights of at least DP4A_MIN_MB and DP4A_MIN_K columns run on dp4a
-# (gemv_dp4a.py) after one quantize_x launch for their input (the fused pre-norm folded into it).
-# Measured on the H100 (2026-11-25):
-# - scripts/bench_gemv.py --dp4a, µs back to back, T = 1 on 4096x14336: Q4_K 19.8 -> 15.9, Q8_0
-#   31.7 -> 23.7, Q4_1 21.0 -> 16.1, Q5_K 25.0 -> 19.4, Q6_K 25.0 -> 25.9 (lost; Q6_K at K > 8192
-#   stayed on gemv); quantize_x 1.8. With K built into the kernel (15:03 UTC, choose_dp4a's
-#   variants): Q4_K 19.8 -> 13.8, Q8_0 31.8 -> 22.3, Q4_1 21.1 -> 15.0, Q6_K 24.8 -> 18.5 (won).
-# - tg128, synthetic Qwen3-8B Q4_K_M: 278.5 tok/s on gemv alone, 312.4 with dp4a on weights of
-#   32 MB and more, 330.9 from 12 MB, 332.8 for every weight of a dp4a type; 337.3 with this rule
-#   before K was built into the kernel (Q6_K at K > 8192 then on gemv), 343.7 after, 366.5-367.2
-#   with the first loads before griddepcontrol.wait (2026-11-25 evening; Q6_K on dp4a).
-# - tg128, synthetic Qwen3-30B-A3B Q4_K_M: 310.1 -> 315.8 (its logits and routed gate|up).
-# - tg128 with every weight on dp4a: SmolLM2 (K 576) 1676 -> 1454, Gemma3 (K 640) 1516 -> 1471,
-#   where x is short and the GEMVs small: those keep gemv.
-# IMPNB_DP4A_MIN_MB and IMPNB_DP4A_MIN_K override them for A/B runs (a huge size: never).
-# What int8 x costs the reference (scripts/int8_sensitivity.py, CPU, 2026-11-27; teacher-forced
-# top-1 against float x, Q|K|V's input rounded / every GEMV's but the router's and the logits'):
-# SmolLM2 on 90 tokens of English 0.978 / 0.989, Gemma3 1.000 / 1.000, tiny qwen3moe Q8_0 seed 3
-# 1.000 / 1.000, seed 11 0.984 / 0.992; x rounded to fp16 instead (--fp16) 1.000 everywhere,
-# errors 2e-4 to 1e-3 of the largest logit. The models this rule puts Q|K|V on dp4a for (Qwen3-8B's
-# 6144 x 4096) had no real GGUF here to measure.
-# Tried and removed (2026-11-27, on an H200): normed GEMVs on dp4a whose blocks each quantize
-# x * w into shared memory themselves (no quantize_x launch; outputs scaled by 1 / rms(x) from
-# sums of x² made beside). bench_gemv.py, µs back to back, that kernel / gemv's normed / quantize_x
-# + gemv_dp4a: Q4_K 4608x2048 5.26 / 6.84 / 2.34 + 3.49, 6144x4096 10.37 / 10.27 / 2.53 + 6.07,
-# 24576x4096 38.91 / 33.28 / 2.54 + 17.39: every block rereads x and w from L2, 8 bytes a column,
-# more than its own rows of weights at K 4096. tg128: synthetic Qwen3-30B-A3B Q4_K_M 536.0, 535.6
-# -> 547.3, 547.6 (its Q|K|V), Qwen3-8B 458.8 -> 405.1; and int8 Q|K|V inputs took the tiny
-# qwen3moe's all-dp4a teacher-forced top-1 agreement to 98.4%, under the 99% its test asks.
-DP4A_MIN_MB = 8.0
-DP4A_MIN_K = 2048
-
-
-def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:
-    """Whether decode attention takes qkv_post fused in front at this shape (FUSED_POST)."""
-    return n_head // n_head_kv <= FUSED_POST.get(head_dim, 0)
-
-
-def env_ints(name: str) -> tuple[int, ...] | None:
-    """The comma-separated integers of environment variable `name` (an A/B override), None where
-    it is unset; ParameterError (one line from the CLI) where it is not integers."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise ParameterError(f"{name}={value!r}: expected integers separated by commas") from None
 
 
 class DeviceModel:
@@ -194,15 +52,15 @@ class DeviceModel:
             check_experts(cfg)
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
+        self.tuning = tn = Overrides.from_env()  # the environment's A/B overrides, read once
         self.ctx.check_fits(self._bytes_needed(mf, n_ctx), "the weights and KV cache")
         self.w = self._upload_all(mf)
         self.streamed = {name for name, w in self.w.items()  # their T = 1 GEMVs take gemv_stream
-                         if GEMV_STREAM and isinstance(w, repack.PackedWeight)
+                         if tn.gemv_stream and isinstance(w, repack.PackedWeight)
                          and w.rows >= STREAM_MIN_ROWS and gemv_stream.fits(w, 1)}
         for name in sorted(self.streamed):
             log.debug("%s: T = 1 GEMV on gemv_stream", name)
-        min_mb = float(os.environ.get("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB))
-        min_k = int(os.environ.get("IMPNB_DP4A_MIN_K", DP4A_MIN_K))
+        min_mb, min_k = tn.dp4a_min_mb, tn.dp4a_min_k
         self.dp4a = {name for name, w in self.w.items()  # their decode GEMVs may take gemv_dp4a
                      if isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS
                      and w.nbytes >= min_mb * 1e6 and w.cols >= min_k and name not in self.streamed}
@@ -223,12 +81,10 @@ class DeviceModel:
         # for the largest
         self.max_decode_splits = self.decode_splits = self.splits_for(n_ctx)
         self.decode_short = 0
-        self.short_max_env = env_ints("IMPNB_SHORT_DECODE_MAX")
-        self.short_cluster_env = env_ints("IMPNB_SHORT_CLUSTER")
-        post_dims = env_ints("IMPNB_FUSED_POST_DIMS")
+        post_dims = tn.fused_post_dims
         self.decode_post = (cfg.head_dim in post_dims if post_dims is not None
                             else fuses_post(cfg.head_dim, cfg.n_head, cfg.n_head_kv))
-        self.gemv_tail = GEMV_TAIL
+        self.gemv_tail = tn.gemv_tail
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)
@@ -242,9 +98,10 @@ class DeviceModel:
         """(the short-context kernel's blocks a query row, 0 for the split kernel; the split
         count) of decode attention for contexts up to ctx_bucket(length)."""
         bucket, D = self.ctx_bucket(length), self.cfg.head_dim
-        bound = self.short_max_env[0] if self.short_max_env else SHORT_DECODE_MAX.get(D, 0)
+        tn = self.tuning
+        bound = tn.short_decode_max if tn.short_decode_max is not None else SHORT_DECODE_MAX.get(D, 0)
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
-        blocks = (self.short_cluster_env[0] if self.short_cluster_env
+        blocks = (tn.short_cluster if tn.short_cluster is not None
                   else SHORT_DECODE_CLUSTER.get((D, row), 1))
         return blocks if bucket <= bound else 0, self.splits_for(bucket)
 
@@ -271,7 +128,7 @@ class DeviceModel:
                 if not all(ts) or len({t.shape[-1] for t in ts}) != 1:
                     continue
                 types = {t.ggml_type for t in ts}
-                if not STACK_MIXED and (len(types) > 1 or fused == "attn_qk"):
+                if not self.tuning.stack_mixed and (len(types) > 1 or fused == "attn_qk"):
                     continue
                 common = common_type(types)
                 if common is not None:
@@ -287,7 +144,7 @@ class DeviceModel:
         can take gemv_dp4a on attention's int8 output and whose routed gate|up take it too
         (ROUTER_FOLD); the fold runs where attn_xq gives those buffers."""
         cfg, folds = self.cfg, {}
-        if not (ROUTER_FOLD and ATTN_DP4A and cfg.n_expert):
+        if not (self.tuning.router_fold and self.tuning.attn_dp4a and cfg.n_expert):
             return folds
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
@@ -322,7 +179,8 @@ class DeviceModel:
     def _bytes_needed(self, mf: ModelFile, n_ctx: int) -> int:
         cfg = self.cfg
         kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
-        folds = 2 * cfg.n_layer * cfg.n_expert * (cfg.n_embd + cfg.n_head * cfg.head_dim_v) if ROUTER_FOLD else 0
+        folds = 2 * cfg.n_layer * cfg.n_expert * (cfg.n_embd + cfg.n_head * cfg.head_dim_v) \
+            if self.tuning.router_fold else 0
         return sum(t.data.nbytes for t in mf.tensors.values()) + kv + folds + (64 << 20)
 
     def linear(self, x, name: str, y, norm: tuple | None = None, accumulate: bool = False,
@@ -390,7 +248,7 @@ class DeviceModel:
         """linear_split(x, name_a, ys_a, norm) then linear(x, name_b, y_b, norm) (a layer's Q|K and
         its V of another type): one GEMV launch for both at decode with norm where neither weight
         takes dp4a (GEMV_PAIR)."""
-        if GEMV_PAIR and x.shape[0] <= GEMV_MAX_ROWS and norm is not None \
+        if self.tuning.gemv_pair and x.shape[0] <= GEMV_MAX_ROWS and norm is not None \
                 and not (self.dp4a_pays(name_a) or self.dp4a_pays(name_b)):
             gemv.gemv_pair(self.w[name_a], ys_a, self.w[name_b], y_b, x, norm, self.ctx.nb_stream)
             return
@@ -432,7 +290,7 @@ class DeviceModel:
         """Where decode attention (the short kernel) writes its output's int8 form for `name`
         (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
         w = self.w[name]
-        if ATTN_DP4A and n_tok <= attention_decode.MAX_T and self.decode_short \
+        if self.tuning.attn_dp4a and n_tok <= attention_decode.MAX_T and self.decode_short \
                 and isinstance(w, repack.PackedWeight) and w.ggml_type in gemv_dp4a.DOTS and w.cols >= self.dp4a_min_k:
             return self.xq_buffers(n_tok, w.cols, "attn_xq")
         return None

@@ -20,11 +20,8 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
-import os
-
 import numpy as np
 
-from impnb.gpu.model import GEMV_MAX_ROWS
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemv import gemv, gemv_dp4a
@@ -35,12 +32,7 @@ from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
-
-# The decode down projection of dp4a-type experts on dp4a (gemv_moe_dp4a.py, act made int8 in the
-# kernel) rather than on float act (gemv_moe.py). Measured on an H200 (2026-11-26, synthetic
-# Qwen3-30B-A3B Q4_K_M): scripts/bench_moe_decode.py down Q6_K 9.96 -> 6.53 µs, Q4_K 7.48 -> 6.19;
-# tg128 390.0 / 389.9 -> 402.4 / 403.6 tok/s. IMPNB_MOE_DOWN_DP4A=0 for A/B runs.
-MOE_DOWN_DP4A = os.environ.get("IMPNB_MOE_DOWN_DP4A", "1") != "0"
+from impnb.tuning import GEMV_MAX_ROWS
 
 
 def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
@@ -112,7 +104,7 @@ def _experts_decode(m, x, prefix: str, norm: tuple, xq, experts, weights) -> Non
     else:
         _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
     down = m.w[prefix + "ffn_down_exps"]
-    if MOE_DOWN_DP4A and down.ggml_type in gemv_dp4a.DOTS and D >= down_dp4a.ROWS:
+    if m.tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a.DOTS and D >= down_dp4a.ROWS:
         down_dp4a.experts_down_sum_dp4a(down, D, act, x, slots, weights, s, accumulate=True)
     else:
         experts_down_sum(down, D, act, x, slots, weights, s, accumulate=True)

@@ -16,13 +16,13 @@ under programmatic launch those loads overlap the kernel before (synthetic Qwen3
 361.0 tok/s on the H100).
 """
 
-import os
 from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, int32, types, uint32, uint64
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
@@ -451,70 +451,13 @@ def dp4a_block_fns(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, de
     return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, NO_GLU, False, cols, depth, None, block_fns=True)
 
 
-# T = 1: measured on the H100 (2026-11-25 17:35 UTC, scripts/bench_gemv.py --dp4a with six
-# variants, % of 2.97 TB/s per launch / back to back), the first chunk's loads before the wait:
-#            4096x14336 (long rows)       14336x4096
-#   Q8_0     s128u2r4 82.5 / 93.3        s128u2r4 85.6 / 99.5
-#   Q4_K     s128u1r8 67.6 / 81.6        s64u1r4  69.9 / 84.0
-#   Q4_1     s128u1r4 70.7 / 85.7        s128u1r4 74.6 / 91.8
-#   Q6_K     s128u1r8 81.5 / 98.1        s64u1r8  79.3 / 99.1
-# The same call's kernel with every load after the wait (the previous table: Q8_0 s128u2r4,
-# Q4_K s128u1r4 / s64u1r8, Q4_1 s128u1r4, Q6_K s64u2r4 / s64u1r4): Q8_0 82.1 / 94.1 and
-# 88.4 / 100.3, Q4_K 67.2 / 80.8 and 67.4 / 81.5, Q4_1 69.0 / 81.9 and 72.2 / 87.2, Q6_K
-# 75.1 / 87.8 and 79.1 / 92.9. Variants within ~1 point of each other are ties (Q8_0's s64u1r4,
-# s128u1r8); one warp a group lost everywhere (s32u1r8 26-43%, earlier). Capping Q4_K s128u1r4
-# at 64 registers (8 blocks an SM, all 1024 blocks resident) gave 68.1 / 81.4: the same as
-# s128u1r8. Q4_0 and Q5_0 keep s128u1r4 at every K, Q5_K takes Q4_K's variants (not measured).
-# Register caps (max_registers; one call, 2026-11-26 08:25 UTC, H100, % of 2.97 TB/s back to
-# back): Q4_K 14336x4096 s64u1r4 84.1% -> 86.1% at 96 or 80, s128u1r4 77.6% -> 82.8% at 96 and
-# 88.5% at 80 (ptxas then gives it 72 registers, against 64 uncapped: the cap changes its
-# schedule, not the blocks an SM), 77.4% at 64. 4096x14336 gained nothing (s128u1r8 80.4%; at 96
-# 77.4%, at 80 66.3%; s128u1r4 at 64 81.1%). The runtime builds through LTO, whose register
-# counts differ from BUILD_SIGNATURES' compile_ptx + link (s128u1r8 Q4_K at K 14336: 127 against 96).
-# Loads 2 and 3 chunks ahead (unroll 3, 4; 2026-11-26 18:02-18:07 UTC, H100, back to back on
-# 4096x14336, two calls): Q4_1 s128u1r4 86.3% -> s64u3r2 94.1% (s128u3r2 87.7, s128u2r2 92.4),
-# Q8_0 s128u2r4 93.0% -> s128u2r2 97.9% (s128u3r4 95.2); on 14336x4096 neither beat the variants
-# above (Q4_1 s128u1r4 93.1, s64u3r2 83.6). Q4_K lost with every deeper window: s128u1r8 80.1%,
-# s64u2r4 79.9, s128u2r4 76.9, s128u3r2 69.9, s128u4r2 59.3, s128u4r4 60.9 (s64u1r4 at 14336x4096:
-# 83.7 -> s64u2r4 72.9). ncu puts Q4_K s128u1r8 at 16 warps an SM (127 registers), 62% of
-# cycles with no eligible warp, issue slots 30% busy: latency-bound, yet neither deeper windows
-# nor prefetch.global.L2 of the next 1-3 chunks (s128u1r8 81.3% -> 73.9 / 69.6 / 66.2, same
-# call) helped; only shapes of one chunk a thread reach 85% (16384x3584 s128u1r4 85.7%). Splitting
-# K over a thread-block cluster to get there (blocks of 1/2, 1/4 or 1/7 of K, block 0 adding the
-# parts through distributed shared memory) lost: s128u1r8 81.2% -> 69.3% at 2 blocks, 56.7% at 4
-# (s128u1r4), 53.2% at 7 (s64u1r4); Q4_1 and Q8_0 lost as much (18:23 UTC, not kept). What
-# reached it was fewer registers a chunk in flight: Q4_K's header by shuffles (_q4_k_load_w).
-LONG_K = 8192
-T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
-    T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 2)),
-    T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
-    T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
-    T.Q4_1: (Variant(BLOCK, 1, 4), Variant(64, 3, 2)),
-    T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q6_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 8)),
-}
-# At T = 1 and 4096 <= K < LONG_K, (type, GLU): (variant, register cap, fewest output rows).
-# Synthetic Qwen3-8B Q4_K_M tg128, each against the tree before in the same call (H100): both
-# entries with no row floor 372.2 -> 369.5 tok/s (08:45 UTC; its plain Q4_K weights have 1024-4096
-# rows); the plain entry from 8192 rows (none there) and the GLU one (gate|up 24576x4096) 371.2 ->
-# 376.2, the plain entry alone 370.0 (08:50 UTC).
-T1_CAPPED = {(T.Q4_K, False): (Variant(BLOCK, 1, 4), 80, 8192),
-             (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
-# The routed experts' gate|up (gemv_dp4a_experts with GLU) at K < LONG_K, by type; elsewhere
-# choose_dp4a's. Synthetic Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27 15:00 UTC, one call, its
-# 768 x 2 x 2048 Q4_K experts): choose_dp4a's s64u1r4 516.4 and 517.5 tok/s, s32u1r8 516.4,
-# s64u1r8 509.8, s32u2r4 521.0 (two chunks a thread, the second's loads out during the first's
-# dots); this table / choose_dp4a's, interleaved in one call (15:05 UTC) 520.8, 520.8 / 516.2,
-# 515.3. IMPNB_EXPERTS_T1=0 (choose_dp4a's) for A/B runs.
-# s32u2r4 builds at 116 registers: 4 blocks an SM, so its 768 blocks a layer run in 1.45 waves.
-# Fitting one wave lost (H100, 2026-11-27, tg128 interleaved in one call, not kept): Q4_K's header
-# by shuffles (_q4_k_load_w) in s32u2r4 (96 registers) 522.1, 523.2 against 537.3, 537.0 (19:32
-# UTC), in s32u2r8 (156, one wave) 530.7, 529.4, in s32u1r8 (108, one wave) 527.5, 530.9; every
-# chunk a thread takes staged through shared memory by cp.async after the wait (55 registers, 18
-# KB a block, one wave, all of a layer's 14 MB in flight at once) 512.1, 510.0, 512.0 against
-# 536.6, 538.9, 539.0 (20:06 UTC; .dev/experts_staged.patch).
-EXPERTS_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_EXPERTS_T1", "1") != "0" else {}
+# The measured T = 1 tables (impnb/tuning; the figures in docs/EXPERIMENTS.md): by type, the
+# variant for K < LONG_K and for K >= LONG_K; by (type, GLU), a variant with its register cap and
+# the fewest output rows it takes; the routed experts' gate|up by type.
+LONG_K = tuning.DP4A_LONG_K
+T1_VARIANTS = {t: tuple(Variant(*v) for v in vs) for t, vs in tuning.DP4A_T1_VARIANTS.items()}
+T1_CAPPED = {key: (Variant(*v), cap, fewest) for key, (v, cap, fewest) in tuning.DP4A_T1_CAPPED.items()}
+EXPERTS_T1 = {t: Variant(*v) for t, v in tuning.EXPERTS_T1.items()}
 
 
 def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 from gguf import GGMLQuantizationType as T
 
+from impnb import tuning
+
 WARPS = 4
 BLOCK = 32 * WARPS
 
@@ -40,21 +42,9 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-# Measured on the H100 (scripts/bench_gemv.py --sweep, 2026-11-23): at T = 1 with K >= 4096,
-# two warps a group over twice the rows beat the one-chunk default by 1.0-1.3x on 4096x14336 and
-# 14336x4096 (Q8_0 66-68% of 2.97 TB/s, Q4_1 59-64%, Q4_K 56-60%, Q6_K 66-76%); unrolled loads
-# (u2, u4) lost nearly everywhere, and at K = 640 (Gemma3's 262144x640) the default stays best.
-# Below WIDE_MIN_ROWS rows the wide variant leaves under two blocks an SM; four warps a group over
-# the same rows beat it there (H100, 2026-11-27, bench_gemv.py, cold weights, µs a launch / back to
-# back, Qwen3-30B-A3B's attn_output 2048x4096 Q4_K): s64u1r8 9.44 / 6.20, s128u1r8 8.35 / 5.10,
-# s128u1r4 7.98 / 5.63, s64u1r4 8.64 / 5.56; tg128 of Qwen3-30B-A3B Q4_K_M (same day, one call,
-# its attn_output on this GEMV) 458.7, 460.1 -> 468.6, 467.7.
-# In the decode graph (synthetic Qwen3-30B-A3B Q4_K_M tg128, H100, 2026-11-27 17:30 UTC, one call)
-# its normed Q|K|V and Q|K GEMVs (5120 and 4608 x 2048 Q4_K) on this rule's s64u1r4 535.6, 534.5
-# tok/s; s64u1r8 537.2, s128u1r4 518.8, s32u2r4 519.1, s32u1r4 513.7, s64u2r4 497.9: kept.
-WIDE_K = 4096
-WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
-WIDE_MIN_ROWS = 4096
+# T = 1, K >= WIDE_K, a WIDE_TYPES type: two warps a group over twice the rows; under
+# WIDE_MIN_ROWS rows four warps a group (measured: impnb/tuning).
+WIDE_K, WIDE_TYPES, WIDE_MIN_ROWS = tuning.WIDE_K, tuning.WIDE_TYPES, tuning.WIDE_MIN_ROWS
 
 
 def choose(ggml_type: T, n_tok: int, cols: int, rows: int) -> Variant:

@@ -14,7 +14,6 @@ Numpy reference: router_fold_ref.
 """
 
 import math
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -22,6 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types, uint32
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv_dp4a import DOTS, MAX_T, NO_GLU, choose_measured, dp4a_block_fns, gemv_dp4a_ref
@@ -61,22 +61,11 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
     return y, z
 
 
-# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured); elsewhere
-# choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not before as
-# gemv_dp4a's do: under programmatic launch those 4.7 MB crowd decode attention, the kernel before.
-# Synthetic Qwen3-30B-A3B Q4_K_M tg128 (H100, 2026-11-27, its 2048 x 4096 Q4_K attn_output):
-# with early loads, choose_dp4a's s64u1r4 517.7, 517.5 tok/s, s32u2r4 531.5 (17:05 UTC); s32u2r4
-# 530.8, 530.3, s32u4r4 530.6, s32u1r8 529.1, s32u3r4 531.1 (17:11 UTC); the loads after the wait
-# 522.5 on s64u1r4 (17:04 UTC), 534.7 on s32u2r4 (17:14 UTC). The router blocks' loads of Wx and
-# Wa stay before the wait: after it, 507.7 (Wa) and 508.6 (both) against 517.7; all of the
-# thread's Wx loads in flight at once (D built in) 506.7, 507.3 against 519.5, 520.2 (16:55 UTC).
-# Both against the tree before, interleaved in one call (17:22 UTC): 519.7, 519.7 -> 533.7, 532.9.
-# The same order in the Q|K|V GEMVs (gemv.py's one-step loads) and the experts' down kernel was
-# even there (533.6, 533.4): not kept. More rows in flight at once, loads after the wait (19:52
-# UTC, one call, against s32u2r4's 539.0, 538.8): s128u1r4 (512 GEMV blocks, one chunk a thread)
-# 530.2, 531.6, s128u1r8 534.2, 533.7, s64u2r4 537.3, 537.4. IMPNB_FOLD_T1=0 (choose_dp4a's) for
-# A/B runs.
-FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
+# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured; impnb/tuning);
+# elsewhere choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not
+# before as gemv_dp4a's do: under programmatic launch those loads would crowd decode attention,
+# the kernel before.
+FOLD_T1 = {t: Variant(*v) for t, v in tuning.FOLD_T1.items()}
 
 
 @lru_cache(maxsize=None)
