@@ -7,7 +7,7 @@
       itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
       GEMVs over the chosen experts' rows
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
-                                                   gpu/model.py's rule picks it)
+                                                   the gate|up Linear takes dp4a)
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
@@ -45,11 +45,11 @@ def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    m.linear_f32(h, prefix + "ffn_gate_inp", logits)
+    m.mm.linear_f32(h, m.lin[prefix + "ffn_gate_inp"], logits)
     moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
     glu = (prefix + "ffn_gate_up_exps",) if prefix + "ffn_gate_up_exps" in m.w else \
         (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
-    _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
+    _, y, rows = experts_prefill(m, m.mm.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
                                  experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
     residual.unfused(out, s)
@@ -63,7 +63,7 @@ def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
     assert T <= GEMV_MAX_ROWS
     logits, experts, weights = _route_buffers(m, T)
     name = prefix + "ffn_gate_up_exps"
-    xq = m.xq_buffers(T, D) if name in m.w and m.dp4a_pays(name) else None  # the router writes h in int8
+    xq = m.mm.xq_buffers(T, D) if name in m.lin and m.lin[name].dp4a else None  # the router writes h in int8
     gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
                     experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
     _experts_decode(m, x, prefix, norm, xq, experts, weights)
@@ -77,7 +77,7 @@ def attn_output_moe_decode(m, attn, aq, x, out, prefix: str, norm: tuple) -> Non
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     logits, experts, weights = _route_buffers(m, T)
-    xq = m.xq_buffers(T, D)  # the fold's last block writes h in int8 there
+    xq = m.mm.xq_buffers(T, D)  # the fold's last block writes h in int8 there
     router_fold(m.w[prefix + "attn_output"], aq, attn, x, out, m.router_folds[prefix], norm, logits,
                 cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
                 a.zeros("fold_counter", (2,), np.uint32), xq, s)
