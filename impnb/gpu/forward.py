@@ -1,4 +1,5 @@
-"""The decoder stack on the GPU for llama, qwen3, qwen3moe and gemma3, with fused residual norms.
+"""The decoder stack on the GPU, following the layers' LayerSpecs (impnb/models/layers.py, whose
+numpy forward is its reference), with fused residual norms.
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV, or Q|K and V where V's type differs:
@@ -9,17 +10,16 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block;
                           at short contexts on dp4a of the int8 form attention writes beside attn)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
-     or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
+     or, for LayerSpec.ffn "moe", the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
-Decode (T <= GEMV_MAX_ROWS) of the models without post-norms (llama, qwen3, qwen3moe) fuses the
-norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
+Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
+post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
 RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
 kernels a layer fewer than separate norms; each costs ~3 µs in the decode graph; no grid-wide
 tail either). qwen3moe's router runs in attn_output's launch where gpu/weights.py folds it
 (ROUTER_FOLD): attn_output then writes x + o out of place, into a spare buffer that becomes x.
-The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
 """
 
 import numpy as np
@@ -35,6 +35,9 @@ from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.elementwise.rows import gather_row
 from impnb.models.config import ModelConfig
 from impnb.tuning import GEMV_MAX_ROWS
+
+MIXER = "attention"  # the one LayerSpec.mixer this stack runs
+FFNS = ("gated", "moe")  # the LayerSpec.ffn kinds it runs
 
 
 def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
@@ -55,19 +58,18 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
-    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms
-    if fused:
+    if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
         return _forward_fused(m, x, step, last_only, last_row)
     norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
-    for il in range(cfg.n_layer):
+    for il, spec in enumerate(m.layers):
         p = f"blk.{il}."
         attn = _attention_block(m, il, h, pos, step)
         o = a.get("o", (T, D))
-        res = _residual(m, x, h, p + "post_attention_norm", p + "ffn_norm")
+        res = _residual(m, x, h, spec.post_attn_norm and p + spec.post_attn_norm, p + "ffn_norm")
         m.mm.linear(attn, m.lin[p + "attn_output"], o, residual=res)
         nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
-        res = _residual(m, x, h, p + "post_ffw_norm", nxt)
-        if cfg.n_expert:
+        res = _residual(m, x, h, spec.post_ffn_norm and p + spec.post_ffn_norm, nxt)
+        if spec.ffn == "moe":
             moe_ffn(m, h, p, o, res)
         else:
             _dense_ffn(m, h, p, o, residual=res)
@@ -75,10 +77,10 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
 
 
 def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
-    """forward's decode with the norms fused into the GEMVs (llama, qwen3, qwen3moe)."""
+    """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.n_tokens
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the folded router's out-of-place residual
-    for il in range(cfg.n_layer):
+    for il, spec in enumerate(m.layers):
         p = f"blk.{il}."
         xq = m.mm.attn_xq(m.lin[p + "attn_output"], step)  # attention writes its output in int8 there too
         attn = _attention_block(m, il, x, m.pos[:T], step, (m.w[p + "attn_norm"], eps), xq)
@@ -87,7 +89,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             x, spare = spare, x
             continue
         m.mm.linear(attn, m.lin[p + "attn_output"], x, accumulate=True, xq=xq)
-        if cfg.n_expert:
+        if spec.ffn == "moe":
             moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))
         else:
             _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
@@ -153,10 +155,10 @@ def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False, residual:
     m.mm.linear(gate, m.lin[p + "ffn_down"], o, accumulate=accumulate, residual=residual)
 
 
-def _residual(m, x, h, post_norm: str, next_norm: str) -> Residual:
-    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x): for the o of a linear (its
-    GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
-    w_post = m.w[post_norm] if m.cfg.post_norms else None
+def _residual(m, x, h, post_norm: str | None, next_norm: str) -> Residual:
+    """x += o (with a post_norm: x += post_norm(o)), then h = next_norm(x): for the o of a linear
+    (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
+    w_post = m.w[post_norm] if post_norm else None
     return Residual(x, h, m.w[next_norm], w_post, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 

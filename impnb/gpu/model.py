@@ -13,13 +13,14 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu import weights
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
+from impnb.gpu.forward import FFNS, MIXER
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.gpu.kv import PagedKV
 from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention.rope import rope_inv_freq
 from impnb.kernels.moe.moe import check_experts
-from impnb.models import model_config
+from impnb.models import architecture
 from impnb.tuning import MAX_PREFILL_CHUNK, Overrides
 
 HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS workspace, scratch
@@ -28,17 +29,22 @@ HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS worksp
 class DeviceModel:
     """Everything one sequence needs on the device, allocated at load.
 
-    w: tensors by GGUF name less ".weight" (stacked ones by weights.STACKS' names); lin: the
+    layers: a LayerSpec a layer; w: tensors by GGUF name less ".weight" (stacked ones by weights.STACKS' names); lin: the
     Linear of every matrix in w; router_folds: router_fold's weights by layer prefix; kv: the
     paged cache; inv_freq: RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows);
     mm: the Linears' launches; plan: the load-time choices.
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None):
-        self.cfg = cfg = model_config(mf)
+        arch = architecture(mf)
+        self.cfg = cfg = arch.config(mf)
         if cfg.arch not in GPU_ARCHS:
             raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
+        self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
+        unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
+        if unknown:
+            raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
         if cfg.n_expert:
             check_experts(cfg)
         self.ctx = ctx or GpuContext()
@@ -53,7 +59,7 @@ class DeviceModel:
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         self.kv = PagedKV(self.ctx, cfg, n_ctx)
-        self.plan = LoadPlan.make(cfg, n_ctx, tuning)
+        self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
         self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
         self.arena = Arena(self.ctx)

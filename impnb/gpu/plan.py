@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
+from impnb.models.layers import LayerSpec
 from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides, fuses_post
 
 
@@ -46,17 +47,22 @@ class LoadPlan:
     n_ctx: int
     tuning: Overrides
     decode_post: bool  # the short decode kernel takes qkv_post fused in front (FUSED_POST)
+    fuse_norms: bool  # decode fuses each pre-norm into the GEMVs after it (see forward.py)
     short_max: int  # decode attention takes the short kernel for context buckets up to this
     max_decode_splits: int  # the split kernel's partials are sized for this many splits
 
     @classmethod
-    def make(cls, cfg: ModelConfig, n_ctx: int, tuning: Overrides) -> "LoadPlan":
+    def make(cls, cfg: ModelConfig, n_ctx: int, tuning: Overrides, layers: tuple[LayerSpec, ...]) -> "LoadPlan":
+        """The plan for cfg's model at n_ctx; norms fuse into the decode GEMVs where every layer's
+        linears add straight into the residual (attn_output and ffn_down then accumulate into x,
+        and the next GEMVs read RMSNorm(x) themselves), which a post-norm in between rules out."""
         post = (cfg.head_dim in tuning.fused_post_dims if tuning.fused_post_dims is not None
                 else fuses_post(cfg.head_dim, cfg.n_head, cfg.n_head_kv))
         short_max = (tuning.short_decode_max if tuning.short_decode_max is not None
                      else SHORT_DECODE_MAX.get(cfg.head_dim, 0))
         max_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv, head_dim=cfg.head_dim)
-        return cls(cfg, n_ctx, tuning, post, short_max, max_splits)  # ctx_bucket(n_ctx) is n_ctx
+        fuse = all(spec.adds_into_residual for spec in layers)
+        return cls(cfg, n_ctx, tuning, post, fuse, short_max, max_splits)  # ctx_bucket(n_ctx) is n_ctx
 
     def ctx_bucket(self, length: int) -> int:
         """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""

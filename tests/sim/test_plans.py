@@ -11,8 +11,12 @@ from impnb.kernels.attention import attention_decode
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemv.gemv_dp4a import DOTS
 from impnb.models.config import ModelConfig
+from impnb.models.layers import LayerSpec
 from impnb.synthetic import tiny_gguf
 from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides
+
+PRE_NORM = (LayerSpec(),) * 2
+GEMMA = (LayerSpec(post_attn_norm="post_attention_norm", post_ffn_norm="post_ffw_norm"),) * 2
 
 
 def cfg_of(head_dim: int, n_head: int = 32, n_head_kv: int = 8) -> ModelConfig:
@@ -25,7 +29,7 @@ def cfg_of(head_dim: int, n_head: int = 32, n_head_kv: int = 8) -> ModelConfig:
 @pytest.mark.parametrize("n_ctx", [64, 1000, 4096, 40960])
 def test_decode_step_follows_the_tables(head_dim, n_ctx):
     cfg = cfg_of(head_dim)
-    plan = LoadPlan.make(cfg, n_ctx, Overrides())
+    plan = LoadPlan.make(cfg, n_ctx, Overrides(), PRE_NORM)
     assert plan.max_decode_splits == attention_decode.num_splits(n_ctx, 32, 8, head_dim=head_dim)
     for length in (1, 10, 255, 256, 257, 1000, 1024, 1025, 4096, 5000, 40960):
         if length > n_ctx:
@@ -41,12 +45,12 @@ def test_decode_step_follows_the_tables(head_dim, n_ctx):
 
 
 def test_step_plan_overrides():
-    plan = LoadPlan.make(cfg_of(64), 4096, Overrides(short_decode_max=0))
+    plan = LoadPlan.make(cfg_of(64), 4096, Overrides(short_decode_max=0), PRE_NORM)
     assert plan.decode_step(100).short_blocks == 0
-    plan = LoadPlan.make(cfg_of(64), 4096, Overrides(short_cluster=2))
+    plan = LoadPlan.make(cfg_of(64), 4096, Overrides(short_cluster=2), PRE_NORM)
     assert plan.decode_step(100).short_blocks == 2 and plan.decode_step(2000).short_blocks == 2
-    assert not LoadPlan.make(cfg_of(128), 64, Overrides(fused_post_dims=())).decode_post
-    assert LoadPlan.make(cfg_of(256), 64, Overrides(fused_post_dims=(256,))).decode_post
+    assert not LoadPlan.make(cfg_of(128), 64, Overrides(fused_post_dims=()), PRE_NORM).decode_post
+    assert LoadPlan.make(cfg_of(256), 64, Overrides(fused_post_dims=(256,)), PRE_NORM).decode_post
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q8_0_V_Q4_1", "F32"])
@@ -68,3 +72,10 @@ def test_linear_choices(tmp_path, monkeypatch, qtype, all_dp4a):
         assert lin.gemm_path(300) == gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, 300)
     assert bool(m.dp4a_linears()) == (all_dp4a and qtype != "F32")
     assert (len(m.router_folds) == m.cfg.n_layer) == (all_dp4a and qtype != "F32")
+
+
+def test_norms_fuse_where_every_layer_adds_into_the_residual():
+    assert LoadPlan.make(cfg_of(64), 64, Overrides(), PRE_NORM).fuse_norms
+    assert LoadPlan.make(cfg_of(64), 64, Overrides(), (LayerSpec(ffn="moe"),) * 2).fuse_norms
+    assert not LoadPlan.make(cfg_of(256), 64, Overrides(), GEMMA).fuse_norms
+    assert not LoadPlan.make(cfg_of(64), 64, Overrides(), (LayerSpec(), GEMMA[0])).fuse_norms
