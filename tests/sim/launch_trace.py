@@ -4,7 +4,14 @@ cluster, and every argument (a buffer as (first-use index, byte offset, shape, s
 scalars by value). Two traces are equal when the same kernels get the same arguments in the same
 order on the same buffers: what a restructuring of the GPU path must keep.
 
-    python tests/sim/launch_trace.py OUT.json   (NUMBA_ENABLE_CUDASIM=1; see CASES)
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=TREE python TREE/tests/sim/launch_trace.py OUT.json [CASE ...]
+    python tests/sim/launch_trace.py --compare A.json B.json
+
+The cases (`cases`): tiny qwen3 / qwen3moe (impnb/synthetic.py) in Q8_0, Q8_0 with a Q4_1 V and
+F32, with every GEMV on dp4a, qkv_post apart, split-K only, no GEMV tails; SmolLM2 and Gemma3
+270M where installed, plain and all-dp4a. Each runs a prompt, decode steps and teacher-forced
+logits (see the scripts). Prefill attention is recorded on FA2 (the simulator builds no wgmma
+kernel), and the real models run decode-sized prompts only (their GEMM tables name wgmma paths).
 """
 
 import enum
@@ -182,9 +189,33 @@ def cases(tmp: Path) -> dict:
     return out
 
 
+def compare(path_a: str, path_b: str) -> int:
+    """Print, case by case, whether two recorded traces are equal (else the first differing
+    call of each); the number of cases that differ."""
+    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+    bad = 0
+    for name, ta in a.items():
+        tb = b.get(name)
+        if ta == tb:
+            print(f"{name}: {len(ta)} calls equal")
+            continue
+        bad += 1
+        if tb is None:
+            print(f"{name}: missing from {path_b}")
+            continue
+        i = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        print(f"{name}: differ at call {i} of {len(ta)} / {len(tb)}")
+        for call in (ta, tb):
+            print("   ", json.dumps(call[i])[:800] if i < len(call) else "(none)")
+    print("all equal" if not bad else f"{bad} cases differ")
+    return bad
+
+
 def main():
     import tempfile
 
+    if sys.argv[1] == "--compare":
+        sys.exit(1 if compare(*sys.argv[2:4]) else 0)
     out, only = sys.argv[1], sys.argv[2:]
     traces = {}
     with tempfile.TemporaryDirectory() as tmp:
