@@ -27,16 +27,6 @@ class StepPlan:
     splits: int
     batch: int = 1
 
-    @property
-    def decode_attention(self) -> bool:
-        """Whether attention runs a decode kernel (short or split) at this step's row count."""
-        return self.n_tokens <= attention_decode.MAX_T
-
-    @property
-    def short(self) -> bool:
-        """Whether decode attention runs the short kernel."""
-        return self.decode_attention and self.short_blocks > 0
-
 
 @dataclass(frozen=True)
 class LoadPlan:

@@ -115,7 +115,58 @@ def patch_launches(rec: Recorder) -> None:
             module.launch = _launch
 
 
-def run_case(rec: Recorder, path, n_ctx: int, env: dict, script) -> None:
+WRAPPED = ("gemm_quant", "gemm_wgmma_quant", "attention_wgmma")  # launchers whose kernels the simulator cannot build
+
+
+def patch_wrappers(rec: Recorder) -> None:
+    """The launchers of kernels the simulator cannot build (wgmma, mma.sync tiles), wherever impnb
+    bound them, -> records of their calls."""
+    import impnb.kernels.attention.attention_wgmma as aw
+    import impnb.kernels.gemm.gemm_tc_quant as tq
+    import impnb.kernels.gemm.gemm_wgmma_quant as wq
+
+    originals = {"gemm_quant": tq.gemm_quant, "gemm_wgmma_quant": wq.gemm_wgmma_quant,
+                 "attention_wgmma": aw.attention_wgmma}
+    for name, fn in originals.items():
+        def call(*args, _name=name, **kwargs):
+            _current[-1].calls.append({"wrapper": _name, "args": [_current[-1].value(a) for a in args],
+                                       "kwargs": _current[-1].value(kwargs)})
+        for mod_name, module in list(sys.modules.items()):
+            if mod_name.startswith("impnb") and getattr(module, name, None) is fn:
+                setattr(module, name, call)
+
+
+class FakeGraph:
+    """engine_cuda's Graph on the simulator: the body's launches recorded between markers, replays
+    recorded by the graph's number."""
+
+    count = 0
+
+    def __init__(self, handle, body):
+        rec, self.id = _current[-1], FakeGraph.count
+        FakeGraph.count += 1
+        rec.calls.append({"capture": self.id})
+        body()
+        rec.calls.append({"captured": self.id})
+        self.n_nodes = 0
+
+    def replay(self):
+        _current[-1].calls.append({"replay": self.id})
+
+
+class FakeReplays:
+    """graphs/replays.Replays on the simulator: each replay's token is 1."""
+
+    def launch(self, graph, token):
+        graph.replay()
+        return pytypes.SimpleNamespace(slot=0, token=token)
+
+    def collect(self, ticket):
+        return 1
+
+
+def run_case(rec: Recorder, path, n_ctx: int, env: dict, script, cc=(8, 0), graphs=False) -> None:
+    import impnb.engine_cuda as engine_cuda
     from impnb.engine_cuda import CudaEngine
     from impnb.gguf_file import open_model_file
     from impnb.sampling import SamplingParams
@@ -131,19 +182,21 @@ def run_case(rec: Recorder, path, n_ctx: int, env: dict, script) -> None:
     dev.cublas = FakeCublas(rec)
     if hasattr(dev, "mm"):
         dev.mm.cublas = dev.cublas
-    dev.ctx.device = pytypes.SimpleNamespace(compute_capability=(8, 0))  # FA2 prefill (wgmma builds no kernel here)
+    dev.ctx.device = pytypes.SimpleNamespace(compute_capability=cc)  # (9, 0): prefill attention on wgmma
+    if graphs:
+        engine_cuda.Graph, FakeGraph.count = FakeGraph, 0
+        engine.use_graphs, engine.graph_disabled, engine.replays = True, None, FakeReplays()
     engine.reset(SamplingParams(temperature=0))
     script(engine)
 
 
 def script_decode(engine):
-    """A 10-token prompt (prefill, one chunk), 3 steps, then teacher-forced logits of 1 and 3 tokens
-    and a 20-token chunk."""
+    """A 10-token prompt (prefill, one chunk), 4 steps (with graphs: one forced token, so a replay
+    after a drain), then teacher-forced logits of 1 and 3 tokens and a 20-token chunk."""
     engine.prefill(list(range(1, 11)))
-    token = 5
-    for _ in range(3):
-        engine.step(token)
-        token += 1
+    token = engine.step(5)
+    for i in range(3):
+        token = engine.step(token if i != 1 else 7)
     engine.logits([7])
     engine.logits([8, 9, 10])
     engine.logits(list(range(20, 40)))
@@ -186,6 +239,11 @@ def cases(tmp: Path) -> dict:
             continue
         out[name] = (path, 64, {}, script_small)
         out[name + "-dp4a"] = (path, 64, DP4A, script_small)
+        out[name + "-h100-graphs"] = (path, 64, {}, script_decode, (9, 0), True)
+        out[name + "-h100-dp4a-graphs"] = (path, 64, DP4A, script_decode, (9, 0), True)
+    for arch in ("qwen3", "qwen3moe"):
+        out[f"{arch}-Q8_0-h100-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, {}, script_decode, (9, 0), True)
+        out[f"{arch}-Q8_0-dp4a-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, DP4A, script_decode, (9, 0), True)
     return out
 
 
@@ -219,12 +277,13 @@ def main():
     out, only = sys.argv[1], sys.argv[2:]
     traces = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (path, n_ctx, env, script) in cases(Path(tmp)).items():
+        for name, (path, n_ctx, env, script, *how) in cases(Path(tmp)).items():
             if only and name not in only:
                 continue
             rec = Recorder()
             patch_launches(rec)
-            run_case(rec, path, n_ctx, env, script)
+            patch_wrappers(rec)
+            run_case(rec, path, n_ctx, env, script, *how)
             traces[name] = rec.calls
             print(f"{name}: {len(rec.calls)} calls", flush=True)
     Path(out).write_text(json.dumps(traces))
