@@ -25,6 +25,7 @@ tail either). qwen3moe's router runs in attn_output's launch where gpu/weights.p
 import numpy as np
 
 from impnb.gpu import attention_dispatch
+from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
 from impnb.kernels.elementwise import activations, norm
@@ -60,19 +61,16 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
     if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
         return _forward_fused(m, x, step, last_only, last_row)
-    norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
-    for il, spec in enumerate(m.layers):
-        p = f"blk.{il}."
-        attn = _attention_block(m, il, h, pos, step)
+    norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
+    for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        attn = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
-        res = _residual(m, x, h, spec.post_attn_norm and p + spec.post_attn_norm, p + "ffn_norm")
-        m.mm.linear(attn, m.lin[p + "attn_output"], o, residual=res)
-        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
-        res = _residual(m, x, h, spec.post_ffn_norm and p + spec.post_ffn_norm, nxt)
+        m.mm.linear(attn, lw.attn.o, o, residual=_residual(m, x, h, lw.attn.post_norm, lw.ffn.norm))
+        res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
         if spec.ffn == "moe":
-            moe_ffn(m, h, p, o, res)
+            moe_ffn(m, h, lw.ffn, o, res)
         else:
-            _dense_ffn(m, h, p, o, residual=res)
+            _dense_ffn(m, h, lw.ffn, o, residual=res)
     return _logits(m, h, T, last_only, last_row, None)
 
 
@@ -80,40 +78,39 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.n_tokens
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the folded router's out-of-place residual
-    for il, spec in enumerate(m.layers):
-        p = f"blk.{il}."
-        xq = m.mm.attn_xq(m.lin[p + "attn_output"], step)  # attention writes its output in int8 there too
-        attn = _attention_block(m, il, x, m.pos[:T], step, (m.w[p + "attn_norm"], eps), xq)
-        if xq is not None and p in m.router_folds:  # attn_output and the router in one launch
-            attn_output_moe_decode(m, attn, xq, x, spare, p, (m.w[p + "ffn_norm"], eps))
+    for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
+        attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
+        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output and the router in one launch
+            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
             x, spare = spare, x
             continue
-        m.mm.linear(attn, m.lin[p + "attn_output"], x, accumulate=True, xq=xq)
+        m.mm.linear(attn, lw.attn.o, x, accumulate=True, xq=xq)
         if spec.ffn == "moe":
-            moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))
+            moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
-            _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
-    return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
+            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
+    return _logits(m, x, T, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
-def _attention_block(m, il: int, h, pos, step: StepPlan, norm_w=None, xq=None):
+def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv);
     xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
-    H, Hkv, Dh, Dv, p = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, f"blk.{il}."
+    H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T = step.n_tokens
     q = a.get("q", (T, H, Dh))
     k = a.get("k", (T, Hkv, Dh))
     v = a.get("v", (T, Hkv, Dv))
     qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
-    if p + "attn_qkv" in m.lin:
-        m.mm.split(h, m.lin[p + "attn_qkv"], qkv, norm_w)
-    elif p + "attn_qk" in m.lin:
-        m.mm.pair(h, m.lin[p + "attn_qk"], qkv[:2], m.lin[p + "attn_v"], qkv[2], norm_w)
+    if att.qkv is not None:
+        m.mm.split(h, att.qkv, qkv, norm_w)
+    elif att.qk is not None:
+        m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair)
     else:
-        for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
-            m.mm.linear(h, m.lin[p + name], y, norm_w)
-    qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
+        for lin, y in zip((att.q, att.k, att.v), qkv):
+            m.mm.linear(h, lin, y, norm_w)
+    qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
     if T <= attention_decode.MAX_T and step.short_blocks and m.plan.decode_post:  # qkv_post fused in
         attention_decode_short(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, attn,
@@ -136,30 +133,29 @@ def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
     elif last_only:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
-    m.mm.linear(rows, m.lin["output" if "output" in m.lin else "token_embd"], logits, norm_w)
+    m.mm.linear(rows, m.output, logits, norm_w)
     return logits
 
 
-def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
+def _dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
     where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
-    if p + "ffn_gate_up" in m.lin:
-        m.mm.glu(h, m.lin[p + "ffn_gate_up"], cfg.act, gate, norm_w)
+    if ffn.gate_up is not None:
+        m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w)
     else:
         up = a.get("up", (T, cfg.n_ff))
-        m.mm.linear(h, m.lin[p + "ffn_gate"], gate, norm_w)
-        m.mm.linear(h, m.lin[p + "ffn_up"], up, norm_w)
+        m.mm.linear(h, ffn.gate, gate, norm_w)
+        m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.mm.linear(gate, m.lin[p + "ffn_down"], o, accumulate=accumulate, residual=residual)
+    m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual)
 
 
-def _residual(m, x, h, post_norm: str | None, next_norm: str) -> Residual:
-    """x += o (with a post_norm: x += post_norm(o)), then h = next_norm(x): for the o of a linear
-    (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
-    w_post = m.w[post_norm] if post_norm else None
-    return Residual(x, h, m.w[next_norm], w_post, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
+def _residual(m, x, h, post_norm, next_norm) -> Residual:
+    """x += o (with a post_norm weight: x += post_norm(o)), then h = next_norm(x): for the o of a
+    linear (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
+    return Residual(x, h, next_norm, post_norm, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 
 def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):

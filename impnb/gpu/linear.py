@@ -92,12 +92,11 @@ class MatMul:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
 
-    def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None = None) -> None:
+    def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool) -> None:
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
-        another type): one GEMV launch for both at decode with norm where neither takes dp4a
-        (GEMV_PAIR)."""
-        if self.tuning.gemv_pair and x.shape[0] <= GEMV_MAX_ROWS and norm is not None \
-                and not (lin_a.dp4a or lin_b.dp4a):
+        another type): one GEMV launch for both at decode with norm where one_launch (chosen at
+        load: GEMV_PAIR, neither on dp4a)."""
+        if one_launch and x.shape[0] <= GEMV_MAX_ROWS and norm is not None:
             gemv.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
             return
         self.split(x, lin_a, ys_a, norm)

@@ -16,6 +16,7 @@ from impnb.gpu.context import GpuContext
 from impnb.gpu.forward import FFNS, MIXER
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.gpu.kv import PagedKV
+from impnb.gpu.layer_weights import layer_weights
 from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention.rope import rope_inv_freq
@@ -29,8 +30,9 @@ HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS worksp
 class DeviceModel:
     """Everything one sequence needs on the device, allocated at load.
 
-    layers: a LayerSpec a layer; w: tensors by GGUF name less ".weight" (stacked ones by weights.STACKS' names); lin: the
-    Linear of every matrix in w; router_folds: router_fold's weights by layer prefix; kv: the
+    layers: a LayerSpec a layer; w: tensors by GGUF name less ".weight" (stacked ones by
+    weights.STACKS' names); lin: the Linear of every matrix in w; router_folds: router_fold's
+    weights by layer prefix; blk: each layer's weights by role (gpu/layer_weights.py); kv: the
     paged cache; inv_freq: RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows);
     mm: the Linears' launches; plan: the load-time choices.
     """
@@ -56,6 +58,8 @@ class DeviceModel:
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
         self.router_folds = weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
+        self.blk = layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning)
+        self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         self.kv = PagedKV(self.ctx, cfg, n_ctx)

@@ -1,5 +1,6 @@
-"""The load plan and step plans (gpu/plan.py) and the Linears' kernel choices (gpu/weights.py) on
-the simulator's device arrays, against the rules they were written from (impnb/tuning)."""
+"""The load plan and step plans (gpu/plan.py), the Linears' kernel choices (gpu/weights.py) and
+each layer's weights by role (gpu/layer_weights.py) on the simulator's device arrays, against the
+rules they were written from (impnb/tuning)."""
 
 import pytest
 
@@ -10,6 +11,7 @@ from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemv.gemv_dp4a import DOTS
+from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.models.config import ModelConfig
 from impnb.models.layers import LayerSpec
 from impnb.synthetic import tiny_gguf
@@ -79,3 +81,25 @@ def test_norms_fuse_where_every_layer_adds_into_the_residual():
     assert LoadPlan.make(cfg_of(64), 64, Overrides(), (LayerSpec(ffn="moe"),) * 2).fuse_norms
     assert not LoadPlan.make(cfg_of(256), 64, Overrides(), GEMMA).fuse_norms
     assert not LoadPlan.make(cfg_of(64), 64, Overrides(), (LayerSpec(), GEMMA[0])).fuse_norms
+
+
+@pytest.mark.parametrize("all_dp4a", [False, True])
+def test_layer_weights_by_role(tmp_path, monkeypatch, all_dp4a):
+    """Q|K stacked with V apart (its type differs) in one launch unless either is on dp4a; the
+    routed experts' decode kernels and the router fold as the Linears allow."""
+    if all_dp4a:
+        monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+        monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    _, path = tiny_gguf("qwen3moe", "Q8_0_V_Q4_1", tmp_path, seed=1)
+    m = DeviceModel(open_model_file(path), 64)
+    for il, lw in enumerate(m.blk):
+        p = f"blk.{il}."
+        att, ex = lw.attn, lw.ffn
+        assert att.qkv is None and att.qk is m.lin[p + "attn_qk"] and att.v is m.lin[p + "attn_v"]
+        assert att.pair == (not all_dp4a) and att.o is m.lin[p + "attn_output"]
+        assert att.q_norm is m.w[p + "attn_q_norm"] and att.post_norm is None and ex.post_norm is None
+        assert ex.router is m.lin[p + "ffn_gate_inp"] and ex.gate_up is m.w[p + "ffn_gate_up_exps"]
+        assert ex.gate_up_dp4a == all_dp4a and (ex.fold is not None) == all_dp4a
+        assert ex.down_dp4a == (m.cfg.n_embd >= gemv_moe_dp4a.ROWS)  # Q8_0 down: dp4a where its rows fit
+        assert lw.next_norm is m.w[f"blk.{il + 1}.attn_norm" if il + 1 < m.cfg.n_layer else "output_norm"]
+    assert m.output is m.lin["output"]
