@@ -15,10 +15,10 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
-post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
-RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
-kernels a layer fewer than separate norms; each costs ~3 µs in the decode graph; no grid-wide
-tail either). qwen3moe's router runs in attn_output's launch where gpu/weights.py folds it
+post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V,
+gate|up, the router and the int8 quantization for dp4a read RMSNorm(x) * w themselves,
+attn_output and ffn_down (the experts' fused down) add into x (two kernels a layer fewer than
+separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). qwen3moe's router runs in attn_output's launch where gpu/weights.py folds it
 (ROUTER_FOLD): attn_output then writes x + o out of place, into a spare buffer that becomes x.
 """
 
@@ -77,11 +77,11 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
 def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.n_tokens
-    spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the folded router's out-of-place residual
+    spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
         attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
-        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output and the router in one launch
+        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
             attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
             x, spare = spare, x
             continue
