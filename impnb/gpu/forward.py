@@ -18,8 +18,9 @@ Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the re
 post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V,
 gate|up, the router and the int8 quantization for dp4a read RMSNorm(x) * w themselves,
 attn_output and ffn_down (the experts' fused down) add into x (two kernels a layer fewer than
-separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). qwen3moe's router runs in attn_output's launch where gpu/weights.py folds it
-(ROUTER_FOLD): attn_output then writes x + o out of place, into a spare buffer that becomes x.
+separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). The MoE
+router runs in attn_output's launch where gpu/weights.py folds it (ROUTER_FOLD): attn_output
+then writes x + o out of place, into a spare buffer that becomes x.
 """
 
 import numpy as np
