@@ -9,9 +9,10 @@ order on the same buffers: what a restructuring of the GPU path must keep.
 
 The cases (`cases`): tiny qwen3 / qwen3moe (impnb/synthetic.py) in Q8_0, Q8_0 with a Q4_1 V and
 F32, with every GEMV on dp4a, qkv_post apart, split-K only, no GEMV tails; SmolLM2 and Gemma3
-270M where installed, plain and all-dp4a. Each runs a prompt, decode steps and teacher-forced
-logits (see the scripts). Prefill attention is recorded on FA2 (the simulator builds no wgmma
-kernel), and the real models run decode-sized prompts only (their GEMM tables name wgmma paths).
+270M where installed, plain and all-dp4a; and, as on an H100 (compute capability 9.0) with CUDA
+graphs captured and replayed (lookahead, a forced token), tiny and real models again. Each runs a
+prompt, decode steps and teacher-forced logits (see the scripts). The launchers of kernels the
+simulator cannot build (wgmma attention, the GEMM tiles) are recorded as calls (WRAPPED).
 """
 
 import enum
