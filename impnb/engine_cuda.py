@@ -16,7 +16,8 @@ import numpy as np
 from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
-from impnb.gpu.model import MAX_PREFILL_CHUNK, DeviceModel
+from impnb.gpu.model import DeviceModel
+from impnb.gpu.plan import StepPlan
 from impnb.graphs import prefill as prefill_graphs
 from impnb.graphs.capture import CaptureError, Graph
 from impnb.graphs.replays import Replays
@@ -27,6 +28,7 @@ from impnb.kernels.sample import sample_penalty
 from impnb.kernels.sample import step_state
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.sampling import SamplingParams
+from impnb.tuning import MAX_PREFILL_CHUNK
 
 HISTORY = 64  # repetition-penalty window, tokens
 log = logging.getLogger("impnb.engine")
@@ -63,6 +65,7 @@ class CudaEngine:
         self.lookahead = lookahead
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.ahead = None  # the decode step queued on the device's own token, not yet read
+        self.last_step = None  # the StepPlan of the last forward launched
         self.p = None
         self.pos = 0
         self.n_sampled = 0
@@ -84,8 +87,6 @@ class CudaEngine:
         if self.pos + len(ids) > self.n_ctx:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
-        # chunks of <= 8 rows take decode attention, at any context: the split kernel
-        self.m.decode_short, self.m.decode_splits = 0, self.m.max_decode_splits
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
         if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
@@ -97,15 +98,15 @@ class CudaEngine:
     def step(self, token: int) -> int:
         # a graph per context bucket (its decode-attention kernel and split count), for this step
         # and the one queued after it
-        bucket = self.m.ctx_bucket(self.pos + 2)
+        bucket = self.m.plan.ctx_bucket(self.pos + 2)
         key = (self.p.greedy, self.p.repeat_penalty != 1.0, bucket)
         graph = self.graphs.get(key)
         if graph is None:
             self._drain()
-            self.m.decode_short, self.m.decode_splits = self.m.decode_plan(bucket)
-            token = self._sample(self._run(np.array([token], np.int32)))  # eager; also warm-up
+            plan = self.m.plan.decode_step(bucket)
+            token = self._sample(self._run(np.array([token], np.int32), plan))  # eager; also warm-up
             if self.use_graphs and self.graph_disabled is None:
-                self._capture(key)
+                self._capture(key, plan)
             return token
         if self.ahead is None or self.ahead.token != token:  # the device's chain is not ours
             self._drain()
@@ -154,8 +155,8 @@ class CudaEngine:
         bucket's graph when captured, else the same launches eagerly (then, with graphs on,
         captured). A chunk with no bucket (its padded end would pass n_ctx) runs unpadded."""
         B = prefill_graphs.bucket(len(chunk), self.pos, self.n_ctx)
-        if B is None:
-            return self._run(chunk)
+        if B is None:  # chunks of <= 8 rows take decode attention's split kernel, at any context
+            return self._run(chunk, self.m.plan.prefill_step(len(chunk)))
         s = self.m.ctx.nb_stream
         self.m.ctx.sync()  # the pinned staging buffers may still feed the last chunk's copies
         ids, pos = prefill_graphs.padded(chunk, self.pos, B)
@@ -168,15 +169,16 @@ class CudaEngine:
         if graph is not None:
             graph.replay()
             return self.m.arena.get("logits", (1, self.cfg.n_vocab))
-        logits = forward(self.m, B, last_row=self.last_row)
+        plan = self.m.plan.prefill_step(B)
+        logits = self._forward(plan, last_row=self.last_row)
         if self.use_graphs and self.graph_disabled is None:
-            self._capture_graph(lambda: forward(self.m, B, last_row=self.last_row),
+            self._capture_graph(lambda: self._forward(plan, last_row=self.last_row),
                                 self.prefill_graphs, B, f"prefill graph ({B} rows)")
         return logits
 
-    def _capture(self, key) -> None:
+    def _capture(self, key, plan: StepPlan) -> None:
         """Capture one decode step (stack + sampler) for the current sampling configuration."""
-        self._capture_graph(self._decode_launches, self.graphs, key, "decode graph")
+        self._capture_graph(lambda: self._decode_launches(plan), self.graphs, key, "decode graph")
 
     def _capture_graph(self, body, pool: dict, key, what: str) -> None:
         """pool[key] = the graph of body(); on failure graphs go off, with the reason logged."""
@@ -191,9 +193,9 @@ class CudaEngine:
         finally:
             self.m.arena.frozen = False
 
-    def _decode_launches(self) -> None:
+    def _decode_launches(self, plan: StepPlan) -> None:
         """One graph-captured decode step: stack, sampler, and the device-side advance."""
-        logits = forward(self.m, 1)
+        logits = self._forward(plan)
         self._sample_launches(logits)
         s = self.m.ctx.nb_stream
         step_state.advance(self.out_ids, self.m.ids[:1], self.m.pos[:1], self.step_no, s)
@@ -204,12 +206,13 @@ class CudaEngine:
         A chunk of decode size takes decode attention as step() plans it for its context."""
         self._drain()
         ids = np.asarray(ids, np.int32)
-        if len(ids) <= attention_decode.MAX_T:
-            self.m.decode_short, self.m.decode_splits = self.m.decode_plan(self.pos + len(ids))
-        return self._run(ids, last_only=False).copy_to_host()
+        T, plan = len(ids), self.m.plan
+        step = plan.decode_step(self.pos + T, T) if T <= attention_decode.MAX_T else plan.prefill_step(T)
+        return self._run(ids, step, last_only=False).copy_to_host()
 
-    def _run(self, chunk: np.ndarray, last_only: bool = True):
+    def _run(self, chunk: np.ndarray, step: StepPlan, last_only: bool = True):
         T = len(chunk)
+        assert step.n_tokens == T
         s = self.m.ctx.nb_stream
         self.m.ctx.sync()  # the pinned staging buffers may still feed earlier copies
         self.host_ids[:T] = chunk
@@ -217,7 +220,12 @@ class CudaEngine:
         self.m.ids[:T].copy_to_device(self.host_ids[:T], stream=s)
         self.m.pos[:T].copy_to_device(self.host_pos[:T], stream=s)
         self.pos += T
-        return forward(self.m, T, last_only)
+        return self._forward(step, last_only)
+
+    def _forward(self, step: StepPlan, last_only: bool = True, last_row=None):
+        """The stack for one step; the plan it ran kept in last_step (for tests and profiles)."""
+        self.last_step = step
+        return forward(self.m, step, last_only, last_row)
 
     def _sample(self, logits) -> int:
         s = self.m.ctx.nb_stream

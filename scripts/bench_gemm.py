@@ -4,7 +4,7 @@
          Cublas.gemm_f16 (target >= 0.8x).
   quant  M=512, N=4096, K=14336 per --types: gemm_quant (dequantize in shared memory, each --bm) and
          gemm_wgmma_quant (unless --wgmma "")
-         vs the fallback that gpu/model.py's linear() runs for T > 8 -- dequant to fp16, then
+         vs the fallback that gpu/linear.py's MatMul.linear runs for T > 8 -- dequant to fp16, then
          cuBLAS -- timed as the pair (target >= 250 TFLOP/s); cuBLAS alone on the fp16 weight too.
 Inputs are Gaussian (std 1), weights random blocks with finite scales, rotated over enough copies
 to exceed 2x the 50 MB L2. Each call sits between its own pair of CUDA events on one stream,

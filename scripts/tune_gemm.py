@@ -1,9 +1,9 @@
-"""Measure the prefill GEMM paths on this GPU and write impnb/gpu/gemm_table.json.
+"""Measure the prefill GEMM paths on this GPU and write impnb/tuning/gemm_table.json.
 
 For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
 ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'
 copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
-the mma.sync tiles at bm 64 and 128 and the wgmma tiles (DeviceModel.gemm, x cast included in
+the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/linear.py, x cast included in
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
@@ -48,9 +48,9 @@ def time_path(m, ws, x, y, path, reps) -> float:
     """GPU µs per call: `reps` calls (rotating over the layers' copies) captured into one CUDA
     graph, as a prefill chunk's graph runs them, replayed 6 times; the median of the last 5 / reps."""
     for i in range(len(ws)):  # warm-up: compile, module load, scratch buffers
-        m.gemm(x, ws[i], y, path)
+        m.mm.gemm(x, ws[i], y, path)
     m.ctx.sync()
-    return graph_us(m.ctx, lambda: [m.gemm(x, ws[i % len(ws)], y, path) for i in range(reps)], reps)
+    return graph_us(m.ctx, lambda: [m.mm.gemm(x, ws[i % len(ws)], y, path) for i in range(reps)], reps)
 
 
 def main() -> int:
@@ -75,7 +75,7 @@ def main() -> int:
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:
-                    m.gemm(x, ws[0], ys[p], p)
+                    m.mm.gemm(x, ws[0], ys[p], p)
                 ref = ys["cublas"].copy_to_host()
                 for p in paths[1:]:
                     got = ys[p].copy_to_host()

@@ -1,4 +1,4 @@
-"""Measure the MoE prefill expert GEMMs on this GPU and write impnb/gpu/moe_table.json.
+"""Measure the MoE prefill expert GEMMs on this GPU and write impnb/tuning/moe_table.json.
 
 The synthetic Qwen3-30B-A3B's experts (impnb/synthetic_full.py: E = 128, k = 8, D = 2048,
 F = 768; Q4_K_M: gate|up Q4_K stacked per expert as DeviceModel stacks them, down Q6_K or Q4_K

@@ -1,4 +1,5 @@
-"""The decoder stack on the GPU for llama, qwen3, qwen3moe and gemma3, with fused residual norms.
+"""The decoder stack on the GPU, following the layers' LayerSpecs (impnb/models/layers.py, whose
+numpy forward is its reference), with fused residual norms.
 
 Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32):
   h = norm(x) -> q, k, v = linear(h) (one stacked GEMV, or Q|K and V where V's type differs:
@@ -9,23 +10,24 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> o = linear(attn) -> x += [post-norm](o), h = ffn_norm(x)   (decode: the GEMV's last block;
                           at short contexts on dp4a of the int8 form attention writes beside attn)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
-     or, with experts (qwen3moe), the routed expert FFN of gpu/moe.py
+     or, for LayerSpec.ffn "moe", the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
-Decode (T <= GEMV_MAX_ROWS) of the models without post-norms (llama, qwen3, qwen3moe) fuses the
-norms into the GEMVs instead: Q|K|V, gate|up, the router and the int8 quantization for dp4a read
-RMSNorm(x) * w themselves, attn_output and ffn_down (the experts' fused down) add into x (two
-kernels a layer fewer than separate norms; each costs ~3 µs in the decode graph; no grid-wide
-tail either). qwen3moe's router runs in attn_output's launch where gpu/model.py folds it
-(ROUTER_FOLD): attn_output then writes x + o out of place, into a spare buffer that becomes x.
-The layer graph mirrors impnb/models/{llama,qwen3,gemma3,qwen3moe}.py, which is its reference.
+Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
+post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V,
+gate|up, the router and the int8 quantization for dp4a read RMSNorm(x) * w themselves,
+attn_output and ffn_down (the experts' fused down) add into x (two kernels a layer fewer than
+separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). The MoE
+router runs in attn_output's launch where gpu/weights.py folds it (ROUTER_FOLD): attn_output
+then writes x + o out of place, into a spare buffer that becomes x.
 """
 
 import numpy as np
 
 from impnb.gpu import attention_dispatch
-from impnb.gpu.model import GEMV_MAX_ROWS
+from impnb.gpu.layer_weights import Attention, DenseFFN
+from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
@@ -34,10 +36,15 @@ from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.elementwise.rows import gather_row
 from impnb.models.config import ModelConfig
+from impnb.tuning import GEMV_MAX_ROWS
+
+MIXER = "attention"  # the one LayerSpec.mixer this stack runs
+FFNS = ("gated", "moe")  # the LayerSpec.ffn kinds it runs
 
 
-def forward(m, T: int, last_only: bool = True, last_row=None):
-    """Run T tokens (ids in m.ids[:T], positions in m.pos[:T]) through model m -> logits buffer.
+def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
+    """Run step.n_tokens = T tokens (ids in m.ids[:T], positions in m.pos[:T]) through model m ->
+    logits buffer, decode attention as the step plan says.
 
     Logits of every row, or of the last one; last_row (int32 (1,) on the device) picks that
     row at run time instead of T - 1 (padded chunks in a captured graph).
@@ -48,77 +55,73 @@ def forward(m, T: int, last_only: bool = True, last_row=None):
     cfg: ModelConfig = m.cfg
     s = m.ctx.nb_stream
     a = m.arena
-    D = cfg.n_embd
+    D, T = cfg.n_embd, step.n_tokens
     ids, pos = m.ids[:T], m.pos[:T]
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
-    fused = T <= GEMV_MAX_ROWS and not cfg.post_norms
-    if fused:
-        return _forward_fused(m, x, T, last_only, last_row)
-    norm.rms_norm(x, m.w["blk.0.attn_norm"], h, cfg.eps, s)
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        attn = _attention_block(m, il, h, pos, T)
+    if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
+        return _forward_fused(m, x, step, last_only, last_row)
+    norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
+    for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        attn = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
-        res = _residual(m, x, h, p + "post_attention_norm", p + "ffn_norm")
-        m.linear(attn, p + "attn_output", o, residual=res)
-        nxt = f"blk.{il + 1}.attn_norm" if il + 1 < cfg.n_layer else "output_norm"
-        res = _residual(m, x, h, p + "post_ffw_norm", nxt)
-        if cfg.n_expert:
-            moe_ffn(m, h, p, o, res)
+        m.mm.linear(attn, lw.attn.o, o, residual=_residual(m, x, h, lw.attn.post_norm, lw.ffn.norm))
+        res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
+        if spec.ffn == "moe":
+            moe_ffn(m, h, lw.ffn, o, res)
         else:
-            _dense_ffn(m, h, p, o, residual=res)
+            _dense_ffn(m, h, lw.ffn, o, residual=res)
     return _logits(m, h, T, last_only, last_row, None)
 
 
-def _forward_fused(m, x, T: int, last_only: bool, last_row):
-    """forward's decode with the norms fused into the GEMVs (llama, qwen3, qwen3moe)."""
-    cfg, eps = m.cfg, m.cfg.eps
-    spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the folded router's out-of-place residual
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        xq = m.attn_xq(p + "attn_output", T)  # attention writes its output in int8 there too
-        attn = _attention_block(m, il, x, m.pos[:T], T, (m.w[p + "attn_norm"], eps), xq)
-        if xq is not None and p in m.router_folds:  # attn_output and the router in one launch
-            attn_output_moe_decode(m, attn, xq, x, spare, p, (m.w[p + "ffn_norm"], eps))
+def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
+    """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
+    cfg, eps, T = m.cfg, m.cfg.eps, step.n_tokens
+    spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
+    for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
+        attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
+        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
+            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
             x, spare = spare, x
             continue
-        m.linear(attn, p + "attn_output", x, accumulate=True, xq=xq)
-        if cfg.n_expert:
-            moe_ffn_decode(m, x, p, (m.w[p + "ffn_norm"], eps))
+        m.mm.linear(attn, lw.attn.o, x, accumulate=True, xq=xq)
+        if spec.ffn == "moe":
+            moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
-            _dense_ffn(m, x, p, x, (m.w[p + "ffn_norm"], eps), accumulate=True)
-    return _logits(m, x, T, last_only, last_row, (m.w["output_norm"], eps))
+            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
+    return _logits(m, x, T, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
-def _attention_block(m, il: int, h, pos, T: int, norm_w=None, xq=None):
+def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv);
     xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
-    H, Hkv, Dh, Dv, p = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, f"blk.{il}."
+    H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+    T = step.n_tokens
     q = a.get("q", (T, H, Dh))
     k = a.get("k", (T, Hkv, Dh))
     v = a.get("v", (T, Hkv, Dv))
     qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
-    if p + "attn_qkv" in m.w:
-        m.linear_split(h, p + "attn_qkv", qkv, norm_w)
-    elif p + "attn_qk" in m.w:
-        m.linear_pair(h, p + "attn_qk", qkv[:2], p + "attn_v", qkv[2], norm_w)
+    if att.qkv is not None:
+        m.mm.split(h, att.qkv, qkv, norm_w)
+    elif att.qk is not None:
+        m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair)
     else:
-        for name, y in zip(("attn_q", "attn_k", "attn_v"), qkv):
-            m.linear(h, p + name, y, norm_w)
-    qk_norm = (m.w[p + "attn_q_norm"], m.w[p + "attn_k_norm"]) if cfg.qk_norm else (None, None)
+        for lin, y in zip((att.q, att.k, att.v), qkv):
+            m.mm.linear(h, lin, y, norm_w)
+    qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
-    if T <= attention_decode.MAX_T and m.decode_short and m.decode_post:  # qkv_post fused in
-        attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, attn,
+    if T <= attention_decode.MAX_T and step.short_blocks and m.plan.decode_post:  # qkv_post fused in
+        attention_decode_short(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, attn,
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
-                               splits=m.decode_short, xq=xq)
+                               splits=step.short_blocks, xq=xq)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
-                          m.block_table, m.k_pool[il], m.v_pool[il], s)
-        _attention(m, il, q, pos, attn, T, xq)
+                          m.kv.block_table, m.kv.k[il], m.kv.v[il], s)
+        _attention(m, il, q, pos, attn, step, xq)
     return attn.reshape(T, H * Dv)
 
 
@@ -131,49 +134,48 @@ def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
     elif last_only:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
-    m.linear(rows, "output" if "output" in m.w else "token_embd", logits, norm_w)
+    m.mm.linear(rows, m.output, logits, norm_w)
     return logits
 
 
-def _dense_ffn(m, h, p: str, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
+def _dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
     where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     gate = a.get("gate", (T, cfg.n_ff))
-    if p + "ffn_gate_up" in m.w:
-        m.linear_glu(h, p + "ffn_gate_up", cfg.act, gate, norm_w)
+    if ffn.gate_up is not None:
+        m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w)
     else:
         up = a.get("up", (T, cfg.n_ff))
-        m.linear(h, p + "ffn_gate", gate, norm_w)
-        m.linear(h, p + "ffn_up", up, norm_w)
+        m.mm.linear(h, ffn.gate, gate, norm_w)
+        m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.linear(gate, p + "ffn_down", o, accumulate=accumulate, residual=residual)
+    m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual)
 
 
-def _residual(m, x, h, post_norm: str, next_norm: str) -> Residual:
-    """x += o (Gemma: x += post_norm(o)), then h = next_norm(x): for the o of a linear (its
-    GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
-    w_post = m.w[post_norm] if m.cfg.post_norms else None
-    return Residual(x, h, m.w[next_norm], w_post, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
+def _residual(m, x, h, post_norm, next_norm) -> Residual:
+    """x += o (with a post_norm weight: x += post_norm(o)), then h = next_norm(x): for the o of a
+    linear (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
+    return Residual(x, h, next_norm, post_norm, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 
-def _attention(m, il: int, q, pos, out, T: int, xq=None):
-    cfg, s = m.cfg, m.ctx.nb_stream
+def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):
+    cfg, s, T = m.cfg, m.ctx.nb_stream, step.n_tokens
     window = cfg.window(il)
-    assert xq is None or (T <= attention_decode.MAX_T and m.decode_short), "xq: the short kernel's"
-    if T <= attention_decode.MAX_T and m.decode_short:
-        attention_decode_short(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                               cfg.attn_scale, window, None, s, splits=m.decode_short, xq=xq)
-    elif T <= attention_decode.MAX_T and m.decode_splits:
+    assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
+    if T <= attention_decode.MAX_T and step.short_blocks:
+        attention_decode_short(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
+                               cfg.attn_scale, window, None, s, splits=step.short_blocks, xq=xq)
+    elif T <= attention_decode.MAX_T and step.splits:
         partials = m.arena.get("partials", attention_decode.partials_shape(
-            1, m.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))
+            1, m.plan.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))
         counters = m.arena.zeros("counters", attention_decode.counters_shape(1, T, cfg.n_head), np.int32)
-        attention_decode.attention_decode(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
-                                          partials, counters, m.decode_splits, cfg.attn_scale, window,
+        attention_decode.attention_decode(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
+                                          partials, counters, step.splits, cfg.attn_scale, window,
                                           None, s)
     elif attention_dispatch.use_wgmma(q.shape[2], tuple(m.ctx.device.compute_capability)):
-        attention_wgmma.attention_wgmma(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+        attention_wgmma.attention_wgmma(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
                                         cfg.attn_scale, window, None, s)
     else:
-        attention_fa2.attention_fa2(q, m.k_pool[il], m.v_pool[il], m.block_table, pos, out,
+        attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
                                     cfg.attn_scale, window, None, s)

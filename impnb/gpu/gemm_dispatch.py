@@ -2,9 +2,10 @@
 mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_quant.py, bm 64 or 128)
 or the wgmma tiles that do the same on Hopper (kernels/gemm/gemm_wgmma_quant.py).
 
-A measured choice per (weight type, N, K, M bucket), kept as data in gemm_table.json, which
-scripts/tune_gemm.py writes on the H100 (it lists only shapes where a tile beat cuBLAS there).
-Shapes not in the table take cuBLAS. Each distinct choice is logged once ("impnb.gemm", debug).
+A measured choice per (weight type, N, K, M bucket), kept as data in
+impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the H100 (it lists only
+shapes where a tile beat cuBLAS there). Shapes not in the table take cuBLAS. Each distinct
+choice is logged once ("impnb.gemm", debug).
 """
 
 import json
@@ -14,7 +15,9 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
-TABLE_PATH = Path(__file__).with_name("gemm_table.json")
+from impnb import tuning
+
+TABLE_PATH = tuning.GEMM_TABLE
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
 PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma")
 TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm

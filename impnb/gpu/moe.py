@@ -7,7 +7,7 @@
       itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
       GEMVs over the chosen experts' rows
       act[s] = silu(gate_e h[t]) * up_e h[t]      (s = t * k + j; on dp4a with h in int8 where
-                                                   gpu/model.py's rule picks it)
+                                                   the gate|up Linear takes dp4a)
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
@@ -20,14 +20,13 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
-import os
-
 import numpy as np
 
-from impnb.gpu.model import GEMV_MAX_ROWS
+from impnb.gpu.layer_weights import Experts
 from impnb.gpu.moe_prefill import experts_prefill
+from impnb.gpu.weights import Linear
 from impnb.kernels.elementwise import activations
-from impnb.kernels.gemv import gemv, gemv_dp4a
+from impnb.kernels.gemv import gemv
 from impnb.kernels.moe import gemv_moe_dp4a as down_dp4a
 from impnb.kernels.elementwise import norm as norm_fn
 from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_experts
@@ -35,17 +34,12 @@ from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
-
-# The decode down projection of dp4a-type experts on dp4a (gemv_moe_dp4a.py, act made int8 in the
-# kernel) rather than on float act (gemv_moe.py). Measured on an H200 (2026-11-26, synthetic
-# Qwen3-30B-A3B Q4_K_M): scripts/bench_moe_decode.py down Q6_K 9.96 -> 6.53 µs, Q4_K 7.48 -> 6.19;
-# tg128 390.0 / 389.9 -> 402.4 / 403.6 tok/s. IMPNB_MOE_DOWN_DP4A=0 for A/B runs.
-MOE_DOWN_DP4A = os.environ.get("IMPNB_MOE_DOWN_DP4A", "1") != "0"
+from impnb.tuning import GEMV_MAX_ROWS
 
 
-def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
-    """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D),
-    weights m.w[prefix + ...]; then residual (gemv_tail.Residual) applied to out."""
+def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
+    """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D);
+    then residual (gemv_tail.Residual) applied to out."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T = h.shape[0]
     k, E = cfg.n_expert_used, cfg.n_expert
@@ -53,43 +47,40 @@ def moe_ffn(m, h, prefix: str, out, residual: Residual) -> None:
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    m.linear_f32(h, prefix + "ffn_gate_inp", logits)
+    m.mm.linear_f32(h, ex.router, logits)
     moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
-    glu = (prefix + "ffn_gate_up_exps",) if prefix + "ffn_gate_up_exps" in m.w else \
-        (prefix + "ffn_gate_exps", prefix + "ffn_up_exps")
-    _, y, rows = experts_prefill(m, m.x16(h), tuple(m.w[n] for n in glu), m.w[prefix + "ffn_down_exps"],
-                                 experts.reshape(T * k), k, E)
+    glu = (ex.gate_up,) if ex.gate_up is not None else (ex.gate, ex.up)
+    _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
     residual.unfused(out, s)
 
 
-def moe_ffn_decode(m, x, prefix: str, norm: tuple) -> None:
+def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     """Decode (T <= GEMV_MAX_ROWS): x (T, D) float32 += the routed experts' SwiGLU FFN of
-    h = RMSNorm(x) * wn, norm = (wn, eps); weights m.w[prefix + ...]."""
+    h = RMSNorm(x) * wn, norm = (wn, eps)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     assert T <= GEMV_MAX_ROWS
     logits, experts, weights = _route_buffers(m, T)
-    name = prefix + "ffn_gate_up_exps"
-    xq = m.xq_buffers(T, D) if name in m.w and m.dp4a_pays(name) else None  # the router writes h in int8
-    gemv.gemv_route(m.w[prefix + "ffn_gate_inp"], x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
+    xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
+    gemv.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
                     experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
-    _experts_decode(m, x, prefix, norm, xq, experts, weights)
+    _experts_decode(m, x, ex, norm, xq, experts, weights)
 
 
-def attn_output_moe_decode(m, attn, aq, x, out, prefix: str, norm: tuple) -> None:
-    """Decode, the router folded into attn_output's launch (kernels/moe/router_fold.py, for the
-    layers in m.router_folds): out (T, D) = x + W_o â (aq: â, the int8 form of attn (T, H Dv)
+def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple) -> None:
+    """Decode, the router folded into attn_output's (o's) launch (kernels/moe/router_fold.py, for
+    the layers with ex.fold): out (T, D) = x + W_o â (aq: â, the int8 form of attn (T, H Dv)
     that decode attention wrote), then out += the routed experts' SwiGLU FFN of
     RMSNorm(out) * wn, norm = (wn, eps)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     logits, experts, weights = _route_buffers(m, T)
-    xq = m.xq_buffers(T, D)  # the fold's last block writes h in int8 there
-    router_fold(m.w[prefix + "attn_output"], aq, attn, x, out, m.router_folds[prefix], norm, logits,
+    xq = m.mm.xq_buffers(T, D)  # the fold's last block writes h in int8 there
+    router_fold(o.w, aq, attn, x, out, ex.fold, norm, logits,
                 cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
                 a.zeros("fold_counter", (2,), np.uint32), xq, s)
-    _experts_decode(m, out, prefix, norm, xq, experts, weights)
+    _experts_decode(m, out, ex, norm, xq, experts, weights)
 
 
 def _route_buffers(m, T: int) -> tuple:
@@ -99,7 +90,7 @@ def _route_buffers(m, T: int) -> tuple:
             a.get("moe_weights", (T, k)))
 
 
-def _experts_decode(m, x, prefix: str, norm: tuple, xq, experts, weights) -> None:
+def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> None:
     """x (T, D) += sum_j weights[t, j] down_e act[t * k + j], act = silu(gate_e h) * up_e h of
     the chosen experts e = experts[t, j]; h = RMSNorm(x) * wn in int8 in xq (dp4a), or None."""
     cfg, s = m.cfg, m.ctx.nb_stream
@@ -108,26 +99,25 @@ def _experts_decode(m, x, prefix: str, norm: tuple, xq, experts, weights) -> Non
     slots = experts.reshape(T * k)
     act = m.arena.get("moe_act", (T * k, F))
     if xq is not None:
-        gemv_dp4a_experts(m.w[prefix + "ffn_gate_up_exps"], 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
+        gemv_dp4a_experts(ex.gate_up, 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
-        _experts_glu_gemv(m, x, norm, prefix, slots, k, act)
-    down = m.w[prefix + "ffn_down_exps"]
-    if MOE_DOWN_DP4A and down.ggml_type in gemv_dp4a.DOTS and D >= down_dp4a.ROWS:
-        down_dp4a.experts_down_sum_dp4a(down, D, act, x, slots, weights, s, accumulate=True)
+        _experts_glu_gemv(m, x, norm, ex, slots, k, act)
+    if ex.down_dp4a:
+        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=True)
     else:
-        experts_down_sum(down, D, act, x, slots, weights, s, accumulate=True)
+        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=True)
 
 
-def _experts_glu_gemv(m, x, norm: tuple, prefix: str, slots, k: int, act) -> None:
+def _experts_glu_gemv(m, x, norm: tuple, ex: Experts, slots, k: int, act) -> None:
     """act (S, F) = silu(gate_e h[s // k]) * up_e h[s // k] for e = slots[s] on float h =
     RMSNorm(x) * wn (norm = (wn, eps)), written by a norm kernel first."""
-    s, F, name = m.ctx.nb_stream, m.cfg.n_ff_exp, prefix + "ffn_gate_up_exps"
+    s, F = m.ctx.nb_stream, m.cfg.n_ff_exp
     h = m.arena.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
-    if name in m.w:
-        gemv.gemv_experts(m.w[name], 2 * F, h, act, slots, k, s, glu=gemv.SILU)
+    if ex.gate_up is not None:
+        gemv.gemv_experts(ex.gate_up, 2 * F, h, act, slots, k, s, glu=gemv.SILU)
         return
     up = m.arena.get("moe_up", act.shape)
-    gemv.gemv_experts(m.w[prefix + "ffn_gate_exps"], F, h, act, slots, k, s)
-    gemv.gemv_experts(m.w[prefix + "ffn_up_exps"], F, h, up, slots, k, s)
+    gemv.gemv_experts(ex.gate, F, h, act, slots, k, s)
+    gemv.gemv_experts(ex.up, F, h, up, slots, k, s)
     activations.swiglu(act, up, act, s)

@@ -3,8 +3,8 @@
 dequantized to fp16 (gpu/moe_prefill.py).
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
-data in moe_table.json, which scripts/tune_moe.py writes on the H100. Shapes or buckets not in
-the table take the tiles. Each distinct choice is logged once ("impnb.gemm", debug).
+data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes on the H100. Shapes or
+buckets not in the table take the tiles. Each distinct choice is logged once ("impnb.gemm", debug).
 """
 
 from functools import lru_cache
@@ -12,9 +12,11 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
+from impnb import tuning
+
 from impnb.gpu.gemm_dispatch import pick, read_choices
 
-TABLE_PATH = Path(__file__).with_name("moe_table.json")
+TABLE_PATH = tuning.MOE_TABLE
 PATHS = ("tiles", "cublas")
 DEFAULT = "tiles"
 _logged: set = set()

@@ -1,10 +1,14 @@
-"""Architectures impnb runs, by GGUF `general.architecture`, and the numpy reference model."""
+"""Architectures impnb runs, by GGUF `general.architecture`, and the numpy reference model.
+
+An architecture is a module with `config(mf) -> ModelConfig` (its GGUF metadata read) and
+`layers(cfg) -> tuple[LayerSpec, ...]` (what each layer computes, models/layers.py), registered
+in ARCHITECTURES; the numpy reference and gpu/forward.py both follow its layers."""
 
 import numpy as np
 
 from impnb.errors import ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
-from impnb.models import gemma3, llama, qwen3, qwen3moe
+from impnb.models import gemma3, layers, llama, qwen3, qwen3moe
 from impnb.models.config import ModelConfig
 from impnb.models.kv_cache import KVCache
 from impnb.models.numpy_ops import NumpyOps
@@ -32,6 +36,7 @@ class ReferenceModel:
     def __init__(self, mf: ModelFile):
         self.arch = architecture(mf)
         self.cfg = validate_model(mf)
+        self.layers = self.arch.layers(self.cfg)
         self.ops = NumpyOps(mf, self.cfg)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
@@ -45,7 +50,7 @@ class ReferenceModel:
         if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab):
             raise ParameterError(f"token id out of range [0, {self.cfg.n_vocab})")
         self.ops.first_nonfinite = None
-        return self.arch.forward(self.ops, self.cfg, tokens, cache)
+        return layers.forward(self.ops, self.cfg, self.layers, tokens, cache)
 
 
 def load_reference(mf: ModelFile) -> ReferenceModel:

@@ -4,7 +4,7 @@ import numpy as np
 
 from impnb.gguf_file import ModelFile
 from impnb.models.config import MAX_CTX, ModelConfig, common_fields, positive_int
-from impnb.models.layers import attention_block, gated_ffn
+from impnb.models.layers import LayerSpec
 
 # Every sixth layer is global; the others attend within the sliding window with RoPE base 10k.
 SWA_PATTERN = 6
@@ -27,14 +27,6 @@ def config(mf: ModelFile) -> ModelConfig:
     )
 
 
-def forward(ops, cfg: ModelConfig, tokens, cache):
-    pos = np.arange(cache.pos, cache.pos + len(tokens))
-    x = ops.embed(tokens)
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        h = attention_block(ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
-        x = ops.add(x, ops.norm(h, p + "post_attention_norm"))
-        h = gated_ffn(ops, il, ops.norm(x, p + "ffn_norm"))
-        x = ops.add(x, ops.norm(h, p + "post_ffw_norm"))
-    cache.pos += len(tokens)
-    return ops.output(x)
+def layers(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+    """Attention and GeGLU FFN with a norm on each one's output before the residual add."""
+    return (LayerSpec(post_attn_norm="post_attention_norm", post_ffn_norm="post_ffw_norm"),) * cfg.n_layer

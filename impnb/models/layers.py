@@ -1,8 +1,33 @@
-"""Layer pieces shared by the architectures, written against an ops backend."""
+"""What a decoder layer computes (LayerSpec, one per layer from each architecture's `layers`), and
+the numpy reference's layer graph that follows it. gpu/forward.py follows the same specs.
+
+Every layer is
+    x += [post_attn_norm](attention(attn_norm(x)))
+    x += [post_ffn_norm](ffn(ffn_norm(x)))
+then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
+"""
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from impnb.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer: its mixer and FFN kinds and the norms around them. Attention's details (QK-norm,
+    RoPE style, window) come from the config."""
+
+    mixer: str = "attention"  # softmax attention over the KV cache (attention_block)
+    ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
+    post_attn_norm: str | None = None  # a norm on attention's output before the residual add
+    post_ffn_norm: str | None = None  # and on the FFN's
+
+    @property
+    def adds_into_residual(self) -> bool:
+        """Whether the attention and FFN outputs add straight into the residual (no post-norm)."""
+        return self.post_attn_norm is None and self.post_ffn_norm is None
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
@@ -27,12 +52,25 @@ def gated_ffn(ops, il: int, h):
                       p + "ffn_down")
 
 
-def pre_norm_forward(ops, cfg: ModelConfig, tokens: np.ndarray, cache, ffn):
-    """The llama-style stack: x += attn(norm(x)); x += ffn(norm(x)); logits of every token."""
+def moe_ffn(ops, il: int, h):
+    """The routed experts' gated FFN (ops.moe)."""
+    return ops.moe(h, f"blk.{il}.")
+
+
+MIXERS = {"attention": attention_block}
+FFNS = {"gated": gated_ffn, "moe": moe_ffn}
+
+
+def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
+    """The stack of `layers` (LayerSpec a layer) on tokens at positions cache.pos.. -> logits of
+    every token."""
     pos = np.arange(cache.pos, cache.pos + len(tokens))
     x = ops.embed(tokens)
-    for il in range(cfg.n_layer):
-        x = ops.add(x, attention_block(ops, cfg, il, ops.norm(x, f"blk.{il}.attn_norm"), pos, cache))
-        x = ops.add(x, ffn(ops, il, ops.norm(x, f"blk.{il}.ffn_norm")))
+    for il, spec in enumerate(layers):
+        p = f"blk.{il}."
+        h = MIXERS[spec.mixer](ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
+        x = ops.add(x, ops.norm(h, p + spec.post_attn_norm) if spec.post_attn_norm else h)
+        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + "ffn_norm"))
+        x = ops.add(x, ops.norm(h, p + spec.post_ffn_norm) if spec.post_ffn_norm else h)
     cache.pos += len(tokens)
     return ops.output(x)

@@ -2,12 +2,13 @@
 
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig, common_fields
-from impnb.models.layers import gated_ffn, pre_norm_forward
+from impnb.models.layers import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:
     return ModelConfig(**common_fields(mf), rope_neox=True, qk_norm=True)
 
 
-def forward(ops, cfg: ModelConfig, tokens, cache):
-    return pre_norm_forward(ops, cfg, tokens, cache, gated_ffn)
+def layers(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+    """Pre-norm attention and gated FFN in every layer."""
+    return (LayerSpec(),) * cfg.n_layer

@@ -6,7 +6,7 @@ from impnb.gguf_file import ModelFile
 from impnb.models import qwen3
 from impnb.errors import GGUFError
 from impnb.models.config import MAX_EXPERTS, MAX_FF, ModelConfig, positive_int
-from impnb.models.layers import pre_norm_forward
+from impnb.models.layers import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:
@@ -25,9 +25,6 @@ def config(mf: ModelFile) -> ModelConfig:
     )
 
 
-def moe_ffn(ops, il: int, h):
-    return ops.moe(h, f"blk.{il}.")
-
-
-def forward(ops, cfg: ModelConfig, tokens, cache):
-    return pre_norm_forward(ops, cfg, tokens, cache, moe_ffn)
+def layers(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+    """Pre-norm attention and routed experts in every layer."""
+    return (LayerSpec(ffn="moe"),) * cfg.n_layer

@@ -87,7 +87,7 @@ def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
         monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
         monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     eager = CudaEngine(engine.mf, 256, graphs=False)
-    if dp4a and not eager.m.dp4a:
+    if dp4a and not eager.m.dp4a_linears():
         pytest.skip("no weight of a dp4a type (F32 model)")
     assert_graph_equals_eager(eager, ids)
 
@@ -125,13 +125,13 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
-    if not any(name.endswith("ffn_gate_up_exps") for name in dp4a.m.dp4a):
+    if not any(name.endswith("ffn_gate_up_exps") for name in dp4a.m.dp4a_linears()):
         pytest.skip("no expert weight of a dp4a type (F32 model)")
     dp4a.reset(SamplingParams(temperature=0))
     out = np.concatenate([dp4a.logits([t]) for t in ids])
-    assert dp4a.m.attn_xq("blk.0.attn_output", 1) is not None, "attn_output not on attention's int8 form"
+    assert dp4a.m.mm.attn_xq(dp4a.m.lin["blk.0.attn_output"], dp4a.last_step) is not None, "attn_output not on attention's int8 form"
     assert len(dp4a.m.router_folds) == dp4a.m.cfg.n_layer, "the router not folded into attn_output"
-    agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a)} weights) vs reference")
+    agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference")
 
 
 def test_decode_with_separate_qkv_post(case, monkeypatch):
@@ -145,8 +145,8 @@ def test_decode_with_separate_qkv_post(case, monkeypatch):
 
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
     eager = CudaEngine(engine.mf, 256, graphs=False)
-    assert not eager.m.decode_post
+    assert not eager.m.plan.decode_post
     eager.reset(SamplingParams(temperature=0))
     agree(np.concatenate([eager.logits([t]) for t in ids]), ref, "decode (qkv_post apart) vs reference")
-    assert eager.m.decode_short, "teacher-forced decode not on the short attention kernel step() takes"
+    assert eager.last_step.short_blocks, "teacher-forced decode not on the short attention kernel step() takes"
     assert_graph_equals_eager(eager, ids)

@@ -83,7 +83,7 @@ def test_graph_decode_equals_eager(case, dp4a, monkeypatch):
         monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     mf = case[2].mf
     eager = CudaEngine(mf, 256, graphs=False)
-    if dp4a and not eager.m.dp4a:
+    if dp4a and not eager.m.dp4a_linears():
         pytest.skip("no weight of a dp4a type (F32 model)")
     graphed = CudaEngine(mf, 256, graphs=True, lookahead=False)  # logits read after each step
     p = SamplingParams(temperature=0)
@@ -102,11 +102,11 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
-    if not dp4a.m.dp4a:
+    if not dp4a.m.dp4a_linears():
         pytest.skip("no weight of a dp4a type (F32 model)")
     dp4a.reset(SamplingParams(temperature=0))
     out = np.concatenate([dp4a.logits([t]) for t in ids])
     rel = np.abs(out - ref).max() / np.abs(ref).max()
     agree = np.mean(out.argmax(-1) == ref.argmax(-1))
-    print(f"dp4a decode ({len(dp4a.m.dp4a)} weights): max|dlogit|/max|logit| {rel:.2e}, top-1 {agree:.3f}")
+    print(f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights): max|dlogit|/max|logit| {rel:.2e}, top-1 {agree:.3f}")
     assert rel < 2e-2 and agree >= 0.95

@@ -1,5 +1,5 @@
 """Every prefill GEMM path of gpu/gemm_dispatch.py gives cuBLAS's result on the real models'
-weights: DeviceModel.gemm at M = 19, 111, 300 (x Gaussian at std 1 and 10), outputs poisoned,
+weights: MatMul.gemm (gpu/linear.py) at M = 19, 111, 300 (x Gaussian at std 1 and 10), outputs poisoned,
 max |diff| / max |ref| < 1e-2 (the tiles and cuBLAS both multiply fp16 values of the same
 weights and accumulate in float32; they differ in summation order)."""
 
@@ -32,7 +32,7 @@ def test_paths_agree_with_cublas(model, name):
             out = {}
             for path in gd.PATHS:
                 y = model.ctx.upload(np.full((M, w.rows), np.nan, np.float32))
-                model.gemm(x, w, y, path)
+                model.mm.gemm(x, w, y, path)
                 out[path] = y.copy_to_host()
             ref = out["cublas"]
             assert np.isfinite(ref).all()

@@ -8,7 +8,8 @@ from gguf import GGMLQuantizationType as T
 
 from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
-from impnb.gpu.model import DeviceModel, fuses_post
+from impnb.gpu.model import DeviceModel
+from impnb.tuning import fuses_post
 from impnb.kernels.common.repack import unpack
 from impnb.synthetic import tiny_gguf
 
@@ -33,11 +34,11 @@ def test_decode_overrides_from_the_environment(tmp_path, monkeypatch):
     # from the CLI), not a traceback at the first decode
     _, path = tiny_gguf("qwen3", "Q8_0", tmp_path, seed=1)
     mf = open_model_file(path)
-    assert DeviceModel(mf, 64).decode_plan(10)[0] >= 1  # the table: the short kernel at 64 keys
+    assert DeviceModel(mf, 64).plan.decode_step(10).short_blocks >= 1  # the table: the short kernel at 64 keys
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
     m = DeviceModel(mf, 64)
-    assert m.decode_plan(10)[0] == 0 and not m.decode_post
+    assert m.plan.decode_step(10).short_blocks == 0 and not m.plan.decode_post
     monkeypatch.setenv("IMPNB_SHORT_CLUSTER", "two")
     with pytest.raises(ParameterError, match="IMPNB_SHORT_CLUSTER"):
         DeviceModel(mf, 64)

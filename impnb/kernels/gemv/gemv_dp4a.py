@@ -15,13 +15,13 @@ The weights are no kernel's output, so a thread's first chunk is loaded before g
 under programmatic launch those loads overlap the kernel before (docs/EXPERIMENTS.md, 'dp4a GEMV').
 """
 
-import os
 from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, int32, types, uint32, uint64
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
@@ -447,38 +447,13 @@ def dp4a_block_fns(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, de
     return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, NO_GLU, False, cols, depth, None, block_fns=True)
 
 
-# T = 1 variants by type and row length, the best of scripts/bench_gemv.py --dp4a --sweep on
-# 4096x14336 (long rows) and 14336x4096, back to back as the decode graph runs them. Variants
-# within about a point of the copy rate are ties; one warp a group loses everywhere; loads 2-3
-# chunks ahead pay on Q4_1 and Q8_0's long rows only; Q4_K is latency-bound and loses with every
-# deeper window, L2 prefetch or cluster split of K: fewer registers a chunk in flight (its header
-# by shuffles, _q4_k_load_w) is what lifts it. Q4_0 and Q5_0 keep s128u1r4 at every K; Q5_K takes
-# Q4_K's variants (not measured). The runtime builds through LTO, whose register counts differ
-# from BUILD_SIGNATURES' compile_ptx + link. Figures: docs/PERFORMANCE.md, 'dp4a GEMV'; what
-# lost: docs/EXPERIMENTS.md, 'dp4a GEMV'.
-LONG_K = 8192
-T1_VARIANTS = {  # type: (variant for K < LONG_K, for K >= LONG_K)
-    T.Q8_0: (Variant(BLOCK, 2, 4), Variant(BLOCK, 2, 2)),
-    T.Q4_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
-    T.Q5_K: (Variant(64, 1, 4), Variant(BLOCK, 1, 8)),
-    T.Q4_1: (Variant(BLOCK, 1, 4), Variant(64, 3, 2)),
-    T.Q4_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q5_0: (Variant(BLOCK, 1, 4), Variant(BLOCK, 1, 4)),
-    T.Q6_K: (Variant(64, 1, 8), Variant(BLOCK, 1, 8)),
-}
-# At T = 1 and 4096 <= K < LONG_K, (type, GLU): (variant, register cap, fewest output rows).
-# A cap of 80 registers changes the kernel's schedule, not its blocks an SM: Q4_K 14336x4096
-# s128u1r4 84% -> 88% of the copy rate. The plain entry needs 8192 rows: on fewer (Qwen3-8B's
-# 1024-4096-row Q4_K weights) it lost in the decode graph (docs/EXPERIMENTS.md, 'dp4a GEMV').
-T1_CAPPED = {(T.Q4_K, False): (Variant(BLOCK, 1, 4), 80, 8192),
-             (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
-# The routed experts' gate|up (gemv_dp4a_experts with GLU) at K < LONG_K, by type; elsewhere
-# choose_dp4a's. s32u2r4 (two chunks a thread, the second's loads out during the first's dots)
-# measured best in the decode graph on Qwen3-30B-A3B's 768 x 2 x 2048 Q4_K experts (about 1%
-# over choose_dp4a's s64u1r4). It builds at 116 registers: 4 blocks an SM, so a layer's 768
-# blocks run in 1.45 waves; every variant that fits one wave lost (docs/EXPERIMENTS.md, 'MoE
-# decode'). IMPNB_EXPERTS_T1=0 (choose_dp4a's) for A/B runs.
-EXPERTS_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_EXPERTS_T1", "1") != "0" else {}
+# The measured T = 1 tables (impnb/tuning; the figures in docs/EXPERIMENTS.md): by type, the
+# variant for K < LONG_K and for K >= LONG_K; by (type, GLU), a variant with its register cap and
+# the fewest output rows it takes; the routed experts' gate|up by type.
+LONG_K = tuning.DP4A_LONG_K
+T1_VARIANTS = {t: tuple(Variant(*v) for v in vs) for t, vs in tuning.DP4A_T1_VARIANTS.items()}
+T1_CAPPED = {key: (Variant(*v), cap, fewest) for key, (v, cap, fewest) in tuning.DP4A_T1_CAPPED.items()}
+EXPERTS_T1 = {t: Variant(*v) for t, v in tuning.EXPERTS_T1.items()}
 
 
 def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:

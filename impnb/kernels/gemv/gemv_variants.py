@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 from gguf import GGMLQuantizationType as T
 
+from impnb import tuning
+
 WARPS = 4
 BLOCK = 32 * WARPS
 
@@ -40,16 +42,9 @@ def span_for(cols: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else BLOCK
 
 
-# At T = 1 with K >= 4096, two warps a group over twice the rows beat the one-chunk default by
-# 1.0-1.3x on 4096x14336 and 14336x4096 (scripts/bench_gemv.py --sweep); unrolled loads (u2, u4)
-# lose nearly everywhere, and at K = 640 (Gemma3's 262144x640 logits) the default stays best.
-# Below WIDE_MIN_ROWS rows the wide variant leaves under two blocks an SM; four warps a group over
-# the same rows beat it there (Qwen3-30B-A3B's 2048x4096 Q4_K attn_output: 5.10 µs against 6.20
-# back to back). Other variants of the decode graph's Q|K|V GEMVs lost or tied in the graph
-# (docs/EXPERIMENTS.md, 'GEMV').
-WIDE_K = 4096
-WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
-WIDE_MIN_ROWS = 4096
+# T = 1, K >= WIDE_K, a WIDE_TYPES type: two warps a group over twice the rows; under
+# WIDE_MIN_ROWS rows four warps a group (measured: impnb/tuning).
+WIDE_K, WIDE_TYPES, WIDE_MIN_ROWS = tuning.WIDE_K, tuning.WIDE_TYPES, tuning.WIDE_MIN_ROWS
 
 
 def choose(ggml_type: T, n_tok: int, cols: int, rows: int) -> Variant:

@@ -14,7 +14,6 @@ Numpy reference: router_fold_ref.
 """
 
 import math
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -22,6 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, types, uint32
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv_dp4a import DOTS, MAX_T, NO_GLU, choose_measured, dp4a_block_fns, gemv_dp4a_ref
@@ -60,14 +60,11 @@ def router_fold_ref(w_o: np.ndarray, ggml_type: T, aq: tuple, a: np.ndarray, x: 
     return y, z
 
 
-# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured); elsewhere
-# choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not before as
-# gemv_dp4a's do: under programmatic launch those 4.7 MB crowd decode attention, the kernel before.
-# On Qwen3-30B-A3B's 2048 x 4096 Q4_K attn_output, s32u2r4 with its loads after the wait decodes
-# about 3% faster than choose_dp4a's s64u1r4 with early loads; the router blocks' Wx and Wa loads
-# stay before the wait (after it they lost 2%), and wider variants (more rows in flight) lost
-# (docs/EXPERIMENTS.md, 'MoE decode'). IMPNB_FOLD_T1=0 (choose_dp4a's) for A/B runs.
-FOLD_T1 = {T.Q4_K: Variant(32, 2, 4)} if os.environ.get("IMPNB_FOLD_T1", "1") != "0" else {}
+# The GEMV half's dp4a variant at T = 1 and K < LONG_K, by type (choose_measured; impnb/tuning);
+# elsewhere choose_dp4a's. Its blocks issue their first weight loads after griddepcontrol.wait, not
+# before as gemv_dp4a's do: under programmatic launch those loads would crowd decode attention,
+# the kernel before.
+FOLD_T1 = {t: Variant(*v) for t, v in tuning.FOLD_T1.items()}
 
 
 @lru_cache(maxsize=None)

@@ -1,0 +1,150 @@
+"""Running a Linear (gpu/weights.py) on the kernels chosen for it: y = x · Wᵀ, float32 in and out.
+
+Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: on dp4a with x in int8 for the
+Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with the
+pre-norm, accumulation or a residual tail fused where asked). Past that a GEMM on the Linear's
+measured path: tensor-core tiles on the stored weight, or dequantization to fp16 and cuBLAS
+(the fallback). The stacked Q|K|V always takes cuBLAS. Scratch buffers come from the arena.
+Legend: T tokens, K input width, N output rows.
+"""
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from impnb.gpu import gemm_dispatch
+from impnb.gpu.plan import StepPlan
+from impnb.gpu.weights import Linear
+from impnb.kernels.attention import attention_decode
+from impnb.kernels.elementwise import activations
+from impnb.kernels.elementwise.cast import cast_f16
+from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
+from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
+from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_stream
+from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
+from impnb.tuning import GEMV_MAX_ROWS, Overrides
+
+
+class MatMul:
+    """The linear layers' launches on one stream, scratch from one arena."""
+
+    def __init__(self, ctx, arena, cublas, tuning: Overrides):
+        self.ctx, self.arena, self.cublas, self.tuning = ctx, arena, cublas, tuning
+
+    def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
+               residual: Residual | None = None, xq: QuantX | None = None) -> None:
+        """y (T, N) = x (T, K) · Wᵀ. GEMV only (T <= GEMV_MAX_ROWS): norm (wn, eps) reads
+        RMSNorm(x) * wn for x; accumulate adds into y; xq: x's int8 form, already written
+        (attn_xq), for gemv_dp4a. residual (gemv_tail.Residual) is then applied to y: by the
+        GEMV's tail (GEMV_TAIL), else a norm kernel."""
+        w, s = lin.w, self.ctx.nb_stream
+        if xq is not None:
+            assert norm is None and residual is None and x.shape[0] <= GEMV_MAX_ROWS
+            gemv_dp4a.gemv_dp4a(w, xq, y, s, accumulate)
+            return
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            if lin.stream and x.shape[0] == 1 and norm is None and not accumulate and residual is None:
+                gemv_stream.gemv_stream(w, x, y, s)
+                return
+            if residual is not None and self.tuning.gemv_tail:
+                assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
+                gemv.gemv_residual(w, x, y, residual, s)
+                return
+            if lin.dp4a:
+                gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, accumulate)
+            else:
+                gemv.gemv(w, x, y, s, accumulate, norm=norm)
+        else:
+            assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
+            self.gemm(x, w, y, lin.gemm_path(x.shape[0]))
+        if residual is not None:
+            residual.unfused(y, s)
+
+    def linear_f32(self, x, lin: Linear, y) -> None:
+        """Like linear, with fp32 operands throughout for an F32 weight (the MoE router: expert
+        choices must not hinge on fp16 rounding)."""
+        w = lin.w
+        if x.shape[0] <= GEMV_MAX_ROWS or w.ggml_type != T.F32:
+            self.linear(x, lin, y)
+            return
+        self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
+
+    def gemm(self, x, w, y, path: str) -> None:
+        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;
+        cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
+        if path == "cublas":
+            self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
+        elif path == "wgmma":
+            gemm_wgmma_quant(self.x16(x), w, y, self.ctx.nb_stream)
+        else:
+            gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
+
+    def split(self, x, lin: Linear, ys, norm: tuple | None = None) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear."""
+        w = lin.w
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            gemv.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
+            return
+        assert norm is None, "GEMM: no fused norm"
+        x16, w16, row = self.x16(x), self.w16(w), 0
+        for y in ys:
+            self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
+            row += y.shape[1]
+
+    def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool) -> None:
+        """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
+        another type): one GEMV launch for both at decode with norm where one_launch (chosen at
+        load: GEMV_PAIR, neither on dp4a)."""
+        if one_launch and x.shape[0] <= GEMV_MAX_ROWS and norm is not None:
+            gemv.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
+            return
+        self.split(x, lin_a, ys_a, norm)
+        self.linear(x, lin_b, y_b, norm)
+
+    def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None) -> None:
+        """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in lin; act gelu or silu;
+        norm as in linear."""
+        w, n_tok, s = lin.w, x.shape[0], self.ctx.nb_stream
+        act_id = gemv.GELU if act == "gelu" else gemv.SILU
+        if n_tok <= GEMV_MAX_ROWS and lin.dp4a:
+            gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
+            return
+        if n_tok <= GEMV_MAX_ROWS and gemv.glu_fits(w, n_tok):
+            gemv.gemv_glu(w, x, y, act_id, s, norm=norm)
+            return
+        gate_up = self.arena.get("gate_up", (n_tok, w.rows))
+        self.linear(x, lin, gate_up, norm)
+        (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
+
+    def attn_xq(self, lin: Linear, step: StepPlan) -> QuantX | None:
+        """Where decode attention (the short kernel) writes its output's int8 form for lin
+        (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
+        n_tok = step.n_tokens
+        if self.tuning.attn_dp4a and n_tok <= attention_decode.MAX_T and step.short_blocks and lin.int8_x:
+            return self.xq_buffers(n_tok, lin.w.cols, "attn_xq")
+        return None
+
+    def quantized(self, x, norm: tuple | None = None) -> QuantX:
+        """x (T, K), or RMSNorm(x) * wn with norm (wn, eps), in int8 for gemv_dp4a."""
+        xq = self.xq_buffers(*x.shape)
+        quantize_x(x, xq, self.ctx.nb_stream, norm)
+        return xq
+
+    def xq_buffers(self, n_tok: int, K: int, name: str = "xq") -> QuantX:
+        """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""
+        a = self.arena
+        return QuantX(a.get(name, (n_tok, K // 4), np.uint32), a.get(name + "_d", (n_tok, K // GROUP)),
+                      a.get(name + "_s", (n_tok, K // GROUP)))
+
+    def x16(self, x):
+        """x cast to fp16 into a scratch buffer (a GEMM's A operand)."""
+        x16 = self.arena.get("x16", x.shape, np.float16)
+        cast_f16(x, x16, self.ctx.nb_stream)
+        return x16
+
+    def w16(self, w):
+        """The weight dequantized to fp16 into a scratch buffer (the prefill fallback)."""
+        w16 = self.arena.get("w16", (w.rows, w.cols), np.float16)
+        dequant(w, w16, self.ctx.nb_stream)
+        return w16

@@ -1,0 +1,80 @@
+"""What a model decides once at load (LoadPlan) and what each forward step is told (StepPlan).
+
+The load plan holds every choice that depends on the model's shape and the environment's A/B
+overrides (impnb/tuning); which kernels each weight takes lives on its Linear (gpu/weights.py).
+A StepPlan is made by the engine for each forward call and passed to gpu/forward.py: nothing
+about a step is written onto the model.
+"""
+
+from dataclasses import dataclass
+
+from impnb.kernels.attention import attention_decode
+from impnb.models.config import ModelConfig
+from impnb.models.layers import LayerSpec
+from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides, fuses_post
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One forward call: n_tokens rows a sequence, batch sequences (1 until batched decode), and
+    decode attention's kernel for contexts up to ctx_bucket keys: the short kernel with
+    short_blocks blocks a query row, or (short_blocks 0) the split kernel in `splits` splits.
+    Prefill steps (n_tokens > attention_decode.MAX_T) take neither."""
+
+    n_tokens: int
+    ctx_bucket: int
+    short_blocks: int
+    splits: int
+    batch: int = 1
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The model's load-time choices: context buckets and decode attention's rules for them,
+    qkv_post's fusion, and the environment's overrides (impnb/tuning.Overrides)."""
+
+    cfg: ModelConfig
+    n_ctx: int
+    tuning: Overrides
+    decode_post: bool  # the short decode kernel takes qkv_post fused in front (FUSED_POST)
+    fuse_norms: bool  # decode fuses each pre-norm into the GEMVs after it (see forward.py)
+    short_max: int  # decode attention takes the short kernel for context buckets up to this
+    max_decode_splits: int  # the split kernel's partials are sized for this many splits
+
+    @classmethod
+    def make(cls, cfg: ModelConfig, n_ctx: int, tuning: Overrides, layers: tuple[LayerSpec, ...]) -> "LoadPlan":
+        """The plan for cfg's model at n_ctx; norms fuse into the decode GEMVs where every layer's
+        linears add straight into the residual (attn_output and ffn_down then accumulate into x,
+        and the next GEMVs read RMSNorm(x) themselves), which a post-norm in between rules out."""
+        post = (cfg.head_dim in tuning.fused_post_dims if tuning.fused_post_dims is not None
+                else fuses_post(cfg.head_dim, cfg.n_head, cfg.n_head_kv))
+        short_max = (tuning.short_decode_max if tuning.short_decode_max is not None
+                     else SHORT_DECODE_MAX.get(cfg.head_dim, 0))
+        max_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv, head_dim=cfg.head_dim)
+        fuse = all(spec.adds_into_residual for spec in layers)
+        return cls(cfg, n_ctx, tuning, post, fuse, short_max, max_splits)  # ctx_bucket(n_ctx) is n_ctx
+
+    def ctx_bucket(self, length: int) -> int:
+        """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""
+        return min(self.n_ctx, next((b for b in DECODE_CTX_BUCKETS if b >= length), self.n_ctx))
+
+    def splits_for(self, length: int) -> int:
+        """Decode attention's split count for contexts up to ctx_bucket(length)."""
+        cfg = self.cfg
+        return attention_decode.num_splits(self.ctx_bucket(length), cfg.n_head, cfg.n_head_kv,
+                                           head_dim=cfg.head_dim)
+
+    def decode_step(self, length: int, n_tokens: int = 1) -> StepPlan:
+        """A decode step of n_tokens rows for contexts up to ctx_bucket(length): the short kernel
+        with its cluster (SHORT_DECODE_CLUSTER) where the bucket is within short_max, else split."""
+        bucket = self.ctx_bucket(length)
+        row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
+        t = self.tuning
+        blocks = (t.short_cluster if t.short_cluster is not None
+                  else SHORT_DECODE_CLUSTER.get((self.cfg.head_dim, row), 1))
+        return StepPlan(n_tokens, bucket, blocks if bucket <= self.short_max else 0, self.splits_for(bucket))
+
+    def prefill_step(self, n_tokens: int) -> StepPlan:
+        """A prompt chunk: chunks of up to attention_decode.MAX_T rows take the split kernel at the
+        largest split count (any context), longer ones the prefill attention."""
+        return StepPlan(n_tokens, self.n_ctx, 0, self.max_decode_splits)

@@ -1,0 +1,146 @@
+"""Every measured choice and threshold of the GPU path, and its A/B override: one place.
+
+Each constant says in one line why it has its value; the measurements behind it are in
+docs/EXPERIMENTS.md ("Decode and load-time choices"). Tables that scripts measure lie beside
+this file: gemm_table.json (scripts/tune_gemm.py) and moe_table.json (scripts/tune_moe.py).
+Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else leaves it on);
+integer ones are parsed by `env_ints` / `env_number`, a malformed value a ParameterError (one
+line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
+the kernel tables' (IMPNB_EXPERTS_T1, IMPNB_FOLD_T1) at import, as their builds need them.
+Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGMLQuantizationType as T
+
+from impnb.errors import ParameterError
+
+TABLE_DIR = Path(__file__).parent
+GEMM_TABLE = TABLE_DIR / "gemm_table.json"  # prefill GEMM path per (type, N x K, M bucket)
+MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, N x K, T bucket)
+
+
+def switch(name: str) -> bool:
+    """An on-by-default choice: False where the environment sets IMPNB_<name> to 0."""
+    return os.environ.get(f"IMPNB_{name}", "1") != "0"
+
+
+def env_ints(name: str) -> tuple[int, ...] | None:
+    """The comma-separated integers of environment variable `name` (an A/B override), None where
+    it is unset; ParameterError where it is not integers."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ParameterError(f"{name}={value!r}: expected integers separated by commas") from None
+
+
+def env_number(name: str, default: float) -> float:
+    """Environment variable `name` as a number (an A/B override), default where it is unset;
+    ParameterError where it is not a number."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ParameterError(f"{name}={value!r}: expected a number") from None
+
+
+# -- shapes of a step ------------------------------------------------------------------------
+PAGE_SIZE = 32  # KV cache page (tokens): a size both decode kernels and the FA2 tiles take
+GEMV_MAX_ROWS = 8  # up to this many tokens a step runs GEMVs (decode), past it GEMMs (prefill)
+MAX_PREFILL_CHUNK = 512  # prompt tokens a forward call takes at most (the largest prefill graph)
+DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # a decode graph per bucket of keys
+
+# -- decode attention ------------------------------------------------------------------------
+# Head dim: the largest context bucket whose decode attention takes the one-block-a-row short
+# kernel (faster than split-K up to there); IMPNB_SHORT_DECODE_MAX overrides (0: never).
+SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
+# (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
+# keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
+SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
+# Head dim: the most query heads a KV head at which the short kernel takes qkv_post fused in
+# front (one launch a layer fewer); past it every block's norm and RoPE prologue costs more than
+# the launch. IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides it.
+FUSED_POST = {64: 32, 128: 4}
+# Prefill attention head dims on the wgmma kernel (sm_90 only): it beat FA2 at every length.
+WGMMA_HEAD_DIMS = (64, 128)
+
+# -- decode GEMVs ----------------------------------------------------------------------------
+# Weights of at least DP4A_MIN_MB and DP4A_MIN_K columns of a dp4a type run their decode GEMVs
+# on dp4a after one quantize_x launch: below, x is short and the launch costs more than it saves.
+# IMPNB_DP4A_MIN_MB / IMPNB_DP4A_MIN_K override them (a huge value: never).
+DP4A_MIN_MB = 8.0
+DP4A_MIN_K = 2048
+# T = 1 plain GEMVs over at least this many rows take gemv_stream (K <= 1024): the big logits
+# GEMV reached 92% of HBM bandwidth against gemv's 65%; smaller ones were even.
+STREAM_MIN_ROWS = 131072
+# gemv.py, T = 1, K >= WIDE_K and a WIDE_TYPES type: two warps a group over twice the rows beat
+# the one-chunk default; under WIDE_MIN_ROWS rows four warps a group (under two blocks an SM else).
+WIDE_K = 4096
+WIDE_TYPES = (T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K)
+WIDE_MIN_ROWS = 4096
+# gemv_dp4a at T = 1, by type: (variant for K < DP4A_LONG_K, for K >= DP4A_LONG_K), the fastest
+# of a bench_gemv.py sweep with the first chunk's loads before griddepcontrol.wait.
+DP4A_LONG_K = 8192
+DP4A_T1_VARIANTS = {
+    T.Q8_0: ((128, 2, 4), (128, 2, 2)),
+    T.Q4_K: ((64, 1, 4), (128, 1, 8)),
+    T.Q5_K: ((64, 1, 4), (128, 1, 8)),  # Q4_K's, not measured
+    T.Q4_1: ((128, 1, 4), (64, 3, 2)),
+    T.Q4_0: ((128, 1, 4), (128, 1, 4)),
+    T.Q5_0: ((128, 1, 4), (128, 1, 4)),
+    T.Q6_K: ((64, 1, 8), (128, 1, 8)),
+}
+# gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
+# output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.
+DP4A_T1_CAPPED = {(T.Q4_K, False): ((128, 1, 4), 80, 8192),
+                  (T.Q4_K, True): ((64, 1, 4), 80, 1)}
+# The routed experts' gate|up on dp4a at K < DP4A_LONG_K, by type: two chunks a thread, the
+# second's loads out during the first's dots, beat choose_dp4a's. IMPNB_EXPERTS_T1=0: choose_dp4a's.
+EXPERTS_T1 = {T.Q4_K: (32, 2, 4)} if switch("EXPERTS_T1") else {}
+# router_fold's attn_output GEMV at T = 1 and K < DP4A_LONG_K, by type (its loads after the wait,
+# not to crowd decode attention before it). IMPNB_FOLD_T1=0: choose_dp4a's.
+FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The model-level choices as the environment leaves them, read once when a model loads."""
+
+    gemv_tail: bool = True  # decode GEMVs before a residual update run it as their tail: a norm launch fewer
+    stack_mixed: bool = True  # Q, K, V (gate, up) of types one holds exactly stacked in it; else Q|K alone
+    gemv_pair: bool = True  # Q|K and a V of another type with the pre-norm: one GEMV launch of two types
+    attn_dp4a: bool = True  # short decode attention writes its output in int8 for attn_output's dp4a
+    router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
+    gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
+    moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
+    dp4a_min_mb: float = DP4A_MIN_MB
+    dp4a_min_k: int = DP4A_MIN_K
+    short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
+    short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
+    fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
+
+    @classmethod
+    def from_env(cls) -> "Overrides":
+        short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
+        return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
+                   gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
+                   router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
+                   moe_down_dp4a=switch("MOE_DOWN_DP4A"),
+                   dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
+                   dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
+                   short_decode_max=short_max[0] if short_max else None,
+                   short_cluster=cluster[0] if cluster else None,
+                   fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))
+
+
+def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:
+    """Whether decode attention takes qkv_post fused in front at this shape (FUSED_POST)."""
+    return n_head // n_head_kv <= FUSED_POST.get(head_dim, 0)

@@ -1,0 +1,54 @@
+"""impnb/tuning: the measured tables as the kernels read them (the values they had when they were
+dict literals in the kernels), and the environment's A/B overrides read at load with one-line
+errors."""
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from impnb import tuning
+from impnb.errors import ParameterError
+from impnb.kernels.gemv import gemv_dp4a, gemv_variants
+from impnb.kernels.gemv.gemv_variants import Variant
+from impnb.kernels.moe import router_fold
+
+
+def test_kernel_tables_read_tuning():
+    assert gemv_dp4a.LONG_K == 8192
+    assert {t: tuple(v.name for v in vs) for t, vs in gemv_dp4a.T1_VARIANTS.items()} == {
+        T.Q8_0: ("s128u2r4", "s128u2r2"), T.Q4_K: ("s64u1r4", "s128u1r8"), T.Q5_K: ("s64u1r4", "s128u1r8"),
+        T.Q4_1: ("s128u1r4", "s64u3r2"), T.Q4_0: ("s128u1r4", "s128u1r4"), T.Q5_0: ("s128u1r4", "s128u1r4"),
+        T.Q6_K: ("s64u1r8", "s128u1r8")}
+    assert gemv_dp4a.T1_CAPPED == {(T.Q4_K, False): (Variant(128, 1, 4), 80, 8192),
+                                   (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
+    assert gemv_dp4a.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4)}
+    assert router_fold.FOLD_T1 == {T.Q4_K: Variant(32, 2, 4)}
+    assert (gemv_variants.WIDE_K, gemv_variants.WIDE_MIN_ROWS) == (4096, 4096)
+    assert all(isinstance(v, Variant) for vs in gemv_dp4a.T1_VARIANTS.values() for v in vs)
+
+
+def test_overrides_default(monkeypatch):
+    for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "GEMV_STREAM",
+                 "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
+                 "FUSED_POST_DIMS"):
+        monkeypatch.delenv(f"IMPNB_{name}", raising=False)
+    assert tuning.Overrides.from_env() == tuning.Overrides()
+
+
+def test_overrides_from_env(monkeypatch):
+    monkeypatch.setenv("IMPNB_GEMV_TAIL", "0")
+    monkeypatch.setenv("IMPNB_ROUTER_FOLD", "1")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
+    o = tuning.Overrides.from_env()
+    assert not o.gemv_tail and o.router_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
+    assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
+
+
+@pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
+                                        ("IMPNB_FUSED_POST_DIMS", "64,x")])
+def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ParameterError, match=name):
+        tuning.Overrides.from_env()
