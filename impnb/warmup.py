@@ -66,16 +66,16 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
     """The precompile.Recorder of a CUDA engine's load, every prompt bucket and every context
     bucket's decode step under each sampler configuration, none of it launched."""
     from impnb.engine_cuda import CudaEngine
-    from impnb.gpu.model import DECODE_CTX_BUCKETS
     from impnb.graphs import prefill as prefill_graphs
     from impnb.launch.precompile import record
+    from impnb.tuning import DECODE_CTX_BUCKETS
 
     with record(cc) as rec:
         engine = CudaEngine(mf, n_ctx, graphs=False, lookahead=False)
         try:
             if engine.m.cublas is not None:
                 engine.m.cublas.close()
-            engine.m.cublas = _InertCublas()
+            engine.m.cublas = engine.m.mm.cublas = _InertCublas()
             positions = sorted({min(b, n_ctx) - 2 for b in DECODE_CTX_BUCKETS if min(b, n_ctx) >= 3})
             for params in CONFIGS:
                 engine.reset(params)
@@ -85,7 +85,8 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
                 for pos in positions:
                     engine.pos = pos
                     engine.step(1)  # eager: the step's launches
-                    engine._decode_launches()  # the decode graph's body, its device-side advance too
+                    plan = engine.m.plan.decode_step(engine.m.plan.ctx_bucket(pos + 2))
+                    engine._decode_launches(plan)  # the decode graph's body, its device-side advance too
         finally:
             del engine
             gc.collect()
