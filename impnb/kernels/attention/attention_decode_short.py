@@ -448,7 +448,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     block_table (max_pages,). warps: the block size, one of WARPS; by default 16 (8 with softcap
     or post): 16 warps win from 512 keys on; below, 8 and 16 are within 10% of each other.
     Clusters pay from 1024 keys, where 8 blocks a row run Gemma3 and SmolLM2 2-6x faster than
-    one; at head dim 128 2 blocks measured best (gpu/model.py picks; figures in
+    one; at head dim 128 2 blocks measured best (gpu/plan.py picks; figures in
     docs/EXPERIMENTS.md, 'Decode attention').
 
     post = (k_new, v_new, inv_freq, neox, q_norm, k_norm, eps): qkv_post's work fused in front,
