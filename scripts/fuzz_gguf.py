@@ -90,6 +90,41 @@ def table(counts, kinds) -> str:
     return "\n".join(lines)
 
 
+def run_parallel(cases, tmp: Path, args, counts, kinds, findings, t0) -> int:
+    """--device cuda with --workers > 1: each case's generate in its own process, `workers` at
+    once on the one GPU; cases not started by --max-seconds are skipped. Returns how many ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        if args.max_seconds and time.time() - t0 > args.max_seconds:
+            return None
+        source, _, case = cases[i]
+        path = case.mutant.write(tmp / f"mutant{i}.gguf")
+        o = run_in_subprocess(argv_for("generate", path, args.device, case.chat), args.timeout)
+        bad = not o.allowed(case.generate)
+        if bad and args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            os.replace(path, Path(args.keep) / f"case{i}-{case.kind}.gguf")
+        else:
+            path.unlink(missing_ok=True)
+        return source, case, o, bad
+
+    ran = 0
+    with ThreadPoolExecutor(args.workers) as pool:
+        for r in pool.map(one, range(len(cases))):
+            if r is None:
+                continue
+            source, case, o, bad = r
+            ran += 1
+            kinds[case.kind] += 1
+            counts[case.kind][o.outcome] += 1
+            if bad:
+                counts[case.kind]["bad"] += 1
+                findings.append(f"{source} | {case.kind}: {case.detail} | generate | expected "
+                                f"{case.generate}, got {o.outcome} ({o.status}): {o.stderr.strip()[-400:]!r}")
+    return ran
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=5000)
@@ -98,6 +133,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=120, help="seconds a command may run")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     ap.add_argument("--keep", default=None, help="copy mutants whose outcome is not allowed here")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="cases run at once (--device cuda: processes sharing the GPU)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no case after this many seconds; the table says how many ran")
     args = ap.parse_args()
@@ -117,7 +154,12 @@ def main() -> int:
                   file=sys.stderr, flush=True)
         t0 = time.time()
         ran = 0
-        for i, (source, _, case) in enumerate(cases):
+        if args.device == "cuda" and args.workers > 1:
+            ran = run_parallel(cases, tmp, args, counts, kinds, findings, t0)
+            cases_left = []
+        else:
+            cases_left = cases
+        for i, (source, _, case) in enumerate(cases_left):
             if args.max_seconds and time.time() - t0 > args.max_seconds:
                 break
             ran = i + 1
