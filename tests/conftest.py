@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.nodeid != "tests/test_simulator.py::test_kernels_in_the_cuda_simulator")
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from impnb.devices import cuda_unavailable_reason
+    from impnb.cuda_support import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason:

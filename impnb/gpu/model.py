@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from impnb.errors import ParameterError, UnsupportedError
-from impnb.devices import GPU_ARCHS
+from impnb.cuda_support import GPU_ARCHS
 from impnb.gguf_file import ModelFile
 from impnb.gpu.buffers import Arena
 from impnb.gpu import gemm_dispatch
