@@ -40,7 +40,7 @@ SIMULATOR = "tests/test_simulator.py::test_kernels_in_the_cuda_simulator"
 
 
 def pytest_collection_modifyitems(config, items):
-    # the simulator's runs of tests/sim/ (a subprocess per file, minutes each on a 2-core CI)
+    # the simulator's runs of tests/sim/ (subprocesses of minutes each on a 2-core CI)
     # first, so that with -n the other workers take the rest beside them
     items.sort(key=lambda item: not item.nodeid.startswith(SIMULATOR))
     if not any(item.get_closest_marker("gpu") for item in items):

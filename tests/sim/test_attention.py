@@ -65,7 +65,7 @@ def test_decode_growing_context():
 @pytest.mark.parametrize("H_,Hkv,D_,L,T,window,warps,std", [
     (4, 2, 64, 1, 1, None, 4, 1.0),       # a single key
     (4, 2, 64, 150, 1, None, 4, 3.0),     # three turns of 64 keys, four key slots a warp
-    (6, 2, 64, 40, 5, 7, 8, 1.0),         # 5 queries in a window: 15 rows
+    (6, 2, 64, 40, 3, 7, 8, 1.0),         # 3 queries in a window: 9 rows, a block each
     (8, 1, 128, 70, 1, None, 4, 0.1),     # three turns of 32, two key slots a warp
     (4, 1, 256, 70, 2, 40, 8, 1.0),       # two turns of 32 in a window, one key slot a warp
 ])
