@@ -2,28 +2,8 @@
 
 import sys
 
+from impnb.cuda_support import GPU_ARCHS, cuda_unavailable_reason  # noqa: F401 (callers read them here)
 from impnb.errors import DeviceError
-
-GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
-
-
-def cuda_unavailable_reason() -> str | None:
-    """None when a CUDA GPU and driver are usable, else why not (one line)."""
-    try:
-        from cuda.bindings import driver
-    except ImportError as e:
-        return f"cuda-python is not installed ({e})"
-    try:
-        err, = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return f"no CUDA driver or GPU ({err.name})"
-        err, count = driver.cuDeviceGetCount()
-    except RuntimeError:  # libcuda.so missing
-        return "no CUDA driver found"
-    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
-        return "no CUDA GPU found"
-    return None
-
 
 def engine_class(device: str, arch: str):
     """The engine for `cpu`, `cuda` (DeviceError without a GPU) or `auto`, for architecture arch."""

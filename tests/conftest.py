@@ -36,13 +36,16 @@ def gemma3_path() -> Path:
     return real_model_path("gemma3-270m")
 
 
+SIMULATOR = "tests/test_simulator.py::test_kernels_in_the_cuda_simulator"
+
+
 def pytest_collection_modifyitems(config, items):
-    # the simulator's run of tests/sim/ (about half of a 2-core CI) first, so that with -n the
-    # other workers take the rest beside it
-    items.sort(key=lambda item: item.nodeid != "tests/test_simulator.py::test_kernels_in_the_cuda_simulator")
+    # the simulator's runs of tests/sim/ (subprocesses of minutes each on a 2-core CI)
+    # first, so that with -n the other workers take the rest beside them
+    items.sort(key=lambda item: not item.nodeid.startswith(SIMULATOR))
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from impnb.devices import cuda_unavailable_reason
+    from impnb.cuda_support import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason:
@@ -56,4 +59,16 @@ def pytest_ignore_collect(collection_path, config):
     """tests/sim/ runs only inside the simulator subprocess (tests/test_simulator.py)."""
     if collection_path.name == "sim" and collection_path.parent == Path(__file__).parent:
         return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """-n's default (load) hands out long runs of consecutive tests, so one worker can be left with
+    a slow stretch (the kernel builds) while the others idle; work stealing splits the tests in
+    halves and an idle worker takes half of a busy one's queue."""
+    if config.getvalue("dist") == "load":
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
     return None

@@ -1,7 +1,7 @@
-"""Every kernel compiles for sm_90 as impnb.launch builds it (LTO-IR linked by nvJitLink;
-compile_ptx + link where its PTX is checked) within its registers, with no spills and no stack
-frame: a local array numba could not keep in registers (an index not known at compile time, a
-loop left rolled) lands on the stack, runs from local memory and is no spill.
+"""Every kernel compiles for sm_90 as impnb.launch builds it (LTO-IR linked by nvJitLink; where
+its PTX is checked, nvJitLink's PTX of the same LTO-IR, linked too) within its registers, with no
+spills and no stack frame: a local array numba could not keep in registers (an index not known at
+compile time, a loop left rolled) lands on the stack, runs from local memory and is no spill.
 
 Kernel modules list what to build in `BUILD_SIGNATURES`: (kernel, signature, checks) where
 checks is a dict with optional `max_registers`, `ptx_contains` (instruction substrings) and
@@ -16,7 +16,7 @@ import pytest
 
 import impnb.kernels
 import tests.probes
-from impnb.kernels.common.build_info import build_info, runtime_info
+from impnb.kernels.common.build_info import build_info, runtime_and_ptx_info
 
 
 def _cases():
@@ -38,19 +38,22 @@ def test_there_are_kernels_to_build():
 @pytest.mark.parametrize("kernel,sig,checks", CASES)
 def test_kernel_builds_for_sm90(kernel, sig, checks):
     """A @cuda.jit kernel is checked in the cubin the launcher loads (LTO, whose registers can
-    differ from compile_ptx + link's); a PTX check, or a bare function, takes build_info's path."""
+    differ from compile_ptx + link's), and its PTX checks in the PTX of that same compile (one
+    numba front end a kernel: most of a build's time); a bare function takes build_info's path."""
     runtime = hasattr(kernel, "targetoptions")
+    ptx = None
     if runtime:
-        info = runtime_info(kernel, sig)
+        info, ptx = runtime_and_ptx_info(kernel, sig, ptx=bool(checks.get("ptx_contains")))
         assert_within(info, checks, "runtime cubin")
         # ptxas serializes wgmma (a wait after each) where it cannot prove a warpgroup's path
         # uniform or sees an extern call; the kernels that run must keep them asynchronous
         assert "wgmma.mma_async instructions are serialized" not in info.log, info.log
-    if checks.get("ptx_contains") or not runtime:
-        info = build_info(kernel, sig)
-        assert_within(info, checks, "compile_ptx")
+    else:
+        ptx = build_info(kernel, sig)
+    if ptx is not None:
+        assert_within(ptx, checks, "PTX")
         for needle in checks.get("ptx_contains", ()):
-            assert needle in info.ptx, f"{needle} not in PTX"
+            assert needle in ptx.ptx, f"{needle} not in PTX"
 
 
 def assert_within(info, checks, label):

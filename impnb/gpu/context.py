@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from impnb.devices import cuda_unavailable_reason
+from impnb.cuda_support import cuda_unavailable_reason
 from impnb.errors import DeviceError
 
 

@@ -7,7 +7,7 @@ weights are float32. gpu/linear.py runs the Linears; gpu/forward.py runs the lay
 
 import numpy as np
 
-from impnb.devices import GPU_ARCHS
+from impnb.cuda_support import GPU_ARCHS
 from impnb.errors import UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.gpu import weights

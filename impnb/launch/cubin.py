@@ -20,10 +20,8 @@ def compile_cubin(kernel, sig: tuple, cc: tuple[int, int, str]) -> bytes:
     return link_cubin(kernel, sig, cc)[0]
 
 
-def link_cubin(kernel, sig: tuple, cc: tuple[int, int, str], verbose: bool = False) -> tuple[bytes, str]:
-    """compile_cubin's cubin and, with verbose, the linker's info log (ptxas's registers and spills)."""
-    from cuda.core import Linker, LinkerOptions, ObjectCode
-
+def compile_code(kernel, sig: tuple, cc: tuple[int, int, str]) -> tuple[bytes | str, bool]:
+    """numba's output for `kernel` as link_cubin links it: (LTO-IR, True) or (PTX, False)."""
     opts = kernel.targetoptions
     bad = [name for name in UNSUPPORTED_OPTIONS if opts.get(name)]
     if bad:
@@ -34,6 +32,17 @@ def link_cubin(kernel, sig: tuple, cc: tuple[int, int, str], verbose: bool = Fal
                            output="ltoir" if lto else "ptx", debug=False,
                            lineinfo=opts.get("lineinfo", False), fastmath=opts.get("fastmath", False),
                            opt=opts.get("opt"), launch_bounds=opts.get("launch_bounds"))
+    return code, lto
+
+
+def link_cubin(kernel, sig: tuple, cc: tuple[int, int, str], verbose: bool = False,
+               code: tuple[bytes | str, bool] | None = None) -> tuple[bytes, str]:
+    """compile_cubin's cubin and, with verbose, the linker's info log (ptxas's registers and spills).
+    code: compile_code's output where the caller has it already."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    opts = kernel.targetoptions
+    code, lto = code or compile_code(kernel, sig, cc)
     obj = ObjectCode.from_ltoir(code) if lto else ObjectCode.from_ptx(code)
     options = LinkerOptions(arch="sm_%d%d%s" % cc, max_register_count=opts.get("max_registers"),
                             link_time_optimization=True if lto else None, verbose=verbose or None)

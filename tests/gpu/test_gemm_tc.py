@@ -20,8 +20,8 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.gemm.dequant import DECODERS, dequant_ref
-from impnb.kernels.gemm.gemm_tc import F16_TILE, SMALL_TILE, gemm, gemm_f16, gemm_ref
-from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES, gemm_quant
+from impnb.kernels.gemm.gemm_tc import F16_TILE, SMALL_TILE, gemm_f16, gemm_ref
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES, gemm, gemm_quant
 from impnb.kernels.common.repack import repack
 from tests.test_repack import make_weight
 

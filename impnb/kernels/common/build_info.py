@@ -2,7 +2,8 @@
 
 `compile_ptx` gives PTX; nvJitLink assembles it as ptxas would and its verbose log names
 the register count and spill bytes. `runtime_info` reads the same from the LTO cubin the
-launcher loads, which CI asserts for every @cuda.jit kernel.
+launcher loads, which CI asserts for every @cuda.jit kernel; `runtime_and_ptx_info` adds the
+PTX of that same compile, for the kernels whose PTX is checked.
 """
 
 import re
@@ -51,10 +52,41 @@ def build_info(fn, sig, cc=CC) -> BuildInfo:
 def runtime_info(kernel, sig, cc=CC) -> BuildInfo:
     """Registers and spills of the cubin impnb.launch loads for this @cuda.jit kernel: built through
     LTO (numba's default), whose counts can differ from build_info's (no PTX kept)."""
-    from impnb.launch.cubin import link_cubin
+    return runtime_and_ptx_info(kernel, sig, cc, ptx=False)[0]
+
+
+def runtime_and_ptx_info(kernel, sig, cc=CC, ptx: bool = True) -> tuple[BuildInfo, BuildInfo | None]:
+    """runtime_info, and with ptx the PTX of the same compile (no second numba compile, whose
+    Python front end is most of a build): nvJitLink's PTX of the LTO-IR after link-time
+    optimization (or numba's PTX where the kernel is not LTO), and its registers and spills as
+    build_info reads them."""
+    from impnb.launch.cubin import compile_code, link_cubin
 
     args = tuple(getattr(sig, "args", sig))  # a Signature, or the argument types
-    return _parsed("", link_cubin(kernel, args, cc, verbose=True)[1])
+    code = compile_code(kernel, args, cc)
+    runtime = _parsed("", link_cubin(kernel, args, cc, verbose=True, code=code)[1])
+    if not ptx:
+        return runtime, None
+    arch = "sm_%d%d%s" % cc
+    cap = kernel.targetoptions.get("max_registers")
+    text = lto_ptx(code[0], arch, cap) if code[1] else code[0]
+    return runtime, _parsed(text, link_ptx(text, arch, cap))
+
+
+def lto_ptx(ltoir: bytes, arch: str = "sm_90a", max_registers: int | None = None) -> str:
+    """The PTX nvJitLink makes of LTO-IR (link-time optimized, as it is before ptxas)."""
+    from cuda.bindings import nvjitlink
+
+    options = [f"-arch={arch}", "-lto", "-ptx"] + ([f"-maxrregcount={max_registers}"] if max_registers else [])
+    handle = nvjitlink.create(len(options), options)
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, ltoir, len(ltoir), "kernel.ltoir")
+        nvjitlink.complete(handle)
+        text = bytearray(nvjitlink.get_linked_ptx_size(handle))
+        nvjitlink.get_linked_ptx(handle, text)
+        return text.decode(errors="replace").rstrip("\x00")
+    finally:
+        nvjitlink.destroy(handle)
 
 
 def _parsed(ptx: str, log: str) -> BuildInfo:

@@ -270,16 +270,6 @@ def gemm_f16(a, w, c, stream, accumulate: bool = False, tile=F16_TILE):
            a, w, c, np.int32(accumulate), shared_bytes=f16_shared_bytes(*tile))
 
 
-def gemm(a, w, c, stream, accumulate: bool = False):
-    """c (M, N) float32 [+]= a (M, K) fp16 · Wᵀ; w an fp16 (N, K) device array or a PackedWeight."""
-    if hasattr(w, "ggml_type"):
-        from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
-
-        gemm_quant(a, w, c, stream, accumulate)
-    else:
-        gemm_f16(a, w, c, stream, accumulate)
-
-
 def gemm_ref(a: np.ndarray, w: np.ndarray, ggml_type=None, c: np.ndarray | None = None) -> np.ndarray:
     """float64 a (M, K) · Wᵀ (+ c); w a float (N, K) array, or raw GGUF bytes (N, row_bytes) of
     ggml_type dequantized as the kernels see them (gguf's dequantize rounded to fp16)."""

@@ -163,6 +163,14 @@ def gemm_quant(a, w: PackedWeight, c, stream, accumulate: bool = False, bm: int 
            a, w.parts, c, np.int32(accumulate))
 
 
+def gemm(a, w, c, stream, accumulate: bool = False):
+    """c (M, N) float32 [+]= a (M, K) fp16 · Wᵀ; w an fp16 (N, K) device array or a PackedWeight."""
+    if hasattr(w, "ggml_type"):
+        gemm_quant(a, w, c, stream, accumulate)
+    else:
+        gemm_f16(a, w, c, stream, accumulate)
+
+
 BUILD_SIGNATURES = [
     (gemm_quant_kernel(t, bm), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
      {"max_registers": 168, "ptx_contains": GEMM_PTX + [f"cp.async.wait_group {A_STAGES - 2}", "st.shared.v4.u32", "cvt.rn.f16x2.f32"]})
