@@ -60,7 +60,7 @@ class Tensor:
         return dequantize(self.data, self.ggml_type).reshape(self.shape)
 
 
-class _Walker:
+class HeaderWalker:
     """Bounds-checked little-endian reads over the header bytes."""
 
     def __init__(self, buf, size: int):
@@ -142,7 +142,7 @@ class _TensorInfo:
 
 def _parse_header(buf, size: int):
     """Magic, version, key/values and tensor infos -> (metadata, infos, data_start)."""
-    w = _Walker(buf, size)
+    w = HeaderWalker(buf, size)
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise GGUFError(f"not a GGUF file (magic {bytes(buf[:4])!r})")
     w.pos = 4

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V
 
-from impnb.gguf_file import _Walker
+from impnb.gguf_file import HeaderWalker
 from impnb.quants import FORMATS
 
 FAIL, PASS, ANY = "fail", "pass", "any"
@@ -103,7 +103,7 @@ def parse(path) -> Mutant:
     """A GGUF's pieces (it must be one impnb opens)."""
     path = Path(path)
     buf = np.memmap(path, dtype=np.uint8, mode="r")
-    w = _Walker(buf, buf.size)
+    w = HeaderWalker(buf, buf.size)
     w.pos = 8
     n_tensors, n_kv = w.scalar("Q"), w.scalar("Q")
     kvs = []

@@ -2,32 +2,20 @@
 
 An architecture is a module with `config(mf) -> ModelConfig` (its GGUF metadata read) and
 `layers(cfg) -> tuple[LayerSpec, ...]` (what each layer computes, models/layers.py), registered
-in ARCHITECTURES; the numpy reference and gpu/forward.py both follow its layers."""
+in models/registry.py's ARCHITECTURES; the numpy reference and gpu/forward.py both follow its
+layers."""
 
 import numpy as np
 
-from impnb.errors import ParameterError, UnsupportedError
+from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
-from impnb.models import gemma3, layers, llama, qwen3, qwen3moe
-from impnb.models.config import ModelConfig
+from impnb.models import layers
 from impnb.models.kv_cache import KVCache
 from impnb.models.numpy_ops import NumpyOps
+from impnb.models.registry import ARCHITECTURES, architecture, model_config
 from impnb.models.validate import validate_model
 
-ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "qwen3": qwen3, "qwen3moe": qwen3moe}
-
-
-def architecture(mf: ModelFile):
-    """The module describing mf's architecture; UnsupportedError if impnb has none."""
-    module = ARCHITECTURES.get(mf.arch)
-    if module is None:
-        raise UnsupportedError(f"{mf.path}: architecture '{mf.arch}' is not supported "
-                               f"(supported: {', '.join(ARCHITECTURES)})")
-    return module
-
-
-def model_config(mf: ModelFile) -> ModelConfig:
-    return architecture(mf).config(mf)
+__all__ = ["ARCHITECTURES", "ReferenceModel", "architecture", "load_reference", "model_config"]
 
 
 class ReferenceModel:

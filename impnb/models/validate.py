@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.errors import DeviceError, GGUFError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig
+from impnb.models.registry import model_config
 
 NORM_TYPES = (T.F32, T.F16, T.BF16)  # one-dimensional weights: llama.cpp writes them F32
 SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
@@ -185,8 +186,6 @@ def check_gpu_shapes(cfg: ModelConfig) -> None:
 
 def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None = None) -> ModelConfig:
     """mf's config once every key, tensor and the host memory of a `device` load are checked."""
-    from impnb.models import model_config
-
     cfg = model_config(mf)
     check_tensors(mf, cfg)
     check_tokenizer_keys(mf, cfg.n_vocab)
