@@ -4,6 +4,9 @@ A leaf below both the device chooser (devices.py) and the GPU path (gpu/), which
 """
 
 GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
+# The kernels use Hopper's programmatic dependent launch (griddepcontrol) and build for sm_90 and
+# newer; on an older GPU their first build would fail deep inside the JIT linker.
+MIN_COMPUTE_CAPABILITY = (9, 0)
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -21,4 +24,26 @@ def cuda_unavailable_reason() -> str | None:
         return "no CUDA driver found"
     if err != driver.CUresult.CUDA_SUCCESS or count == 0:
         return "no CUDA GPU found"
+    return _capability_reason(driver)
+
+
+def _capability_reason(driver) -> str | None:
+    """Why device 0 cannot run the kernels (compute capability below MIN_COMPUTE_CAPABILITY),
+    else None."""
+    attr = driver.CUdevice_attribute
+    err, dev = driver.cuDeviceGet(0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"the CUDA GPU could not be opened ({err.name})"
+    cc = []
+    for a in (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR):
+        err, v = driver.cuDeviceGetAttribute(a, dev)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return f"the CUDA GPU's compute capability could not be read ({err.name})"
+        cc.append(v)
+    if tuple(cc) < MIN_COMPUTE_CAPABILITY:
+        err, name = driver.cuDeviceGetName(64, dev)
+        name = name.split(b"\0", 1)[0].decode(errors="replace") if err == driver.CUresult.CUDA_SUCCESS else "the GPU"
+        need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+        return (f"{name} has compute capability {cc[0]}.{cc[1]}; impnb's kernels need {need} "
+                f"(Hopper) or newer")
     return None

@@ -1,0 +1,48 @@
+"""cuda_support: a GPU below compute capability 9.0 is refused with one line naming it (the CLI's
+`--device cuda` exits 2 with it; `auto` falls back to the CPU), never a JIT-linker traceback."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from impnb import cuda_support, devices
+from impnb.errors import DeviceError
+
+
+class FakeDriver:
+    """The few cuda.bindings.driver calls cuda_support makes, for a GPU of compute capability cc."""
+
+    def __init__(self, cc):
+        self.cc = cc
+        ok = SimpleNamespace(name="CUDA_SUCCESS")
+        self.CUresult = SimpleNamespace(CUDA_SUCCESS=ok)
+        self.CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
+                                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor")
+        self.ok = ok
+
+    def cuDeviceGet(self, i):
+        return self.ok, 0
+
+    def cuDeviceGetAttribute(self, a, dev):
+        return self.ok, self.cc[0] if a == "major" else self.cc[1]
+
+    def cuDeviceGetName(self, n, dev):
+        return self.ok, b"NVIDIA A100-SXM4-80GB\0\0\0"
+
+
+@pytest.mark.parametrize("cc,ok", [((8, 0), False), ((8, 9), False), ((9, 0), True), ((12, 0), True)])
+def test_capability_reason(cc, ok):
+    reason = cuda_support._capability_reason(FakeDriver(cc))
+    if ok:
+        assert reason is None
+    else:
+        assert reason == (f"NVIDIA A100-SXM4-80GB has compute capability {cc[0]}.{cc[1]}; impnb's "
+                          "kernels need 9.0 (Hopper) or newer")
+
+
+def test_old_gpu_falls_back_or_refuses(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "cuda_unavailable_reason", lambda: "NVIDIA A100 has compute capability 8.0")
+    assert devices.engine_class("auto", "qwen3").device == "cpu"
+    assert "compute capability 8.0" in capsys.readouterr().err
+    with pytest.raises(DeviceError, match="compute capability 8.0"):
+        devices.engine_class("cuda", "qwen3")
