@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from impnb.errors import ImpnbError
 from impnb.gguf_file import ModelFile
 from impnb.sampling import SamplingParams
 
@@ -102,6 +103,8 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
         return None
     try:
         return _prepare(mf, n_ctx, force, n_workers, stream)
+    except ImpnbError:
+        raise
     except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
         log.warning("kernel warm-up failed (%s: %s); kernels compile at first launch", type(e).__name__, e)
         return None
@@ -119,7 +122,9 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
         return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
     try:
         rec = dry_run(mf, n_ctx, cc)
-    except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
+    except ImpnbError:
+        raise  # the user's model or parameters: the one error line the real load would give
+    except Exception as e:  # noqa: BLE001 — any other failure only means compiling at first launch
         log.warning("kernel warm-up's dry run failed (%s: %s); kernels compile at first launch",
                     type(e).__name__, e)
         return None

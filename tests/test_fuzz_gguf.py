@@ -139,13 +139,20 @@ def test_tokenizer_and_template_faults(arch, mutate, chat, words, seeds, tmp_pat
     ("qwen3", "blk.0.attn_q_norm.weight", "blk.0.ffn_norm"),
     ("gemma3", "blk.3.ffn_down.weight", "blk.3.post_ffw_norm"),  # a NaN block scale
 ])
-def test_nan_weights_stop_naming_the_step_and_layer(arch, tensor, where, seeds, tmp_path):
+def test_nan_weights_stop_naming_the_step_and_layer(arch, tensor, where, seeds, tmp_path, monkeypatch):
+    """A NaN weight is refused at load, naming the tensor; where non-finite values arise at run
+    time all the same (the load check off, as for numerics that overflow), generation stops naming
+    the step and the first norm fed them."""
+    from impnb.models import validate
+
     m = parse(seeds[arch])
     info = next(i for i in m.infos if i.name == tensor)
     value = catalogue.NAN32 if len(info.dims) == 1 else catalogue.NAN16
     path = copy(m, patches=[(info.offset, value)]).write(tmp_path / "m.gguf")
-    _refused(path, "NaN or inf logits at the prompt", f"entering {where}")
+    _refused(path, f"{tensor} holds a NaN or inf (byte 0 of its data)")
     assert run_in_process(argv_for("info", path)).outcome == "exit0"
+    monkeypatch.setattr(validate, "check_finite", lambda mf: None)
+    _refused(path, "NaN or inf logits at the prompt", f"entering {where}")
 
 
 def test_harmless_mutants_still_run(seeds, tmp_path):
@@ -236,16 +243,46 @@ def test_long_prompt_in_chunks_matches_one_pass(seeds, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("greedy", [True, False])
-def test_gpu_nan_logits_stop_with_the_flag(greedy, seeds, tmp_path):
-    """The GPU sampler's non-finite flag reaches the host with the token, eager and in graphs."""
+def test_gpu_nan_logits_stop_with_the_flag(greedy, seeds):
+    """The GPU sampler's non-finite flag reaches the host with the token, eager (the prompt) and
+    in a replayed decode graph. The load refuses NaN weights, so the final norm's weight is
+    poisoned on the device after it; the same engine then stops naming the step."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.errors import NumericalError
+    from impnb.gguf_file import open_model_file
+    from impnb.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0) if greedy else SamplingParams(temperature=0.8, seed=3)
+    engine = CudaEngine(open_model_file(seeds["llama"]), 64)
+    norm = engine.m.w["output_norm"]
+    good = norm.copy_to_host()
+    engine.reset(params)
+    token = engine.prefill([5, 6, 7])
+    for _ in range(4):  # the decode graph captured, then replayed
+        token = engine.step(token)
+    norm.copy_to_device(np.full_like(good, np.nan))
+    with pytest.raises(NumericalError, match=r"NaN or inf logits at generated token \d+ on the GPU"):
+        for _ in range(3):  # a step queued ahead may still hold a clean token
+            token = engine.step(token)
+    engine.reset(params)
+    with pytest.raises(NumericalError, match="NaN or inf logits at the prompt on the GPU"):
+        engine.prefill([5, 6, 7])
+    norm.copy_to_device(good)
+    engine.reset(params)
+    engine.prefill([5, 6, 7])  # and runs again once the weight is clean
+
+
+def test_nan_weights_refused_at_load(seeds, tmp_path):
+    """A NaN in a float weight or an fp16 block scale is refused before a load, naming the tensor,
+    on either device (the GPU's int8 activations would turn it into finite nonsense)."""
     m = parse(seeds["llama"])
     info = next(i for i in m.infos if i.name == "blk.1.ffn_norm.weight")
     path = copy(m, patches=[(info.offset, catalogue.NAN32)]).write(tmp_path / "nan.gguf")
-    o = run_in_process(argv_for("generate", path, device="cuda")
-                       + ([] if greedy else ["--temperature", "0.8"]))
-    assert o.outcome == "exit2" and "NaN or inf logits at the prompt on the GPU" in o.stderr, o.stderr
-    good = run_in_process(argv_for("generate", seeds["llama"], device="cuda") + ["-n", "40"])
-    assert good.outcome == "exit0", good.stderr
+    for device in ("cpu", "cuda"):
+        o = run_in_process(argv_for("generate", path, device=device))
+        assert o.outcome == "exit2", o.stderr
+        if device == "cpu" or "no CUDA" not in o.stderr:
+            assert "blk.1.ffn_norm.weight holds a NaN or inf (byte 0 of its data)" in o.stderr, o.stderr
 
 
 def test_real_gemma3_transposed_q_names_tensor_and_shape(tmp_path):

@@ -11,6 +11,7 @@ that a crash or a hung GPU stays there.
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,8 +40,11 @@ def argv_for(command: str, path, device: str = "cpu", chat: bool = False) -> lis
             "--temperature", "0"] + (["--chat"] if chat else [])
 
 
+PROGRESS = re.compile(r"^impnb: compiling kernels \d+/\d+")  # the first start's progress, not an error
+
+
 def classify(status, stderr: str) -> Outcome:
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip() and not PROGRESS.match(line)]
     if status == 0:
         return Outcome("exit0", status, stderr)
     if status == 2 and len(lines) == 1 and lines[0].startswith("impnb: error: "):

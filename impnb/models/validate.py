@@ -4,7 +4,8 @@
 that every tensor the architecture uses is present with the shape the config implies and a type
 the device reads, that no tensor belongs to a layer past `block_count`, that the tokenizer's
 keys have the right types and its special ids lie inside the vocabulary, and that what the load
-will allocate fits in the host's memory. Errors name the key or tensor and what was expected.
+will allocate fits in the host's memory; before a load, that no float weight and no block scale
+holds a NaN or inf. Errors name the key or tensor and what was expected.
 Shapes are printed in GGUF order (the row length first), as gguf-dump shows them.
 """
 
@@ -13,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from impnb.errors import DeviceError, GGUFError, UnsupportedError
@@ -25,6 +27,14 @@ SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
 TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix")
 IGNORED_TENSORS = frozenset({"rope_freqs.weight"})  # present in some llama files, not read
 _LAYER = re.compile(r"blk\.(\d+)\.")
+# Byte offsets of the fp16 scales in a block of each quantized type (gguf's block layouts): a NaN
+# or inf there decodes the whole block to NaN on the CPU, and the GPU's int8 activations would
+# turn such values into finite nonsense, so they are refused before a load.
+F16_SCALES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+              T.IQ4_NL: (0,), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2),
+              T.Q6_K: (208,)}
+# Bits that are all ones in a non-finite value, by how a float is stored: (word dtype, mask).
+FLOAT_WORDS = {T.F32: ("<u4", 0x7F800000), T.F16: ("<u2", 0x7C00), T.BF16: ("<u2", 0x7F80)}
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,33 @@ def check_gpu_shapes(cfg: ModelConfig) -> None:
                                f"use --device cpu")
 
 
+def _first_nonfinite(raw: np.ndarray, ggml_type, type_size: int) -> int | None:
+    """The byte offset of the first NaN or inf float (or fp16 block scale) in raw tensor bytes,
+    None where there is none or the type has no float of fixed place."""
+    if ggml_type in FLOAT_WORDS:
+        dtype, mask = FLOAT_WORDS[ggml_type]
+        words = raw.view(dtype)
+        bad = np.flatnonzero((words & mask) == mask)
+        return int(bad[0]) * words.itemsize if len(bad) else None
+    n_blocks = raw.size // type_size
+    for off in F16_SCALES.get(ggml_type, ()):
+        scales = np.ndarray((n_blocks,), "<u2", raw, off, (type_size,))
+        bad = np.flatnonzero((scales & 0x7C00) == 0x7C00)
+        if len(bad):
+            return int(bad[0]) * type_size + off
+    return None
+
+
+def check_finite(mf: ModelFile) -> None:
+    """Every float weight and every fp16 block scale is finite (GGUFError naming the tensor)."""
+    for name, t in mf.tensors.items():
+        raw = np.asarray(t.data).reshape(-1).view(np.uint8)
+        at = _first_nonfinite(raw, t.ggml_type, t.fmt.type_size)
+        if at is not None:
+            raise GGUFError(f"{mf.path}: {name} holds a NaN or inf (byte {at} of its data); "
+                            f"the file's weights are broken")
+
+
 def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None = None) -> ModelConfig:
     """mf's config once every key, tensor and the host memory of a `device` load are checked."""
     cfg = model_config(mf)
@@ -194,4 +231,6 @@ def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None =
     if device == "cpu":
         ctx = min(n_ctx or cfg.n_ctx, cfg.n_ctx)
         check_host_memory(host_bytes_needed(mf, cfg, ctx), f"{cfg.arch} on the CPU")
+    if device is not None:
+        check_finite(mf)
     return cfg
