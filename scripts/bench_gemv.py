@@ -31,7 +31,9 @@ from numba import cuda, uint32  # noqa: E402
 from impnb.kernels.common import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.gemm.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv.gemv import DECODERS, Variant, gemv  # noqa: E402
-from impnb.kernels.gemv.gemv_dp4a import DOTS, NO_GLU, choose_capped, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import NO_GLU, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped  # noqa: E402
 from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
 from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.kernels.common.repack import repack  # noqa: E402

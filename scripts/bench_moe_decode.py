@@ -33,9 +33,9 @@ from impnb import synthetic_full as sf  # noqa: E402
 from impnb.gpu.buffers import Arena  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemv import gemv
+from impnb.kernels.gemv import gemv, gemv_experts, gemv_route  # noqa: E402
 from impnb.kernels.common import repack  # noqa: E402
-from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_experts  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts  # noqa: E402
 from impnb.kernels.moe.gemv_moe import experts_down_sum  # noqa: E402
 from impnb.kernels.moe.gemv_moe_dp4a import experts_down_sum_dp4a  # noqa: E402
 from impnb.kernels.gemv.gemv_variants import Variant  # noqa: E402
@@ -78,7 +78,7 @@ def main() -> int:
                   **{f"down {t.name}": downs[t][0].nbytes // E for t in downs}}
 
     def router(i, v=None, quant=False):
-        gemv.gemv_route(routers[i % 2], xs[i % N_IN], logits, k, True, experts, weights, counter, s, variant=v,
+        gemv_route.gemv_route(routers[i % 2], xs[i % N_IN], logits, k, True, experts, weights, counter, s, variant=v,
                         norm=norm, xq=xq if quant else None)
 
     def glu(i, slots=None):
@@ -115,8 +115,8 @@ def main() -> int:
     timed("gate|up Q4_K: gemv_dp4a_experts default", glu, gb)
     for v in GLU_VARIANTS:
         timed(f"gate|up Q4_K: gemv_experts {v.name if v else 'default'}",
-              lambda i, v=v: gemv.gemv_experts(gate_up[i % 2], 2 * F, xs[i % N_IN], act, routings[i % N_IN], k, s,
-                                               glu=gemv.SILU, variant=v), gb)
+              lambda i, v=v: gemv_experts.gemv_experts(gate_up[i % 2], 2 * F, xs[i % N_IN], act, routings[i % N_IN],
+                                                       k, s, glu=gemv.SILU, variant=v), gb)
     for t in downs:
         db = k * per_expert[f"down {t.name}"]
         timed(f"down {t.name}: experts_down_sum accumulate", lambda i, t=t: down(i, t), db)

@@ -23,6 +23,7 @@ from numba import cuda
 
 from bench_gemv import PEAK, device_copies, random_weight, time_launches
 from impnb.kernels.gemv import gemv as g
+from impnb.kernels.gemv.gemv_experts import gemv_experts
 from impnb.kernels.common.repack import repack
 from impnb.launch import cache
 from impnb.launch.cubin import arch_cc, entry_name
@@ -101,8 +102,8 @@ def time_case(label, rows, cols, t, glu, reps, rng, cc):
         nbytes = SLOTS * rows * cols // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1]
 
         def run(v):
-            return lambda i, s: g.gemv_experts(weights[i % len(weights)], rows, x, y,
-                                               groups[i // len(weights) % len(groups)], x_div, s, glu, variant=v)
+            return lambda i, s: gemv_experts(weights[i % len(weights)], rows, x, y,
+                                             groups[i // len(weights) % len(groups)], x_div, s, glu, variant=v)
     default = g.choose(t, 1, cols, rows)
     out = []
     for v in g.sweep(t):

@@ -6,8 +6,10 @@ kernel's last group starts R rows before the end)."""
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv.gemv_dp4a import (DP4A_TYPES, EXPERTS_T1, LONG_K, NO_GLU, SILU, T1_VARIANTS, choose_dp4a,
-                                     choose_experts, choose_measured)
+from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
+from impnb.kernels.gemv.gemv_dp4a_variants import (EXPERTS_T1, LONG_K, T1_VARIANTS, choose_dp4a, choose_experts,
+                                                   choose_measured)
+from impnb.kernels.gemv.gemv_units import NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import span_for
 from impnb.kernels.moe.router_fold import FOLD_T1
 

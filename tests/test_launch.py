@@ -274,13 +274,13 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
     first weight chunks)."""
     from impnb.kernels.attention import attention_decode, attention_decode_short, attention_fa2, qkv_post
-    from impnb.kernels.gemv import gemv
+    from impnb.kernels.gemv import gemv_stacked
     from impnb.kernels.moe import gemv_moe_dp4a
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))
     short = [attention_decode_short.BUILD_SIGNATURES[i] for i in (0, 2, 4)]  # plain, post, cluster
-    pair = [c for c in gemv.BUILD_SIGNATURES if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
+    pair = [c for c in gemv_stacked.BUILD_SIGNATURES if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
     assert pair
     early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short, *pair]
     late = (norm.BUILD_SIGNATURES[:2] + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]

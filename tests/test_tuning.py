@@ -7,23 +7,23 @@ from gguf import GGMLQuantizationType as T
 
 from impnb import tuning
 from impnb.errors import ParameterError
-from impnb.kernels.gemv import gemv_dp4a, gemv_variants
+from impnb.kernels.gemv import gemv_dp4a_variants, gemv_variants
 from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.moe import router_fold
 
 
 def test_kernel_tables_read_tuning():
-    assert gemv_dp4a.LONG_K == 8192
-    assert {t: tuple(v.name for v in vs) for t, vs in gemv_dp4a.T1_VARIANTS.items()} == {
+    assert gemv_dp4a_variants.LONG_K == 8192
+    assert {t: tuple(v.name for v in vs) for t, vs in gemv_dp4a_variants.T1_VARIANTS.items()} == {
         T.Q8_0: ("s128u2r4", "s128u2r2"), T.Q4_K: ("s64u1r4", "s128u1r8"), T.Q5_K: ("s64u1r4", "s128u1r8"),
         T.Q4_1: ("s128u1r4", "s64u3r2"), T.Q4_0: ("s128u1r4", "s128u1r4"), T.Q5_0: ("s128u1r4", "s128u1r4"),
         T.Q6_K: ("s64u1r8", "s128u1r8")}
-    assert gemv_dp4a.T1_CAPPED == {(T.Q4_K, False): (Variant(128, 1, 4), 80, 8192),
-                                   (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
-    assert gemv_dp4a.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4)}
+    assert gemv_dp4a_variants.T1_CAPPED == {(T.Q4_K, False): (Variant(128, 1, 4), 80, 8192),
+                                            (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
+    assert gemv_dp4a_variants.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4)}
     assert router_fold.FOLD_T1 == {T.Q4_K: Variant(32, 2, 4)}
     assert (gemv_variants.WIDE_K, gemv_variants.WIDE_MIN_ROWS) == (4096, 4096)
-    assert all(isinstance(v, Variant) for vs in gemv_dp4a.T1_VARIANTS.values() for v in vs)
+    assert all(isinstance(v, Variant) for vs in gemv_dp4a_variants.T1_VARIANTS.values() for v in vs)
 
 
 def test_overrides_default(monkeypatch):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from impnb.gpu.weights import Linear
 from impnb.kernels.common.repack import PackedWeight
-from impnb.kernels.gemv import gemv_dp4a
+from impnb.kernels.gemv import gemv_dp4a_units
 from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.kernels.moe.router_fold import Fold
 from impnb.models.config import ModelConfig
@@ -90,7 +90,7 @@ def layer_weights(cfg: ModelConfig, specs: tuple[LayerSpec, ...], w: dict, lin: 
                 norm=w[p + "ffn_norm"], router=lin[p + "ffn_gate_inp"], gate_up=gate_up and gate_up.w,
                 gate=w.get(p + "ffn_gate_exps"), up=w.get(p + "ffn_up_exps"), down=down,
                 gate_up_dp4a=bool(gate_up and gate_up.dp4a),
-                down_dp4a=(tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a.DOTS
+                down_dp4a=(tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a_units.DOTS
                            and cfg.n_embd >= gemv_moe_dp4a.ROWS),
                 fold=folds.get(p), post_norm=post_ffn)
         else:

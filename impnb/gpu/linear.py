@@ -20,7 +20,7 @@ from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
-from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_stream
+from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_residual, gemv_stacked, gemv_stream
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
 from impnb.tuning import GEMV_MAX_ROWS, Overrides
@@ -49,7 +49,7 @@ class MatMul:
                 return
             if residual is not None and self.tuning.gemv_tail:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
-                gemv.gemv_residual(w, x, y, residual, s)
+                gemv_residual.gemv_residual(w, x, y, residual, s)
                 return
             if lin.dp4a:
                 gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, accumulate)
@@ -84,7 +84,7 @@ class MatMul:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear."""
         w = lin.w
         if x.shape[0] <= GEMV_MAX_ROWS:
-            gemv.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
+            gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         assert norm is None, "GEMM: no fused norm"
         x16, w16, row = self.x16(x), self.w16(w), 0
@@ -97,7 +97,7 @@ class MatMul:
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
         load: GEMV_PAIR, neither on dp4a)."""
         if one_launch and x.shape[0] <= GEMV_MAX_ROWS and norm is not None:
-            gemv.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
+            gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
             return
         self.split(x, lin_a, ys_a, norm)
         self.linear(x, lin_b, y_b, norm)
@@ -110,8 +110,8 @@ class MatMul:
         if n_tok <= GEMV_MAX_ROWS and lin.dp4a:
             gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
             return
-        if n_tok <= GEMV_MAX_ROWS and gemv.glu_fits(w, n_tok):
-            gemv.gemv_glu(w, x, y, act_id, s, norm=norm)
+        if n_tok <= GEMV_MAX_ROWS and gemv_stacked.glu_fits(w, n_tok):
+            gemv_stacked.gemv_glu(w, x, y, act_id, s, norm=norm)
             return
         gate_up = self.arena.get("gate_up", (n_tok, w.rows))
         self.linear(x, lin, gate_up, norm)

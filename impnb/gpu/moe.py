@@ -1,7 +1,7 @@
 """The routed-expert FFN of a qwen3moe layer on the GPU (reference: numpy_ops.moe).
 
   logits = h · ffn_gate_inpᵀ (fp32) -> top-k experts and weights per token (moe_route; at decode
-      the router GEMV's last block, gemv.gemv_route; or, folded through W_o, beside attn_output's
+      the router GEMV's last block, gemv_route.gemv_route; or, folded through W_o, beside attn_output's
       GEMV in its launch, kernels/moe/router_fold.py)
   decode (moe_ffn_decode, T <= GEMV_MAX_ROWS): h = RMSNorm(x) * ffn_norm read by the router GEMV
       itself, which also writes h in int8 for dp4a experts (else a norm kernel writes float h);
@@ -26,10 +26,10 @@ from impnb.gpu.layer_weights import Experts
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.gpu.weights import Linear
 from impnb.kernels.elementwise import activations
-from impnb.kernels.gemv import gemv
+from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
 from impnb.kernels.moe import gemv_moe_dp4a as down_dp4a
 from impnb.kernels.elementwise import norm as norm_fn
-from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_experts
+from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.moe.moe import moe_combine, moe_route
@@ -63,7 +63,7 @@ def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     assert T <= GEMV_MAX_ROWS
     logits, experts, weights = _route_buffers(m, T)
     xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
-    gemv.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
+    gemv_route.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
                     experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
     _experts_decode(m, x, ex, norm, xq, experts, weights)
 
@@ -115,9 +115,9 @@ def _experts_glu_gemv(m, x, norm: tuple, ex: Experts, slots, k: int, act) -> Non
     h = m.arena.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
     if ex.gate_up is not None:
-        gemv.gemv_experts(ex.gate_up, 2 * F, h, act, slots, k, s, glu=gemv.SILU)
+        gemv_experts.gemv_experts(ex.gate_up, 2 * F, h, act, slots, k, s, glu=gemv.SILU)
         return
     up = m.arena.get("moe_up", act.shape)
-    gemv.gemv_experts(ex.gate, F, h, act, slots, k, s)
-    gemv.gemv_experts(ex.up, F, h, up, slots, k, s)
+    gemv_experts.gemv_experts(ex.gate, F, h, act, slots, k, s)
+    gemv_experts.gemv_experts(ex.up, F, h, up, slots, k, s)
     activations.swiglu(act, up, act, s)

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.gguf_file import ModelFile
 from impnb.gpu import gemm_dispatch
 from impnb.kernels.common import repack
-from impnb.kernels.gemv import gemv_dp4a, gemv_stream
+from impnb.kernels.gemv import gemv_dp4a_units, gemv_stream
 from impnb.kernels.moe.router_fold import Fold, fold_ref
 from impnb.models.config import ModelConfig
 from impnb.quant_promote import common_type, promote
@@ -49,7 +49,7 @@ class Linear:
 def linear_of(name: str, w: repack.PackedWeight, tuning: Overrides) -> Linear:
     """name's Linear, its kernels chosen by impnb/tuning's rules (the thresholds' reasons there)."""
     stream = tuning.gemv_stream and w.rows >= STREAM_MIN_ROWS and gemv_stream.fits(w, 1)
-    int8_x = w.ggml_type in gemv_dp4a.DOTS and w.cols >= tuning.dp4a_min_k
+    int8_x = w.ggml_type in gemv_dp4a_units.DOTS and w.cols >= tuning.dp4a_min_k
     dp4a = int8_x and w.nbytes >= tuning.dp4a_min_mb * 1e6 and not stream
     paths = {b: gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, b) for b in gemm_dispatch.M_BUCKETS}
     return Linear(name, w, dp4a, stream, int8_x, paths)

@@ -82,7 +82,8 @@ def test_gemv_accumulate(ggml_type):
 def check_fused(ggml_type, cols, splits, n_tok, glu, seed, variant=None):
     """Stacked rows (Q|K|V splits, or gate|up with glu) against the unfused float64 reference."""
     from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
-    from impnb.kernels.gemv.gemv import GELU, gemv_glu, gemv_split
+    from impnb.kernels.gemv.gemv import GELU
+    from impnb.kernels.gemv.gemv_stacked import gemv_glu, gemv_split
 
     rows = sum(splits)
     raw, wabs, w = weight(ggml_type, rows, cols)
@@ -112,7 +113,7 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
     """The normed kernels (the pre-norm fused: W RMSNorm(x) wn) against RMSNorm in float64, then
     the float64 GEMV: plain (one split, optionally accumulating), Q|K|V splits or gate|up (glu)."""
     from impnb.kernels.elementwise.activations import swiglu_ref
-    from impnb.kernels.gemv.gemv import gemv_glu, gemv_split
+    from impnb.kernels.gemv.gemv_stacked import gemv_glu, gemv_split
     from impnb.kernels.elementwise.norm import rms_norm_ref
 
     rows = sum(splits)
@@ -153,7 +154,7 @@ def check_gemv_norm(ggml_type, cols, splits, n_tok, glu, std, seed, accumulate=F
 def check_gemv_pair(type_a, type_b, cols, splits, rows_b, n_tok, std, seed):
     """gemv_pair: W_a (rows split into two outputs) and W_b of another type, both times
     RMSNorm(x) wn in one launch, each against RMSNorm in float64 then the float64 GEMV."""
-    from impnb.kernels.gemv.gemv import gemv_pair
+    from impnb.kernels.gemv.gemv_stacked import gemv_pair
     from impnb.kernels.elementwise.norm import rms_norm_ref
 
     rng = np.random.default_rng(seed)
@@ -246,7 +247,7 @@ def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
     """The residual tail (gemv_tail.py): y = W x against the float64 GEMV, then x_res and h against
     float64 math on the kernel's own y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res)
     * w_next. Run `calls` times on fresh inputs: the ticket counter must come back to zero."""
-    from impnb.kernels.gemv.gemv import gemv_residual
+    from impnb.kernels.gemv.gemv_residual import gemv_residual
     from impnb.kernels.gemv.gemv_tail import Residual
 
     raw, wabs, w = weight(ggml_type, rows, cols)

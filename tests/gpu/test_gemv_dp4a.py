@@ -17,8 +17,10 @@ from numba import cuda
 
 from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
 from impnb.kernels.gemv.gemv import gemv_ref
-from impnb.kernels.gemv.gemv_dp4a import (DP4A_TYPES, GELU, NO_GLU, SILU, T1_CAPPED, Variant, choose_capped, gemv_dp4a,
-                                     gemv_dp4a_experts, gemv_dp4a_ref)
+from impnb.kernels.gemv.gemv_dp4a import GELU, NO_GLU, SILU, Variant, gemv_dp4a, gemv_dp4a_ref
+from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
+from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
+from impnb.kernels.gemv.gemv_dp4a_variants import T1_CAPPED, choose_capped
 from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.gemv.quant_x import GROUP, quant_x_buffers, quantize_x, quantize_x_ref
 from tests.gpu.cases import fitting

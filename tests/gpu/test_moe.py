@@ -16,7 +16,9 @@ from numba import cuda
 
 from impnb.kernels.gemm.dequant import dequant_ref
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped, grouped_ref
-from impnb.kernels.gemv.gemv import SILU, gemv_experts, gemv_ref, gemv_route
+from impnb.kernels.gemv.gemv import SILU, gemv_ref
+from impnb.kernels.gemv.gemv_experts import gemv_experts
+from impnb.kernels.gemv.gemv_route import gemv_route
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.moe.gemv_moe_dp4a import down_sum_dp4a_ref, experts_down_sum_dp4a
 from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,

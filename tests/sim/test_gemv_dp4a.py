@@ -4,7 +4,8 @@ tests/gpu/test_gemv_dp4a.py's checks (dp4a through its plain-Python twin)."""
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.gemv.gemv_dp4a import DP4A_TYPES, NO_GLU, SILU, Variant
+from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, Variant
+from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
 from tests.gpu import test_gemv_dp4a as g
 
 

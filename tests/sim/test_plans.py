@@ -10,7 +10,7 @@ from impnb.gpu.model import DeviceModel
 from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.common.repack import PackedWeight
-from impnb.kernels.gemv.gemv_dp4a import DOTS
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS
 from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.models.config import ModelConfig
 from impnb.models.layers import LayerSpec

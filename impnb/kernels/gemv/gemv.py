@@ -8,7 +8,8 @@ reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends wit
 residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
 `route` kernel (the MoE router, normed at decode) ends with that block choosing each token's
 experts from y (moe.route_block; reference moe.route_ref), its blocks having written the int8 form
-of its input for the dp4a experts where asked (quant_x.make_quantize_block).
+of its input for the dp4a experts where asked (quant_x.make_quantize_block). Their launchers
+beside `gemv`: gemv_stacked.py (split, pair, GLU), gemv_residual.py, gemv_route.py, gemv_experts.py.
 """
 
 import math
@@ -20,13 +21,13 @@ from numba import cuda, float32, from_dtype, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, last_block, make_tail
+from impnb.kernels.gemv.gemv_tail import last_block, make_tail
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_MIN_ROWS, WIDE_TYPES, Variant, choose, rows_per_block,
                                          span_for, sweep)
 from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, route_block
-from impnb.kernels.gemv.quant_x import GROUP, THREADS as QUANT_THREADS, QuantX, make_quantize_block
+from impnb.kernels.gemv.quant_x import THREADS as QUANT_THREADS, make_quantize_block
 from impnb.kernels.common.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 from impnb.quants import dequantize
@@ -428,7 +429,7 @@ def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, expe
                        block_fn)
 
 
-def _out_per_block(v: Variant, glu: int) -> int:
+def out_per_block(v: Variant, glu: int) -> int:
     return v.rows // (2 if glu else 1) * (BLOCK // v.span)
 
 
@@ -442,14 +443,14 @@ def aligned16(a) -> bool:
     return ptr is None or (ptr.value or 0) % 16 == 0
 
 
-def _launch(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
-            stream, accumulate: bool, variant: Variant | None, norm: tuple | None):
+def launch_rows(w: PackedWeight, x, y0, y1, y2, n0: int, n1: int, out_rows: int, glu: int,
+                stream, accumulate: bool, variant: Variant | None, norm: tuple | None):
     n_tok, K = x.shape
     assert w.cols == K and x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
     for y in (y0, y1, y2):
         assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
     v = variant or choose(w.ggml_type, n_tok, K, w.rows)
-    grid = (out_rows + _out_per_block(v, glu) - 1) // _out_per_block(v, glu)
+    grid = (out_rows + out_per_block(v, glu) - 1) // out_per_block(v, glu)
     tail = (y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
     if norm is None:
         launch(variant_kernel(w.ggml_type, n_tok, v, glu, cols=K), grid, BLOCK, stream, w.parts, x, *tail)
@@ -465,138 +466,7 @@ def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Varia
     """y (T, N) float32 = W x, or y += W x with accumulate; x (T, K) float32, T in 1..8;
     `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn."""
     assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
-    _launch(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
-
-
-def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant | None = None):
-    """y (T, N) float32 = W x as gemv, then the grid's last block applies res to y: res.x +=
-    y (or RMSNorm(y) * res.w_post), res.h = RMSNorm(res.x) * res.w_next (gemv_tail.py)."""
-    n_tok, K = x.shape
-    assert y.shape == (n_tok, w.rows) and w.cols == K, (w.rows, w.cols, x.shape, y.shape)
-    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
-    assert y.dtype == np.float32 and y.is_c_contiguous() and aligned16(y)
-    v = variant or choose(w.ggml_type, n_tok, K, w.rows)
-    grid = (w.rows + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    launch(variant_kernel(w.ggml_type, n_tok, v, tail=res.mode, cols=K), grid, BLOCK, stream, w.parts, x, y,
-           np.int32(w.rows), *res.args(y))
-
-
-# The router's few rows (E of K = D): a row a block spreads them over E blocks (1.9x faster than
-# choose()'s 4 rows a group on 128 x 2048 F32). Its last block routes: the routing moved into
-# the experts' gate|up kernel, or the whole router in one thread-block cluster, lost in the
-# decode graph (docs/EXPERIMENTS.md, 'MoE decode').
-ROUTER_VARIANT = Variant(128, 1, 1)
-assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block function"
-
-
-def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
-               variant: Variant | None = None, norm: tuple | None = None, xq: QuantX | None = None):
-    """The MoE router: logits (T, E) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
-    the grid's last block writes each token's top k experts (T, k) int32 and their softmax weights
-    (T, k) float32 (moe.route_ref of the logits, normalized to sum 1 with `normalize`); counter (1,)
-    uint32, zero between uses. With xq, the kernel also writes the int8 form of its input (x or
-    RMSNorm(x) wn) there, equal to quantize_x's (one kernel fewer before dp4a experts)."""
-    n_tok, K = x.shape
-    E = w.rows
-    assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
-    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
-    assert logits.dtype == np.float32 and logits.is_c_contiguous()
-    assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32 and weights.dtype == np.float32
-    assert counter.dtype == np.uint32 and counter.shape == (1,)
-    v = variant or ROUTER_VARIANT
-    grid = (E + _out_per_block(v, NO_GLU) - 1) // _out_per_block(v, NO_GLU)
-    wn, eps = norm or (x[0], 0.0)
-    assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
-    if xq is not None:
-        assert K % GROUP == 0 and xq.q.shape == (n_tok, K // 4) and xq.d.shape == xq.s.shape == (n_tok, K // GROUP)
-    q, d, s = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
-    if xq is not None:  # quantize_x's blocks after the GEMV's
-        grid += (K // GROUP + QUANT_THREADS - 1) // QUANT_THREADS * n_tok
-    launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
-           stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
-           experts, weights, counter, q, d, s, np.int32(xq is not None))
-
-
-def gemv_split(w: PackedWeight, x, ys, stream, variant: Variant | None = None, norm: tuple | None = None):
-    """Rows of W stacked from several matrices (fused Q|K|V): ys[i] (T, N_i) = W[rows of i] x;
-    one to three outputs whose N_i sum to W's rows; norm as in gemv."""
-    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
-    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
-    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(w, x, y0, y1, y2, n0, n1, w.rows, NO_GLU, stream, False, variant, norm)
-
-
-@lru_cache(maxsize=None)
-def pair_kernel(type_a: T, va: Variant, type_b: T, vb: Variant, n_tok: int, cols: int):
-    """gemv_pair's kernel: the normed GEMVs of a type_a and a type_b weight (variants va, vb) over
-    one x of cols columns."""
-    block_a = variant_kernel(type_a, n_tok, va, normed=True, cols=cols, block_fn=True)
-    block_b = variant_kernel(type_b, n_tok, vb, normed=True, cols=cols, block_fn=True)
-
-    # grid (blocks_a + blocks_b,), block BLOCK: blocks below blocks_a are A's GEMV into y0 | y1
-    # (its rows split at n0), the rest B's into yb
-    @cuda.jit
-    def _gemv_pair_kernel(parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a, yb, rows_b, blocks_a):
-        if cuda.blockIdx.x < blocks_a:
-            block_a(parts_a, x, wn, eps, y0, y1, y1, n0, rows_a - n0, rows_a, 0, cuda.blockIdx.x)
-        else:
-            block_b(parts_b, x, wn, eps, yb, yb, yb, rows_b, 0, rows_b, 0, cuda.blockIdx.x - blocks_a)
-
-    return _gemv_pair_kernel
-
-
-def gemv_pair(wa: PackedWeight, ys_a, wb: PackedWeight, yb, x, norm: tuple, stream):
-    """gemv_split(wa, x, ys_a) and gemv(wb, x, yb), both with norm (wn, eps), as one launch for
-    weights of two types (a layer's Q|K and a V of another type): ys_a = (y0, y1) (T, N_i) of
-    wa's stacked rows, yb (T, N_b); x (T, K) float32."""
-    n_tok, K = x.shape
-    y0, y1 = ys_a
-    assert wa.cols == wb.cols == K and y0.shape[1] + y1.shape[1] == wa.rows and yb.shape == (n_tok, wb.rows)
-    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
-    for y in (y0, y1, yb):
-        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
-    wn, eps = norm
-    assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
-    va, vb = choose(wa.ggml_type, n_tok, K, wa.rows), choose(wb.ggml_type, n_tok, K, wb.rows)
-    blocks_a = -(-wa.rows // _out_per_block(va, NO_GLU))
-    blocks_b = -(-wb.rows // _out_per_block(vb, NO_GLU))
-    launch(pair_kernel(wa.ggml_type, va, wb.ggml_type, vb, n_tok, K), blocks_a + blocks_b, BLOCK, stream,
-           wa.parts, wb.parts, x, wn, np.float32(eps), y0, y1, np.int32(y0.shape[1]), np.int32(wa.rows), yb,
-           np.int32(wb.rows), np.int32(blocks_a))
-
-
-def glu_fits(w: PackedWeight, n_tok: int) -> bool:
-    """Whether gemv_glu runs for this weight and token count (an even number of rows per group)."""
-    return n_tok <= MAX_T and choose(w.ggml_type, n_tok, w.cols, w.rows).rows % 2 == 0
-
-
-def gemv_glu(w: PackedWeight, x, y, act: int, stream, variant: Variant | None = None,
-             norm: tuple | None = None):
-    """Gate|up stacked (2F, K): y (T, F) = act(W[:F] x) * W[F:] x, act SILU or GELU (tanh);
-    norm as in gemv."""
-    assert act in (SILU, GELU) and w.rows % 2 == 0 and y.shape == (x.shape[0], w.rows // 2)
-    assert (variant.rows % 2 == 0) if variant else glu_fits(w, x.shape[0]), "gemv_glu: odd rows per group"
-    _launch(w, x, y, y, y, w.rows // 2, 0, w.rows // 2, act, stream, False, variant, norm)
-
-
-def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream, glu: int = NO_GLU,
-                 variant: Variant | None = None):
-    """Routed experts, one token per slot: y[s] = W_e x[s // x_div] with e = experts[s], or with
-    glu (SILU, GELU) y[s] = act(gate_e x) * up_e x for gate|up stacked per expert.
-
-    w: E experts of n_rows rows stacked, (E * n_rows, K); x (rows, K) float32; experts (S,) int32
-    in 0..E-1; y (S, n_rows) float32, or (S, n_rows / 2) with glu; `variant` overrides `choose`.
-    """
-    S, K = experts.shape[0], x.shape[1]
-    out_rows = n_rows // 2 if glu else n_rows
-    assert w.cols == K and w.rows % n_rows == 0 and y.shape == (S, out_rows), (w.rows, n_rows, x.shape, y.shape)
-    assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x) and x_div >= 1
-    assert y.dtype == np.float32 and y.is_c_contiguous() and experts.dtype == np.int32
-    v = variant or choose(w.ggml_type, 1, K, n_rows)
-    assert not glu or v.rows % 2 == 0
-    per_block = _out_per_block(v, glu)
-    launch(variant_kernel(w.ggml_type, 1, v, glu, True), ((out_rows + per_block - 1) // per_block, S),
-           BLOCK, stream, w.parts, x, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
+    launch_rows(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
 
 
 F32_2D = types.Array(types.float32, 2, "C")
@@ -621,13 +491,6 @@ def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail:
     return (parts_type(ggml_type), F32_2D, *norm, F32_2D, F32_2D, F32_2D, _I32, _I32, _I32, _I32)
 
 
-def pair_args(type_a: T, type_b: T) -> tuple:
-    """Argument types of pair_kernel's kernel: parts_a, parts_b, x, wn, eps, y0, y1, n0, rows_a,
-    yb, rows_b, blocks_a."""
-    return (parts_type(type_a), parts_type(type_b), F32_2D, types.Array(types.float32, 1, "C"), types.float32,
-            F32_2D, F32_2D, _I32, _I32, F32_2D, _I32, _I32)
-
-
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
 # (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
 BUILD_SIGNATURES = [
@@ -636,9 +499,6 @@ BUILD_SIGNATURES = [
     for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
                          (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
                          (1, BLOCK, GELU), (2, 64, SILU))
-] + [
-    (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
-    for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
 ] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
     (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
     for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
@@ -648,27 +508,10 @@ BUILD_SIGNATURES = [
     (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
     for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
     + [(T.Q4_K, Variant(32, 4, 4))]
-] + [
-    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
-     types.void(*kernel_args(T.Q4_K, True)), {})
-] + [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
-    (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
-     {})
-    for n in (1, 8) for normed in (False, True)
-] + [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048); ADD (no post-norm) at K 4096
-    # and T 2, a mode no model's decode takes since qwen3moe moved to the fused norms (tested, kept)
-    (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
-     {"max_registers": 128})
-    for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
-                          (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
 ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
     (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
      {"max_registers": 136})
     for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
                                                                   (2, BLOCK, NO_GLU), (2, 64, SILU))
     for one_step in (False, True)
-] + [  # Q|K and V of two types (Qwen3-30B-A3B Q4_K_M: Q4_K and Q6_K at K 2048), T 1 and 2
-    (pair_kernel(a, choose(a, n, 2048, 1), b, choose(b, n, 2048, 1), n, 2048), types.void(*pair_args(a, b)),
-     {"max_registers": 136})
-    for a, b in ((T.Q4_K, T.Q6_K),) for n in (1, 2)
 ]

@@ -1,6 +1,6 @@
 """Which GEMV kernel variant runs: row-group span, unroll and rows per group, by type, T and shape.
 
-A `Variant` is the build-time shape of one gemv.py kernel; `choose` is the rule `_launch` and
+A `Variant` is the build-time shape of one gemv.py kernel; `choose` is the rule `launch_rows` and
 `gemv_experts` follow (measured: see WIDE_K), and `sweep` the T = 1 variants
 scripts/bench_gemv.py --sweep times against it.
 """

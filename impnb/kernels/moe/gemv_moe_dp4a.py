@@ -18,7 +18,8 @@ from numba import cuda, float32, types, uint32
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
-from impnb.kernels.gemv.gemv_dp4a import DOTS, LOADS, kernel_args as dp4a_args
+from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS
 from impnb.kernels.gemv.gemv_units import DECODERS
 from impnb.kernels.moe.moe import MAX_K
 from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref

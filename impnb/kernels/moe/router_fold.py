@@ -24,8 +24,10 @@ from numba import cuda, float32, types, uint32
 from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.gemv_dp4a import DOTS, MAX_T, NO_GLU, choose_measured, dp4a_block_fns, gemv_dp4a_ref
+from impnb.kernels.gemv.gemv_dp4a import MAX_T, NO_GLU, dp4a_block_fns, gemv_dp4a_ref
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS
+from impnb.kernels.gemv.gemv_dp4a_variants import choose_measured
 from impnb.kernels.gemv.gemv_tail import last_block, last_of
 from impnb.kernels.gemv.gemv_variants import BLOCK, Variant
 from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, route_block, weigh

@@ -1,0 +1,227 @@
+"""dp4a GEMV units: `<type>_load` reads a chunk's quants and scales, `<type>_dot` meets them with x̂'s
+int8 words in dp4a; `LOADS` and `DOTS` map a type to them. Used by gemv_dp4a.py and the MoE dp4a
+kernels, as gemv_units.py's decoders by gemv.py."""
+
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, int32, uint32, uint64
+
+from impnb.kernels.common import quant_intrinsics as qi
+
+
+# -- loads: `<type>_load` of quant_blocks*.py for chunk g + dr, where dr = r x chunks-a-row for
+#    a group's row r is a build-time constant kept apart (a multiple of 8: whole superblocks), so a
+#    group's rows share one address (loads at immediate offsets) and the scalar loads skip numba's
+#    negative-index wrap (the index is unsigned) --
+
+@cuda.jit(device=True, inline=True)
+def _q8_0_load(parts, g, dr):
+    qs, d = parts
+    return qi.ldg_u32x4(qs, 8 * (g + dr)), qi.ldg_u32x4(qs, 8 * (g + dr) + 4), float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_0_load(parts, g, dr):
+    qs, d = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_1_load(parts, g, dr):
+    qs, dm = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), dm[uint64(g + dr)]
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_0_load(parts, g, dr):
+    qs, qh, d = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), qh[uint64(g + dr)], float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_load(parts, g, dr):
+    qs, hdr = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), qi.ldg_u32x4(hdr, 4 * ((g >> 3) + (dr >> 3)))
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_k_load(parts, g, dr):
+    qs, qh, hdr = parts
+    sb = (g >> 3) + (dr >> 3)
+    return (qi.ldg_u32x4(qs, 4 * (g + dr)), qi.ldg_u32x4(qh, 8 * sb + 4 * (g & 1)), qi.ldg_u32x4(hdr, 4 * sb))
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_k_load(parts, g, dr):
+    ql, qh, sc, d = parts
+    sb = (g >> 3) + (dr >> 3)
+    L = g & 7
+    s = 16 * sb + 8 * (L >> 2) + (L & 3)
+    return (qi.ldg_u32x4(ql, 4 * (g + dr)), qi.ldg_u32x4(qh, 16 * sb + 8 * (L >> 2) + 4 * (L & 1)),
+            float32(d[uint64(sb)]), float32(sc[uint64(s)]), float32(sc[uint64(s + 4)]))
+
+
+# -- dot units: `<type>_dot(raw, c, xw, xf, t)` = the chunk's 32 weights (raw from `<type>_load`)
+#    times token t's x̂: xw[t, 0:4] the int8 words at the half-0 columns col(c, 0)..+16, xw[t, 4:8]
+#    at col(c, 1)..+16; xf[t] = (d0, d1, s0, s1) their scales and group sums --
+
+@cuda.jit(device=True, inline=True)
+def _dot_u(q0, q1, q2, q3, xw, t, o):
+    """sum of 16 unsigned bytes (4 words) times the 16 int8 of xw[t, o:o+4], int32."""
+    i = qi.dp4a_us(q0, xw[t, o], 0)
+    i = qi.dp4a_us(q1, xw[t, o + 1], i)
+    i = qi.dp4a_us(q2, xw[t, o + 2], i)
+    return qi.dp4a_us(q3, xw[t, o + 3], i)
+
+
+@cuda.jit(device=True, inline=True)
+def _nibbles(q, xw, t):
+    """(low nibbles . half 0, high nibbles . half 1) of the 4 quant words q, int32."""
+    lo = _dot_u(q[0] & qi.LO4, q[1] & qi.LO4, q[2] & qi.LO4, q[3] & qi.LO4, xw, t, 0)
+    hi = _dot_u(qi.shr32(q[0], 4) & qi.LO4, qi.shr32(q[1], 4) & qi.LO4, qi.shr32(q[2], 4) & qi.LO4,
+                qi.shr32(q[3], 4) & qi.LO4, xw, t, 4)
+    return lo, hi
+
+
+@cuda.jit(device=True, inline=True)
+def q8_0_dot(raw, c, xw, xf, t):
+    a, b, d = raw
+    i0 = qi.dp4a_ss(a[0], xw[t, 0], 0)
+    i0 = qi.dp4a_ss(a[1], xw[t, 1], i0)
+    i0 = qi.dp4a_ss(a[2], xw[t, 2], i0)
+    i0 = qi.dp4a_ss(a[3], xw[t, 3], i0)
+    i1 = qi.dp4a_ss(b[0], xw[t, 4], 0)
+    i1 = qi.dp4a_ss(b[1], xw[t, 5], i1)
+    i1 = qi.dp4a_ss(b[2], xw[t, 6], i1)
+    i1 = qi.dp4a_ss(b[3], xw[t, 7], i1)
+    return d * (xf[t, 0] * float32(i0) + xf[t, 1] * float32(i1))
+
+
+@cuda.jit(device=True, inline=True)
+def q4_0_dot(raw, c, xw, xf, t):
+    lo, hi = _nibbles(raw[0], xw, t)  # weight d (q - 8)
+    return raw[1] * ((xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) - float32(8.0) * (xf[t, 2] + xf[t, 3]))
+
+
+@cuda.jit(device=True, inline=True)
+def q4_1_dot(raw, c, xw, xf, t):
+    lo, hi = _nibbles(raw[0], xw, t)  # weight d q + m
+    d = qi.f16_to_f32(raw[1] & qi.HALF)
+    m = qi.f16_to_f32(raw[1] >> 16)
+    return d * (xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) + m * (xf[t, 2] + xf[t, 3])
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_0_word(q, qh, j, h):
+    # 4 five-bit quants: nibbles at bit 4h of q, their high bits at bit 16h + 4j of qh
+    hi = ((qi.shr32(qh, 16 * h + 4 * j) & 15) * qi.SPREAD4) & qi.BIT4
+    return (qi.shr32(q, 4 * h) & qi.LO4) | hi
+
+
+@cuda.jit(device=True, inline=True)
+def q5_0_dot(raw, c, xw, xf, t):
+    q, qh, d = raw  # weight d (q - 16)
+    lo = _dot_u(_q5_0_word(q[0], qh, 0, 0), _q5_0_word(q[1], qh, 1, 0), _q5_0_word(q[2], qh, 2, 0),
+                _q5_0_word(q[3], qh, 3, 0), xw, t, 0)
+    hi = _dot_u(_q5_0_word(q[0], qh, 0, 1), _q5_0_word(q[1], qh, 1, 1), _q5_0_word(q[2], qh, 2, 1),
+                _q5_0_word(q[3], qh, 3, 1), xw, t, 4)
+    return d * ((xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) - float32(16.0) * (xf[t, 2] + xf[t, 3]))
+
+
+@cuda.jit(device=True, inline=True)
+def _k_scale_pairs(hdr, c):
+    """quant_blocks_k.k_scales without its branch, as byte pairs: (sc0 | sc1 << 8, mn0 | mn1 << 8)
+    of sub-blocks 2p and 2p+1, p = (c % 8) // 2. c % 8 is a thread's constant here, so the
+    shift, masks and choices leave the loop."""
+    s = 8 * (c & 2)
+    up = (c & 4) != 0  # sub-blocks 4..7: low 4 bits in bytes 8..11, high 2 atop bytes 0..7
+    m_lo = uint32(0x0F0F) if up else uint32(0x3F3F)
+    m_hi = uint32(0x3030) if up else uint32(0)
+    sc = (qi.shr32(hdr[3] if up else hdr[1], s) & m_lo) | (qi.shr32(hdr[1], s + 2) & m_hi)
+    mn = (qi.shr32(hdr[3] if up else hdr[2], s + (4 if up else 0)) & m_lo) | (qi.shr32(hdr[2], s + 2) & m_hi)
+    return sc, mn
+
+
+@cuda.jit(device=True, inline=True)
+def _k_dot(hdr, c, lo, hi, xf, t):
+    # weight d sc q - dmin mn, (sc, mn) of the chunk's two sub-blocks; lo * sc stays an int32
+    # below 2^22 (|lo| <= 16 * 31 * 127, sc < 64), so small_int_f32 converts it, and mn's bytes
+    # go through the 2^23 trick: no I2F (about 1 point of the copy rate on Q4_K's long rows)
+    sc, mn = _k_scale_pairs(hdr, c)
+    d = qi.f16_to_f32(hdr[0] & qi.HALF)
+    dmin = qi.f16_to_f32(hdr[0] >> 16)
+    v = (xf[t, 0] * qi.small_int_f32(lo * int32(sc & 0xFF))
+         + xf[t, 1] * qi.small_int_f32(hi * int32(qi.shr32(sc, 8))))
+    m = (xf[t, 2] * (qi.as_f32((mn & 0xFF) | qi.MAGIC) + qi.NEG_TWO23)
+         + xf[t, 3] * (qi.as_f32(qi.shr32(mn, 8) | qi.MAGIC) + qi.NEG_TWO23))
+    return d * v - dmin * m
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot(raw, c, xw, xf, t):
+    lo, hi = _nibbles(raw[0], xw, t)
+    return _k_dot(raw[1], c, lo, hi, xf, t)
+
+
+@cuda.jit(device=True, inline=True)
+def _q5_k_word(q, qh, hb, h):
+    return (qi.shr32(q, 4 * h) & qi.LO4) | ((qi.shr32(qh, hb + h) & qi.LO1) << 4)
+
+
+# Q4_K with one header word a thread: lane l loads word l % 4 of its superblock's 16-byte header
+# and q4_k_dot_w gathers the four from lanes 8 (l // 8) .. +3 by shfl.sync, where every lane of
+# the warp works on the same number of chunks (K a multiple of 1024; not under the simulator,
+# which has no shuffles). Taken at T = 1 without GLU, the cases measured and checked on the GPU
+# (T > 1, GLU and the experts keep the 16-byte header: untimed there). A row-chunk then holds
+# 5 registers in flight rather than 8: s128u1r8 at K 14336 builds at 96 registers, 5 blocks an
+# SM where 127 gave 4, and reaches 85% of the copy rate on 4096x14336 against 81% (docs/
+# EXPERIMENTS.md, 'dp4a GEMV').
+@cuda.jit(device=True, inline=True)
+def q4_k_load_w(parts, g, dr):
+    qs, hdr = parts
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), hdr[uint64(4 * ((g >> 3) + (dr >> 3)) + (g & 3))]
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot_w(raw, c, xw, xf, t):
+    q, w = raw
+    base = cuda.threadIdx.x & 24
+    v = int32(w)
+    hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
+           uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+    lo, hi = _nibbles(q, xw, t)
+    return _k_dot(hdr, c, lo, hi, xf, t)
+
+
+@cuda.jit(device=True, inline=True)
+def q5_k_dot(raw, c, xw, xf, t):
+    q, qh, hdr = raw
+    hb = 2 * ((c & 7) >> 1)  # the high bits of sub-blocks hb (half 0) and hb + 1
+    lo = _dot_u(_q5_k_word(q[0], qh[0], hb, 0), _q5_k_word(q[1], qh[1], hb, 0), _q5_k_word(q[2], qh[2], hb, 0),
+                _q5_k_word(q[3], qh[3], hb, 0), xw, t, 0)
+    hi = _dot_u(_q5_k_word(q[0], qh[0], hb, 1), _q5_k_word(q[1], qh[1], hb, 1), _q5_k_word(q[2], qh[2], hb, 1),
+                _q5_k_word(q[3], qh[3], hb, 1), xw, t, 4)
+    return _k_dot(hdr, c, lo, hi, xf, t)
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_k_word(ql, qh, hs, h):
+    return (qi.shr32(ql, 4 * h) & qi.LO4) | ((qi.shr32(qh, hs + 4 * h) & qi.LO2) << 4)
+
+
+@cuda.jit(device=True, inline=True)
+def q6_k_dot(raw, c, xw, xf, t):
+    ql, qh, d, s0, s1 = raw  # weight d sc (q - 32), sc per 16 columns
+    hs = 2 * ((c & 3) >> 1)
+    lo = _dot_u(_q6_k_word(ql[0], qh[0], hs, 0), _q6_k_word(ql[1], qh[1], hs, 0), _q6_k_word(ql[2], qh[2], hs, 0),
+                _q6_k_word(ql[3], qh[3], hs, 0), xw, t, 0)
+    hi = _dot_u(_q6_k_word(ql[0], qh[0], hs, 1), _q6_k_word(ql[1], qh[1], hs, 1), _q6_k_word(ql[2], qh[2], hs, 1),
+                _q6_k_word(ql[3], qh[3], hs, 1), xw, t, 4)
+    return d * (s0 * (xf[t, 0] * float32(lo) - float32(32.0) * xf[t, 2])
+                + s1 * (xf[t, 1] * float32(hi) - float32(32.0) * xf[t, 3]))
+
+
+DOTS = {T.Q8_0: q8_0_dot, T.Q4_0: q4_0_dot, T.Q4_1: q4_1_dot, T.Q5_0: q5_0_dot,
+        T.Q4_K: q4_k_dot, T.Q5_K: q5_k_dot, T.Q6_K: q6_k_dot}
+LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5_0_load,
+         T.Q4_K: _q4_k_load, T.Q5_K: _q5_k_load, T.Q6_K: _q6_k_load}
+DP4A_TYPES = tuple(DOTS)
