@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from impnb.errors import ImpnbError
+from impnb.errors import DeviceError, GGUFError, ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.sampling import SamplingParams
 
@@ -77,6 +77,7 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
             if engine.m.cublas is not None:
                 engine.m.cublas.close()
             engine.m.cublas = engine.m.mm.cublas = _InertCublas()
+            engine._checked = lambda token: 0  # nothing ran: the sampled ids are whatever memory held
             positions = sorted({min(b, n_ctx) - 2 for b in DECODE_CTX_BUCKETS if min(b, n_ctx) >= 3})
             for params in CONFIGS:
                 engine.reset(params)
@@ -103,7 +104,7 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
         return None
     try:
         return _prepare(mf, n_ctx, force, n_workers, stream)
-    except ImpnbError:
+    except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise
     except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
         log.warning("kernel warm-up failed (%s: %s); kernels compile at first launch", type(e).__name__, e)
@@ -122,7 +123,7 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
         return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
     try:
         rec = dry_run(mf, n_ctx, cc)
-    except ImpnbError:
+    except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise  # the user's model or parameters: the one error line the real load would give
     except Exception as e:  # noqa: BLE001 — any other failure only means compiling at first launch
         log.warning("kernel warm-up's dry run failed (%s: %s); kernels compile at first launch",
