@@ -211,15 +211,18 @@ def add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def export_gguf(model, path, qtype: str = "F32") -> None:
-    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does."""
+def export_gguf(model, path, qtype: str = "F32", drop=(), config=None) -> None:
+    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does. For broken
+    files in tests: `drop` leaves out tensors by GGUF name, `config` writes another config's keys."""
     if qtype not in ("F32", "Q8_0"):
         raise ValueError(f"qtype {qtype!r} is not F32 or Q8_0")
-    arch, config = gguf_arch(model), model.config
+    arch, config = gguf_arch(model), config or model.config
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, qtype)
     add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
     for name, array in gguf_tensors(model):
+        if name in drop:
+            continue
         ttype = tensor_qtype(name, array, qtype)
         if ttype == GGMLQuantizationType.F32:
             writer.add_tensor(name, np.ascontiguousarray(array, np.float32))
