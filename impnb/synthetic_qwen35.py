@@ -178,10 +178,11 @@ def tensor_qtype(name: str, array: np.ndarray, qtype: str) -> GGMLQuantizationTy
     return GGMLQuantizationType.Q8_0
 
 
-def add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
-    """TextModel + Qwen2MoeModel + Qwen3NextModel (+ the Qwen3.5 M-RoPE mixin) set_gguf_parameters."""
+def add_hparams(writer: GGUFWriter, config, arch: str, file_type, name: str) -> None:
+    """TextModel + Qwen2MoeModel + Qwen3NextModel (+ the Qwen3.5 M-RoPE mixin) set_gguf_parameters,
+    for a transformers config or anything with its attribute names (synthetic_full.Shape)."""
     writer.add_type("model")
-    writer.add_name(f"impnb tiny {arch}")
+    writer.add_name(name)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -193,7 +194,7 @@ def add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_file_type(QTYPES[qtype])
+    writer.add_file_type(file_type)
     if arch != "qwen35":
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
@@ -204,7 +205,7 @@ def add_hparams(writer: GGUFWriter, config, arch: str, qtype: str) -> None:
     writer.add_ssm_group_count(config.linear_num_key_heads)
     writer.add_ssm_time_step_rank(config.linear_num_value_heads)
     writer.add_ssm_inner_size(config.linear_value_head_dim * config.linear_num_value_heads)
-    writer.add_full_attention_interval(ATTENTION_INTERVAL)
+    writer.add_full_attention_interval(config.layer_types.index("full_attention") + 1)
     writer.add_rope_dimension_count(int(config.head_dim * config.rope_parameters["partial_rotary_factor"]))
     if arch != "qwen3next":
         writer.add_rope_dimension_sections([*config.rope_parameters["mrope_section"], 0])
@@ -218,7 +219,7 @@ def export_gguf(model, path, qtype: str = "F32", drop=(), config=None) -> None:
         raise ValueError(f"qtype {qtype!r} is not F32 or Q8_0")
     arch, config = gguf_arch(model), config or model.config
     writer = GGUFWriter(os.fspath(path), arch)
-    add_hparams(writer, config, arch, qtype)
+    add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
     add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
     for name, array in gguf_tensors(model):
         if name in drop:
