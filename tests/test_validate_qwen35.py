@@ -56,3 +56,40 @@ def test_the_gpu_path_refuses_the_hybrids(qwen35, tmp_path):
 
     with pytest.raises(UnsupportedError, match="architecture qwen35 has no GPU path yet"):
         DeviceModel(broken(qwen35, tmp_path / "ok.gguf"), 64)
+
+
+def test_mtp_layers_are_left_out(qwen35, tmp_path):
+    """llama.cpp appends the MTP layer after the model's own (block_count + 1, nextn_predict_layers 1):
+    its tensors pass validation unread and the model runs the layers before it alone."""
+    import numpy as np
+    from gguf import GGUFWriter, LlamaFileType
+
+    from impnb.models import load_reference
+    from impnb.synthetic import add_tokenizer, minimal_tokenizer_metadata
+    from impnb.synthetic_qwen35 import add_hparams, gguf_tensors
+
+    def write(path, n_blocks, extra):
+        config = copy.deepcopy(qwen35.config)
+        config.num_hidden_layers = n_blocks
+        w = GGUFWriter(str(path), "qwen35")
+        add_hparams(w, config, "qwen35", LlamaFileType.ALL_F32, "mtp")
+        w.add_uint32("qwen35.nextn_predict_layers", 1)
+        add_tokenizer(w, minimal_tokenizer_metadata(MINIMAL_VOCAB))
+        for name, array in gguf_tensors(qwen35) + extra:
+            w.add_tensor(name, np.ascontiguousarray(array, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return open_model_file(path)
+
+    mtp = [("blk.4.nextn.eh_proj.weight", np.ones((64, 128))), ("blk.4.nextn.enorm.weight", np.ones(64)),
+           ("blk.4.attn_norm.weight", np.ones(64))]
+    mf = write(tmp_path / "mtp.gguf", 5, mtp)
+    cfg = validate_model(mf)
+    assert (cfg.n_layer, cfg.n_layer_nextn, len(cfg.recurrent_layers)) == (4, 1, 4)
+    ids = np.arange(7)
+    with_mtp, plain = load_reference(mf), load_reference(broken(qwen35, tmp_path / "plain.gguf"))
+    np.testing.assert_array_equal(with_mtp.forward(ids, with_mtp.new_cache(8)), plain.forward(ids, plain.new_cache(8)))
+    with pytest.raises(GGUFError, match="blk.5.attn_norm.weight belongs to layer 5, but qwen35.block_count is 5"):
+        validate_model(write(tmp_path / "past.gguf", 5, mtp + [("blk.5.attn_norm.weight", np.ones(64))]))

@@ -58,6 +58,7 @@ class ModelConfig:
     attn_output_gate: bool = False  # attn_q yields [q, gate] a head; the output is times sigmoid(gate)
     deltanet: DeltaNetShape | None = None  # the Gated DeltaNet sizes of a hybrid model
     recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet (a recurrent state, no KV)
+    n_layer_nextn: int = 0   # MTP (next-token prediction) layers the file holds after n_layer, not run
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]

@@ -29,14 +29,27 @@ def deltanet_shape(mf: ModelFile, v_tiled: bool, fused_ba: bool) -> DeltaNetShap
     )
 
 
+def nextn_layers(mf: ModelFile, n_blocks: int) -> int:
+    """nextn_predict_layers: the MTP layers llama.cpp's converter appends after the model's own."""
+    n = mf.arch_get("nextn_predict_layers", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < n_blocks:
+        raise GGUFError(f"{mf.path}: metadata {mf.arch}.nextn_predict_layers = {n!r:.40} is not a count "
+                        f"below {mf.arch}.block_count {n_blocks}")
+    return n
+
+
 def hybrid_config(mf: ModelFile, v_tiled: bool, fused_ba: bool) -> ModelConfig:
-    """The fields Qwen3-Next and Qwen3.5 share: attention and DeltaNet shapes, the layer pattern."""
+    """The fields Qwen3-Next and Qwen3.5 share: attention and DeltaNet shapes, the layer pattern;
+    block_count less the MTP layers, which impnb does not run."""
     fields = common_fields(mf)
+    nextn = nextn_layers(mf, fields["n_layer"])
+    fields["n_layer"] -= nextn
     interval = positive_int(mf, "full_attention_interval", 4, limit=MAX_LAYERS)
     return ModelConfig(
         **fields, rope_neox=True, qk_norm=True, attn_output_gate=True,
         deltanet=deltanet_shape(mf, v_tiled, fused_ba),
         recurrent_layers=tuple((il + 1) % interval != 0 for il in range(fields["n_layer"])),
+        n_layer_nextn=nextn,
     )
 
 

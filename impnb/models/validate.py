@@ -143,11 +143,14 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
         if len(exp.shape) == 1 and t.ggml_type not in NORM_TYPES:
             raise GGUFError(f"{mf.path}: {t.name} is {t.fmt.name}; a norm weight must be one of "
                             f"{', '.join(x.name for x in NORM_TYPES)}")
+    n_blocks = cfg.n_layer + cfg.n_layer_nextn
     for name in mf.tensors:
         m = _LAYER.match(name)
-        if m and int(m.group(1)) >= cfg.n_layer:
+        if m and int(m.group(1)) >= n_blocks:
             raise GGUFError(f"{mf.path}: tensor {name} belongs to layer {m.group(1)}, but "
-                            f"{cfg.arch}.block_count is {cfg.n_layer}")
+                            f"{cfg.arch}.block_count is {n_blocks}")
+        if m and int(m.group(1)) >= cfg.n_layer:
+            continue  # an MTP layer's: impnb does not run them
         if name.removesuffix(".weight") not in expected and name not in IGNORED_TENSORS:
             raise GGUFError(f"{mf.path}: tensor {name} is not one {cfg.arch} reads (a renamed "
                             f"tensor, or a model impnb does not know)")
