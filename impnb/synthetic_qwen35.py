@@ -93,13 +93,18 @@ def tiled(x: np.ndarray, axis: int, n_k: int, n_v: int, head_dim: int) -> np.nda
     return np.ascontiguousarray(np.swapaxes(split, axis, axis + 1).reshape(shape))
 
 
-def deltanet_tensors(attn, config, arch: str, blk: str) -> list[tuple[str, np.ndarray]]:
-    """A linear_attn module's GGUF tensors."""
+def deltanet_tensors(attn, config, arch: str, blk: str, legacy: bool = False) -> list[tuple[str, np.ndarray]]:
+    """A linear_attn module's GGUF tensors (`legacy`: qwen3next's fused ssm_in of older converters)."""
     n_k, n_v = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
     qk = 2 * n_k * dk
     conv = f32(attn.conv1d.weight)[:, 0]  # (C, 1, K) -> (C, K)
     a, dt, norm, out = -np.exp(f32(attn.A_log)), f32(attn.dt_bias), f32(attn.norm.weight), f32(attn.out_proj.weight)
+    if arch == "qwen3next" and legacy:  # older converters: in_proj_qkvz as it is
+        return [(f"{blk}.ssm_in.weight", f32(attn.in_proj_qkvz.weight)),
+                (f"{blk}.ssm_ba.weight", f32(attn.in_proj_ba.weight)),
+                (f"{blk}.ssm_conv1d.weight", conv), (f"{blk}.ssm_a", a), (f"{blk}.ssm_dt.bias", dt),
+                (f"{blk}.ssm_norm.weight", norm), (f"{blk}.ssm_out.weight", out)]
     if arch == "qwen3next":
         # in_proj_qkvz: [q, k, v, z] a QK head -> Q of every head, K, V (grouped), and Z alone
         qkvz = f32(attn.in_proj_qkvz.weight).reshape(n_k, -1, config.hidden_size)
@@ -146,7 +151,7 @@ def ffn_tensors(mlp, blk: str) -> list[tuple[str, np.ndarray]]:
             (f"{blk}.ffn_down_shexp.weight", f32(shared.down_proj.weight))]
 
 
-def gguf_tensors(model) -> list[tuple[str, np.ndarray]]:
+def gguf_tensors(model, legacy: bool = False) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array in numpy order) for every tensor the converter writes."""
     arch, config, inner = gguf_arch(model), model.config, model.model
     out = [("token_embd.weight", f32(inner.embed_tokens.weight))]
@@ -154,7 +159,7 @@ def gguf_tensors(model) -> list[tuple[str, np.ndarray]]:
         blk = f"blk.{i}"
         out.append((f"{blk}.attn_norm.weight", f32(layer.input_layernorm.weight) + 1))
         if hasattr(layer, "linear_attn"):
-            out += deltanet_tensors(layer.linear_attn, config, arch, blk)
+            out += deltanet_tensors(layer.linear_attn, config, arch, blk, legacy)
         else:
             attn = layer.self_attn
             out += [(f"{blk}.attn_q.weight", f32(attn.q_proj.weight)),  # [q, gate] a head, as HF
@@ -212,16 +217,17 @@ def add_hparams(writer: GGUFWriter, config, arch: str, file_type, name: str) -> 
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def export_gguf(model, path, qtype: str = "F32", drop=(), config=None) -> None:
-    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does. For broken
-    files in tests: `drop` leaves out tensors by GGUF name, `config` writes another config's keys."""
+def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: bool = False) -> None:
+    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does (`legacy`:
+    qwen3next's ssm_in as older converters wrote it). For broken files in tests: `drop` leaves out
+    tensors by GGUF name, `config` writes another config's keys."""
     if qtype not in ("F32", "Q8_0"):
         raise ValueError(f"qtype {qtype!r} is not F32 or Q8_0")
     arch, config = gguf_arch(model), config or model.config
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
     add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
-    for name, array in gguf_tensors(model):
+    for name, array in gguf_tensors(model, legacy):
         if name in drop:
             continue
         ttype = tensor_qtype(name, array, qtype)

@@ -86,3 +86,21 @@ def test_quantized_file_reads_its_blocks_in_place(tmp_path):
     out = q8.forward(ids, q8.new_cache(len(ids)))
     ref = rounded.forward(ids, rounded.new_cache(len(ids)))
     assert rel_err(out, ref) <= 1e-5
+
+
+def test_qwen3next_fused_ssm_in_of_older_files(tmp_path):
+    """Older converters wrote in_proj_qkvz unsplit as ssm_in ([q, k, v, z] a QK head); llama.cpp
+    reads both layouts, and so does the reference."""
+    from impnb.synthetic import MINIMAL_VOCAB
+    from impnb.synthetic_qwen35 import build_hf_model, export_gguf
+
+    hf = build_hf_model("qwen3next", MINIMAL_VOCAB, seed=4)
+    export_gguf(hf, tmp_path / "legacy.gguf", legacy=True)
+    mf = open_model_file(tmp_path / "legacy.gguf")
+    assert mf.has("blk.0.ssm_in") and not mf.has("blk.0.attn_qkv")
+    model = load_reference(mf)
+    assert model.cfg.deltanet.fused_qkvz
+    ids = np.random.default_rng(8).integers(0, model.cfg.n_vocab, 24)
+    with torch.no_grad():
+        ref = hf(torch.as_tensor(ids)[None]).logits[0].numpy()
+    assert rel_err(model.forward(ids, model.new_cache(len(ids))), ref) <= RTOL

@@ -17,6 +17,7 @@ class DeltaNetShape:
     conv_kernel: int   # ssm.conv_kernel
     v_tiled: bool      # V head h reads QK head h % n_k_heads (qwen35's reordered file), else h // (Hv / Hk)
     fused_ba: bool     # beta and alpha from one ssm_ba ([b, a] per QK head, qwen3next), else ssm_beta / ssm_alpha
+    fused_qkvz: bool = False  # Q, K, V and Z from one ssm_in ([q, k, v, z] per QK head, older qwen3next files)
 
     @property
     def conv_channels(self) -> int:

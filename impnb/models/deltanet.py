@@ -115,10 +115,23 @@ class DeltaNetOps:
         return self.norm(o, name) * silu(z)
 
 
+def split_qkvz(qkvz: np.ndarray, d: DeltaNetShape) -> tuple[np.ndarray, np.ndarray]:
+    """ssm_in's output (T, Hk * (2 dk + 2 r dv)), [q, k, v, z] a QK head -> (Q, K, V (T, C), Z (T, Hv dv))
+    as attn_qkv and attn_gate would give them (V and Z in grouped order)."""
+    T, dk, r_dv = qkvz.shape[0], d.head_k_dim, d.n_v_heads // d.n_k_heads * d.head_v_dim
+    heads = qkvz.reshape(T, d.n_k_heads, -1)
+    q, k, v, z = np.split(heads, [dk, 2 * dk, 2 * dk + r_dv], axis=-1)
+    return np.concatenate([x.reshape(T, -1) for x in (q, k, v)], axis=1), z.reshape(T, -1)
+
+
 def gated_deltanet_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
     """Gated DeltaNet of normed h (T, D) -> (T, D), its conv and recurrent state in `cache`."""
     d, p, T = cfg.deltanet, f"blk.{il}.", h.shape[0]
-    qkv = ops.ssm_conv(ops.linear(h, p + "attn_qkv"), p + "ssm_conv1d", il, cache)  # (T, C)
+    if d.fused_qkvz:
+        qkv, z = split_qkvz(ops.linear(h, p + "ssm_in"), d)
+    else:
+        qkv, z = ops.linear(h, p + "attn_qkv"), ops.linear(h, p + "attn_gate")
+    qkv = ops.ssm_conv(qkv, p + "ssm_conv1d", il, cache)  # (T, C)
     n_qk = d.n_k_heads * d.head_k_dim
     q = qkv[:, :n_qk].reshape(T, d.n_k_heads, d.head_k_dim)
     k = qkv[:, n_qk:2 * n_qk].reshape(T, d.n_k_heads, d.head_k_dim)
@@ -129,5 +142,5 @@ def gated_deltanet_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cac
     else:
         b, a = ops.linear(h, p + "ssm_beta"), ops.linear(h, p + "ssm_alpha")
     o = ops.delta_rule(q, k, v, a, b, p, il, cache)
-    z = ops.linear(h, p + "attn_gate").reshape(T, d.n_v_heads, d.head_v_dim)
+    z = z.reshape(T, d.n_v_heads, d.head_v_dim)
     return ops.linear(ops.gated_norm(o, z, p + "ssm_norm").reshape(T, -1), p + "ssm_out")

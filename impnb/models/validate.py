@@ -105,9 +105,11 @@ def deltanet_tensors(cfg: ModelConfig, p: str) -> dict[str, Expected]:
     Hv, V, C = d.n_v_heads, d.n_v_heads * d.head_v_dim, d.conv_channels
     heads = (f"d_model {D}, {d.n_k_heads} QK heads of {d.head_k_dim} and {Hv} V heads of "
              f"{d.head_v_dim}")
-    out = {
-        p + "attn_qkv": Expected((C, D), heads),
-        p + "attn_gate": Expected((V, D), heads),
+    if d.fused_qkvz:
+        out = {p + "ssm_in": Expected((C + V, D), heads)}
+    else:
+        out = {p + "attn_qkv": Expected((C, D), heads), p + "attn_gate": Expected((V, D), heads)}
+    out |= {
         p + "ssm_conv1d": Expected((C, d.conv_kernel), f"{heads} and a conv kernel of {d.conv_kernel}"),
         p + "ssm_dt.bias": Expected((Hv,), f"{Hv} V heads"),
         p + "ssm_a": Expected((Hv,), f"{Hv} V heads"),
