@@ -2,8 +2,8 @@
 the numpy reference's layer graph that follows it. gpu/forward.py follows the same specs.
 
 Every layer is
-    x += [post_attn_norm](attention(attn_norm(x)))
-    x += [post_ffn_norm](ffn(ffn_norm(x)))
+    x += [post_attn_norm](mixer(attn_norm(x)))      mixer: attention, or gated_deltanet (deltanet.py)
+    x += [post_ffn_norm](ffn(<spec.ffn_norm>(x)))
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
