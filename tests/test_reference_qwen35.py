@@ -52,6 +52,9 @@ def test_decode_after_prefill_matches_transformers(tiny):
     model = load_reference(open_model_file(path))
     ids = np.random.default_rng(6).integers(0, model.cfg.n_vocab, 20 + N_DECODE)
     cache = model.new_cache(len(ids))
+    # one cache is the sequence's whole state: K/V for attention layers, conv and S for the others
+    assert cache.k[0] is None and cache.conv[1] is None and cache.k[1].shape == (len(ids), 2, 32)
+    assert cache.conv[0].shape == (2 * 2 * 16 + 4 * 24, 3) and cache.ssm[2].shape == (4, 16, 24)
     ours = [model.forward(ids[:20], cache)[-1]]
     ours += [model.forward(ids[t:t + 1], cache)[-1] for t in range(20, len(ids))]
     with torch.no_grad():
