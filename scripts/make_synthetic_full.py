@@ -1,4 +1,4 @@
-"""Write a full-size random Qwen3-8B or Qwen3-30B-A3B GGUF (llama.cpp's layout) for speed work."""
+"""Write a full-size random Qwen3-8B, Qwen3-30B-A3B or Qwen3.6-35B-A3B GGUF (llama.cpp's layout) for speed work."""
 
 import argparse
 import math

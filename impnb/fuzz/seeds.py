@@ -1,7 +1,7 @@
 """Tiny valid GGUFs of every architecture, written in milliseconds with numpy (no torch), to mutate.
 
 Each seed runs end to end on the CPU reference: weights N(0, 1/sqrt(cols)), norms near 1, a
-byte-level BPE vocabulary (llama, qwen3, qwen3moe) or a SentencePiece one with byte fallback
+byte-level BPE vocabulary (llama, qwen3, qwen3moe, qwen35moe) or a SentencePiece one with byte fallback
 (gemma3), a chat template where the architecture has no built-in one, and a mix of tensor
 types (F32, F16, Q8_0, Q4_1, Q5_0) so that retyping and NaN scales have blocks to hit.
 """
@@ -14,7 +14,7 @@ from gguf.quants import quantize
 
 from impnb.tokenizer import bytes_to_unicode
 
-SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3")
+SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "qwen35moe")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # (layers, d_model, heads, KV heads, head dim, FFN, matrix type)
@@ -24,8 +24,11 @@ SIZES = {
     "qwen3": (2, 64, 4, 2, 64, 96, T.Q4_1),
     "qwen3moe": (2, 64, 2, 1, 64, 64, T.F16),
     "gemma3": (7, 64, 2, 1, 64, 128, T.Q5_0),  # seven layers: one of them global
+    "qwen35moe": (2, 64, 2, 1, 64, 64, T.F16),  # a Gated DeltaNet layer, then a gated attention one
 }
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
+# the hybrid's Gated DeltaNet: QK heads, V heads, their dims, the conv kernel; its shared expert's FFN
+GDN_HK, GDN_HV, GDN_DK, GDN_DV, GDN_KERNEL, N_FF_SHEXP = 1, 2, 32, 32, 4, 32
 
 
 def byte_level_vocab(n_pairs: int = 64) -> dict:
@@ -85,10 +88,13 @@ def _tensors(arch: str, n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     out = [("token_embd.weight", matrix(n_vocab, D), T.Q8_0), ("output_norm.weight", norm(D), T.F32)]
-    if arch in ("llama", "qwen3moe"):
+    if arch in ("llama", "qwen3moe", "qwen35moe"):
         out.append(("output.weight", matrix(n_vocab, D), T.F16))
     for il in range(n_layer):
         p = f"blk.{il}."
+        if arch == "qwen35moe":
+            out += _hybrid_layer(p, il, matrix, norm)
+            continue
         out += [(p + "attn_norm.weight", norm(D), T.F32), (p + "ffn_norm.weight", norm(D), T.F32),
                 (p + "attn_q.weight", matrix(H * Dh, D), qtype), (p + "attn_k.weight", matrix(Hkv * Dh, D), qtype),
                 (p + "attn_v.weight", matrix(Hkv * Dh, D), qtype), (p + "attn_output.weight", matrix(D, H * Dh), qtype)]
@@ -106,6 +112,31 @@ def _tensors(arch: str, n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
             out += [(p + "ffn_gate.weight", matrix(F, D), qtype), (p + "ffn_up.weight", matrix(F, D), qtype),
                     (p + "ffn_down.weight", matrix(D, F), T.Q8_0)]
     return out
+
+
+def _hybrid_layer(p: str, il: int, matrix, norm) -> list[tuple[str, np.ndarray, T]]:
+    """A qwen35moe layer: Gated DeltaNet (even il) or gated attention, then routed and shared experts."""
+    _, D, H, Hkv, Dh, _, qtype = SIZES["qwen35moe"]
+    C, V = 2 * GDN_HK * GDN_DK + GDN_HV * GDN_DV, GDN_HV * GDN_DV
+    out = [(p + "attn_norm.weight", norm(D), T.F32), (p + "post_attention_norm.weight", norm(D), T.F32)]
+    if il % 2 == 0:
+        out += [(p + "attn_qkv.weight", matrix(C, D), qtype), (p + "attn_gate.weight", matrix(V, D), qtype),
+                (p + "ssm_beta.weight", matrix(GDN_HV, D), T.F32), (p + "ssm_alpha.weight", matrix(GDN_HV, D), T.F32),
+                (p + "ssm_conv1d.weight", matrix(C, GDN_KERNEL), T.F32),
+                (p + "ssm_a", -np.exp(norm(GDN_HV)), T.F32), (p + "ssm_dt.bias", norm(GDN_HV) - 1, T.F32),
+                (p + "ssm_norm.weight", norm(GDN_DV), T.F32), (p + "ssm_out.weight", matrix(D, V), qtype)]
+    else:
+        out += [(p + "attn_q.weight", matrix(2 * H * Dh, D), qtype), (p + "attn_k.weight", matrix(Hkv * Dh, D), qtype),
+                (p + "attn_v.weight", matrix(Hkv * Dh, D), qtype), (p + "attn_output.weight", matrix(D, H * Dh), qtype),
+                (p + "attn_q_norm.weight", norm(Dh), T.F32), (p + "attn_k_norm.weight", norm(Dh), T.F32)]
+    return out + [(p + "ffn_gate_inp.weight", matrix(N_EXPERT, D), T.F32),
+                  (p + "ffn_gate_exps.weight", matrix(N_EXPERT, N_FF_EXP, D), T.Q8_0),
+                  (p + "ffn_up_exps.weight", matrix(N_EXPERT, N_FF_EXP, D), T.Q8_0),
+                  (p + "ffn_down_exps.weight", matrix(N_EXPERT, D, N_FF_EXP), T.Q8_0),
+                  (p + "ffn_gate_inp_shexp.weight", matrix(1, D), T.F32),
+                  (p + "ffn_gate_shexp.weight", matrix(N_FF_SHEXP, D), qtype),
+                  (p + "ffn_up_shexp.weight", matrix(N_FF_SHEXP, D), qtype),
+                  (p + "ffn_down_shexp.weight", matrix(D, N_FF_SHEXP), T.Q8_0)]
 
 
 def write_seed(arch: str, path, seed: int = 0) -> Path:
@@ -127,10 +158,19 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
     w.add_layer_norm_rms_eps(1e-6)
     if arch == "gemma3":
         w.add_sliding_window(16)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen35moe"):
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
         w.add_expert_feed_forward_length(N_FF_EXP)
+    if arch == "qwen35moe":
+        w.add_expert_shared_feed_forward_length(N_FF_SHEXP)
+        w.add_ssm_conv_kernel(GDN_KERNEL)
+        w.add_ssm_state_size(GDN_DK)
+        w.add_ssm_group_count(GDN_HK)
+        w.add_ssm_time_step_rank(GDN_HV)
+        w.add_ssm_inner_size(GDN_HV * GDN_DV)
+        w.add_full_attention_interval(2)
+        w.add_rope_dimension_count(Dh // 4)
     _add_keys(w, md)
     for name, array, qtype in _tensors(arch, n_vocab, np.random.default_rng(seed)):
         if qtype == T.F32:

@@ -44,10 +44,10 @@ class DeviceModel:
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
                  kv_tokens: int | None = None, max_seqs: int = 1):
         arch = architecture(mf)
-        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
-        if cfg.arch not in GPU_ARCHS:
-            raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
+        if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
+            raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
+        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
         unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
         if unknown:

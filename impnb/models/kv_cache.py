@@ -1,4 +1,5 @@
-"""Host-side KV cache for the numpy reference model."""
+"""Host-side cache of one sequence for the numpy reference model: K/V of the attention layers and the
+recurrent state of the Gated DeltaNet layers."""
 
 import numpy as np
 
@@ -6,12 +7,19 @@ from impnb.models.config import ModelConfig
 
 
 class KVCache:
-    """Per layer K (n_ctx, Hkv, Dk) and V (n_ctx, Hkv, Dv) float32; `pos` tokens are filled."""
+    """Per attention layer K (n_ctx, Hkv, Dk) and V (n_ctx, Hkv, Dv) float32; per Gated DeltaNet layer
+    (cfg.is_recurrent) its conv state `conv` (C, K-1) and delta-rule state `ssm` (Hv, Dk, Dv) float32,
+    None in the other layers' places. `pos` tokens are filled."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int):
         self.n_ctx = n_ctx
-        self.k = [np.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), np.float32) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim_v), np.float32) for _ in range(cfg.n_layer)]
+        attn = [not cfg.is_recurrent(il) for il in range(cfg.n_layer)]
+        self.k = [np.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), np.float32) if a else None for a in attn]
+        self.v = [np.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim_v), np.float32) if a else None for a in attn]
+        d = cfg.deltanet
+        self.conv = [None if a else np.zeros((d.conv_channels, d.conv_kernel - 1), np.float32) for a in attn]
+        self.ssm = [None if a else np.zeros((d.n_v_heads, d.head_k_dim, d.head_v_dim), np.float32)
+                    for a in attn]
         self.pos = 0
 
     def store(self, il: int, pos0: int, k: np.ndarray, v: np.ndarray):

@@ -2,8 +2,8 @@
 the numpy reference's layer graph that follows it. gpu/forward.py follows the same specs.
 
 Every layer is
-    x += [post_attn_norm](attention(attn_norm(x)))
-    x += [post_ffn_norm](ffn(ffn_norm(x)))
+    x += [post_attn_norm](mixer(attn_norm(x)))      mixer: attention, or gated_deltanet (deltanet.py)
+    x += [post_ffn_norm](ffn(<spec.ffn_norm>(x)))
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from impnb.models.config import ModelConfig
+from impnb.models.deltanet import gated_deltanet_block
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class LayerSpec:
 
     mixer: str = "attention"  # softmax attention over the KV cache (attention_block)
     ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
+    ffn_norm: str = "ffn_norm"  # the FFN's pre-norm (Qwen3-Next / 3.5 files: post_attention_norm)
     post_attn_norm: str | None = None  # a norm on attention's output before the residual add
     post_ffn_norm: str | None = None  # and on the FFN's
 
@@ -31,10 +33,12 @@ class LayerSpec:
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
-    """Self-attention of normed h (T, D) -> (T, D): QKV, optional QK-norm, RoPE, GQA, output."""
+    """Self-attention of normed h (T, D) -> (T, D): QKV, optional QK-norm, RoPE, GQA, output;
+    with cfg.attn_output_gate, attn_q's [q, gate] a head and the output times sigmoid(gate)."""
     p = f"blk.{il}."
     T = h.shape[0]
-    q = ops.linear(h, p + "attn_q").reshape(T, cfg.n_head, cfg.head_dim)
+    q = ops.linear(h, p + "attn_q").reshape(T, cfg.n_head, -1)
+    q, gate = (q[..., :cfg.head_dim], q[..., cfg.head_dim:]) if cfg.attn_output_gate else (q, None)
     k = ops.linear(h, p + "attn_k").reshape(T, cfg.n_head_kv, cfg.head_dim)
     v = ops.linear(h, p + "attn_v").reshape(T, cfg.n_head_kv, cfg.head_dim_v)
     if cfg.qk_norm:
@@ -42,7 +46,10 @@ def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
         k = ops.norm(k, p + "attn_k_norm")
     q = ops.rope(q, pos, il)
     k = ops.rope(k, pos, il)
-    return ops.linear(ops.attention(q, k, v, pos, il, cache), p + "attn_output")
+    out = ops.attention(q, k, v, pos, il, cache)
+    if gate is not None:
+        out = ops.sigmoid_gate(out, gate.reshape(T, -1))
+    return ops.linear(out, p + "attn_output")
 
 
 def gated_ffn(ops, il: int, h):
@@ -57,8 +64,16 @@ def moe_ffn(ops, il: int, h):
     return ops.moe(h, f"blk.{il}.")
 
 
-MIXERS = {"attention": attention_block}
-FFNS = {"gated": gated_ffn, "moe": moe_ffn}
+def moe_shared_ffn(ops, il: int, h):
+    """The routed experts plus a shared expert's gated FFN times sigmoid(ffn_gate_inp_shexp(h))."""
+    p = f"blk.{il}."
+    shared = ops.linear(ops.gated_act(ops.linear(h, p + "ffn_gate_shexp"), ops.linear(h, p + "ffn_up_shexp")),
+                        p + "ffn_down_shexp")
+    return ops.add(ops.moe(h, p), ops.sigmoid_gate(shared, ops.linear(h, p + "ffn_gate_inp_shexp")))
+
+
+MIXERS = {"attention": attention_block, "gated_deltanet": gated_deltanet_block}
+FFNS = {"gated": gated_ffn, "moe": moe_ffn, "moe_shared": moe_shared_ffn}
 
 
 def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
@@ -70,7 +85,7 @@ def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
         p = f"blk.{il}."
         h = MIXERS[spec.mixer](ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
         x = ops.add(x, ops.norm(h, p + spec.post_attn_norm) if spec.post_attn_norm else h)
-        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + "ffn_norm"))
+        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + spec.ffn_norm))
         x = ops.add(x, ops.norm(h, p + spec.post_ffn_norm) if spec.post_ffn_norm else h)
     cache.pos += len(tokens)
     return ops.output(x)
