@@ -23,6 +23,12 @@ DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_BATCHED_TOKENS = 256  # a step's token budget: the CPU engine's prompt chunk
 
 
+def check_positive(name: str, value) -> None:
+    """ParameterError unless value is a positive int."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ParameterError(f"{name} must be a positive integer, got {value!r:.40}")
+
+
 class Request:
     """A sequence and what the engine keeps for the caller: its prompt text and its text stream."""
 
@@ -34,12 +40,11 @@ class Request:
 class LLMEngine:
     def __init__(self, runner: ModelRunner, tokenizer, n_ctx: int, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, prefix_caching: bool = True):
-        max_num_seqs = max_num_seqs or DEFAULT_MAX_NUM_SEQS
-        budget = max_num_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+        max_num_seqs = DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        budget = DEFAULT_MAX_BATCHED_TOKENS if max_num_batched_tokens is None else max_num_batched_tokens
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", budget),
                             ("n_ctx", n_ctx)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ParameterError(f"{name} must be a positive integer, got {value!r:.40}")
+            check_positive(name, value)
         if runner.n_blocks * runner.block_size < n_ctx:
             raise ParameterError(f"the KV pool holds {runner.n_blocks * runner.block_size} tokens, "
                                  f"less than one sequence of the context ({n_ctx}): give a larger pool "

@@ -12,7 +12,7 @@ from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
 from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
-from impnb.serve.engine import LLMEngine
+from impnb.serve.engine import LLMEngine, check_positive
 from impnb.serve.outputs import Completion, Delta
 from impnb.serve.runners import DEFAULT_BLOCK_SIZE, make_runner
 from impnb.tokenizer import Tokenizer
@@ -35,9 +35,10 @@ class LLM:
                  block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True):
         if device not in ("auto", "cuda", "cpu"):
             raise ParameterError(f"device must be auto, cuda or cpu, got {device!r:.40}")
-        for name, value in (("n_ctx", n_ctx), ("block_size", block_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ParameterError(f"{name} must be a positive integer, got {value!r:.40}")
+        for name, value in (("n_ctx", n_ctx), ("block_size", block_size), ("kv_cache_tokens", kv_cache_tokens),
+                            ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+            if value is not None:  # before the model loads
+                check_positive(name, value)
         self.mf = open_model_file(resolve_model(model))
         self.cfg = validate_model(self.mf)
         self.tokenizer = Tokenizer.from_metadata(self.mf.metadata)
