@@ -20,6 +20,7 @@ class CpuRunner(ModelRunner):
         self.cfg = model.cfg
         self.block_size, self.n_blocks = block_size, n_blocks
         self.pool = PagedKVPool(model.cfg, n_blocks, block_size)
+        self.nonfinite: dict[int, str] = {}  # seq_id -> the first norm fed NaN or inf
 
     def execute(self, step: StepInput) -> StepOutput:
         sampled = []
@@ -28,7 +29,15 @@ class CpuRunner(ModelRunner):
             kv = self.pool.view(rows.block_table, rows.start, end)
             with np.errstate(all="ignore"):  # non-finite logits are reported by the engine
                 logits = self.model.forward(rows.token_ids, kv)
+            if self.model.ops.first_nonfinite is not None:
+                self.nonfinite.setdefault(rows.seq_id, self.model.ops.first_nonfinite)
             if rows.sample:
                 sampled.append(logits[-1])
         V = self.cfg.n_vocab
         return StepOutput(logits=np.stack(sampled) if sampled else np.zeros((0, V), np.float32))
+
+    def finished(self, seq_id: int) -> None:
+        self.nonfinite.pop(seq_id, None)
+
+    def nonfinite_origin(self, seq_id: int) -> str | None:
+        return self.nonfinite.get(seq_id)

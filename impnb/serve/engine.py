@@ -167,11 +167,12 @@ class LLMEngine:
         tokens = []
         for seq, row in zip(seqs, logits):
             if not np.isfinite(row).all():
-                where = getattr(getattr(self.runner, "model", None), "ops", None)
-                where = getattr(where, "first_nonfinite", None)
-                raise NumericalError(f"the model produced NaN or inf logits for request "
-                                     f"{seq.request_id!r}" + (f" (first non-finite values entering "
-                                                              f"{where})" if where else "")
+                at = "the prompt" if not seq.n_generated else f"generated token {seq.n_generated + 1}"
+                if len(self.requests) > 1:
+                    at += f" of request {seq.request_id!r}"
+                where = self.runner.nonfinite_origin(seq.seq_id)
+                raise NumericalError(f"the model produced NaN or inf logits at {at}"
+                                     + (f" (first non-finite values entering {where})" if where else "")
                                      + "; its weights are broken or its numerics overflowed")
             tokens.append(seq.sampler(row, seq.token_ids))
         return tokens

@@ -62,3 +62,7 @@ class ModelRunner:
 
     def finished(self, seq_id: int) -> None:
         """seq_id's blocks were freed (it finished, was aborted or preempted)."""
+
+    def nonfinite_origin(self, seq_id: int) -> str | None:
+        """Where NaN or inf first entered seq_id's forward (a norm's name), if the runner knows."""
+        return None
