@@ -129,3 +129,16 @@ def test_pool_size_from_tokens_and_memory():
         blocks_for_memory(CFG, 16, 0.1, 70 * gib, 80 * gib)
     with pytest.raises(ParameterError, match="gpu_memory_utilization"):
         blocks_for_memory(CFG, 16, 1.5, 70 * gib, 80 * gib)
+
+
+def test_a_step_packs_into_flat_arrays():
+    from impnb.serve.runner import SequenceRows, StepInput
+
+    p = SamplingParams()
+    step = StepInput([SequenceRows(4, np.array([7, 8, 9], np.int32), 16, np.array([3, 1, 6]), False, p, 0),
+                      SequenceRows(2, np.array([5], np.int32), 40, np.array([0, 2, 4, 5, 8, 9]), True, p, 3)])
+    packed = step.packed()
+    assert packed.token_ids.tolist() == [7, 8, 9, 5] and packed.positions.tolist() == [16, 17, 18, 40]
+    assert packed.seq_starts.tolist() == [0, 3, 4] and packed.context_lens.tolist() == [19, 41]
+    assert packed.block_tables.tolist() == [[3, 1, 6, -1, -1, -1], [0, 2, 4, 5, 8, 9]]
+    assert packed.sample_rows.tolist() == [3] and step.n_tokens == 4

@@ -76,6 +76,7 @@ class BlockManager:
                 seq.block_table.append(block_id)
                 n += self.block_size
         seq.n_computed = seq.n_cached = n
+        seq.n_registered = n // self.block_size
         self.n_hits += n
         return n
 
@@ -84,11 +85,15 @@ class BlockManager:
         if not self.prefix_caching:
             return
         n_full = seq.n_computed // self.block_size
-        for i, h in enumerate(self.hashes(seq, n_full)):
+        if n_full <= seq.n_registered:
+            return
+        hashes = self.hashes(seq, n_full)
+        for i in range(seq.n_registered, n_full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
-                block.hash = h
-                self.by_hash.setdefault(h, block.block_id)
+                block.hash = hashes[i]
+                self.by_hash.setdefault(hashes[i], block.block_id)
+        seq.n_registered = n_full
 
     def hashes(self, seq: Sequence, n_blocks: int) -> list[bytes]:
         """The content hashes of seq's first n_blocks full blocks (computed once, kept on seq)."""
@@ -108,7 +113,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[block_id] = None
         seq.block_table = []
-        seq.n_computed = 0
+        seq.n_computed = seq.n_registered = 0
 
     def _take(self, block_id: int) -> int:
         """A free block for new K/V: it leaves the prefix cache, its old contents are dead."""

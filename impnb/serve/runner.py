@@ -30,12 +30,41 @@ class SequenceRows:
 
 
 @dataclass(frozen=True)
+class PackedStep:
+    """A step as flat arrays, the layout a batched kernel reads (T tokens, B sequences)."""
+
+    token_ids: np.ndarray  # (T,) int32, sequence after sequence
+    positions: np.ndarray  # (T,) int32
+    seq_starts: np.ndarray  # (B + 1,) int32: sequence b's rows are seq_starts[b]:seq_starts[b + 1]
+    context_lens: np.ndarray  # (B,) int32: keys each sequence attends to after this step
+    block_tables: np.ndarray  # (B, max blocks) int32, -1 past a sequence's own
+    sample_rows: np.ndarray  # (S,) int32: the rows whose logits are sampled
+
+
+@dataclass(frozen=True)
 class StepInput:
     rows: list[SequenceRows]
 
     @property
     def n_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.rows)
+
+    def packed(self) -> PackedStep:
+        lens = np.array([len(r.token_ids) for r in self.rows], np.int32)
+        starts = np.zeros(len(lens) + 1, np.int32)
+        np.cumsum(lens, out=starts[1:])
+        width = max((len(r.block_table) for r in self.rows), default=0)
+        tables = np.full((len(self.rows), width), -1, np.int32)
+        for b, r in enumerate(self.rows):
+            tables[b, :len(r.block_table)] = r.block_table
+        return PackedStep(
+            token_ids=np.concatenate([r.token_ids for r in self.rows]).astype(np.int32),
+            positions=np.concatenate([np.arange(r.start, r.start + len(r.token_ids), dtype=np.int32)
+                                      for r in self.rows]),
+            seq_starts=starts,
+            context_lens=np.array([r.start + len(r.token_ids) for r in self.rows], np.int32),
+            block_tables=tables,
+            sample_rows=np.array([starts[b + 1] - 1 for b, r in enumerate(self.rows) if r.sample], np.int32))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Sequence:
         self.n_cached = 0  # prompt tokens found in the prefix cache (at the last admission)
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # content hash of each full block, in order
+        self.n_registered = 0  # leading blocks of block_table in the prefix cache
         self.finish_reason: str | None = None  # eog, length, context or abort
         self.n_preempted = 0
         self.arrival = time.perf_counter()
