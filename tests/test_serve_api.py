@@ -146,3 +146,4 @@ def test_bad_input_raises_one_clear_error(llm, paths):
                    "KV pool holds 16 tokens")
     one_line_error(ParameterError, lambda: LLM(path, device="cpu", max_num_seqs=0), "max_num_seqs")
     one_line_error(ImpnbError, lambda: LLM("/nonexistent/model.gguf"), "no such file")
+    one_line_error(ParameterError, lambda: LLM(path, gpu_memory_utilization=1.5), "gpu_memory_utilization")

@@ -14,6 +14,7 @@ from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
 from impnb.serve.engine import LLMEngine, check_positive
 from impnb.serve.outputs import Completion, Delta
+from impnb.serve.pool_size import check_fraction
 from impnb.serve.runners import DEFAULT_BLOCK_SIZE, make_runner
 from impnb.tokenizer import Tokenizer
 
@@ -25,12 +26,15 @@ class LLM:
 
     model: a .gguf path or a model name (default gemma3-270m); device: auto, cuda or cpu; n_ctx:
     the longest sequence (capped at the model's); kv_cache_tokens: the pool's size in tokens
-    (default: two contexts on the CPU); max_num_seqs / max_num_batched_tokens: sequences and
+    (default: two contexts on the CPU); gpu_memory_utilization: the fraction of GPU memory a
+    batched GPU runner sizes its pool to when kv_cache_tokens is not given (the single-sequence
+    CUDA engine that runs today holds one context of its own); max_num_seqs / max_num_batched_tokens: sequences and
     tokens a step takes at most; prefix_caching: share the K/V of equal prompt prefixes.
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", n_ctx: int = DEFAULT_CTX,
-                 kv_cache_tokens: int | None = None, max_num_seqs: int | None = None,
+                 kv_cache_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
+                 max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, prefix_caching: bool = True,
                  block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True):
         if device not in ("auto", "cuda", "cpu"):
@@ -39,11 +43,13 @@ class LLM:
                             ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if value is not None:  # before the model loads
                 check_positive(name, value)
+        check_fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.mf = open_model_file(resolve_model(model))
         self.cfg = validate_model(self.mf)
         self.tokenizer = Tokenizer.from_metadata(self.mf.metadata)
         n_ctx = min(n_ctx, self.cfg.n_ctx)
-        runner = make_runner(self.mf, n_ctx, device, kv_cache_tokens, block_size, graphs)
+        runner = make_runner(self.mf, n_ctx, device, kv_cache_tokens, block_size, graphs,
+                             gpu_memory_utilization)
         self.engine = LLMEngine(runner, self.tokenizer, n_ctx, max_num_seqs, max_num_batched_tokens,
                                 prefix_caching)
         self.device = runner.device

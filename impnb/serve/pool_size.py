@@ -19,12 +19,16 @@ def blocks_for_tokens(n_tokens: int, block_size: int) -> int:
     return -(-n_tokens // block_size)
 
 
+def check_fraction(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ParameterError(f"{name} must be in (0, 1], got {value!r:.40}")
+
+
 def blocks_for_memory(cfg: ModelConfig, block_size: int, utilization: float, free_bytes: int,
                       total_bytes: int, element_bytes: int = GPU_KV_BYTES) -> int:
     """Blocks that fit in utilization * total memory, less what is in use already (total - free:
     the weights, the step buffers, other processes); DeviceError when not one fits."""
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
-        raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r:.40}")
+    check_fraction("gpu_memory_utilization", utilization)
     budget = int(utilization * total_bytes) - (total_bytes - free_bytes)
     per_block = kv_bytes_per_token(cfg, element_bytes) * block_size
     n_blocks = max(budget, 0) // per_block

@@ -20,7 +20,10 @@ CPU_POOL_CONTEXTS = 2  # the CPU pool's default size, in contexts
 
 
 def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens: int | None = None,
-                block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True) -> ModelRunner:
+                block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True,
+                gpu_memory_utilization: float = 0.9) -> ModelRunner:
+    """The runner for device; gpu_memory_utilization is for a batched GPU runner's pool (the
+    single-sequence CUDA engine holds one context of its own)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch)
     if cls.device == "cuda":
