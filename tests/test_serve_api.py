@@ -147,3 +147,14 @@ def test_bad_input_raises_one_clear_error(llm, paths):
     one_line_error(ParameterError, lambda: LLM(path, device="cpu", max_num_seqs=0), "max_num_seqs")
     one_line_error(ImpnbError, lambda: LLM("/nonexistent/model.gguf"), "no such file")
     one_line_error(ParameterError, lambda: LLM(path, gpu_memory_utilization=1.5), "gpu_memory_utilization")
+
+
+def test_engine_requests_are_checked(llm):
+    engine = llm.engine
+    one_line_error(ParameterError, lambda: engine.add_request("hi", {"seed": 1}), "not SamplingParams")
+    one_line_error(ParameterError, lambda: engine.completion("nope"), "not known")
+    rid = engine.add_request("hi", request_id="mine")
+    one_line_error(ParameterError, lambda: engine.add_request("hi", request_id="mine"), "already in use")
+    one_line_error(ParameterError, lambda: engine.completion(rid), "not finished")
+    engine.drop(rid)
+    assert not engine.has_unfinished_requests() and not engine.requests

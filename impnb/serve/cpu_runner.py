@@ -18,6 +18,7 @@ class CpuRunner(ModelRunner):
     def __init__(self, model: ReferenceModel, n_blocks: int, block_size: int = 16):
         self.model = model
         self.cfg = model.cfg
+        self.n_vocab = model.cfg.n_vocab
         self.block_size, self.n_blocks = block_size, n_blocks
         self.pool = PagedKVPool(model.cfg, n_blocks, block_size)
         self.nonfinite: dict[int, str] = {}  # seq_id -> the first norm fed NaN or inf

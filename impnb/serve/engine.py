@@ -68,7 +68,11 @@ class LLMEngine:
                     request_id: str | None = None) -> str:
         """Queue a prompt (text, or token ids) -> its request id; ParameterError when it is empty,
         does not fit the context, or params are bad."""
-        params = (params or SamplingParams()).validate()
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ParameterError(f"params is {type(params).__name__}, not SamplingParams")
+        params.validate()
         ids = self.prompt_ids(prompt)
         if request_id is None:
             request_id = str(next(self._ids))
@@ -88,7 +92,7 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = list(prompt)
-            n_vocab = self.tokenizer.vocab_size
+            n_vocab = min(self.tokenizer.vocab_size, self.runner.n_vocab or self.tokenizer.vocab_size)
             bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
                    or not 0 <= t < n_vocab]
             if bad:
@@ -122,9 +126,12 @@ class LLMEngine:
 
     def completion(self, request_id: str) -> Completion:
         """A finished request's result; it is then forgotten."""
-        req = self.requests.pop(request_id)
+        req = self.requests.get(request_id)
+        if req is None or not req.seq.is_finished:
+            raise ParameterError(f"request {request_id!r} is "
+                                 + ("not known" if req is None else "not finished"))
+        del self.requests[request_id]
         seq = req.seq
-        assert seq.is_finished, request_id
         first = seq.first_scheduled or seq.finished
         token = seq.first_token or seq.finished
         timing = Timing(first - seq.arrival, token - first, seq.finished - token,

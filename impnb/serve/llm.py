@@ -58,8 +58,13 @@ class LLM:
         """One Completion per prompt, in order. prompts: a string, token ids, or a list of them;
         params: one SamplingParams for all or a list of one per prompt."""
         ids = self._add(prompts, params)
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
+        try:
+            while self.engine.has_unfinished_requests():
+                self.engine.step()
+        except BaseException:  # an error or an interrupt: nothing of these requests stays queued
+            for i in ids:
+                self.engine.drop(i)
+            raise
         return [self.engine.completion(i) for i in ids]
 
     def stream(self, prompts, params=None) -> Iterator[Delta]:

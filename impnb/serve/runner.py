@@ -82,6 +82,7 @@ class ModelRunner:
     device = "?"
     block_size = 16  # tokens a KV block holds
     n_blocks = 0  # blocks in the pool
+    n_vocab: int | None = None  # the model's vocabulary (token ids below it are valid)
     max_num_seqs: int | None = None  # sequences a step can hold (None: the engine's setting)
     chunked_prefill = True  # a prompt may arrive in chunks over several steps
     prefix_caching = True  # blocks may be shared between sequences

@@ -19,6 +19,7 @@ class SingleSequenceRunner(ModelRunner):
         self.device = engine.device
         self.block_size = block_size
         self.n_blocks = -(-engine.n_ctx // block_size)
+        self.n_vocab = getattr(getattr(engine, "cfg", None), "n_vocab", None)
         self.current = None  # the sequence whose K/V the engine holds
 
     def execute(self, step: StepInput) -> StepOutput:
