@@ -136,3 +136,71 @@ def test_random_traffic_gives_each_request_its_own_output(seed):
             assert (result.token_ids, result.finish_reason) == (want, reason), i
     assert engine.blocks.n_free == len(engine.blocks.blocks)
     print(f"seed {seed}: block size {block_size}, {step} steps, {preempted} preemptions, {hits} cached tokens")
+
+
+def computed(step):
+    """Apply a step as the engine does: tokens computed; a sampled sequence gets token 1."""
+    for seq, n in step.work:
+        seq.n_computed += n
+        if seq.n_pending == 0:
+            seq.token_ids.append(1)
+
+
+def test_decodes_go_first_and_the_newest_is_preempted():
+    from impnb.serve.block_manager import BlockManager
+    from impnb.serve.scheduler import Scheduler, SchedulerConfig
+    from impnb.serve.sequence import Sequence
+
+    blocks = BlockManager(6, 4, prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8), blocks)
+    a, b, c = (Sequence([2] * n, SamplingParams(), str(i)) for i, n in enumerate((7, 5, 12)))
+    for s in (a, b, c):
+        sched.add(s)
+    step = sched.schedule()  # a whole, then the first token of b's prompt; c waits for budget
+    assert [(s.request_id, n) for s, n in step.work] == [("0", 7), ("1", 1)]
+    computed(step)
+    step = sched.schedule()  # a's decode first, then b's next chunk, then c's first chunk
+    assert [(s.request_id, n) for s, n in step.work] == [("0", 1), ("1", 4), ("2", 3)]
+    computed(step)
+    assert blocks.n_free == 6 - 2 - 2 - 1
+    # a's decode takes the last free block; c's next chunk needs two: c, the newest, gives back its own
+    step = sched.schedule()
+    assert [(s.request_id, n) for s, n in step.work] == [("0", 1), ("1", 1)] and step.preempted == [c]
+    assert c.status is Status.WAITING and c.n_computed == 0 and not c.block_table
+    assert sched.waiting[0] is c
+
+
+def test_an_older_sequence_takes_the_blocks_of_the_newest():
+    from impnb.serve.block_manager import BlockManager
+    from impnb.serve.scheduler import Scheduler, SchedulerConfig
+    from impnb.serve.sequence import Sequence
+
+    blocks = BlockManager(4, 4, prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), blocks)
+    old, new = Sequence([2] * 8, SamplingParams()), Sequence([2] * 7, SamplingParams())
+    sched.add(old)
+    sched.add(new)
+    computed(sched.schedule())  # all four blocks held; old's 9th token needs a fifth
+    step = sched.schedule()
+    assert [s for s, _ in step.work] == [old] and step.preempted == [new]
+    assert sched.running == [old] and list(sched.waiting) == [new] and blocks.n_free == 1
+
+
+def test_a_request_that_does_not_fit_waits_and_nothing_overtakes_it():
+    from impnb.serve.block_manager import BlockManager
+    from impnb.serve.scheduler import Scheduler, SchedulerConfig
+    from impnb.serve.sequence import Sequence
+
+    blocks = BlockManager(4, 4, prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), blocks)
+    big, small = Sequence([3] * 9, SamplingParams()), Sequence([3] * 2, SamplingParams())
+    running = Sequence([3] * 6, SamplingParams())
+    sched.add(running)
+    computed(sched.schedule())  # 2 blocks held
+    sched.add(big)  # needs 3 blocks, 2 are free
+    sched.add(small)
+    step = sched.schedule()
+    assert [s for s, _ in step.work] == [running] and list(sched.waiting) == [big, small]
+    sched.finish(running, "length")
+    step = sched.schedule()
+    assert [s for s, _ in step.work] == [big, small] and not sched.waiting

@@ -51,6 +51,7 @@ class LLMEngine:
                                  f"or a shorter context")
         if runner.max_num_seqs is not None:
             max_num_seqs = min(max_num_seqs, runner.max_num_seqs)
+        max_num_seqs = min(max_num_seqs, budget)  # every running sequence's decode fits in a step
         if not runner.chunked_prefill:
             budget = max(budget, n_ctx)  # a whole prompt in one step
         self.runner, self.tokenizer, self.n_ctx = runner, tokenizer, n_ctx
