@@ -136,6 +136,7 @@ def test_bad_input_raises_one_clear_error(llm, paths):
     one_line_error(ParameterError, lambda: llm.generate(["a", "b"], [SamplingParams()]), "one per prompt")
     one_line_error(ParameterError, lambda: llm.generate("hi", {"temperature": 0}), "SamplingParams")
     one_line_error(ParameterError, lambda: llm.generate(3), "no prompts")
+    one_line_error(ParameterError, lambda: llm.stream(["ok", "x" * 100]), "context holds 64")
     # a bad prompt among good ones queues none of them
     one_line_error(ParameterError, lambda: llm.generate(["fine", ""]), "empty")
     assert not llm.engine.has_unfinished_requests() and not llm.engine.requests

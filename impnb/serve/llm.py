@@ -7,7 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from impnb.chat import render_chat
-from impnb.errors import ParameterError
+from impnb.errors import ImpnbError, ParameterError
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
 from impnb.models.validate import validate_model
@@ -28,19 +28,21 @@ class LLM:
     the longest sequence (capped at the model's); kv_cache_tokens: the pool's size in tokens
     (default: two contexts on the CPU); gpu_memory_utilization: the fraction of GPU memory a
     batched GPU runner sizes its pool to when kv_cache_tokens is not given (the single-sequence
-    CUDA engine that runs today holds one context of its own); max_num_seqs / max_num_batched_tokens: sequences and
-    tokens a step takes at most; prefix_caching: share the K/V of equal prompt prefixes.
+    CUDA engine that runs today holds one context of its own); max_num_seqs and
+    max_num_batched_tokens: sequences and tokens a step takes at most; prefix_caching: share the
+    K/V of equal prompt prefixes; block_size: tokens a KV block holds; graphs: CUDA graphs.
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", n_ctx: int = DEFAULT_CTX,
                  kv_cache_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
-                 max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int | None = None, prefix_caching: bool = True,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 prefix_caching: bool = True,
                  block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True):
         if device not in ("auto", "cuda", "cpu"):
             raise ParameterError(f"device must be auto, cuda or cpu, got {device!r:.40}")
-        for name, value in (("n_ctx", n_ctx), ("block_size", block_size), ("kv_cache_tokens", kv_cache_tokens),
-                            ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        sizes = {"n_ctx": n_ctx, "block_size": block_size, "kv_cache_tokens": kv_cache_tokens,
+                 "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+        for name, value in sizes.items():
             if value is not None:  # before the model loads
                 check_positive(name, value)
         check_fraction("gpu_memory_utilization", gpu_memory_utilization)
@@ -70,8 +72,11 @@ class LLM:
     def stream(self, prompts, params=None) -> Iterator[Delta]:
         """Deltas as steps produce them, requests interleaved (each Delta names its request; the
         request ids are "0", "1", ... in prompt order unless the engine had others queued).
-        Closing the iterator early aborts what is left."""
-        ids = self._add(prompts, params)
+        Bad input raises here, before the first delta; closing the iterator early aborts what is
+        left."""
+        return self._deltas(self._add(prompts, params))
+
+    def _deltas(self, ids: list[str]) -> Iterator[Delta]:
         try:
             while self.engine.has_unfinished_requests():
                 yield from (d for d in self.engine.step() if d.request_id in ids)
@@ -91,7 +96,7 @@ class LLM:
         return self.generate(prompts, params)
 
     def _add(self, prompts, params) -> list[str]:
-        """Check every prompt and its params, then queue them all (nothing is queued on an error)."""
+        """Queue every prompt with its params -> request ids; on a bad one none stays queued."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and not isinstance(prompts[0], (str, list, tuple, np.ndarray))):
             prompts = [prompts]
@@ -102,9 +107,12 @@ class LLM:
         elif not isinstance(params, (list, tuple)) or len(params) != len(prompts):
             raise ParameterError(f"params must be one SamplingParams or a list of one per prompt "
                                  f"({len(prompts)})")
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            if not isinstance(p, SamplingParams):
-                raise ParameterError(f"params[{i}] is {type(p).__name__}, not SamplingParams")
-            p.validate()
-            self.engine.prompt_ids(prompt)
-        return [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.engine.add_request(prompt, p))
+        except ImpnbError:
+            for i in ids:
+                self.engine.drop(i)
+            raise
+        return ids
