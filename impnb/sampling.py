@@ -23,8 +23,14 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int = 0
+    max_tokens: int = 128  # tokens to generate at most (the engine's stop; the CLI's --max-tokens)
+    ignore_eos: bool = False  # generate past an end-of-generation token, up to max_tokens
 
     def validate(self) -> "SamplingParams":
+        for name, (kinds, what) in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                raise ParameterError(f"{name.replace('_', '-')} must be {what}, got {value!r:.40}")
         if not 0 <= self.temperature < float("inf"):
             raise ParameterError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -38,11 +44,23 @@ class SamplingParams:
                                  f"{MAX_REPEAT_PENALTY:g}], got {self.repeat_penalty}")
         if not 0 <= self.seed < 2**64:
             raise ParameterError(f"seed must be in [0, 2**64), got {self.seed}")
+        if self.repeat_last_n < 0:
+            raise ParameterError(f"repeat-last-n must be >= 0, got {self.repeat_last_n}")
+        if self.max_tokens <= 0:
+            raise ParameterError(f"max-tokens must be > 0, got {self.max_tokens}")
         return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+_REAL = ((int, float, np.integer, np.floating), "a number")
+_INT = ((int, np.integer), "an integer")
+# what each field takes: a bool, or a float where an int is meant, is a caller's mistake
+_FIELD_TYPES = {"temperature": _REAL, "top_k": _INT, "top_p": _REAL, "min_p": _REAL,
+                "repeat_penalty": _REAL, "repeat_last_n": _INT, "seed": _INT, "max_tokens": _INT,
+                "ignore_eos": ((bool, np.bool_), "True or False")}
 
 
 def apply_repeat_penalty(logits: np.ndarray, history, penalty: float) -> np.ndarray:

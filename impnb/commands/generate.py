@@ -3,13 +3,14 @@
 import sys
 
 from impnb.chat import GEMMA_ARCHS, render_chat
-from impnb.devices import engine_class
 from impnb.errors import ParameterError
-from impnb.generate import generate
+from impnb.generate import Stats
 from impnb.gguf_file import open_model_file
 from impnb.model_registry import resolve_model
 from impnb.models.validate import validate_model
 from impnb.sampling import SamplingParams
+from impnb.serve.engine import LLMEngine
+from impnb.serve.runners import make_runner
 from impnb.tokenizer import Tokenizer
 
 
@@ -70,7 +71,7 @@ def run(args) -> int:
     if args.ctx <= 0:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
-                            args.repeat_penalty, seed=args.seed).validate()
+                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
     tokenizer = Tokenizer.from_metadata(mf.metadata)
@@ -78,18 +79,18 @@ def run(args) -> int:
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
-    cls = engine_class(args.device, cfg.arch)
-    if cls.device == "cuda":
-        from impnb.warmup import prepare
-
-        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
-    engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
-
-    def emit(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    _, stats = generate(engine, tokenizer, ids, args.max_tokens, params, emit)
+    # the engine every caller shares: on the GPU today the single-sequence CUDA engine as a runner
+    # (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
+    runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs)
+    engine = LLMEngine(runner, tokenizer, n_ctx)
+    request = engine.add_request(ids, params)
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+    result = engine.completion(request)
+    stats = Stats(len(ids), result.timing.prefill_s, len(result.token_ids), result.timing.decode_s,
+                  result.finish_reason)
     sys.stdout.write("\n")
-    print(f"impnb: {engine.device}: {stats.line()}", file=sys.stderr)
+    print(f"impnb: {runner.device}: {stats.line()}", file=sys.stderr)
     return 0
