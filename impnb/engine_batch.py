@@ -24,7 +24,7 @@ from impnb.kernels.sample import argmax, sample_penalty
 from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.sampling import SamplingParams
-from impnb.tuning import PAGE_SIZE
+from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -38,7 +38,7 @@ def batch_bucket(n: int, max_batch: int) -> int:
 class DecodeRow:
     """One sequence's part of a decode step: its last token, that token's position, its pages,
     sampling parameters, how many tokens it has sampled (the draw's counter) and, for a repeat
-    penalty, its last HISTORY tokens (-1 where fewer)."""
+    penalty, its recent tokens (the last HISTORY count)."""
 
     token: int
     pos: int
@@ -46,6 +46,15 @@ class DecodeRow:
     params: SamplingParams
     n_sampled: int
     history: np.ndarray | None = None
+
+
+def _ring(history) -> np.ndarray:
+    """A repeat-penalty ring (HISTORY,) of the last HISTORY tokens, -1 where fewer (the penalty
+    reads the ring as a set: order does not matter)."""
+    ring = np.full(HISTORY, -1, np.int32)
+    tail = np.asarray(history, np.int32)[-HISTORY:]
+    ring[:len(tail)] = tail
+    return ring
 
 
 class CudaBatchEngine(CudaEngine):
@@ -83,17 +92,29 @@ class CudaBatchEngine(CudaEngine):
     # ------------------------------------------------------------ one sequence's prompt
 
     def prefill_seq(self, ids, start: int, pages: np.ndarray, params: SamplingParams,
-                    n_sampled: int = 0, history: np.ndarray | None = None) -> int:
+                    n_sampled: int = 0, history=None, sample: bool = True) -> int | None:
         """Feed ids at positions start.. of the sequence whose KV lives in `pages` (its block
-        table; positions < start are already there, e.g. a shared prefix) -> its next token,
-        sampled at counter n_sampled; history: its last HISTORY tokens for a repeat penalty."""
+        table; positions < start are already there: earlier chunks, a shared prefix) -> its next
+        token, sampled at counter n_sampled (None with sample False: a prompt chunk before its
+        last); history: its recent tokens, for a repeat penalty (the last HISTORY count)."""
+        ids = np.asarray(ids, np.int32)
+        if not len(ids):
+            raise ParameterError("the prompt chunk is empty")
+        if start + len(ids) > self.n_ctx:
+            raise ParameterError(f"{start + len(ids)} tokens exceed the context of {self.n_ctx}")
         self._set_table_row0(pages)
         self.reset(params)
-        self.pos, self.n_sampled = start, n_sampled
-        if history is not None and params.repeat_penalty != 1.0:
-            self.host_history[0] = history
+        self.pos = start
+        logits = None
+        for at in range(0, len(ids), MAX_PREFILL_CHUNK):
+            logits = self._prefill_chunk(ids[at:at + MAX_PREFILL_CHUNK])
+        if not sample:
+            return None
+        if params.repeat_penalty != 1.0 and history is not None:
+            self.host_history[0] = _ring(history)
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
-        return self.prefill(ids)
+        self.n_sampled = n_sampled
+        return self._sample(logits)
 
     def _set_table_row0(self, pages: np.ndarray) -> None:
         row = self._table_row(pages)
@@ -181,7 +202,7 @@ class CudaBatchEngine(CudaEngine):
             self.host_hist[:Bb] = -1
             for b, r in enumerate(rows):
                 if r.history is not None:
-                    self.host_hist[b] = r.history
+                    self.host_hist[b] = _ring(r.history)
             self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
 
     def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool) -> None:

@@ -79,9 +79,10 @@ def run(args) -> int:
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
-    # the engine every caller shares: on the GPU today the single-sequence CUDA engine as a runner
-    # (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
-    runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs)
+    # the engine every caller shares; one sequence: on the GPU the single-sequence CUDA engine as a
+    # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
+    runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
+                         max_num_seqs=1)
     engine = LLMEngine(runner, tokenizer, n_ctx)
     request = engine.add_request(ids, params)
     while engine.has_unfinished_requests():

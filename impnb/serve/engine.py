@@ -157,9 +157,11 @@ class LLMEngine:
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
             start = seq.n_computed
+            recent = (np.asarray(seq.token_ids[-seq.params.repeat_last_n:], np.int32)
+                      if seq.params.repeat_penalty != 1.0 and seq.params.repeat_last_n else None)
             rows.append(SequenceRows(seq.seq_id, np.asarray(seq.token_ids[start:start + n], np.int32),
                                      start, np.asarray(seq.block_table, np.int32),
-                                     start + n == len(seq), seq.params, seq.n_generated))
+                                     start + n == len(seq), seq.params, seq.n_generated, recent))
         result = self.runner.execute(StepInput(rows))
         sampled = [seq for (seq, _), r in zip(step.work, rows) if r.sample]
         for seq, n in step.work:

@@ -51,7 +51,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_metadata(self.mf.metadata)
         n_ctx = min(n_ctx, self.cfg.n_ctx)
         runner = make_runner(self.mf, n_ctx, device, kv_cache_tokens, block_size, graphs,
-                             gpu_memory_utilization)
+                             gpu_memory_utilization, max_num_seqs)
         self.engine = LLMEngine(runner, self.tokenizer, n_ctx, max_num_seqs, max_num_batched_tokens,
                                 prefix_caching)
         self.device = runner.device

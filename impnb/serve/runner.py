@@ -2,11 +2,10 @@
 positions, its block table, whether its last row is sampled) and returns, for the rows that are
 sampled, their logits -- or, for a runner that samples on its device, the sampled ids.
 
-Runners: cpu_runner.CpuRunner (the numpy reference over a paged pool, any batch) and
-single_runner.SingleSequenceRunner (a single-sequence engine as a runner of batches of one: the
-CUDA engine today). A batched GPU runner implements this interface over gpu/kv.PagedKV with a
-block table row per sequence (docs/DESIGN.md, "Plans and batching") and replaces the
-single-sequence one in runners.make_runner.
+Runners: cpu_runner.CpuRunner (the numpy reference over a paged pool, any batch),
+cuda_runner.CudaBatchRunner (the batched CUDA engine: decode rows in one step, sampled on the
+GPU) and single_runner.SingleSequenceRunner (a single-sequence engine as a runner of batches of
+one: the CUDA engine with its look-ahead decode, for one sequence at a time).
 """
 
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ class SequenceRows:
     sample: bool  # its last row is sampled (every token it has is then computed)
     params: SamplingParams  # for runners that sample on their device
     n_sampled: int  # tokens it sampled so far: the step of a counter-based sampler
+    history: np.ndarray | None = None  # its recent tokens, where params has a repeat penalty
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,8 @@
-"""The model runner for a device: the numpy reference over a paged pool on the CPU; on the GPU,
-today, the single-sequence CUDA engine run one sequence at a time.
-
-A batched GPU runner replaces SingleSequenceRunner(CudaEngine) here, with its pool sized by
-pool_size.blocks_for_memory(cfg, block_size, gpu_memory_utilization, *pool_size.gpu_memory())
-after its weights and step buffers are allocated (or blocks_for_tokens of kv_cache_tokens).
-"""
+"""The model runner for a device: the numpy reference over a paged pool on the CPU; on the GPU
+the batched CUDA engine, its pool kv_cache_tokens or what gpu_memory_utilization leaves once the
+weights are in (pool_size.blocks_for_memory), or for one sequence at a time (max_num_seqs 1:
+the CLI) the single-sequence CUDA engine, whose look-ahead decode keeps the GPU busy while the
+host reads each token."""
 
 import numpy as np
 
@@ -13,6 +11,7 @@ from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
 from impnb.models.validate import validate_model
 from impnb.serve.pool_size import blocks_for_tokens
+from impnb.serve.engine import DEFAULT_MAX_NUM_SEQS
 from impnb.serve.runner import ModelRunner
 
 DEFAULT_BLOCK_SIZE = 16
@@ -21,17 +20,20 @@ CPU_POOL_CONTEXTS = 2  # the CPU pool's default size, in contexts
 
 def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens: int | None = None,
                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True,
-                gpu_memory_utilization: float = 0.9) -> ModelRunner:
-    """The runner for device; gpu_memory_utilization is for a batched GPU runner's pool (the
-    single-sequence CUDA engine holds one context of its own)."""
+                gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None) -> ModelRunner:
+    """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch)
     if cls.device == "cuda":
-        from impnb.serve.single_runner import SingleSequenceRunner
         from impnb.warmup import prepare
 
         prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
-        return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
+        if max_num_seqs == 1:
+            from impnb.serve.single_runner import SingleSequenceRunner
+
+            return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
+        return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
+                             max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
     from impnb.serve.cpu_runner import CpuRunner
 
     n_tokens = CPU_POOL_CONTEXTS * n_ctx if kv_cache_tokens is None else kv_cache_tokens
@@ -40,3 +42,20 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     with np.errstate(all="ignore"):  # non-finite weights are reported at the first sample
         model = load_reference(mf)
     return CpuRunner(model, n_blocks, block_size)
+
+
+def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, graphs) -> ModelRunner:
+    from impnb.engine_batch import BATCH_BUCKETS, CudaBatchEngine
+    from impnb.gpu.model import HEADROOM
+    from impnb.serve.cuda_runner import CudaBatchRunner
+    from impnb.serve.pool_size import blocks_for_memory, gpu_memory
+    from impnb.tuning import PAGE_SIZE
+
+    max_batch = min(max_num_seqs, BATCH_BUCKETS[-1])
+    if kv_cache_tokens is None:
+        free, total = gpu_memory()
+        weights = sum(t.data.nbytes for t in mf.tensors.values())
+        kv_cache_tokens = PAGE_SIZE * blocks_for_memory(cfg, PAGE_SIZE, utilization,
+                                                        max(free - weights - HEADROOM, 0), total)
+    n_tokens = blocks_for_tokens(kv_cache_tokens, PAGE_SIZE) * PAGE_SIZE
+    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs))
