@@ -1,8 +1,9 @@
 """Repacked weights rebuild the GGUF bytes exactly; test weights for the kernel tests are made here.
 
 `make_weight` builds real blocks with `gguf.quants.quantize` where the package can quantize the type
-(Q4_0, Q4_1, Q5_0, Q8_0, F16, F32), with impnb.quant_fp4 for MXFP4 and NVFP4 (random blocks keep
-every UE4M3 byte; MXFP4's exponents stay within 2^±8 of std's), and random blocks otherwise (K-quants: random bytes whose fp16
+(Q4_0, Q4_1, Q5_0, Q8_0, F16, F32), with impnb.quant_fp4 for MXFP4 and NVFP4 (in random blocks MXFP4's
+exponents stay within 2^±8 of std's, NVFP4's scales within 2^-4..2^2 of a Gaussian block's; every
+scale byte is tests/sim/test_dequant.py's), and random blocks otherwise (K-quants: random bytes whose fp16
 scale fields are overwritten with finite Gaussian-derived values). Random-bytes blocks (with finite
 scales) and zero blocks are mixed in so every bit pattern of the quants occurs.
 """
@@ -27,6 +28,9 @@ SCALE_FIELDS = {
 def _finite_scales(blocks: np.ndarray, ggml_type: T, rng, std: float):
     if ggml_type == T.MXFP4:
         blocks[:, 0] = 128 + np.round(np.log2(0.2 * std)) + rng.integers(-8, 9, blocks.shape[0])
+    if ggml_type == T.NVFP4:  # a spread over 2^-4..2^2 of the Gaussian blocks' scales
+        d = 0.4 * std * 2.0 ** rng.uniform(-4, 2, (blocks.shape[0], 4))
+        blocks[:, 0:4] = quant_fp4.to_ue4m3(d.astype(np.float32))
     for off in SCALE_FIELDS.get(ggml_type, ()):
         d = (rng.standard_normal(blocks.shape[0]) * 0.02 * std).astype(np.float16)
         blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
