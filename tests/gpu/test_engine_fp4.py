@@ -79,12 +79,13 @@ def test_prefill_matches_reference(case):
 
 @pytest.mark.parametrize("path", ["tiles_bm64", "tiles_bm128", "wgmma"])
 def test_prefill_on_tiles_matches_reference(case, path, monkeypatch):
-    """Every dense prefill GEMM on one tensor-core path decoding the FP4 blocks in shared memory."""
+    """Every dense prefill GEMM of an FP4 weight on one tensor-core path decoding its blocks in
+    shared memory (the rest on cuBLAS; Q|K|V's split GEMMs take cuBLAS whatever the path)."""
     from impnb.engine_cuda import CudaEngine
     from impnb.gpu import gemm_dispatch
 
     ids, ref, engine, fp4 = case
-    monkeypatch.setattr(gemm_dispatch, "choose", lambda *args, **kwargs: path)
+    monkeypatch.setattr(gemm_dispatch, "choose", lambda t, *args, **kwargs: path if T(t) == fp4 else "cublas")
     tiled = CudaEngine(engine.mf, 256, graphs=False)
     assert any(l.ggml_type == fp4 and l.gemm_path(N_TOKENS) == path for l in tiled.m.lin.values())
     tiled.reset(SamplingParams(temperature=0))
