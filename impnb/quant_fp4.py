@@ -60,7 +60,8 @@ def to_ue4m3(x: np.ndarray) -> np.ndarray:
 def nearest_codes(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """The code of KVALUES · d nearest each x (float32 |k d - x|, ties to the lowest code, as
     ggml's best_index_mxfp4): x (..., n), d (..., 1) -> uint8 (..., n)."""
-    err = np.abs(KVALUES.astype(np.float32) * d[..., None] - x[..., None])
+    with np.errstate(over="ignore"):  # near float32's top, far codes' distances overflow to inf
+        err = np.abs(KVALUES.astype(np.float32) * d[..., None] - x[..., None])
     return np.argmin(err, axis=-1).astype(np.uint8)
 
 
