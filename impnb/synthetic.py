@@ -8,12 +8,17 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType,
 from gguf.constants import GGML_QUANT_VERSION
 from gguf.quants import quantize
 
+from impnb import quant_fp4
 from impnb.gguf_file import open_model_file
 
 ARCHS = ("qwen3", "qwen3moe")
-# Q8_0_V_Q4_1: Q8_0 with each layer's attn_v Q4_1, as a Q4_K_M's Q6_K V (matrices of mixed types)
+# Q8_0_V_Q4_1: Q8_0 with each layer's attn_v Q4_1, as a Q4_K_M's Q6_K V (matrices of mixed types);
+# MXFP4 / NVFP4: the layers' matrices in that type (impnb/quant_fp4.py encodes them), token_embd
+# and output Q8_0, and Q8_0 where a row is not whole FP4 blocks (as llama.cpp's quantize falls back)
 QTYPES = {"F32": LlamaFileType.ALL_F32, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
-          "Q8_0_V_Q4_1": LlamaFileType.MOSTLY_Q8_0}
+          "Q8_0_V_Q4_1": LlamaFileType.MOSTLY_Q8_0,
+          "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE, "NVFP4": LlamaFileType.MOSTLY_NVFP4}
+FP4_TYPES = {"MXFP4": GGMLQuantizationType.MXFP4, "NVFP4": GGMLQuantizationType.NVFP4}
 MINIMAL_VOCAB = 512
 MATRIX_STD = 0.02
 NORM_STD = 0.1
@@ -126,6 +131,9 @@ def tensor_qtype(name: str, array: np.ndarray, qtype: str) -> GGMLQuantizationTy
         return GGMLQuantizationType.F32
     if qtype == "Q8_0_V_Q4_1" and ".attn_v." in name:
         return GGMLQuantizationType.Q4_1
+    fp4 = FP4_TYPES.get(qtype)
+    if fp4 and name.startswith("blk.") and array.shape[-1] % quant_fp4.FP4_FORMATS[fp4].block == 0:
+        return fp4
     return GGMLQuantizationType.Q8_0
 
 
@@ -219,7 +227,9 @@ def export_gguf(model, path, qtype: str = "F32", tokenizer_metadata: dict | None
         if ttype == GGMLQuantizationType.F32:
             writer.add_tensor(name, array)
         else:
-            writer.add_tensor(name, quantize(array, ttype), raw_dtype=ttype)
+            encode = quant_fp4.quantize if ttype in quant_fp4.FP4_FORMATS else quantize
+            data = encode(array.reshape(-1, array.shape[-1]), ttype).reshape(*array.shape[:-1], -1)
+            writer.add_tensor(name, data, raw_dtype=ttype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

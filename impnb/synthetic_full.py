@@ -1,7 +1,7 @@
 """Full-size random Qwen3-8B / Qwen3-30B-A3B / Qwen3.6-35B-A3B GGUFs for speed work, written in minutes.
 
-Nothing is quantized: each block's quants are random bytes and its scales are fixed, chosen so the
-dequantized weights have mean ~0 and std `1 / sqrt(cols)` (activations stay O(1) through every
+Nothing is quantized: each block's quants are random bytes and its scales are fixed (FP4: two
+neighbouring scale codes in a fixed mix, their grids being coarse), chosen so the dequantized weights have mean ~0 and std `1 / sqrt(cols)` (activations stay O(1) through every
 layer and the logits spread ~N(0, 1)). Tensors stream to disk one at a time through GGUFWriter, so
 memory peaks at a few tensors. Names, keys and per-tensor types follow llama.cpp (see tensor_type).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter, LlamaFileType, TokenType
 
-from impnb import synthetic_qwen35
+from impnb import quant_fp4, synthetic_qwen35
 from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_hparams, add_tokenizer, minimal_tokenizer_metadata
 
 
@@ -70,7 +70,9 @@ SHAPES = {
                              linear_value_head_dim=128, full_attention_interval=4,
                              partial_rotary_factor=0.25, mrope_section=(11, 11, 10)),
 }
-FILE_TYPES = {"Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M}
+FILE_TYPES = {"Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M,
+              "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE, "NVFP4": LlamaFileType.MOSTLY_NVFP4}
+FP4 = {"MXFP4": T.MXFP4, "NVFP4": T.NVFP4}
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,13 @@ def use_more_bits(i: int, n: int) -> bool:
 
 def tensor_type(name: str, layer: int, n_layer: int, qtype: str) -> T:
     """Q8_0: every matrix Q8_0. Q4_K_M (llama_tensor_get_type for these archs): Q4_K, except
-    `output` Q6_K and `attn_v` / `ffn_down(_exps)` Q6_K in the use_more_bits layers."""
+    `output` Q6_K and `attn_v` / `ffn_down(_exps)` Q6_K in the use_more_bits layers. MXFP4 /
+    NVFP4: every layer matrix in the FP4 type, token_embd and output Q8_0 (as FP4 checkpoints
+    keep the embeddings wider)."""
     if qtype == "Q8_0":
         return T.Q8_0
+    if qtype in FP4:
+        return T.Q8_0 if name in ("token_embd.weight", "output.weight") else FP4[qtype]
     if name == "output.weight":
         return T.Q6_K
     if (".attn_v." in name or ".ffn_down" in name) and use_more_bits(layer, n_layer):
@@ -202,7 +208,36 @@ def _q6_k_fields(blocks: np.ndarray, std: float) -> None:
     blocks[:, 208:210] = _f16_bytes(std / (Q6_K_SCALE * Q6_STD))
 
 
-BLOCK_FIELDS = {T.Q8_0: _q8_0_fields, T.Q4_K: _q4_k_fields, T.Q6_K: _q6_k_fields}
+def _fp4_scales(shape: tuple, values: np.ndarray, target: float) -> np.ndarray:
+    """Scale indices into `values` (the halved scales, increasing) meeting target in mean square:
+    the two values around it, spread over the groups by a golden-ratio sequence so every part of
+    the tensor has the mix (a random choice would add its own sampling noise to the std)."""
+    hi = int(np.clip(np.searchsorted(values, target), 1, len(values) - 1))
+    lo2, hi2 = float(values[hi - 1]) ** 2, float(values[hi]) ** 2
+    p_lo = np.clip((hi2 - target ** 2) / (hi2 - lo2), 0.0, 1.0)
+    seq = (np.arange(int(np.prod(shape))) * 0.6180339887498949) % 1.0
+    return np.where(seq < p_lo, hi - 1, hi).reshape(shape)
+
+
+# rms of a uniformly random E2M1 code's doubled value (KVALUES), the unit of both FP4 types
+FP4_CODE_STD = float(np.sqrt(np.mean(quant_fp4.KVALUES.astype(np.float64) ** 2)))
+_E8M0 = np.arange(253)  # the exponents whose ±12 is finite
+_UE4M3 = np.r_[np.arange(1, 0x78), 0x7E]  # the scale bytes ggml's encoder writes, increasing
+
+
+def _mxfp4_fields(blocks: np.ndarray, std: float) -> None:
+    """MXFP4 (e E8M0, qs[16]): 2^(e - 128) KVALUES[code], codes uniform; e one of the two
+    exponents around std / FP4_CODE_STD, mixed to its mean square."""
+    blocks[:, 0] = _E8M0[_fp4_scales(blocks[:, 0].shape, quant_fp4.e8m0_half(_E8M0), std / FP4_CODE_STD)]
+
+
+def _nvfp4_fields(blocks: np.ndarray, std: float) -> None:
+    """NVFP4 (d[4] UE4M3, qs[32]): as MXFP4 per 16 weights, over UE4M3's scales."""
+    blocks[:, 0:4] = _UE4M3[_fp4_scales(blocks[:, 0:4].shape, quant_fp4.ue4m3_half(_UE4M3), std / FP4_CODE_STD)]
+
+
+BLOCK_FIELDS = {T.Q8_0: _q8_0_fields, T.Q4_K: _q4_k_fields, T.Q6_K: _q6_k_fields,
+                T.MXFP4: _mxfp4_fields, T.NVFP4: _nvfp4_fields}
 
 
 def byte_shape(spec: TensorSpec) -> tuple[int, ...]:

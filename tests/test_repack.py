@@ -1,7 +1,9 @@
 """Repacked weights rebuild the GGUF bytes exactly; test weights for the kernel tests are made here.
 
 `make_weight` builds real blocks with `gguf.quants.quantize` where the package can quantize the type
-(Q4_0, Q4_1, Q5_0, Q8_0, F16, F32) and random blocks otherwise (K-quants: random bytes whose fp16
+(Q4_0, Q4_1, Q5_0, Q8_0, F16, F32), with impnb.quant_fp4 for MXFP4 and NVFP4 (in random blocks MXFP4's
+exponents stay within 2^±8 of std's, NVFP4's scales within 2^-4..2^2 of a Gaussian block's; every
+scale byte is tests/sim/test_dequant.py's), and random blocks otherwise (K-quants: random bytes whose fp16
 scale fields are overwritten with finite Gaussian-derived values). Random-bytes blocks (with finite
 scales) and zero blocks are mixed in so every bit pattern of the quants occurs.
 """
@@ -11,6 +13,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import quantize
 
+from impnb import quant_fp4
 from impnb.kernels.common.repack import ALIGN, PACKED_TYPES, repack, unpack
 from impnb.quants import dequantize
 
@@ -23,7 +26,12 @@ SCALE_FIELDS = {
 
 
 def _finite_scales(blocks: np.ndarray, ggml_type: T, rng, std: float):
-    for off in SCALE_FIELDS[ggml_type]:
+    if ggml_type == T.MXFP4:
+        blocks[:, 0] = 128 + np.round(np.log2(0.2 * std)) + rng.integers(-8, 9, blocks.shape[0])
+    if ggml_type == T.NVFP4:  # a spread over 2^-4..2^2 of the Gaussian blocks' scales
+        d = 0.4 * std * 2.0 ** rng.uniform(-4, 2, (blocks.shape[0], 4))
+        blocks[:, 0:4] = quant_fp4.to_ue4m3(d.astype(np.float32))
+    for off in SCALE_FIELDS.get(ggml_type, ()):
         d = (rng.standard_normal(blocks.shape[0]) * 0.02 * std).astype(np.float16)
         blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
 
@@ -36,9 +44,10 @@ def make_weight(ggml_type: T, rows: int, cols: int, rng, std: float = 1.0) -> np
         return (rng.standard_normal((rows, cols)) * std).astype(dt).view(np.uint8)
     block, size = GGML_QUANT_SIZES[ggml_type]
     n_blocks = rows * cols // block
-    if ggml_type in QUANTIZABLE:
+    if ggml_type in QUANTIZABLE or ggml_type in quant_fp4.FP4_FORMATS:
         data = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
-        blocks = quantize(data, ggml_type).reshape(n_blocks, size).copy()
+        encode = quant_fp4.quantize if ggml_type in quant_fp4.FP4_FORMATS else quantize
+        blocks = encode(data, ggml_type).reshape(n_blocks, size).copy()
         noisy = rng.random(n_blocks) < 0.25  # a quarter random bytes
         rand = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
         _finite_scales(rand, ggml_type, rng, std)
@@ -58,6 +67,7 @@ def test_repack_is_lossless(ggml_type, rows, cols):
     packed = repack(raw, ggml_type)
     assert (packed.rows, packed.cols) == (rows, cols)
     assert packed.nbytes == raw.nbytes
+    assert packed.buffer.nbytes < raw.nbytes + ALIGN * len(packed.parts)  # the file's bytes, aligned
     assert np.array_equal(unpack(packed), raw)
     for part in packed.parts:
         # offsets in the buffer are aligned (a device allocation starts 256-byte aligned)

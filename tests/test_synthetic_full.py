@@ -32,7 +32,7 @@ SMALL = {
                             mrope_section=(4, 2, 2)),
 }
 CASES = [("qwen3-8b", "Q8_0"), ("qwen3-8b", "Q4_K_M"), ("qwen3-30b-a3b", "Q4_K_M"),
-         ("qwen3.6-35b-a3b", "Q4_K_M")]
+         ("qwen3.6-35b-a3b", "Q4_K_M"), ("qwen3-8b", "NVFP4"), ("qwen3-30b-a3b", "MXFP4")]
 # Bounds: 5 sampling standard errors over n values, plus the blocks' own bias: fp16 scales
 # (std, < 0.01) and Q6_K's q - 32 (mean -0.5, 0.027 of its std).
 STD_BIAS, MEAN_BIAS = 0.01, 0.03
@@ -94,6 +94,10 @@ def test_types_and_values(small_file):
     q6 = {s.name for s in specs if s.ggml_type == T.Q6_K}
     if qtype == "Q8_0":
         assert {s.ggml_type for s in specs} == {T.Q8_0, T.F32}
+    elif qtype in sf.FP4:
+        q8 = {s.name for s in specs if s.ggml_type == T.Q8_0}
+        assert q8 == {"token_embd.weight", "output.weight"}
+        assert {s.ggml_type for s in specs} == {T.Q8_0, T.F32, sf.FP4[qtype]}
     else:
         down = "ffn_down_exps" if shape.num_experts else "ffn_down"
         assert q6 == {"output.weight"} | ({f"blk.{i}.{n}.weight" for i in (0, 3, 6, 7)

@@ -97,6 +97,8 @@ DP4A_T1_VARIANTS = {
     T.Q4_0: ((128, 1, 4), (128, 1, 4)),
     T.Q5_0: ((128, 1, 4), (128, 1, 4)),
     T.Q6_K: ((64, 1, 8), (128, 1, 8)),
+    T.MXFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's (16 quant bytes a chunk too), not measured
+    T.NVFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's, not measured
 }
 # gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
 # output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.

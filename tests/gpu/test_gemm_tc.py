@@ -141,7 +141,7 @@ def test_gemm_quant(ggml_type, M, N, K):
         check(got, gemm_ref(a, raw, ggml_type), a, w16, K)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.NVFP4], ids=lambda t: t.name)
 def test_gemm_quant_small_tile_and_accumulate(ggml_type):
     M, N, K = 77, 640, 1024
     raw, w16, w = weight(ggml_type, N, K)

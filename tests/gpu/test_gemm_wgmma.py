@@ -89,7 +89,7 @@ def test_gemm_wgmma_quant(ggml_type, M, N, K):
         check(run(gemm_wgmma_quant, a, w, M, N), gemm_ref(a, raw, ggml_type), a, w16, K)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.MXFP4], ids=lambda t: t.name)
 def test_gemm_wgmma_quant_prefill_shape_and_accumulate(ggml_type):
     """The benchmark shape M=512, N=4096, K=14336 (reference on a sample of rows); accumulate."""
     M, N, K = 512, 4096, 14336

@@ -243,8 +243,8 @@ def test_gemv_route(ggml_type, T_, E, K, k, normalize, normed):
         check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed, ties=std == 1.0)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.F16, T.F32],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.MXFP4, T.NVFP4,
+                                       T.F16, T.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_down_sum(ggml_type, accumulate):
     """Qwen3-30B-A3B's down (128 experts, D 2048, F 768, k 8), D not a multiple of the block's
@@ -255,7 +255,8 @@ def test_down_sum(ggml_type, accumulate):
         check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.MXFP4, T.NVFP4],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_down_sum_dp4a(ggml_type, accumulate):
     """As test_down_sum on dp4a: Qwen3-30B-A3B's down, D not a multiple of the block's rows (odd
@@ -275,8 +276,8 @@ def test_group(T_, E, k, tm):
     check_group(rng, T_, E, k, tm, same=True)  # every token picks the same experts
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.F32],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.NVFP4,
+                                       T.F16, T.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("glu", [False, True])
 def test_gemv_experts(ggml_type, glu):
     rng = np.random.default_rng([int(ggml_type), glu])
@@ -284,7 +285,7 @@ def test_gemv_experts(ggml_type, glu):
         check_gemv_experts(rng, ggml_type, E, N if glu else N // 2 + 8, K, T_, k, SILU if glu else 0, std)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.MXFP4, T.NVFP4, T.F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("T_,E,k", [(19, 8, 2), (111, 128, 8), (512, 60, 4)])
 def test_gemm_grouped(ggml_type, T_, E, k):
     rng = np.random.default_rng([int(ggml_type), T_, E])

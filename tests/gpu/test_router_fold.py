@@ -81,7 +81,7 @@ def check_router_fold(rng, ggml_type, E, D, K, T_, k, normalize, std, calls=2):
         assert (counter.copy_to_host() == 0).all()
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.MXFP4, T.NVFP4], ids=lambda t: t.name)
 @pytest.mark.parametrize("T_,E,D,K,k", [(1, 128, 2048, 4096, 8), (2, 60, 1024, 1536, 4), (8, 128, 2048, 4096, 2),
                                         (3, 16, 768, 256, 1)])
 @pytest.mark.parametrize("normalize", [True, False])

@@ -12,6 +12,8 @@ decode them). Parts live in one buffer at 256-byte-aligned offsets; nothing is c
   Q4_K  qs (cols/2)         | hdr 16 B per 256: d, dmin, 12 scale bytes
   Q5_K  qs (cols/2)         | qh (cols/8)              | hdr 16 B per 256
   Q6_K  ql (cols/2)         | qh (cols/4)              | scales int8 (cols/16) | d f16 (cols/256)
+  MXFP4 qs (cols/2)         | e u8 (cols/32)
+  NVFP4 qs (cols/2)         | d u16 (cols/32): the two UE4M3 bytes of a chunk's sub-blocks
   F16   values (u32 pairs)  ;  F32 values (u32 bits)
 """
 
@@ -32,6 +34,8 @@ LAYOUTS = {
     T.Q5_K: [("qs", 48, 176, np.uint32), ("qh", 16, 48, np.uint32), ("hdr", 0, 16, np.uint32)],
     T.Q6_K: [("ql", 0, 128, np.uint32), ("qh", 128, 192, np.uint32),
              ("scales", 192, 208, np.int8), ("d", 208, 210, np.float16)],
+    T.MXFP4: [("qs", 1, 17, np.uint32), ("e", 0, 1, np.uint8)],
+    T.NVFP4: [("qs", 4, 36, np.uint32), ("d", 0, 4, np.uint16)],
     T.F16: [("v", 0, 2, np.uint32)],
     T.F32: [("v", 0, 4, np.uint32)],
 }

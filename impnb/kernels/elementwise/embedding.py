@@ -19,7 +19,7 @@ from impnb.launch import launch
 from impnb.quants import dequantize
 
 BLOCK = 64
-EMBEDDING_TYPES = (T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.Q4_1, T.F16, T.F32)
+EMBEDDING_TYPES = (T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.Q4_1, T.MXFP4, T.NVFP4, T.F16, T.F32)
 
 
 def embedding_ref(table: np.ndarray, ggml_type: T, ids: np.ndarray, scale: float) -> np.ndarray:

@@ -12,6 +12,7 @@ from numba import cuda, float32, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_blocks32 as qb32
+from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_blocks_k as qbk
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import parts_type
@@ -30,6 +31,8 @@ DECODERS = {
     T.Q4_K: (qbk.q4_k_load, qbk.q4_k_run, qbk.k4_k),
     T.Q5_K: (qbk.q5_k_load, qbk.q5_k_run, qbk.k4_k),
     T.Q6_K: (qbk.q6_k_load, qbk.q6_k_run, qbk.q6_k_k),
+    T.MXFP4: (qbf.mxfp4_load, qbf.mxfp4_run, qb32.block32_k),
+    T.NVFP4: (qbf.nvfp4_load, qbf.nvfp4_run, qb32.block32_k),
     T.F16: (qb32.f16_load, qb32.f16_run, qb32.block32_k),
     T.F32: (qb32.f32_load, qb32.f32_run, qb32.block32_k),
 }

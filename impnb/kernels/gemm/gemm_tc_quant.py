@@ -34,7 +34,7 @@ from impnb.launch import launch
 
 BN = 128          # W tile rows: 256 threads decode 2 halves of 128 rows
 A_STAGES = 3
-QUANT_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K)
+QUANT_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.NVFP4)
 SMEM_ALIGN = ptx.SMEM_ALIGN  # a global, so numba types it as a literal
 
 

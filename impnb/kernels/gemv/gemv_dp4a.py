@@ -26,7 +26,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, DP4A_TYPES, LOADS, q4_k_dot_w, q4_k_load_w
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, DP4A_TYPES, LOADS, prepare_of, q4_k_dot_w, q4_k_load_w
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref
@@ -45,6 +45,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = DOTS[ggml_type]
+    prepare = prepare_of(ggml_type)
     if ggml_type == T.Q4_K and cols % 1024 == 0 and n_tok == 1 and glu == NO_GLU and not experts and not qi.SIM:
         load, dot = q4_k_load_w, q4_k_dot_w  # the header by shuffles (a warp's chunk loops agree)
     act = GLU_ACTS[glu]
@@ -119,8 +120,9 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             xf[t, 2] = xs[xr + t, k0 >> 4]
             xf[t, 3] = xs[xr + t, k1 >> 4]
         for r in range(rows):
+            wr = prepare(cur[r])
             for t in range(n_tok):
-                acc[r, t] += dot(cur[r], c8, xw, xf, t)
+                acc[r, t] += dot(wr, c8, xw, xf, t)
 
     @cuda.jit(device=True, inline=True)
     def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr, res):

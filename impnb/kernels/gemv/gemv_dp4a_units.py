@@ -1,10 +1,12 @@
 """dp4a GEMV units: `<type>_load` reads a chunk's quants and scales, `<type>_dot` meets them with x̂'s
-int8 words in dp4a; `LOADS` and `DOTS` map a type to them. Used by gemv_dp4a.py and the MoE dp4a
+int8 words in dp4a (after `prepare_of(type)`, which decodes FP4 once a row-chunk); `LOADS` and `DOTS`
+map a type to them. Used by gemv_dp4a.py and the MoE dp4a
 kernels, as gemv_units.py's decoders by gemv.py."""
 
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, int32, uint32, uint64
 
+from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
 
 
@@ -35,6 +37,12 @@ def _q4_1_load(parts, g, dr):
 def _q5_0_load(parts, g, dr):
     qs, qh, d = parts
     return qi.ldg_u32x4(qs, 4 * (g + dr)), qh[uint64(g + dr)], float32(d[uint64(g + dr)])
+
+
+@cuda.jit(device=True, inline=True)
+def _fp4_load(parts, g, dr):
+    qs, sc = parts  # MXFP4: sc the E8M0 byte; NVFP4: the two UE4M3 bytes (u16)
+    return qi.ldg_u32x4(qs, 4 * (g + dr)), uint32(sc[uint64(g + dr)])
 
 
 @cuda.jit(device=True, inline=True)
@@ -125,6 +133,53 @@ def q5_0_dot(raw, c, xw, xf, t):
     hi = _dot_u(_q5_0_word(q[0], qh, 0, 1), _q5_0_word(q[1], qh, 1, 1), _q5_0_word(q[2], qh, 2, 1),
                 _q5_0_word(q[3], qh, 3, 1), xw, t, 4)
     return d * ((xf[t, 0] * float32(lo) + xf[t, 1] * float32(hi)) - float32(16.0) * (xf[t, 2] + xf[t, 3]))
+
+
+@cuda.jit(device=True, inline=True)
+def _dot_s(a0, a1, a2, a3, xw, t, o):
+    """sum of 16 signed bytes (4 words) times the 16 int8 of xw[t, o:o+4], int32."""
+    i = qi.dp4a_ss(a0, xw[t, o], 0)
+    i = qi.dp4a_ss(a1, xw[t, o + 1], i)
+    i = qi.dp4a_ss(a2, xw[t, o + 2], i)
+    return qi.dp4a_ss(a3, xw[t, o + 3], i)
+
+
+# FP4: the E2M1 codes become ggml's doubled int8 values (quant_blocks_fp4.e2m1_words) and meet
+# x̂ in signed dp4a; the halved scale makes the weight, so no offset term (s unused). The decode
+# is `<type>_prepare`'s, once a row-chunk, not once a token (PREPARES; the other types' dots read
+# the loads as they are).
+@cuda.jit(device=True, inline=True)
+def mxfp4_prepare(raw):
+    q, e = raw  # byte j of word i: weights 4i + j (low nibble, half 0) and 16 + 4i + j (high)
+    l0, h0 = qbf.e2m1_words(q[0])
+    l1, h1 = qbf.e2m1_words(q[1])
+    l2, h2 = qbf.e2m1_words(q[2])
+    l3, h3 = qbf.e2m1_words(q[3])
+    d = qbf.e8m0_half(e)
+    return (l0, l1, l2, l3), (h0, h1, h2, h3), d, d
+
+
+@cuda.jit(device=True, inline=True)
+def nvfp4_prepare(raw):
+    q, d = raw  # words 2h, 2h+1 sub-block h: low nibbles its columns 0..7, high 8..15
+    l0, h0 = qbf.e2m1_words(q[0])
+    l1, h1 = qbf.e2m1_words(q[1])
+    l2, h2 = qbf.e2m1_words(q[2])
+    l3, h3 = qbf.e2m1_words(q[3])
+    return (l0, l1, h0, h1), (l2, l3, h2, h3), qbf.ue4m3_half(d), qbf.ue4m3_half(qi.shr32(d, 8))
+
+
+@cuda.jit(device=True, inline=True)
+def fp4_dot(w, c, xw, xf, t):
+    a, b, d0, d1 = w  # half 0's and half 1's int8 words in column order, their halved scales
+    i0 = _dot_s(a[0], a[1], a[2], a[3], xw, t, 0)
+    i1 = _dot_s(b[0], b[1], b[2], b[3], xw, t, 4)
+    return d0 * (xf[t, 0] * float32(i0)) + d1 * (xf[t, 1] * float32(i1))
+
+
+@cuda.jit(device=True, inline=True)
+def as_loaded(raw):
+    return raw
 
 
 @cuda.jit(device=True, inline=True)
@@ -221,7 +276,13 @@ def q6_k_dot(raw, c, xw, xf, t):
 
 
 DOTS = {T.Q8_0: q8_0_dot, T.Q4_0: q4_0_dot, T.Q4_1: q4_1_dot, T.Q5_0: q5_0_dot,
-        T.Q4_K: q4_k_dot, T.Q5_K: q5_k_dot, T.Q6_K: q6_k_dot}
+        T.Q4_K: q4_k_dot, T.Q5_K: q5_k_dot, T.Q6_K: q6_k_dot, T.MXFP4: fp4_dot, T.NVFP4: fp4_dot}
 LOADS = {T.Q8_0: _q8_0_load, T.Q4_0: _q4_0_load, T.Q4_1: _q4_1_load, T.Q5_0: _q5_0_load,
-         T.Q4_K: _q4_k_load, T.Q5_K: _q5_k_load, T.Q6_K: _q6_k_load}
+         T.Q4_K: _q4_k_load, T.Q5_K: _q5_k_load, T.Q6_K: _q6_k_load, T.MXFP4: _fp4_load, T.NVFP4: _fp4_load}
+PREPARES = {T.MXFP4: mxfp4_prepare, T.NVFP4: nvfp4_prepare}  # a row-chunk's loads -> the dot's input
 DP4A_TYPES = tuple(DOTS)
+
+
+def prepare_of(ggml_type):
+    """The device function that turns a row-chunk's loads into its dot's input, once for every token."""
+    return PREPARES.get(ggml_type, as_loaded)

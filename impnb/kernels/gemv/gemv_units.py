@@ -7,6 +7,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.common import quant_blocks32 as qb32
+from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_blocks_k as qbk
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.elementwise.activations import gelu_tanh_dev, silu_dev
@@ -135,6 +136,16 @@ def q6_k_unit(raw, c, h, w):
 
 
 @cuda.jit(device=True, inline=True)
+def mxfp4_unit(raw, c, h, w):
+    return qbf.mxfp4_run(raw, c, h, w), np.float32(0.0)  # u the int8 E2M1 value, a the halved scale
+
+
+@cuda.jit(device=True, inline=True)
+def nvfp4_unit(raw, c, h, w):
+    return qbf.nvfp4_run(raw, c, h, w), np.float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
 def f16_unit(raw, c, h, w):
     return qb32.f16_run(raw, c, h, w), np.float32(0.0)
 
@@ -153,6 +164,8 @@ DECODERS = {
     T.Q4_K: (qbk.q4_k_load, q4_k_unit, qbk.k4_k),
     T.Q5_K: (qbk.q5_k_load, q5_k_unit, qbk.k4_k),
     T.Q6_K: (qbk.q6_k_load, q6_k_unit, qbk.q6_k_k),
+    T.MXFP4: (qbf.mxfp4_load, mxfp4_unit, qb32.block32_k),
+    T.NVFP4: (qbf.nvfp4_load, nvfp4_unit, qb32.block32_k),
     T.F16: (qb32.f16_load, f16_unit, qb32.block32_k),
     T.F32: (qb32.f32_load, f32_unit, qb32.block32_k),
 }

@@ -19,7 +19,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, prepare_of
 from impnb.kernels.gemv.gemv_units import DECODERS
 from impnb.kernels.moe.moe import MAX_K
 from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref
@@ -57,7 +57,7 @@ def _quantize16(act, i, xw, xf, o):
 def down_sum_dp4a_kernel(ggml_type: T, cols: int):
     """The kernel for one weight type and expert input width F = cols (built in: a row's chunks
     and a row's distance are constants)."""
-    load, dot = LOADS[T(ggml_type)], DOTS[T(ggml_type)]
+    load, dot, prepare = LOADS[T(ggml_type)], DOTS[T(ggml_type)], prepare_of(T(ggml_type))
     col = DECODERS[T(ggml_type)][2]
     cpr = cols // 32  # chunks a row
 
@@ -108,7 +108,7 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
                 _quantize16(act, (t * k + j) * cols + col(c, 0), xw, xf, 0)
                 _quantize16(act, (t * k + j) * cols + col(c, 1), xw, xf, 1)
                 for r in range(ROWS):
-                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+                    acc[r] += wj * dot(prepare(raws[r]), c, xw, xf, 0)
         else:
             ptx.grid_dep_wait()
             ptx.grid_dep_launch()
@@ -122,7 +122,7 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
                 _quantize16(act, s * cols + col(c, 1), xw, xf, 1)
                 raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
                 for r in range(ROWS):
-                    acc[r] += wj * dot(raws[r], c, xw, xf, 0)
+                    acc[r] += wj * dot(prepare(raws[r]), c, xw, xf, 0)
         scratch = cuda.shared.array(MAX_BLOCK, float32)
         red = cuda.shared.array((MAX_WARPS, ROWS), float32)
         lane = tid & 31

@@ -234,4 +234,4 @@ def kernel_args(ggml_type: T) -> tuple:
 BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_measured(FOLD_T1, t, n, 4096, NO_GLU, 2048)),
                       types.void(*kernel_args(t)),
                      {"max_registers": 136})
-                    for t in (T.Q4_K, T.Q8_0, T.Q6_K) for n in (1, 8)]
+                    for t in (T.Q4_K, T.Q8_0, T.Q6_K, T.MXFP4, T.NVFP4) for n in (1, 8)]
