@@ -3,7 +3,8 @@ the numpy reference's layer graph that follows it. gpu/forward.py follows the sa
 
 Every layer is
     x += [post_attn_norm](attention(attn_norm(x)))
-    x += [post_ffn_norm](ffn(ffn_norm(x)))
+    x += [post_ffn_norm](ffn([ffn_norm](x)))
+    x = step(x) for each of its `after` steps
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from impnb.models import gemma4_ops
 from impnb.models.config import ModelConfig
 
 
@@ -23,6 +25,8 @@ class LayerSpec:
     ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
     post_attn_norm: str | None = None  # a norm on attention's output before the residual add
     post_ffn_norm: str | None = None  # and on the FFN's
+    ffn_norm: str | None = "ffn_norm"  # the FFN's input norm; None: the FFN reads the residual
+    after: tuple[str, ...] = ()  # steps on the residual once the FFN's output is added (AFTER)
 
     @property
     def adds_into_residual(self) -> bool:
@@ -57,8 +61,9 @@ def moe_ffn(ops, il: int, h):
     return ops.moe(h, f"blk.{il}.")
 
 
-MIXERS = {"attention": attention_block}
-FFNS = {"gated": gated_ffn, "moe": moe_ffn}
+MIXERS = {"attention": attention_block, "gemma4_attention": gemma4_ops.gemma4_attention}
+FFNS = {"gated": gated_ffn, "moe": moe_ffn, "mlp_and_moe": gemma4_ops.mlp_and_moe}
+AFTER = {"per_layer_embedding": gemma4_ops.per_layer_embedding, "output_scale": gemma4_ops.output_scale}
 
 
 def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
@@ -70,7 +75,9 @@ def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
         p = f"blk.{il}."
         h = MIXERS[spec.mixer](ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
         x = ops.add(x, ops.norm(h, p + spec.post_attn_norm) if spec.post_attn_norm else h)
-        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + "ffn_norm"))
+        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + spec.ffn_norm) if spec.ffn_norm else x)
         x = ops.add(x, ops.norm(h, p + spec.post_ffn_norm) if spec.post_ffn_norm else h)
+        for step in spec.after:
+            x = AFTER[step](ops, il, x)
     cache.pos += len(tokens)
     return ops.output(x)
