@@ -190,7 +190,7 @@ def load_from_gguf(model, path) -> None:
     mf = open_model_file(path)
     with torch.no_grad():
         for name, t in gguf_pairs(model):
-            t.copy_(torch.from_numpy(mf.tensors[name].dequantize()).reshape(t.shape))
+            t.copy_(torch.from_numpy(np.array(mf.tensors[name].dequantize())).reshape(t.shape))
 
 
 def tiny_gguf(variant: str, qtype: str, directory, seed: int = 0):

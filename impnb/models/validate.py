@@ -239,9 +239,14 @@ def check_host_memory(needed: int, what: str) -> None:
 
 
 def check_gpu_shapes(cfg: ModelConfig) -> None:
-    """UnsupportedError where the GPU kernels take no such head dim (the CPU reference takes any)."""
+    """UnsupportedError where the architecture has no GPU path or the GPU kernels take no such head
+    dim (the CPU reference takes any)."""
+    from impnb.cuda_support import GPU_ARCHS
     from impnb.kernels.attention.attention_decode import HEAD_DIMS
 
+    if cfg.arch not in GPU_ARCHS:
+        raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
+                               f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
     if cfg.head_dim not in HEAD_DIMS or cfg.head_dim_v != cfg.head_dim:
         raise UnsupportedError(f"{cfg.arch} with head dim {cfg.head_dim} (V {cfg.head_dim_v}) has no "
                                f"GPU attention kernel (head dims {', '.join(map(str, HEAD_DIMS))}); "
