@@ -4,6 +4,7 @@ experts' scales as `.scale` tensors, `layer_scalar` as layer_output_scale, a rop
 the global layers' proportional RoPE, per-layer head_count_kv / feed_forward_length arrays."""
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +103,6 @@ def gguf_pairs(model) -> list[tuple[str, object]]:
     return out
 
 
-def rope_freqs(cfg) -> np.ndarray:
-    """The converter's factors for the global layers: 1 on the rotated pairs, 1e30 (no rotation)
-    on the rest of the head."""
-    head_dim = cfg.per_layer_config[GLOBAL].head_dim
-    n_rot = int(head_dim * cfg.rope_parameters[GLOBAL]["partial_rotary_factor"] / 2)
-    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), np.float32)
-
-
 def tensor_qtype(name: str, array: np.ndarray, qtype: str) -> GGMLQuantizationType:
     """1-D tensors, norms, the router and rows that are no whole Q8_0 block stay F32."""
     if (qtype == "F32" or array.ndim <= 1 or name.endswith("_norm.weight")
@@ -118,57 +111,118 @@ def tensor_qtype(name: str, array: np.ndarray, qtype: str) -> GGMLQuantizationTy
     return GGMLQuantizationType.Q8_0
 
 
-def add_hparams(writer: GGUFWriter, cfg, qtype: str) -> None:
-    """Gemma3Model + Gemma4Model set_gguf_parameters for a Gemma4TextConfig."""
-    n = cfg.num_hidden_layers
-    swa = [t == SLIDING for t in cfg.layer_types]
-    first_shared = n - cfg.num_kv_shared_layers
-    layer = [cfg.per_layer_config[il] for il in range(n)]  # head dim and KV heads by layer kind
-    head_dim_full = cfg.per_layer_config[GLOBAL].head_dim
-    head_dim_swa = cfg.per_layer_config[SLIDING].head_dim
+@dataclass(frozen=True)
+class Gemma4Shape:
+    """A Gemma 4 text model's sizes under transformers' config names, what the GGUF keys say."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_global_key_value_heads: int
+    head_dim: int
+    global_head_dim: int
+    vocab_size: int
+    layer_types: tuple[str, ...]
+    sliding_window: int
+    num_kv_shared_layers: int = 0
+    use_double_wide_mlp: bool = False
+    hidden_size_per_layer_input: int = 0
+    attention_k_eq_v: bool = False
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
+    final_logit_softcapping: float | None = None
+    rope_theta: float = 1_000_000.0
+    rope_theta_swa: float = 10_000.0
+    partial_rotary_factor: float = 0.25  # of the global layers' heads
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 131072
+
+    @classmethod
+    def of(cls, cfg) -> "Gemma4Shape":
+        """The shape of a Gemma4TextConfig (its per-layer head dims and KV heads by layer kind)."""
+        full = cfg.per_layer_config[GLOBAL]
+        return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                   cfg.per_layer_config[SLIDING].num_key_value_heads, full.num_key_value_heads,
+                   cfg.per_layer_config[SLIDING].head_dim, full.head_dim, cfg.vocab_size,
+                   tuple(cfg.layer_types), cfg.sliding_window, cfg.num_kv_shared_layers,
+                   cfg.use_double_wide_mlp, cfg.hidden_size_per_layer_input or 0, cfg.attention_k_eq_v,
+                   (cfg.num_experts or 0) if cfg.enable_moe_block else 0, cfg.top_k_experts or 0,
+                   cfg.moe_intermediate_size or 0, cfg.final_logit_softcapping,
+                   cfg.rope_parameters[GLOBAL]["rope_theta"], cfg.rope_parameters[SLIDING]["rope_theta"],
+                   cfg.rope_parameters[GLOBAL]["partial_rotary_factor"], cfg.rms_norm_eps,
+                   cfg.max_position_embeddings)
+
+    def is_swa(self, il: int) -> bool:
+        return self.layer_types[il] == SLIDING
+
+    def kv_heads(self, il: int) -> int:
+        return self.num_key_value_heads if self.is_swa(il) else self.num_global_key_value_heads
+
+    def layer_head_dim(self, il: int) -> int:
+        return self.head_dim if self.is_swa(il) else self.global_head_dim
+
+    def is_kv_shared(self, il: int) -> bool:
+        return il >= self.num_hidden_layers - self.num_kv_shared_layers
+
+    def n_ff(self, il: int) -> int:
+        """The dense MLP's width: double on KV-shared layers with use_double_wide_mlp."""
+        return self.intermediate_size * (2 if self.use_double_wide_mlp and self.is_kv_shared(il) else 1)
+
+    def rope_freqs(self) -> np.ndarray:
+        """The converter's factors for the global layers: 1 on the rotated pairs, 1e30 (no
+        rotation) on the rest of the head."""
+        n_rot = int(self.global_head_dim * self.partial_rotary_factor / 2)
+        return np.array([1.0] * n_rot + [1e30] * (self.global_head_dim // 2 - n_rot), np.float32)
+
+
+def add_hparams(writer: GGUFWriter, shape: Gemma4Shape, file_type, name: str) -> None:
+    """Gemma3Model + Gemma4Model set_gguf_parameters."""
+    n = shape.num_hidden_layers
     writer.add_type("model")
-    writer.add_name("impnb tiny gemma4")
+    writer.add_name(name)
     writer.add_block_count(n)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    ff = cfg.intermediate_size
-    writer.add_feed_forward_length([ff * (2 if cfg.use_double_wide_mlp and il >= first_shared else 1)
-                                    for il in range(n)] if cfg.use_double_wide_mlp else ff)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv([lc.num_key_value_heads for lc in layer])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_key_length(head_dim_full)
-    writer.add_value_length(head_dim_full)
-    writer.add_key_length_swa(head_dim_swa)
-    writer.add_value_length_swa(head_dim_swa)
-    writer.add_rope_freq_base(cfg.rope_parameters[GLOBAL]["rope_theta"])
-    writer.add_rope_freq_base_swa(cfg.rope_parameters[SLIDING]["rope_theta"])
-    writer.add_rope_dimension_count(head_dim_full)
-    writer.add_rope_dimension_count_swa(head_dim_swa)
-    if cfg.final_logit_softcapping:
-        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    writer.add_sliding_window(cfg.sliding_window)
-    writer.add_sliding_window_pattern(swa)
-    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
-    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
-    if cfg.enable_moe_block:
-        writer.add_expert_count(cfg.num_experts)
-        writer.add_expert_used_count(cfg.top_k_experts)
-        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    writer.add_file_type(QTYPES[qtype])
+    writer.add_context_length(shape.max_position_embeddings)
+    writer.add_embedding_length(shape.hidden_size)
+    ff = [shape.n_ff(il) for il in range(n)]
+    writer.add_feed_forward_length(ff if shape.use_double_wide_mlp else shape.intermediate_size)
+    writer.add_head_count(shape.num_attention_heads)
+    writer.add_head_count_kv([shape.kv_heads(il) for il in range(n)])
+    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    writer.add_key_length(shape.global_head_dim)
+    writer.add_value_length(shape.global_head_dim)
+    writer.add_key_length_swa(shape.head_dim)
+    writer.add_value_length_swa(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_rope_freq_base_swa(shape.rope_theta_swa)
+    writer.add_rope_dimension_count(shape.global_head_dim)
+    writer.add_rope_dimension_count_swa(shape.head_dim)
+    if shape.final_logit_softcapping:
+        writer.add_final_logit_softcapping(shape.final_logit_softcapping)
+    writer.add_sliding_window(shape.sliding_window)
+    writer.add_sliding_window_pattern([shape.is_swa(il) for il in range(n)])
+    writer.add_shared_kv_layers(shape.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(shape.hidden_size_per_layer_input)
+    if shape.num_experts:
+        writer.add_expert_count(shape.num_experts)
+        writer.add_expert_used_count(shape.top_k_experts)
+        writer.add_expert_feed_forward_length(shape.moe_intermediate_size)
+    writer.add_file_type(file_type)
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
 def export_gguf(model, path, qtype: str = "F32") -> None:
     """Write `model` to `path` as llama.cpp's converter does with `--outtype f32` or `q8_0`."""
-    cfg = model.config
+    cfg, shape = model.config, Gemma4Shape.of(model.config)
     writer = GGUFWriter(os.fspath(path), "gemma4")
-    add_hparams(writer, cfg, qtype)
+    add_hparams(writer, shape, QTYPES[qtype], "impnb tiny gemma4")
     add_tokenizer(writer, minimal_tokenizer_metadata(cfg.vocab_size))
     tensors = [(name, t.detach().float().numpy().reshape(t.shape or (1,)).copy())
                for name, t in gguf_pairs(model)]
     if GLOBAL in cfg.layer_types:
-        tensors.append(("rope_freqs.weight", rope_freqs(cfg)))
+        tensors.append(("rope_freqs.weight", shape.rope_freqs()))
     for name, array in tensors:
         ttype = tensor_qtype(name, array, qtype)
         if ttype == GGMLQuantizationType.F32:
