@@ -31,7 +31,7 @@ class LayerSpec:
     @property
     def adds_into_residual(self) -> bool:
         """Whether the attention and FFN outputs add straight into the residual (no post-norm)."""
-        return self.post_attn_norm is None and self.post_ffn_norm is None
+        return self.post_attn_norm is None and self.post_ffn_norm is None and not self.after
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
