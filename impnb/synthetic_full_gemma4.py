@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFWriter
 
 from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_tokenizer, minimal_tokenizer_metadata
-from impnb.synthetic_full import (FILE_TYPES, TensorSpec, _prefetched, byte_shape, padded_tokenizer,
+from impnb.synthetic_full import (FILE_TYPES, TensorSpec, byte_shape, padded_tokenizer, prefetched,
                                   tensor_data)
 from impnb.synthetic_gemma4 import GLOBAL, SLIDING, Gemma4Shape, add_hparams
 
@@ -93,7 +93,7 @@ def write_full_gguf(path, shape: Gemma4Shape, qtype: str = "Q8_0", tokenizer_met
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     items = ((shape, s, seed, i) for i, s in enumerate(specs))
-    for data in _prefetched(tensor_values, items, workers):
+    for data in prefetched(tensor_values, items, workers):
         writer.write_tensor_data(data)
     writer.close()
     return specs
