@@ -27,14 +27,15 @@ RTOL = 1e-4  # max |dlogit| / max |logit|; float32 both sides
 @pytest.fixture(scope="module", params=[("dense", "F32"), ("moe", "F32"), ("dense", "Q8_0"), ("moe", "Q8_0")],
                 ids=lambda p: "-".join(p))
 def built(request, tmp_path_factory):
-    """(reference model, HF logits of the prompt, prompt ids); for Q8_0 HF holds the file's weights."""
+    """(reference model, HF logits of the prompt, prompt ids, HF model); for Q8_0 HF holds the
+    file's weights."""
     variant, qtype = request.param
     hf, path = tiny_gguf(variant, qtype, tmp_path_factory.mktemp("gemma4"), seed=1)
     model = load_reference(open_model_file(path))
     ids = np.random.default_rng(5).integers(0, model.cfg.n_vocab, N_TOKENS)
     with torch.no_grad():
         ref = hf(torch.as_tensor(ids)[None]).logits[0].numpy()
-    return model, ref, ids
+    return model, ref, ids, hf
 
 
 def _rel(out, ref):
@@ -42,7 +43,7 @@ def _rel(out, ref):
 
 
 def test_prefill_matches_transformers(built):
-    model, ref, ids = built
+    model, ref, ids, _ = built
     out = model.forward(ids, model.new_cache(N_TOKENS))
     assert _rel(out, ref) <= RTOL, _rel(out, ref)
     assert np.array_equal(out.argmax(-1), ref.argmax(-1))
@@ -51,15 +52,31 @@ def test_prefill_matches_transformers(built):
 def test_incremental_decode_matches_transformers(built):
     """A prompt chunk, then one token at a time and a chunk again, past the window: each row as
     transformers' full-sequence logits (KV sharing reads the source layer's cache)."""
-    model, ref, ids = built
+    model, ref, ids, _ = built
     cache = model.new_cache(N_TOKENS)
     steps = [(0, 13)] + [(t, t + 1) for t in range(13, 31)] + [(31, N_TOKENS)]
     out = np.concatenate([model.forward(ids[a:b], cache) for a, b in steps])
     assert _rel(out, ref) <= RTOL, _rel(out, ref)
 
 
+def test_decode_matches_transformers_cached_decode(built):
+    """Token by token after a prompt, against transformers' own cached decode (its sliding cache
+    and shared K/V states)."""
+    model, _, ids, hf = built
+    cache = model.new_cache(N_TOKENS)
+    ours = [model.forward(ids[:13], cache)] + [model.forward(ids[t:t + 1], cache) for t in range(13, N_TOKENS)]
+    with torch.no_grad():
+        out = hf(torch.as_tensor(ids[:13])[None], use_cache=True)
+        theirs = [out.logits[0].numpy()]
+        for t in range(13, N_TOKENS):
+            out = hf(torch.as_tensor(ids[t:t + 1])[None], cache=out.cache, use_cache=True)
+            theirs.append(out.logits[0].numpy())
+    ours, theirs = np.concatenate(ours), np.concatenate(theirs)
+    assert _rel(ours, theirs) <= RTOL, _rel(ours, theirs)
+
+
 def test_softcap_and_features_are_exercised(built):
-    model, ref, _ = built
+    model, ref, _, _ = built
     cfg = model.cfg
     assert cfg.final_logit_softcap and np.abs(ref).max() > 0.3 * cfg.final_logit_softcap
     assert not all(cfg.swa_layers) and any(cfg.swa_layers)
@@ -74,7 +91,7 @@ def test_softcap_and_features_are_exercised(built):
 def test_moe_routing_is_exercised(built):
     """Tokens pick most experts, with a margin between the k-th and the next so that float32 and
     float64 routers pick the same."""
-    model, _, ids = built
+    model, _, ids, _ = built
     if not model.cfg.n_expert:
         pytest.skip("dense")
     ops, k = model.ops, model.cfg.n_expert_used
