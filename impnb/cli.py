@@ -61,6 +61,9 @@ def _add_bench(sub):
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("-d", default="0", help="context depths the tests start from, comma-separated "
                    "(tg at depth d: d prompt tokens first, then n generated; llama-bench's -d)")
+    p.add_argument("--batch", default=None, help="batch sizes, comma-separated: llama-batched-bench's "
+                   "table instead (B sequences of -p prompt tokens prefilled, then -n tokens decoded "
+                   "by all B at once; the first -p and -n values)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",

@@ -39,9 +39,10 @@ class CudaEngine:
 
     device = "cuda"
 
-    def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True):
+    def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
+                 kv_tokens: int | None = None, max_seqs: int = 1):
         self.mf = mf
-        self.m = DeviceModel(mf, n_ctx)
+        self.m = DeviceModel(mf, n_ctx, kv_tokens=kv_tokens, max_seqs=max_seqs)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk

@@ -1,4 +1,4 @@
-"""Full-size random Qwen3-8B / Qwen3-30B-A3B GGUFs for speed work, written in minutes.
+"""Full-size random Qwen3-8B / Qwen3-30B-A3B / Qwen3.6-35B-A3B GGUFs for speed work, written in minutes.
 
 Nothing is quantized: each block's quants are random bytes and its scales are fixed, chosen so the
 dequantized weights have mean ~0 and std `1 / sqrt(cols)` (activations stay O(1) through every
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter, LlamaFileType, TokenType
 
+from impnb import synthetic_qwen35
 from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_hparams, add_tokenizer, minimal_tokenizer_metadata
 
 
@@ -34,16 +35,40 @@ class Shape:
     rope_theta: float = 1e6
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 40960
+    # Qwen3.5 hybrids (full_attention_interval > 0): Gated DeltaNet layers, a shared expert
+    shared_expert_intermediate_size: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    full_attention_interval: int = 0
+    partial_rotary_factor: float = 1.0
+    mrope_section: tuple[int, ...] = ()
 
     @property
     def rope_parameters(self) -> dict:
-        return {"rope_type": "default", "rope_theta": self.rope_theta}
+        if not self.full_attention_interval:
+            return {"rope_type": "default", "rope_theta": self.rope_theta}
+        return {"rope_type": "default", "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor, "mrope_section": list(self.mrope_section)}
+
+    @property
+    def layer_types(self) -> list[str]:
+        n = self.full_attention_interval
+        return ["full_attention" if (i + 1) % n == 0 else "linear_attention" for i in range(self.num_hidden_layers)]
 
 
 # The HF configs of Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (neither ties its output to token_embd).
 SHAPES = {
     "qwen3-8b": Shape("qwen3", 36, 4096, 12288, 32, 8, 128, 151936),
     "qwen3-30b-a3b": Shape("qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 128, 8, 768),
+    # Qwen/Qwen3.6-35B-A3B's text_config (its one MTP layer, which llama.cpp appends, left out)
+    "qwen3.6-35b-a3b": Shape("qwen35moe", 40, 2048, 0, 16, 2, 256, 248320, 256, 8, 512, rope_theta=1e7,
+                             max_position_embeddings=262144, shared_expert_intermediate_size=512,
+                             linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                             linear_value_head_dim=128, full_attention_interval=4,
+                             partial_rotary_factor=0.25, mrope_section=(11, 11, 10)),
 }
 FILE_TYPES = {"Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M}
 
@@ -87,6 +112,9 @@ def tensor_specs(shape: Shape, qtype: str) -> list[TensorSpec]:
     out = [mat("token_embd.weight", (shape.vocab_size, h))]
     for i in range(n):
         b = f"blk.{i}."
+        if shape.full_attention_interval:
+            out += hybrid_layer_specs(shape, i, mat, norm)
+            continue
         out += [norm(b + "attn_norm.weight", h), mat(b + "attn_q.weight", (q, h), i),
                 mat(b + "attn_k.weight", (kv, h), i), mat(b + "attn_v.weight", (kv, h), i),
                 mat(b + "attn_output.weight", (h, q), i), norm(b + "attn_q_norm.weight", hd),
@@ -102,6 +130,33 @@ def tensor_specs(shape: Shape, qtype: str) -> list[TensorSpec]:
             out += [mat(b + "ffn_gate.weight", (ff, h), i), mat(b + "ffn_up.weight", (ff, h), i),
                     mat(b + "ffn_down.weight", (h, ff), i)]
     return out + [norm("output_norm.weight", h), mat("output.weight", (shape.vocab_size, h))]
+
+
+def hybrid_layer_specs(shape: Shape, i: int, mat, norm) -> list[TensorSpec]:
+    """A qwen35moe layer's tensors: Gated DeltaNet or gated attention, routed and shared experts."""
+    b, h, hd = f"blk.{i}.", shape.hidden_size, shape.head_dim
+    hk, hv = shape.linear_num_key_heads, shape.linear_num_value_heads
+    conv, v = 2 * hk * shape.linear_key_head_dim + hv * shape.linear_value_head_dim, hv * shape.linear_value_head_dim
+    out = [norm(b + "attn_norm.weight", h), norm(b + "post_attention_norm.weight", h)]
+    if (i + 1) % shape.full_attention_interval:
+        k = shape.linear_conv_kernel_dim
+        out += [mat(b + "attn_qkv.weight", (conv, h), i), mat(b + "attn_gate.weight", (v, h), i),
+                mat(b + "ssm_beta.weight", (hv, h), i), mat(b + "ssm_alpha.weight", (hv, h), i),
+                TensorSpec(b + "ssm_conv1d.weight", (conv, k), T.F32, k ** -0.5),
+                TensorSpec(b + "ssm_a", (hv,), T.F32, 1.0), TensorSpec(b + "ssm_dt.bias", (hv,), T.F32, 1.0),
+                norm(b + "ssm_norm.weight", shape.linear_value_head_dim), mat(b + "ssm_out.weight", (h, v), i)]
+    else:
+        q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
+        out += [mat(b + "attn_q.weight", (2 * q, h), i), mat(b + "attn_k.weight", (kv, h), i),
+                mat(b + "attn_v.weight", (kv, h), i), mat(b + "attn_output.weight", (h, q), i),
+                norm(b + "attn_q_norm.weight", hd), norm(b + "attn_k_norm.weight", hd)]
+    e, ff, sh = shape.num_experts, shape.moe_intermediate_size, shape.shared_expert_intermediate_size
+    return out + [TensorSpec(b + "ffn_gate_inp.weight", (e, h), T.F32, h ** -0.5),
+                  mat(b + "ffn_gate_exps.weight", (e, ff, h), i), mat(b + "ffn_up_exps.weight", (e, ff, h), i),
+                  mat(b + "ffn_down_exps.weight", (e, h, ff), i),
+                  TensorSpec(b + "ffn_gate_inp_shexp.weight", (1, h), T.F32, h ** -0.5),
+                  mat(b + "ffn_gate_shexp.weight", (sh, h), i), mat(b + "ffn_up_shexp.weight", (sh, h), i),
+                  mat(b + "ffn_down_shexp.weight", (h, sh), i)]
 
 
 # ---------------------------------------------------------------- random blocks
@@ -166,6 +221,8 @@ def tensor_data(spec: TensorSpec, seed: int, index: int) -> np.ndarray:
     bits = np.random.SFC64(np.random.SeedSequence([seed, index]))
     if spec.ggml_type == T.F32:
         x = np.random.Generator(bits).standard_normal(spec.shape, np.float32) * np.float32(spec.std)
+        if spec.name.endswith("ssm_a"):  # -exp(A_log): every state decays
+            return -np.exp(x)
         return x + np.float32(1.0) if spec.name.endswith("_norm.weight") else x
     shape = byte_shape(spec)
     n = int(np.prod(shape))
@@ -214,7 +271,8 @@ def write_full_gguf(path, shape: Shape, qtype: str, tokenizer_metadata: dict | N
         tokenizer_metadata = minimal_tokenizer_metadata(min(shape.vocab_size, MINIMAL_VOCAB))
     specs = tensor_specs(shape, qtype)
     writer = GGUFWriter(os.fspath(path), shape.arch)
-    add_hparams(writer, shape, shape.arch, FILE_TYPES[qtype], name)
+    hparams = synthetic_qwen35.add_hparams if shape.full_attention_interval else add_hparams
+    hparams(writer, shape, shape.arch, FILE_TYPES[qtype], name)
     add_tokenizer(writer, padded_tokenizer(tokenizer_metadata, shape.vocab_size))
     for spec in specs:
         raw_shape = byte_shape(spec)

@@ -10,11 +10,12 @@ cannot be written only costs the derivation.
 import hashlib
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from impnb import checked_file
 
 log = logging.getLogger("impnb.tokenizer")
 
@@ -37,17 +38,10 @@ def vocab_key(tokens: list[str], rank: bytes) -> str:
 
 
 def _read(path: Path, n_vocab: int) -> np.ndarray | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    payload = checked_file.read(path, MAGIC, log, "tokenizer cache")
+    if payload is None:
         return None
-    except OSError as e:
-        log.warning("tokenizer cache: cannot read %s (%s); rebuilding", path, e)
-        return None
-    n = len(MAGIC)
-    payload = data[n + 32:]
-    if (data[:n] != MAGIC or hashlib.sha256(payload).digest() != data[n:n + 32]
-            or len(payload) % 8):
+    if len(payload) % 8:
         log.warning("tokenizer cache: %s is corrupt; rebuilding", path)
         return None
     pairs = np.frombuffer(payload, "<i4").reshape(-1, 2)
@@ -58,18 +52,7 @@ def _read(path: Path, n_vocab: int) -> np.ndarray | None:
 
 
 def _write(path: Path, pairs: np.ndarray) -> None:
-    payload = np.ascontiguousarray(pairs, "<i4").tobytes()
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
-            tmp = f.name
-            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("tokenizer cache: cannot write %s (%s)", path, e)
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+    checked_file.write(path, MAGIC, np.ascontiguousarray(pairs, "<i4").tobytes(), log, "tokenizer cache")
 
 
 def cached_merges(tokens: list[str], vocab: dict[str, int], rank: bytes,

@@ -28,6 +28,7 @@ from impnb.errors import ImpnbError  # noqa: E402
 from impnb.fuzz.catalogue import draw  # noqa: E402
 from impnb.fuzz.mutate import parse  # noqa: E402
 from impnb.fuzz.run import argv_for, run_forked, run_in_subprocess  # noqa: E402
+from impnb.cuda_support import GPU_ARCHS  # noqa: E402
 from impnb.fuzz.seeds import write_seeds  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 # what a command imports, imported once here: forked children then share it and read no code
@@ -38,8 +39,11 @@ import impnb.commands.generate, impnb.commands.info, impnb.engine_cpu  # noqa: E
 SHARES = {"tiny": 0.93, "smollm2-135m": 0.05, "gemma3-270m": 0.02}
 
 
-def sources(tmp: Path) -> dict[str, list[Path]]:
-    out = {"tiny": list(write_seeds(tmp / "seeds").values())}
+def sources(tmp: Path, device: str = "cpu") -> dict[str, list[Path]]:
+    """Seed files by source; on the GPU only the architectures it runs (the others' mutants would
+    all end in its one-line refusal)."""
+    seeds = write_seeds(tmp / "seeds")
+    out = {"tiny": [p for arch, p in seeds.items() if device == "cpu" or arch in GPU_ARCHS]}
     for name in ("smollm2-135m", "gemma3-270m"):
         try:
             out[name] = [Path(resolve_model(name))]
@@ -145,7 +149,7 @@ def main() -> int:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="impnb-fuzz-") as tmp:
         tmp = Path(tmp)
-        cases = plan(sources(tmp), args.cases, rng)
+        cases = plan(sources(tmp, args.device), args.cases, rng)
         cases = [cases[i] for i in rng.permutation(len(cases))]  # a partial run samples every source
         # info reads no weights and is the same on either device: the GPU subset runs generate only
         commands = ("info", "generate") if args.device == "cpu" else ("generate",)

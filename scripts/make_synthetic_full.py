@@ -1,5 +1,5 @@
-"""Write a full-size random Qwen3-8B, Qwen3-30B-A3B or Gemma-4-26B-A4B GGUF (llama.cpp's layout)
-for speed work."""
+"""Write a full-size random Qwen3-8B, Qwen3-30B-A3B, Qwen3.6-35B-A3B or Gemma-4-26B-A4B GGUF
+(llama.cpp's layout) for speed work."""
 
 import argparse
 import math
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     tokenizer = synthetic.tokenizer_metadata_from(args.tokenizer_from) if args.tokenizer_from else None
     specs = writer.write_full_gguf(args.out, shape, args.quant, tokenizer, args.seed,
-                                           f"impnb synthetic {args.model} {args.quant}", args.workers)
+                                   f"impnb synthetic {args.model} {args.quant}", args.workers)
     seconds = time.perf_counter() - start
     size = os.path.getsize(args.out)
     n_params = sum(math.prod(s.shape) for s in specs)

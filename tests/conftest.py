@@ -8,6 +8,17 @@ import pytest
 from impnb.errors import ImpnbError
 from impnb.model_registry import resolve_model
 
+
+def _spread_workers_over_gpus() -> None:
+    """On a host of several GPUs, IMPNB_TEST_GPUS=N spreads pytest-xdist's workers over the first
+    N (worker gwK sees GPU K mod N alone); runs before anything here can initialise CUDA."""
+    n, worker = os.environ.get("IMPNB_TEST_GPUS", ""), os.environ.get("PYTEST_XDIST_WORKER", "")
+    if n.isdigit() and int(n) > 1 and worker[2:].isdigit():
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % int(n))
+
+
+_spread_workers_over_gpus()
+
 DEV_MODELS = Path(__file__).parents[1] / ".dev" / "models"
 REAL_MODELS = {
     "smollm2-135m": "smollm2-135m-instruct-q4_1.gguf",

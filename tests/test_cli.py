@@ -63,6 +63,26 @@ def test_unsupported_architecture(tmp_path):
     assert_user_error(run_cli("info", path), "architecture 'mamba'")
 
 
+@pytest.mark.parametrize("drop,config,words", [
+    (("blk.0.ssm_a",), {}, ["blk.0.ssm_a is missing"]),
+    ((), {"linear_num_key_heads": 3}, ["ssm.time_step_rank 4", "ssm.group_count 3"]),
+])
+def test_broken_qwen35_file(tmp_path, drop, config, words):
+    # a hybrid missing a Gated DeltaNet tensor, or with V heads not a multiple of the QK heads
+    import copy
+
+    from impnb.synthetic import MINIMAL_VOCAB
+    from impnb.synthetic_qwen35 import build_hf_model, export_gguf
+
+    model = build_hf_model("qwen35", MINIMAL_VOCAB)
+    changed = copy.deepcopy(model.config)
+    for key, value in config.items():
+        setattr(changed, key, value)
+    path = tmp_path / "qwen35.gguf"
+    export_gguf(model, path, drop=drop, config=changed)
+    assert_user_error(run_cli("generate", "hi", "-m", path, "--device", "cpu"), *words)
+
+
 @pytest.mark.parametrize("command", [["info"], ["generate", "hi", "--device", "cpu", "-m"]])
 def test_gemma4_inconsistent_per_layer_metadata(tmp_path, command):
     from gguf import GGUFValueType

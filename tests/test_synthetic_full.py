@@ -24,8 +24,15 @@ SMALL = {
                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                           vocab_size=1000, num_experts=8, num_experts_per_tok=2,
                           moe_intermediate_size=256),
+    "qwen3.6-35b-a3b": dict(num_hidden_layers=8, hidden_size=256, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=64, vocab_size=1000, num_experts=8,
+                            num_experts_per_tok=2, moe_intermediate_size=256,
+                            shared_expert_intermediate_size=256, linear_num_key_heads=2,
+                            linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+                            mrope_section=(4, 2, 2)),
 }
-CASES = [("qwen3-8b", "Q8_0"), ("qwen3-8b", "Q4_K_M"), ("qwen3-30b-a3b", "Q4_K_M")]
+CASES = [("qwen3-8b", "Q8_0"), ("qwen3-8b", "Q4_K_M"), ("qwen3-30b-a3b", "Q4_K_M"),
+         ("qwen3.6-35b-a3b", "Q4_K_M")]
 # Bounds: 5 sampling standard errors over n values, plus the blocks' own bias: fp16 scales
 # (std, < 0.01) and Q6_K's q - 32 (mean -0.5, 0.027 of its std).
 STD_BIAS, MEAN_BIAS = 0.01, 0.03
@@ -51,10 +58,11 @@ def test_q4_k_scale_bytes_round_trip():
 
 
 def test_full_shapes_are_the_real_models():
-    """Parameter counts of Qwen3-8B (8.19 B) and Qwen3-30B-A3B (30.53 B)."""
+    """Parameter counts of Qwen3-8B (8.19 B), Qwen3-30B-A3B (30.53 B) and Qwen3.6-35B-A3B's text model."""
     count = {k: sum(int(np.prod(s.shape)) for s in sf.tensor_specs(v, "Q4_K_M")) for k, v in sf.SHAPES.items()}
     assert abs(count["qwen3-8b"] / 8.19e9 - 1) < 0.005
     assert abs(count["qwen3-30b-a3b"] / 30.53e9 - 1) < 0.005
+    assert abs(count["qwen3.6-35b-a3b"] / 34.66e9 - 1) < 0.005  # the text model less its MTP layer
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
@@ -76,6 +84,9 @@ def test_types_and_values(small_file):
         assert t.ggml_type == spec.ggml_type, spec.name
         x = dequantize(np.asarray(t.data), t.ggml_type).reshape(spec.shape)
         assert np.isfinite(x).all(), spec.name
+        if spec.name.endswith("ssm_a"):  # -exp(N(0, 1)): decays, not a centred weight
+            assert (x < 0).all()
+            continue
         mean = 1.0 if spec.name.endswith("_norm.weight") else 0.0
         n = x.size
         assert abs(x.std() / spec.std - 1) < STD_BIAS + 5 / np.sqrt(2 * n), (spec.name, x.std())
@@ -85,8 +96,9 @@ def test_types_and_values(small_file):
         assert {s.ggml_type for s in specs} == {T.Q8_0, T.F32}
     else:
         down = "ffn_down_exps" if shape.num_experts else "ffn_down"
-        assert q6 == {"output.weight"} | {f"blk.{i}.{n}.weight" for i in (0, 3, 6, 7)
-                                          for n in ("attn_v", down)}
+        assert q6 == {"output.weight"} | ({f"blk.{i}.{n}.weight" for i in (0, 3, 6, 7)
+                                           for n in ("attn_v", down, "ffn_down_shexp")}
+                                          & {s.name for s in specs})
 
 
 def test_reference_runs_to_spread_logits(small_file):

@@ -22,6 +22,8 @@ def _ints(text: str, flag: str, zero: bool = False) -> list[int]:
         values = [int(v) for v in text.split(",") if v]
     except ValueError:
         raise ParameterError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ParameterError(f"{flag} takes comma-separated integers, got {text!r}")
     if any(v < (0 if zero else 1) for v in values):
         raise ParameterError(f"{flag} values must be {'>= 0' if zero else '> 0'}, got {text!r}")
     return values
@@ -46,6 +48,10 @@ def _tg(engine, n: int, depth: list) -> float:
 
 
 def run(args) -> int:
+    if args.batch is not None:
+        from impnb.commands.bench_batch import run_batched
+
+        return run_batched(args, _ints(args.batch, "--batch"), _ints(args.p, "-p")[0], _ints(args.n, "-n")[0])
     pps, tgs = _ints(args.p, "-p"), _ints(args.n, "-n")
     depths = _ints(args.d, "-d", zero=True)
     if args.r <= 0:

@@ -16,7 +16,12 @@ def run(args) -> int:
     print(f"parameters    {mf.n_params() / 1e6:.1f} M")
     print(f"layers        {cfg.n_layer}, d_model {cfg.n_embd}, heads {cfg.n_head}/{cfg.n_head_kv} "
           f"(head dim {cfg.head_dim}), ffn {cfg.n_ff}"
-          + (f", experts {cfg.n_expert_used}/{cfg.n_expert}" if cfg.n_expert else ""))
+          + (f", experts {cfg.n_expert_used}/{cfg.n_expert}" if cfg.n_expert else "")
+          + (" + 1 shared" if cfg.n_ff_shexp else ""))
+    if cfg.deltanet:
+        d = cfg.deltanet
+        print(f"deltanet      {sum(cfg.recurrent_layers)} of the layers, QK heads {d.n_k_heads} of "
+              f"{d.head_k_dim}, V heads {d.n_v_heads} of {d.head_v_dim}, conv kernel {d.conv_kernel}")
     print(f"context       {cfg.n_ctx}")
     print(f"vocabulary    {cfg.n_vocab} ({mf.get('tokenizer.ggml.model', '?')} tokenizer)")
     counts, sizes = Counter(), Counter()

@@ -1,21 +1,21 @@
 """Tiny valid GGUFs of every architecture, written in milliseconds with numpy (no torch), to mutate.
 
 Each seed runs end to end on the CPU reference: weights N(0, 1/sqrt(cols)), norms near 1, a
-byte-level BPE vocabulary (llama, qwen3, qwen3moe) or a SentencePiece one with byte fallback
+byte-level BPE vocabulary (llama, qwen3, qwen3moe, qwen35moe, gemma4) or a SentencePiece one with byte fallback
 (gemma3), a chat template where the architecture has no built-in one, and a mix of tensor
 types (F32, F16, Q8_0, Q4_1, Q5_0) so that retyping and NaN scales have blocks to hit.
 """
 
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
+from impnb.fuzz import seed_gemma4 as sg
 from impnb.tokenizer import bytes_to_unicode
 
-SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "gemma4")
+SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "qwen35moe", "gemma4")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # (layers, d_model, heads, KV heads, head dim, FFN, matrix type)
@@ -25,16 +25,12 @@ SIZES = {
     "qwen3": (2, 64, 4, 2, 64, 96, T.Q4_1),
     "qwen3moe": (2, 64, 2, 1, 64, 64, T.F16),
     "gemma3": (7, 64, 2, 1, 64, 128, T.Q5_0),  # seven layers: one of them global
-    "gemma4": (4, 64, 2, 0, 0, 64, T.Q4_1),  # KV heads and head dims: GEMMA4_* below
+    "qwen35moe": (2, 64, 2, 1, 64, 64, T.F16),  # a Gated DeltaNet layer, then a gated attention one
+    "gemma4": (sg.N_LAYER, sg.D_MODEL, sg.N_HEAD, 0, 0, sg.N_FF, sg.MATRIX_TYPE),  # per layer: seed_gemma4
 }
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
-# gemma4: sliding/global layers with their own head dims and KV heads, the last two layers
-# sharing the first two's K/V (with the double-wide MLP), K = V on global layers, routed experts
-# beside the MLP, per-layer embeddings of GEMMA4_PLE
-GEMMA4_SWA = [True, False, True, False]
-GEMMA4_KV_HEADS = [2, 1, 2, 1]
-GEMMA4_HEAD_DIMS = (32, 64)  # sliding, global
-GEMMA4_SHARED, GEMMA4_PLE = 2, 32
+# the hybrid's Gated DeltaNet: QK heads, V heads, their dims, the conv kernel; its shared expert's FFN
+GDN_HK, GDN_HV, GDN_DK, GDN_DV, GDN_KERNEL, N_FF_SHEXP = 1, 2, 32, 32, 4, 32
 
 
 def byte_level_vocab(n_pairs: int = 64) -> dict:
@@ -94,10 +90,13 @@ def _tensors(arch: str, n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     out = [("token_embd.weight", matrix(n_vocab, D), T.Q8_0), ("output_norm.weight", norm(D), T.F32)]
-    if arch in ("llama", "qwen3moe"):
+    if arch in ("llama", "qwen3moe", "qwen35moe"):
         out.append(("output.weight", matrix(n_vocab, D), T.F16))
     for il in range(n_layer):
         p = f"blk.{il}."
+        if arch == "qwen35moe":
+            out += _hybrid_layer(p, il, matrix, norm)
+            continue
         out += [(p + "attn_norm.weight", norm(D), T.F32), (p + "ffn_norm.weight", norm(D), T.F32),
                 (p + "attn_q.weight", matrix(H * Dh, D), qtype), (p + "attn_k.weight", matrix(Hkv * Dh, D), qtype),
                 (p + "attn_v.weight", matrix(Hkv * Dh, D), qtype), (p + "attn_output.weight", matrix(D, H * Dh), qtype)]
@@ -117,59 +116,29 @@ def _tensors(arch: str, n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
     return out
 
 
-def _gemma4_tensors(n_vocab: int, rng) -> list[tuple[str, np.ndarray, T]]:
-    n_layer, D, H, _, _, F, qtype = SIZES["gemma4"]
-    L, P = n_layer, GEMMA4_PLE
-
-    def matrix(*shape):
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-
-    def norm(n):
-        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    dh = GEMMA4_HEAD_DIMS[1]
-    out = [("token_embd.weight", matrix(n_vocab, D), T.Q8_0), ("output_norm.weight", norm(D), T.F32),
-           ("rope_freqs.weight", np.array([1.0] * (dh // 8) + [1e30] * (dh // 2 - dh // 8), np.float32), T.F32),
-           ("per_layer_token_embd.weight", matrix(n_vocab, L * P), T.Q8_0),
-           ("per_layer_model_proj.weight", matrix(L * P, D), T.F16), ("per_layer_proj_norm.weight", norm(P), T.F32)]
-    for il in range(n_layer):
-        p, swa, hkv = f"blk.{il}.", GEMMA4_SWA[il], GEMMA4_KV_HEADS[il]
-        hd, ff = GEMMA4_HEAD_DIMS[0 if swa else 1], F * (2 if il >= n_layer - GEMMA4_SHARED else 1)
-        out += [(p + n + ".weight", norm(D), T.F32) for n in ("attn_norm", "post_attention_norm", "ffn_norm",
-                "post_ffw_norm", "pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2", "post_norm")]
-        out += [(p + "attn_q.weight", matrix(H * hd, D), qtype), (p + "attn_q_norm.weight", norm(hd), T.F32),
-                (p + "attn_output.weight", matrix(D, H * hd), qtype),
-                (p + "ffn_gate.weight", matrix(ff, D), qtype), (p + "ffn_up.weight", matrix(ff, D), qtype),
-                (p + "ffn_down.weight", matrix(D, ff), T.Q8_0), (p + "layer_output_scale.weight", norm(1), T.F32),
-                (p + "ffn_gate_inp.weight", matrix(N_EXPERT, D), T.F32), (p + "ffn_gate_inp.scale", norm(D), T.F32),
-                (p + "ffn_gate_up_exps.weight", matrix(N_EXPERT, 2 * N_FF_EXP, D), T.Q8_0),
-                (p + "ffn_down_exps.weight", matrix(N_EXPERT, D, N_FF_EXP), T.Q8_0),
-                (p + "ffn_down_exps.scale", norm(N_EXPERT), T.F32),
-                (p + "inp_gate.weight", matrix(P, D), T.F16), (p + "proj.weight", matrix(D, P), T.Q8_0)]
-        if il < n_layer - GEMMA4_SHARED:
-            out += [(p + "attn_k.weight", matrix(hkv * hd, D), qtype), (p + "attn_k_norm.weight", norm(hd), T.F32)]
-            if swa:
-                out.append((p + "attn_v.weight", matrix(hkv * hd, D), qtype))
-    return out
-
-
-def _gemma4_keys(w: GGUFWriter) -> None:
-    n_layer, _, _, _, _, F, _ = SIZES["gemma4"]
-    w.add_head_count_kv(GEMMA4_KV_HEADS)
-    w.add_feed_forward_length([F * (2 if il >= n_layer - GEMMA4_SHARED else 1) for il in range(n_layer)])
-    w.add_key_length(GEMMA4_HEAD_DIMS[1])
-    w.add_value_length(GEMMA4_HEAD_DIMS[1])
-    w.add_key_length_swa(GEMMA4_HEAD_DIMS[0])
-    w.add_value_length_swa(GEMMA4_HEAD_DIMS[0])
-    w.add_rope_freq_base_swa(10000.0)
-    w.add_sliding_window(16)
-    w.add_sliding_window_pattern(GEMMA4_SWA)
-    w.add_shared_kv_layers(GEMMA4_SHARED)
-    w.add_embedding_length_per_layer_input(GEMMA4_PLE)
-    w.add_final_logit_softcapping(30.0)
-    w.add_expert_count(N_EXPERT)
-    w.add_expert_used_count(N_EXPERT_USED)
-    w.add_expert_feed_forward_length(N_FF_EXP)
+def _hybrid_layer(p: str, il: int, matrix, norm) -> list[tuple[str, np.ndarray, T]]:
+    """A qwen35moe layer: Gated DeltaNet (even il) or gated attention, then routed and shared experts."""
+    _, D, H, Hkv, Dh, _, qtype = SIZES["qwen35moe"]
+    C, V = 2 * GDN_HK * GDN_DK + GDN_HV * GDN_DV, GDN_HV * GDN_DV
+    out = [(p + "attn_norm.weight", norm(D), T.F32), (p + "post_attention_norm.weight", norm(D), T.F32)]
+    if il % 2 == 0:
+        out += [(p + "attn_qkv.weight", matrix(C, D), qtype), (p + "attn_gate.weight", matrix(V, D), qtype),
+                (p + "ssm_beta.weight", matrix(GDN_HV, D), T.F32), (p + "ssm_alpha.weight", matrix(GDN_HV, D), T.F32),
+                (p + "ssm_conv1d.weight", matrix(C, GDN_KERNEL), T.F32),
+                (p + "ssm_a", -np.exp(norm(GDN_HV)), T.F32), (p + "ssm_dt.bias", norm(GDN_HV) - 1, T.F32),
+                (p + "ssm_norm.weight", norm(GDN_DV), T.F32), (p + "ssm_out.weight", matrix(D, V), qtype)]
+    else:
+        out += [(p + "attn_q.weight", matrix(2 * H * Dh, D), qtype), (p + "attn_k.weight", matrix(Hkv * Dh, D), qtype),
+                (p + "attn_v.weight", matrix(Hkv * Dh, D), qtype), (p + "attn_output.weight", matrix(D, H * Dh), qtype),
+                (p + "attn_q_norm.weight", norm(Dh), T.F32), (p + "attn_k_norm.weight", norm(Dh), T.F32)]
+    return out + [(p + "ffn_gate_inp.weight", matrix(N_EXPERT, D), T.F32),
+                  (p + "ffn_gate_exps.weight", matrix(N_EXPERT, N_FF_EXP, D), T.Q8_0),
+                  (p + "ffn_up_exps.weight", matrix(N_EXPERT, N_FF_EXP, D), T.Q8_0),
+                  (p + "ffn_down_exps.weight", matrix(N_EXPERT, D, N_FF_EXP), T.Q8_0),
+                  (p + "ffn_gate_inp_shexp.weight", matrix(1, D), T.F32),
+                  (p + "ffn_gate_shexp.weight", matrix(N_FF_SHEXP, D), qtype),
+                  (p + "ffn_up_shexp.weight", matrix(N_FF_SHEXP, D), qtype),
+                  (p + "ffn_down_shexp.weight", matrix(D, N_FF_SHEXP), T.Q8_0)]
 
 
 def write_seed(arch: str, path, seed: int = 0) -> Path:
@@ -186,7 +155,7 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     if arch == "gemma4":
-        _gemma4_keys(w)
+        sg.add_keys(w)
     else:
         w.add_feed_forward_length(F)
         w.add_head_count_kv(Hkv)
@@ -194,13 +163,22 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
         w.add_value_length(Dh)
     if arch == "gemma3":
         w.add_sliding_window(16)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen35moe"):
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
         w.add_expert_feed_forward_length(N_FF_EXP)
+    if arch == "qwen35moe":
+        w.add_expert_shared_feed_forward_length(N_FF_SHEXP)
+        w.add_ssm_conv_kernel(GDN_KERNEL)
+        w.add_ssm_state_size(GDN_DK)
+        w.add_ssm_group_count(GDN_HK)
+        w.add_ssm_time_step_rank(GDN_HV)
+        w.add_ssm_inner_size(GDN_HV * GDN_DV)
+        w.add_full_attention_interval(2)
+        w.add_rope_dimension_count(Dh // 4)
     _add_keys(w, md)
-    make = _gemma4_tensors if arch == "gemma4" else partial(_tensors, arch)
-    for name, array, qtype in make(n_vocab, np.random.default_rng(seed)):
+    rng = np.random.default_rng(seed)
+    for name, array, qtype in sg.tensors(n_vocab, rng) if arch == "gemma4" else _tensors(arch, n_vocab, rng):
         if qtype == T.F32:
             w.add_tensor(name, array)
         elif qtype == T.F16:

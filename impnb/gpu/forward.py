@@ -43,11 +43,12 @@ FFNS = ("gated", "moe")  # the LayerSpec.ffn kinds it runs
 
 
 def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
-    """Run step.n_tokens = T tokens (ids in m.ids[:T], positions in m.pos[:T]) through model m ->
-    logits buffer, decode attention as the step plan says.
+    """Run step.batch sequences of step.n_tokens = T tokens each through model m -> logits
+    buffer, decode attention as the step plan says. The R = batch * T rows (ids in m.ids[:R],
+    positions in m.pos[:R]) go sequence by sequence; sequence b's pages are m.kv.tables[b].
 
-    Logits of every row, or of the last one; last_row (int32 (1,) on the device) picks that
-    row at run time instead of T - 1 (padded chunks in a captured graph).
+    Logits of every row, or of each sequence's last one; last_row (int32 (1,) on the device,
+    one sequence) picks that row at run time instead of T - 1 (padded chunks in a captured graph).
 
     m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
     launch the same kernels on the same memory (what a CUDA graph captures).
@@ -55,7 +56,8 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     cfg: ModelConfig = m.cfg
     s = m.ctx.nb_stream
     a = m.arena
-    D, T = cfg.n_embd, step.n_tokens
+    D, T = cfg.n_embd, step.rows
+    assert step.batch == 1 or (step.n_tokens == 1 and last_row is None), "batches: decode steps"
     ids, pos = m.ids[:T], m.pos[:T]
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
@@ -72,12 +74,12 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
             moe_ffn(m, h, lw.ffn, o, res)
         else:
             _dense_ffn(m, h, lw.ffn, o, residual=res)
-    return _logits(m, h, T, last_only, last_row, None)
+    return _logits(m, h, step, last_only, last_row, None)
 
 
 def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
-    cfg, eps, T = m.cfg, m.cfg.eps, step.n_tokens
+    cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
@@ -91,15 +93,15 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
             _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
-    return _logits(m, x, T, last_only, last_row, (m.blk[-1].next_norm, eps))
+    return _logits(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
-    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (T, H * Dv);
+    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv);
     xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
-    T = step.n_tokens
+    T, B = step.rows, step.batch
     q = a.get("q", (T, H, Dh))
     k = a.get("k", (T, Hkv, Dh))
     v = a.get("v", (T, Hkv, Dv))
@@ -113,25 +115,32 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
             m.mm.linear(h, lin, y, norm_w)
     qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
-    if T <= attention_decode.MAX_T and step.short_blocks and m.plan.decode_post:  # qkv_post fused in
-        attention_decode_short(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, attn,
+    tables = m.kv.tables[:B]
+    if step.n_tokens <= attention_decode.MAX_T and step.short_blocks and m.plan.decode_post:  # qkv_post fused in
+        attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(attn, B),
                                cfg.attn_scale, cfg.window(il), None, s,
-                               post=(k, v, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
+                               post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=step.short_blocks, xq=xq)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
-                          m.kv.block_table, m.kv.k[il], m.kv.v[il], s)
+                          tables, m.kv.k[il], m.kv.v[il], s)
         _attention(m, il, q, pos, attn, step, xq)
     return attn.reshape(T, H * Dv)
 
 
-def _logits(m, h, T: int, last_only: bool, last_row, norm_w):
-    """Logits of h's rows (all, the last, or row last_row); norm_w: of RMSNorm(h) * w."""
-    a, rows = m.arena, h
+def _seqs(a, B: int):
+    """Rows (R, ...) of B sequences as (B, R / B, ...) (the attention kernels' layout)."""
+    return a.reshape(B, a.shape[0] // B, *a.shape[1:])
+
+
+def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
+    """Logits of h's rows (all; the last, which in a batch of one row a sequence is all; or row
+    last_row); norm_w: of RMSNorm(h) * w."""
+    a, rows, T = m.arena, h, step.rows
     if last_row is not None:
         rows = a.get("h_last", (1, h.shape[1]))
         gather_row(h, last_row, rows, m.ctx.nb_stream)
-    elif last_only:
+    elif last_only and step.batch == 1:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
     m.mm.linear(rows, m.output, logits, norm_w)
@@ -160,19 +169,21 @@ def _residual(m, x, h, post_norm, next_norm) -> Residual:
 
 
 def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):
-    cfg, s, T = m.cfg, m.ctx.nb_stream, step.n_tokens
+    cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
+    tables = m.kv.tables[:B]
     assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
     if T <= attention_decode.MAX_T and step.short_blocks:
-        attention_decode_short(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
+        attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=step.short_blocks, xq=xq)
     elif T <= attention_decode.MAX_T and step.splits:
+        # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(
-            1, m.plan.max_decode_splits, T, cfg.n_head, cfg.head_dim_v))
-        counters = m.arena.zeros("counters", attention_decode.counters_shape(1, T, cfg.n_head), np.int32)
-        attention_decode.attention_decode(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
-                                          partials, counters, step.splits, cfg.attn_scale, window,
-                                          None, s)
+            B, m.plan.max_decode_splits if B == 1 else step.splits, T, cfg.n_head, cfg.head_dim_v))
+        counters = m.arena.zeros("counters", attention_decode.counters_shape(B, T, cfg.n_head), np.int32)
+        attention_decode.attention_decode(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
+                                          _seqs(out, B), partials, counters, step.splits,
+                                          cfg.attn_scale, window, None, s)
     elif attention_dispatch.use_wgmma(q.shape[2], tuple(m.ctx.device.compute_capability)):
         attention_wgmma.attention_wgmma(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
                                         cfg.attn_scale, window, None, s)

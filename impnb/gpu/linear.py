@@ -120,9 +120,9 @@ class MatMul:
     def attn_xq(self, lin: Linear, step: StepPlan) -> QuantX | None:
         """Where decode attention (the short kernel) writes its output's int8 form for lin
         (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
-        n_tok = step.n_tokens
-        if self.tuning.attn_dp4a and n_tok <= attention_decode.MAX_T and step.short_blocks and lin.int8_x:
-            return self.xq_buffers(n_tok, lin.w.cols, "attn_xq")
+        if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T and step.short_blocks
+                and lin.int8_x and step.rows <= GEMV_MAX_ROWS):
+            return self.xq_buffers(step.rows, lin.w.cols, "attn_xq")
         return None
 
     def quantized(self, x, norm: tuple | None = None) -> QuantX:

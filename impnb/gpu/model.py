@@ -34,21 +34,25 @@ class DeviceModel:
     layers: a LayerSpec a layer; w: tensors by GGUF name less ".weight" (stacked ones by
     weights.STACKS' names); lin: the Linear of every matrix in w; router_folds: router_fold's
     weights by layer prefix; blk: each layer's weights by role (gpu/layer_weights.py); kv: the
-    paged cache; inv_freq: RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows);
-    mm: the Linears' launches; plan: the load-time choices.
+    paged cache; inv_freq: RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows,
+    or max_seqs if more); mm: the Linears' launches; plan: the load-time choices.
+
+    kv_tokens: the KV pools' size in tokens (default n_ctx: one sequence's whole context);
+    max_seqs: the sequences a step may take (the rows of kv.tables).
     """
 
-    def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None):
+    def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
+                 kv_tokens: int | None = None, max_seqs: int = 1):
         arch = architecture(mf)
-        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
-        if cfg.arch not in GPU_ARCHS:
-            raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
+        if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
+            raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
+        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
         unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
         if unknown:
             raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
-        if any(s.after or s.ffn_norm != "ffn_norm" for s in self.layers):
+        if any(s.after or s.ffn_norm is None for s in self.layers):
             raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
                                    f"without its input norm have no GPU path")
         if cfg.n_expert:
@@ -56,7 +60,8 @@ class DeviceModel:
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
-        need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, n_ctx)
+        kv_tokens = kv_tokens or n_ctx
+        need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, kv_tokens)
                 + weights.fold_bytes(cfg, tuning) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
@@ -66,10 +71,10 @@ class DeviceModel:
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
-        self.kv = PagedKV(self.ctx, cfg, n_ctx)
+        self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx))
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
-        self.ids = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
-        self.pos = self.ctx.empty(MAX_PREFILL_CHUNK, np.int32)
+        self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
+        self.pos = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)

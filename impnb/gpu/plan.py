@@ -16,7 +16,7 @@ from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One forward call: n_tokens rows a sequence, batch sequences (1 until batched decode), and
+    """One forward call: n_tokens rows a sequence, batch sequences (decode steps only), and
     decode attention's kernel for contexts up to ctx_bucket keys: the short kernel with
     short_blocks blocks a query row, or (short_blocks 0) the split kernel in `splits` splits.
     Prefill steps (n_tokens > attention_decode.MAX_T) take neither."""
@@ -26,6 +26,11 @@ class StepPlan:
     short_blocks: int
     splits: int
     batch: int = 1
+
+    @property
+    def rows(self) -> int:
+        """The step's activation rows: n_tokens of each sequence, sequence by sequence."""
+        return self.batch * self.n_tokens
 
 
 @dataclass(frozen=True)
@@ -64,15 +69,22 @@ class LoadPlan:
         return attention_decode.num_splits(self.ctx_bucket(length), cfg.n_head, cfg.n_head_kv,
                                            head_dim=cfg.head_dim)
 
-    def decode_step(self, length: int, n_tokens: int = 1) -> StepPlan:
-        """A decode step of n_tokens rows for contexts up to ctx_bucket(length): the short kernel
-        with its cluster (SHORT_DECODE_CLUSTER) where the bucket is within short_max, else split."""
+    def decode_step(self, length: int, n_tokens: int = 1, batch: int = 1) -> StepPlan:
+        """A decode step of n_tokens rows a sequence for contexts up to ctx_bucket(length): the
+        short kernel where the bucket is within short_max, else split. One sequence takes the
+        short kernel's measured cluster (SHORT_DECODE_CLUSTER); a batch one block a row (its
+        sequences fill the GPU) and splits for its size."""
         bucket = self.ctx_bucket(length)
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         t = self.tuning
         blocks = (t.short_cluster if t.short_cluster is not None
                   else SHORT_DECODE_CLUSTER.get((self.cfg.head_dim, row), 1))
-        return StepPlan(n_tokens, bucket, blocks if bucket <= self.short_max else 0, self.splits_for(bucket))
+        if batch == 1:
+            return StepPlan(n_tokens, bucket, blocks if bucket <= self.short_max else 0, self.splits_for(bucket))
+        cfg = self.cfg
+        splits = attention_decode.num_splits(bucket, cfg.n_head, cfg.n_head_kv, n_tokens, batch,
+                                             head_dim=cfg.head_dim)
+        return StepPlan(n_tokens, bucket, 1 if bucket <= self.short_max else 0, splits, batch)
 
     def prefill_step(self, n_tokens: int) -> StepPlan:
         """A prompt chunk: chunks of up to attention_decode.MAX_T rows take the split kernel at the

@@ -13,7 +13,6 @@ import enum
 import hashlib
 import logging
 import os
-import tempfile
 import types as pytypes
 from collections import Counter
 from functools import lru_cache
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from numba.cuda import types
 
+from impnb import checked_file
 from impnb.launch.cubin import compile_cubin
 
 log = logging.getLogger("impnb.launch")
@@ -109,33 +109,11 @@ def cache_key(kernel, sig: tuple, cc: tuple) -> str | None:
 
 
 def _read(path: Path) -> bytes | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("kernel cache: cannot read %s (%s); recompiling", path, e)
-        return None
-    n = len(MAGIC)
-    cubin = data[n + 32:]
-    if data[:n] != MAGIC or hashlib.sha256(cubin).digest() != data[n:n + 32]:
-        log.warning("kernel cache: %s is corrupt; recompiling", path)
-        return None
-    return cubin
+    return checked_file.read(path, MAGIC, log, "kernel cache")
 
 
 def _write(path: Path, cubin: bytes) -> None:
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
-            tmp = f.name
-            f.write(MAGIC + hashlib.sha256(cubin).digest() + cubin)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("kernel cache: cannot write %s (%s)", path, e)
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+    checked_file.write(path, MAGIC, cubin, log, "kernel cache")
 
 
 def cubin_path(kernel, key: str) -> Path:

@@ -7,6 +7,25 @@ from impnb.errors import GGUFError
 
 
 @dataclass(frozen=True)
+class DeltaNetShape:
+    """The sizes of a hybrid model's Gated DeltaNet (linear attention) layers, from its ssm.* keys."""
+
+    n_k_heads: int     # Q/K heads (ssm.group_count)
+    n_v_heads: int     # V heads (ssm.time_step_rank), a multiple of n_k_heads
+    head_k_dim: int    # ssm.state_size
+    head_v_dim: int    # ssm.inner_size / n_v_heads
+    conv_kernel: int   # ssm.conv_kernel
+    v_tiled: bool      # V head h reads QK head h % n_k_heads (qwen35's reordered file), else h // (Hv / Hk)
+    fused_ba: bool     # beta and alpha from one ssm_ba ([b, a] per QK head, qwen3next), else ssm_beta / ssm_alpha
+    fused_qkvz: bool = False  # Q, K, V and Z from one ssm_in ([q, k, v, z] per QK head, older qwen3next files)
+
+    @property
+    def conv_channels(self) -> int:
+        """Q, K and V channels, the causal conv's input: 2 Hk dk + Hv dv."""
+        return 2 * self.n_k_heads * self.head_k_dim + self.n_v_heads * self.head_v_dim
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Every field an architecture's layer graph needs; per-architecture files fill it in."""
 
@@ -36,9 +55,17 @@ class ModelConfig:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     expert_weights_norm: bool = False
+    n_ff_shexp: int = 0      # the shared expert's FFN width (moe_shared layers)
+    attn_output_gate: bool = False  # attn_q yields [q, gate] a head; the output is times sigmoid(gate)
+    deltanet: DeltaNetShape | None = None  # the Gated DeltaNet sizes of a hybrid model
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet (a recurrent state, no KV)
+    n_layer_nextn: int = 0   # MTP (next-token prediction) layers the file holds after n_layer, not run
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def is_recurrent(self, il: int) -> bool:
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
 
     def window(self, il: int) -> int | None:
         return self.sliding_window if self.is_swa(il) else None

@@ -2,9 +2,9 @@
 the numpy reference's layer graph that follows it. gpu/forward.py follows the same specs.
 
 Every layer is
-    x += [post_attn_norm](attention(attn_norm(x)))
-    x += [post_ffn_norm](ffn([ffn_norm](x)))
-    x = step(x) for each of its `after` steps
+    x += [post_attn_norm](mixer(attn_norm(x)))      mixer: attention, or gated_deltanet (deltanet.py)
+    x += [post_ffn_norm](ffn(<spec.ffn_norm>(x)))    no ffn_norm: the FFN reads the residual
+    x = step(x) for each of its `after` steps (AFTER)
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from impnb.models import gemma4_ops
 from impnb.models.config import ModelConfig
+from impnb.models.deltanet import gated_deltanet_block
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,11 @@ class LayerSpec:
 
     mixer: str = "attention"  # softmax attention over the KV cache (attention_block)
     ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
+    # the FFN's pre-norm (Qwen3-Next / 3.5 files: post_attention_norm); None: the FFN reads the
+    # residual and norms it itself (gemma4's routed experts beside the MLP)
+    ffn_norm: str | None = "ffn_norm"
     post_attn_norm: str | None = None  # a norm on attention's output before the residual add
     post_ffn_norm: str | None = None  # and on the FFN's
-    ffn_norm: str | None = "ffn_norm"  # the FFN's input norm; None: the FFN reads the residual
     after: tuple[str, ...] = ()  # steps on the residual once the FFN's output is added (AFTER)
 
     @property
@@ -35,10 +38,12 @@ class LayerSpec:
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
-    """Self-attention of normed h (T, D) -> (T, D): QKV, optional QK-norm, RoPE, GQA, output."""
+    """Self-attention of normed h (T, D) -> (T, D): QKV, optional QK-norm, RoPE, GQA, output;
+    with cfg.attn_output_gate, attn_q's [q, gate] a head and the output times sigmoid(gate)."""
     p = f"blk.{il}."
     T = h.shape[0]
-    q = ops.linear(h, p + "attn_q").reshape(T, cfg.n_head, cfg.head_dim)
+    q = ops.linear(h, p + "attn_q").reshape(T, cfg.n_head, -1)
+    q, gate = (q[..., :cfg.head_dim], q[..., cfg.head_dim:]) if cfg.attn_output_gate else (q, None)
     k = ops.linear(h, p + "attn_k").reshape(T, cfg.n_head_kv, cfg.head_dim)
     v = ops.linear(h, p + "attn_v").reshape(T, cfg.n_head_kv, cfg.head_dim_v)
     if cfg.qk_norm:
@@ -46,7 +51,10 @@ def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
         k = ops.norm(k, p + "attn_k_norm")
     q = ops.rope(q, pos, il)
     k = ops.rope(k, pos, il)
-    return ops.linear(ops.attention(q, k, v, pos, il, cache), p + "attn_output")
+    out = ops.attention(q, k, v, pos, il, cache)
+    if gate is not None:
+        out = ops.sigmoid_gate(out, gate.reshape(T, -1))
+    return ops.linear(out, p + "attn_output")
 
 
 def gated_ffn(ops, il: int, h):
@@ -61,8 +69,17 @@ def moe_ffn(ops, il: int, h):
     return ops.moe(h, f"blk.{il}.")
 
 
-MIXERS = {"attention": attention_block, "gemma4_attention": gemma4_ops.gemma4_attention}
-FFNS = {"gated": gated_ffn, "moe": moe_ffn, "mlp_and_moe": gemma4_ops.mlp_and_moe}
+def moe_shared_ffn(ops, il: int, h):
+    """The routed experts plus a shared expert's gated FFN times sigmoid(ffn_gate_inp_shexp(h))."""
+    p = f"blk.{il}."
+    shared = ops.linear(ops.gated_act(ops.linear(h, p + "ffn_gate_shexp"), ops.linear(h, p + "ffn_up_shexp")),
+                        p + "ffn_down_shexp")
+    return ops.add(ops.moe(h, p), ops.sigmoid_gate(shared, ops.linear(h, p + "ffn_gate_inp_shexp")))
+
+
+MIXERS = {"attention": attention_block, "gated_deltanet": gated_deltanet_block,
+          "gemma4_attention": gemma4_ops.gemma4_attention}
+FFNS = {"gated": gated_ffn, "moe": moe_ffn, "moe_shared": moe_shared_ffn, "mlp_and_moe": gemma4_ops.mlp_and_moe}
 AFTER = {"per_layer_embedding": gemma4_ops.per_layer_embedding, "output_scale": gemma4_ops.output_scale}
 
 

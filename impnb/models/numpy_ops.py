@@ -8,12 +8,13 @@ from impnb.kernels.attention.reference import rope_ref
 from impnb.kernels.elementwise.reference import geglu_ref, rms_norm_ref, swiglu_ref
 from impnb.kernels.moe.reference import route_ref
 from impnb.models.config import ModelConfig
+from impnb.models.deltanet import DeltaNetOps, sigmoid
 from impnb.models.kv_cache import KVCache
 
 SCORES_BYTES = 64 << 20  # attention scores one query chunk holds
 
 
-class NumpyOps:
+class NumpyOps(DeltaNetOps):
     """Weights dequantized to float32 once, by GGUF name; activations (T, ...) float32."""
 
     def __init__(self, mf: ModelFile, cfg: ModelConfig):
@@ -54,6 +55,10 @@ class NumpyOps:
                                             self.cfg.attn_scale, self.cfg.window(il))
                               for t in range(0, q.shape[0], rows)])
         return out.reshape(q.shape[0], -1)
+
+    def sigmoid_gate(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """x * sigmoid(gate): gated attention's output, the shared expert's gate."""
+        return x * sigmoid(gate)
 
     def gated_act(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return swiglu_ref(gate, up) if self.cfg.act == "silu" else geglu_ref(gate, up)

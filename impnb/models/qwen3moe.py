@@ -10,13 +10,18 @@ from impnb.models.layers import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:
+    return experts(mf, qwen3.config(mf))
+
+
+def experts(mf: ModelFile, cfg: ModelConfig) -> ModelConfig:
+    """cfg with the routed experts' keys read (qwen35moe and qwen3next read them the same way)."""
     n_expert = positive_int(mf, "expert_count", limit=MAX_EXPERTS)
     n_used = positive_int(mf, "expert_used_count", limit=MAX_EXPERTS)
     if n_used > n_expert:
-        raise GGUFError(f"{mf.path}: qwen3moe.expert_used_count {n_used} is above "
-                        f"qwen3moe.expert_count {n_expert}")
+        raise GGUFError(f"{mf.path}: {mf.arch}.expert_used_count {n_used} is above "
+                        f"{mf.arch}.expert_count {n_expert}")
     return dataclasses.replace(
-        qwen3.config(mf),
+        cfg,
         n_expert=n_expert,
         n_expert_used=n_used,
         n_ff_exp=positive_int(mf, "expert_feed_forward_length", 1, limit=MAX_FF),

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.errors import DeviceError, GGUFError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig
-from impnb.models.registry import model_config
+from impnb.models.registry import ARCHITECTURES, model_config
 
 NORM_TYPES = (T.F32, T.F16, T.BF16)  # one-dimensional weights: llama.cpp writes them F32
 SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
@@ -61,15 +61,19 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
         "output_norm": Expected((D,), d_model),
         "output": Expected((V, D), f"a vocabulary of {V} and {d_model}", optional=True),
     }
-    for il in range(cfg.n_layer):
+    q_rows = cfg.n_head * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # gated: [q, gate] a head
+    for il, spec in enumerate(ARCHITECTURES[cfg.arch].layers(cfg)):
         p = f"blk.{il}."
         out[p + "attn_norm"] = Expected((D,), d_model)
-        out[p + "attn_q"] = Expected((cfg.n_head * cfg.head_dim, D), q_heads)
-        out[p + "attn_k"] = Expected((cfg.n_head_kv * cfg.head_dim, D), kv_heads)
-        out[p + "attn_v"] = Expected((cfg.n_head_kv * cfg.head_dim_v, D), v_heads)
-        out[p + "attn_output"] = Expected((D, cfg.n_head * cfg.head_dim_v), o_heads)
-        out[p + "ffn_norm"] = Expected((D,), d_model)
-        if cfg.qk_norm:
+        if spec.mixer == "gated_deltanet":
+            out.update(deltanet_tensors(cfg, p))
+        else:
+            out[p + "attn_q"] = Expected((q_rows, D), q_heads)
+            out[p + "attn_k"] = Expected((cfg.n_head_kv * cfg.head_dim, D), kv_heads)
+            out[p + "attn_v"] = Expected((cfg.n_head_kv * cfg.head_dim_v, D), v_heads)
+            out[p + "attn_output"] = Expected((D, cfg.n_head * cfg.head_dim_v), o_heads)
+        out[p + spec.ffn_norm] = Expected((D,), d_model)
+        if cfg.qk_norm and spec.mixer == "attention":
             out[p + "attn_q_norm"] = Expected((cfg.head_dim,), f"heads of {cfg.head_dim}")
             out[p + "attn_k_norm"] = Expected((cfg.head_dim,), f"heads of {cfg.head_dim}")
         if cfg.post_norms:
@@ -82,6 +86,13 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
             out[p + "ffn_gate_exps"] = Expected((E, F, D), experts)
             out[p + "ffn_up_exps"] = Expected((E, F, D), experts)
             out[p + "ffn_down_exps"] = Expected((E, D, F), experts)
+            if spec.ffn == "moe_shared":
+                S = cfg.n_ff_shexp
+                shared = f"{d_model} and shared expert FFN {S}"
+                out[p + "ffn_gate_inp_shexp"] = Expected((1, D), d_model)
+                out[p + "ffn_gate_shexp"] = Expected((S, D), shared)
+                out[p + "ffn_up_shexp"] = Expected((S, D), shared)
+                out[p + "ffn_down_shexp"] = Expected((D, S), shared)
         else:
             ffn = f"{d_model} and FFN {cfg.n_ff}"
             out[p + "ffn_gate"] = Expected((cfg.n_ff, D), ffn)
@@ -141,6 +152,31 @@ def gemma4_tensors(cfg) -> dict[str, Expected]:
     return out
 
 
+def deltanet_tensors(cfg: ModelConfig, p: str) -> dict[str, Expected]:
+    """A Gated DeltaNet layer's tensors under prefix p (models/deltanet.py)."""
+    d, D = cfg.deltanet, cfg.n_embd
+    Hv, V, C = d.n_v_heads, d.n_v_heads * d.head_v_dim, d.conv_channels
+    heads = (f"d_model {D}, {d.n_k_heads} QK heads of {d.head_k_dim} and {Hv} V heads of "
+             f"{d.head_v_dim}")
+    if d.fused_qkvz:
+        out = {p + "ssm_in": Expected((C + V, D), heads)}
+    else:
+        out = {p + "attn_qkv": Expected((C, D), heads), p + "attn_gate": Expected((V, D), heads)}
+    out |= {
+        p + "ssm_conv1d": Expected((C, d.conv_kernel), f"{heads} and a conv kernel of {d.conv_kernel}"),
+        p + "ssm_dt.bias": Expected((Hv,), f"{Hv} V heads"),
+        p + "ssm_a": Expected((Hv,), f"{Hv} V heads"),
+        p + "ssm_norm": Expected((d.head_v_dim,), f"V heads of {d.head_v_dim}"),
+        p + "ssm_out": Expected((D, V), heads),
+    }
+    if d.fused_ba:
+        out[p + "ssm_ba"] = Expected((2 * Hv, D), heads)
+    else:
+        out[p + "ssm_beta"] = Expected((Hv, D), heads)
+        out[p + "ssm_alpha"] = Expected((Hv, D), heads)
+    return out
+
+
 def _dims(shape) -> str:
     return "[" + ", ".join(str(d) for d in reversed(shape)) + "]"
 
@@ -152,7 +188,8 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
         if not mf.has(name):
             if exp.optional:
                 continue
-            raise GGUFError(f"{mf.path}: tensor {name}.weight is missing ({cfg.arch} with "
+            shown = name if name.endswith((".bias", "ssm_a")) else name + ".weight"
+            raise GGUFError(f"{mf.path}: tensor {shown} is missing ({cfg.arch} with "
                             f"{cfg.n_layer} layers needs it)")
         t = mf.tensor(name)
         if t.shape != exp.shape:
@@ -161,11 +198,14 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
         if len(exp.shape) == 1 and t.ggml_type not in NORM_TYPES:
             raise GGUFError(f"{mf.path}: {t.name} is {t.fmt.name}; a norm weight must be one of "
                             f"{', '.join(x.name for x in NORM_TYPES)}")
+    n_blocks = cfg.n_layer + cfg.n_layer_nextn
     for name in mf.tensors:
         m = _LAYER.match(name)
-        if m and int(m.group(1)) >= cfg.n_layer:
+        if m and int(m.group(1)) >= n_blocks:
             raise GGUFError(f"{mf.path}: tensor {name} belongs to layer {m.group(1)}, but "
-                            f"{cfg.arch}.block_count is {cfg.n_layer}")
+                            f"{cfg.arch}.block_count is {n_blocks}")
+        if m and int(m.group(1)) >= cfg.n_layer:
+            continue  # an MTP layer's: impnb does not run them
         if name.removesuffix(".weight") not in expected and name not in IGNORED_TENSORS:
             raise GGUFError(f"{mf.path}: tensor {name} is not one {cfg.arch} reads (a renamed "
                             f"tensor, or a model impnb does not know)")
@@ -209,10 +249,15 @@ def check_tokenizer_keys(mf: ModelFile, n_vocab: int) -> None:
 
 
 def host_bytes_needed(mf: ModelFile, cfg: ModelConfig, n_ctx: int) -> int:
-    """What the CPU reference allocates: every weight in float32 and the float32 KV cache."""
+    """What the CPU reference allocates: every weight in float32, the float32 KV cache and the
+    Gated DeltaNet layers' states."""
     weights = sum(math.prod(t.shape) for t in mf.tensors.values()) * 4
+    n_recurrent = sum(cfg.recurrent_layers)
     kv = sum(cfg.kv_heads(il) * sum(cfg.head_dims(il)) for il in range(cfg.n_layer)
-             if cfg.kv_layer(il) == il) * n_ctx * 4
+             if not cfg.is_recurrent(il) and cfg.kv_layer(il) == il) * n_ctx * 4
+    if cfg.deltanet:
+        d = cfg.deltanet
+        kv += n_recurrent * (d.conv_channels * d.conv_kernel + d.n_v_heads * d.head_k_dim * d.head_v_dim) * 4
     return weights + kv
 
 

@@ -164,12 +164,12 @@ def late_steps(configs, lo=0.9999):
     so a top-k / top-p / min-p cut that is off by one token changes the pick."""
     steps = np.arange(200_000, dtype=np.uint64)
     picked = []
-    for seq, p in enumerate(configs):
-        ctr = np.stack([steps, np.full_like(steps, seq), 0 * steps, 0 * steps], -1)
+    for p in configs:  # the counter is (step, 0, 0, 0): a row's place in the batch is not in it
+        ctr = np.stack([steps, 0 * steps, 0 * steps, 0 * steps], -1)
         x = philox4x32_ref(ctr, [p.seed & M, p.seed >> 32]).astype(np.float64)
         u = (np.floor(x[:, 0] / 32) * 2.0**26 + np.floor(x[:, 1] / 64)) / 2.0**53
         picked.append(int(np.argmax(u >= lo)))
-        assert uniform_ref(p.seed, seq, picked[-1]) >= lo
+        assert uniform_ref(p.seed, 0, picked[-1]) >= lo
     return picked
 
 
@@ -277,16 +277,16 @@ def check_sample(rng, V, std, configs, steps=(0, 7, 123456), ties=False, x=None)
         stream.synchronize()
         for b, p in enumerate(configs):
             at = int(step[b if len(step) > 1 else 0])
-            want = sample_ref(x[b], hist[b], p, b, at)
+            want = sample_ref(x[b], hist[b], p, at)
             if got[b] != want:
-                assert got[b] in acceptable(x[b], hist[b], p, b, at), (b, p, at, got[b], want)
+                assert got[b] in acceptable(x[b], hist[b], p, 0, at), (b, p, at, got[b], want)
 
 
 def check_distribution(x, p, rows=1000, steps=4):
     """rows * steps draws from one row of logits against filter_probs; returns (freq, probs)."""
     V = x.shape[0]
     d_x = cuda.to_device(np.tile(x, (rows, 1)))
-    d_params = cuda.to_device(sample_params([p] * rows))
+    d_params = cuda.to_device(sample_params([dataclasses.replace(p, seed=p.seed + r) for r in range(rows)]))
     scratch = sample_scratch(rows, V)
     d_out = cuda.to_device(np.full(rows, -1, np.int32))
     stream = cuda.stream()
@@ -345,6 +345,28 @@ def test_sample_batch_of_1(V, std):
     rng = np.random.default_rng([V, int(std), 1])
     for p in CONFIGS:
         check_sample(rng, V, std, [p], steps=(0, 99, late_steps([p])))
+
+
+def test_sample_row_does_not_depend_on_its_batch():
+    """A sequence's token is the same alone and at any row of a batch of others (its seed and
+    step decide the draw): what continuous batching needs for reproducible seeded sampling."""
+    V, rng = 49152, np.random.default_rng(11)
+    x = gauss(rng, (6, V), 2.0)
+    configs = [dataclasses.replace(c, repeat_penalty=1.0) for c in CONFIGS[:6]]
+    stream = cuda.stream()
+
+    def picks(rows, steps):
+        d_out = cuda.to_device(np.full(len(rows), -1, np.int32))
+        sample(cuda.to_device(x[rows]), cuda.to_device(sample_params([configs[r] for r in rows])),
+               cuda.to_device(np.asarray(steps, np.int32)), d_out, poisoned_scratch(rng, len(rows), V), stream)
+        out = d_out.copy_to_host(stream=stream)
+        stream.synchronize()
+        return out
+
+    alone = {r: picks([r], [5 + r])[0] for r in range(6)}
+    order = [3, 0, 5, 1, 4, 2]
+    together = picks(order, [5 + r for r in order])
+    assert [alone[r] for r in order] == together.tolist()
 
 
 @pytest.mark.parametrize("V", (19, 111, 989, 49152))

@@ -12,3 +12,7 @@ from tests.gpu.test_qkv_post import check_qkv_post
 ])
 def test_qkv_post(T, H, Hkv, D, n_rot, neox, norm):
     check_qkv_post(np.random.default_rng(T), T, H, Hkv, D, n_rot, neox, norm, 1.0)
+
+
+def test_qkv_post_two_sequences():
+    check_qkv_post(np.random.default_rng(7), 2, 2, 1, 64, 64, True, True, 1.0, B=3)

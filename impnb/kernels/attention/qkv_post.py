@@ -21,8 +21,8 @@ LANE_COLS = MAX_D // 32  # a lane's columns of a head (its kernel: one warp a he
 LANE_PAIRS = MAX_D // 64  # and its rotation pairs
 
 
-# grid (T, H + 2 Hkv), block 32 (one warp): head j of token t, a q head (j < H), a k head, or a
-# v head. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
+# grid (R, H + 2 Hkv), block 32 (one warp): head j of row t, a q head (j < H), a k head, or a
+# v head; row t is a token of sequence t // rows_per_seq, whose pages block_table's row lists. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
 # 2 * inv_freq.shape[1] dims (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written
 # back in place, k and v go to the cache as fp16. pos < 0 (padding) writes nothing.
 # Before griddepcontrol.wait the warp reads what the kernel before it cannot have written: pos
@@ -32,7 +32,7 @@ LANE_PAIRS = MAX_D // 64  # and its rotation pairs
 # shared: xs f32[MAX_D] (the head, normalized).
 @cuda.jit
 def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
-                     k_pool, v_pool):
+                     rows_per_seq, k_pool, v_pool):
     t = cuda.blockIdx.x
     j = cuda.blockIdx.y
     lane = cuda.threadIdx.x
@@ -42,7 +42,7 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
     half = inv_freq.shape[1]
     p = pos[t]
     page_size = k_pool.shape[1]
-    page = block_table[p // page_size] if p >= 0 else -1
+    page = block_table[t // rows_per_seq, p // page_size] if p >= 0 else -1
     off = p % page_size
     is_q = j < H
     wv = cuda.local.array(LANE_COLS, types.float32)
@@ -98,16 +98,20 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
 
 def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table,
              k_pool, v_pool, stream) -> None:
-    """q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) float32 of one sequence at pos (T,) int32:
-    QK-norm with q_norm, k_norm (D,) float32 when given (else None), RoPE by inv_freq
-    (rope_inv_freq), q in place, K and V to k_pool, v_pool (n_pages, page_size, Hkv, D) fp16
-    through block_table (max_pages,) int32."""
-    T, H, D = q.shape
+    """q (R, H, D), k (R, Hkv, D), v (R, Hkv, Dv) float32, rows at pos (R,) int32: QK-norm with
+    q_norm, k_norm (D,) float32 when given (else None), RoPE by inv_freq (rope_inv_freq), q in
+    place, K and V to k_pool, v_pool (n_pages, page_size, Hkv, D) fp16 through block_table
+    (B, max_pages) int32: the rows are B sequences' R / B tokens each, sequence by sequence.
+    One sequence may pass block_table (max_pages,)."""
+    R, H, D = q.shape
     Hkv = k.shape[1]
+    if block_table.ndim == 1:
+        block_table = block_table.reshape(1, block_table.size)
     for a, name in ((q, "q"), (k, "k"), (v, "v")):
-        assert a.dtype == np.float32 and a.ndim == 3 and a.is_c_contiguous(), f"{name}: (T, H, D) float32"
-    assert k.shape == (T, Hkv, D) and v.shape[:2] == (T, Hkv) and D <= MAX_D
-    assert pos.dtype == np.int32 and pos.shape == (T,) and block_table.dtype == np.int32
+        assert a.dtype == np.float32 and a.ndim == 3 and a.is_c_contiguous(), f"{name}: (R, H, D) float32"
+    assert k.shape == (R, Hkv, D) and v.shape[:2] == (R, Hkv) and D <= MAX_D
+    assert pos.dtype == np.int32 and pos.shape == (R,) and block_table.dtype == np.int32
+    assert R % block_table.shape[0] == 0, f"{R} rows are not a whole number a sequence of {block_table.shape[0]}"
     assert k_pool.shape[1] in PAGE_SIZES and k_pool.shape[2:] == (Hkv, D)
     assert v_pool.shape[2:] == (Hkv, v.shape[2]) and 2 * inv_freq.shape[1] <= D
     use_norm = q_norm is not None
@@ -115,10 +119,10 @@ def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, blo
         assert q_norm.shape == (D,) and k_norm.shape == (D,)
     else:
         q_norm = k_norm = inv_freq[0]  # unread
-    if T:
-        launch(_qkv_post_kernel, (T, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
+    if R:
+        launch(_qkv_post_kernel, (R, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
                np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
-               block_table, k_pool, v_pool)
+               block_table, np.int32(R // block_table.shape[0]), k_pool, v_pool)
 
 
 _F3 = types.float32[:, :, ::1]
@@ -126,6 +130,6 @@ _F1 = types.float32[::1]
 _H4 = types.float16[:, :, :, ::1]
 BUILD_SIGNATURES = [
     (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
-                        _F1, types.float32, types.int32, types.int32[::1], _H4, _H4),
+                        _F1, types.float32, types.int32, types.int32[:, ::1], types.int32, _H4, _H4),
      {"max_registers": 64, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
 ]

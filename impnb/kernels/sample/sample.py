@@ -11,7 +11,7 @@ min-p / temperature sampling with llama.cpp's order and impnb.sampling.filter_pr
 params row: temperature (0 = greedy), top_k (0 = off, <= KMAX), top_p, min_p, repeat_penalty,
 seed bits 0-31, seed bits 32-63, unused. step: int32 (1,) or (B,) on the device, read by the
 kernels. The draw is one uniform from Philox4x32-10 (philox.py), key = seed, counter =
-(step, row, 0, 0). Top-k is a 3-level radix select on orderable keys (sample_select.py);
+(step, 0, 0, 0): a row's draw depends on its own seed and step, not on its place in a batch. Top-k is a 3-level radix select on orderable keys (sample_select.py);
 sample_full_vocab.py handles rows the best KMAX do not settle. sample_ref is the numpy twin.
 """
 
@@ -37,7 +37,7 @@ EPT_PAD = EPT + 1                        # shared row stride of the chunk kernel
 NPARAM = 8
 
 
-def sample_ref(logits: np.ndarray, history, p: SamplingParams, seq: int, step: int) -> int:
+def sample_ref(logits: np.ndarray, history, p: SamplingParams, step: int) -> int:
     """The kernels' pick on the host: penalty over the ring (-1 = empty), filter_probs, then the
     inverse CDF (candidates in filter_probs' order) at the kernel's uniform."""
     seen = [int(h) for h in history if 0 <= h < len(logits)]
@@ -46,7 +46,7 @@ def sample_ref(logits: np.ndarray, history, p: SamplingParams, seq: int, step: i
         return int(np.argmax(x))
     ids, probs = filter_probs(x, p)
     cdf = np.cumsum(probs)
-    i = int(np.searchsorted(cdf / cdf[-1], uniform_ref(p.seed, seq, step), side="right"))
+    i = int(np.searchsorted(cdf / cdf[-1], uniform_ref(p.seed, 0, step), side="right"))
     return int(ids[min(i, len(ids) - 1)])
 
 
@@ -216,7 +216,7 @@ def _pick_kernel(logits, bits, params, step, cand_bits, cand_idx, stats, out):
     n_below = np.int64(block_scan(float64(n_below), buf)[2])
     n_minp = np.int64(block_scan(float64(n_minp), buf)[2])
     n_keep = min(min(n_below + 1, kk) if top_p < 1 else kk, n_minp)
-    u = philox_uniform(np.int64(params[b, 5]), np.int64(params[b, 6]), b, row_step(step, b))
+    u = philox_uniform(np.int64(params[b, 5]), np.int64(params[b, 6]), 0, row_step(step, b))
     if not full or (top_p < 1 and n_below < kk) or n_minp < kk:
         target = u * cum[n_keep - 1]
         n_le = 0

@@ -1,0 +1,207 @@
+"""The batched CUDA engine: many sequences on one DeviceModel, their KV in one shared page pool.
+
+A scheduler (impnb/serve) owns the sequences and their pages; this engine runs what it is told:
+a prompt chunk of one sequence into that sequence's pages (CudaEngine's prefill path and graphs,
+with the sequence's block table as row 0 of the model's tables), or one decode step of B
+sequences, a token each, sampled on the GPU with each sequence's parameters, seed and step.
+
+A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph for the
+longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
+step counters are copied into fixed device buffers first (one pinned staging copy each), so any
+mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
+page no sequence owns; their sampled ids are dropped.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from impnb.engine_cuda import HISTORY, CudaEngine
+from impnb.errors import NumericalError, ParameterError
+from impnb.gguf_file import ModelFile
+from impnb.gpu.kv import PagedKV
+from impnb.kernels.sample import argmax, sample_penalty
+from impnb.kernels.sample import sample as sample_kernels
+from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
+from impnb.sampling import SamplingParams
+from impnb.tuning import PAGE_SIZE
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def batch_bucket(n: int, max_batch: int) -> int:
+    """The smallest bucket holding n sequences, at most max_batch."""
+    return min(max_batch, next((b for b in BATCH_BUCKETS if b >= n), max_batch))
+
+
+@dataclass
+class DecodeRow:
+    """One sequence's part of a decode step: its last token, that token's position, its pages,
+    sampling parameters, how many tokens it has sampled (the draw's counter) and, for a repeat
+    penalty, its last HISTORY tokens (-1 where fewer)."""
+
+    token: int
+    pos: int
+    pages: np.ndarray
+    params: SamplingParams
+    n_sampled: int
+    history: np.ndarray | None = None
+
+
+class CudaBatchEngine(CudaEngine):
+    """prefill_seq(...) -> a sequence's next token; decode(rows) -> each row's next token.
+
+    n_pages pages of PAGE_SIZE tokens are the scheduler's to hand out (page numbers 0 ..
+    n_pages - 1); max_batch sequences decode in one step at most.
+    """
+
+    def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True):
+        if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
+            raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
+        if kv_tokens < PAGE_SIZE:
+            raise ParameterError(f"the KV pool must hold at least {PAGE_SIZE} tokens, got {kv_tokens}")
+        super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch)
+        ctx, V = self.m.ctx, self.cfg.n_vocab
+        self.max_batch = max_batch
+        self.n_pages = self.m.kv.n_pages - 1
+        self.scratch_page = self.n_pages  # padding rows' K/V
+        self.max_pages = self.m.kv.tables.shape[1]
+        cuda = ctx.cuda
+        self.host_tables = cuda.pinned_array(self.m.kv.tables.shape, np.int32)
+        self.host_params = cuda.pinned_array((max_batch, sample_kernels.NPARAM), np.float64)
+        self.host_steps = cuda.pinned_array(max_batch, np.int32)
+        self.host_hist = cuda.pinned_array((max_batch, HISTORY), np.int32)
+        self.host_outs = cuda.pinned_array(max_batch, np.int32)
+        self.b_params = ctx.empty((max_batch, sample_kernels.NPARAM), np.float64)
+        self.b_steps = ctx.empty(max_batch, np.int32)
+        self.b_hist = ctx.empty((max_batch, HISTORY), np.int32)
+        self.b_outs = ctx.empty(max_batch, np.int32)
+        self.b_scratch = sample_kernels.sample_scratch(max_batch, V)
+        self.b_argmax = argmax.argmax_scratch(max_batch)
+        self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty) -> Graph
+
+    # ------------------------------------------------------------ one sequence's prompt
+
+    def prefill_seq(self, ids, start: int, pages: np.ndarray, params: SamplingParams,
+                    n_sampled: int = 0, history: np.ndarray | None = None) -> int:
+        """Feed ids at positions start.. of the sequence whose KV lives in `pages` (its block
+        table; positions < start are already there, e.g. a shared prefix) -> its next token,
+        sampled at counter n_sampled; history: its last HISTORY tokens for a repeat penalty."""
+        self._set_table_row0(pages)
+        self.reset(params)
+        self.pos, self.n_sampled = start, n_sampled
+        if history is not None and params.repeat_penalty != 1.0:
+            self.host_history[0] = history
+            self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
+        return self.prefill(ids)
+
+    def _set_table_row0(self, pages: np.ndarray) -> None:
+        row = self._table_row(pages)
+        self.m.ctx.sync()  # the staging row may still feed the last step's copy
+        self.host_tables[0] = row
+        self.m.kv.tables[:1].copy_to_device(self.host_tables[:1], stream=self.m.ctx.nb_stream)
+
+    def _table_row(self, pages) -> np.ndarray:
+        pages = np.asarray(pages, np.int32)
+        if len(pages) > self.max_pages or (len(pages) and (pages.min() < 0 or pages.max() >= self.n_pages)):
+            raise ParameterError(f"a block table must list at most {self.max_pages} pages in "
+                                 f"[0, {self.n_pages})")
+        row = np.full(self.max_pages, self.scratch_page, np.int32)
+        row[:len(pages)] = pages
+        return row
+
+    # ------------------------------------------------------------ decode steps of B sequences
+
+    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """One decode step of len(rows) sequences -> their sampled tokens (int32, in row order)."""
+        B = len(rows)
+        if not 1 <= B <= self.max_batch:
+            raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
+        Bb = batch_bucket(B, self.max_batch)
+        longest = max(r.pos for r in rows) + 1
+        if longest > self.n_ctx:
+            raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
+        greedy = all(r.params.greedy for r in rows)
+        penalty = any(r.params.repeat_penalty != 1.0 for r in rows)
+        self._stage(rows, Bb, penalty)
+        plan = self.m.plan.decode_step(longest, 1, Bb)
+        key = (Bb, plan.ctx_bucket, greedy, penalty)
+        graph = self.batch_graphs.get(key)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._batch_launches(plan, Bb, greedy, penalty)
+            if self.use_graphs and self.graph_disabled is None:
+                self._capture_batch(key, plan, Bb, greedy, penalty)
+        s = self.m.ctx.nb_stream
+        self.b_outs[:Bb].copy_to_host(self.host_outs[:Bb], stream=s)
+        self.m.ctx.sync()
+        out = np.array(self.host_outs[:B])
+        bad = np.flatnonzero(out & NONFINITE_BIT)
+        if len(bad):
+            raise NumericalError(f"the model produced NaN or inf logits for {len(bad)} of {B} sequences "
+                                 f"in a decode step on the GPU; its weights are broken or its numerics overflowed")
+        self.last_step = plan
+        return out
+
+    def decode_logits(self, rows: list[DecodeRow]) -> np.ndarray:
+        """A decode step's float32 logits (B, V) on the host, unsampled and eager (teacher forcing
+        and tests); the rows' tokens go into their KV caches as in decode."""
+        B = len(rows)
+        if not 1 <= B <= self.max_batch:
+            raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
+        Bb = batch_bucket(B, self.max_batch)
+        self._stage(rows, Bb, False)
+        plan = self.m.plan.decode_step(max(r.pos for r in rows) + 1, 1, Bb)
+        logits = self._forward(plan, last_only=True).copy_to_host(stream=self.m.ctx.nb_stream)
+        self.m.ctx.sync()
+        return logits[:B]
+
+    def _stage(self, rows: list[DecodeRow], Bb: int, penalty: bool) -> None:
+        """The step's inputs into the pinned staging buffers, then one copy each to the device."""
+        self.m.ctx.sync()  # the staging buffers may still feed the last step's copies
+        B = len(rows)
+        self.host_ids[:Bb] = 0
+        self.host_pos[:Bb] = 0
+        self.host_tables[:Bb] = self.scratch_page
+        self.host_steps[:Bb] = 0
+        self.host_params[:Bb] = sample_kernels.sample_params([SamplingParams(temperature=0.0)] * Bb)
+        for b, r in enumerate(rows):
+            self.host_ids[b], self.host_pos[b] = r.token, r.pos
+            self.host_tables[b] = self._table_row(r.pages)
+            self.host_steps[b] = r.n_sampled
+        self.host_params[:B] = sample_kernels.sample_params([r.params for r in rows])
+        s, m = self.m.ctx.nb_stream, self.m
+        m.ids[:Bb].copy_to_device(self.host_ids[:Bb], stream=s)
+        m.pos[:Bb].copy_to_device(self.host_pos[:Bb], stream=s)
+        m.kv.tables[:Bb].copy_to_device(self.host_tables[:Bb], stream=s)
+        self.b_params[:Bb].copy_to_device(self.host_params[:Bb], stream=s)
+        self.b_steps[:Bb].copy_to_device(self.host_steps[:Bb], stream=s)
+        if penalty:
+            self.host_hist[:Bb] = -1
+            for b, r in enumerate(rows):
+                if r.history is not None:
+                    self.host_hist[b] = r.history
+            self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
+
+    def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool) -> None:
+        """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe)."""
+        logits = self._forward(plan, last_only=True)
+        s = self.m.ctx.nb_stream
+        outs, params, steps = self.b_outs[:Bb], self.b_params[:Bb], self.b_steps[:Bb]
+        if penalty:
+            sample_penalty.repeat_penalty(logits, self.b_hist[:Bb], params, s)
+        if greedy:
+            argmax.argmax(logits, outs, self.b_argmax, s)
+        else:
+            sample_kernels.sample(logits, params, steps, outs, self.b_scratch, s)
+        flag_nonfinite(logits, outs, s)
+
+    def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool) -> None:
+        self._capture_graph(lambda: self._batch_launches(plan, Bb, greedy, penalty), self.batch_graphs,
+                            key, f"batch decode graph ({Bb} rows)")
+
+    @staticmethod
+    def pool_bytes(cfg, kv_tokens: int) -> int:
+        """The KV pool's device bytes for kv_tokens tokens (what a utilization budget sizes)."""
+        return PagedKV.nbytes(cfg, kv_tokens + PAGE_SIZE)

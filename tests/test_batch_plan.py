@@ -1,0 +1,39 @@
+"""The batched engine's step plans and buckets (gpu/plan.py, engine_batch.py), without a GPU."""
+
+import pytest
+
+from impnb.engine_batch import BATCH_BUCKETS, batch_bucket
+from impnb.gpu.plan import LoadPlan
+from impnb.kernels.attention import attention_decode
+from impnb.models.config import ModelConfig
+from impnb.models.layers import LayerSpec
+from impnb.tuning import Overrides
+
+LAYERS = (LayerSpec(),) * 2
+
+
+def cfg_of(head_dim: int) -> ModelConfig:
+    return ModelConfig(arch="qwen3", n_layer=2, n_embd=4096, n_head=32, n_head_kv=8, head_dim=head_dim,
+                       head_dim_v=head_dim, n_ff=128, n_vocab=512, n_ctx=40960, eps=1e-6, rope_base=1e6,
+                       rope_neox=True, n_rot=head_dim, attn_scale=head_dim ** -0.5)
+
+
+def test_batch_buckets():
+    assert [batch_bucket(n, 256) for n in (1, 2, 3, 5, 9, 33, 129, 256)] == [1, 2, 4, 8, 16, 64, 256, 256]
+    assert batch_bucket(5, 6) == 6 and batch_bucket(1, 6) == 1
+    assert list(BATCH_BUCKETS) == sorted(BATCH_BUCKETS)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("batch", [2, 8, 64, 256])
+def test_batch_decode_step(head_dim, batch):
+    """A batch takes the short kernel at one block a row where one sequence would (its rows fill
+    the GPU), else the split kernel at the split count for its size; one sequence is unchanged."""
+    plan = LoadPlan.make(cfg_of(head_dim), 8192, Overrides(), LAYERS)
+    for length in (1, 300, 1025, 5000, 8192):
+        one, many = plan.decode_step(length), plan.decode_step(length, 1, batch)
+        assert (many.batch, many.n_tokens, many.rows, many.ctx_bucket) == (batch, 1, batch, one.ctx_bucket)
+        assert many.short_blocks == (1 if one.short_blocks else 0)
+        assert many.splits == attention_decode.num_splits(one.ctx_bucket, 32, 8, 1, batch, head_dim=head_dim)
+        assert many.splits <= one.splits
+        assert plan.decode_step(length, 1, 1) == one
