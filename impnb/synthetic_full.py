@@ -284,7 +284,7 @@ def padded_tokenizer(metadata: dict, vocab_size: int) -> dict:
     return out
 
 
-def _prefetched(fn, items, depth: int):
+def prefetched(fn, items, depth: int):
     """fn(item) for each item, in order, computed up to `depth` ahead on worker threads."""
     with ThreadPoolExecutor(depth) as pool:
         pending = deque()
@@ -318,7 +318,7 @@ def write_full_gguf(path, shape: Shape, qtype: str, tokenizer_metadata: dict | N
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for data in _prefetched(tensor_data, ((s, seed, i) for i, s in enumerate(specs)), workers):
+    for data in prefetched(tensor_data, ((s, seed, i) for i, s in enumerate(specs)), workers):
         writer.write_tensor_data(data)
     writer.close()
     return specs

@@ -1,4 +1,5 @@
-"""Write a full-size random Qwen3-8B, Qwen3-30B-A3B or Qwen3.6-35B-A3B GGUF (llama.cpp's layout) for speed work."""
+"""Write a full-size random Qwen3-8B, Qwen3-30B-A3B, Qwen3.6-35B-A3B or Gemma-4-26B-A4B GGUF
+(llama.cpp's layout) for speed work."""
 
 import argparse
 import math
@@ -10,12 +11,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from impnb import synthetic, synthetic_full  # noqa: E402
+from impnb import synthetic, synthetic_full, synthetic_full_gemma4  # noqa: E402
+
+# model name -> (shape, the module that writes it)
+MODELS = {**{k: (v, synthetic_full) for k, v in synthetic_full.SHAPES.items()},
+          **{k: (v, synthetic_full_gemma4) for k, v in synthetic_full_gemma4.SHAPES.items()}}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", choices=list(synthetic_full.SHAPES), required=True)
+    parser.add_argument("--model", choices=list(MODELS), required=True)
     parser.add_argument("--quant", choices=list(synthetic_full.FILE_TYPES), required=True)
     parser.add_argument("--out", required=True, help="GGUF path to write")
     parser.add_argument("--tokenizer-from", metavar="GGUF",
@@ -26,13 +31,17 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="threads drawing tensors ahead")
     args = parser.parse_args(argv)
 
-    shape = synthetic_full.SHAPES[args.model]
+    shape, writer = MODELS[args.model]
+    if writer is synthetic_full_gemma4 and args.quant not in synthetic_full_gemma4.QTYPES:
+        parser.error(f"--quant: {args.model} is written as {', '.join(synthetic_full_gemma4.QTYPES)}")
     if args.layers:
         shape = replace(shape, num_hidden_layers=args.layers)
+        if writer is synthetic_full_gemma4:
+            shape = replace(shape, layer_types=shape.layer_types[:args.layers])
     start = time.perf_counter()
     tokenizer = synthetic.tokenizer_metadata_from(args.tokenizer_from) if args.tokenizer_from else None
-    specs = synthetic_full.write_full_gguf(args.out, shape, args.quant, tokenizer, args.seed,
-                                           f"impnb synthetic {args.model} {args.quant}", args.workers)
+    specs = writer.write_full_gguf(args.out, shape, args.quant, tokenizer, args.seed,
+                                   f"impnb synthetic {args.model} {args.quant}", args.workers)
     seconds = time.perf_counter() - start
     size = os.path.getsize(args.out)
     n_params = sum(math.prod(s.shape) for s in specs)

@@ -83,6 +83,19 @@ def test_broken_qwen35_file(tmp_path, drop, config, words):
     assert_user_error(run_cli("generate", "hi", "-m", path, "--device", "cpu"), *words)
 
 
+@pytest.mark.parametrize("command", [["info"], ["generate", "hi", "--device", "cpu", "-m"]])
+def test_gemma4_inconsistent_per_layer_metadata(tmp_path, command):
+    from gguf import GGUFValueType
+
+    from impnb.fuzz.mutate import parse, set_kv
+    from impnb.fuzz.seeds import write_seed
+
+    seed = parse(write_seed("gemma4", tmp_path / "seed.gguf"))  # four layers
+    bad = set_kv(seed, "gemma4.attention.head_count_kv", [2, 1, 2], GGUFValueType.ARRAY)
+    path = bad.write(tmp_path / "bad.gguf")
+    assert_user_error(run_cli(*command, path), "gemma4.attention.head_count_kv has 3 entries")
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--max-tokens", "0"], ["max-tokens"]),
     (["--temperature", "-1"], ["temperature"]),

@@ -1,7 +1,7 @@
 """Tiny valid GGUFs of every architecture, written in milliseconds with numpy (no torch), to mutate.
 
 Each seed runs end to end on the CPU reference: weights N(0, 1/sqrt(cols)), norms near 1, a
-byte-level BPE vocabulary (llama, qwen3, qwen3moe, qwen35moe) or a SentencePiece one with byte fallback
+byte-level BPE vocabulary (llama, qwen3, qwen3moe, qwen35moe, gemma4) or a SentencePiece one with byte fallback
 (gemma3), a chat template where the architecture has no built-in one, and a mix of tensor
 types (F32, F16, Q8_0, Q4_1, Q5_0) so that retyping and NaN scales have blocks to hit.
 """
@@ -12,9 +12,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
+from impnb.fuzz import seed_gemma4 as sg
 from impnb.tokenizer import bytes_to_unicode
 
-SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "qwen35moe")
+SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "qwen35moe", "gemma4")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # (layers, d_model, heads, KV heads, head dim, FFN, matrix type)
@@ -25,6 +26,7 @@ SIZES = {
     "qwen3moe": (2, 64, 2, 1, 64, 64, T.F16),
     "gemma3": (7, 64, 2, 1, 64, 128, T.Q5_0),  # seven layers: one of them global
     "qwen35moe": (2, 64, 2, 1, 64, 64, T.F16),  # a Gated DeltaNet layer, then a gated attention one
+    "gemma4": (sg.N_LAYER, sg.D_MODEL, sg.N_HEAD, 0, 0, sg.N_FF, sg.MATRIX_TYPE),  # per layer: seed_gemma4
 }
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
 # the hybrid's Gated DeltaNet: QK heads, V heads, their dims, the conv kernel; its shared expert's FFN
@@ -149,13 +151,16 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(D)
-    w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(Dh)
-    w.add_value_length(Dh)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma4":
+        sg.add_keys(w)
+    else:
+        w.add_feed_forward_length(F)
+        w.add_head_count_kv(Hkv)
+        w.add_key_length(Dh)
+        w.add_value_length(Dh)
     if arch == "gemma3":
         w.add_sliding_window(16)
     if arch in ("qwen3moe", "qwen35moe"):
@@ -172,7 +177,8 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
         w.add_full_attention_interval(2)
         w.add_rope_dimension_count(Dh // 4)
     _add_keys(w, md)
-    for name, array, qtype in _tensors(arch, n_vocab, np.random.default_rng(seed)):
+    rng = np.random.default_rng(seed)
+    for name, array, qtype in sg.tensors(n_vocab, rng) if arch == "gemma4" else _tensors(arch, n_vocab, rng):
         if qtype == T.F32:
             w.add_tensor(name, array)
         elif qtype == T.F16:

@@ -52,6 +52,9 @@ class DeviceModel:
         unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
         if unknown:
             raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
+        if any(s.after or s.ffn_norm is None for s in self.layers):
+            raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
+                                   f"without its input norm have no GPU path")
         if cfg.n_expert:
             check_experts(cfg)
         self.ctx = ctx or GpuContext()

@@ -25,7 +25,7 @@ class ReferenceModel:
         self.arch = architecture(mf)
         self.cfg = validate_model(mf)
         self.layers = self.arch.layers(self.cfg)
-        self.ops = NumpyOps(mf, self.cfg)
+        self.ops = getattr(self.arch, "OPS", NumpyOps)(mf, self.cfg)  # an architecture's own ops
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         return KVCache(self.cfg, n_ctx or self.cfg.n_ctx)

@@ -73,6 +73,20 @@ class ModelConfig:
     def rope_base_for(self, il: int) -> float:
         return self.rope_base_swa if self.is_swa(il) and self.rope_base_swa else self.rope_base
 
+    # Per-layer attention shapes: uniform here; an architecture whose layers differ (gemma4)
+    # subclasses the config and answers per layer.
+    def kv_heads(self, il: int) -> int:
+        """Layer il's KV head count."""
+        return self.n_head_kv
+
+    def head_dims(self, il: int) -> tuple[int, int]:
+        """Layer il's K (and Q) head dim and V head dim."""
+        return self.head_dim, self.head_dim_v
+
+    def kv_layer(self, il: int) -> int:
+        """The layer whose cached K/V layer il attends over: itself, or the earlier one it shares."""
+        return il
+
 
 # Bounds on the sizes a file may declare: far above any real model, low enough that no loop or
 # allocation driven by them can hang or exhaust the host before the memory check runs.
@@ -100,6 +114,23 @@ def positive_int(mf: ModelFile, suffix: str, default=None, limit: int = 1 << 31)
     if value > limit:
         raise GGUFError(f"{mf.path}: metadata {key} = {value} is above the limit of {limit}")
     return value
+
+
+def per_layer_ints(mf: ModelFile, suffix: str, n_layer: int, default=None, limit: int = 1 << 31,
+                   minimum: int = 1) -> tuple[int, ...]:
+    """An architecture metadata integer or per-layer array of them, each in [minimum, limit], as one
+    value a layer; GGUFError naming the key where an array's length is not block_count."""
+    value = mf.arch_get(suffix, default) if default is not None else mf.require(suffix)
+    key = f"{mf.arch}.{suffix}"
+    values = value if isinstance(value, list) else [value] * n_layer
+    if len(values) != n_layer:
+        raise GGUFError(f"{mf.path}: per-layer {key} has {len(values)} entries; "
+                        f"{mf.arch}.block_count is {n_layer}")
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= limit:
+            raise GGUFError(f"{mf.path}: metadata {key} holds {_short(v)}, not an integer in "
+                            f"[{minimum}, {limit}]")
+    return tuple(values)
 
 
 def positive_float(mf: ModelFile, suffix: str, default: float, limit: float) -> float:

@@ -3,7 +3,8 @@ the numpy reference's layer graph that follows it. gpu/forward.py follows the sa
 
 Every layer is
     x += [post_attn_norm](mixer(attn_norm(x)))      mixer: attention, or gated_deltanet (deltanet.py)
-    x += [post_ffn_norm](ffn(<spec.ffn_norm>(x)))
+    x += [post_ffn_norm](ffn(<spec.ffn_norm>(x)))    no ffn_norm: the FFN reads the residual
+    x = step(x) for each of its `after` steps (AFTER)
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from impnb.models import gemma4_ops
 from impnb.models.config import ModelConfig
 from impnb.models.deltanet import gated_deltanet_block
 
@@ -22,14 +24,17 @@ class LayerSpec:
 
     mixer: str = "attention"  # softmax attention over the KV cache (attention_block)
     ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
-    ffn_norm: str = "ffn_norm"  # the FFN's pre-norm (Qwen3-Next / 3.5 files: post_attention_norm)
+    # the FFN's pre-norm (Qwen3-Next / 3.5 files: post_attention_norm); None: the FFN reads the
+    # residual and norms it itself (gemma4's routed experts beside the MLP)
+    ffn_norm: str | None = "ffn_norm"
     post_attn_norm: str | None = None  # a norm on attention's output before the residual add
     post_ffn_norm: str | None = None  # and on the FFN's
+    after: tuple[str, ...] = ()  # steps on the residual once the FFN's output is added (AFTER)
 
     @property
     def adds_into_residual(self) -> bool:
         """Whether the attention and FFN outputs add straight into the residual (no post-norm)."""
-        return self.post_attn_norm is None and self.post_ffn_norm is None
+        return self.post_attn_norm is None and self.post_ffn_norm is None and not self.after
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):
@@ -72,8 +77,10 @@ def moe_shared_ffn(ops, il: int, h):
     return ops.add(ops.moe(h, p), ops.sigmoid_gate(shared, ops.linear(h, p + "ffn_gate_inp_shexp")))
 
 
-MIXERS = {"attention": attention_block, "gated_deltanet": gated_deltanet_block}
-FFNS = {"gated": gated_ffn, "moe": moe_ffn, "moe_shared": moe_shared_ffn}
+MIXERS = {"attention": attention_block, "gated_deltanet": gated_deltanet_block,
+          "gemma4_attention": gemma4_ops.gemma4_attention}
+FFNS = {"gated": gated_ffn, "moe": moe_ffn, "moe_shared": moe_shared_ffn, "mlp_and_moe": gemma4_ops.mlp_and_moe}
+AFTER = {"per_layer_embedding": gemma4_ops.per_layer_embedding, "output_scale": gemma4_ops.output_scale}
 
 
 def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
@@ -85,7 +92,9 @@ def forward(ops, cfg: ModelConfig, layers: tuple, tokens: np.ndarray, cache):
         p = f"blk.{il}."
         h = MIXERS[spec.mixer](ops, cfg, il, ops.norm(x, p + "attn_norm"), pos, cache)
         x = ops.add(x, ops.norm(h, p + spec.post_attn_norm) if spec.post_attn_norm else h)
-        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + spec.ffn_norm))
+        h = FFNS[spec.ffn](ops, il, ops.norm(x, p + spec.ffn_norm) if spec.ffn_norm else x)
         x = ops.add(x, ops.norm(h, p + spec.post_ffn_norm) if spec.post_ffn_norm else h)
+        for step in spec.after:
+            x = AFTER[step](ops, il, x)
     cache.pos += len(tokens)
     return ops.output(x)

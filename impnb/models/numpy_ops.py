@@ -45,6 +45,10 @@ class NumpyOps(DeltaNetOps):
     def attention(self, q, k, v, pos: np.ndarray, il: int, cache: KVCache) -> np.ndarray:
         """q (T, H, D), k/v (T, Hkv, D) at positions `pos` -> (T, H * Dv), K/V cached."""
         k_all, v_all = cache.store(il, int(pos[0]), k, v)
+        return self.attend(q, k_all, v_all, pos, il)
+
+    def attend(self, q, k_all, v_all, pos: np.ndarray, il: int) -> np.ndarray:
+        """q (T, H, D) at positions `pos` over cached k/v (S, Hkv, D) -> (T, H * Dv)."""
         # queries in chunks, so that a chunk's float64 scores (H, rows, S) stay near SCORES_BYTES
         rows = max(1, SCORES_BYTES // (8 * q.shape[1] * k_all.shape[0]))
         out = np.concatenate([attention_ref(q[t:t + rows], k_all, v_all, pos[t:t + rows],

@@ -3,11 +3,12 @@ models/__init__.py), registered here."""
 
 from impnb.errors import UnsupportedError
 from impnb.gguf_file import ModelFile
-from impnb.models import gemma3, llama, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe
+from impnb.models import gemma3, gemma4, llama, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe
 from impnb.models.config import ModelConfig
 
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "qwen3": qwen3, "qwen3moe": qwen3moe}
 ARCHITECTURES.update({"qwen35": qwen35, "qwen35moe": qwen35moe, "qwen3next": qwen3next})
+ARCHITECTURES.update({"gemma4": gemma4})
 
 
 def architecture(mf: ModelFile):

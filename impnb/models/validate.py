@@ -48,6 +48,8 @@ class Expected:
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
     """GGUF name (less ".weight") -> Expected, for cfg's architecture."""
+    if cfg.arch == "gemma4":
+        return gemma4_tensors(cfg)
     D, V = cfg.n_embd, cfg.n_vocab
     d_model = f"d_model {D}"
     q_heads = f"d_model {D} and {cfg.n_head} heads of {cfg.head_dim}"
@@ -96,6 +98,57 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
             out[p + "ffn_gate"] = Expected((cfg.n_ff, D), ffn)
             out[p + "ffn_up"] = Expected((cfg.n_ff, D), ffn)
             out[p + "ffn_down"] = Expected((D, cfg.n_ff), ffn)
+    return out
+
+
+def gemma4_tensors(cfg) -> dict[str, Expected]:
+    """gemma4's tensors (llama.cpp's load_arch_tensors): per-layer attention shapes, attn_v
+    optional (V = K), no K/V weights needed on KV-shared layers, routed experts beside the dense
+    MLP, per-layer embeddings, rope_freqs where a layer is global."""
+    D, V, H, P, L = cfg.n_embd, cfg.n_vocab, cfg.n_head, cfg.n_embd_per_layer, cfg.n_layer
+    d_model = f"d_model {D}"
+    out = {
+        "token_embd": Expected((V, D), f"a vocabulary of {V} and {d_model}"),
+        "output_norm": Expected((D,), d_model),
+        "output": Expected((V, D), f"a vocabulary of {V} and {d_model}", optional=True),
+    }
+    if not all(cfg.swa_layers):
+        out["rope_freqs"] = Expected((cfg.head_dim // 2,), f"global heads of {cfg.head_dim}")
+    if P:
+        ple = f"{L} layers of per-layer inputs of {P}"
+        out["per_layer_token_embd"] = Expected((V, L * P), f"a vocabulary of {V} and {ple}")
+        out["per_layer_model_proj"] = Expected((L * P, D), f"{d_model} and {ple}")
+        out["per_layer_proj_norm"] = Expected((P,), f"per-layer inputs of {P}")
+    for il in range(L):
+        p, (hd, _), hkv, F = f"blk.{il}.", cfg.head_dims(il), cfg.kv_heads(il), cfg.n_ff_layers[il]
+        shared = cfg.kv_layer(il) != il
+        heads, kv = f"{d_model} and {H} heads of {hd}", f"{d_model} and {hkv} KV heads of {hd}"
+        for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            out[p + name] = Expected((D,), d_model)
+        out[p + "attn_q"] = Expected((H * hd, D), heads)
+        out[p + "attn_q_norm"] = Expected((hd,), f"heads of {hd}")
+        out[p + "attn_k"] = Expected((hkv * hd, D), kv, optional=shared)
+        out[p + "attn_k_norm"] = Expected((hd,), f"heads of {hd}", optional=shared)
+        out[p + "attn_v"] = Expected((hkv * hd, D), kv, optional=True)
+        out[p + "attn_output"] = Expected((D, H * hd), heads)
+        out[p + "ffn_gate"] = Expected((F, D), f"{d_model} and FFN {F}")
+        out[p + "ffn_up"] = Expected((F, D), f"{d_model} and FFN {F}")
+        out[p + "ffn_down"] = Expected((D, F), f"{d_model} and FFN {F}")
+        out[p + "layer_output_scale"] = Expected((1,), "one scale a layer", optional=True)
+        if cfg.n_expert:
+            E, Fe = cfg.n_expert, cfg.n_ff_exp
+            experts = f"{E} experts, {d_model} and expert FFN {Fe}"
+            out[p + "ffn_gate_inp"] = Expected((E, D), f"{E} experts and {d_model}")
+            out[p + "ffn_gate_inp.scale"] = Expected((D,), d_model)
+            out[p + "ffn_gate_up_exps"] = Expected((E, 2 * Fe, D), experts)
+            out[p + "ffn_down_exps"] = Expected((E, D, Fe), experts)
+            out[p + "ffn_down_exps.scale"] = Expected((E,), f"{E} experts")
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                out[p + name] = Expected((D,), d_model)
+        if P:
+            out[p + "inp_gate"] = Expected((P, D), f"{d_model} and per-layer inputs of {P}")
+            out[p + "proj"] = Expected((D, P), f"{d_model} and per-layer inputs of {P}")
+            out[p + "post_norm"] = Expected((D,), d_model)
     return out
 
 
@@ -200,7 +253,8 @@ def host_bytes_needed(mf: ModelFile, cfg: ModelConfig, n_ctx: int) -> int:
     Gated DeltaNet layers' states."""
     weights = sum(math.prod(t.shape) for t in mf.tensors.values()) * 4
     n_recurrent = sum(cfg.recurrent_layers)
-    kv = (cfg.n_layer - n_recurrent) * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 4
+    kv = sum(cfg.kv_heads(il) * sum(cfg.head_dims(il)) for il in range(cfg.n_layer)
+             if not cfg.is_recurrent(il) and cfg.kv_layer(il) == il) * n_ctx * 4
     if cfg.deltanet:
         d = cfg.deltanet
         kv += n_recurrent * (d.conv_channels * d.conv_kernel + d.n_v_heads * d.head_k_dim * d.head_v_dim) * 4
@@ -230,9 +284,14 @@ def check_host_memory(needed: int, what: str) -> None:
 
 
 def check_gpu_shapes(cfg: ModelConfig) -> None:
-    """UnsupportedError where the GPU kernels take no such head dim (the CPU reference takes any)."""
+    """UnsupportedError where the architecture has no GPU path or the GPU kernels take no such head
+    dim (the CPU reference takes any)."""
+    from impnb.cuda_support import GPU_ARCHS
     from impnb.kernels.attention.attention_decode import HEAD_DIMS
 
+    if cfg.arch not in GPU_ARCHS:
+        raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
+                               f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
     if cfg.head_dim not in HEAD_DIMS or cfg.head_dim_v != cfg.head_dim:
         raise UnsupportedError(f"{cfg.arch} with head dim {cfg.head_dim} (V {cfg.head_dim_v}) has no "
                                f"GPU attention kernel (head dims {', '.join(map(str, HEAD_DIMS))}); "

@@ -10,14 +10,18 @@ def rope_freqs(n_rot: int, base: float) -> np.ndarray:
 
 
 def rope_ref(x: np.ndarray, pos: np.ndarray, base: float, neox: bool,
-             n_rot: int | None = None) -> np.ndarray:
+             n_rot: int | None = None, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """x (T, H, D) float32, pos (T,) -> x rotated; the first n_rot dims of each head rotate.
 
     Normal layout (llama; the GGUF converter permuted Q/K for it) rotates adjacent pairs
-    (2i, 2i+1); NeoX (qwen3, gemma3) rotates (i, i + n_rot/2).
+    (2i, 2i+1); NeoX (qwen3, gemma3) rotates (i, i + n_rot/2). freq_factors (n_rot/2,), as
+    ggml's rope_ext: pair i's frequency is divided by factor i (gemma4's `rope_freqs`).
     """
     n_rot = x.shape[-1] if n_rot is None else n_rot
-    angle = pos.astype(np.float64)[:, None] * rope_freqs(n_rot, base)[None, :]  # (T, n_rot/2)
+    freqs = rope_freqs(n_rot, base)
+    if freq_factors is not None:
+        freqs = freqs / freq_factors.astype(np.float64)
+    angle = pos.astype(np.float64)[:, None] * freqs[None, :]  # (T, n_rot/2)
     cos = np.cos(angle).astype(np.float32)[:, None, :]
     sin = np.sin(angle).astype(np.float32)[:, None, :]
     out = x.astype(np.float32, copy=True)

@@ -1,0 +1,99 @@
+"""A full-size random Gemma-4-26B-A4B GGUF for speed work, through synthetic_full's random blocks.
+
+Q8_0 only: the MLP's 2112 and the experts' 704 columns are no whole Q4_K blocks (llama.cpp falls
+back to Q5_0 there, which synthetic_full does not draw). Names, keys and types follow llama.cpp's
+converter (synthetic_gemma4): the router, norms and scales F32, rope_freqs its fixed factors,
+scales 1 + noise like the norms.
+"""
+
+import os
+
+import numpy as np
+from gguf import GGMLQuantizationType as T, GGUFWriter
+
+from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_tokenizer, minimal_tokenizer_metadata
+from impnb.synthetic_full import (FILE_TYPES, TensorSpec, byte_shape, padded_tokenizer, prefetched,
+                                  tensor_data)
+from impnb.synthetic_gemma4 import GLOBAL, SLIDING, Gemma4Shape, add_hparams
+
+# google/gemma-4-26B-A4B's text_config: five sliding layers to one global, K = V on the global
+# layers, 128 experts (top 8) beside a dense MLP, no PLE, no KV sharing, output tied to token_embd.
+SHAPES = {
+    "gemma4-26b-a4b": Gemma4Shape(
+        num_hidden_layers=30, hidden_size=2816, intermediate_size=2112, num_attention_heads=16,
+        num_key_value_heads=8, num_global_key_value_heads=2, head_dim=256, global_head_dim=512,
+        vocab_size=262144, layer_types=tuple(([SLIDING] * 5 + [GLOBAL]) * 5), sliding_window=1024,
+        attention_k_eq_v=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+        final_logit_softcapping=30.0, max_position_embeddings=262144),
+}
+QTYPES = ("Q8_0",)
+SCALES = (".scale", "layer_output_scale.weight")  # drawn about 1, as tensor_data draws the norms
+
+
+def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
+    """Every tensor llama.cpp's converter writes for `shape`, with its type and std."""
+    h, H = shape.hidden_size, shape.num_attention_heads
+
+    def mat(name, dims):
+        return TensorSpec(name, dims, T.Q8_0, dims[-1] ** -0.5)
+
+    def vec(name, size, std=NORM_STD):
+        return TensorSpec(name, (size,), T.F32, std)
+
+    out = [mat("token_embd.weight", (shape.vocab_size, h)), vec("rope_freqs.weight", shape.global_head_dim // 2)]
+    for i in range(shape.num_hidden_layers):
+        b, hd, kv = f"blk.{i}.", shape.layer_head_dim(i), shape.kv_heads(i) * shape.layer_head_dim(i)
+        out += [vec(b + "attn_norm.weight", h), mat(b + "attn_q.weight", (H * hd, h)),
+                vec(b + "attn_q_norm.weight", hd)]
+        if not shape.is_kv_shared(i):
+            out += [mat(b + "attn_k.weight", (kv, h)), vec(b + "attn_k_norm.weight", hd)]
+            if shape.is_swa(i) or not shape.attention_k_eq_v:
+                out.append(mat(b + "attn_v.weight", (kv, h)))
+        ff = shape.n_ff(i)
+        out += [mat(b + "attn_output.weight", (h, H * hd)), vec(b + "post_attention_norm.weight", h),
+                vec(b + "ffn_norm.weight", h), mat(b + "ffn_gate.weight", (ff, h)),
+                mat(b + "ffn_up.weight", (ff, h)), mat(b + "ffn_down.weight", (h, ff)),
+                vec(b + "post_ffw_norm.weight", h), vec(b + "layer_output_scale.weight", 1)]
+        if shape.num_experts:
+            e, f = shape.num_experts, shape.moe_intermediate_size
+            out += [TensorSpec(b + "ffn_gate_inp.weight", (e, h), T.F32, h ** -0.5),
+                    vec(b + "ffn_gate_inp.scale", h), vec(b + "ffn_down_exps.scale", e),
+                    mat(b + "ffn_gate_up_exps.weight", (e, 2 * f, h)), mat(b + "ffn_down_exps.weight", (e, h, f)),
+                    vec(b + "pre_ffw_norm_2.weight", h), vec(b + "post_ffw_norm_1.weight", h),
+                    vec(b + "post_ffw_norm_2.weight", h)]
+    return out + [vec("output_norm.weight", h)]
+
+
+def tensor_values(shape: Gemma4Shape, spec: TensorSpec, seed: int, index: int) -> np.ndarray:
+    """synthetic_full's random tensor, but rope_freqs' fixed factors and the scales about 1."""
+    if spec.name == "rope_freqs.weight":
+        return shape.rope_freqs()
+    data = tensor_data(spec, seed, index)
+    return data + np.float32(1.0) if spec.name.endswith(SCALES) else data
+
+
+def write_full_gguf(path, shape: Gemma4Shape, qtype: str = "Q8_0", tokenizer_metadata: dict | None = None,
+                    seed: int = 0, name: str = "impnb synthetic", workers: int = 2) -> list[TensorSpec]:
+    """Write `shape` as a random Q8_0 gemma4 GGUF and return its tensors."""
+    if qtype not in QTYPES:
+        raise ValueError(f"gemma4 full-size files are {' or '.join(QTYPES)}, not {qtype!r}")
+    if tokenizer_metadata is None:
+        tokenizer_metadata = minimal_tokenizer_metadata(min(shape.vocab_size, MINIMAL_VOCAB))
+    specs = tensor_specs(shape)
+    writer = GGUFWriter(os.fspath(path), "gemma4")
+    add_hparams(writer, shape, FILE_TYPES[qtype], name)
+    add_tokenizer(writer, padded_tokenizer(tokenizer_metadata, shape.vocab_size))
+    for spec in specs:
+        raw_shape = byte_shape(spec)
+        quantized = spec.ggml_type != T.F32
+        nbytes = int(np.prod(raw_shape)) * (1 if quantized else 4)
+        writer.add_tensor_info(spec.name, raw_shape, np.dtype(np.uint8 if quantized else np.float32),
+                               nbytes, raw_dtype=spec.ggml_type if quantized else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    items = ((shape, s, seed, i) for i, s in enumerate(specs))
+    for data in prefetched(tensor_values, items, workers):
+        writer.write_tensor_data(data)
+    writer.close()
+    return specs
