@@ -1,0 +1,85 @@
+"""`python -m impnb serve`: the OpenAI-compatible HTTP server (impnb/server) under uvicorn.
+
+The port opens at once and /health answers 503 until the model is loaded on the engine thread; a
+model that fails to load stops the server with one error line and exit status 2. SIGTERM or
+SIGINT stop accepting connections, give running requests the grace period to finish, abort the
+rest and exit 0."""
+
+import sys
+import threading
+import time
+
+from impnb.errors import ImpnbError, ParameterError
+from impnb.model_registry import resolve_model
+from impnb.serve.engine import check_positive
+from impnb.serve.pool_size import check_fraction
+
+
+def _check(args) -> None:
+    if not 0 <= args.port < 65536:
+        raise ParameterError(f"--port must be in [0, 65535], got {args.port}")
+    for name in ("max_seqs", "ctx", "kv_cache_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            check_positive(f"--{name.replace('_', '-')}", value)
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise ParameterError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.grace < 0:
+        raise ParameterError(f"--grace must be >= 0, got {args.grace}")
+    check_fraction("--gpu-memory-utilization", args.gpu_memory_utilization)
+
+
+def _imports():
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise ImpnbError(f"serve needs FastAPI and uvicorn ({e}): pip install 'impnb[serve]'") from None
+    return uvicorn
+
+
+def run(args) -> int:
+    _check(args)
+    uvicorn = _imports()
+    path = resolve_model(args.model)  # an unknown name or a missing file fails before the port opens
+    from impnb.server.app import Server, ServerConfig, build_app
+    from impnb.server.engine_loop import EngineLoop
+    from impnb.server.metrics import Metrics
+
+    def load():
+        from impnb.serve.llm import LLM
+
+        llm = LLM(str(path), device=args.device, n_ctx=args.ctx, kv_cache_tokens=args.kv_cache_tokens,
+                  gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_seqs,
+                  graphs=not args.no_graphs)
+        print(f"impnb: serving {name} ({llm.device}, context {llm.engine.n_ctx}, "
+              f"{llm.engine.scheduler.config.max_num_seqs} sequences, {len(llm.engine.blocks.blocks)} KV blocks) "
+              f"on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        return llm
+
+    name = args.served_model_name or args.model or path.stem
+    metrics = Metrics(name)
+    loop = EngineLoop(load, metrics)
+    server = Server(ServerConfig(name, args.api_key, args.max_waiting), loop, metrics)
+    config = uvicorn.Config(build_app(server), host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.log_level == "debug", timeout_graceful_shutdown=args.grace,
+                            lifespan="on")
+    http = uvicorn.Server(config)
+
+    def watch_load():
+        while loop.state == "loading" and not http.should_exit:
+            time.sleep(0.05)
+        if loop.state == "failed":
+            http.should_exit = True
+
+    threading.Thread(target=watch_load, name="impnb-load-watch", daemon=True).start()
+    try:
+        http.run()
+    except SystemExit as e:  # uvicorn exits when it cannot listen
+        if e.code:
+            raise ImpnbError(f"cannot serve on {args.host}:{args.port} (see the log above)") from None
+    if loop.state == "failed":
+        raise ImpnbError(f"loading the model failed: {loop.error}")
+    if not http.started:
+        raise ImpnbError(f"cannot serve on {args.host}:{args.port} (see the log above)")
+    return 0
