@@ -38,6 +38,18 @@ def _imports():
     return uvicorn
 
 
+def _server_class(uvicorn):
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that a stop signal, once handled, ends in exit status 0
+        (uvicorn raises the signal again after its graceful shutdown)."""
+
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server
+
+
 def run(args) -> int:
     _check(args)
     uvicorn = _imports()
@@ -64,7 +76,7 @@ def run(args) -> int:
     config = uvicorn.Config(build_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.log_level == "debug", timeout_graceful_shutdown=args.grace,
                             lifespan="on")
-    http = uvicorn.Server(config)
+    http = _server_class(uvicorn)(config)
 
     def watch_load():
         while loop.state == "loading" and not http.should_exit:
