@@ -251,6 +251,17 @@ def test_nothing_leaks_and_the_server_still_answers(server, client):
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
 
 
+def test_bench_serve_reports_every_column(server, capsys):
+    from impnb.cli import main
+
+    argv = ["bench-serve", "--url", server.url, "--api-key", API_KEY, "--concurrency", "1,2", "--requests", "2",
+            "--input-len", "8", "--output-len", "2", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in rows] == [1, 2] and all(r["failed"] == 0 for r in rows)
+    assert all(r["output_throughput"] > 0 and r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0 for r in rows)
+
+
 def test_sigterm_finishes_or_aborts_and_exits_0(server):
     """Last: the server stops. A stream running past the grace period is cut, the process exits 0."""
     body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 200, "ignore_eos": True,
