@@ -2,8 +2,9 @@
 completions, streaming and not, stop strings, seeds, usage, concurrent streams, a client that
 leaves mid-stream, every error's status and shape, /health, /metrics, /v1/models, and SIGTERM.
 
-The device is IMPNB_SERVE_TEST_DEVICE (cpu by default; cuda runs the same tests on the GPU, as
-`gpu` tests). Requests ask for a few tokens each: the CPU reference makes a few tokens a second."""
+Every test runs on each device of IMPNB_SERVE_TEST_DEVICES (default "cpu,cuda"); the cuda run is
+marked `gpu` and skipped without a GPU (`-m gpu` runs it alone). Requests ask for a few tokens
+each: the CPU reference makes a few tokens a second."""
 
 import json
 import os
@@ -16,17 +17,19 @@ from tests.serve_http import API_KEY, ServerProcess, open_stream, request
 
 openai = pytest.importorskip("openai")
 
-DEVICE = os.environ.get("IMPNB_SERVE_TEST_DEVICE", "cpu")
-pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
-N_CTX = 256
+DEVICES = [pytest.param(d, marks=[pytest.mark.gpu] if d == "cuda" else [], id=d)
+           for d in os.environ.get("IMPNB_SERVE_TEST_DEVICES", "cpu,cuda").split(",")]
+N_CTX = {"cpu": 256, "cuda": 4096}  # the GPU's long requests must outlast a disconnect and the grace
 MAX_SEQS, MAX_WAITING = 8, 8
 MODEL = "test-model"
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path):
-    s = ServerProcess(smollm2_path, "--device", DEVICE, "--ctx", N_CTX, "--max-seqs", MAX_SEQS,
+@pytest.fixture(scope="module", params=DEVICES)
+def server(request, smollm2_path):
+    n_ctx = N_CTX[request.param]
+    s = ServerProcess(smollm2_path, "--device", request.param, "--ctx", n_ctx, "--max-seqs", MAX_SEQS,
                       "--max-waiting", MAX_WAITING, "--grace", 2)
+    s.device, s.n_ctx = request.param, n_ctx
     yield s
     s.stop()
 
@@ -151,7 +154,7 @@ def test_logprobs_or_a_clear_400(server, client):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
             "temperature": 0, "logprobs": True, "top_logprobs": 3}
     r = post(server, "/v1/chat/completions", body)
-    if DEVICE != "cpu":
+    if server.device != "cpu":
         assert_error(r, 400, "logprobs are not available")
         return
     content = r.json()["choices"][0]["logprobs"]["content"]
@@ -185,8 +188,8 @@ def test_eight_concurrent_streams(client, server):
 
 
 def test_a_client_leaving_mid_stream_frees_its_sequence(server):
-    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": server.n_ctx - 16,
+            "ignore_eos": True, "stream": True}
     conn, r = open_stream(server.url, "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})
     assert r.status == 200
     assert next(line for line in r if line.startswith(b"data: "))
@@ -219,13 +222,14 @@ def test_unknown_model_is_404(client):
     assert "no-such-model" in str(e.value)
 
 
-def test_prompt_over_the_context_is_400_with_the_counts(client):
+def test_prompt_over_the_context_is_400_with_the_counts(client, server):
+    n_ctx = server.n_ctx
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt=[100] * (N_CTX + 10), max_tokens=1)
-    assert f"{N_CTX}" in str(e.value) and f"{N_CTX + 10}" in str(e.value)
+        client.completions.create(model=MODEL, prompt=[100] * (n_ctx + 10), max_tokens=1)
+    assert f"{n_ctx}" in str(e.value) and f"{n_ctx + 10}" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt=[100] * 100, max_tokens=N_CTX)
-    assert f"{100 + N_CTX}" in str(e.value) and "100 in the prompt" in str(e.value)
+        client.completions.create(model=MODEL, prompt=[100] * 100, max_tokens=n_ctx)
+    assert f"{100 + n_ctx}" in str(e.value) and "100 in the prompt" in str(e.value)
 
 
 def test_bad_api_key_is_401(server):
@@ -264,8 +268,8 @@ def test_bench_serve_reports_every_column(server, capsys):
 
 def test_sigterm_finishes_or_aborts_and_exits_0(server):
     """Last: the server stops. A stream running past the grace period is cut, the process exits 0."""
-    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": server.n_ctx - 16,
+            "ignore_eos": True, "stream": True}
     conn, r = open_stream(server.url, "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})
     next(line for line in r if line.startswith(b"data: "))
     server.proc.send_signal(signal.SIGTERM)
