@@ -37,6 +37,14 @@ def request(url: str, method: str, path: str, body=None, headers=None, timeout: 
         conn.close()
 
 
+def post_unread(url: str, path: str, body: dict, headers: dict, timeout: float = 60):
+    """A POST whose answer is not read: the connection, to close as a client that leaves."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json", **headers})
+    return conn
+
+
 def open_stream(url: str, path: str, body: dict, headers: dict, timeout: float = 60):
     """A streaming POST: (connection, response) to read lines from; close the connection to leave."""
     host, port = url.removeprefix("http://").split(":")

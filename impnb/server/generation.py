@@ -66,10 +66,10 @@ class Generation:
         tokenizer = self.llm.tokenizer
         if self.chat:
             text = render_chat(self.llm.mf.metadata, [m.as_dict() for m in self.body.messages])
-            return [tokenizer.encode(text, add_special=False)]
+            return [tokenizer.encode(_unicode(text, "messages"), add_special=False)]
         out = []
         for p in self.body.prompts():
-            ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
+            ids = tokenizer.encode(_unicode(p, "prompt")) if isinstance(p, str) else list(p)
             if not ids:
                 raise ApiError(400, "the prompt is empty", "prompt")
             out.append(ids)
@@ -236,7 +236,16 @@ class _Stream(StreamingResponse):
 def _stops(stop) -> tuple[str, ...]:
     if stop is None:
         return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+    return tuple(_unicode(s, "stop") for s in ((stop,) if isinstance(stop, str) else stop))
+
+
+def _unicode(text: str, param: str) -> str:
+    """text, unless JSON gave it a lone surrogate (\\ud800), which no tokenizer takes: a 400."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{param} holds a lone surrogate at character {e.start}", param) from None
+    return text
 
 
 async def _disconnected(request: Request) -> None:
