@@ -98,23 +98,36 @@ class EngineLoop:
         engine = self.llm.engine
         self._report(engine)
         while not self.stopping.is_set():
-            busy = engine.has_unfinished_requests() or bool(engine.ended)
-            try:  # wait for work when idle; take every queued command before the next step
-                command = self.commands.get(block=not busy, timeout=IDLE_WAIT_S)
-                while True:
-                    if command is not None:
-                        self._command(engine, command)
-                    command = self.commands.get_nowait()
-            except queue.Empty:
-                pass
-            if engine.has_unfinished_requests() or engine.ended:
-                self._step(engine)
-        for request_id in list(self.jobs):
-            self.jobs.pop(request_id).put(RuntimeError("the server is shutting down"))
-            engine.drop(request_id)
-            self._count(-1)
-        self._report(engine)
+            try:
+                self._iterate(engine)
+            except Exception as e:  # noqa: BLE001 - the requests in flight fail, the server goes on
+                log.error("the engine failed; its requests end with an error:\n%s", traceback.format_exc())
+                self._fail_all(engine, RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
+        self._fail_all(engine, RuntimeError("the server is shutting down"))
         self.state = "stopped"
+
+    def _iterate(self, engine) -> None:
+        """Wait for work when idle; take every queued command; then run one step if there is work."""
+        busy = engine.has_unfinished_requests() or bool(engine.ended)
+        try:
+            command = self.commands.get(block=not busy, timeout=IDLE_WAIT_S)
+            while True:
+                if command is not None:
+                    self._command(engine, command)
+                command = self.commands.get_nowait()
+        except queue.Empty:
+            pass
+        if engine.has_unfinished_requests() or engine.ended:
+            self._step(engine)
+
+    def _fail_all(self, engine, error: Exception) -> None:
+        """End every request with error and leave the engine empty."""
+        for request_id in list(self.jobs):
+            self.jobs.pop(request_id).put(error)
+            self._count(-1)
+        for request_id in list(engine.requests):
+            engine.drop(request_id)
+        self._report(engine)
 
     def _command(self, engine, command) -> None:
         kind, arg = command
@@ -131,7 +144,7 @@ class EngineLoop:
                 engine.add_request(s.prompt_ids, s.params, s.request_id, stop=s.stop, logprobs=s.logprobs)
                 added.append(s.request_id)
                 self.jobs[s.request_id] = s.job
-        except ImpnbError as e:  # none of the job's requests stays queued
+        except Exception as e:  # noqa: BLE001 - a bad one (ImpnbError: a 400): none of the job's stays queued
             for request_id in added:
                 self.jobs.pop(request_id, None)
                 engine.drop(request_id)
@@ -142,33 +155,24 @@ class EngineLoop:
         self._report(engine)
 
     def _step(self, engine) -> None:
-        try:
-            deltas = engine.step()
-        except Exception as e:  # noqa: BLE001 - the step's requests fail, the server goes on
-            log.error("an engine step failed; its requests end with an error:\n%s", traceback.format_exc())
-            for request_id in list(self.jobs):
-                self.jobs.pop(request_id).put(RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
-                self._count(-1)
-            for request_id in list(engine.requests):
-                engine.drop(request_id)
-            self._report(engine)
-            return
+        deltas = engine.step()
+        self._report(engine)  # before any client hears of this step, so /metrics is never behind it
         for d in deltas:
             job = self.jobs.get(d.request_id)
             if job is None:  # aborted meanwhile
                 engine.drop(d.request_id)
                 continue
+            if not d.finished:
+                job.put(d)
+                continue
+            del self.jobs[d.request_id]
+            self._count(-1)
+            c = engine.completion(d.request_id)
+            t = c.timing
+            self.metrics.request_done(len(c.prompt_token_ids), len(c.token_ids), c.finish_reason,
+                                      t.queued_s + t.prefill_s if c.token_ids else None, t.decode_s, t.total_s)
             job.put(d)
-            if d.finished:
-                del self.jobs[d.request_id]
-                self._count(-1)
-                c = engine.completion(d.request_id)
-                t = c.timing
-                self.metrics.request_done(len(c.prompt_token_ids), len(c.token_ids), c.finish_reason,
-                                          t.queued_s + t.prefill_s if c.token_ids else None,
-                                          t.decode_s, t.total_s)
-                job.put(("done", d.request_id, c))
-        self._report(engine)
+            job.put(("done", d.request_id, c))
 
     def _report(self, engine) -> None:
         s, b = engine.scheduler, engine.blocks
