@@ -230,6 +230,7 @@ def test_malformed_json_and_wrong_types_are_400(server):
     assert_error(post(server, "/v1/completions", {"prompt": "x", "stop": [""]}), 400, "stop")
     assert_error(post(server, "/v1/completions", {"prompt": "x", "presence_penalty": 1}), 400, "presence_penalty")
     assert_error(post(server, "/v1/completions", '{"prompt": "\\ud800"}'), 400, "surrogate")
+    assert_error(post(server, "/v1/completions", {"prompt": "x", "echo": True}), 400, "echo")
     assert_error(post(server, "/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udfff"}]}'),
                  400, "surrogate")
     assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],

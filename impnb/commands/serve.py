@@ -1,6 +1,8 @@
 """`python -m impnb serve`: the OpenAI-compatible HTTP server (impnb/server) under uvicorn.
 
-The port opens at once and /health answers 503 until the model is loaded on the engine thread; a
+The model file, the device and (on the GPU) the kernel build are checked and done first, in the
+main thread (the build forks compile processes, which a process with server threads should not);
+then the port opens and /health answers 503 until the model is loaded on the engine thread. A
 model that fails to load stops the server with one error line and exit status 2. SIGTERM or
 SIGINT stop accepting connections, give running requests the grace period to finish, abort the
 rest and exit 0."""
@@ -50,10 +52,25 @@ def _server_class(uvicorn):
     return Server
 
 
+def _prepare_device(path, args) -> None:
+    """Validate the model and the device; on the GPU build the model's kernels into the cache."""
+    from impnb.devices import engine_class
+    from impnb.gguf_file import open_model_file
+    from impnb.models.validate import validate_model
+
+    mf = open_model_file(path)
+    cfg = validate_model(mf)
+    if engine_class(args.device, cfg.arch).device == "cuda":
+        from impnb.warmup import prepare
+
+        prepare(mf, min(args.ctx, cfg.n_ctx))
+
+
 def run(args) -> int:
     _check(args)
     uvicorn = _imports()
     path = resolve_model(args.model)  # an unknown name or a missing file fails before the port opens
+    _prepare_device(path, args)
     from impnb.server.app import Server, ServerConfig, build_app
     from impnb.server.engine_loop import EngineLoop
     from impnb.server.metrics import Metrics

@@ -48,6 +48,8 @@ class Generation:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.token_text = TokenText(self.llm.tokenizer)
+        if not chat:
+            body.check()
         prompts = self._prompt_ids()
         max_tokens = body.max_new_tokens if chat else body.max_tokens
         self.submits, self.choices = [], {}

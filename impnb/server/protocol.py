@@ -61,6 +61,10 @@ class CompletionRequest(Sampling):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
+    def check(self) -> None:
+        if self.echo:
+            raise ParameterError("echo is not supported")
+
     def prompts(self) -> list:
         """The prompts: one string or token-id list each."""
         p = self.prompt
