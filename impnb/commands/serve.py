@@ -60,7 +60,8 @@ def _prepare_device(path, args) -> None:
 
     mf = open_model_file(path)
     cfg = validate_model(mf)
-    if engine_class(args.device, cfg.arch).device == "cuda":
+    args.device = engine_class(args.device, cfg.arch).device  # auto decided (and said) once
+    if args.device == "cuda":
         from impnb.warmup import prepare
 
         prepare(mf, min(args.ctx, cfg.n_ctx))
