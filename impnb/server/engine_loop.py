@@ -30,7 +30,10 @@ class Job:
     out: asyncio.Queue
 
     def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # its event loop has closed (the server is stopping): nobody listens
+            pass
 
 
 @dataclass
