@@ -219,9 +219,10 @@ class LLMEngine:
         text, stopped = req.stops.push(req.stream.push(token))
         reason = ("stop" if stopped else "length" if seq.n_generated >= p.max_tokens
                   else "context" if len(seq) - 1 >= self.n_ctx else None)
-        if reason and not stopped:
+        if reason and not stopped:  # the last text: held-back bytes, then what the stops held
             tail, stopped = req.stops.push(req.stream.flush())
             text += tail + ("" if stopped else req.stops.flush())
+            reason = "stop" if stopped else reason
         if reason:
             self._finish(req, reason)
         return self._delta(req, [token], text, reason, [logprob] if logprob else None)
@@ -242,5 +243,6 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     z = logits.astype(np.float64)
     z = z - z.max()
     logp = z - np.log(np.exp(z).sum())
-    best = np.argsort(-logp, kind="stable")[:top] if top else []
+    best = np.argpartition(-logp, top - 1)[:top] if top else np.zeros(0, np.int64)
+    best = best[np.argsort(-logp[best], kind="stable")]
     return TokenLogprob(token, float(logp[token]), [(int(t), float(logp[t])) for t in best])
