@@ -1,4 +1,4 @@
-"""Command line: `impnb generate | info | bench | warmup` (or `python -m impnb ...`)."""
+"""Command line: `impnb generate | info | bench | warmup | serve | bench-serve` (or `python -m impnb ...`)."""
 
 import argparse
 import sys
@@ -78,6 +78,49 @@ def _add_warmup(sub):
     p.add_argument("--jobs", "-j", type=int, default=None, help="compile processes (default: one a core)")
 
 
+def _add_serve(sub):
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the batched engine",
+                       formatter_class=_Help)
+    p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name (default gemma3-270m)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when one is usable, else the CPU reference")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length of a request (capped at the model's)")
+    p.add_argument("--max-seqs", type=int, default=None, help="sequences a step runs at most (default 64)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the weights and the KV pool may take")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="the KV pool's size in tokens (default: from --gpu-memory-utilization; two contexts on the CPU)")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests that may queue beyond --max-seqs; more are answered 503 (default: all queue)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM before they are aborted")
+    p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                   help="uvicorn's log level (debug adds the access log)")
+    p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+
+
+def _add_bench_serve(sub):
+    p = sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server at several concurrencies",
+                       formatter_class=_Help)
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--model", "-m", default=None, help="the model name to send (default: the server's first)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="/v1/completions or /v1/chat/completions")
+    p.add_argument("--concurrency", default="1,8,32,64,128", help="concurrent clients, comma-separated")
+    p.add_argument("--requests", type=int, default=None, help="requests per concurrency (default 4 x concurrency, at least 16)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random token ids)")
+    p.add_argument("--output-len", type=int, default=128, help="tokens to generate (ignore_eos)")
+    p.add_argument("--random-range", type=float, default=0.0,
+                   help="lengths drawn uniformly in [len x (1 - r), len x (1 + r)] (0: fixed lengths)")
+    p.add_argument("--seed", type=int, default=0, help="prompt and length seed")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="impnb", description="GGUF language models on numba.cuda kernels")
     parser.add_argument("--version", action="version", version=f"impnb {__version__}")
@@ -86,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_bench(sub)
     _add_warmup(sub)
+    _add_serve(sub)
+    _add_bench_serve(sub)
     return parser
 
 
@@ -98,6 +143,10 @@ def main(argv=None) -> int:
             from impnb.commands.bench import run
         elif args.command == "warmup":
             from impnb.commands.warmup import run
+        elif args.command == "serve":
+            from impnb.commands.serve import run
+        elif args.command == "bench-serve":
+            from impnb.commands.bench_serve import run
         else:
             from impnb.commands.info import run
         return run(args)

@@ -14,6 +14,7 @@ from impnb.serve.runner import ModelRunner, StepInput, StepOutput
 
 class CpuRunner(ModelRunner):
     device = "cpu"
+    returns_logits = True
 
     def __init__(self, model: ReferenceModel, n_blocks: int, block_size: int = 16):
         self.model = model

@@ -2,8 +2,9 @@
 
 Each step asks the scheduler for work, builds the runner's StepInput, runs it, samples each
 finished sequence's next token on the host with its own sampler (unless the runner sampled on its
-device), applies the stops (end of generation, max_tokens, the context) and returns one Delta
-per request that progressed or ended.
+device), applies the stops (end of generation, stop strings, max_tokens, the context) and returns
+one Delta per request that progressed or ended. Log-probabilities come from the raw logits, where
+the runner hands them to the host.
 """
 
 import itertools
@@ -14,13 +15,15 @@ import numpy as np
 from impnb.errors import NumericalError, ParameterError
 from impnb.sampling import SamplingParams
 from impnb.serve.block_manager import BlockManager
-from impnb.serve.outputs import Completion, Delta, Timing
+from impnb.serve.outputs import Completion, Delta, Timing, TokenLogprob
 from impnb.serve.runner import ModelRunner, SequenceRows, StepInput
 from impnb.serve.scheduler import Scheduler, SchedulerConfig
 from impnb.serve.sequence import Sequence, Status
+from impnb.serve.stops import StopMatcher, check_stops
 
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_BATCHED_TOKENS = 256  # a step's token budget: the CPU engine's prompt chunk
+MAX_LOGPROBS = 20  # alternatives a token's log-probabilities may list (OpenAI's top_logprobs limit)
 
 
 def check_positive(name: str, value) -> None:
@@ -30,10 +33,13 @@ def check_positive(name: str, value) -> None:
 
 
 class Request:
-    """A sequence and what the engine keeps for the caller: its prompt text and its text stream."""
+    """A sequence and what the engine keeps for the caller: its prompt text, its text stream, its
+    stop strings and how many alternatives its log-probabilities list (None: none wanted)."""
 
-    def __init__(self, seq: Sequence, prompt: str | None, stream):
-        self.seq, self.prompt, self.stream = seq, prompt, stream
+    def __init__(self, seq: Sequence, prompt: str | None, stream, stops: StopMatcher,
+                 logprobs: int | None):
+        self.seq, self.prompt, self.stream, self.stops = seq, prompt, stream, stops
+        self.logprobs = logprobs
         self.text: list[str] = []
 
 
@@ -66,14 +72,23 @@ class LLMEngine:
     # -- requests --
 
     def add_request(self, prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, *, stop=(), logprobs: int | None = None) -> str:
         """Queue a prompt (text, or token ids) -> its request id; ParameterError when it is empty,
-        does not fit the context, or params are bad."""
+        does not fit the context, or params are bad. stop: strings that end the text (not shown);
+        logprobs: each generated token's log-probability and its top `logprobs` alternatives."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ParameterError(f"params is {type(params).__name__}, not SamplingParams")
         params.validate()
+        stops = check_stops(stop)
+        if logprobs is not None:
+            if (isinstance(logprobs, bool) or not isinstance(logprobs, (int, np.integer))
+                    or not 0 <= logprobs <= MAX_LOGPROBS):
+                raise ParameterError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r:.40}")
+            if not self.runner.returns_logits:
+                raise ParameterError(f"logprobs are not available on this runner ({self.runner.device}: "
+                                     f"it samples on the device and returns token ids only)")
         ids = self.prompt_ids(prompt)
         if request_id is None:
             request_id = str(next(self._ids))
@@ -83,7 +98,7 @@ class LLMEngine:
             raise ParameterError(f"request id {request_id!r} is already in use")
         seq = Sequence(ids, params, request_id)
         self.requests[request_id] = Request(seq, prompt if isinstance(prompt, str) else None,
-                                            self.tokenizer.stream())
+                                            self.tokenizer.stream(), StopMatcher(stops), logprobs)
         self.scheduler.add(seq)
         return request_id
 
@@ -169,8 +184,11 @@ class LLMEngine:
             self.blocks.commit(seq)
         tokens = result.tokens if result.tokens is not None else self._sample(sampled, result.logits)
         now = time.perf_counter()
-        for seq, token in zip(sampled, tokens):
-            out.append(self._advance(self.requests[seq.request_id], int(token), now))
+        for i, (seq, token) in enumerate(zip(sampled, tokens)):
+            req = self.requests[seq.request_id]
+            logprob = (token_logprob(result.logits[i], int(token), req.logprobs)
+                       if req.logprobs is not None and result.logits is not None else None)
+            out.append(self._advance(req, int(token), now, logprob))
         return out
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> list[int]:
@@ -187,28 +205,44 @@ class LLMEngine:
             tokens.append(seq.sampler(row, seq.token_ids))
         return tokens
 
-    def _advance(self, req: Request, token: int, now: float) -> Delta:
-        """Append a sampled token to its sequence and apply the stops, in the CLI's order."""
+    def _advance(self, req: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> Delta:
+        """Append a sampled token to its sequence and apply the stops, in the CLI's order; a stop
+        string ends the text before it, the token that completed it still counted."""
         seq, p = req.seq, req.seq.params
         if seq.first_token is None:
             seq.first_token = now
         if token in self.tokenizer.eog_ids and not p.ignore_eos:
             self._finish(req, "eog")
-            return self._delta(req, [], req.stream.flush(), "eog")
+            text, stopped = req.stops.push(req.stream.flush())
+            return self._delta(req, [], text + ("" if stopped else req.stops.flush()), "eog")
         seq.token_ids.append(token)
-        text = req.stream.push(token)
-        reason = ("length" if seq.n_generated >= p.max_tokens
+        text, stopped = req.stops.push(req.stream.push(token))
+        reason = ("stop" if stopped else "length" if seq.n_generated >= p.max_tokens
                   else "context" if len(seq) - 1 >= self.n_ctx else None)
+        if reason and not stopped:  # the last text: held-back bytes, then what the stops held
+            tail, stopped = req.stops.push(req.stream.flush())
+            text += tail + ("" if stopped else req.stops.flush())
+            reason = "stop" if stopped else reason
         if reason:
             self._finish(req, reason)
-            text += req.stream.flush()
-        return self._delta(req, [token], text, reason)
+        return self._delta(req, [token], text, reason, [logprob] if logprob else None)
 
-    def _delta(self, req: Request, ids: list[int], text: str, reason: str | None) -> Delta:
+    def _delta(self, req: Request, ids: list[int], text: str, reason: str | None,
+               logprobs: list[TokenLogprob] | None = None) -> Delta:
         req.text.append(text)
-        return Delta(req.seq.request_id, ids, text, reason is not None, reason)
+        return Delta(req.seq.request_id, ids, text, reason is not None, reason, logprobs)
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req.seq, reason)
         req.seq.finished = time.perf_counter()
         self.runner.finished(req.seq.seq_id)
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """token's log-probability under the softmax of the raw logits, and the top `top` tokens'."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())
+    best = np.argpartition(-logp, top - 1)[:top] if top else np.zeros(0, np.int64)
+    best = best[np.argsort(-logp[best], kind="stable")]
+    return TokenLogprob(token, float(logp[token]), [(int(t), float(logp[t])) for t in best])

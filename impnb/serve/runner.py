@@ -86,6 +86,7 @@ class ModelRunner:
     max_num_seqs: int | None = None  # sequences a step can hold (None: the engine's setting)
     chunked_prefill = True  # a prompt may arrive in chunks over several steps
     prefix_caching = True  # blocks may be shared between sequences
+    returns_logits = False  # execute returns the sampled rows' logits (the engine samples on the host)
 
     def execute(self, step: StepInput) -> StepOutput:
         raise NotImplementedError
