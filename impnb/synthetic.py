@@ -222,10 +222,17 @@ def export_gguf(model, path, qtype: str = "F32", tokenizer_metadata: dict | None
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
     add_tokenizer(writer, tokenizer_metadata)
-    for name, array in gguf_tensors(model):
-        ttype = tensor_qtype(name, array, qtype)
+    write_gguf(writer, ((name, array, tensor_qtype(name, array, qtype)) for name, array in gguf_tensors(model)))
+
+
+def write_gguf(writer: GGUFWriter, tensors) -> None:
+    """Add (name, float32 array, GGML type) tensors, each encoded as its type (F32 and F16 as
+    arrays, FP4 by impnb.quant_fp4, the rest by gguf.quants), and write the file."""
+    for name, array, ttype in tensors:
         if ttype == GGMLQuantizationType.F32:
-            writer.add_tensor(name, array)
+            writer.add_tensor(name, np.ascontiguousarray(array, np.float32))
+        elif ttype == GGMLQuantizationType.F16:
+            writer.add_tensor(name, np.asarray(array).astype(np.float16))
         else:
             encode = quant_fp4.quantize if ttype in quant_fp4.FP4_FORMATS else quantize
             data = encode(array.reshape(-1, array.shape[-1]), ttype).reshape(*array.shape[:-1], -1)

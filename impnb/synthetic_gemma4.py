@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_VERSION
-from gguf.quants import quantize
 
-from impnb.synthetic import MINIMAL_VOCAB, QTYPES, add_tokenizer, minimal_tokenizer_metadata
+from impnb.synthetic import MINIMAL_VOCAB, QTYPES, add_tokenizer, minimal_tokenizer_metadata, write_gguf
 
 NORM_STD = 0.1
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -223,16 +222,7 @@ def export_gguf(model, path, qtype: str = "F32") -> None:
                for name, t in gguf_pairs(model)]
     if GLOBAL in cfg.layer_types:
         tensors.append(("rope_freqs.weight", shape.rope_freqs()))
-    for name, array in tensors:
-        ttype = tensor_qtype(name, array, qtype)
-        if ttype == GGMLQuantizationType.F32:
-            writer.add_tensor(name, array)
-        else:
-            writer.add_tensor(name, quantize(array, ttype), raw_dtype=ttype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(writer, ((name, array, tensor_qtype(name, array, qtype)) for name, array in tensors))
 
 
 def load_from_gguf(model, path) -> None:

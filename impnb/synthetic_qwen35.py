@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_VERSION
-from gguf.quants import quantize
 
-from impnb.synthetic import MINIMAL_VOCAB, QTYPES, add_tokenizer, minimal_tokenizer_metadata
+from impnb.synthetic import MINIMAL_VOCAB, QTYPES, add_tokenizer, minimal_tokenizer_metadata, write_gguf
 
 ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 ATTENTION_INTERVAL = 2  # every second layer full attention, so a few layers hold both kinds twice
@@ -227,18 +226,8 @@ def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: b
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
     add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
-    for name, array in gguf_tensors(model, legacy):
-        if name in drop:
-            continue
-        ttype = tensor_qtype(name, array, qtype)
-        if ttype == GGMLQuantizationType.F32:
-            writer.add_tensor(name, np.ascontiguousarray(array, np.float32))
-        else:
-            writer.add_tensor(name, quantize(array, ttype), raw_dtype=ttype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(writer, ((name, array, tensor_qtype(name, array, qtype))
+                        for name, array in gguf_tensors(model, legacy) if name not in drop))
 
 
 def tiny_gguf(arch: str, qtype: str, directory, seed: int = 0):

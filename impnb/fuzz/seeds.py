@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFValueType, GGUFWriter, TokenType
-from gguf.quants import quantize
 
 from impnb.fuzz import seed_gemma4 as sg
+from impnb.synthetic import write_gguf
 from impnb.tokenizer import bytes_to_unicode
 
 SEED_ARCHS = ("llama", "qwen3", "qwen3moe", "gemma3", "qwen35moe", "gemma4")
@@ -178,17 +178,7 @@ def write_seed(arch: str, path, seed: int = 0) -> Path:
         w.add_rope_dimension_count(Dh // 4)
     _add_keys(w, md)
     rng = np.random.default_rng(seed)
-    for name, array, qtype in sg.tensors(n_vocab, rng) if arch == "gemma4" else _tensors(arch, n_vocab, rng):
-        if qtype == T.F32:
-            w.add_tensor(name, array)
-        elif qtype == T.F16:
-            w.add_tensor(name, array.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w, sg.tensors(n_vocab, rng) if arch == "gemma4" else _tensors(arch, n_vocab, rng))
     return Path(path)
 
 

@@ -13,6 +13,14 @@ from impnb.models.config import ModelConfig
 class PagedKVPool:
     """Per layer K (n_blocks, block_size, Hkv, Dk) and V (n_blocks, block_size, Hkv, Dv) float32."""
 
+    @staticmethod
+    def holds(cfg: ModelConfig) -> bool:
+        """Whether the pool holds all of a sequence's state for cfg's model: every layer attention
+        with the model's one K/V shape and its own K/V (no recurrent state, no per-layer shapes,
+        no layer reading another's K/V), which KVCache holds otherwise."""
+        return all(not cfg.is_recurrent(il) and cfg.kv_layer(il) == il and cfg.kv_heads(il) == cfg.n_head_kv
+                   and tuple(cfg.head_dims(il)) == (cfg.head_dim, cfg.head_dim_v) for il in range(cfg.n_layer))
+
     def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int):
         self.n_blocks, self.block_size = n_blocks, block_size
         shape_k = (n_blocks, block_size, cfg.n_head_kv, cfg.head_dim)

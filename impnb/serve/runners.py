@@ -1,4 +1,6 @@
-"""The model runner for a device: the numpy reference over a paged pool on the CPU; on the GPU
+"""The model runner for a device: the numpy reference over a paged pool on the CPU (one sequence
+at a time through CpuEngine's own cache where the pool cannot hold a sequence's state: hybrids'
+recurrent state, Gemma 4's per-layer and shared K/V); on the GPU
 the batched CUDA engine, its pool kv_cache_tokens or what gpu_memory_utilization leaves once the
 weights are in (pool_size.blocks_for_memory), or for one sequence at a time (max_num_seqs 1:
 the CLI) the single-sequence CUDA engine, whose look-ahead decode keeps the GPU busy while the
@@ -9,6 +11,7 @@ import numpy as np
 from impnb.devices import engine_class
 from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
+from impnb.models.paged_kv_cache import PagedKVPool
 from impnb.models.validate import validate_model
 from impnb.serve.pool_size import blocks_for_tokens
 from impnb.serve.engine import DEFAULT_MAX_NUM_SEQS
@@ -34,6 +37,11 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
         return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
                              max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
+    if not PagedKVPool.holds(cfg):  # recurrent state, per-layer or shared K/V: one sequence at a time
+        from impnb.engine_cpu import CpuEngine
+        from impnb.serve.single_runner import SingleSequenceRunner
+
+        return SingleSequenceRunner(CpuEngine(mf, n_ctx), block_size)
     from impnb.serve.cpu_runner import CpuRunner
 
     n_tokens = CPU_POOL_CONTEXTS * n_ctx if kv_cache_tokens is None else kv_cache_tokens
