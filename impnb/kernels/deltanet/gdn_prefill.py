@@ -22,8 +22,8 @@ import numpy as np
 from numba import cuda, types
 
 from impnb.kernels.common import ptx
-from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, check_gdn_args,
-                                             gated_norm, load_state, store_state, token_inputs,
+from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, block_kernel,
+                                             check_gdn_args, gated_norm, load_state, store_state, token_inputs,
                                              token_update)
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
@@ -42,7 +42,7 @@ _ZERO = np.float32(0)
 # -- S stored --
 # A padded sequence (slot < 0) touches no state and outputs zeros.
 # shared: gdn_step.py's qs, ks, gates, part_k, part_q, red (about 5 KB).
-@cuda.jit(max_registers=128)  # 512 threads: at most 128 each
+@block_kernel
 def _gdn_prefill_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_heads, v_tiled,
                         state, slots, lengths, use_lengths, out):
     h = cuda.blockIdx.x

@@ -15,7 +15,7 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from impnb.kernels.common.warp import warp_sum
+from impnb.kernels.common.warp import SIMULATOR, warp_sum
 from impnb.models.deltanet import L2_EPS
 
 MAX_DK = 128
@@ -23,9 +23,15 @@ MAX_DV = 128
 ROW_GROUPS = 4             # row groups a column of S is split over: 4 dv threads a block (512 at dv 128)
 ROWS = MAX_DK // ROW_GROUPS  # rows of S a thread holds, at most
 QK_LANE = MAX_DK // 32     # elements of q (k) a lane of warp 0 (1) normalises
+MAX_REGISTERS = 65536 // (ROW_GROUPS * MAX_DV)  # a block of ROW_GROUPS * MAX_DV threads must fit an SM
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
 _L2_EPS = np.float32(L2_EPS)
+
+
+def block_kernel(fn):
+    """cuda.jit with the register cap the largest block needs (the simulator takes no cap)."""
+    return cuda.jit(fn) if SIMULATOR else cuda.jit(fn, max_registers=MAX_REGISTERS)
 
 
 @cuda.jit(device=True, inline=True)
