@@ -23,8 +23,8 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, block_kernel,
-                                             check_gdn_args, gated_norm, load_state, store_state, token_inputs,
-                                             token_update)
+                                             check_gdn_args, gated_norm, load_state, store_state,
+                                             token_inputs, token_update)
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
 
