@@ -33,7 +33,8 @@ _ZERO = np.float32(0)
 # -- q, k normalised, gates (warps 0-2); v, z of the column -- barrier
 # -- decay, Sᵀk partials -- barrier -- update, Sᵀq partials -- barrier -- S stored --
 # -- gated norm (row group 0) -- barrier -- out written by row group 0.
-# A padded row (slot < 0) touches no state and outputs zeros.
+# A padded row (slot < 0) touches no state and outputs zeros. S moves once each way: Hv dk dv 4
+# bytes a sequence; one sequence fills only Hv SMs (the gated norm's sum keeps a head in a block).
 # shared: gdn_step.py's qs, ks, gates, part_k, part_q, red (about 5 KB).
 @block_kernel
 def _gdn_decode_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_heads, v_tiled,
