@@ -272,8 +272,10 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
     F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
     the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
-    first weight chunks)."""
+    first weight chunks; the DeltaNet kernels: slots, lengths, weights and the layer's conv or
+    delta-rule state, written by its kernels of an earlier step)."""
     from impnb.kernels.attention import attention_decode, attention_decode_short, attention_fa2, qkv_post
+    from impnb.kernels.deltanet import conv1d, gdn_decode, gdn_prefill
     from impnb.kernels.gemv import gemv_stacked
     from impnb.kernels.moe import gemv_moe_dp4a
     from impnb.launch.launcher import waits_on_grid
@@ -282,7 +284,8 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     short = [attention_decode_short.BUILD_SIGNATURES[i] for i in (0, 2, 4)]  # plain, post, cluster
     pair = [c for c in gemv_stacked.BUILD_SIGNATURES if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
     assert pair
-    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short, *pair]
+    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short, *pair,
+             *(m.BUILD_SIGNATURES[0] for m in (conv1d, gdn_decode, gdn_prefill))]
     late = (norm.BUILD_SIGNATURES[:2] + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]
             + gemv_moe_dp4a.BUILD_SIGNATURES[1:2])
     for (kernel, sig, _), reads_early in [(c, True) for c in early] + [(c, False) for c in late]:

@@ -1,0 +1,267 @@
+"""The Gated DeltaNet kernels against their numpy twins (kernels/deltanet/reference.py) at
+Qwen3.5 / Qwen3.6 shapes (16 QK heads, 32 V heads, dk = dv = 128, 8192 conv channels).
+
+Gaussian q/k/v and z at std 0.1, 1, 10 (b, a as gates: beta and exp(g) spread over (0.05, 0.95)
+and (0.27, 0.99)), states carried in (random) and out, slots shuffled in a larger buffer, padded
+rows and sequences, outputs poisoned (NaN) before each launch.
+Tolerances: the conv within 1e-5 of the step's largest output (float32 sums of 4 products), its
+state exact (copies of inputs); the delta rule within 2e-5 of each (row, head)'s largest output
+and of each (slot, head)'s largest state entry, across repeated steps; between the kernels
+(prefill == repeated decode) 4e-6 of the same scales; a chunk split anywhere equals the whole
+chunk bit for bit (the same kernel, the same arithmetic a token).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from impnb.kernels.deltanet.conv1d import WIDTH, conv1d
+from impnb.kernels.deltanet.gdn_decode import gdn_decode
+from impnb.kernels.deltanet.gdn_prefill import gdn_prefill
+from impnb.kernels.deltanet.reference import conv1d_ref, gdn_ref
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+EPS = 1e-6
+
+
+def assert_close(got, want, tol, axes):
+    """|got - want| within tol of want's largest |value| over `axes` (each slice its own scale)."""
+    assert np.isfinite(got).all(), "non-finite output"
+    scale = np.abs(want).max(axis=axes, keepdims=True)
+    err = np.abs(got - want)
+    worst = float((err / (scale + 1e-30)).max())
+    assert (err <= tol * scale + 1e-30).all(), f"error {worst:.3g} of the scale"
+
+
+def slots_for(rng, B, n_slots, padded=False):
+    slots = rng.permutation(n_slots)[:B].astype(np.int32)
+    if padded and B > 1:
+        slots[B // 2] = -1
+    return slots
+
+
+# ---------------------------------------------------------------- conv1d
+
+def run_conv(x, weight, d_state, slots, lengths=None, in_place=False):
+    """conv1d on the device state d_state (updated) -> out on the host."""
+    stream = cuda.stream()
+    d_x = cuda.to_device(x, stream=stream)
+    d_out = d_x if in_place else cuda.to_device(np.full_like(x, np.nan), stream=stream)
+    d_len = None if lengths is None else cuda.to_device(lengths, stream=stream)
+    conv1d(d_x, cuda.to_device(weight, stream=stream), d_state, cuda.to_device(slots, stream=stream),
+           d_out, stream, d_len)
+    out = d_out.copy_to_host(stream=stream)
+    stream.synchronize()
+    return out
+
+
+def check_conv1d(rng, B, T, C, std, n_slots=5, padded=False, lengths=None, in_place=False):
+    x = (rng.standard_normal((B * T, C)) * std).astype(F32)
+    weight = (rng.standard_normal((C, WIDTH)) * 0.5).astype(F32)
+    state = (rng.standard_normal((n_slots, C, WIDTH - 1)) * std).astype(F32)
+    slots = slots_for(rng, B, n_slots, padded)
+    d_state = cuda.to_device(state)
+    got = run_conv(x, weight, d_state, slots, lengths, in_place)
+    want_state = state.copy()
+    want = conv1d_ref(x, weight, want_state, slots, lengths)
+    assert_close(got, want, 1e-5, None)
+    assert np.array_equal(d_state.copy_to_host(), want_state)
+
+
+def check_conv1d_chunks(rng, T, C, splits, std=1.0):
+    """One sequence's T rows in chunks (state carried) == the whole chunk, bit for bit."""
+    x = (rng.standard_normal((T, C)) * std).astype(F32)
+    weight = (rng.standard_normal((C, WIDTH)) * 0.5).astype(F32)
+    state = (rng.standard_normal((2, C, WIDTH - 1)) * std).astype(F32)
+    slots = np.array([1], np.int32)
+    whole_state = cuda.to_device(state)
+    whole = run_conv(x, weight, whole_state, slots)
+    parts_state = cuda.to_device(state)
+    edges = [0, *splits, T]
+    parts = np.concatenate([run_conv(x[lo:hi], weight, parts_state, slots)
+                            for lo, hi in zip(edges, edges[1:])])
+    assert np.array_equal(parts, whole)
+    assert np.array_equal(parts_state.copy_to_host(), whole_state.copy_to_host())
+
+
+# ---------------------------------------------------------------- the delta rule
+
+@dataclass
+class Layer:
+    """A Gated DeltaNet layer's shape and the small weights its kernels read."""
+    Hk: int
+    Hv: int
+    dk: int
+    dv: int
+    v_tiled: bool
+    ssm_a: np.ndarray    # (Hv,) -exp(A_log), as the file stores it
+    dt_bias: np.ndarray  # (Hv,)
+    norm_w: np.ndarray   # (dv,)
+
+    @classmethod
+    def random(cls, rng, Hk, Hv, dk, dv, v_tiled=True):
+        dt_bias = rng.permutation(np.linspace(-3, 0.3, Hv))  # with a, exp(g) over (0.27, 0.99)
+        return cls(Hk, Hv, dk, dv, v_tiled, (-np.exp(rng.uniform(-1, 0, Hv))).astype(F32),
+                   dt_bias.astype(F32), (1 + 0.3 * rng.standard_normal(dv)).astype(F32))
+
+    @property
+    def channels(self):
+        return 2 * self.Hk * self.dk + self.Hv * self.dv
+
+    def inputs(self, rng, R, std):
+        """qkv (R, C) as the conv gives it, z (R, Hv dv), b, a (R, Hv)."""
+        qkv = (rng.standard_normal((R, self.channels)) * std).astype(F32)
+        z = (rng.standard_normal((R, self.Hv * self.dv)) * std).astype(F32)
+        b = (rng.standard_normal((R, self.Hv)) * 1.5).astype(F32)
+        a = (rng.standard_normal((R, self.Hv)) * 0.5).astype(F32)
+        return qkv, z, b, a
+
+    def state(self, rng, n_slots, std):
+        return (rng.standard_normal((n_slots, self.Hv, self.dk, self.dv)) * 0.3 * std).astype(F32)
+
+    def ref(self, inputs, state, slots, lengths=None):
+        return gdn_ref(*inputs, self.ssm_a, self.dt_bias, self.norm_w, EPS, state, slots, self.Hk,
+                       self.v_tiled, lengths)
+
+    def run(self, kernel, inputs, d_state, slots, lengths=None):
+        """gdn_decode or gdn_prefill on the device state d_state (updated) -> out on the host."""
+        stream = cuda.stream()
+        dev = lambda x: cuda.to_device(x, stream=stream)  # noqa: E731
+        R = inputs[0].shape[0]
+        d_out = dev(np.full((R, self.Hv * self.dv), np.nan, F32))
+        extra = {} if lengths is None else {"lengths": dev(lengths)}
+        kernel(*map(dev, inputs), dev(self.ssm_a), dev(self.dt_bias), dev(self.norm_w), EPS, d_state,
+               dev(slots), self.Hk, self.v_tiled, d_out, stream, **extra)
+        out = d_out.copy_to_host(stream=stream)
+        stream.synchronize()
+        return out
+
+
+def decays(layer, a):
+    """exp(g) of the inputs' a."""
+    x = a + layer.dt_bias
+    return np.exp(layer.ssm_a * np.logaddexp(0, x))
+
+
+def check_state(d_state, want, tol=2e-5):
+    assert_close(d_state.copy_to_host(), want, tol, (2, 3))
+
+
+def check_decode(rng, layer, B, steps, std, n_slots=None, padded=False):
+    """`steps` decode steps of B sequences against the recurrence, the state on the device throughout."""
+    n_slots = n_slots or B + 2
+    slots = slots_for(rng, B, n_slots, padded)
+    state = layer.state(rng, n_slots, std)
+    d_state = cuda.to_device(state)
+    spread = []
+    for _ in range(steps):
+        inputs = layer.inputs(rng, B, std)
+        spread.append(decays(layer, inputs[3]))
+        got = layer.run(gdn_decode, inputs, d_state, slots)
+        want = layer.ref(inputs, state, slots)
+        assert_close(got.reshape(B, layer.Hv, -1), want.reshape(B, layer.Hv, -1), 2e-5, 2)
+        check_state(d_state, state)
+    spread = np.concatenate(spread, axis=None)
+    assert spread.min() < 0.6 and spread.max() > 0.9, "decays not spread"
+
+
+def check_prefill(rng, layer, B, T, std, lengths=None, padded=False, n_slots=None):
+    """A chunk of T rows of B sequences against the recurrence."""
+    n_slots = n_slots or B + 1
+    slots = slots_for(rng, B, n_slots, padded)
+    state = layer.state(rng, n_slots, std)
+    d_state = cuda.to_device(state)
+    inputs = layer.inputs(rng, B * T, std)
+    got = layer.run(gdn_prefill, inputs, d_state, slots, lengths)
+    want = layer.ref(inputs, state, slots, lengths)
+    assert_close(got.reshape(B * T, layer.Hv, -1), want.reshape(B * T, layer.Hv, -1), 2e-5, 2)
+    check_state(d_state, state)
+
+
+def check_prefill_is_decode(rng, layer, T, std):
+    """A chunk of T rows of one sequence == T decode steps, outputs and state."""
+    slots = np.array([0], np.int32)
+    state = layer.state(rng, 1, std)
+    inputs = layer.inputs(rng, T, std)
+    d_chunk, d_steps = cuda.to_device(state), cuda.to_device(state)
+    chunk = layer.run(gdn_prefill, inputs, d_chunk, slots)
+    steps = np.concatenate([layer.run(gdn_decode, [x[t:t + 1] for x in inputs], d_steps, slots)
+                            for t in range(T)])
+    assert_close(chunk.reshape(T, layer.Hv, -1), steps.reshape(T, layer.Hv, -1), 4e-6, 2)
+    assert_close(d_chunk.copy_to_host(), d_steps.copy_to_host(), 4e-6, (2, 3))
+
+
+def check_prefill_split(rng, layer, T, splits, std):
+    """A chunk split at `splits` (the state carried between) == the whole chunk, bit for bit."""
+    slots = np.array([1], np.int32)
+    state = layer.state(rng, 2, std)
+    inputs = layer.inputs(rng, T, std)
+    d_whole, d_parts = cuda.to_device(state), cuda.to_device(state)
+    whole = layer.run(gdn_prefill, inputs, d_whole, slots)
+    edges = [0, *splits, T]
+    parts = np.concatenate([layer.run(gdn_prefill, [x[lo:hi] for x in inputs], d_parts, slots)
+                            for lo, hi in zip(edges, edges[1:])])
+    assert np.array_equal(parts, whole)
+    assert np.array_equal(d_parts.copy_to_host(), d_whole.copy_to_host())
+
+
+# ---------------------------------------------------------------- at Qwen3.6's shapes
+
+QWEN36 = dict(Hk=16, Hv=32, dk=128, dv=128)
+C36 = 2 * 16 * 128 + 32 * 128
+STDS = (0.1, 1.0, 10.0)
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (7, 1), (1, 37), (1, 300), (3, 19)])
+def test_conv1d(B, T):
+    for i, std in enumerate(STDS):
+        check_conv1d(np.random.default_rng([B, T, i]), B, T, C36, std, n_slots=B + 3, padded=i == 1)
+
+
+def test_conv1d_in_place_and_lengths():
+    rng = np.random.default_rng(11)
+    check_conv1d(rng, 1, 1, C36, 1.0, in_place=True)
+    check_conv1d(rng, 2, 64, C36, 1.0, lengths=np.array([37, 2], np.int32), in_place=True)
+    check_conv1d(rng, 2, 200, C36, 1.0, lengths=np.array([130, 200], np.int32))
+
+
+def test_conv1d_chunks():
+    check_conv1d_chunks(np.random.default_rng(3), 300, C36, (1, 2, 130, 299))
+
+
+@pytest.mark.parametrize("B,v_tiled", [(1, True), (5, True), (3, False)])
+def test_gdn_decode(B, v_tiled):
+    for i, std in enumerate(STDS):
+        rng = np.random.default_rng([B, i])
+        layer = Layer.random(rng, **QWEN36, v_tiled=v_tiled)
+        check_decode(rng, layer, B, steps=6, std=std, padded=i == 2)
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (1, 64), (1, 200), (2, 33)])
+def test_gdn_prefill(B, T):
+    for i, std in enumerate(STDS):
+        rng = np.random.default_rng([B, T, i])
+        check_prefill(rng, Layer.random(rng, **QWEN36), B, T, std)
+
+
+def test_gdn_prefill_lengths_and_padding():
+    rng = np.random.default_rng(5)
+    layer = Layer.random(rng, **QWEN36, v_tiled=False)
+    check_prefill(rng, layer, 3, 48, 1.0, lengths=np.array([48, 17, 0], np.int32))
+    check_prefill(rng, layer, 3, 16, 1.0, padded=True)
+
+
+def test_gdn_prefill_is_repeated_decode():
+    rng = np.random.default_rng(6)
+    check_prefill_is_decode(rng, Layer.random(rng, **QWEN36), 24, 1.0)
+
+
+def test_gdn_prefill_split_anywhere():
+    rng = np.random.default_rng(8)
+    layer = Layer.random(rng, **QWEN36)
+    for splits in ((1,), (63,), (5, 6, 100)):
+        check_prefill_split(rng, layer, 128, splits, 1.0)
