@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|all]
-#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|batch|serve|all]
+#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup, batch, serve)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
@@ -169,6 +169,28 @@ if [[ $what == startup ]]; then
       > "$OUT/startup-base.log" 2>&1
     status[startup-base]="rc=$? $(grep -E '^\| (gemma|smol)' "$OUT/startup-base.log" | awk -F'|' '{printf "%s:%s/%s/%s ", $2, $4, $5, $6}')"
   fi
+fi
+
+if [[ $what == batch ]]; then
+  # impnb bench --batch (llama-batched-bench's table) on the synthetic Qwen3-8B and 30B-A3B Q4_K_M
+  # (BATCH_MODELS), written first to /tmp; compare with llama-batched-bench's rows (PERFORMANCE.md)
+  for m in ${BATCH_MODELS:-qwen3-8b qwen3-30b-a3b}; do
+    f=/tmp/$m-q4_k_m.gguf
+    [ -f "$f" ] || timeout 200 python3 scripts/make_synthetic_full.py --model "$m" --quant Q4_K_M --out "$f" > "$OUT/make-$m.log" 2>&1
+    timeout 250 python3 -m impnb bench --batch "${BATCHES:-1,8,32,64,128}" -m "$f" -p 128 -n 128 -r 1 --device cuda \
+      > "$OUT/batch-$m.log" 2>&1
+    status[batch-$m]="rc=$? S_TG by B $(grep -E '^\| +128 ' "$OUT/batch-$m.log" | awk -F'|' '{printf "%s ", $9}')"
+  done
+fi
+
+if [[ $what == serve ]]; then
+  # the HTTP suite on the GPU engine, then the soak (1000 requests at concurrency 64); needs the
+  # serve extra's wheels (fastapi, uvicorn, openai) installed on the host
+  IMPNB_SERVE_TEST_DEVICES=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_server_http.py \
+    tests/gpu/test_serve_cuda.py -W ignore > "$OUT/serve-tests.log" 2>&1
+  status[serve-tests]="rc=$? $(tail -n 1 "$OUT/serve-tests.log")"
+  timeout 400 python3 scripts/soak_serve.py -m smollm2-135m --device cuda > "$OUT/soak.log" 2>&1
+  status[soak]="rc=$? $(tail -n 1 "$OUT/soak.log")"
 fi
 
 if [[ $what == all || $what == bench ]]; then
