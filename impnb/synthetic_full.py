@@ -309,6 +309,13 @@ def write_full_gguf(path, shape: Shape, qtype: str, tokenizer_metadata: dict | N
     hparams = synthetic_qwen35.add_hparams if shape.full_attention_interval else add_hparams
     hparams(writer, shape, shape.arch, FILE_TYPES[qtype], name)
     add_tokenizer(writer, padded_tokenizer(tokenizer_metadata, shape.vocab_size))
+    stream_tensors(writer, specs, prefetched(tensor_data, ((s, seed, i) for i, s in enumerate(specs)), workers))
+    return specs
+
+
+def stream_tensors(writer: GGUFWriter, specs: list[TensorSpec], data) -> None:
+    """Declare specs' tensors (quantized ones as raw bytes), write the header, then each tensor's
+    bytes as `data` yields them in specs' order, one at a time, and close the file."""
     for spec in specs:
         raw_shape = byte_shape(spec)
         quantized = spec.ggml_type != T.F32
@@ -318,7 +325,6 @@ def write_full_gguf(path, shape: Shape, qtype: str, tokenizer_metadata: dict | N
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for data in prefetched(tensor_data, ((s, seed, i) for i, s in enumerate(specs)), workers):
-        writer.write_tensor_data(data)
+    for block in data:
+        writer.write_tensor_data(block)
     writer.close()
-    return specs

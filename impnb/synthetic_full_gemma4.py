@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFWriter
 
 from impnb.synthetic import MINIMAL_VOCAB, NORM_STD, add_tokenizer, minimal_tokenizer_metadata
-from impnb.synthetic_full import (FILE_TYPES, TensorSpec, byte_shape, padded_tokenizer, prefetched,
+from impnb.synthetic_full import (FILE_TYPES, TensorSpec, padded_tokenizer, prefetched, stream_tensors,
                                   tensor_data)
 from impnb.synthetic_gemma4 import GLOBAL, SLIDING, Gemma4Shape, add_hparams
 
@@ -83,17 +83,6 @@ def write_full_gguf(path, shape: Gemma4Shape, qtype: str = "Q8_0", tokenizer_met
     writer = GGUFWriter(os.fspath(path), "gemma4")
     add_hparams(writer, shape, FILE_TYPES[qtype], name)
     add_tokenizer(writer, padded_tokenizer(tokenizer_metadata, shape.vocab_size))
-    for spec in specs:
-        raw_shape = byte_shape(spec)
-        quantized = spec.ggml_type != T.F32
-        nbytes = int(np.prod(raw_shape)) * (1 if quantized else 4)
-        writer.add_tensor_info(spec.name, raw_shape, np.dtype(np.uint8 if quantized else np.float32),
-                               nbytes, raw_dtype=spec.ggml_type if quantized else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
     items = ((shape, s, seed, i) for i, s in enumerate(specs))
-    for data in prefetched(tensor_values, items, workers):
-        writer.write_tensor_data(data)
-    writer.close()
+    stream_tensors(writer, specs, prefetched(tensor_values, items, workers))
     return specs
