@@ -120,7 +120,7 @@ class CudaBatchEngine(CudaEngine):
             return None
         if logprobs:  # before the penalty rewrites them; the sampler's sync completes the copy
             self.raw_logits[0] = logits[0].copy_to_host(stream=self.m.ctx.nb_stream)
-        if params.repeat_penalty != 1.0 and history is not None:
+        if params.penalized and history is not None:
             self.host_history[0] = _ring(history)
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         self.n_sampled = n_sampled
@@ -154,7 +154,7 @@ class CudaBatchEngine(CudaEngine):
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
         greedy = all(r.params.greedy for r in rows)
-        penalty = any(r.params.repeat_penalty != 1.0 for r in rows)
+        penalty = any(r.params.penalized for r in rows)
         want = [b for b, r in enumerate(rows) if r.logprobs]
         keep = bool(want) and penalty  # the penalty rewrites the logits in place: copy them first
         self._stage(rows, Bb, penalty)

@@ -174,7 +174,7 @@ class LLMEngine:
                 seq.first_scheduled = now
             start = seq.n_computed
             recent = (np.asarray(seq.token_ids[-seq.params.repeat_last_n:], np.int32)
-                      if seq.params.repeat_penalty != 1.0 and seq.params.repeat_last_n else None)
+                      if seq.params.penalized and seq.params.repeat_last_n else None)
             rows.append(SequenceRows(seq.seq_id, np.asarray(seq.token_ids[start:start + n], np.int32),
                                      start, np.asarray(seq.block_table, np.int32),
                                      start + n == len(seq), seq.params, seq.n_generated, recent,
