@@ -198,10 +198,10 @@ fi
 
 if [[ $what == serve ]]; then
   # the HTTP suite on the GPU engine (SmolLM2), the serving engine's GPU tests and logprobs on the GPU (~5 min)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_serve_logprobs.py tests/gpu/test_serve_cuda.py \
-    -W ignore > "$OUT/serve-engine-tests.log" 2>&1
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/gpu/test_serve_logprobs.py tests/gpu/test_serve_cuda.py \
+    tests/gpu/test_sample.py -W ignore > "$OUT/serve-engine-tests.log" 2>&1
   status[serve-engine-tests]="rc=$? $(tail -n 1 "$OUT/serve-engine-tests.log")"
-  IMPNB_SERVE_TEST_DEVICES=cuda timeout 380 python3 -m pytest -q -p no:cacheprovider tests/test_server_http.py \
+  IMPNB_SERVE_TEST_DEVICES=cuda timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_server_http.py \
     -W ignore > "$OUT/serve-tests.log" 2>&1
   status[serve-tests]="rc=$? $(tail -n 1 "$OUT/serve-tests.log")"
 fi
