@@ -22,7 +22,6 @@ import urllib.request
 from impnb.model_registry import resolve_model
 
 START_TIMEOUT = 900  # s: a first start compiles impnb's kernels for the model
-WARM_OUTPUT = 16  # tokens a warm-up request generates (every concurrency, so every batch bucket)
 
 
 def free_port() -> int:
@@ -76,7 +75,7 @@ def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | Non
         return None
     try:
         print(f"serve-compare: {name} up in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if bench(port, args, WARM_OUTPUT) is None:
+        if bench(port, args, args.warmup_len) is None:  # every concurrency: every batch bucket
             return None
         return bench(port, args, args.output_len)
     finally:
@@ -121,6 +120,7 @@ def main() -> int:
     p.add_argument("--concurrency", default="1,8,32,64,128")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--warmup-len", type=int, default=16, help="tokens a warm-up request generates")
     p.add_argument("--ctx", type=int, default=1024, help="context a sequence (a slot) holds, both servers")
     p.add_argument("--device", default="cuda", help="impnb's device")
     p.add_argument("--logs", default=".", help="directory for the servers' logs")
