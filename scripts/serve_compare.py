@@ -13,6 +13,7 @@ rows are measured. Exits 1 when a server does not start or a request fails."""
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -126,6 +127,7 @@ def main() -> int:
     p.add_argument("--logs", default=".", help="directory for the servers' logs")
     p.add_argument("--json", default=None, help="write every row here")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the servers
     results, failed = {}, False
     for model in args.models.split(","):
         path = str(resolve_model(model))
