@@ -97,8 +97,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def table(results: dict) -> None:
-    cols = ("model", "conc", "tok/s impnb", "llama.cpp", "x", "TTFT p50", "llama.cpp", "TTFT p99", "llama.cpp",
-            "TPOT p50", "llama.cpp", "TPOT p99", "llama.cpp")
+    cols = ("model", "conc", "tok/s impnb", "llama.cpp", "x", "TTFT p50", "llama.cpp", "x", "TTFT p99", "llama.cpp",
+            "TPOT p50", "llama.cpp", "x", "TPOT p99", "llama.cpp")
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
     for model, by_server in results.items():
@@ -108,10 +108,12 @@ def table(results: dict) -> None:
             cell = lambda row, k, f: format(row[k], f) if k in row else "-"  # noqa: E731
             print(f"| {model} | {r['concurrency']} | {r['output_throughput']:.0f} | {cell(o, 'output_throughput', '.0f')} "
                   f"| {ratio(r['output_throughput'], o.get('output_throughput', 0))} "
-                  f"| {r['ttft_p50_ms']:.1f} | {cell(o, 'ttft_p50_ms', '.1f')} | {r['ttft_p99_ms']:.1f} "
+                  f"| {r['ttft_p50_ms']:.1f} | {cell(o, 'ttft_p50_ms', '.1f')} "
+                  f"| {ratio(r['ttft_p50_ms'], o.get('ttft_p50_ms', 0))} | {r['ttft_p99_ms']:.1f} "
                   f"| {cell(o, 'ttft_p99_ms', '.1f')} | {r['tpot_p50_ms']:.2f} | {cell(o, 'tpot_p50_ms', '.2f')} "
+                  f"| {ratio(r['tpot_p50_ms'], o.get('tpot_p50_ms', 0))} "
                   f"| {r['tpot_p99_ms']:.2f} | {cell(o, 'tpot_p99_ms', '.2f')} |")
-    print("(TTFT and TPOT, the time per output token after the first, in ms)")
+    print("(TTFT and TPOT, the time per output token after the first, in ms; x: impnb / llama.cpp)")
 
 
 def main() -> int:

@@ -36,4 +36,5 @@ def test_table_ratios_and_missing_rows(capsys):
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     assert [c[:5] for c in cells] == [["m", "1", "300", "-", "-"], ["m", "8", "2000", "800", "2.50x"],
                                       ["n", "1", "100", "-", "-"]]
-    assert cells[1][5:7] == ["20.0", "40.0"] and cells[1][7:9] == ["40.0", "80.0"]
+    assert cells[1][5:8] == ["20.0", "40.0", "0.50x"] and cells[1][8:10] == ["40.0", "80.0"]
+    assert cells[1][10:13] == ["3.00", "3.00", "1.00x"] and cells[0][7] == "-"
