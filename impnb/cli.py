@@ -40,6 +40,10 @@ def _add_generate(sub):
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p times the top one")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logits of the last 64 tokens, in [-2, 2] (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted as many times as a token occurs in the last 64, in [-2, 2] (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",

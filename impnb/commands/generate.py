@@ -71,7 +71,9 @@ def run(args) -> int:
     if args.ctx <= 0:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
-                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
+                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty).validate()
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
     tokenizer = Tokenizer.from_metadata(mf.metadata)
