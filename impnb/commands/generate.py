@@ -2,7 +2,6 @@
 
 import sys
 
-from impnb.chat import GEMMA_ARCHS, render_chat
 from impnb.errors import ParameterError
 from impnb.generate import Stats
 from impnb.gguf_file import open_model_file
@@ -43,6 +42,8 @@ def _prompt_text(args) -> str:
 
 def _note_fallback_template(mf) -> None:
     """Say on stderr when --chat uses impnb's built-in template because the file has none."""
+    from impnb.chat import GEMMA_ARCHS
+
     if not mf.get("tokenizer.chat_template") and mf.arch in GEMMA_ARCHS:
         print(f"impnb: note: {mf.path} has no chat template; --chat falls back to impnb's built-in "
               f"Gemma 3 template (google/gemma-3's), which a base model that was not instruction-tuned "
@@ -52,6 +53,8 @@ def _note_fallback_template(mf) -> None:
 def _prompt_ids(args, mf, tokenizer) -> list[int]:
     text = _prompt_text(args)
     if args.chat:
+        from impnb.chat import render_chat  # jinja2: only for --chat
+
         _note_fallback_template(mf)
         system = _utf8_text(args.system, "--system") if args.system else None
         messages = ([{"role": "system", "content": system}] if system else [])
