@@ -50,7 +50,8 @@ def _note_fallback_template(mf) -> None:
               f"may not follow", file=sys.stderr)
 
 
-def _prompt_ids(args, mf, tokenizer) -> list[int]:
+def _prompt_for_tokenizer(args, mf) -> tuple[str, bool]:
+    """(the text to encode, whether BOS/EOS are added): the prompt, or its chat rendering."""
     text = _prompt_text(args)
     if args.chat:
         from impnb.chat import render_chat  # jinja2: only for --chat
@@ -59,13 +60,10 @@ def _prompt_ids(args, mf, tokenizer) -> list[int]:
         system = _utf8_text(args.system, "--system") if args.system else None
         messages = ([{"role": "system", "content": system}] if system else [])
         messages.append({"role": "user", "content": text})
-        return tokenizer.encode(render_chat(mf.metadata, messages), add_special=False)
+        return render_chat(mf.metadata, messages), False
     if args.system:
         raise ParameterError("--system needs --chat")
-    ids = tokenizer.encode(text)
-    if not ids:
-        raise ParameterError("the prompt is empty")
-    return ids
+    return text, True
 
 
 def run(args) -> int:
@@ -77,8 +75,11 @@ def run(args) -> int:
                             args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
-    tokenizer = Tokenizer.from_metadata(mf.metadata)
-    ids = _prompt_ids(args, mf, tokenizer)
+    text, add_special = _prompt_for_tokenizer(args, mf)
+    tokenizer = Tokenizer.from_metadata(mf.metadata, for_text=text)  # built for the one text it encodes
+    ids = tokenizer.encode(text, add_special=add_special)
+    if not ids:
+        raise ParameterError("the prompt is empty")
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
