@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("generate", "bench", "serve", "warmup") and getattr(args, "device", "cuda") != "cpu":
+        from impnb.cuda_support import open_driver_early
+
+        open_driver_early()  # the driver's start overlaps the imports, the GGUF parse and the tokenizer
     try:
         if args.command == "generate":
             from impnb.commands.generate import run

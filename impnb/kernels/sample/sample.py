@@ -275,9 +275,13 @@ _i32_3d, _f64_3d = int32[:, :, ::1], float64[:, :, ::1]
 _f32_2d, _i32_2d, _f64_2d = float32[:, ::1], int32[:, ::1], float64[:, ::1]
 _i32_3d, _f64_3d = int32[:, :, ::1], float64[:, :, ::1]
 
-BUILD_SIGNATURES = [
-    (_chunks_kernel, void(_f32_2d, _i32_2d, _f64_2d, _i32_3d, _i32_3d, _f64_3d),
-     {"max_registers": 128}),
-    (_pick_kernel, void(_f32_2d, _i32_2d, _f64_2d, int32[::1], _i32_3d, _i32_3d, _f64_3d,
-                        int32[::1]), {"max_registers": 128}),
-]
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_chunks_kernel, void(_f32_2d, _i32_2d, _f64_2d, _i32_3d, _i32_3d, _f64_3d),
+         {"max_registers": 128}),
+        (_pick_kernel, void(_f32_2d, _i32_2d, _f64_2d, int32[::1], _i32_3d, _i32_3d, _f64_3d,
+                            int32[::1]), {"max_registers": 128}),
+    ]
