@@ -82,7 +82,7 @@ def run(args) -> int:
     # the engine every caller shares; one sequence: on the GPU the single-sequence CUDA engine as a
     # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
     runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
-                         max_num_seqs=1)
+                         max_num_seqs=1, tp=args.rank)
     engine = LLMEngine(runner, tokenizer, n_ctx)
     request = engine.add_request(ids, params)
     while engine.has_unfinished_requests():

@@ -52,6 +52,7 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
     glu = (ex.gate_up,) if ex.gate_up is not None else (ex.gate, ex.up)
     _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
+    m.all_reduce(out)  # each rank's experts are a slice of every expert's width
     residual.unfused(out, s)
 
 
@@ -102,10 +103,12 @@ def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> Non
         gemv_dp4a_experts(ex.gate_up, 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
         _experts_glu_gemv(m, x, norm, ex, slots, k, act)
+    # under tensor parallelism rank 0 adds its partial sum into x, the others write theirs there
     if ex.down_dp4a:
-        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
     else:
-        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
+    m.all_reduce(x)
 
 
 def _experts_glu_gemv(m, x, norm: tuple, ex: Experts, slots, k: int, act) -> None:
