@@ -29,9 +29,11 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     this process's tensor-parallel rank (impnb/parallel/ranks.Rank; one sequence on the GPU)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch)
-    if tp is not None and (cls.device != "cuda" or max_num_seqs != 1):
-        raise ParameterError(f"--tp {tp.world} runs one sequence at a time on the GPU (device "
-                             f"{cls.device}, {max_num_seqs} sequences asked)")
+    if tp is not None and cls.device != "cuda":
+        raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
+    if tp is not None and max_num_seqs != 1:
+        raise ParameterError(f"--tp {tp.world} runs one sequence at a time (the batched engine has no "
+                             f"tensor parallelism yet)")
     if cls.device == "cuda":
         from impnb.warmup import prepare
 
