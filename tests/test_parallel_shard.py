@@ -106,14 +106,16 @@ def tiny_model_path(tmp_path_factory):
 
     made = {}
 
-    def path(arch: str, qtype: str):
-        if (arch, qtype) not in made:
-            made[arch, qtype] = tiny_gguf(arch, qtype, tmp_path_factory.mktemp("tiny"), seed=7)[1]
-        return made[arch, qtype]
+    def path(arch: str, qtype: str, moe_ff: int = 64):
+        if (arch, qtype, moe_ff) not in made:
+            made[arch, qtype, moe_ff] = tiny_gguf(arch, qtype, tmp_path_factory.mktemp("tiny"), seed=7,
+                                                  moe_ff=moe_ff)[1]
+        return made[arch, qtype, moe_ff]
     return path
 
 
-@pytest.mark.parametrize("arch,qtype", [("qwen3", "Q8_0"), ("qwen3", "F32"), ("qwen3moe", "F32")])
+@pytest.mark.parametrize("arch,qtype", [("qwen3", "Q8_0"), ("qwen3", "F32"), ("qwen3moe", "F32"),
+                                        ("qwen3moe", "Q8_0")])
 def test_tiny_model_ranks_put_back_together(arch, qtype, tiny_model_path):
     mf = open_model_file(tiny_model_path(arch, qtype))
     cfg = validate_model(mf)
@@ -144,8 +146,14 @@ def test_tiny_model_ranks_put_back_together(arch, qtype, tiny_model_path):
         assert layer["blk.0.ffn_down.weight"].shape == (D, rcfg.n_ff)
 
 
+def test_a_split_off_the_kernels_column_groups_is_refused():
+    t = tensor(T.F32, (5, 64), np.random.default_rng(1), 1.0)
+    with pytest.raises(UnsupportedError, match="not whole groups of 32"):
+        shard.slice_cols(t, 16, 32)
+
+
 def test_tiny_moe_q8_0_experts_are_refused_off_blocks(tiny_model_path):
     """qwen3moe's tiny experts are 32 wide: 16 columns a rank are not whole Q8_0 blocks."""
-    mf = open_model_file(tiny_model_path("qwen3moe", "Q8_0"))
+    mf = open_model_file(tiny_model_path("qwen3moe", "Q8_0", moe_ff=32))
     with pytest.raises(UnsupportedError, match="ffn_down_exps.*whole Q8_0 blocks of 32"):
         shard.RankFile(mf, validate_model(mf), 2, 1)

@@ -18,6 +18,7 @@ from impnb.errors import UnsupportedError
 from impnb.gguf_file import Tensor
 from impnb.models.config import ModelConfig
 
+COLUMN_GROUP = 32  # the GPU kernels read a row in groups of 32 columns (kernels/common/repack.py)
 # GGUF name suffix (after "blk.N.", less ".weight"): (axis cut, what the cut indexes)
 SPLITS = {
     "attn_q": ("rows", "q"), "attn_k": ("rows", "k"), "attn_v": ("rows", "v"),
@@ -87,11 +88,15 @@ def slice_rows(t: Tensor, start: int, stop: int) -> Tensor:
 
 
 def slice_cols(t: Tensor, start: int, stop: int) -> Tensor:
-    """Columns [start, stop) of t, copied; UnsupportedError unless both ends are on t's blocks."""
+    """Columns [start, stop) of t, copied; UnsupportedError unless both ends are on t's blocks
+    and on COLUMN_GROUP."""
     bs, ts = t.fmt.block_size, t.fmt.type_size
     if start % bs or stop % bs:
         raise UnsupportedError(f"{t.name}: columns [{start}, {stop}) of a rank do not fall on whole "
                                f"{t.fmt.name} blocks of {bs}; use a --tp that splits them on blocks")
+    if start % COLUMN_GROUP or stop % COLUMN_GROUP:
+        raise UnsupportedError(f"{t.name}: columns [{start}, {stop}) of a rank are not whole groups of "
+                               f"{COLUMN_GROUP} (the GPU kernels' row layout); use a smaller --tp")
     if t.data.dtype == np.uint8:  # blocks stored as bytes
         a, b = start // bs * ts, stop // bs * ts
     else:  # plain types viewed as their dtype: one element a column

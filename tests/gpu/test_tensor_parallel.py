@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).parents[2]
 RUN_TIMEOUT_S = 420
 MAX_REL = 1e-3  # fp32 partial sums added in another order; the GEMV variants differ with the shapes
-CASES = [("qwen3", "Q8_0"), ("qwen3", "F32"), ("qwen3moe", "F32")]
+# qwen3moe with experts 64 wide: 32 columns a rank (whole Q8_0 blocks, the kernels' column groups)
+CASES = [("qwen3", "Q8_0"), ("qwen3", "F32"), ("qwen3moe", "Q8_0"), ("qwen3moe", "F32")]
 
 
 def gpu_count() -> int:
@@ -70,7 +71,7 @@ def runs(request, tmp_path_factory):
 
     arch, qtype = request.param
     d = tmp_path_factory.mktemp("tp")
-    _, path = tiny_gguf(arch, qtype, d, seed=5)
+    _, path = tiny_gguf(arch, qtype, d, seed=5, moe_ff=64)
     out = {}
     for tp in (1, 2):
         r = run_ranks("engine", "--tp", tp, "--model", path, "--out", d / f"tp{tp}.npz")
