@@ -43,12 +43,13 @@ class CudaEngine:
     device = "cuda"
 
     def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
-                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None):
         """tp: this process's tensor-parallel rank (impnb/parallel/ranks.py): the engine then runs
         on GPU tp.local_rank with the rank's slices of the model, every rank in step (the same
-        calls on each), and rank 0's sampled ids broadcast to the others."""
+        calls on each), and rank 0's sampled ids broadcast to the others. tp_group: a group
+        already formed instead (the warm-up's dry run)."""
         self.mf = mf
-        ctx = group = None
+        ctx, group = None, tp_group
         if tp is not None:
             ctx = GpuContext(tp.local_rank)
             group = TensorParallel.join(tp, ctx)

@@ -65,10 +65,10 @@ def run(args) -> int:
     cls = engine_class(args.device, cfg.arch)
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
-    if cls.device == "cuda" and tp is None:  # ranks compile at first use (the dry run loads it all)
+    if cls.device == "cuda" and (tp is None or tp.leader):  # rank 0 builds a rank's kernels
         from impnb.warmup import prepare
 
-        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
+        prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # a first start compiles them across the cores
     engine = cls(mf, n_ctx, graphs=not args.no_graphs, tp=tp) if cls.device == "cuda" else cls(mf, n_ctx)
     rng = np.random.default_rng(0)
     rows = []
@@ -89,7 +89,8 @@ def run(args) -> int:
         rates = [fn() for _ in range(args.r)]
         r = dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
             t.data.nbytes for t in mf.tensors.values()) / 2**20, 1), params_m=round(mf.n_params() / 1e6, 1),
-            quant=_quant(mf), device=engine.device + (f" tp{tp.world}" if tp else ""), graphs=getattr(engine, "use_graphs", False),
+            quant=_quant(mf), device=engine.device + (f" tp{tp.world}" if tp else ""),
+            graphs=getattr(engine, "use_graphs", False),
             test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates),
             weight_gb_s=round(statistics.median(rates) * step_bytes / 1e9, 1) if name.startswith("tg") else None)
         rows.append(r)

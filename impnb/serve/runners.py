@@ -37,8 +37,8 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     if cls.device == "cuda":
         from impnb.warmup import prepare
 
-        if tp is None:  # the dry run loads the whole model on one GPU; ranks compile at first use
-            prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
+        if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
+            prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
         if max_num_seqs == 1:
             from impnb.serve.single_runner import SingleSequenceRunner
 
