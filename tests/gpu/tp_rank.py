@@ -114,6 +114,10 @@ def engine_run(rank, args) -> dict:
 
     mf = open_model_file(args.model)
     t0 = time.perf_counter()
+    if rank is None or rank.leader:  # a rank's kernels built across the cores (the others wait to join)
+        from impnb.warmup import prepare
+
+        prepare(mf, 256, tp_world=rank.world if rank else 1)
     engine = CudaEngine(mf, 256, graphs=True, lookahead=False, tp=rank)
     print(f"rank {rank.rank if rank else 0}: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     ids = np.random.default_rng(1).integers(0, engine.cfg.n_vocab, args.tokens).astype(np.int32)
