@@ -76,6 +76,9 @@ class _InertGroup:
     def all_reduce(self, buf) -> None:
         pass
 
+    def all_gather(self, part, whole) -> None:
+        pass
+
     def broadcast(self, buf, root: int = 0) -> None:
         pass
 

@@ -124,7 +124,13 @@ def test_tiny_model_ranks_put_back_together(arch, qtype, tiny_model_path):
     assert dataclasses.replace(rcfg, n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, n_ff=cfg.n_ff,
                                n_ff_exp=cfg.n_ff_exp) == cfg
     ranks = [shard.RankFile(mf, cfg, world, r).tensors for r in range(world)]
+    embd = mf.tensors.get("output.weight", mf.tensors["token_embd.weight"])
+    outs = [rk["output.weight"] for rk in ranks]  # the vocabulary split (of token_embd where tied)
+    assert all(o.shape == (cfg.n_vocab // world, cfg.n_embd) for o in outs)
+    assert np.array_equal(np.concatenate([o.dequantize() for o in outs]), embd.dequantize())
     for name, t in mf.tensors.items():
+        if name == "output.weight":
+            continue
         rule = shard.split_of(name)
         parts = [rk[name] for rk in ranks]
         if rule is None:

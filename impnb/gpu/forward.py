@@ -24,7 +24,8 @@ then writes x + o out of place, into a spare buffer that becomes x.
 Under tensor parallelism (m.tp; impnb/parallel) each rank holds a slice of the heads and of the
 FFN width, so attn_output and ffn_down (the experts' down) give partial sums: they are
 all-reduced on the model's stream before the residual update (fused decode: rank 0 adds its
-partial into x, the others write theirs in x's place, and x is all-reduced; no router fold).
+partial into x, the others write theirs in x's place, and x is all-reduced; no router fold);
+the logits of a slice of the vocabulary each are all-gathered (m.vocab_split).
 """
 
 import numpy as np
@@ -152,7 +153,20 @@ def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     elif last_only and step.batch == 1:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
-    m.mm.linear(rows, m.output, logits, norm_w)
+    if not m.vocab_split:
+        m.mm.linear(rows, m.output, logits, norm_w)
+        return logits
+    R, N, V = rows.shape[0], m.tp.world, m.cfg.n_vocab
+    part = a.get("logits_part", (R, V // N))  # this rank's slice of the vocabulary
+    m.mm.linear(rows, m.output, part, norm_w)
+    if R == 1:  # rank after rank is the row itself
+        m.tp.all_gather(part, logits)
+        return logits
+    parts = a.get("logits_parts", (N, R, V // N))  # (N, R, V / N): teacher-forced rows, eager only
+    m.tp.all_gather(part, parts)
+    for r in range(R):
+        for n in range(N):
+            logits[r, n * (V // N):(n + 1) * (V // N)].copy_to_device(parts[n, r], stream=m.ctx.nb_stream)
     return logits
 
 

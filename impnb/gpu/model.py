@@ -23,7 +23,7 @@ from impnb.kernels.attention.rope import rope_inv_freq
 from impnb.kernels.moe.moe import check_experts
 from impnb.models import architecture
 from impnb.models.validate import validate_model
-from impnb.parallel.shard import RankFile, rank_config
+from impnb.parallel.shard import RankFile, rank_config, splits_vocab
 from impnb.tuning import MAX_PREFILL_CHUNK, Overrides
 
 HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS workspace, scratch
@@ -44,7 +44,8 @@ class DeviceModel:
     tp: the tensor-parallel group (impnb/parallel/group.TensorParallel) this rank runs in, or
     None: the rank then holds its slices of the weights (parallel/shard.py), cfg has its head and
     FFN counts (full_cfg the model's), and forward all-reduces the outputs of attn_output and
-    ffn_down (all_reduce) on the model's stream.
+    ffn_down (all_reduce) on the model's stream; with vocab_split the logits' Linear holds the
+    rank's slice of the vocabulary and forward all-gathers the logits.
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
@@ -55,6 +56,7 @@ class DeviceModel:
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
         self.full_cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.tp = tp
+        self.vocab_split = tp is not None and splits_vocab(cfg, tp.world)  # output: the rank's V / N rows
         if tp is not None:  # this rank's slices and counts
             mf = RankFile(mf, cfg, tp.world, tp.rank)
             cfg = rank_config(cfg, tp.world)

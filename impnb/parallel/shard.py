@@ -5,7 +5,9 @@
   attn_output              columns by the same query heads; the partial sums are all-reduced
   ffn_gate, ffn_up         rows [r F/N, (r+1) F/N);   ffn_down: those columns, then all-reduced
   *_exps, *_shexp          the same per expert (experts split by width; the router replicated)
-  anything else            replicated (norms, token_embd, output, the router)
+  output                   rows by vocabulary [r V/N, (r+1) V/N) where V splits evenly (else
+                           replicated); the logits are all-gathered
+  anything else            replicated (norms, token_embd, the router)
 A row slice is a view of the mmap; a column slice copies only the rank's part, and must fall on
 the type's block boundary (else UnsupportedError). Legend: N ranks, H / Hkv heads, F FFN width.
 """
@@ -116,11 +118,24 @@ def split_of(name: str) -> tuple[str, str] | None:
     return rule
 
 
+def splits_vocab(cfg: ModelConfig, world: int) -> bool:
+    """Whether the logits are split by vocabulary (rows of output) over world ranks: where the
+    vocabulary divides evenly, else every rank computes them all."""
+    return world > 1 and cfg.n_vocab % world == 0
+
+
 def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int) -> dict:
     """Every tensor as rank holds it (split ones sliced, the rest as they are), by GGUF name;
-    cfg is the whole model's."""
+    cfg is the whole model's. With the vocabulary split, output.weight holds the rank's rows
+    [r V/N, (r+1) V/N) (of token_embd where the file ties them: the embedding keeps the whole)."""
     out = {}
+    if splits_vocab(cfg, world):
+        embd = tensors.get("output.weight", tensors["token_embd.weight"])
+        v = cfg.n_vocab // world
+        out["output.weight"] = slice_rows(embd, rank * v, (rank + 1) * v)
     for name, t in tensors.items():
+        if name in out:
+            continue
         rule = split_of(name)
         if rule is None:
             out[name] = t

@@ -1,7 +1,8 @@
 """A tensor-parallel rank's launches on the simulator, recorded without running them
 (launch_trace.py) with a stand-in group for NCCL: every launcher takes the rank's shapes (its
 heads, its FFN and expert width), each layer all-reduces twice on the model's stream (after
-attn_output and after the FFN's down) and each sample broadcasts rank 0's id; rank 1's launches
+attn_output and after the FFN's down), the logits (a slice of the vocabulary each) are gathered
+once a forward, and each sample broadcasts rank 0's id; rank 1's launches
 are rank 0's but for the accumulate flags of the linears before a fused decode all-reduce."""
 
 import types as pytypes
@@ -10,8 +11,45 @@ import numpy as np
 import pytest
 
 from impnb.synthetic import tiny_gguf
-from tests.sim.launch_trace import DP4A, FakeCublas, FakeGraph, FakeReplays, Recorder, patch_launches, \
-    patch_wrappers, script_decode
+from tests.sim import launch_trace
+from tests.sim.launch_trace import DP4A, WRAPPED, FakeCublas, FakeGraph, FakeReplays, Recorder, script_decode
+
+
+def record_launches(holder: list, monkeypatch) -> None:
+    """launch_trace's patch_launches and patch_wrappers into the recorder holder[0], undone after
+    the test (other files of the simulator's run launch for real)."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import impnb.kernels
+    import impnb.launch
+
+    for mod in pkgutil.walk_packages(impnb.kernels.__path__, "impnb.kernels."):
+        importlib.import_module(mod.name)
+    monkeypatch.setattr(launch_trace, "_current", holder)
+    originals = {"launch": impnb.launch.launch}
+    import impnb.kernels.attention.attention_wgmma as aw
+    import impnb.kernels.gemm.gemm_tc_quant as tq
+    import impnb.kernels.gemm.gemm_wgmma_quant as wq
+
+    originals.update(gemm_quant=tq.gemm_quant, gemm_wgmma_quant=wq.gemm_wgmma_quant, attention_wgmma=aw.attention_wgmma)
+    assert set(originals) == {"launch", *WRAPPED}
+
+    def launch(*args, **kwargs):
+        holder[-1].launch(*args, **kwargs)
+
+    def wrapper(name):
+        def call(*args, **kwargs):
+            rec = holder[-1]
+            rec.calls.append({"wrapper": name, "args": [rec.value(a) for a in args], "kwargs": rec.value(kwargs)})
+        return call
+    for mod_name, module in list(sys.modules.items()):
+        if not mod_name.startswith("impnb"):
+            continue
+        for name, fn in originals.items():
+            if getattr(module, name, None) is fn:
+                monkeypatch.setattr(module, name, launch if name == "launch" else wrapper(name))
 
 
 class FakeGroup:
@@ -28,8 +66,22 @@ class FakeGroup:
         assert buf.dtype == np.float32 and buf.is_c_contiguous()
         self.rec.calls.append({"all_reduce": self.rec.value(buf)})
 
+    def all_gather(self, part, whole):
+        assert whole.size == self.world * part.size and part.is_c_contiguous() and whole.is_c_contiguous()
+        self.rec.calls.append({"all_gather": [self.rec.value(part), self.rec.value(whole)]})
+
     def broadcast(self, buf, root=0):
         self.rec.calls.append({"broadcast": self.rec.value(buf)})
+
+
+HOLDER: list = []  # the recorder launches go to, while a test's patches hold
+
+
+@pytest.fixture(autouse=True)
+def _fresh_holder():
+    HOLDER.clear()
+    yield
+    HOLDER.clear()
 
 
 def trace(path, rank: int, env: dict, monkeypatch, graphs=False):
@@ -39,8 +91,9 @@ def trace(path, rank: int, env: dict, monkeypatch, graphs=False):
     from impnb.sampling import SamplingParams
 
     rec = Recorder()
-    patch_launches(rec)
-    patch_wrappers(rec)
+    if not HOLDER:
+        record_launches(HOLDER, monkeypatch)
+    HOLDER[:] = [rec]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(engine_cuda.TensorParallel, "join",
@@ -95,6 +148,8 @@ def test_rank_launches(arch, qtype, env, tmp_path, monkeypatch):
         reduces = [c for c in f if "all_reduce" in c]
         assert len(reduces) == 2 * full.n_layer, [list(c)[0] for c in f]
     assert sum("broadcast" in c for c in calls1) == sum("broadcast" in c for c in calls0) >= 5
+    assert e1.m.vocab_split and e1.m.output.w.rows == full.n_vocab // 2
+    assert all(sum("all_gather" in c for c in f) == 1 for f in forwards)  # the logits, one gather a forward
     assert len(calls0) == len(calls1)
     assert _without_accumulate(calls0) == _without_accumulate(calls1)
 
