@@ -161,6 +161,15 @@ def _tp_rank(args, argv: list):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    code = _run(args, argv)
+    if getattr(args, "rank", None) is not None:  # a tensor-parallel rank: rank 0 waits for the others
+        from impnb.parallel.ranks import exit_rank
+
+        exit_rank(code)
+    return code
+
+
+def _run(args, argv: list) -> int:
     try:
         args.rank = _tp_rank(args, argv)
         if args.command == "generate":

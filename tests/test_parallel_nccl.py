@@ -148,6 +148,9 @@ def test_arguments_pass_through(lib):
     dst = np.array([-1], np.int32)
     comm.broadcast(HostArray(ids), HostArray(dst), root=0, stream=11)
     assert last(lib)[:6][0:2] == [1, 2] and last(lib)[5] == 0 and dst[0] == 41
+    assert comm.async_error() == 0
+    comm.abort()
+    assert comm.comm is None
 
 
 def test_bad_buffers_are_refused(lib):

@@ -1,7 +1,6 @@
 """The tensor-parallel group a DeviceModel runs in: its rank, the NCCL communicator, and the
 collectives forward calls on the model's stream (so a captured graph holds them)."""
 
-from impnb.errors import ParallelError
 from impnb.parallel import nccl, rendezvous
 from impnb.parallel.comm import Communicator
 from impnb.parallel.ranks import Rank
@@ -44,13 +43,6 @@ class TensorParallel:
     def broadcast(self, buf, root: int = 0) -> None:
         """buf on every rank = rank root's buf."""
         self.comm.broadcast(buf, buf, root, self.stream)
-
-    def check(self) -> None:
-        """ParallelError where NCCL reported an asynchronous error (a peer lost)."""
-        rc = self.comm.async_error()
-        if rc not in (0, nccl.IN_PROGRESS):
-            raise ParallelError(f"tensor-parallel rank {self.rank}: NCCL error {rc} "
-                                f"({self.comm.lib.error_string(rc)})")
 
     def close(self) -> None:
         self.comm.close()

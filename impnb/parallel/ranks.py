@@ -159,15 +159,31 @@ class Workers:
             p.wait()
 
     def finish(self, grace: float = EXIT_GRACE_S) -> None:
-        """At rank 0's exit: the ranks get grace seconds to end, then are killed."""
+        """At rank 0's end: the ranks get grace seconds to end, then are killed; one that ended
+        with an error after rank 0's work was done is named in a warning line."""
+        self.done = True
         deadline = time.monotonic() + grace
         for p in self.procs.values():
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 break
-        self.done = True
         self.kill()
+        for r, p in self.procs.items():
+            if p.returncode not in (0, -signal.SIGKILL):
+                print(f"impnb: warning: tensor-parallel rank {r} ended with status {p.returncode}: "
+                      f"{last_line(self.logs[r])}", file=sys.stderr)
+
+
+def exit_rank(code: int) -> None:
+    """End a tensor-parallel rank's process with code: rank 0 first waits for the ranks it
+    started; then out, without the interpreter's teardown (NCCL's and the driver's state go with
+    the process, in no order that could fail)."""
+    if Workers.current is not None:
+        Workers.current.finish()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def abort_workers() -> None:

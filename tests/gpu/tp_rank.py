@@ -163,7 +163,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
+        from impnb.parallel.ranks import exit_rank
+
+        exit_rank(code)
     except Exception as e:  # one line, exit 2 (rank 0's watcher quotes a failed rank's last line)
         import traceback
 
