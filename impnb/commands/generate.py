@@ -70,6 +70,8 @@ def run(args) -> int:
         raise ParameterError(f"--max-tokens must be > 0, got {args.max_tokens}")
     if args.ctx <= 0:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
+    if getattr(args, "rank", None) is not None and args.prompt is None:  # every rank reads the same prompt
+        raise ParameterError(f"--tp {args.rank.world} takes the prompt as an argument, not on stdin")
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
                             args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
     mf = open_model_file(resolve_model(args.model))
