@@ -158,8 +158,55 @@ def test_a_split_off_the_kernels_column_groups_is_refused():
         shard.slice_cols(t, 16, 32)
 
 
-def test_tiny_moe_q8_0_experts_are_refused_off_blocks(tiny_model_path):
-    """qwen3moe's tiny experts are 32 wide: 16 columns a rank are not whole Q8_0 blocks."""
+def test_tiny_moe_experts_split_whole_where_the_width_does_not(tiny_model_path):
+    """qwen3moe's tiny experts 32 wide: 16 columns a rank are not whole Q8_0 blocks, so each rank
+    holds 4 of the 8 experts whole (expert parallelism), views of the file's."""
     mf = open_model_file(tiny_model_path("qwen3moe", "Q8_0", moe_ff=32))
-    with pytest.raises(UnsupportedError, match="ffn_down_exps.*whole Q8_0 blocks of 32"):
-        shard.RankFile(mf, validate_model(mf), 2, 1)
+    cfg = validate_model(mf)
+    assert shard.expert_split(mf.tensors, cfg, 2) == "experts"
+    assert shard.rank_config(cfg, 2, "experts").n_ff_exp == cfg.n_ff_exp
+    ranks = [shard.RankFile(mf, cfg, 2, r) for r in range(2)]
+    assert [r.expert_range for r in ranks] == [(0, 4), (4, 4)]
+    for name in ("blk.0.ffn_gate_exps.weight", "blk.1.ffn_down_exps.weight"):
+        parts = [r.tensors[name] for r in ranks]
+        assert all(p.shape == (4,) + mf.tensors[name].shape[1:] for p in parts)
+        assert all(np.shares_memory(p.data, mf.tensors[name].data) for p in parts)
+        assert np.array_equal(np.concatenate([p.dequantize() for p in parts]), mf.tensors[name].dequantize())
+    wide = open_model_file(tiny_model_path("qwen3moe", "Q8_0", moe_ff=64))
+    assert shard.expert_split(wide.tensors, validate_model(wide), 2) == "width"
+    with pytest.raises(UnsupportedError, match="8 experts do not split evenly over 3"):
+        shard.expert_split(mf.tensors, dataclasses.replace(cfg, n_ff_exp=33), 3)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_moe_summed_equals_the_whole(ggml_type, world):
+    """The routed experts' FFN with each rank's experts alone (slots made local, others weighted 0)
+    summed over the ranks equals the whole layer's (numpy, dequantized blocks)."""
+    from impnb.kernels.moe.expert_shard import localize_ref
+    from impnb.kernels.moe.reference import route_ref
+
+    rng = np.random.default_rng([int(ggml_type), world])
+    E, k, D, F, T_ = 8, 2, 256, 256, 19
+    gate, up = (tensor(ggml_type, (E, F, D), rng, 0.05).dequantize() for _ in range(2))
+    down = tensor(ggml_type, (E, D, F), rng, 0.05).dequantize()
+    h = rng.standard_normal((T_, D)).astype(np.float32)
+    experts, weights = route_ref(rng.standard_normal((T_, E)).astype(np.float32) * 3, k, True)
+
+    def ffn(ex, w, g, u, d):
+        out = np.zeros((T_, D))
+        for t in range(T_):
+            for j in range(k):
+                a = g[ex[t, j]] @ h[t]
+                out[t] += w[t, j] * (d[ex[t, j]] @ (a / (1 + np.exp(-a)) * (u[ex[t, j]] @ h[t])))
+        return out
+    whole = ffn(experts, weights, gate, up, down)
+    n = E // world
+    total = np.zeros_like(whole)
+    for r in range(world):
+        ex, w = localize_ref(experts, weights, r * n, n)
+        assert ((w == 0) | (experts // n == r)).all() and ex.max() < n
+        sl = slice(r * n, (r + 1) * n)
+        total += ffn(ex, w, gate[sl], up[sl], down[sl])
+    assert np.abs(whole).max() > 0
+    np.testing.assert_allclose(total, whole, rtol=1e-9, atol=1e-9 * np.abs(whole).max())

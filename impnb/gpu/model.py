@@ -57,9 +57,11 @@ class DeviceModel:
         self.full_cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.tp = tp
         self.vocab_split = tp is not None and splits_vocab(cfg, tp.world)  # output: the rank's V / N rows
+        self.expert_range = None  # (first, count) of the rank's experts where split by whole experts
         if tp is not None:  # this rank's slices and counts
             mf = RankFile(mf, cfg, tp.world, tp.rank)
-            cfg = rank_config(cfg, tp.world)
+            cfg = rank_config(cfg, tp.world, mf.expert_split)
+            self.expert_range = mf.expert_range
         self.cfg = cfg
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
         unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}

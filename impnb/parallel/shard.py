@@ -4,7 +4,9 @@
                            heads they read (KV heads replicated where there are fewer than ranks)
   attn_output              columns by the same query heads; the partial sums are all-reduced
   ffn_gate, ffn_up         rows [r F/N, (r+1) F/N);   ffn_down: those columns, then all-reduced
-  *_exps, *_shexp          the same per expert (experts split by width; the router replicated)
+  *_exps, *_shexp          the same per expert (experts split by width; the router replicated),
+                           or, where the experts' width does not split on blocks, whole experts
+                           [r E/N, (r+1) E/N) a rank (expert parallelism, expert_split)
   output                   rows by vocabulary [r V/N, (r+1) V/N) where V splits evenly (else
                            replicated); the logits are all-gathered
   anything else            replicated (norms, token_embd, the router)
@@ -56,15 +58,35 @@ def heads(cfg: ModelConfig, world: int, rank: int) -> Heads:
     return Heads(rank * h, h, rank * Hkv // world, 1)  # each rank's query heads share one KV head
 
 
-def rank_config(cfg: ModelConfig, world: int) -> ModelConfig:
-    """cfg with one rank's head and FFN counts (every rank's are equal)."""
-    for name in ("n_ff", "n_ff_exp", "n_ff_shexp"):
+def expert_split(tensors: dict, cfg: ModelConfig, world: int) -> str | None:
+    """How the routed experts split over world ranks: "width" (each expert's FFN width, where
+    every rank's columns of ffn_down_exps are whole blocks and column groups), else "experts"
+    (whole experts a rank); None without experts."""
+    if not cfg.n_expert:
+        return None
+    width = cfg.n_ff_exp // world
+    downs = [t for name, t in tensors.items() if name.endswith(".ffn_down_exps.weight")]
+    if cfg.n_ff_exp % world == 0 and all(width % t.fmt.block_size == 0 for t in downs) \
+            and width % COLUMN_GROUP == 0:
+        return "width"
+    if cfg.n_expert % world == 0:
+        return "experts"
+    raise UnsupportedError(f"--tp {world}: the experts' width {cfg.n_ff_exp} does not split on blocks and "
+                           f"{cfg.n_expert} experts do not split evenly over {world} GPUs")
+
+
+def rank_config(cfg: ModelConfig, world: int, experts: str | None = "width") -> ModelConfig:
+    """cfg with one rank's head and FFN counts (every rank's are equal); experts: expert_split's
+    answer (by whole experts the width stays, the router's count too)."""
+    names = ("n_ff", "n_ff_exp", "n_ff_shexp") if experts == "width" else ("n_ff", "n_ff_shexp")
+    for name in names:
         if getattr(cfg, name) % world:
             raise UnsupportedError(f"--tp {world}: {name} = {getattr(cfg, name)} does not split evenly "
                                    f"over {world} GPUs")
     hd = heads(cfg, world, 0)
+    n_ff_exp = cfg.n_ff_exp // world if experts == "width" else cfg.n_ff_exp
     return dataclasses.replace(cfg, n_head=hd.n_head, n_head_kv=hd.n_head_kv, n_ff=cfg.n_ff // world,
-                               n_ff_exp=cfg.n_ff_exp // world, n_ff_shexp=cfg.n_ff_shexp // world)
+                               n_ff_exp=n_ff_exp, n_ff_shexp=cfg.n_ff_shexp // world)
 
 
 def span(cfg: ModelConfig, what: str, world: int, rank: int) -> tuple[int, int]:
@@ -124,11 +146,17 @@ def splits_vocab(cfg: ModelConfig, world: int) -> bool:
     return world > 1 and cfg.n_vocab % world == 0
 
 
+def slice_experts(t: Tensor, start: int, stop: int) -> Tensor:
+    """Experts [start, stop) of a stacked (E, rows, cols) tensor: a view."""
+    return Tensor(t.name, t.fmt, (stop - start,) + t.shape[1:], t.data[start:stop])
+
+
 def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int) -> dict:
     """Every tensor as rank holds it (split ones sliced, the rest as they are), by GGUF name;
     cfg is the whole model's. With the vocabulary split, output.weight holds the rank's rows
     [r V/N, (r+1) V/N) (of token_embd where the file ties them: the embedding keeps the whole)."""
     out = {}
+    by_expert = expert_split(tensors, cfg, world) == "experts"
     if splits_vocab(cfg, world):
         embd = tensors.get("output.weight", tensors["token_embd.weight"])
         v = cfg.n_vocab // world
@@ -141,6 +169,10 @@ def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int) -> dict
             out[name] = t
             continue
         axis, what = rule
+        if by_expert and what == "ff_exp":
+            n = cfg.n_expert // world
+            out[name] = slice_experts(t, rank * n, (rank + 1) * n)
+            continue
         start, stop = span(cfg, what, world, rank)
         out[name] = slice_rows(t, start, stop) if axis == "rows" else slice_cols(t, start, stop)
     return out
@@ -148,12 +180,16 @@ def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int) -> dict
 
 class RankFile:
     """A ModelFile's stand-in holding one rank's tensors (what gpu/weights.py reads: tensors,
-    arch, metadata)."""
+    arch, metadata) and how its experts split."""
 
     def __init__(self, mf, cfg: ModelConfig, world: int, rank: int):
         self.path, self.arch, self.metadata = mf.path, mf.arch, mf.metadata
         self.tensors = rank_tensors(mf.tensors, cfg, world, rank)
         self.world, self.rank = world, rank
+        self.expert_split = expert_split(mf.tensors, cfg, world)
+        n = cfg.n_expert // world
+        # the rank's experts (first, count) when split by whole experts, else None
+        self.expert_range = (rank * n, n) if self.expert_split == "experts" else None
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)

@@ -1,5 +1,6 @@
 """Tensor parallelism over NCCL on two GPUs (skipped with fewer): the binding's collectives alone
-(eager and in a CUDA graph), then the tiny synthetic qwen3 / qwen3moe at TP=2 against TP=1:
+(eager and in a CUDA graph), then the tiny synthetic qwen3 / qwen3moe (experts split by width
+and by whole experts) at TP=2 against TP=1:
 teacher-forced decode and prefill logits within the reduction order's tolerance, greedy
 continuations identical, graph replay equal to eager under TP; a rank that cannot start ends
 the run with one line and exit 2 within a timeout; `generate --tp 2` writes what --tp 1 does.
@@ -19,10 +20,11 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).parents[2]
 RUN_TIMEOUT_S = 420
 MAX_REL = 1e-3  # fp32 partial sums added in another order; the GEMV variants differ with the shapes
-# qwen3moe with experts 64 wide: 32 columns a rank (whole Q8_0 blocks, the kernels' column groups);
-# IMPNB_TP_CASES=all adds the F32 files
-CASES = [("qwen3", "Q8_0"), ("qwen3moe", "Q8_0")] + (
-    [("qwen3", "F32"), ("qwen3moe", "F32")] if os.environ.get("IMPNB_TP_CASES") == "all" else [])
+# (arch, type, expert width): qwen3moe's experts 64 wide split by width (32 columns a rank: whole
+# Q8_0 blocks and column groups), 32 wide by whole experts (4 of 8 a rank); IMPNB_TP_CASES=all
+# adds the F32 files
+CASES = [("qwen3", "Q8_0", 32), ("qwen3moe", "Q8_0", 64), ("qwen3moe", "Q8_0", 32)] + (
+    [("qwen3", "F32", 32), ("qwen3moe", "F32", 64)] if os.environ.get("IMPNB_TP_CASES") == "all" else [])
 
 
 def gpu_count() -> int:
@@ -66,14 +68,14 @@ def test_collectives_equal_host_sums(tmp_path):
     assert int(np.load(tmp_path / "c.npz")["checked"]) > 0
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}-ff{c[2]}")
 def runs(request, tmp_path_factory):
     _skip_without_two()
     from impnb.synthetic import tiny_gguf
 
-    arch, qtype = request.param
+    arch, qtype, moe_ff = request.param
     d = tmp_path_factory.mktemp("tp")
-    _, path = tiny_gguf(arch, qtype, d, seed=5, moe_ff=64)
+    _, path = tiny_gguf(arch, qtype, d, seed=5, moe_ff=moe_ff)
     out = {}
     for tp in (1, 2):
         r = run_ranks("engine", "--tp", tp, "--model", path, "--out", d / f"tp{tp}.npz")

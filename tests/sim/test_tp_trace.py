@@ -132,13 +132,21 @@ def _without_accumulate(calls):
     return [blank(c) for c in calls]
 
 
-@pytest.mark.parametrize("arch,qtype,env", [("qwen3", "Q8_0", {}), ("qwen3", "Q8_0", DP4A),
-                                            ("qwen3moe", "Q8_0", {}), ("qwen3", "Q8_0_V_Q4_1", {})],
-                         ids=["qwen3-Q8_0", "qwen3-Q8_0-dp4a", "qwen3moe-Q8_0", "qwen3-Q8_0_V_Q4_1"])
-def test_rank_launches(arch, qtype, env, tmp_path, monkeypatch):
-    _, path = tiny_gguf(arch, qtype, tmp_path, seed=1, moe_ff=64)  # 32 expert columns a rank
+@pytest.mark.parametrize("arch,qtype,env,moe_ff", [
+    ("qwen3", "Q8_0", {}, 32), ("qwen3", "Q8_0", DP4A, 32), ("qwen3moe", "Q8_0", {}, 64),
+    ("qwen3moe", "Q8_0", DP4A, 32), ("qwen3", "Q8_0_V_Q4_1", {}, 32)],
+    ids=["qwen3-Q8_0", "qwen3-Q8_0-dp4a", "qwen3moe-Q8_0-width", "qwen3moe-Q8_0-experts-dp4a", "qwen3-Q8_0_V_Q4_1"])
+def test_rank_launches(arch, qtype, env, moe_ff, tmp_path, monkeypatch):
+    """(qwen3moe: experts 64 wide split by width, 32 wide by whole experts.)"""
+    _, path = tiny_gguf(arch, qtype, tmp_path, seed=1, moe_ff=moe_ff)
     e0, calls0 = trace(path, 0, env, monkeypatch)
     e1, calls1 = trace(path, 1, env, monkeypatch)
+    by_expert = arch == "qwen3moe" and moe_ff == 32
+    assert (e1.m.expert_range == (4, 4)) if by_expert else e1.m.expert_range is None
+    localized = [c for c in calls1 if "kernel" in c and c["kernel"][1] == "_localize_kernel"]
+    assert (len(localized) > 0) == by_expert
+    if by_expert:  # rank 1's range in its launches, rank 0's in rank 0's
+        assert all(c["args"][2:] == [["<i4", 4], ["<i4", 4]] for c in localized)
     cfg, full = e1.m.cfg, e1.m.full_cfg
     assert (cfg.n_head, cfg.n_head_kv) == (full.n_head // 2, max(1, full.n_head_kv // 2))
     assert e1.m.kv.k[0].shape[-2:] == e0.m.kv.k[0].shape[-2:]
