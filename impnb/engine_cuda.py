@@ -16,6 +16,7 @@ import numpy as np
 from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
+from impnb.gpu.context import GpuContext
 from impnb.gpu.model import DeviceModel
 from impnb.gpu.plan import StepPlan
 from impnb.graphs import prefill as prefill_graphs
@@ -27,6 +28,8 @@ from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample import sample_penalty
 from impnb.kernels.sample import step_state
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
+from impnb.parallel.group import TensorParallel
+from impnb.parallel.ranks import Rank
 from impnb.sampling import SamplingParams
 from impnb.tuning import MAX_PREFILL_CHUNK
 
@@ -40,9 +43,17 @@ class CudaEngine:
     device = "cuda"
 
     def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
-                 kv_tokens: int | None = None, max_seqs: int = 1):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None):
+        """tp: this process's tensor-parallel rank (impnb/parallel/ranks.py): the engine then runs
+        on GPU tp.local_rank with the rank's slices of the model, every rank in step (the same
+        calls on each), and rank 0's sampled ids broadcast to the others. tp_group: a group
+        already formed instead (the warm-up's dry run)."""
         self.mf = mf
-        self.m = DeviceModel(mf, n_ctx, kv_tokens=kv_tokens, max_seqs=max_seqs)
+        ctx, group = None, tp_group
+        if tp is not None:
+            ctx = GpuContext(tp.local_rank)
+            group = TensorParallel.join(tp, ctx)
+        self.m = DeviceModel(mf, n_ctx, ctx=ctx, kv_tokens=kv_tokens, max_seqs=max_seqs, tp=group)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk
@@ -247,5 +258,7 @@ class CudaEngine:
             argmax.argmax(logits, self.out_ids, self.argmax_scratch, s)
         else:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
+        if self.m.tp is not None:  # every rank goes on with rank 0's id (their logits agree anyway)
+            self.m.tp.broadcast(self.out_ids)
         if self.p.penalized:
             sample_penalty.push_history(self.out_ids, self.step_no, self.history, s)
