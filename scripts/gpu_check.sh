@@ -25,9 +25,9 @@ build_llama() {  # targets...: llama.cpp built in /tmp/llama from .dev/llama/src
   # offline: no web UI (an empty asset table is generated), no OpenSSL, no curl
   local src=$PWD/.dev/llama/src.tgz
   (mkdir -p /tmp/llama && cd /tmp/llama && tar xzf "$src" &&
-    printf '%s\n' 'find_package(Threads REQUIRED)' 'llama_add_compile_flags()' 'add_subdirectory(llama-bench)' \
-      'add_subdirectory(batched-bench)' 'add_subdirectory(ui)' 'add_subdirectory(mtmd)' 'add_subdirectory(server)' \
-      > tools/CMakeLists.txt &&
+    { printf '%s\n' 'find_package(Threads REQUIRED)' 'llama_add_compile_flags()'
+      for d in llama-bench batched-bench ui mtmd server; do [ ! -d tools/$d ] || echo "add_subdirectory($d)"; done
+    } > tools/CMakeLists.txt &&
     cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
       -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
@@ -230,11 +230,11 @@ if [[ $what == serve-bench ]]; then
   if [[ $models == *$q8b* && ! -f $q8b ]]; then
     timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-8b --quant Q4_K_M --out $q8b > "$OUT/q8b-make.log" 2>&1
   fi
-  ls=${LLAMA_SERVER:-/tmp/llama/build/bin/llama-server}
-  [ -x "$ls" ] || ls=
-  timeout 570 python3 scripts/serve_compare.py -m "$models" ${ls:+--llama-server "$ls"} --logs "$OUT" \
+  server=${LLAMA_SERVER:-/tmp/llama/build/bin/llama-server}
+  [ -x "$server" ] || server=
+  timeout 570 python3 scripts/serve_compare.py -m "$models" ${server:+--llama-server "$server"} --logs "$OUT" \
     --json "$OUT/serve-bench.json" > "$OUT/serve-bench.log" 2> "$OUT/serve-bench.err"
-  status[serve-bench]="rc=$? ${ls:-no llama-server} (table: serve-bench.log)"
+  status[serve-bench]="rc=$? ${server:-no llama-server} (table: serve-bench.log)"
 fi
 
 if [[ $what == all || $what == bench ]]; then
