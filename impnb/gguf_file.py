@@ -231,6 +231,7 @@ class ModelFile:
         self.arch = self.metadata.get("general.architecture")
         if not isinstance(self.arch, str):
             raise GGUFError(f"{self.path}: general.architecture is missing")
+        self.checks_passed: set[str] = set()  # models/validate.py's checks this file passed (run once)
 
     def _tensors(self, infos, data_start: int, size: int) -> dict[str, Tensor]:
         out = {}

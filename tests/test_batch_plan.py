@@ -6,7 +6,7 @@ from impnb.engine_batch import BATCH_BUCKETS, batch_bucket
 from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 from impnb.tuning import Overrides
 
 LAYERS = (LayerSpec(),) * 2

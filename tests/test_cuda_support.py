@@ -46,3 +46,25 @@ def test_old_gpu_falls_back_or_refuses(monkeypatch, capsys):
     assert "compute capability 8.0" in capsys.readouterr().err
     with pytest.raises(DeviceError, match="compute capability 8.0"):
         devices.engine_class("cuda", "qwen3")
+
+
+class InitDriver(FakeDriver):
+    """FakeDriver whose cuInit succeeds or fails, noting the primary contexts retained."""
+
+    def __init__(self, init_ok: bool):
+        super().__init__((9, 0))
+        self.init_ok, self.retained = init_ok, []
+
+    def cuInit(self, flags):
+        return (self.ok if self.init_ok else SimpleNamespace(name="CUDA_ERROR_NO_DEVICE"),)
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self.retained.append(dev)
+        return self.ok, "context"
+
+
+@pytest.mark.parametrize("init_ok", [True, False])
+def test_early_driver_start_retains_the_context_only_after_a_good_init(init_ok):
+    driver = InitDriver(init_ok)
+    cuda_support._retain_primary_context(driver)
+    assert driver.retained == ([0] if init_ok else [])

@@ -123,3 +123,15 @@ def test_gpu_path_import_makes_few_dispatchers():
     proc = subprocess.run([sys.executable, "-c", _DISPATCHERS], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) < 400
+
+
+def test_info_and_the_gpu_path_import_no_reference_model(smollm2_path):
+    """The numpy layer graph (models/layers.py, numpy_ops.py) loads only with the reference model:
+    not for `info`, nor with the CUDA engine's modules."""
+    probe = ("import io, sys\nfrom impnb.cli import main\nsys.stdout = io.StringIO()\n"
+             f"code = main(['info', {str(smollm2_path)!r}])\n"
+             "import impnb.engine_cuda, impnb.commands.generate, impnb.serve.runners\n"
+             "sys.stdout = sys.__stdout__\n"
+             "print(code, sorted(m for m in sys.modules if m in ('impnb.models.layers', 'impnb.models.numpy_ops', 'jinja2')))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert proc.stdout.split() == ["0", "[]"], proc.stdout + proc.stderr

@@ -11,7 +11,7 @@ from impnb.kernels.gemv import gemv_dp4a_units
 from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.kernels.moe.router_fold import Fold
 from impnb.models.config import ModelConfig
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 from impnb.tuning import Overrides
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides, fuses_post
 
 

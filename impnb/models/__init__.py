@@ -1,45 +1,20 @@
 """Architectures impnb runs, by GGUF `general.architecture`, and the numpy reference model.
 
 An architecture is a module with `config(mf) -> ModelConfig` (its GGUF metadata read) and
-`layers(cfg) -> tuple[LayerSpec, ...]` (what each layer computes, models/layers.py), registered
-in models/registry.py's ARCHITECTURES; the numpy reference and gpu/forward.py both follow its
-layers."""
+`layers(cfg) -> tuple[LayerSpec, ...]` (what each layer computes, models/spec.py), registered
+in models/registry.py's ARCHITECTURES; the numpy reference (models/reference.py) and
+gpu/forward.py both follow its layers. The reference is imported at its first use here, so
+`info` and the GPU path do not load the numpy layer graph.
+"""
 
-import numpy as np
-
-from impnb.errors import ParameterError
-from impnb.gguf_file import ModelFile
-from impnb.models import layers
-from impnb.models.kv_cache import KVCache
-from impnb.models.numpy_ops import NumpyOps
 from impnb.models.registry import ARCHITECTURES, architecture, model_config
-from impnb.models.validate import validate_model
 
 __all__ = ["ARCHITECTURES", "ReferenceModel", "architecture", "load_reference", "model_config"]
 
 
-class ReferenceModel:
-    """The numpy float32 forward pass: the CPU path and every GPU test's reference."""
+def __getattr__(name: str):
+    if name in ("ReferenceModel", "load_reference"):
+        from impnb.models import reference
 
-    def __init__(self, mf: ModelFile):
-        self.arch = architecture(mf)
-        self.cfg = validate_model(mf)
-        self.layers = self.arch.layers(self.cfg)
-        self.ops = getattr(self.arch, "OPS", NumpyOps)(mf, self.cfg)  # an architecture's own ops
-
-    def new_cache(self, n_ctx: int | None = None) -> KVCache:
-        return KVCache(self.cfg, n_ctx or self.cfg.n_ctx)
-
-    def forward(self, tokens, cache: KVCache) -> np.ndarray:
-        """tokens (T,) at positions cache.pos.. -> logits (T, n_vocab) float32."""
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if cache.pos + len(tokens) > cache.n_ctx:
-            raise ParameterError(f"{cache.pos + len(tokens)} tokens exceed the context of {cache.n_ctx}")
-        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab):
-            raise ParameterError(f"token id out of range [0, {self.cfg.n_vocab})")
-        self.ops.first_nonfinite = None
-        return layers.forward(self.ops, self.cfg, self.layers, tokens, cache)
-
-
-def load_reference(mf: ModelFile) -> ReferenceModel:
-    return ReferenceModel(mf)
+        return getattr(reference, name)
+    raise AttributeError(f"module 'impnb.models' has no attribute {name!r}")

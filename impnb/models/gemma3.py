@@ -4,7 +4,7 @@ import numpy as np
 
 from impnb.gguf_file import ModelFile
 from impnb.models.config import MAX_CTX, ModelConfig, common_fields, positive_int
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 # Every sixth layer is global; the others attend within the sliding window with RoPE base 10k.
 SWA_PATTERN = 6

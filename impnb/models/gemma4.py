@@ -17,10 +17,14 @@ from impnb.errors import GGUFError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import (MAX_CTX, MAX_EMBD, MAX_EXPERTS, MAX_FF, MAX_HEAD_DIM, MAX_HEADS,
                                  MAX_LAYERS, ModelConfig, per_layer_ints, positive_float, positive_int)
-from impnb.models.gemma4_ops import Gemma4Ops
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
-OPS = Gemma4Ops  # the numpy ops this graph calls (models/__init__.py)
+
+def ops_class():
+    """The numpy ops this graph calls (models/reference.py), imported only for a reference load."""
+    from impnb.models.gemma4_ops import Gemma4Ops
+
+    return Gemma4Ops
 
 
 @dataclass(frozen=True)

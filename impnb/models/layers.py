@@ -1,5 +1,5 @@
-"""What a decoder layer computes (LayerSpec, one per layer from each architecture's `layers`), and
-the numpy reference's layer graph that follows it. gpu/forward.py follows the same specs.
+"""The numpy reference's layer graph, following what each layer computes (LayerSpec, models/spec.py,
+one per layer from each architecture's `layers`). gpu/forward.py follows the same specs.
 
 Every layer is
     x += [post_attn_norm](mixer(attn_norm(x)))      mixer: attention, or gated_deltanet (deltanet.py)
@@ -8,33 +8,12 @@ Every layer is
 then logits = output(output_norm(x)); weights by their GGUF names under blk.N.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from impnb.models import gemma4_ops
 from impnb.models.config import ModelConfig
+from impnb.models.spec import LayerSpec  # noqa: F401 (read here by callers of the layer graph)
 from impnb.models.deltanet import gated_deltanet_block
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One layer: its mixer and FFN kinds and the norms around them. Attention's details (QK-norm,
-    RoPE style, window) come from the config."""
-
-    mixer: str = "attention"  # softmax attention over the KV cache (attention_block)
-    ffn: str = "gated"  # "gated": down(act(gate) * up) (gated_ffn); "moe": routed experts (ops.moe)
-    # the FFN's pre-norm (Qwen3-Next / 3.5 files: post_attention_norm); None: the FFN reads the
-    # residual and norms it itself (gemma4's routed experts beside the MLP)
-    ffn_norm: str | None = "ffn_norm"
-    post_attn_norm: str | None = None  # a norm on attention's output before the residual add
-    post_ffn_norm: str | None = None  # and on the FFN's
-    after: tuple[str, ...] = ()  # steps on the residual once the FFN's output is added (AFTER)
-
-    @property
-    def adds_into_residual(self) -> bool:
-        """Whether the attention and FFN outputs add straight into the residual (no post-norm)."""
-        return self.post_attn_norm is None and self.post_ffn_norm is None and not self.after
 
 
 def attention_block(ops, cfg: ModelConfig, il: int, h, pos: np.ndarray, cache):

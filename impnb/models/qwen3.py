@@ -2,7 +2,7 @@
 
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig, common_fields
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:

@@ -6,7 +6,7 @@ from impnb.errors import GGUFError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import (MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, DeltaNetShape, ModelConfig,
                                  common_fields, positive_int)
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 MAX_CONV_KERNEL = 64
 FFN_NORM = "post_attention_norm"  # the FFN's pre-norm, as llama.cpp names it for these hybrids

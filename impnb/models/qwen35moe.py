@@ -6,7 +6,7 @@ import dataclasses
 from impnb.gguf_file import ModelFile
 from impnb.models import qwen35, qwen3moe
 from impnb.models.config import MAX_FF, ModelConfig, positive_int
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 
 def experts(mf: ModelFile, cfg: ModelConfig) -> ModelConfig:

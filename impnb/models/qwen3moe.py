@@ -6,7 +6,7 @@ from impnb.gguf_file import ModelFile
 from impnb.models import qwen3
 from impnb.errors import GGUFError
 from impnb.models.config import MAX_EXPERTS, MAX_FF, ModelConfig, positive_int
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:

@@ -8,7 +8,7 @@ import dataclasses
 from impnb.gguf_file import ModelFile
 from impnb.models import qwen35, qwen35moe
 from impnb.models.config import ModelConfig
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 
 
 def config(mf: ModelFile) -> ModelConfig:

@@ -328,13 +328,16 @@ def check_finite(mf: ModelFile) -> None:
 def validate_model(mf: ModelFile, n_ctx: int | None = None, device: str | None = None) -> ModelConfig:
     """mf's config once every key, tensor and the host memory of a `device` load are checked."""
     cfg = model_config(mf)
-    check_tensors(mf, cfg)
-    check_tokenizer_keys(mf, cfg.n_vocab)
+    if "tensors and keys" not in mf.checks_passed:  # a start validates its file 2-3 times
+        check_tensors(mf, cfg)
+        check_tokenizer_keys(mf, cfg.n_vocab)
+        mf.checks_passed.add("tensors and keys")
     if device == "cuda":
         check_gpu_shapes(cfg)
     if device == "cpu":
         ctx = min(n_ctx or cfg.n_ctx, cfg.n_ctx)
         check_host_memory(host_bytes_needed(mf, cfg, ctx), f"{cfg.arch} on the CPU")
-    if device is not None:
+    if device is not None and "finite" not in mf.checks_passed:
         check_finite(mf)
+        mf.checks_passed.add("finite")
     return cfg

@@ -11,8 +11,6 @@ import numpy as np
 from impnb.devices import engine_class
 from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
-from impnb.models import load_reference
-from impnb.models.paged_kv_cache import PagedKVPool
 from impnb.models.validate import validate_model
 from impnb.serve.pool_size import blocks_for_tokens
 from impnb.serve.engine import DEFAULT_MAX_NUM_SEQS
@@ -45,6 +43,9 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)
         return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
                              max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
+    from impnb.models import load_reference  # the numpy reference: only the CPU path loads it
+    from impnb.models.paged_kv_cache import PagedKVPool
+
     if not PagedKVPool.holds(cfg):  # recurrent state, per-layer or shared K/V: one sequence at a time
         from impnb.engine_cpu import CpuEngine
         from impnb.serve.single_runner import SingleSequenceRunner

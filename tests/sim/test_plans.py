@@ -13,7 +13,7 @@ from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS
 from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.models.config import ModelConfig
-from impnb.models.layers import LayerSpec
+from impnb.models.spec import LayerSpec
 from impnb.synthetic import tiny_gguf
 from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides
 
