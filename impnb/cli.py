@@ -110,6 +110,7 @@ def _add_serve(sub):
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (debug adds the access log)")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    _add_tp(p)
 
 
 def _add_bench_serve(sub):
