@@ -41,6 +41,10 @@ def _add_generate(sub):
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p times the top one")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logits of the last 64 tokens, in [-2, 2] (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted as many times as a token occurs in the last 64, in [-2, 2] (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -162,6 +166,10 @@ def _tp_rank(args, argv: list):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if args.command in ("generate", "bench", "serve", "warmup") and getattr(args, "device", "cuda") != "cpu":
+        from impnb.cuda_support import open_driver_early
+
+        open_driver_early()  # the driver's start overlaps the imports, the GGUF parse and the tokenizer
     code = _run(args, argv)
     if getattr(args, "rank", None) is not None:  # a tensor-parallel rank: rank 0 waits for the others
         from impnb.parallel.ranks import exit_rank

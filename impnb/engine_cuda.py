@@ -101,7 +101,7 @@ class CudaEngine:
         logits = None
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
-        if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
+        if self.p.penalized:  # the prompt's tail into the ring, mirrored, one copy
             for t in ids[-HISTORY:]:
                 self._sampled(int(t))
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
@@ -111,7 +111,7 @@ class CudaEngine:
         # a graph per context bucket (its decode-attention kernel and split count), for this step
         # and the one queued after it
         bucket = self.m.plan.ctx_bucket(self.pos + 2)
-        key = (self.p.greedy, self.p.repeat_penalty != 1.0, bucket)
+        key = (self.p.greedy, self.p.penalized, bucket)
         graph = self.graphs.get(key)
         if graph is None:
             self._drain()
@@ -159,7 +159,7 @@ class CudaEngine:
         if self.ahead is not None:
             self.replays.collect(self.ahead)
             self.ahead = None
-            if self.p.repeat_penalty != 1.0:
+            if self.p.penalized:
                 self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
 
     def _prefill_chunk(self, chunk: np.ndarray):
@@ -252,7 +252,7 @@ class CudaEngine:
     def _sample_launches(self, logits) -> None:
         """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""
         s = self.m.ctx.nb_stream
-        if self.p.repeat_penalty != 1.0:
+        if self.p.penalized:
             sample_penalty.repeat_penalty(logits, self.history, self.params, s)
         if self.p.greedy:
             argmax.argmax(logits, self.out_ids, self.argmax_scratch, s)
@@ -260,5 +260,5 @@ class CudaEngine:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
         if self.m.tp is not None:  # every rank goes on with rank 0's id (their logits agree anyway)
             self.m.tp.broadcast(self.out_ids)
-        if self.p.repeat_penalty != 1.0:
+        if self.p.penalized:
             sample_penalty.push_history(self.out_ids, self.step_no, self.history, s)
