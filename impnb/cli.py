@@ -114,6 +114,7 @@ def _add_serve(sub):
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (debug adds the access log)")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    _add_tp(p)
 
 
 def _add_bench_serve(sub):
@@ -168,7 +169,10 @@ def main(argv=None) -> int:
     if args.command in ("generate", "bench", "serve", "warmup") and getattr(args, "device", "cuda") != "cpu":
         from impnb.cuda_support import open_driver_early
 
-        open_driver_early()  # the driver's start overlaps the imports, the GGUF parse and the tokenizer
+        # the driver's start overlaps the imports, the GGUF parse and the tokenizer; a
+        # tensor-parallel rank's own GPU (LOCAL_RANK), not GPU 0
+        local = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
+        open_driver_early(int(local) if local.isdigit() else 0)
     code = _run(args, argv)
     if getattr(args, "rank", None) is not None:  # a tensor-parallel rank: rank 0 waits for the others
         from impnb.parallel.ranks import exit_rank

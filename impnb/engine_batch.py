@@ -5,6 +5,9 @@ a prompt chunk of one sequence into that sequence's pages (CudaEngine's prefill 
 with the sequence's block table as row 0 of the model's tables), or one decode step of B
 sequences, a token each, sampled on the GPU with each sequence's parameters, seed and step.
 
+Under tensor parallelism (tp: this process's rank) every rank runs the same calls on its slices
+and rank 0's sampled ids are broadcast in the step.
+
 A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph for the
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
@@ -69,12 +72,14 @@ class CudaBatchEngine(CudaEngine):
     n_pages - 1); max_batch sequences decode in one step at most.
     """
 
-    def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True):
+    def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
+                 tp=None):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
             raise ParameterError(f"the KV pool must hold at least {PAGE_SIZE} tokens, got {kv_tokens}")
-        super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch)
+        super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch,
+                         tp=tp)
         ctx, V = self.m.ctx, self.cfg.n_vocab
         self.max_batch = max_batch
         self.n_pages = self.m.kv.n_pages - 1
@@ -234,6 +239,8 @@ class CudaBatchEngine(CudaEngine):
             argmax.argmax(logits, outs, self.b_argmax, s)
         else:
             sample_kernels.sample(logits, params, steps, outs, self.b_scratch, s)
+        if self.m.tp is not None:  # every rank goes on with rank 0's ids
+            self.m.tp.broadcast(outs)
         flag_nonfinite(logits, outs, s)
 
     def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool, keep: bool) -> None:

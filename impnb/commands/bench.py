@@ -50,8 +50,6 @@ def _tg(engine, n: int, depth: list) -> float:
 def run(args) -> int:
     tp = getattr(args, "rank", None)
     if args.batch is not None:
-        if tp is not None:
-            raise ParameterError("--batch with --tp: the batched engine has no tensor parallelism yet")
         from impnb.commands.bench_batch import run_batched
 
         return run_batched(args, _ints(args.batch, "--batch"), _ints(args.p, "-p")[0], _ints(args.n, "-n")[0])

@@ -56,10 +56,11 @@ class DeviceModel:
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
         self.full_cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.tp = tp
-        self.vocab_split = tp is not None and splits_vocab(cfg, tp.world)  # output: the rank's V / N rows
+        # output: the rank's V / N rows (one sequence: a step's logits are one row, gathered as it is)
+        self.vocab_split = tp is not None and max_seqs == 1 and splits_vocab(cfg, tp.world)
         self.expert_range = None  # (first, count) of the rank's experts where split by whole experts
         if tp is not None:  # this rank's slices and counts
-            mf = RankFile(mf, cfg, tp.world, tp.rank)
+            mf = RankFile(mf, cfg, tp.world, tp.rank, self.vocab_split)
             cfg = rank_config(cfg, tp.world, mf.expert_split)
             self.expert_range = mf.expert_range
         self.cfg = cfg

@@ -151,13 +151,14 @@ def slice_experts(t: Tensor, start: int, stop: int) -> Tensor:
     return Tensor(t.name, t.fmt, (stop - start,) + t.shape[1:], t.data[start:stop])
 
 
-def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int) -> dict:
+def rank_tensors(tensors: dict, cfg: ModelConfig, world: int, rank: int, vocab_split: bool = True) -> dict:
     """Every tensor as rank holds it (split ones sliced, the rest as they are), by GGUF name;
-    cfg is the whole model's. With the vocabulary split, output.weight holds the rank's rows
-    [r V/N, (r+1) V/N) (of token_embd where the file ties them: the embedding keeps the whole)."""
+    cfg is the whole model's. With the vocabulary split (vocab_split and splits_vocab),
+    output.weight holds the rank's rows [r V/N, (r+1) V/N) (of token_embd where the file ties
+    them: the embedding keeps the whole)."""
     out = {}
     by_expert = expert_split(tensors, cfg, world) == "experts"
-    if splits_vocab(cfg, world):
+    if vocab_split and splits_vocab(cfg, world):
         embd = tensors.get("output.weight", tensors["token_embd.weight"])
         v = cfg.n_vocab // world
         out["output.weight"] = slice_rows(embd, rank * v, (rank + 1) * v)
@@ -182,9 +183,9 @@ class RankFile:
     """A ModelFile's stand-in holding one rank's tensors (what gpu/weights.py reads: tensors,
     arch, metadata) and how its experts split."""
 
-    def __init__(self, mf, cfg: ModelConfig, world: int, rank: int):
+    def __init__(self, mf, cfg: ModelConfig, world: int, rank: int, vocab_split: bool = True):
         self.path, self.arch, self.metadata = mf.path, mf.arch, mf.metadata
-        self.tensors = rank_tensors(mf.tensors, cfg, world, rank)
+        self.tensors = rank_tensors(mf.tensors, cfg, world, rank, vocab_split)
         self.world, self.rank = world, rank
         self.expert_split = expert_split(mf.tensors, cfg, world)
         n = cfg.n_expert // world

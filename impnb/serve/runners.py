@@ -29,9 +29,6 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     cls = engine_class(device, cfg.arch)
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
-    if tp is not None and max_num_seqs != 1:
-        raise ParameterError(f"--tp {tp.world} runs one sequence at a time (the batched engine has no "
-                             f"tensor parallelism yet)")
     if cls.device == "cuda":
         from impnb.warmup import prepare
 
@@ -42,7 +39,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
 
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)
         return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
-                             max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
+                             max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs, tp)
     from impnb.models import load_reference  # the numpy reference: only the CPU path loads it
     from impnb.models.paged_kv_cache import PagedKVPool
 
@@ -61,7 +58,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     return CpuRunner(model, n_blocks, block_size)
 
 
-def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, graphs) -> ModelRunner:
+def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, graphs, tp=None) -> ModelRunner:
     from impnb.engine_batch import BATCH_BUCKETS, CudaBatchEngine
     from impnb.gpu.model import HEADROOM
     from impnb.serve.cuda_runner import CudaBatchRunner
@@ -69,10 +66,33 @@ def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, gr
     from impnb.tuning import PAGE_SIZE
 
     max_batch = min(max_num_seqs, BATCH_BUCKETS[-1])
+    if kv_cache_tokens is None and tp is not None:
+        kv_cache_tokens = _rank_pool_tokens(mf, cfg, tp, utilization)
     if kv_cache_tokens is None:
         free, total = gpu_memory()
         weights = sum(t.data.nbytes for t in mf.tensors.values())
         kv_cache_tokens = PAGE_SIZE * blocks_for_memory(cfg, PAGE_SIZE, utilization,
                                                         max(free - weights - HEADROOM, 0), total)
     n_tokens = blocks_for_tokens(kv_cache_tokens, PAGE_SIZE) * PAGE_SIZE
-    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs))
+    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs, tp=tp))
+
+
+def _rank_pool_tokens(mf, cfg, tp, utilization: float) -> int:
+    """A tensor-parallel rank's pool in tokens, the same on every rank (the scheduler on rank 0
+    hands out pages every rank holds): utilization of the GPU's total memory less the rank's
+    share of the weights, from the device's size alone (no CUDA context made before the rank's)."""
+    from cuda.bindings import driver
+
+    from impnb.gpu.model import HEADROOM
+    from impnb.parallel.shard import expert_split, rank_config, split_of
+    from impnb.serve.pool_size import blocks_for_memory
+    from impnb.tuning import PAGE_SIZE
+
+    driver.cuInit(0)
+    err, dev = driver.cuDeviceGet(tp.local_rank)
+    err2, total = driver.cuDeviceTotalMem(dev) if err == driver.CUresult.CUDA_SUCCESS else (err, 0)
+    if err2 != driver.CUresult.CUDA_SUCCESS:
+        raise ParameterError(f"GPU {tp.local_rank}'s memory cannot be read ({err2.name})")
+    weights = sum(t.data.nbytes // (tp.world if split_of(name) else 1) for name, t in mf.tensors.items())
+    rcfg = rank_config(cfg, tp.world, expert_split(mf.tensors, cfg, tp.world))
+    return PAGE_SIZE * blocks_for_memory(rcfg, PAGE_SIZE, utilization, int(total) - weights - HEADROOM, int(total))

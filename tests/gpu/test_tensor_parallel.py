@@ -145,3 +145,60 @@ def test_cli_generate_tp2_writes_what_tp1_does(tmp_path):
         assert r.returncode == 0
         outs[tp] = r.stdout
     assert outs[1] and outs[2] == outs[1]
+
+
+@pytest.mark.parametrize("arch,moe_ff", [("qwen3", 32), ("qwen3moe", 32)], ids=["qwen3", "qwen3moe-by-expert"])
+def test_batched_engine_tp2_decodes_what_tp1_does(arch, moe_ff, tmp_path):
+    """Three sequences decoded together by the batched engine (graphs, rank 0's ids broadcast)."""
+    _skip_without_two()
+    from impnb.synthetic import tiny_gguf
+
+    _, path = tiny_gguf(arch, "Q8_0", tmp_path, seed=5, moe_ff=moe_ff)
+    out = {}
+    for tp in (1, 2):
+        r = run_ranks("batch", "--tp", tp, "--model", path, "--out", tmp_path / f"b{tp}.npz", "--steps", 16)
+        assert r.returncode == 0, f"--tp {tp}: {r.stderr[-2000:]}"
+        out[tp] = dict(np.load(tmp_path / f"b{tp}.npz"))
+    assert np.array_equal(out[2]["tokens"], out[1]["tokens"])
+    _close(out[2]["logits"], out[1]["logits"], "batched decode")
+
+
+def test_serve_tp2_answers_as_tp1(tmp_path):
+    """`serve --tp 2`: rank 0's server and scheduler, rank 1 following its steps; a greedy
+    completion equal to --tp 1's, then SIGTERM ends both ranks with status 0."""
+    _skip_without_two()
+    import json
+    import signal
+    import socket
+    import urllib.request
+
+    _, path = _tiny(tmp_path)
+    texts = {}
+    for tp in (1, 2):
+        with socket.socket() as s_:
+            s_.bind(("127.0.0.1", 0))
+            port = s_.getsockname()[1]
+        cmd = [sys.executable, "-m", "impnb", "serve", "-m", str(path), "--device", "cuda", "--port", str(port),
+               "--tp", str(tp), "--max-seqs", "4", "--ctx", "256"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    assert proc.poll() is None, proc.communicate()[1][-2000:]
+                    time.sleep(0.5)
+            body = json.dumps({"model": "x", "prompt": "hello world", "max_tokens": 16, "temperature": 0}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                texts[tp] = json.loads(resp.read())["choices"][0]["text"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        print(f"--tp {tp}: rc {proc.returncode}, text {texts.get(tp)!r}\n{err[-1500:]}")
+        assert proc.returncode == 0
+    assert texts[1] and texts[2] == texts[1]

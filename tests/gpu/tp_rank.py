@@ -7,6 +7,7 @@ arguments (impnb/parallel/ranks.py); rank 0 writes what it saw to --out (npz) an
                captured CUDA graph (every rank checks its own result; a mismatch exits 1)
   engine:      the CUDA engine on --model: teacher-forced decode and prefill logits, greedy
                continuations through graphs and eagerly, a sampled one
+  batch:       the batched engine on --model: three sequences decoded together, greedy
 """
 
 import argparse
@@ -143,9 +144,39 @@ def engine_run(rank, args) -> dict:
     return out
 
 
+def batch_run(rank, args) -> dict:
+    """The batched engine: 3 sequences' prompts, then greedy decode steps of all 3 together (their
+    tokens), and one step's logits unsampled."""
+    from impnb.engine_batch import CudaBatchEngine, DecodeRow
+    from impnb.gguf_file import open_model_file
+    from impnb.sampling import SamplingParams
+    from impnb.tuning import PAGE_SIZE
+
+    mf = open_model_file(args.model)
+    if rank is None or rank.leader:
+        from impnb.warmup import prepare
+
+        prepare(mf, 256, tp_world=rank.world if rank else 1)
+    engine = CudaBatchEngine(mf, 256, kv_tokens=3 * 256, max_batch=4, tp=rank)
+    greedy = SamplingParams(temperature=0)
+    rng = np.random.default_rng(2)
+    per = 256 // PAGE_SIZE
+    pages = [np.arange(b * per, (b + 1) * per, dtype=np.int32) for b in range(3)]
+    prompts = [rng.integers(0, engine.cfg.n_vocab, n).astype(np.int32) for n in (5, 17, 40)]
+    last = [engine.prefill_seq(p, 0, pages[b], greedy) for b, p in enumerate(prompts)]
+    tokens = [last]
+    for i in range(args.steps):
+        rows = [DecodeRow(int(last[b]), len(prompts[b]) + i, pages[b], greedy, i + 1) for b in range(3)]
+        last = [int(t) for t in engine.decode(rows)]
+        tokens.append(last)
+    n = args.steps
+    rows = [DecodeRow(int(last[b]), len(prompts[b]) + n, pages[b], greedy, n + 1) for b in range(3)]
+    return {"tokens": np.array(tokens), "logits": engine.decode_logits(rows)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("collectives", "engine"))
+    p.add_argument("mode", choices=("collectives", "engine", "batch"))
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--model")
     p.add_argument("--out")
@@ -153,7 +184,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=32)
     args = p.parse_args()
     rank = start(args.tp, [sys.executable, "-m", "tests.gpu.tp_rank", *sys.argv[1:]])
-    out = collectives(rank, args) if args.mode == "collectives" else engine_run(rank, args)
+    out = {"collectives": collectives, "engine": engine_run, "batch": batch_run}[args.mode](rank, args)
     if (rank is None or rank.leader) and args.out:
         np.savez(args.out, **out)
     if rank is None or rank.leader:

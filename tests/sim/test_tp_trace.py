@@ -175,3 +175,37 @@ def test_rank_launches_in_graphs(tmp_path, monkeypatch):
     assert len(spans) >= 2  # a prefill graph and a decode graph
     assert all(sum("all_reduce" in c for c in g) == 2 * 3 for g in spans)
     assert sorted(sum("broadcast" in c for c in g) for g in spans)[-1] == 1  # the decode graph samples
+
+
+@pytest.mark.parametrize("arch,moe_ff", [("qwen3", 32), ("qwen3moe", 32)])
+def test_batched_rank_launches(arch, moe_ff, tmp_path, monkeypatch):
+    """The batched engine on rank 1 of 2: prompts, then a decode step of three sequences; every
+    forward all-reduces twice a layer, the logits stay whole (no gather), each sample broadcasts."""
+    import impnb.engine_cuda as engine_cuda
+    from impnb.engine_batch import CudaBatchEngine, DecodeRow
+    from impnb.gguf_file import open_model_file
+    from impnb.parallel.ranks import Rank
+    from impnb.sampling import SamplingParams
+
+    _, path = tiny_gguf(arch, "Q8_0", tmp_path, seed=1, moe_ff=moe_ff)
+    rec = Recorder()
+    record_launches(HOLDER, monkeypatch)
+    HOLDER[:] = [rec]
+    monkeypatch.setattr(engine_cuda.TensorParallel, "join", classmethod(lambda cls, r, ctx: FakeGroup(r, rec)))
+    engine = CudaBatchEngine(open_model_file(path), 64, kv_tokens=192, max_batch=4, graphs=False,
+                             tp=Rank(1, 2, 1, "x", 1))
+    engine.m.cublas = engine.m.mm.cublas = FakeCublas(rec)
+    engine.m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
+    engine._checked = lambda token: token & 0xFFFF
+    assert not engine.m.vocab_split
+    greedy = SamplingParams(temperature=0)
+    pages = [np.arange(b * 2, b * 2 + 2, dtype=np.int32) for b in range(3)]  # 2 pages of 32 tokens
+    for b in range(3):
+        engine.prefill_seq(np.arange(3 + b, dtype=np.int32) + 1, 0, pages[b], greedy)
+    engine.b_outs.copy_to_device(np.zeros(4, np.int32))  # nothing runs: the ids read back are these
+    engine.decode([DecodeRow(5, 3 + b, pages[b], greedy, 1) for b in range(3)])
+    forwards = _forwards(rec.calls)
+    assert len(forwards) == 4
+    assert all(sum("all_reduce" in c for c in f) == 2 * engine.m.full_cfg.n_layer for f in forwards)
+    assert not any("all_gather" in c for c in rec.calls)
+    assert sum("broadcast" in c for c in rec.calls) == 4
