@@ -227,24 +227,27 @@ def add_hparams(writer: GGUFWriter, config, arch: str, file_type, name: str) -> 
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: bool = False) -> None:
-    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does (`legacy`:
-    qwen3next's ssm_in as older converters wrote it). For broken files in tests: `drop` leaves out
-    tensors by GGUF name, `config` writes another config's keys."""
+def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: bool = False,
+                tokenizer_metadata: dict | None = None) -> None:
+    """Write `model` to `path` with a minimal tokenizer (or tokenizer_metadata's), F32 or Q8_0 as the
+    converter does (`legacy`: qwen3next's ssm_in as older converters wrote it). For broken files
+    in tests: `drop` leaves out tensors by GGUF name, `config` writes another config's keys."""
     if qtype not in ("F32", "Q8_0"):
         raise ValueError(f"qtype {qtype!r} is not F32 or Q8_0")
     arch, config = gguf_arch(model), config or model.config
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
-    add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
+    add_tokenizer(writer, tokenizer_metadata or minimal_tokenizer_metadata(config.vocab_size))
     write_gguf(writer, ((name, array, tensor_qtype(name, array, qtype))
                         for name, array in gguf_tensors(model, legacy) if name not in drop))
 
 
-def tiny_gguf(arch: str, qtype: str, directory, seed: int = 0, gpu: bool = False):
+def tiny_gguf(arch: str, qtype: str, directory, seed: int = 0, gpu: bool = False,
+              tokenizer_metadata: dict | None = None):
     """(hf_model, gguf_path) with the file at `directory`/tiny-{arch}-{qtype}-s{seed}.gguf
-    (`gpu`: GPU_SIZES, tiny-gpu-...)."""
+    (`gpu`: GPU_SIZES, tiny-gpu-...); the vocabulary tokenizer_metadata's, else MINIMAL_VOCAB."""
     path = Path(directory) / f"tiny-{'gpu-' if gpu else ''}{arch}-{qtype.lower()}-s{seed}.gguf"
-    model = build_hf_model(arch, MINIMAL_VOCAB, seed, gpu)
-    export_gguf(model, path, qtype)
+    vocab = len(tokenizer_metadata["tokenizer.ggml.tokens"]) if tokenizer_metadata else MINIMAL_VOCAB
+    model = build_hf_model(arch, vocab, seed, gpu)
+    export_gguf(model, path, qtype, tokenizer_metadata=tokenizer_metadata)
     return model, path
