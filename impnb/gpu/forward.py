@@ -12,6 +12,10 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, for LayerSpec.ffn "moe", the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
+Hybrids (Qwen3.5): a "gated_deltanet" layer's mixer is gpu/deltanet.py's (projections, conv and
+delta rule on the layer's recurrent state) and ssm_out adds into the residual as attn_output does;
+a gated attention's output is times sigmoid(h · attn_q_gateᵀ) before attn_output; "moe_shared"
+adds the sigmoid-gated shared expert beside the routed ones (gpu/moe.py).
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
