@@ -94,8 +94,6 @@ class DeviceModel:
 def check_deltanet(cfg) -> None:
     """UnsupportedError unless the Gated DeltaNet kernels take cfg's shapes."""
     d = cfg.deltanet
-    if d.fused_ba or d.fused_qkvz:
-        raise UnsupportedError(f"architecture {cfg.arch}: a fused ssm_ba / ssm_in has no GPU path; use --device cpu")
     if (d.conv_kernel != conv1d.WIDTH or d.head_k_dim > gdn_step.MAX_DK or d.head_k_dim % gdn_step.ROW_GROUPS
             or d.head_v_dim > gdn_step.MAX_DV or d.head_v_dim % 32):
         raise UnsupportedError(f"{cfg.arch}: Gated DeltaNet with conv kernel {d.conv_kernel}, head dims "

@@ -76,10 +76,14 @@ def upload(mf: ModelFile, cfg: ModelConfig, ctx, tuning: Overrides) -> dict:
     matrices repacked for the kernels; a layer's Q, K, V (and gate, up) of one type, or of types one holds exactly
     (quant_promote.common_type), stacked into one matrix, attn_qkv (ffn_gate_up), read by one GEMV;
     else Q and K alone (attn_qk) where they can be. A gated attention's attn_q ([q, gate] a head)
-    is split into attn_q and attn_q_gate first (split_gated_q)."""
+    is split into attn_q and attn_q_gate first (split_gated_q), qwen3next's fused DeltaNet
+    projections into qwen35's (split_fused_ssm)."""
     tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items() if not _mtp(name, cfg)}
     if cfg.attn_output_gate:
         tensors.update(split_gated_q(tensors, cfg))
+    if cfg.deltanet is not None and (cfg.deltanet.fused_ba or cfg.deltanet.fused_qkvz):
+        tensors.update(split_fused_ssm(tensors, cfg))
+        tensors = {name: t for name, t in tensors.items() if not name.endswith((".ssm_ba", ".ssm_in"))}
     w = {}
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -118,10 +122,40 @@ def split_gated_q(tensors: dict, cfg: ModelConfig) -> dict:
         if t is None:
             continue
         heads = t.data.reshape(H, 2, Dh, -1)
-        for key, part in ((name, 0), (name + "_gate", 1)):
-            rows = np.ascontiguousarray(heads[:, part].reshape(H * Dh, -1))
-            out[key] = Tensor(key, t.fmt, (H * Dh, t.shape[-1]), rows)
+        out[name], out[name + "_gate"] = (_rows(t, key, heads[:, part]) for key, part in
+                                          ((name, 0), (name + "_gate", 1)))
     return out
+
+
+def split_fused_ssm(tensors: dict, cfg: ModelConfig) -> dict:
+    """qwen3next's DeltaNet projections as qwen35's: ssm_ba ([b, a] a QK head, Hv/Hk rows each) as
+    ssm_beta and ssm_alpha, and an older file's ssm_in ([q, k, v, z] a QK head) as attn_qkv (Q of
+    every head, K, V) and attn_gate (Z); whole rows regrouped, so any type splits exactly. The V
+    heads stay grouped by QK head (DeltaNetShape.v_tiled False), as the kernels read them."""
+    d, out = cfg.deltanet, {}
+    r, dk = d.n_v_heads // d.n_k_heads, d.head_k_dim
+    r_dv = r * d.head_v_dim
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        ba = tensors.get(p + "ssm_ba")
+        if ba is not None:
+            rows = ba.data.reshape(d.n_k_heads, 2, r, -1)
+            for name, part in (("ssm_beta", 0), ("ssm_alpha", 1)):
+                out[p + name] = _rows(ba, p + name, rows[:, part])
+        qkvz = tensors.get(p + "ssm_in")
+        if qkvz is not None:
+            heads = qkvz.data.reshape(d.n_k_heads, 2 * dk + 2 * r_dv, -1)
+            q, k, v, z = np.split(heads, [dk, 2 * dk, 2 * dk + r_dv], axis=1)
+            qkv = np.concatenate([x.reshape(-1, heads.shape[-1]) for x in (q, k, v)])
+            out[p + "attn_qkv"] = _rows(qkvz, p + "attn_qkv", qkv)
+            out[p + "attn_gate"] = _rows(qkvz, p + "attn_gate", z)
+    return out
+
+
+def _rows(t: Tensor, name: str, rows: np.ndarray) -> Tensor:
+    """A tensor of t's type and width holding `rows` of t's data (any leading shape), contiguous."""
+    rows = np.ascontiguousarray(rows.reshape(-1, rows.shape[-1]))
+    return Tensor(name, t.fmt, (rows.shape[0], t.shape[-1]), rows)
 
 
 def upload_matrix(ctx, name: str, ts, ggml_type=None) -> repack.PackedWeight:

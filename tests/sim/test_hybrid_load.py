@@ -69,3 +69,33 @@ def test_split_gated_q_keeps_each_heads_rows(qwen35moe):
         full = tensors[name].dequantize().reshape(H, 2, Dh, -1)
         assert np.array_equal(split[name].dequantize(), full[:, 0].reshape(H * Dh, -1))
         assert np.array_equal(split[name + "_gate"].dequantize(), full[:, 1].reshape(H * Dh, -1))
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["attn_qkv", "ssm_in"])
+def test_split_fused_ssm_gives_the_references_projections(tmp_path, legacy):
+    """qwen3next's fused ssm_ba (and an older file's ssm_in), regrouped at load, project h as the
+    reference's splits do (models/deltanet.py: ssm_ba's [b, a] a QK head, split_qkvz)."""
+    from impnb.gpu.weights import split_fused_ssm
+    from impnb.models.deltanet import split_qkvz
+    from impnb.synthetic import MINIMAL_VOCAB
+    from impnb.synthetic_qwen35 import build_hf_model, export_gguf
+
+    path = tmp_path / "next.gguf"
+    export_gguf(build_hf_model("qwen3next", MINIMAL_VOCAB, seed=2, gpu=True), path, "Q8_0", legacy=legacy)
+    mf = open_model_file(path)
+    cfg = model_config(mf)
+    d = cfg.deltanet
+    assert d.fused_qkvz == legacy and not d.v_tiled
+    tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items()}
+    split = split_fused_ssm(tensors, cfg)
+    h = np.random.default_rng(0).standard_normal((3, cfg.n_embd)).astype(np.float32)
+    p = "blk.0."
+    ba = (h @ tensors[p + "ssm_ba"].dequantize().T).reshape(3, d.n_k_heads, 2, -1)
+    assert np.allclose(h @ split[p + "ssm_beta"].dequantize().T, ba[:, :, 0].reshape(3, -1), rtol=1e-5, atol=1e-5)
+    assert np.allclose(h @ split[p + "ssm_alpha"].dequantize().T, ba[:, :, 1].reshape(3, -1), rtol=1e-5, atol=1e-5)
+    if legacy:
+        qkv, z = split_qkvz(h @ tensors[p + "ssm_in"].dequantize().T, d)
+        assert np.allclose(h @ split[p + "attn_qkv"].dequantize().T, qkv, rtol=1e-5, atol=1e-5)
+        assert np.allclose(h @ split[p + "attn_gate"].dequantize().T, z, rtol=1e-5, atol=1e-5)
+    else:
+        assert p + "attn_qkv" not in split
