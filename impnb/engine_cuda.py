@@ -64,9 +64,7 @@ class CudaEngine:
         self.scratch = sample_kernels.sample_scratch(1, self.cfg.n_vocab)
         self.argmax_scratch = argmax.argmax_scratch(1)
         self.replays = None if self.m.ctx.simulator else Replays(self.m.ctx, self.out_ids)
-        # a recurrent state cannot take back a step queued ahead on a token the caller then drops
-        # (K/V rows are simply rewritten): hybrids step one token at a time
-        self.lookahead = lookahead and self.m.rec is None
+        self.lookahead = lookahead  # hybrids too: a dropped step leaves the state's slot it read (gpu/recurrent.py)
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.ahead = None  # the decode step queued on the device's own token, not yet read
         self.last_step = None  # the StepPlan of the last forward launched

@@ -6,7 +6,8 @@ gated_deltanet_block), its states in the model's RecurrentState (gpu/recurrent.p
   y = gated_norm(delta_rule(q, k, v, b, a), z) on the layer's state (gdn_decode.py at one row a
       sequence, gdn_prefill.py token by token over a prompt chunk)
 The caller runs ssm_out on y into the residual. Padded rows of a prompt chunk (past `lengths`) and
-padded sequences leave the states alone.
+padded sequences leave the states alone; the kernels read and write each sequence's slot pair by
+the rows' positions (gpu/recurrent.py).
 Legend: R rows (B sequences of T), C conv channels, Hv V heads, dv V head dim.
 """
 
@@ -17,9 +18,11 @@ from impnb.kernels.deltanet.gdn_decode import gdn_decode
 from impnb.kernels.deltanet.gdn_prefill import gdn_prefill
 
 
-def deltanet_block(m, il: int, dn: DeltaNet, h, step: StepPlan, norm_w: tuple | None = None, lengths=None):
-    """Layer il's Gated DeltaNet of h (R, D) (norm_w (w, eps): of RMSNorm(h) * w) -> y (R, Hv dv),
-    ssm_out's input; lengths (1,) int32 on the device: a padded chunk's real rows (None: all)."""
+def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tuple | None = None,
+                   lengths=None):
+    """Layer il's Gated DeltaNet of h (R, D) at positions pos (R,) (norm_w (w, eps): of
+    RMSNorm(h) * w) -> y (R, Hv dv), ssm_out's input; lengths (1,) int32 on the device: a padded
+    chunk's real rows (None: all)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     d = cfg.deltanet
     R, B = step.rows, step.batch
@@ -32,14 +35,14 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, step: StepPlan, norm_w: tuple | 
     _project(m, h, dn.beta_alpha, (dn.beta, dn.alpha), (beta, alpha), norm_w)
     rec, slots = m.rec, m.rec.slots[:B]
     assert lengths is None or B == 1, "padded chunks: one sequence"
-    conv1d(qkv, dn.conv_w, rec.conv[il], slots, qkv, s, lengths)
+    conv1d(qkv, dn.conv_w, rec.conv[il], slots, qkv, s, lengths, pos)
     y = a.get("ssm_y", (R, V))
     if step.n_tokens == 1:
         gdn_decode(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
-                   d.n_k_heads, d.v_tiled, y, s)
+                   d.n_k_heads, d.v_tiled, y, s, pos)
     else:
         gdn_prefill(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
-                    d.n_k_heads, d.v_tiled, y, s, lengths)
+                    d.n_k_heads, d.v_tiled, y, s, lengths, pos)
     return y
 
 

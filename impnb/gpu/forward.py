@@ -75,7 +75,7 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         if spec.mixer == "gated_deltanet":
-            mixed = deltanet_block(m, il, lw.attn, h, step, lengths=lengths)
+            mixed = deltanet_block(m, il, lw.attn, h, pos, step, lengths=lengths)
         else:
             mixed = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
@@ -94,7 +94,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         if spec.mixer == "gated_deltanet":
-            y = deltanet_block(m, il, lw.attn, x, step, (lw.attn.norm, eps))
+            y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
             m.mm.linear(y, lw.attn.o, x, accumulate=True)
         else:
             # attention writes its output in int8 there too (not where a gate multiplies it first)

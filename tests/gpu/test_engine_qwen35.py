@@ -4,7 +4,8 @@ impnb/synthetic_qwen35.py at GPU_SIZES: Gated DeltaNet layers and gated attentio
 with partial RoPE, every parameter randomised) against the numpy reference on the same file:
 teacher-forced decode steps, prefill over more than one prompt chunk (the DeltaNet state carried
 across chunks), a padded prompt chunk followed by decode steps (the padding leaves the state
-alone), and graph replay (prefill and decode graphs) equal to eager after a reset.
+alone), graph replay (prefill and decode graphs) equal to eager after a reset, and look-ahead
+decode equal to step by step, a forced token (the queued step dropped) included.
 
 The tiny hybrids are more sensitive to rounding than the tiny qwen3 models (emulated in numpy on
 qwen35moe: int8 inputs to the experts' down projection alone move the median token's logits by
@@ -63,7 +64,7 @@ def test_engine_runs_the_hybrid_on_the_gpu(case):
     _, _, engine = case
     specs = {(s.mixer, s.ffn) for s in engine.m.layers}
     assert {mixer for mixer, _ in specs} == {"attention", "gated_deltanet"}
-    assert engine.m.rec is not None and not engine.lookahead
+    assert engine.m.rec is not None and engine.lookahead
     assert all(lw.attn.q_gate is not None for s, lw in zip(engine.m.layers, engine.m.blk) if s.mixer == "attention")
 
 
@@ -121,7 +122,7 @@ def test_graphs_equal_eager(case, defaults, monkeypatch):
         monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "0")
     else:
         eager = CudaEngine(eager.mf, N_CTX, graphs=False)
-    graphed = CudaEngine(eager.mf, N_CTX, graphs=True)
+    graphed = CudaEngine(eager.mf, N_CTX, graphs=True, lookahead=False)  # logits read after each step
     p = SamplingParams(temperature=0)
     t_e, l_e = decode(eager, list(ids[:20]), p, 32)
     for _ in range(2):
@@ -138,9 +139,34 @@ def test_sampled_graphs_equal_eager(case):
     ids, _, eager = case
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("IMPNB_MOE_DOWN_DP4A", "0")
-        graphed = CudaEngine(eager.mf, N_CTX, graphs=True)
+        graphed = CudaEngine(eager.mf, N_CTX, graphs=True, lookahead=False)
     p = SamplingParams(temperature=0.8, seed=3, repeat_penalty=1.1)
     t_e, l_e = decode(eager, list(ids[:20]), p, 24)
     t_g, l_g = decode(graphed, list(ids[:20]), p, 24)
     assert graphed.graphs, graphed.graph_disabled
     assert t_e == t_g and np.array_equal(l_e, l_g)
+
+
+def test_lookahead_equals_step_by_step(case):
+    """Look-ahead decode (each step queued on the device's own token) gives step by step's tokens;
+    a forced token drops the queued step, which read one slot of the state pair and wrote the
+    other, and decode continues from the state before it (gpu/recurrent.py)."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, _, eager = case
+    params = SamplingParams(temperature=0.8, seed=5, repeat_penalty=1.1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IMPNB_MOE_DOWN_DP4A", "0")
+        plain = CudaEngine(eager.mf, N_CTX, graphs=True, lookahead=False)
+        ahead = CudaEngine(eager.mf, N_CTX, graphs=True, lookahead=True)
+    runs = []
+    for engine in (eager, plain, ahead):
+        engine.reset(params)
+        token = engine.prefill(list(ids[:20]))
+        out = []
+        for i in range(24):
+            token = engine.step(token if i not in (7, 12, 13) else int(ids[100 + i]))  # forced tokens
+            out.append(token)
+        runs.append(out)
+    assert runs[0] == runs[1] == runs[2]
+    assert ahead.ahead is not None  # the last step queued one ahead

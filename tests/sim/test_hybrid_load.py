@@ -33,8 +33,8 @@ def test_weights_by_role_and_state_buffers(qwen35moe, monkeypatch):
             assert spec.mixer == "gated_deltanet" and isinstance(lw.attn, DeltaNet)
             assert lw.attn.qkvz.w.rows == d.conv_channels + d.n_v_heads * d.head_v_dim
             assert lw.attn.beta_alpha.w.rows == 2 * d.n_v_heads and lw.attn.conv_w.shape == (d.conv_channels, 4)
-            assert m.rec.conv[il].shape == (1, d.conv_channels, 3)
-            assert m.rec.ssm[il].shape == (1, d.n_v_heads, d.head_k_dim, d.head_v_dim)
+            assert m.rec.conv[il].shape == (2, d.conv_channels, 3)  # a slot pair (by position's parity)
+            assert m.rec.ssm[il].shape == (2, d.n_v_heads, d.head_k_dim, d.head_v_dim)
         else:
             assert spec.mixer == "attention" and m.rec.conv[il] is None and m.rec.ssm[il] is None
             att = lw.attn
@@ -46,7 +46,7 @@ def test_reset_zeroes_the_state(qwen35moe):
     from impnb.engine_cuda import CudaEngine
 
     engine = CudaEngine(open_model_file(qwen35moe), 64, graphs=False)
-    assert not engine.lookahead
+    assert engine.lookahead
     rng = np.random.default_rng(0)
     for buf in [b for b in engine.m.rec.conv + engine.m.rec.ssm if b is not None]:
         buf.copy_to_device(rng.standard_normal(buf.shape).astype(np.float32))
