@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from impnb.engine_cuda import HISTORY, CudaEngine
-from impnb.errors import NumericalError, ParameterError
+from impnb.errors import NumericalError, ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.kv import PagedKV
 from impnb.kernels.sample import argmax, sample_penalty
@@ -80,6 +80,9 @@ class CudaBatchEngine(CudaEngine):
             raise ParameterError(f"the KV pool must hold at least {PAGE_SIZE} tokens, got {kv_tokens}")
         super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch,
                          tp=tp)
+        if self.m.rec is not None:
+            raise UnsupportedError(f"{self.cfg.arch}: batched decode of a recurrent state has no GPU path "
+                                   f"yet; serve one sequence at a time (max_num_seqs 1)")
         ctx, V = self.m.ctx, self.cfg.n_vocab
         self.max_batch = max_batch
         self.n_pages = self.m.kv.n_pages - 1

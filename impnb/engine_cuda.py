@@ -66,6 +66,7 @@ class CudaEngine:
         self.host_out = cuda.pinned_array(1, np.int32)
         self.host_step = cuda.pinned_array(1, np.int32)
         self.host_last = cuda.pinned_array(1, np.int32)
+        self.host_len = cuda.pinned_array(1, np.int32)
         self.last_row = ctx.empty(1, np.int32)  # a padded chunk's last real row
         self.out_ids = ctx.empty(1, np.int32)
         self.step_no = ctx.empty(1, np.int32)
@@ -74,7 +75,7 @@ class CudaEngine:
         self.scratch = sample_kernels.sample_scratch(1, self.cfg.n_vocab)
         self.argmax_scratch = argmax.argmax_scratch(1)
         self.replays = None if self.m.ctx.simulator else Replays(self.m.ctx, self.out_ids)
-        self.lookahead = lookahead
+        self.lookahead = lookahead  # hybrids too: a dropped step leaves the state's slot it read (gpu/recurrent.py)
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.ahead = None  # the decode step queued on the device's own token, not yet read
         self.last_step = None  # the StepPlan of the last forward launched
@@ -89,6 +90,8 @@ class CudaEngine:
         self.params.copy_to_device(sample_kernels.sample_params([params]), stream=self.m.ctx.nb_stream)
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
+        if self.m.rec is not None:  # a new sequence's recurrent state starts at zero
+            self.m.rec.zero(self.m.ctx.nb_stream)
         self.pos = 0
         self.n_sampled = 0
         self.n_checked = 0
@@ -176,6 +179,9 @@ class CudaEngine:
         self.m.ids[:B].copy_to_device(self.host_ids[:B], stream=s)
         self.m.pos[:B].copy_to_device(self.host_pos[:B], stream=s)
         self.last_row.copy_to_device(self.host_last, stream=s)
+        if self.m.rec is not None:  # the recurrent layers' real rows: the padding leaves the state alone
+            self.host_len[0] = len(chunk)
+            self.m.rec.lengths.copy_to_device(self.host_len, stream=s)
         self.pos += len(chunk)
         graph = self.prefill_graphs.get(B)
         if graph is not None:

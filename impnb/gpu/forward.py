@@ -12,6 +12,10 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, for LayerSpec.ffn "moe", the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
+Hybrids (Qwen3.5): a "gated_deltanet" layer's mixer is gpu/deltanet.py's (projections, conv and
+delta rule on the layer's recurrent state) and ssm_out adds into the residual as attn_output does;
+a gated attention's output is times sigmoid(h · attn_q_gateᵀ) before attn_output; "moe_shared"
+adds the sigmoid-gated shared expert beside the routed ones (gpu/moe.py).
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
@@ -31,6 +35,7 @@ the logits of a slice of the vocabulary each are all-gathered (m.vocab_split).
 import numpy as np
 
 from impnb.gpu import attention_dispatch
+from impnb.gpu.deltanet import deltanet_block
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
@@ -40,11 +45,12 @@ from impnb.kernels.attention.attention_decode_short import attention_decode_shor
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.elementwise.rows import gather_row
+from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.models.config import ModelConfig
 from impnb.tuning import GEMV_MAX_ROWS
 
-MIXER = "attention"  # the one LayerSpec.mixer this stack runs
-FFNS = ("gated", "moe")  # the LayerSpec.ffn kinds it runs
+MIXERS = ("attention", "gated_deltanet")  # the LayerSpec.mixer kinds this stack runs
+FFNS = ("gated", "moe", "moe_shared")  # the LayerSpec.ffn kinds it runs
 
 
 def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
@@ -53,7 +59,8 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     positions in m.pos[:R]) go sequence by sequence; sequence b's pages are m.kv.tables[b].
 
     Logits of every row, or of each sequence's last one; last_row (int32 (1,) on the device,
-    one sequence) picks that row at run time instead of T - 1 (padded chunks in a captured graph).
+    one sequence) picks that row at run time instead of T - 1 (padded chunks in a captured graph),
+    and the Gated DeltaNet layers then read the chunk's real rows from m.rec.lengths.
 
     m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
     launch the same kernels on the same memory (what a CUDA graph captures).
@@ -69,15 +76,19 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
     if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
         return _forward_fused(m, x, step, last_only, last_row)
+    lengths = m.rec.lengths if last_row is not None and m.rec is not None else None
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
-        attn = _attention_block(m, il, lw.attn, h, pos, step)
+        if spec.mixer == "gated_deltanet":
+            mixed = deltanet_block(m, il, lw.attn, h, pos, step, lengths=lengths)
+        else:
+            mixed = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
         res = _residual(m, x, h, lw.attn.post_norm, lw.ffn.norm)
-        m.mm.linear(attn, lw.attn.o, o, residual=_local(m, res))
+        m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res))
         _reduced(m, o, res)
         res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
-        if spec.ffn == "moe":
+        if spec.ffn in ("moe", "moe_shared"):
             moe_ffn(m, h, lw.ffn, o, res)
         else:
             _dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
@@ -90,15 +101,21 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
-        xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
-        attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
-        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
-            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
-            x, spare = spare, x
-            continue
-        m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
-        m.all_reduce(x)
-        if spec.ffn == "moe":
+        if spec.mixer == "gated_deltanet":
+            y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
+            m.mm.linear(y, lw.attn.o, x, accumulate=m.reduce_leader)
+            m.all_reduce(x)
+        else:
+            # attention writes its output in int8 there too (not where a gate multiplies it first)
+            xq = m.mm.attn_xq(lw.attn.o, step) if lw.attn.q_gate is None else None
+            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
+            if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
+                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
+                x, spare = spare, x
+                continue
+            m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
+            m.all_reduce(x)
+        if spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
             _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
@@ -107,8 +124,9 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
 
 
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
-    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv);
-    xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
+    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
+    times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the short decode kernel
+    writes the output's int8 form there too (ungated only)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
@@ -123,6 +141,11 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     else:
         for lin, y in zip((att.q, att.k, att.v), qkv):
             m.mm.linear(h, lin, y, norm_w)
+    gate = None
+    if att.q_gate is not None:
+        assert xq is None and Dv == Dh, "the gate multiplies attention's float output, a gate a column"
+        gate = a.get("q_gate", (T, H * Dh))
+        m.mm.linear(h, att.q_gate, gate, norm_w)
     qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
     tables = m.kv.tables[:B]
@@ -135,6 +158,8 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           tables, m.kv.k[il], m.kv.v[il], s)
         _attention(m, il, q, pos, attn, step, xq)
+    if gate is not None:
+        sigmoid_gate(attn.reshape(T, H * Dv), gate, s)
     return attn.reshape(T, H * Dv)
 
 

@@ -19,6 +19,10 @@
 Under tensor parallelism the experts are split by width, or by whole experts (m.expert_range:
 the routed slots made local to the rank, kernels/moe/expert_shard.py); either way each rank's
 sum is partial and all-reduced after the down.
+  moe_shared (Qwen3.5): a shared expert beside the routed ones, read from the same h,
+      act_sh = silu(gate_shexp h) * up_shexp h * sigmoid(h · ffn_gate_inp_shexp)  (before the routed
+      experts add into x at decode), x += down_shexp act_sh   (at decode the GEMV accumulates; at
+      prefill one more residual update after the routed one)
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -32,6 +36,7 @@ from impnb.kernels.elementwise import activations
 from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
 from impnb.kernels.moe import gemv_moe_dp4a as down_dp4a
 from impnb.kernels.elementwise import norm as norm_fn
+from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
@@ -43,11 +48,16 @@ from impnb.tuning import GEMV_MAX_ROWS
 
 def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
     """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D);
-    then residual (gemv_tail.Residual) applied to out."""
+    then residual (gemv_tail.Residual) applied to out, and to the shared expert's output where
+    the layer has one."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T = h.shape[0]
     k, E = cfg.n_expert_used, cfg.n_expert
     assert T > GEMV_MAX_ROWS, "decode: moe_ffn_decode"
+    shared = None
+    if ex.shared is not None:  # GEMMs of h, before the residual updates below overwrite h
+        shared = a.get("shexp_out", (T, cfg.n_embd))
+        m.mm.linear(_shared_act(m, h, ex, None), ex.shared.down, shared)
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
@@ -61,14 +71,17 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
     moe_combine(y, rows, weights, out, s)
     m.all_reduce(out)  # each rank's experts are a slice of every expert's width
     residual.unfused(out, s)
+    if shared is not None:
+        residual.unfused(shared, s)
 
 
 def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     """Decode (T <= GEMV_MAX_ROWS): x (T, D) float32 += the routed experts' SwiGLU FFN of
-    h = RMSNorm(x) * wn, norm = (wn, eps)."""
+    h = RMSNorm(x) * wn, norm = (wn, eps), and the shared expert's where the layer has one."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     assert T <= GEMV_MAX_ROWS
+    shared = _shared_act(m, x, ex, norm) if ex.shared is not None else None  # reads x before the add
     logits, experts, weights = _route_buffers(m, T)
     xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
     gemv_route.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
@@ -76,6 +89,27 @@ def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
         localize(experts, weights, *m.expert_range, s)
     _experts_decode(m, x, ex, norm, xq, experts, weights)
+    if shared is not None:
+        m.mm.linear(shared, ex.shared.down, x, accumulate=True)
+
+
+def _shared_act(m, h, ex: Experts, norm: tuple | None):
+    """The shared expert's act (T, F_sh) = silu(gate h) * up h * sigmoid(h · shared_gateᵀ), gate|up
+    one GEMV where stacked; norm (wn, eps): of RMSNorm(h) * wn."""
+    sh, a, s, T = ex.shared, m.arena, m.ctx.nb_stream, h.shape[0]
+    F = sh.down.w.cols
+    act = a.get("shexp_act", (T, F))
+    if sh.gate_up is not None:
+        m.mm.glu(h, sh.gate_up, "silu", act, norm)
+    else:
+        up = a.get("shexp_up", (T, F))
+        m.mm.linear(h, sh.gate, act, norm)
+        m.mm.linear(h, sh.up, up, norm)
+        activations.swiglu(act, up, act, s)
+    gate = a.get("shexp_gate", (T, 1))
+    m.mm.linear(h, ex.shared_gate, gate, norm)
+    sigmoid_gate(act, gate, s)
+    return act
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple) -> None:

@@ -3,8 +3,8 @@ at a time through CpuEngine's own cache where the pool cannot hold a sequence's 
 recurrent state, Gemma 4's per-layer and shared K/V); on the GPU
 the batched CUDA engine, its pool kv_cache_tokens or what gpu_memory_utilization leaves once the
 weights are in (pool_size.blocks_for_memory), or for one sequence at a time (max_num_seqs 1:
-the CLI) the single-sequence CUDA engine, whose look-ahead decode keeps the GPU busy while the
-host reads each token."""
+the CLI; hybrids, whose recurrent state the batched engine does not hold) the single-sequence
+CUDA engine, whose look-ahead decode keeps the GPU busy while the host reads each token."""
 
 import numpy as np
 
@@ -30,11 +30,12 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
     if cls.device == "cuda":
+        from impnb.models.paged_kv_cache import PagedKVPool
         from impnb.warmup import prepare
 
         if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
             prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
-        if max_num_seqs == 1:
+        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # a recurrent state: one sequence at a time
             from impnb.serve.single_runner import SingleSequenceRunner
 
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)
