@@ -88,6 +88,8 @@ def test_heads_split_and_replicate():
         shard.heads(_cfg(n_head=12, n_head_kv=6), 4, 0)
     with pytest.raises(UnsupportedError, match="n_ff = 100 does not split evenly over 3"):
         shard.rank_config(_cfg(n_head=6, n_head_kv=3, n_ff=100), 3)
+    with pytest.raises(UnsupportedError, match="qwen35 has no tensor-parallel layout"):
+        shard.rank_config(_cfg(arch="qwen35"), 2)
 
 
 def _cfg(**kw):

@@ -75,9 +75,17 @@ def expert_split(tensors: dict, cfg: ModelConfig, world: int) -> str | None:
                            f"{cfg.n_expert} experts do not split evenly over {world} GPUs")
 
 
+# the architectures whose layers the layout covers (attention, dense or routed FFN); the recurrent
+# mixers of the qwen35 family, the Gemma post-norms and shared K/V are not split yet
+TP_ARCHS = ("llama", "qwen3", "qwen3moe")
+
+
 def rank_config(cfg: ModelConfig, world: int, experts: str | None = "width") -> ModelConfig:
     """cfg with one rank's head and FFN counts (every rank's are equal); experts: expert_split's
     answer (by whole experts the width stays, the router's count too)."""
+    if cfg.arch not in TP_ARCHS:
+        raise UnsupportedError(f"--tp {world}: {cfg.arch} has no tensor-parallel layout (it runs on one GPU: "
+                               f"drop --tp); layouts exist for {', '.join(TP_ARCHS)}")
     names = ("n_ff", "n_ff_exp", "n_ff_shexp") if experts == "width" else ("n_ff", "n_ff_shexp")
     for name in names:
         if getattr(cfg, name) % world:
