@@ -2,7 +2,8 @@
 
 Each constant says in one line why it has its value; the measurements behind it are in
 docs/EXPERIMENTS.md ("Decode and load-time choices"). Tables that scripts measure lie beside
-this file: gemm_table.json (scripts/tune_gemm.py) and moe_table.json (scripts/tune_moe.py).
+this file: gemm_table.json (scripts/tune_gemm.py), moe_table.json (scripts/tune_moe.py) and
+gemv_rows_table.json (scripts/bench_gemv_rows.py).
 Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else leaves it on);
 integer ones are parsed by `env_ints` / `env_number`, a malformed value a ParameterError (one
 line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
@@ -21,6 +22,7 @@ from impnb.errors import ParameterError
 TABLE_DIR = Path(__file__).parent
 GEMM_TABLE = TABLE_DIR / "gemm_table.json"  # prefill GEMM path per (type, N x K, M bucket)
 MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, N x K, T bucket)
+GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
 
 
 def switch(name: str) -> bool:
@@ -123,6 +125,7 @@ class Overrides:
     router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
+    gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
@@ -135,7 +138,7 @@ class Overrides:
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
-                   moe_down_dp4a=switch("MOE_DOWN_DP4A"),
+                   moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    short_decode_max=short_max[0] if short_max else None,
