@@ -73,8 +73,13 @@ def load_table(path: Path = TABLE_PATH) -> dict:
     return out
 
 
-def choose(ggml_type: T, N: int, K: int, use: str, table: dict | None = None) -> dict:
-    """{T: Variant} for every T in 2..8 whose bucket the table lists for this shape and use."""
+def choose(ggml_type: T, N: int, K: int, use: str, table: dict | None = None, force: str | None = None) -> dict:
+    """{T: Variant} for every T in 2..8 whose bucket the table lists for this shape and use; with
+    force (a variant's name: IMPNB_GEMV_ROWS_FORCE), that variant at every T where it fits N."""
+    if force:
+        v = parse_variant(force)
+        fits = v.rows // (2 if use == "glu" else 1) <= N and (use != "glu" or v.rows % 2 == 0)
+        return {n: v for n in range(MIN_T, MAX_T + 1)} if fits else {}
     by_t = (load_table() if table is None else table).get(shape_key(ggml_type, N, K, use), {})
     out = {n: by_t[t_bucket(n)] for n in range(MIN_T, MAX_T + 1) if t_bucket(n) in by_t}
     if out:

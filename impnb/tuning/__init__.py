@@ -12,6 +12,7 @@ Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant.
 """
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,15 @@ def env_number(name: str, default: float) -> float:
         return float(value)
     except ValueError:
         raise ParameterError(f"{name}={value!r}: expected a number") from None
+
+
+def env_variant(name: str) -> str | None:
+    """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>),
+    None where unset or empty; ParameterError where it is not one."""
+    value = os.environ.get(name) or None
+    if value is not None and not re.fullmatch(r"s(32|64|128)u[12]r[248]", value):
+        raise ParameterError(f"{name}={value!r}: expected a variant such as s32u1r4")
+    return value
 
 
 # -- shapes of a step ------------------------------------------------------------------------
@@ -126,6 +136,7 @@ class Overrides:
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
+    gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
@@ -139,6 +150,7 @@ class Overrides:
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
                    moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
+                   gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    short_decode_max=short_max[0] if short_max else None,

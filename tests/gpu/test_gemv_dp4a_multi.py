@@ -19,6 +19,33 @@ from tests.gpu.test_gemv_dp4a import RTOL, check_gemv_dp4a, check_glu, check_qua
 
 pytestmark = pytest.mark.gpu
 
+VARIANTS = [Variant(32, 1, 4), Variant(32, 2, 8), Variant(64, 1, 2), Variant(128, 2, 4)]
+GLU_VARIANTS = [Variant(32, 1, 4), Variant(64, 2, 8), Variant(128, 1, 2)]
+# (type, K, T, variant, glu) of every launch below, compiled in parallel before the first test
+BUILDS = ([(t, 2048, n, Variant(32, 1, 4), 0) for t in DP4A_TYPES for n in (2, 5, 8)]
+          + [(T.Q4_K, 4096, n, v, 0) for v in VARIANTS for n in (2, 3, 4, 7, 8)]
+          + [(t, K, 6, Variant(32, 2, 8), 0) for t, K in ((T.Q6_K, 12288), (T.Q8_0, 2048), (T.Q4_K, 1024))]
+          + [(t, K, n, v, 0) for t in (T.Q4_K, T.Q6_K, T.Q8_0) for v in (Variant(32, 1, 4), Variant(64, 2, 8))
+             for K, n in ((2048, 5), (1024, 8))]
+          + [(T.Q4_K, 4096, n, v, glu) for glu in (SILU, GELU) for n in (2, 6, 8) for v in GLU_VARIANTS]
+          + [(T.Q6_K, 2048, n, Variant(32, 2, 4), glu) for glu in (SILU, GELU) for n in (2, 6, 8)])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled():
+    """Every kernel the tests launch, compiled by worker processes first (one at a time they
+    take minutes): a dry run of one launch each records them."""
+    from impnb.kernels.gemv.quant_x import quant_x_buffers
+    from impnb.launch.cubin import arch_cc
+    from impnb.launch.precompile import compile_all, record
+
+    with record(arch_cc(cuda.get_current_device().compute_capability)) as rec:
+        for t, K, n, v, glu in BUILDS:
+            w = weight(t, 8, K)[2]
+            y = cuda.device_array((n, 4 if glu else 8), np.float32)
+            gemv_dp4a_multi(w, quant_x_buffers(n, K), y, 0, v, glu=glu)
+    compile_all(rec.missing())
+
 
 def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0):
     """gemv_dp4a_multi in gemv_dp4a's argument order (the shared checks call it so)."""
@@ -49,9 +76,6 @@ def check_split(ggml_type, sizes, cols, n_tok, std, seed, variant):
     assert (err <= bound).all(), f"err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
 
 
-VARIANTS = [Variant(32, 1, 4), Variant(32, 2, 8), Variant(64, 1, 2), Variant(128, 2, 4)]
-
-
 @pytest.mark.parametrize("ggml_type", DP4A_TYPES)
 @pytest.mark.parametrize("n_tok", [2, 5, 8])
 def test_every_type(ggml_type, n_tok):
@@ -80,6 +104,6 @@ def test_split_qkv(ggml_type, variant):
 @pytest.mark.parametrize("glu", [SILU, GELU])
 @pytest.mark.parametrize("n_tok", [2, 6, 8])
 def test_glu(glu, n_tok):
-    for v in (Variant(32, 1, 4), Variant(64, 2, 8), Variant(128, 1, 2)):
+    for v in GLU_VARIANTS:
         check_glu(T.Q4_K, 257, 4096, n_tok, glu, seed=n_tok, variant=v, run=multi, std=1.0 if n_tok < 8 else 0.1)
     check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)
