@@ -7,7 +7,7 @@ layer's copy so that the weights come from HBM as in a step) and each T: the pat
 today (gemv_dp4a / gemv / gemv_stacked up to 8 rows, the GEMM path past that), and at T = 2..8
 gemv_dp4a_multi in each of --variants (int8 x's quantize_x launch included in both dp4a paths).
 --reps calls captured in a CUDA graph, median of 5 replays; a variant's output must match the
-default path's within 1e-2 of its largest value to count. The table keeps, per T bucket
+default path's within 2e-2 of its largest value to count (int8 x against a float-x default). The table keeps, per T bucket
 (gemv_dispatch.T_BUCKETS), the fastest variant where it beat the default path by more than 3%
 at that bucket's T; a printed table gives every time.
     python scripts/bench_gemv_rows.py -m a.gguf,b.gguf [--tokens 1,2,4,8,16,32,64] [--variants ...]
@@ -38,7 +38,7 @@ from impnb.model_registry import resolve_model  # noqa: E402
 
 ROLES = ("attn_qkv", "attn_qk", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_up", "ffn_gate",
          "ffn_up", "ffn_down")
-VARIANTS = "s32u1r2,s32u1r4,s32u2r4,s32u1r8,s64u1r4,s64u2r8,s128u1r4"
+VARIANTS = "s32u1r2,s32u1r4,s32u2r4,s32u1r8,s64u1r4,s64u2r4,s128u1r4"
 MARGIN = 1.03
 ROTATE_BYTES = 400e6  # at least this many weight bytes a graph's calls rotate over (past the L2)
 
@@ -134,7 +134,7 @@ def main() -> int:
                                                          for i in range(args.reps)], args.reps)
             ref = outs["default"]
             scale = max(float(np.abs(ref).max()), 1e-30)
-            ok = {n: bool(np.isfinite(o).all() and np.abs(o - ref).max() / scale < 1e-2) for n, o in outs.items()}
+            ok = {n: bool(np.isfinite(o).all() and np.abs(o - ref).max() / scale < 2e-2) for n, o in outs.items()}
             good = [n for n in us if n != "default" and ok[n]]
             best = min(good, key=us.get) if good else None
             gbps = runs["default"][0].w.nbytes / (us["default"] * 1e-6) / 1e9
