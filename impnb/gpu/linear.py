@@ -19,6 +19,7 @@ from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_residual, gemv_stacked, gemv_stream
@@ -79,12 +80,17 @@ class MatMul:
         self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
 
     def gemm(self, x, w, y, path: str) -> None:
-        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;
-        cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
+        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
+        along K into splits_for's parts on "splitk"); cuBLAS reads an fp16 copy dequantized into a
+        scratch buffer."""
         if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
         elif path == "wgmma":
             gemm_wgmma_quant(self.x16(x), w, y, self.ctx.nb_stream)
+        elif path == "splitk":
+            M, N = y.shape
+            S = splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            gemm_splitk(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 

@@ -62,3 +62,10 @@ def test_gemm_quant_small():
 
     got = gemm_tests.run(fn, a, w, M, N)
     gemm_tests.check(got, gemm_ref(a, raw, T.Q4_K), a, w16, K)
+
+
+def test_gemm_splitk_small():
+    """Two M tiles (a ragged edge), K in 3 uneven splits, accumulate; the reduce in split order."""
+    from tests.gpu.test_gemm_splitk import check_splitk
+
+    check_splitk(T.Q4_K, 70, 8, 512, 3, 1.0, seed=2, accumulate=True)
