@@ -5,7 +5,8 @@ For each model's matrices as DeviceModel holds them (Q|K|V or Q|K stacked, V, at
 gate|up, down, the logits; one entry per distinct type, shape and use, timed rotating over every
 layer's copy so that the weights come from HBM as in a step) and each T: the path MatMul takes
 today (gemv_dp4a / gemv / gemv_stacked up to 8 rows, the GEMM path past that), and at T = 2..8
-gemv_dp4a_multi in each of --variants (int8 x's quantize_x launch included in both dp4a paths).
+gemv_dp4a_multi in each of --variants (int8 x's quantize_x launch included in both dp4a paths),
+past 8 the split-K tiles (informational: tune_gemm.py's table chooses GEMM paths).
 --reps calls captured in a CUDA graph, median of 5 replays; a variant's output must match the
 default path's within 2e-2 of its largest value to count (int8 x against a float-x default). The table keeps, per T bucket
 (gemv_dispatch.T_BUCKETS), the fastest variant where it beat the default path by more than 3%
@@ -28,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 os.environ["IMPNB_GEMV_ROWS"] = "0"  # the Linears' default paths; a variant is set per timing
 
 from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.gpu import gemm_dispatch  # noqa: E402
 from impnb.gpu import gemv_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
+from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_multi import MAX_T, MIN_T  # noqa: E402
 from impnb.launch.cubin import arch_cc  # noqa: E402
 from impnb.launch.precompile import compile_all, record  # noqa: E402
@@ -96,6 +99,9 @@ def cases(m, tokens, variants, rng) -> list:
                 for v in variants:
                     if v.rows // (2 if use == "glu" else 1) <= N and v.span <= K // 32:
                         runs[v.name] = [dataclasses.replace(lin, multi={n_tok: v}) for lin in lins]
+            elif n_tok > MAX_T and use != "split" and t in QUANT_TYPES:  # the split-K tiles beside the table's path
+                paths = {b: "splitk" for b in gemm_dispatch.M_BUCKETS}
+                runs["splitk"] = [dataclasses.replace(lin, gemm_paths=paths) for lin in lins]
             out.append((gd.shape_key(t, N, K, use), n_tok, use, x, y, sizes, runs))
     return out
 
