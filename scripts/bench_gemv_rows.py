@@ -41,7 +41,7 @@ from impnb.model_registry import resolve_model  # noqa: E402
 
 ROLES = ("attn_qkv", "attn_qk", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_up", "ffn_gate",
          "ffn_up", "ffn_down")
-VARIANTS = "s32u1r2,s32u1r4,s32u2r4,s32u1r8,s64u1r4,s64u2r4,s128u1r4"
+VARIANTS = "s32u1r2,s32u1r4,s32u2r4,s32u1r8,s64u1r4,s64u2r4,s128u1r2,s128u1r4"
 MARGIN = 1.03
 ROTATE_BYTES = 400e6  # at least this many weight bytes a graph's calls rotate over (past the L2)
 
