@@ -5,7 +5,8 @@ for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a 
 for the Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with
 the pre-norm, accumulation or a residual tail fused where asked). Past that a GEMM on the Linear's
 measured path: tensor-core tiles on the stored weight, or dequantization to fp16 and cuBLAS
-(the fallback). The stacked Q|K|V always takes cuBLAS. Scratch buffers come from the arena.
+(the fallback). The stacked Q|K|V takes the split-K tiles where its table entry says so, else
+cuBLAS. Scratch buffers come from the arena.
 Legend: T tokens, K input width, N output rows.
 """
 
@@ -19,7 +20,7 @@ from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm.dequant import dequant
-from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, splits_for
+from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_residual, gemv_stacked, gemv_stream
@@ -105,6 +106,11 @@ class MatMul:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         assert norm is None, "GEMM: no fused norm"
+        if lin.gemm_path(x.shape[0]) == "splitk":
+            M = x.shape[0]
+            S = splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            gemm_splitk_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+            return
         x16, w16, row = self.x16(x), self.w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)

@@ -69,3 +69,10 @@ def test_gemm_splitk_small():
     from tests.gpu.test_gemm_splitk import check_splitk
 
     check_splitk(T.Q4_K, 70, 8, 512, 3, 1.0, seed=2, accumulate=True)
+
+
+def test_gemm_splitk_split_small():
+    """Stacked rows into three outputs at 4-column boundaries; 2 splits."""
+    from tests.gpu.test_gemm_splitk import check_splitk_split
+
+    check_splitk_split(T.Q8_0, 3, (8, 4, 4), 128, 2, seed=3)
