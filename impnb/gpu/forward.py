@@ -28,7 +28,7 @@ import numpy as np
 from impnb.gpu import attention_dispatch
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
-from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
+from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
@@ -81,16 +81,17 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
+    grouped = 2 <= T <= m.tuning.moe_grouped_rows  # a batch's routed experts grouped as at prefill
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
         attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
-        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
-            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
+        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
+            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
             x, spare = spare, x
             continue
         m.mm.linear(attn, lw.attn.o, x, accumulate=True, xq=xq)
         if spec.ffn == "moe":
-            moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
+            (moe_ffn_grouped_decode if grouped else moe_ffn_decode)(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
             _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
     return _logits(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))

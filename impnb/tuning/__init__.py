@@ -124,6 +124,12 @@ EXPERTS_T1 = {T.Q4_K: (32, 2, 4)} if switch("EXPERTS_T1") else {}
 FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}
 
 
+# Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert as a
+# prompt chunk does (gpu/moe.moe_ffn: each chosen expert's weights read once for all its tokens)
+# rather than a GEMV per slot; 0 (never) until bench --batch measures it faster on the GPU.
+MOE_GROUPED_ROWS = 0
+
+
 @dataclass(frozen=True)
 class Overrides:
     """The model-level choices as the environment leaves them, read once when a model loads."""
@@ -136,6 +142,7 @@ class Overrides:
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
+    moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
     gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
@@ -151,6 +158,7 @@ class Overrides:
                    router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
                    moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
                    gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
+                   moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    short_decode_max=short_max[0] if short_max else None,
