@@ -3,6 +3,8 @@
 A leaf below both the device chooser (devices.py) and the GPU path (gpu/), which read it.
 """
 
+import threading
+
 GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
 # The kernels use Hopper's programmatic dependent launch (griddepcontrol) and build for sm_90 and
 # newer; on an older GPU their first build would fail deep inside the JIT linker.
@@ -47,3 +49,29 @@ def _capability_reason(driver) -> str | None:
         return (f"{name} has compute capability {cc[0]}.{cc[1]}; impnb's kernels need {need} "
                 f"(Hopper) or newer")
     return None
+
+
+def open_driver_early() -> None:
+    """Initialise the CUDA driver and make GPU 0's primary context in a daemon thread, so that the
+    fraction of a second it takes (the driver's calls release the GIL) overlaps the GGUF parse and
+    the tokenizer build; the engine's own retain then finds the context made. Any failure is left
+    for cuda_unavailable_reason to report."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return
+    threading.Thread(target=_retain_primary_context, args=(driver,), name="impnb-cuda-init",
+                     daemon=True).start()
+
+
+def _retain_primary_context(driver) -> None:
+    ok = driver.CUresult.CUDA_SUCCESS
+    try:
+        err, = driver.cuInit(0)
+        if err != ok:
+            return
+        err, dev = driver.cuDeviceGet(0)
+        if err == ok:
+            driver.cuDevicePrimaryCtxRetain(dev)  # held for the process's life, as the engine's is
+    except RuntimeError:  # libcuda.so missing
+        pass

@@ -9,9 +9,14 @@ A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
 mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
-page no sequence owns; their sampled ids are dropped. A step of one sequence (no repeat penalty)
-takes CudaEngine's single-sequence step instead, with its look-ahead: the next step is queued on
-the device's own token before the host reads this one, so B = 1 runs at the single-sequence speed.
+page no sequence owns; their sampled ids are dropped. A step of one sequence (no penalty, no
+logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead: the next step is
+queued on the device's own token before the host reads this one, so B = 1 runs at the
+single-sequence speed.
+
+A row that asks for logprobs gets its raw logits (before any penalty, which rewrites them in
+place: the step's graph then keeps a copy first) copied to the host, that row alone, in
+raw_logits; the caller computes the log-probabilities there (serve.engine.token_logprob).
 """
 
 from dataclasses import dataclass
@@ -40,7 +45,7 @@ def batch_bucket(n: int, max_batch: int) -> int:
 class DecodeRow:
     """One sequence's part of a decode step: its last token, that token's position, its pages,
     sampling parameters, how many tokens it has sampled (the draw's counter) and, for a repeat
-    penalty, its recent tokens (the last HISTORY count)."""
+    penalty, its recent tokens (the last HISTORY count); logprobs: return its raw logits."""
 
     token: int
     pos: int
@@ -48,6 +53,7 @@ class DecodeRow:
     params: SamplingParams
     n_sampled: int
     history: np.ndarray | None = None
+    logprobs: bool = False
 
 
 def _ring(history) -> np.ndarray:
@@ -90,18 +96,20 @@ class CudaBatchEngine(CudaEngine):
         self.b_outs = ctx.empty(max_batch, np.int32)
         self.b_scratch = sample_kernels.sample_scratch(max_batch, V)
         self.b_argmax = argmax.argmax_scratch(max_batch)
-        self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty) -> Graph
+        self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty, keep raw) -> Graph
+        self.raw_logits: dict[int, np.ndarray] = {}  # the last call's rows that asked -> (V,) float32
         self.lookahead = lookahead  # one-sequence steps queue the next (CudaEngine.step)
         self.single = None  # (table row bytes, params) the single-sequence step's state was set for
 
     # ------------------------------------------------------------ one sequence's prompt
 
     def prefill_seq(self, ids, start: int, pages: np.ndarray, params: SamplingParams,
-                    n_sampled: int = 0, history=None, sample: bool = True) -> int | None:
+                    n_sampled: int = 0, history=None, sample: bool = True, logprobs: bool = False) -> int | None:
         """Feed ids at positions start.. of the sequence whose KV lives in `pages` (its block
         table; positions < start are already there: earlier chunks, a shared prefix) -> its next
         token, sampled at counter n_sampled (None with sample False: a prompt chunk before its
-        last); history: its recent tokens, for a repeat penalty (the last HISTORY count)."""
+        last); history: its recent tokens, for a repeat penalty (the last HISTORY count);
+        logprobs: the raw logits it sampled from go to raw_logits[0]."""
         ids = np.asarray(ids, np.int32)
         if not len(ids):
             raise ParameterError("the prompt chunk is empty")
@@ -114,9 +122,12 @@ class CudaBatchEngine(CudaEngine):
         logits = None
         for at in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[at:at + MAX_PREFILL_CHUNK])
+        self.raw_logits = {}
         if not sample:
             return None
-        if params.repeat_penalty != 1.0 and history is not None:
+        if logprobs:  # before the penalty rewrites them; the sampler's sync completes the copy
+            self.raw_logits[0] = logits[0].copy_to_host(stream=self.m.ctx.nb_stream)
+        if params.penalized and history is not None:
             self.host_history[0] = _ring(history)
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         self.n_sampled = n_sampled
@@ -140,7 +151,8 @@ class CudaBatchEngine(CudaEngine):
     # ------------------------------------------------------------ decode steps of B sequences
 
     def decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        """One decode step of len(rows) sequences -> their sampled tokens (int32, in row order)."""
+        """One decode step of len(rows) sequences -> their sampled tokens (int32, in row order);
+        the raw logits of the rows that ask for logprobs in raw_logits (by row index)."""
         B = len(rows)
         if not 1 <= B <= self.max_batch:
             raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
@@ -148,23 +160,27 @@ class CudaBatchEngine(CudaEngine):
         longest = max(r.pos for r in rows) + 1
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
-        if B == 1 and rows[0].params.repeat_penalty == 1.0:
+        if B == 1 and not rows[0].params.penalized and not rows[0].logprobs:
             return self._decode_one(rows[0])
         self._leave_single()
         greedy = all(r.params.greedy for r in rows)
-        penalty = any(r.params.repeat_penalty != 1.0 for r in rows)
+        penalty = any(r.params.penalized for r in rows)
+        want = [b for b, r in enumerate(rows) if r.logprobs]
+        keep = bool(want) and penalty  # the penalty rewrites the logits in place: copy them first
         self._stage(rows, Bb, penalty)
         plan = self.m.plan.decode_step(longest, 1, Bb)
-        key = (Bb, plan.ctx_bucket, greedy, penalty)
+        key = (Bb, plan.ctx_bucket, greedy, penalty, keep)
         graph = self.batch_graphs.get(key)
         if graph is not None:
             graph.replay()
         else:
-            self._batch_launches(plan, Bb, greedy, penalty)
+            self._batch_launches(plan, Bb, greedy, penalty, keep)
             if self.use_graphs and self.graph_disabled is None:
-                self._capture_batch(key, plan, Bb, greedy, penalty)
+                self._capture_batch(key, plan, Bb, greedy, penalty, keep)
         s = self.m.ctx.nb_stream
         self.b_outs[:Bb].copy_to_host(self.host_outs[:Bb], stream=s)
+        raw = self.m.arena.get("raw_logits" if keep else "logits", (Bb, self.cfg.n_vocab))
+        self.raw_logits = {b: raw[b].copy_to_host(stream=s) for b in want}
         self.m.ctx.sync()
         out = np.array(self.host_outs[:B])
         bad = np.flatnonzero(out & NONFINITE_BIT)
@@ -202,6 +218,7 @@ class CudaBatchEngine(CudaEngine):
             self.reset(r.params)
             self.pos, self.n_sampled, self.single = r.pos, r.n_sampled, key
         token = self.step(r.token)
+        self.raw_logits = {}
         self.last_step = self.m.plan.decode_step(self.m.plan.ctx_bucket(r.pos + 2))
         return np.array([token], np.int32)
 
@@ -238,11 +255,14 @@ class CudaBatchEngine(CudaEngine):
                     self.host_hist[b] = _ring(r.history)
             self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
 
-    def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool) -> None:
-        """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe)."""
+    def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool, keep: bool = False) -> None:
+        """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe);
+        keep: the raw logits copied to the arena's raw_logits before the penalty."""
         logits = self._forward(plan, last_only=True)
         s = self.m.ctx.nb_stream
         outs, params, steps = self.b_outs[:Bb], self.b_params[:Bb], self.b_steps[:Bb]
+        if keep:
+            self.m.arena.get("raw_logits", logits.shape).copy_to_device(logits, stream=s)
         if penalty:
             sample_penalty.repeat_penalty(logits, self.b_hist[:Bb], params, s)
         if greedy:
@@ -251,8 +271,8 @@ class CudaBatchEngine(CudaEngine):
             sample_kernels.sample(logits, params, steps, outs, self.b_scratch, s)
         flag_nonfinite(logits, outs, s)
 
-    def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool) -> None:
-        self._capture_graph(lambda: self._batch_launches(plan, Bb, greedy, penalty), self.batch_graphs,
+    def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool, keep: bool) -> None:
+        self._capture_graph(lambda: self._batch_launches(plan, Bb, greedy, penalty, keep), self.batch_graphs,
                             key, f"batch decode graph ({Bb} rows)")
 
     @staticmethod

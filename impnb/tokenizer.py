@@ -11,9 +11,9 @@ from tokenizers.models import BPE
 
 from impnb.errors import GGUFError, UnsupportedError
 from impnb.tokenizer_cache import cached_merges
+from impnb.tokenizer_merges import SPIECE_SPACE, MergeTable
 
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-SPIECE_SPACE = "\u2581"
 
 # Token texts llama.cpp's vocab treats as end of generation, whatever the file says.
 EOG_NAMES = frozenset({
@@ -88,8 +88,10 @@ def _byte_level_backend(md: dict) -> tuple[Backend, dict[str, int]]:
     return backend, vocab
 
 
-def _sentencepiece_backend(md: dict, gemma: bool) -> tuple[Backend, dict[str, int]]:
-    """SentencePiece-style BPE with byte fallback; merges come from the file or are rebuilt.
+def _sentencepiece_backend(md: dict, gemma: bool, text: str | None) -> tuple[Backend, dict[str, int], bool]:
+    """SentencePiece-style BPE with byte fallback; merges come from the file or are rebuilt; with
+    `text`, rebuilt merges are only those it can meet (tokenizer_merges.py), and the flag returned
+    says so (the backend then encodes that text only as the whole one would).
 
     Gemma spells multi-space tokens with real spaces and ranks merges by vocabulary order (HF's
     `gemma_tokenizer`); other llama vocabularies rank by score and prefix the first word with a space.
@@ -97,16 +99,22 @@ def _sentencepiece_backend(md: dict, gemma: bool) -> tuple[Backend, dict[str, in
     tokens = md["tokenizer.ggml.tokens"]
     if gemma:
         tokens = [SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
+    vocab = dict(zip(tokens, range(len(tokens))))
+    partial = False
     if "tokenizer.ggml.merges" in md:
         merges = [tuple(m.split(" ")) for m in md["tokenizer.ggml.merges"]]
-    elif gemma:
-        merges = cached_merges(tokens, vocab, b"gemma: vocabulary order", lambda: derived_merges(
-            vocab, {tok: -i for i, tok in enumerate(tokens)}))
     else:
-        scores = md["tokenizer.ggml.scores"]
-        merges = cached_merges(tokens, vocab, np.asarray(scores, np.float64).tobytes(),
-                               lambda: derived_merges(vocab, dict(zip(tokens, scores))))
+        if gemma:
+            triples = cached_merges(tokens, vocab, b"gemma: vocabulary order", lambda: derived_merges(
+                vocab, {tok: -i for i, tok in enumerate(tokens)}))
+        else:
+            scores = md["tokenizer.ggml.scores"]
+            triples = cached_merges(tokens, vocab, np.asarray(scores, np.float64).tobytes(),
+                                    lambda: derived_merges(vocab, dict(zip(tokens, scores))))
+        table = MergeTable(tokens, vocab, triples, "<unk>" if gemma else None)
+        merges = None if text is None else table.for_text(text)
+        partial = merges is not None
+        merges = table.pairs() if merges is None else merges
     steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
         backend = Backend(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
@@ -118,7 +126,7 @@ def _sentencepiece_backend(md: dict, gemma: bool) -> tuple[Backend, dict[str, in
         backend.pre_tokenizer = pre_tokenizers.Metaspace(SPIECE_SPACE, prepend_scheme="first", split=False)
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
-    return backend, vocab
+    return backend, vocab, partial
 
 
 def _add_gguf_tokens(backend: Backend, md: dict, vocab: dict[str, int], byte_level: bool) -> None:
@@ -138,11 +146,32 @@ def _add_gguf_tokens(backend: Backend, md: dict, vocab: dict[str, int], byte_lev
                                 for tok in sorted(named - added)])
 
 
+def _build_backend(md: dict, kind: str, text: str | None) -> tuple[Backend, bool]:
+    """The backend with the file's added tokens, and whether it holds only `text`'s merges."""
+    partial = False
+    try:
+        if kind == "gpt2":
+            backend, vocab = _byte_level_backend(md)
+        else:
+            gemma = md.get("general.architecture") in GEMMA_ARCHS
+            backend, vocab, partial = _sentencepiece_backend(md, gemma, text)
+        _add_gguf_tokens(backend, md, vocab, byte_level=kind == "gpt2")
+    except (TypeError, ValueError, KeyError, IndexError) as e:
+        raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
+    except Exception as e:  # the tokenizers library's own errors: "Token `x` out of vocabulary"
+        if type(e).__module__.split(".")[0] not in ("tokenizers", "builtins"):
+            raise
+        raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
+    return backend, partial
+
+
 class Tokenizer:
     """A GGUF's tokenizer: `encode`, `decode`, and `stream` for incremental detokenization."""
 
     def __init__(self, backend: Backend, kind: str, md: dict):
         self._backend = backend
+        self._built_for = None  # the text whose merges alone the backend holds (from_metadata's for_text)
+        self._build_whole = None
         self.kind = kind
         tokens = md["tokenizer.ggml.tokens"]
         self.vocab_size = len(tokens)
@@ -159,8 +188,13 @@ class Tokenizer:
         self._byte_of = {c: b for b, c in bytes_to_unicode().items()} if kind == "gpt2" else None
 
     @classmethod
-    def from_metadata(cls, metadata: dict) -> "Tokenizer":
-        """Build from GGUF metadata; UnsupportedError for a tokenizer model other than gpt2 or llama."""
+    def from_metadata(cls, metadata: dict, for_text: str | None = None) -> "Tokenizer":
+        """Build from GGUF metadata; UnsupportedError for a tokenizer model other than gpt2 or llama.
+
+        With `for_text` (the one text a caller will encode first), a SentencePiece vocabulary whose
+        merges are rebuilt gets only the merges that text can meet: its ids are the whole
+        tokenizer's, at a fraction of the build; encoding any other text builds the whole one first.
+        """
         kind = metadata.get("tokenizer.ggml.model")
         if kind not in ("gpt2", "llama"):
             raise UnsupportedError(f"tokenizer model {kind!r} is not supported (impnb reads 'gpt2' "
@@ -172,23 +206,23 @@ class Tokenizer:
         for m in metadata.get("tokenizer.ggml.merges", ()):
             if not isinstance(m, str) or m.count(" ") != 1:
                 raise GGUFError(f"tokenizer.ggml.merges entry {m!r:.40} is not two tokens and a space")
-        try:
-            if kind == "gpt2":
-                backend, vocab = _byte_level_backend(metadata)
-            else:
-                gemma = metadata.get("general.architecture") in GEMMA_ARCHS
-                backend, vocab = _sentencepiece_backend(metadata, gemma)
-            _add_gguf_tokens(backend, metadata, vocab, byte_level=kind == "gpt2")
-        except (TypeError, ValueError, KeyError, IndexError) as e:
-            raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
-        except Exception as e:  # the tokenizers library's own errors: "Token `x` out of vocabulary"
-            if type(e).__module__.split(".")[0] not in ("tokenizers", "builtins"):
-                raise
-            raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
-        return cls(backend, kind, metadata)
+        backend, partial = _build_backend(metadata, kind, for_text)
+        tokenizer = cls(backend, kind, metadata)
+        if partial:
+            tokenizer._built_for = for_text
+            tokenizer._build_whole = lambda: _build_backend(metadata, kind, None)[0]
+        return tokenizer
+
+    @property
+    def partial(self) -> bool:
+        """Whether the backend holds only the merges of from_metadata's for_text (until another
+        text is encoded)."""
+        return self._built_for is not None
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; special tokens written in it stay whole; `add_special` adds BOS as HF does."""
+        if self._built_for is not None and text != self._built_for:  # merges for another text only
+            self._backend, self._built_for = self._build_whole(), None
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if add_special:
             ids = [self.bos_id] * self._add_bos + ids + [self.eos_id] * self._add_eos

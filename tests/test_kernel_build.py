@@ -3,7 +3,7 @@ its PTX is checked, nvJitLink's PTX of the same LTO-IR, linked too) within its r
 spills and no stack frame: a local array numba could not keep in registers (an index not known at
 compile time, a loop left rolled) lands on the stack, runs from local memory and is no spill.
 
-Kernel modules list what to build in `BUILD_SIGNATURES`: (kernel, signature, checks) where
+Kernel modules list what to build in `build_signatures()`: (kernel, signature, checks) where
 checks is a dict with optional `max_registers`, `ptx_contains` (instruction substrings) and
 `stack_bytes` (an allowance, commented where it is given). The cubin that runs has its wgmma
 left asynchronous (no ptxas serialization warning).
@@ -23,7 +23,7 @@ def _cases():
     for mod in [*pkgutil.walk_packages(impnb.kernels.__path__, "impnb.kernels."),
                 *pkgutil.iter_modules(tests.probes.__path__, "tests.probes.")]:
         module = importlib.import_module(mod.name)
-        for kernel, sig, checks in getattr(module, "BUILD_SIGNATURES", ()):
+        for kernel, sig, checks in getattr(module, "build_signatures", list)():
             name = getattr(kernel, "__name__", None) or kernel.py_func.__name__
             yield pytest.param(kernel, sig, checks, id=f"{mod.name.removeprefix('impnb.kernels.')}.{name}[{sig}]")
 

@@ -36,7 +36,7 @@ def _scale(y, x, a):
 
 _scale_kernel = cuda.jit(_scale)
 _SCALE_SIG = (F32, F32, types.float32)
-_GEMV_SIG = gemv.BUILD_SIGNATURES[0][1].args  # (Tuple(u32[::1], f16[::1]), f32[:, ::1] x 2, int32)
+_GEMV_SIG = gemv.build_signatures()[0][1].args  # (Tuple(u32[::1], f16[::1]), f32[:, ::1] x 2, int32)
 
 
 def gemv_q8(n_tok=1, span=128):
@@ -48,7 +48,7 @@ def gemv_q8(n_tok=1, span=128):
 def test_key_is_the_same_in_another_process():
     code = ("from gguf import GGMLQuantizationType as T; from impnb.kernels.gemv import gemv; "
             "from impnb.launch.cache import cache_key; "
-            "print(cache_key(gemv.gemv_kernel(T.Q8_0, 1, 128), gemv.BUILD_SIGNATURES[0][1].args, "
+            "print(cache_key(gemv.gemv_kernel(T.Q8_0, 1, 128), gemv.build_signatures()[0][1].args, "
             "(9, 0, 'a')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.split()[-1]
@@ -182,10 +182,10 @@ def _abi_kernel(out, a, i8, u16, i64, f16, f64, flag):
 
 
 ABI_CASES = {
-    "norm": (norm._rms_norm_kernel, norm.BUILD_SIGNATURES[0][1]),
+    "norm": (norm._rms_norm_kernel, norm.build_signatures()[0][1]),
     "gemv_q8_0_tuple": (gemv_q8(), _GEMV_SIG),
-    "embedding_q4_k_tuple": (embedding.embedding_kernel(T.Q4_K), embedding.BUILD_SIGNATURES[1][1].args),
-    "sample_push": (sample_penalty._push_kernel, sample_penalty.BUILD_SIGNATURES[1][1].args),
+    "embedding_q4_k_tuple": (embedding.embedding_kernel(T.Q4_K), embedding.build_signatures()[1][1].args),
+    "sample_push": (sample_penalty._push_kernel, sample_penalty.build_signatures()[1][1].args),
     "scalars": (cuda.jit(_abi_kernel), (types.float64[::1], types.float32[:, :], types.int8,
                                         types.uint16, types.int64, types.float16, types.float64,
                                         types.boolean)),
@@ -281,13 +281,13 @@ def test_programmatic_launch_only_for_kernels_that_wait():
     from impnb.launch.launcher import waits_on_grid
 
     assert not waits_on_grid(cuda.jit(_scale))
-    short = [attention_decode_short.BUILD_SIGNATURES[i] for i in (0, 2, 4)]  # plain, post, cluster
-    pair = [c for c in gemv_stacked.BUILD_SIGNATURES if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
+    short = [attention_decode_short.build_signatures()[i] for i in (0, 2, 4)]  # plain, post, cluster
+    pair = [c for c in gemv_stacked.build_signatures() if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
     assert pair
-    early = [qkv_post.BUILD_SIGNATURES[0], gemv_moe_dp4a.BUILD_SIGNATURES[0], *short, *pair,
-             *(m.BUILD_SIGNATURES[0] for m in (conv1d, gdn_decode, gdn_prefill))]
-    late = (norm.BUILD_SIGNATURES[:2] + attention_decode.BUILD_SIGNATURES[:1] + attention_fa2.BUILD_SIGNATURES[:1]
-            + gemv_moe_dp4a.BUILD_SIGNATURES[1:2])
+    early = [qkv_post.build_signatures()[0], gemv_moe_dp4a.build_signatures()[0], *short, *pair,
+             *(m.build_signatures()[0] for m in (conv1d, gdn_decode, gdn_prefill))]
+    late = (norm.build_signatures()[:2] + attention_decode.build_signatures()[:1]
+            + attention_fa2.build_signatures()[:1] + gemv_moe_dp4a.build_signatures()[1:2])
     for (kernel, sig, _), reads_early in [(c, True) for c in early] + [(c, False) for c in late]:
         assert waits_on_grid(kernel), kernel.py_func.__name__
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))

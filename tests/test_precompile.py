@@ -14,8 +14,8 @@ from impnb.kernels.sample import step_state
 from impnb.launch import cache, launcher, precompile
 
 JOBS = [(cast._cast_f16_kernel, (types.float32[::1], types.float16[::1]), CC),
-        (rows._gather_row_kernel, rows.BUILD_SIGNATURES[0][1].args, CC),
-        (step_state._advance_kernel, step_state.BUILD_SIGNATURES[0][1].args, CC)]
+        (rows._gather_row_kernel, rows.build_signatures()[0][1].args, CC),
+        (step_state._advance_kernel, step_state.build_signatures()[0][1].args, CC)]
 
 
 @pytest.fixture

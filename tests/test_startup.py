@@ -100,3 +100,26 @@ def test_gpu_path_dispatchers_use_the_shared_signatures():
              "from impnb.launch.signatures import pysignature\nprint(dispatcher.utils.pysignature is pysignature)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     assert proc.stdout.strip() == "True", proc.stderr
+
+
+_DISPATCHERS = """
+import sys
+from numba.cuda import dispatcher
+made = []
+init = dispatcher.CUDADispatcher.__init__
+def counting(self, py_func, *args, **kwargs):
+    made.append(py_func.__module__)
+    init(self, py_func, *args, **kwargs)
+dispatcher.CUDADispatcher.__init__ = counting
+import impnb.engine_cuda, impnb.engine_batch, impnb.warmup
+print(len(made))
+"""
+
+
+def test_gpu_path_import_makes_few_dispatchers():
+    """Importing the CUDA engines makes kernels' dispatchers only for module-level @cuda.jit
+    functions: the factory kernels (GEMV variants, attention tables, the build checks' lists)
+    are made at their first use, not at import (6282 dispatchers when they were)."""
+    proc = subprocess.run([sys.executable, "-c", _DISPATCHERS], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) < 400

@@ -250,7 +250,7 @@ def test_merges_cache_hit_equals_derivation_and_corrupt_entries_are_rebuilt(tmp_
         return real(tokens, vocab, rank, lambda: calls.append(1) or derive())
 
     monkeypatch.setattr("impnb.tokenizer.cached_merges", counting)
-    out_of_range = np.array([[0, 10**6]], "<i4").tobytes()
+    out_of_range = np.array([[0, 1, 10**6]], "<i4").tobytes()
     for damage in (None, b"junk", files[0].read_bytes()[:-3], files[0].read_bytes()[:-8] + b"\xff" * 8,
                    tokenizer_cache.MAGIC + hashlib.sha256(out_of_range).digest() + out_of_range):
         if damage is not None:
@@ -265,6 +265,10 @@ def test_merges_cache_hit_equals_derivation_and_corrupt_entries_are_rebuilt(tmp_
     calls.clear()
     Tokenizer.from_metadata(metadata)
     assert calls == [1]  # other scores, other key
+    metadata["tokenizer.ggml.tokens"] = [*metadata["tokenizer.ggml.tokens"][:-1], "<thinking>"]
+    calls.clear()
+    Tokenizer.from_metadata(metadata)
+    assert calls == [1]  # another token's text, another key
 
 
 def test_merges_cache_dir_that_cannot_be_written(tmp_path, monkeypatch):
@@ -273,3 +277,52 @@ def test_merges_cache_dir_that_cannot_be_written(tmp_path, monkeypatch):
     monkeypatch.setenv("IMPNB_CACHE_DIR", str(blocker / "kernels"))
     tok = Tokenizer.from_metadata(tiny_llama_metadata())
     assert tok.decode(tok.encode("ab ab")) == "<s> ab ab"
+
+
+def test_built_for_one_text_encodes_it_as_the_whole_tokenizer(tmp_path, monkeypatch):
+    """from_metadata(for_text=...) on a SentencePiece vocabulary with derived merges: that text's
+    ids are the whole tokenizer's (and HF's), and any other text builds the whole one first."""
+    monkeypatch.setenv("IMPNB_CACHE_DIR", str(tmp_path / "kernels"))
+    metadata = tiny_llama_metadata()
+    whole, hf = Tokenizer.from_metadata(metadata), hf_tokenizer_for(metadata, tmp_path)
+    assert not whole.partial
+    for text in TINY_TEXTS:
+        tok = Tokenizer.from_metadata(metadata, for_text=text)
+        assert tok.partial
+        assert tok.encode(text) == whole.encode(text) == hf(text).input_ids, text
+        assert tok.partial
+        other = text + " ab b"
+        assert tok.encode(other) == whole.encode(other) and not tok.partial
+
+
+def test_merge_table_for_a_text_keeps_rank_order_and_byte_merges():
+    from impnb.tokenizer_merges import MergeTable
+
+    tokens = ["<unk>", "<0x41>", "a", "b", "ab", "\u2581a", "\u2581", "ba", "<0x41>a", "bab"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    triples = np.array([(vocab[x], vocab[y], vocab[x + y]) for x, y in
+                        [("b", "a"), ("a", "b"), ("<0x41>", "a"), ("\u2581", "a"), ("b", "ab")]], np.int32)
+    table = MergeTable(tokens, vocab, triples, "<unk>")
+    assert table.pairs() == [("b", "a"), ("a", "b"), ("<0x41>", "a"), ("\u2581", "a"), ("b", "ab")]
+    # "ab a": pieces ab, "b\u2581", ... and "\u2581a" (a space before a); never "ba" nor "bab"
+    assert table.for_text("ab a") == [("a", "b"), ("<0x41>", "a"), ("\u2581", "a")]
+    assert table.for_text("a") == [("<0x41>", "a"), ("\u2581", "a")]  # a word-initial "\u2581a"
+    assert table.for_text("x" * 100_000) is None  # too long to search: the whole table
+
+
+@pytest.mark.slow
+def test_real_tokenizers_built_for_one_text_and_from_the_cache(tmp_path, monkeypatch):
+    """Both real models: a tokenizer built for one text gives HF's ids for it; Gemma3's derived
+    merges, derived into an empty cache and read back from it, give the same ids."""
+    monkeypatch.setenv("IMPNB_CACHE_DIR", str(tmp_path / "kernels"))
+    for name in ("smollm2", "gemma3"):
+        path = model_path(name)
+        md, hf = open_model_file(path).metadata, hf_tokenizer(path)
+        derived = Tokenizer.from_metadata(md)  # an empty cache: derived (Gemma3), then written
+        cached = Tokenizer.from_metadata(md)
+        for text in CORPUS:
+            tok = Tokenizer.from_metadata(md, for_text=text)
+            assert tok.partial == (name == "gemma3")
+            ids = tok.encode(text)
+            assert ids == derived.encode(text) == cached.encode(text) == hf(text).input_ids, text
+    assert len(list((tmp_path / "tokenizers").iterdir())) == 1  # Gemma3's; SmolLM2 has its merges

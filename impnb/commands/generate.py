@@ -2,7 +2,6 @@
 
 import sys
 
-from impnb.chat import GEMMA_ARCHS, render_chat
 from impnb.errors import ParameterError
 from impnb.generate import Stats
 from impnb.gguf_file import open_model_file
@@ -43,26 +42,28 @@ def _prompt_text(args) -> str:
 
 def _note_fallback_template(mf) -> None:
     """Say on stderr when --chat uses impnb's built-in template because the file has none."""
+    from impnb.chat import GEMMA_ARCHS
+
     if not mf.get("tokenizer.chat_template") and mf.arch in GEMMA_ARCHS:
         print(f"impnb: note: {mf.path} has no chat template; --chat falls back to impnb's built-in "
               f"Gemma 3 template (google/gemma-3's), which a base model that was not instruction-tuned "
               f"may not follow", file=sys.stderr)
 
 
-def _prompt_ids(args, mf, tokenizer) -> list[int]:
+def _prompt_for_tokenizer(args, mf) -> tuple[str, bool]:
+    """(the text to encode, whether BOS/EOS are added): the prompt, or its chat rendering."""
     text = _prompt_text(args)
     if args.chat:
+        from impnb.chat import render_chat  # jinja2: only for --chat
+
         _note_fallback_template(mf)
         system = _utf8_text(args.system, "--system") if args.system else None
         messages = ([{"role": "system", "content": system}] if system else [])
         messages.append({"role": "user", "content": text})
-        return tokenizer.encode(render_chat(mf.metadata, messages), add_special=False)
+        return render_chat(mf.metadata, messages), False
     if args.system:
         raise ParameterError("--system needs --chat")
-    ids = tokenizer.encode(text)
-    if not ids:
-        raise ParameterError("the prompt is empty")
-    return ids
+    return text, True
 
 
 def run(args) -> int:
@@ -70,19 +71,26 @@ def run(args) -> int:
         raise ParameterError(f"--max-tokens must be > 0, got {args.max_tokens}")
     if args.ctx <= 0:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
+    if getattr(args, "rank", None) is not None and args.prompt is None:  # every rank reads the same prompt
+        raise ParameterError(f"--tp {args.rank.world} takes the prompt as an argument, not on stdin")
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
-                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
+                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty).validate()
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
-    tokenizer = Tokenizer.from_metadata(mf.metadata)
-    ids = _prompt_ids(args, mf, tokenizer)
+    text, add_special = _prompt_for_tokenizer(args, mf)
+    tokenizer = Tokenizer.from_metadata(mf.metadata, for_text=text)  # built for the one text it encodes
+    ids = tokenizer.encode(text, add_special=add_special)
+    if not ids:
+        raise ParameterError("the prompt is empty")
     n_ctx = min(args.ctx, cfg.n_ctx)
     if len(ids) >= n_ctx:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
     # the engine every caller shares; one sequence: on the GPU the single-sequence CUDA engine as a
     # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
     runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
-                         max_num_seqs=1)
+                         max_num_seqs=1, tp=args.rank)
     engine = LLMEngine(runner, tokenizer, n_ctx)
     request = engine.add_request(ids, params)
     while engine.has_unfinished_requests():

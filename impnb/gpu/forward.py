@@ -21,6 +21,11 @@ attn_output and ffn_down (the experts' fused down) add into x (two kernels a lay
 separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). The MoE
 router runs in attn_output's launch where gpu/weights.py folds it (ROUTER_FOLD): attn_output
 then writes x + o out of place, into a spare buffer that becomes x.
+Under tensor parallelism (m.tp; impnb/parallel) each rank holds a slice of the heads and of the
+FFN width, so attn_output and ffn_down (the experts' down) give partial sums: they are
+all-reduced on the model's stream before the residual update (fused decode: rank 0 adds its
+partial into x, the others write theirs in x's place, and x is all-reduced; no router fold);
+the logits of a slice of the vocabulary each are all-gathered (m.vocab_split).
 """
 
 import numpy as np
@@ -68,12 +73,15 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         attn = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
-        m.mm.linear(attn, lw.attn.o, o, residual=_residual(m, x, h, lw.attn.post_norm, lw.ffn.norm))
+        res = _residual(m, x, h, lw.attn.post_norm, lw.ffn.norm)
+        m.mm.linear(attn, lw.attn.o, o, residual=_local(m, res))
+        _reduced(m, o, res)
         res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
         if spec.ffn == "moe":
             moe_ffn(m, h, lw.ffn, o, res)
         else:
-            _dense_ffn(m, h, lw.ffn, o, residual=res)
+            _dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
+            _reduced(m, o, res)
     return _logits(m, h, step, last_only, last_row, None)
 
 
@@ -89,11 +97,13 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
             x, spare = spare, x
             continue
-        m.mm.linear(attn, lw.attn.o, x, accumulate=True, xq=xq)
+        m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
+        m.all_reduce(x)
         if spec.ffn == "moe":
             (moe_ffn_grouped_decode if grouped else moe_ffn_decode)(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
-            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
+            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
+            m.all_reduce(x)
     return _logits(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
@@ -144,7 +154,20 @@ def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     elif last_only and step.batch == 1:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
-    m.mm.linear(rows, m.output, logits, norm_w)
+    if not m.vocab_split:
+        m.mm.linear(rows, m.output, logits, norm_w)
+        return logits
+    R, N, V = rows.shape[0], m.tp.world, m.cfg.n_vocab
+    part = a.get("logits_part", (R, V // N))  # this rank's slice of the vocabulary
+    m.mm.linear(rows, m.output, part, norm_w)
+    if R == 1:  # rank after rank is the row itself
+        m.tp.all_gather(part, logits)
+        return logits
+    parts = a.get("logits_parts", (N, R, V // N))  # (N, R, V / N): teacher-forced rows, eager only
+    m.tp.all_gather(part, parts)
+    for r in range(R):
+        for n in range(N):
+            logits[r, n * (V // N):(n + 1) * (V // N)].copy_to_device(parts[n, r], stream=m.ctx.nb_stream)
     return logits
 
 
@@ -161,6 +184,19 @@ def _dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, re
         m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
     m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual)
+
+
+def _local(m, res: Residual) -> Residual | None:
+    """The residual update a linear may apply itself: none under tensor parallelism, where its
+    output is a partial sum until all-reduced (_reduced applies it then)."""
+    return res if m.tp is None else None
+
+
+def _reduced(m, o, res: Residual) -> None:
+    """Under tensor parallelism: o = its sum over the ranks, then the residual update on it."""
+    if m.tp is not None:
+        m.all_reduce(o)
+        res.unfused(o, m.ctx.nb_stream)
 
 
 def _residual(m, x, h, post_norm, next_norm) -> Residual:

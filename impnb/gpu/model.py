@@ -23,6 +23,7 @@ from impnb.kernels.attention.rope import rope_inv_freq
 from impnb.kernels.moe.moe import check_experts
 from impnb.models import architecture
 from impnb.models.validate import validate_model
+from impnb.parallel.shard import RankFile, rank_config, splits_vocab
 from impnb.tuning import MAX_PREFILL_CHUNK, Overrides
 
 HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS workspace, scratch
@@ -39,15 +40,29 @@ class DeviceModel:
 
     kv_tokens: the KV pools' size in tokens (default n_ctx: one sequence's whole context);
     max_seqs: the sequences a step may take (the rows of kv.tables).
+
+    tp: the tensor-parallel group (impnb/parallel/group.TensorParallel) this rank runs in, or
+    None: the rank then holds its slices of the weights (parallel/shard.py), cfg has its head and
+    FFN counts (full_cfg the model's), and forward all-reduces the outputs of attn_output and
+    ffn_down (all_reduce) on the model's stream; with vocab_split the logits' Linear holds the
+    rank's slice of the vocabulary and forward all-gathers the logits.
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
-                 kv_tokens: int | None = None, max_seqs: int = 1):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None):
         arch = architecture(mf)
         if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
             raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
-        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
+        self.full_cfg = cfg = validate_model(mf, n_ctx, device="cuda")
+        self.tp = tp
+        self.vocab_split = tp is not None and splits_vocab(cfg, tp.world)  # output: the rank's V / N rows
+        self.expert_range = None  # (first, count) of the rank's experts where split by whole experts
+        if tp is not None:  # this rank's slices and counts
+            mf = RankFile(mf, cfg, tp.world, tp.rank)
+            cfg = rank_config(cfg, tp.world, mf.expert_split)
+            self.expert_range = mf.expert_range
+        self.cfg = cfg
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
         unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
         if unknown:
@@ -66,7 +81,8 @@ class DeviceModel:
         self.ctx.check_fits(need, "the weights and KV cache")
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
-        self.router_folds = weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
+        # the fold routes on attn_output's partial sums: not under tensor parallelism
+        self.router_folds = {} if tp else weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
         self.blk = layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning)
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
@@ -78,6 +94,18 @@ class DeviceModel:
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)
+
+    def all_reduce(self, buf) -> None:
+        """buf = its sum over the tensor-parallel ranks (in place, on the model's stream); nothing
+        without tensor parallelism."""
+        if self.tp is not None:
+            self.tp.all_reduce(buf)
+
+    @property
+    def reduce_leader(self) -> bool:
+        """Whether this rank's partial sums add into the residual (rank 0, or no tensor
+        parallelism); the other ranks write theirs in its place before the all-reduce."""
+        return self.tp is None or self.tp.leader
 
     def dp4a_linears(self) -> list:
         """The names of the Linears whose decode GEMVs take gemv_dp4a (for logs and tests)."""

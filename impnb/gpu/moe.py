@@ -17,6 +17,9 @@
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
       out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                 (moe_combine)
+Under tensor parallelism the experts are split by width, or by whole experts (m.expert_range:
+the routed slots made local to the rank, kernels/moe/expert_shard.py); either way each rank's
+sum is partial and all-reduced after the down.
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -33,6 +36,7 @@ from impnb.kernels.elementwise import norm as norm_fn
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.moe.expert_shard import localize
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
 from impnb.tuning import GEMV_MAX_ROWS
@@ -50,9 +54,13 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
     weights = a.get("moe_weights", (T, k))
     m.mm.linear_f32(h, ex.router, logits)
     moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
+    if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
+        localize(experts, weights, *m.expert_range, s)
+        E = m.expert_range[1]
     glu = (ex.gate_up,) if ex.gate_up is not None else (ex.gate, ex.up)
     _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
+    m.all_reduce(out)  # each rank's experts are a slice of every expert's width
     residual.unfused(out, s)
 
 
@@ -66,6 +74,8 @@ def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
     gemv_route.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
                     experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
+    if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
+        localize(experts, weights, *m.expert_range, s)
     _experts_decode(m, x, ex, norm, xq, experts, weights)
 
 
@@ -114,10 +124,12 @@ def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> Non
         gemv_dp4a_experts(ex.gate_up, 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
         _experts_glu_gemv(m, x, norm, ex, slots, k, act)
+    # under tensor parallelism rank 0 adds its partial sum into x, the others write theirs there
     if ex.down_dp4a:
-        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
     else:
-        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
+    m.all_reduce(x)
 
 
 def _experts_glu_gemv(m, x, norm: tuple, ex: Experts, slots, k: int, act) -> None:

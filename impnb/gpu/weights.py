@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as T
 from impnb.gguf_file import ModelFile
 from impnb.gpu import gemm_dispatch, gemv_dispatch
 from impnb.kernels.common import repack
+from impnb.kernels.common.repack_device import repack_on_device
 from impnb.kernels.gemv import gemv_dp4a_units, gemv_stream
 from impnb.kernels.moe.router_fold import Fold, fold_ref
 from impnb.models.config import ModelConfig
@@ -101,8 +102,8 @@ def upload(mf: ModelFile, cfg: ModelConfig, ctx, tuning: Overrides) -> dict:
 
 def upload_matrix(ctx, name: str, ts, ggml_type=None) -> repack.PackedWeight:
     """Rows of ts stacked, repacked in ggml_type (default: theirs; F16 where no kernel reads
-    it); expert tensors (E, rows, cols) are stacked per expert: expert e's rows of every t,
-    then e + 1's."""
+    it) on the device; expert tensors (E, rows, cols) are stacked per expert: expert e's rows of
+    every t, then e + 1's."""
     ggml_type = ggml_type or ts[0].ggml_type
     if ggml_type in repack.PACKED_TYPES:
         if any(t.ggml_type != ggml_type for t in ts):
@@ -112,8 +113,11 @@ def upload_matrix(ctx, name: str, ts, ggml_type=None) -> repack.PackedWeight:
         log.info("%s: %s has no GPU kernel; converted to F16 at load", name, ggml_type.name)
         arrays = [t.dequantize().reshape(t.data.shape[:-1] + (-1,)).astype(np.float16) for t in ts]
         ggml_type = T.F16
-    data = np.concatenate(arrays, axis=-2)
-    return repack.repack(data.reshape(-1, data.shape[-1]), ggml_type).to_device(ctx.nb_stream)
+    data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-2)
+    data = data.reshape(-1, data.shape[-1])
+    if ctx.simulator:  # the split kernel would simulate a thread a byte
+        return repack.repack(data, ggml_type).to_device(ctx.nb_stream)
+    return repack_on_device(data, ggml_type, ctx.nb_stream)
 
 
 def router_folds(mf: ModelFile, cfg: ModelConfig, ctx, lin: dict, tuning: Overrides) -> dict:

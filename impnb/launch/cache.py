@@ -78,8 +78,14 @@ def _file_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+@lru_cache(maxsize=None)
+def _kernel_files() -> tuple[str, ...]:
+    """impnb/kernels' source files, listed once a process (a start computes ~100 kernels' keys)."""
+    return tuple(sorted(str(p) for p in KERNELS_DIR.rglob("*.py")))
+
+
 def sources_digest(py_func) -> str:
-    files = {str(p) for p in KERNELS_DIR.rglob("*.py")}
+    files = set(_kernel_files())
     if os.path.isfile(py_func.__code__.co_filename):
         files.add(py_func.__code__.co_filename)
     return hashlib.sha256(" ".join(_file_digest(f) for f in sorted(files)).encode()).hexdigest()
@@ -123,8 +129,7 @@ def cubin_path(kernel, key: str) -> Path:
 
 def kernels_digest() -> str:
     """SHA-256 of every kernel source file (what a model's set of kernels is built from)."""
-    files = sorted(str(p) for p in KERNELS_DIR.rglob("*.py"))
-    return hashlib.sha256(" ".join(_file_digest(f) for f in files).encode()).hexdigest()
+    return hashlib.sha256(" ".join(_file_digest(f) for f in _kernel_files()).encode()).hexdigest()
 
 
 def get_cubin(kernel, sig: tuple, cc: tuple) -> bytes:

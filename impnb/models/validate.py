@@ -227,7 +227,7 @@ def check_tokenizer_keys(mf: ModelFile, n_vocab: int) -> None:
         if key not in md:
             continue
         value = md[key]
-        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+        if not isinstance(value, list) or not all(issubclass(t, kind) for t in set(map(type, value))):
             raise GGUFError(f"{mf.path}: metadata {key} is not an array of "
                             f"{'strings' if kind is str else 'numbers'}")
         if name != "merges" and len(value) != n_vocab:

@@ -9,6 +9,7 @@ host reads each token."""
 import numpy as np
 
 from impnb.devices import engine_class
+from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.models import load_reference
 from impnb.models.paged_kv_cache import PagedKVPool
@@ -23,18 +24,25 @@ CPU_POOL_CONTEXTS = 2  # the CPU pool's default size, in contexts
 
 def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens: int | None = None,
                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True,
-                gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None) -> ModelRunner:
-    """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE)."""
+                gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None, tp=None) -> ModelRunner:
+    """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE); tp:
+    this process's tensor-parallel rank (impnb/parallel/ranks.Rank; one sequence on the GPU)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch)
+    if tp is not None and cls.device != "cuda":
+        raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
+    if tp is not None and max_num_seqs != 1:
+        raise ParameterError(f"--tp {tp.world} runs one sequence at a time (the batched engine has no "
+                             f"tensor parallelism yet)")
     if cls.device == "cuda":
         from impnb.warmup import prepare
 
-        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
+        if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
+            prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
         if max_num_seqs == 1:
             from impnb.serve.single_runner import SingleSequenceRunner
 
-            return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
+            return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)
         return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
                              max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
     if not PagedKVPool.holds(cfg):  # recurrent state, per-layer or shared K/V: one sequence at a time

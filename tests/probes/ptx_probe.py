@@ -244,26 +244,31 @@ def _quant_sigs():
 
 
 _MMA_SIG = types.void(_U32_2D, _U32_2D, F32_2D, F32_2D)
-BUILD_SIGNATURES = [
-    (mma_f16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]}),
-    (mma_bf16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]}),
-    *[(ldmatrix_probe(n, tr), types.void(_U32_1D, _I32_1D, _U32_2D),
-       {"ptx_contains": [f"ldmatrix.sync.aligned.m8n8.x{n}{'.trans' if tr else ''}.shared.b16"]})
-      for n in (1, 2, 4) for tr in (False, True)],
-    (cp_async_probe, types.void(_U32_1D, _I32_1D, _I32_1D, _U32_1D),
-     {"ptx_contains": ["cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group 1",
-                       "cp.async.wait_all", "ld.shared.v4.u32", "st.global.v4.u32"]}),
-    (global_v4_probe, types.void(_U32_1D, _U32_1D, _F32_1D, _F32_1D),
-     {"ptx_contains": ["ld.global.v4.u32", "st.global.v4.u32", "st.global.v2.f32"]}),
-    (shared_v4_probe, types.void(_U32_1D, _I32_1D, _U32_2D, _U32_2D),
-     {"ptx_contains": ["st.shared.v4.u32", "ld.shared.v4.u32", "cvta.to.shared.u64"]}),
-    (cluster_probe, types.void(F32_2D, types.float32[:, :, ::1]),
-     {"ptx_contains": ["barrier.cluster.arrive.release", "barrier.cluster.wait.acquire",
-                       "mapa.shared::cluster.u32", "ld.shared::cluster.f32"]}),
-    (pack_probe, types.void(_F32_1D, _U32_1D, _U32_1D),
-     {"ptx_contains": ["cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32"]}),
-    *[(tile_frag_probe(*t[:4]), types.void(F16_2D, F16_2D, _U32_4D, _U32_4D, _U32_2D),
-       {"ptx_contains": ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global"]})
-      for t in (F16_TILE, SMALL_TILE)],
-    *_quant_sigs(),
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (mma_f16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]}),
+        (mma_bf16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]}),
+        *[(ldmatrix_probe(n, tr), types.void(_U32_1D, _I32_1D, _U32_2D),
+           {"ptx_contains": [f"ldmatrix.sync.aligned.m8n8.x{n}{'.trans' if tr else ''}.shared.b16"]})
+          for n in (1, 2, 4) for tr in (False, True)],
+        (cp_async_probe, types.void(_U32_1D, _I32_1D, _I32_1D, _U32_1D),
+         {"ptx_contains": ["cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group 1",
+                           "cp.async.wait_all", "ld.shared.v4.u32", "st.global.v4.u32"]}),
+        (global_v4_probe, types.void(_U32_1D, _U32_1D, _F32_1D, _F32_1D),
+         {"ptx_contains": ["ld.global.v4.u32", "st.global.v4.u32", "st.global.v2.f32"]}),
+        (shared_v4_probe, types.void(_U32_1D, _I32_1D, _U32_2D, _U32_2D),
+         {"ptx_contains": ["st.shared.v4.u32", "ld.shared.v4.u32", "cvta.to.shared.u64"]}),
+        (cluster_probe, types.void(F32_2D, types.float32[:, :, ::1]),
+         {"ptx_contains": ["barrier.cluster.arrive.release", "barrier.cluster.wait.acquire",
+                           "mapa.shared::cluster.u32", "ld.shared::cluster.f32"]}),
+        (pack_probe, types.void(_F32_1D, _U32_1D, _U32_1D),
+         {"ptx_contains": ["cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32"]}),
+        *[(tile_frag_probe(*t[:4]), types.void(F16_2D, F16_2D, _U32_4D, _U32_4D, _U32_2D),
+           {"ptx_contains": ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global"]})
+          for t in (F16_TILE, SMALL_TILE)],
+        *_quant_sigs(),
+    ]

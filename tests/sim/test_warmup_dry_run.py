@@ -15,8 +15,10 @@ SHAPES = {"qwen3": Shape("qwen3", 1, 256, 512, 4, 2, 64, 512),
           "qwen3moe": Shape("qwen3moe", 1, 256, 512, 4, 2, 64, 512, 8, 2, 128)}
 
 
+@pytest.mark.parametrize("tp_world", [1, 2], ids=["tp1", "tp2"])
 @pytest.mark.parametrize("arch", SHAPES)
-def test_dry_run_records_every_phase_and_launches_nothing(arch, tmp_path, monkeypatch):
+def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_path, monkeypatch):
+    """(tp2: a tensor-parallel rank's load and steps, its collectives inert.)"""
     path = tmp_path / f"{arch}.gguf"
     write_full_gguf(path, SHAPES[arch], "Q8_0")
     monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
@@ -28,7 +30,7 @@ def test_dry_run_records_every_phase_and_launches_nothing(arch, tmp_path, monkey
         self.jobs.setdefault(kernel.__name__, (kernel, None))
 
     monkeypatch.setattr(precompile.Recorder, "__call__", note)
-    rec = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""))
+    rec = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), tp_world)
     names = set(rec.jobs)
     assert {"_embedding_kernel", "_argmax_kernel", "_pick_kernel", "_penalty_kernel", "_push_kernel",
             "_advance_kernel", "_gather_row_kernel"} <= names  # prompt, sampler, graph body

@@ -9,6 +9,7 @@ Numpy reference: attention.attention_ref.
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from numba import cuda
@@ -369,8 +370,13 @@ def _make_split_kernel(D: int, RM: int, capped: bool):
     return cuda.jit(split_kernel)
 
 
-_SPLIT_KERNELS = {(D, RM, capped): _make_split_kernel(D, RM, capped)
-                  for D in HEAD_DIMS for RM in ROW_TILES[D] for capped in (False, True)}
+SPLIT_KEYS = tuple((D, RM, capped) for D in HEAD_DIMS for RM in ROW_TILES[D] for capped in (False, True))
+
+
+@lru_cache(maxsize=None)
+def split_kernel(key: tuple):
+    """The split kernel of SPLIT_KEYS' key (D, RM, capped), made at its first use."""
+    return _make_split_kernel(*key)
 
 
 # ---------------------------------------------------------------- host side
@@ -448,7 +454,7 @@ def attention_decode(q, k_pool, v_pool, block_table, pos, out, partials, counter
     n_groups = -(-(H // Hkv * T) // rm)
     win = np.int32(window or 0)
     assert counters.shape[0] == B and counters.shape[1] >= Hkv * n_groups, "counters shape"
-    launch(_SPLIT_KERNELS[(D, rm, bool(softcap))], (n_splits, Hkv * n_groups, B), NT, stream,
+    launch(split_kernel((D, rm, bool(softcap))), (n_splits, Hkv * n_groups, B), NT, stream,
            q, k_pool.view(np.uint32), v_pool.view(np.uint32), block_table, pos, partials, counters,
            out, np.float32(scale), win, np.float32(softcap or 0.0),
            np.int32(split_keys or min_chunk(D)), np.int32(k_pool.shape[1].bit_length() - 1))
@@ -460,6 +466,11 @@ _I2 = types.int32[:, ::1]
 _PART = types.float32[:, :, :, :, ::1]
 _SPLIT_SIG = (_Q, _POOL, _POOL, _I2, _I2, _PART, _I2, _Q, types.float32, types.int32, types.float32,
               types.int32, types.int32)
-BUILD_SIGNATURES = [
-    (kernel, _SPLIT_SIG, {"max_registers": 255}) for kernel in _SPLIT_KERNELS.values()
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (split_kernel(key), _SPLIT_SIG, {"max_registers": 255}) for key in SPLIT_KEYS
+    ]

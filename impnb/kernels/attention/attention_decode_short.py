@@ -14,6 +14,7 @@ Numpy reference: attention.attention_ref.
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from numba import cuda
@@ -364,12 +365,18 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
 # qkv_post fused (post) without softcap, as decode runs it; softcap and post variants up to 8
 # warps: at 16 the 128-register cap makes them spill; clusters of S blocks a row without softcap;
 # the output's int8 form (quant) without softcap
-_KERNELS = {(D, NW, capped, post, S, quant): _make_kernel(D, NW, capped, post, S, quant)
-            for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
-            for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8
-                                 else ((False, False),))
-            for S in (SPLITS if not capped else (1,))
-            for quant in ((False,) if capped else (False, True))}
+KERNEL_KEYS = tuple(
+    (D, NW, capped, post, S, quant)
+    for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
+    for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8 else ((False, False),))
+    for S in (SPLITS if not capped else (1,))
+    for quant in ((False,) if capped else (False, True)))
+
+
+@lru_cache(maxsize=None)
+def short_kernel(key: tuple):
+    """The kernel of KERNEL_KEYS' key (D, NW, capped, post, S, quant), made at its first use."""
+    return _make_kernel(*key)
 
 
 # ---------------------------------------------------------------- host side
@@ -417,7 +424,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     warps = warps or (8 if softcap or post or splits > 1 else 16)
     key = (D, warps, bool(softcap), bool(post), splits, xq is not None)
-    assert key in _KERNELS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}, splits {splits}"
+    assert key in KERNEL_KEYS, f"warps {warps} at head dim {D}, softcap {softcap}, post {bool(post)}, splits {splits}"
     if xq is not None:
         assert xq.q.shape == (B * T, H * D // 4) and xq.d.shape == xq.s.shape == (B * T, H * D // GROUP)
     flat = out.reshape(B * T * H, D)
@@ -438,7 +445,7 @@ def attention_decode_short(q, k_pool, v_pool, block_table, pos, out, scale: floa
             q_norm = k_norm = inv_freq[0]  # unread
         args += (k_new, v_new, inv_freq, np.int32(bool(neox)), q_norm, k_norm, np.float32(eps),
                  np.int32(use_norm))
-    launch(_KERNELS[key], (H * T, B, splits), warps * 32, stream, *args,
+    launch(short_kernel(key), (H * T, B, splits), warps * 32, stream, *args,
            cluster=(1, 1, splits) if splits > 1 else None)
 
 
@@ -449,9 +456,14 @@ _F1 = types.float32[::1]
 _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float32, types.int32,
         types.uint32[:, ::1], types.float32[:, ::1], types.float32[:, ::1])
 _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
-BUILD_SIGNATURES = [(kernel, _POST_SIG if post else _SIG,
-                     {"max_registers": min(255, 65536 // (nw * 32)),
-                      "stack_bytes": SIN_COS_STACK if post else 0,
-                      "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
-                    for (d, nw, _, post, S, quant), kernel in _KERNELS.items()
-                    if (S == 1 or (nw == 8 and S in (2, 8))) and (not quant or (d == 128 and nw in (8, 16)))]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(short_kernel(key), _POST_SIG if post else _SIG,
+             {"max_registers": min(255, 65536 // (nw * 32)),
+              "stack_bytes": SIN_COS_STACK if post else 0,
+              "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
+            for key in KERNEL_KEYS for d, nw, _, post, S, quant in (key,)
+            if (S == 1 or (nw == 8 and S in (2, 8))) and (not quant or (d == 128 and nw in (8, 16)))]

@@ -415,11 +415,16 @@ def kernel_sig(bf16: bool = False):
 
 FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"]
+
+
 # every tiling at page size 32 (the page size only changes the block-table shift and mask); the
 # default tiling in bf16 too
-BUILD_SIGNATURES = [(fa2_kernel(D, *cfg, 32), kernel_sig(), {"max_registers": 255, "ptx_contains": FA2_PTX})
-                    for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})] + [
-    (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
-     {"max_registers": 255,
-      "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
-    for D in HEAD_DIMS]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(fa2_kernel(D, *cfg, 32), kernel_sig(), {"max_registers": 255, "ptx_contains": FA2_PTX})
+                        for cfg, D in sorted({(TILINGS[t][D], D) for t in TILINGS for D in HEAD_DIMS})] + [
+        (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
+         {"max_registers": 255,
+          "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
+        for D in HEAD_DIMS]

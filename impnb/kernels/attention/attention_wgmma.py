@@ -327,11 +327,14 @@ def attention_wgmma(q, k_pool, v_pool, block_table, pos, out, scale: float,
 
 # Each head dim's form, the LTO cubin that runs, fp16 and bf16; the fp16 one's PTX too
 # (compile_ptx + link, where libdevice's tanh stays an extern call; LTO inlines it)
-BUILD_SIGNATURES = [] if wg.SIM else [
-    (wgmma_attention_kernel(D, 32, f, bf16), kernel_sig(bf16),
-     {"max_registers": f.regs} if bf16 else
-     {"max_registers": f.regs,
-      "ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{f.bn}k16.f32.f16.f16",
-                       f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
-    for D, f in FORMS.items() for bf16 in (False, True)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [] if wg.SIM else [
+        (wgmma_attention_kernel(D, 32, f, bf16), kernel_sig(bf16),
+         {"max_registers": f.regs} if bf16 else
+         {"max_registers": f.regs,
+          "ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{f.bn}k16.f32.f16.f16",
+                           f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.f16.f16", *FA2_PTX[3:]]})
+        for D, f in FORMS.items() for bf16 in (False, True)
+    ]

@@ -128,8 +128,13 @@ def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, blo
 _F3 = types.float32[:, :, ::1]
 _F1 = types.float32[::1]
 _H4 = types.float16[:, :, :, ::1]
-BUILD_SIGNATURES = [
-    (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
-                        _F1, types.float32, types.int32, types.int32[:, ::1], types.int32, _H4, _H4),
-     {"max_registers": 64, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_qkv_post_kernel, (_F3, _F3, _F3, types.int32[::1], types.float32[:, ::1], types.int32, _F1,
+                            _F1, types.float32, types.int32, types.int32[:, ::1], types.int32, _H4, _H4),
+         {"max_registers": 64, "ptx_contains": ("cvt.rn.f16.f32",), "stack_bytes": SIN_COS_STACK}),
+    ]

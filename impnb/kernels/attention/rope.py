@@ -112,7 +112,12 @@ def rope(q, k, pos, inv_freq, neox: bool, stream) -> None:
 
 
 _HEADS = types.float32[:, :, ::1]
-BUILD_SIGNATURES = [
-    (_rope_kernel, (_HEADS, _HEADS, types.int32[::1], types.float32[:, ::1], types.int32),
-     {"max_registers": 40, "ptx_contains": ("fma.rn.f32",), "stack_bytes": SIN_COS_STACK}),
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_rope_kernel, (_HEADS, _HEADS, types.int32[::1], types.float32[:, ::1], types.int32),
+         {"max_registers": 40, "ptx_contains": ("fma.rn.f32",), "stack_bytes": SIN_COS_STACK}),
+    ]

@@ -76,7 +76,7 @@ def _offsets(parts):
     return offs
 
 
-def _blocks(data: np.ndarray, ggml_type: T):
+def blocks_of(data: np.ndarray, ggml_type: T):
     """Raw tensor bytes -> (rows, cols, (n_blocks, type_size) uint8 view)."""
     block, size = GGML_QUANT_SIZES[ggml_type]
     raw = np.ascontiguousarray(data).view(np.uint8)
@@ -95,20 +95,25 @@ def repack(data: np.ndarray, ggml_type: T) -> PackedWeight:
     ggml_type = T(ggml_type)
     if ggml_type not in LAYOUTS:
         raise ValueError(f"no packed layout for {ggml_type.name}")
-    rows, cols, blocks = _blocks(data, ggml_type)
-    layout = LAYOUTS[ggml_type]
-    sizes = [blocks.shape[0] * (end - start) for _, start, end, _ in layout]
-    offs, pos = [], 0
-    for n in sizes:
-        offs.append(pos)
-        pos += -(-n // ALIGN) * ALIGN
-    buffer = np.zeros(max(pos, ALIGN), np.uint8)
+    rows, cols, blocks = blocks_of(data, ggml_type)
+    n_blocks = blocks.shape[0]
+    offsets, total = part_offsets(ggml_type, n_blocks)
+    buffer = np.zeros(total, np.uint8)
     parts = []
-    for (_, start, end, dtype), off, n in zip(layout, offs, sizes):
-        section = buffer[off:off + n]
-        section.reshape(blocks.shape[0], end - start)[:] = blocks[:, start:end]
+    for (_, start, end, dtype), off in zip(LAYOUTS[ggml_type], offsets):
+        section = buffer[off:off + n_blocks * (end - start)]
+        section.reshape(n_blocks, end - start)[:] = blocks[:, start:end]
         parts.append(section.view(dtype))
     return PackedWeight(ggml_type, rows, cols, buffer, tuple(parts))
+
+
+def part_offsets(ggml_type: T, n_blocks: int) -> tuple[list[int], int]:
+    """Each part's byte offset in the buffer of n_blocks blocks of ggml_type, and the buffer's size."""
+    offsets, pos = [], 0
+    for _, start, end, _ in LAYOUTS[ggml_type]:
+        offsets.append(pos)
+        pos += -(-n_blocks * (end - start) // ALIGN) * ALIGN
+    return offsets, max(pos, ALIGN)
 
 
 def unpack(packed: PackedWeight) -> np.ndarray:

@@ -116,7 +116,12 @@ def conv1d(x, weight, state, slots, out, stream, lengths=None) -> None:
 
 _F2 = types.float32[:, ::1]
 _I1 = types.int32[::1]
-BUILD_SIGNATURES = [
-    (_conv1d_kernel, (_F2, _F2, types.float32[:, :, ::1], _I1, _I1, types.int32, _F2),
-     {"max_registers": 64}),
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_conv1d_kernel, (_F2, _F2, types.float32[:, :, ::1], _I1, _I1, types.int32, _F2),
+         {"max_registers": 64}),
+    ]

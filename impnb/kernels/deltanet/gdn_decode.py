@@ -97,8 +97,13 @@ def gdn_decode(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, n
 
 _F2 = types.float32[:, ::1]
 _F1 = types.float32[::1]
-BUILD_SIGNATURES = [
-    (_gdn_decode_kernel, (_F2, _F2, _F2, _F2, _F1, _F1, _F1, types.float32, types.float32, types.int32,
-                          types.int32, types.float32[:, :, :, ::1], types.int32[::1], _F2),
-     {"max_registers": 96}),
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_gdn_decode_kernel, (_F2, _F2, _F2, _F2, _F1, _F1, _F1, types.float32, types.float32, types.int32,
+                              types.int32, types.float32[:, :, :, ::1], types.int32[::1], _F2),
+         {"max_registers": 96}),
+    ]

@@ -80,9 +80,12 @@ def embedding(table: PackedWeight, ids, out, scale: float, stream):
            table.parts, ids, out, np.int32(table.rows), np.float32(scale))
 
 
-BUILD_SIGNATURES = [
-    (embedding_kernel(t), types.void(parts_type(t), types.Array(types.int32, 1, "C"),
-                                     types.Array(types.float32, 2, "C"), types.int32, types.float32),
-     {"max_registers": 96})
-    for t in EMBEDDING_TYPES
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (embedding_kernel(t), types.void(parts_type(t), types.Array(types.int32, 1, "C"),
+                                         types.Array(types.float32, 2, "C"), types.int32, types.float32),
+         {"max_registers": 96})
+        for t in EMBEDDING_TYPES
+    ]

@@ -33,4 +33,9 @@ def gather_row(src, idx, dst, stream) -> None:
 
 
 _F2 = types.float32[:, ::1]
-BUILD_SIGNATURES = [(_gather_row_kernel, types.void(_F2, types.int32[::1], _F2), {"max_registers": 32})]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(_gather_row_kernel, types.void(_F2, types.int32[::1], _F2), {"max_registers": 32})]

@@ -90,8 +90,11 @@ def dequant(w: PackedWeight, out, stream):
     launch(dequant_kernel(w.ggml_type), (n_chunks + BLOCK - 1) // BLOCK, BLOCK, stream, w.parts, out32)
 
 
-BUILD_SIGNATURES = [
-    (dequant_kernel(t), types.void(parts_type(t), types.Array(types.uint32, 2, "C")),
-     {"max_registers": 96})
-    for t in DECODERS
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (dequant_kernel(t), types.void(parts_type(t), types.Array(types.uint32, 2, "C")),
+         {"max_registers": 96})
+        for t in DECODERS
+    ]

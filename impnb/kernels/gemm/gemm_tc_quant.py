@@ -186,8 +186,11 @@ def gemm(a, w, c, stream, accumulate: bool = False):
         gemm_f16(a, w, c, stream, accumulate)
 
 
-BUILD_SIGNATURES = [
-    (gemm_quant_kernel(t, bm), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
-     {"max_registers": 168, "ptx_contains": GEMM_PTX + [f"cp.async.wait_group {A_STAGES - 2}", "st.shared.v4.u32", "cvt.rn.f16x2.f32"]})
-    for t in QUANT_TYPES for bm in (128, 64)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemm_quant_kernel(t, bm), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
+         {"max_registers": 168, "ptx_contains": GEMM_PTX + [f"cp.async.wait_group {A_STAGES - 2}", "st.shared.v4.u32", "cvt.rn.f16x2.f32"]})
+        for t in QUANT_TYPES for bm in (128, 64)
+    ]

@@ -141,9 +141,14 @@ def gemm_wgmma(a, w, c, stream, accumulate: bool = False, tile: str = DEFAULT_TI
 
 F16_2D = types.Array(types.float16, 2, "C")
 F32_2D = types.Array(types.float32, 2, "C")
-BUILD_SIGNATURES = [] if wg.SIM else [
-    (gemm_wgmma_kernel(*TILES[name]), types.void(F16_2D, F16_2D, F32_2D, types.int32),
-     {"ptx_contains": ["wgmma.mma_async.sync.aligned.m64n%dk16.f32.f16.f16" % TILES[name][0],
-                       "wgmma.fence.sync.aligned", "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"]})
-    for name in TILES
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [] if wg.SIM else [
+        (gemm_wgmma_kernel(*TILES[name]), types.void(F16_2D, F16_2D, F32_2D, types.int32),
+         {"ptx_contains": ["wgmma.mma_async.sync.aligned.m64n%dk16.f32.f16.f16" % TILES[name][0],
+                           "wgmma.fence.sync.aligned", "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"]})
+        for name in TILES
+    ]

@@ -187,9 +187,14 @@ def gemm_wgmma_quant(a, w: PackedWeight, c, stream, accumulate: bool = False):
 
 F16_2D = types.Array(types.float16, 2, "C")
 F32_2D = types.Array(types.float32, 2, "C")
-BUILD_SIGNATURES = [] if wg.SIM else [
-    (gemm_wgmma_quant_kernel(t), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
-     {"ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "st.shared.v4.u32",
-                       "cvt.rn.f16x2.f32", "fence.proxy.async.shared::cta"]})
-    for t in QUANT_TYPES
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [] if wg.SIM else [
+        (gemm_wgmma_quant_kernel(t), types.void(F16_2D, parts_type(t), F32_2D, types.int32),
+         {"ptx_contains": ["wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "st.shared.v4.u32",
+                           "cvt.rn.f16x2.f32", "fence.proxy.async.shared::cta"]})
+        for t in QUANT_TYPES
+    ]

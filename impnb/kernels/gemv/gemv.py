@@ -493,25 +493,28 @@ def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail:
 
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
 # (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
-BUILD_SIGNATURES = [
-    (gemv_kernel(t, n, span, glu), types.void(*kernel_args(t)), {"max_registers": 112})
-    for t in DECODERS
-    for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
-                         (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
-                         (1, BLOCK, GELU), (2, 64, SILU))
-] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
-    (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
-    for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
-                                           (1, 64, GELU))
-] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
-    # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
-    (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
-    for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
-    + [(T.Q4_K, Variant(32, 4, 4))]
-] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
-    (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
-     {"max_registers": 136})
-    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
-                                                                  (2, BLOCK, NO_GLU), (2, 64, SILU))
-    for one_step in (False, True)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemv_kernel(t, n, span, glu), types.void(*kernel_args(t)), {"max_registers": 112})
+        for t in DECODERS
+        for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
+                             (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
+                             (1, BLOCK, GELU), (2, 64, SILU))
+    ] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
+        (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
+        for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
+                                               (1, 64, GELU))
+    ] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
+        # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
+        (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
+        for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
+        + [(T.Q4_K, Variant(32, 4, 4))]
+    ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
+        (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
+         {"max_registers": 136})
+        for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
+                                                                      (2, BLOCK, NO_GLU), (2, 64, SILU))
+        for one_step in (False, True)
+    ]

@@ -264,14 +264,17 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
 # the LTO cubin that runs can take more (Q4_K s128u1r8 at K 14336: 127 against 96), and the
 # build test holds it to the same bounds. Built at K 4096 and 16384 in the variants
 # choose_capped picks (with its cap where it has one).
-BUILD_SIGNATURES = [
-    (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
-     {"max_registers": cap or (160 if v.unroll > 1 else 128)})
-    for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8)
-    for v, cap in (choose_capped(t, n, K, NO_GLU, 8192),)
-    if K == 4096 or n == 1
-] + [  # gate|up with SiLU (llama, qwen3)
-    (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
-     {"max_registers": cap or 128})
-    for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
+         {"max_registers": cap or (160 if v.unroll > 1 else 128)})
+        for t in DP4A_TYPES for K in (4096, 16384) for n in (1, 2, 8)
+        for v, cap in (choose_capped(t, n, K, NO_GLU, 8192),)
+        if K == 4096 or n == 1
+    ] + [  # gate|up with SiLU (llama, qwen3)
+        (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
+         {"max_registers": cap or 128})
+        for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
+    ]

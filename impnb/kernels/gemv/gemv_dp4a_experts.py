@@ -36,8 +36,11 @@ def gemv_dp4a_experts(w: PackedWeight, n_rows: int, x: QuantX, y, experts, x_div
            BLOCK, stream, w.parts, x.q, x.d, x.s, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
 
 
-BUILD_SIGNATURES = [  # qwen3moe's routed gate|up experts
-    (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
-     {"max_registers": 128})
-    for t in (T.Q4_K, T.Q8_0) for v in (choose_experts(t, 2048, SILU, 768),)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [  # qwen3moe's routed gate|up experts
+        (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
+         {"max_registers": 128})
+        for t in (T.Q4_K, T.Q8_0) for v in (choose_experts(t, 2048, SILU, 768),)
+    ]

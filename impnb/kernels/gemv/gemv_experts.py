@@ -33,10 +33,13 @@ def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream
 
 
 # Registers as gemv.py's plain kernels
-BUILD_SIGNATURES = [
-    (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
-    for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
-] + [
-    (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
-     types.void(*kernel_args(T.Q4_K, True)), {})
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
+        for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
+    ] + [
+        (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
+         types.void(*kernel_args(T.Q4_K, True)), {})
+    ]

@@ -26,10 +26,13 @@ def gemv_residual(w: PackedWeight, x, y, res: Residual, stream, variant: Variant
            np.int32(w.rows), *res.args(y))
 
 
-BUILD_SIGNATURES = [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048); ADD (no post-norm) at K 4096
-    # and T 2, a mode no model's decode takes since qwen3moe moved to the fused norms (tested, kept)
-    (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
-     {"max_registers": 128})
-    for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
-                          (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [  # tails: Gemma3's attn_output (K 1024) and ffn_down (K 2048); ADD (no post-norm) at K 4096
+        # and T 2, a mode no model's decode takes since qwen3moe moved to the fused norms (tested, kept)
+        (variant_kernel(t, n, choose(t, n, K, 1), tail=mode, cols=K), types.void(*kernel_args(t, tail=mode)),
+         {"max_registers": 128})
+        for t, n, K, mode in ((T.Q4_K, 1, 1024, POST_ADD), (T.Q6_K, 1, 2048, POST_ADD), (T.Q4_K, 8, 2048, POST_ADD),
+                              (T.Q4_K, 1, WIDE_K, ADD), (T.Q8_0, 2, 2048, ADD))
+    ]

@@ -51,8 +51,11 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
            experts, weights, counter, q, d, s, np.int32(xq is not None))
 
 
-BUILD_SIGNATURES = [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
-    (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
-     {})
-    for n in (1, 8) for normed in (False, True)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [  # the MoE router with its routing tail (F32, as GGUF stores ffn_gate_inp), its input normed at decode
+        (variant_kernel(T.F32, n, ROUTER_VARIANT, normed=normed, route=True), types.void(*kernel_args(T.F32, route=True)),
+         {})
+        for n in (1, 8) for normed in (False, True)
+    ]

@@ -87,8 +87,11 @@ def pair_args(type_a: T, type_b: T) -> tuple:
             F32_2D, F32_2D, _I32, _I32, F32_2D, _I32, _I32)
 
 
-BUILD_SIGNATURES = [  # Q|K and V of two types (Qwen3-30B-A3B Q4_K_M: Q4_K and Q6_K at K 2048), T 1 and 2
-    (pair_kernel(a, choose(a, n, 2048, 1), b, choose(b, n, 2048, 1), n, 2048), types.void(*pair_args(a, b)),
-     {"max_registers": 136})
-    for a, b in ((T.Q4_K, T.Q6_K),) for n in (1, 2)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [  # Q|K and V of two types (Qwen3-30B-A3B Q4_K_M: Q4_K and Q6_K at K 2048), T 1 and 2
+        (pair_kernel(a, choose(a, n, 2048, 1), b, choose(b, n, 2048, 1), n, 2048), types.void(*pair_args(a, b)),
+         {"max_registers": 136})
+        for a, b in ((T.Q4_K, T.Q6_K),) for n in (1, 2)
+    ]

@@ -107,9 +107,14 @@ def gemm_grouped(a, w: PackedWeight, n_rows: int, c, tiles, n_tiles, order, x_di
 
 
 _I32_1D = types.Array(types.int32, 1, "C")
-BUILD_SIGNATURES = [
-    (gemm_grouped_kernel(t), types.void(F16_2D, parts_type(t), F32_2D, types.Array(types.int32, 2, "C"),
-                                        _I32_1D, _I32_1D, types.int32),
-     {"max_registers": 168, "ptx_contains": GEMM_PTX})
-    for t in DECODERS
-]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemm_grouped_kernel(t), types.void(F16_2D, parts_type(t), F32_2D, types.Array(types.int32, 2, "C"),
+                                            _I32_1D, _I32_1D, types.int32),
+         {"max_registers": 168, "ptx_contains": GEMM_PTX})
+        for t in DECODERS
+    ]

@@ -142,7 +142,10 @@ def experts_down_sum(w: PackedWeight, n_rows: int, act, out, experts, weights, s
 
 
 # Registers (sm_90a): see tests/test_kernel_build.py.
-BUILD_SIGNATURES = [
-    (down_sum_kernel(t), types.void(*kernel_args(t)), {})
-    for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_K, T.Q5_0, T.Q4_0, T.Q4_1, T.F16, T.F32)
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (down_sum_kernel(t), types.void(*kernel_args(t)), {})
+        for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_K, T.Q5_0, T.Q4_0, T.Q4_1, T.F16, T.F32)
+    ]

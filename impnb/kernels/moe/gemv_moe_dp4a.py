@@ -171,5 +171,8 @@ def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weigh
 
 # Registers (sm_90a): see tests/test_kernel_build.py. Built at Qwen3-30B-A3B's F 768 (early, blocks
 # of up to 256 threads) and at F 2304 (blocks of up to 512).
-BUILD_SIGNATURES = [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
-                    for t in DOTS for F, bound in ((768, 192), (2304, 128))]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
+                        for t in DOTS for F, bound in ((768, 192), (2304, 128))]

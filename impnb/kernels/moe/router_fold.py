@@ -231,7 +231,10 @@ def kernel_args(ggml_type: T) -> tuple:
 
 # Built at Qwen3-30B-A3B's attn_output (2048 x 4096) for T 1 and 8: 84 registers (Q4_K, T 1) to 132
 # (the dp4a blocks' own at 8 rows a group: 125-127).
-BUILD_SIGNATURES = [(fold_kernel(t, 4096, n, choose_measured(FOLD_T1, t, n, 4096, NO_GLU, 2048)),
-                      types.void(*kernel_args(t)),
-                     {"max_registers": 136})
-                    for t in (T.Q4_K, T.Q8_0, T.Q6_K, T.MXFP4, T.NVFP4) for n in (1, 8)]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(fold_kernel(t, 4096, n, choose_measured(FOLD_T1, t, n, 4096, NO_GLU, 2048)),
+                          types.void(*kernel_args(t)),
+                         {"max_registers": 136})
+                        for t in (T.Q4_K, T.Q8_0, T.Q6_K, T.MXFP4, T.NVFP4) for n in (1, 8)]

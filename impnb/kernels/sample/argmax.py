@@ -78,6 +78,9 @@ def argmax(logits, out_ids, scratch: ArgmaxScratch, stream):
            out_ids)
 
 
-BUILD_SIGNATURES = [(_argmax_kernel, types.void(types.int32[:, ::1], types.int64[::1],
-                                                types.int32[::1], types.int32[::1]),
-                     {"max_registers": 40})]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(_argmax_kernel, types.void(types.int32[:, ::1], types.int64[::1],
+                                                    types.int32[::1], types.int32[::1]),
+                         {"max_registers": 40})]

@@ -51,5 +51,8 @@ def flag_nonfinite(logits, out_ids, stream) -> None:
     launch(_flag_nonfinite_kernel, (-(-V // CHUNK), B), NT, stream, logits.view(np.int32), out_ids)
 
 
-BUILD_SIGNATURES = [(_flag_nonfinite_kernel, types.void(types.int32[:, ::1], types.int32[::1]),
-                     {"max_registers": 32})]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [(_flag_nonfinite_kernel, types.void(types.int32[:, ::1], types.int32[::1]),
+                         {"max_registers": 32})]
