@@ -12,7 +12,10 @@ A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
 mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
-page no sequence owns; their sampled ids are dropped.
+page no sequence owns; their sampled ids are dropped. A step of one sequence (no penalty, no
+logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead: the next step is
+queued on the device's own token before the host reads this one, so B = 1 runs at the
+single-sequence speed.
 
 A row that asks for logprobs gets its raw logits (before any penalty, which rewrites them in
 place: the step's graph then keeps a copy first) copied to the host, that row alone, in
@@ -73,7 +76,7 @@ class CudaBatchEngine(CudaEngine):
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
-                 tp=None):
+                 tp=None, lookahead: bool = True):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
@@ -102,6 +105,8 @@ class CudaBatchEngine(CudaEngine):
         self.b_argmax = argmax.argmax_scratch(max_batch)
         self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty, keep raw) -> Graph
         self.raw_logits: dict[int, np.ndarray] = {}  # the last call's rows that asked -> (V,) float32
+        self.lookahead = lookahead  # one-sequence steps queue the next (CudaEngine.step)
+        self.single = None  # (table row bytes, params) the single-sequence step's state was set for
 
     # ------------------------------------------------------------ one sequence's prompt
 
@@ -115,6 +120,7 @@ class CudaBatchEngine(CudaEngine):
         ids = np.asarray(ids, np.int32)
         if not len(ids):
             raise ParameterError("the prompt chunk is empty")
+        self._leave_single()
         if start + len(ids) > self.n_ctx:
             raise ParameterError(f"{start + len(ids)} tokens exceed the context of {self.n_ctx}")
         self._set_table_row0(pages)
@@ -161,6 +167,9 @@ class CudaBatchEngine(CudaEngine):
         longest = max(r.pos for r in rows) + 1
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
+        if B == 1 and not rows[0].params.penalized and not rows[0].logprobs:
+            return self._decode_one(rows[0])
+        self._leave_single()
         greedy = all(r.params.greedy for r in rows)
         penalty = any(r.params.penalized for r in rows)
         want = [b for b, r in enumerate(rows) if r.logprobs]
@@ -195,11 +204,36 @@ class CudaBatchEngine(CudaEngine):
         if not 1 <= B <= self.max_batch:
             raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
         Bb = batch_bucket(B, self.max_batch)
+        self._leave_single()
         self._stage(rows, Bb, False)
         plan = self.m.plan.decode_step(max(r.pos for r in rows) + 1, 1, Bb)
         logits = self._forward(plan, last_only=True).copy_to_host(stream=self.m.ctx.nb_stream)
         self.m.ctx.sync()
         return logits[:B]
+
+    def _decode_one(self, r: DecodeRow) -> np.ndarray:
+        """One sequence's step through CudaEngine.step (its decode graph and look-ahead). The
+        engine's state (table row 0, sampling parameters, position, draw counter) is set again
+        where the row does not continue the last one: another sequence, a page added to its
+        table (a queued step may have needed it) or another position; a queued step is then
+        dropped (its KV row is rewritten before it is read)."""
+        row = self._table_row(r.pages)
+        key = (row.tobytes(), r.params)
+        if self.single != key or self.pos != r.pos or self.n_sampled != r.n_sampled:
+            self._leave_single()
+            self._set_table_row0(r.pages)
+            self.reset(r.params)
+            self.pos, self.n_sampled, self.single = r.pos, r.n_sampled, key
+        token = self.step(r.token)
+        self.raw_logits = {}
+        self.last_step = self.m.plan.decode_step(self.m.plan.ctx_bucket(r.pos + 2))
+        return np.array([token], np.int32)
+
+    def _leave_single(self) -> None:
+        """Drop a single-sequence step queued ahead before the shared buffers change."""
+        if self.single is not None:
+            self._drain()
+            self.single = None
 
     def _stage(self, rows: list[DecodeRow], Bb: int, penalty: bool) -> None:
         """The step's inputs into the pinned staging buffers, then one copy each to the device."""

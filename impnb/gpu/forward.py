@@ -38,7 +38,7 @@ from impnb.gpu import attention_dispatch
 from impnb.gpu.deltanet import deltanet_block
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
-from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
+from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
@@ -100,6 +100,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
+    grouped = 2 <= T <= m.tuning.moe_grouped_rows  # a batch's routed experts grouped as at prefill
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         if spec.mixer == "gated_deltanet":
             y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
@@ -109,13 +110,15 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             # attention writes its output in int8 there too (not where a gate multiplies it first)
             xq = m.mm.attn_xq(lw.attn.o, step) if lw.attn.q_gate is None else None
             attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
-            if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
-                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
+            if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
+                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
                 x, spare = spare, x
                 continue
             m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
             m.all_reduce(x)
-        if spec.ffn in ("moe", "moe_shared"):
+        if spec.ffn == "moe" and grouped:
+            moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
+        elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
             _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)

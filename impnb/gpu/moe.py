@@ -11,7 +11,8 @@
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
-  prefill (moe_ffn): slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
+  prefill (moe_ffn; also a batch's decode of 2..MOE_GROUPED_ROWS rows, moe_ffn_grouped_decode):
+      slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
@@ -47,13 +48,12 @@ from impnb.tuning import GEMV_MAX_ROWS
 
 
 def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
-    """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D);
-    then residual (gemv_tail.Residual) applied to out, and to the shared expert's output where
-    the layer has one."""
+    """Prefill (or a batch's decode rows, moe_ffn_grouped_decode): out (T, D) float32 = the routed
+    experts' SwiGLU FFN of h (T, D), grouped by expert; then residual (gemv_tail.Residual) applied
+    to out, and to the shared expert's output where the layer has one."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T = h.shape[0]
     k, E = cfg.n_expert_used, cfg.n_expert
-    assert T > GEMV_MAX_ROWS, "decode: moe_ffn_decode"
     shared = None
     if ex.shared is not None:  # GEMMs of h, before the residual updates below overwrite h
         shared = a.get("shexp_out", (T, cfg.n_embd))
@@ -110,6 +110,17 @@ def _shared_act(m, h, ex: Experts, norm: tuple | None):
     m.mm.linear(h, ex.shared_gate, gate, norm)
     sigmoid_gate(act, gate, s)
     return act
+
+
+def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
+    """Decode of a batch's rows (tuning.MOE_GROUPED_ROWS) with the experts grouped as at prefill:
+    x (T, D) += moe_ffn of h = RMSNorm(x) * wn, norm = (wn, eps), written by a norm kernel first
+    (the residual's own norm output goes to a scratch: the next GEMV norms x itself)."""
+    a, s = m.arena, m.ctx.nb_stream
+    h = a.get("h", x.shape)
+    norm_fn.rms_norm(x, norm[0], h, norm[1], s)
+    res = Residual(x, a.get("moe_h_next", x.shape), norm[0], None, norm[1], a.zeros("tail_counter", (1,), np.uint32))
+    moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple) -> None:

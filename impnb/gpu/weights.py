@@ -9,7 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from impnb.gguf_file import ModelFile, Tensor
-from impnb.gpu import gemm_dispatch
+from impnb.gpu import gemm_dispatch, gemv_dispatch
 from impnb.kernels.common import repack
 from impnb.kernels.common.repack_device import repack_on_device
 from impnb.kernels.gemv import gemv_dp4a_units, gemv_stream
@@ -34,7 +34,8 @@ STACKS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
 class Linear:
     """One matrix as the GPU holds it (several stacked, or E experts' stacked per expert) with the
     kernels chosen for it at load: decode GEMVs on gemv_dp4a or gemv (T = 1 plain ones on
-    gemv_stream), prefill GEMMs on the path gemm_dispatch measured fastest for each row bucket."""
+    gemv_stream; T = 2..8 on gemv_dp4a_multi where gemv_dispatch measured it faster), prefill
+    GEMMs on the path gemm_dispatch measured fastest for each row bucket."""
 
     name: str  # its GGUF name less ".weight", or the stacked name (STACKS)
     w: repack.PackedWeight
@@ -42,6 +43,7 @@ class Linear:
     stream: bool  # T = 1 GEMVs of plain x on gemv_stream (STREAM_MIN_ROWS)
     int8_x: bool  # a dp4a type at least DP4A_MIN_K wide: can read an int8 x another kernel wrote
     gemm_paths: dict  # gemm_dispatch.M_BUCKETS bucket -> prefill GEMM path
+    multi: dict  # T in 2..8 -> gemv_dp4a_multi's variant (gemv_dispatch's table); T not in it: the default
 
     @property
     def ggml_type(self) -> T:
@@ -57,7 +59,11 @@ def linear_of(name: str, w: repack.PackedWeight, tuning: Overrides) -> Linear:
     int8_x = w.ggml_type in gemv_dp4a_units.DOTS and w.cols >= tuning.dp4a_min_k
     dp4a = int8_x and w.nbytes >= tuning.dp4a_min_mb * 1e6 and not stream
     paths = {b: gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, b) for b in gemm_dispatch.M_BUCKETS}
-    return Linear(name, w, dp4a, stream, int8_x, paths)
+    use = gemv_dispatch.use_of(name)
+    n_out = w.rows // 2 if use == "glu" else w.rows
+    multi = (gemv_dispatch.choose(w.ggml_type, n_out, w.cols, use, force=tuning.gemv_rows_force)
+             if int8_x and tuning.gemv_rows else {})
+    return Linear(name, w, dp4a, stream, int8_x, paths, multi)
 
 
 def linears(w: dict, tuning: Overrides) -> dict:
