@@ -36,7 +36,7 @@ pytestmark = pytest.mark.gpu
 N_DECODE = 96  # teacher-forced decode steps
 N_PROMPT = MAX_PREFILL_CHUNK + 77  # two prompt chunks
 N_CTX = 1024
-LOOSE = (0.98, 3e-2, 0.97)  # top-1 agreement, per-token bound, share of tokens within it
+LOOSE = (0.98, 3e-2, 0.97, 5e-3)  # top-1 agreement, per-token bound, share of tokens within it, median
 
 
 @pytest.fixture(scope="module", params=["qwen35-Q8_0", "qwen35moe-Q8_0", "qwen35moe-F32", "qwen3next-Q8_0"])
@@ -59,13 +59,13 @@ def agree_prefill(out, ref, engine, what):
     if engine.cfg.arch == "qwen35":
         agree(out, ref, what)
         return
-    min_top1, bound, min_close = LOOSE
+    min_top1, bound, min_close, max_median = LOOSE
     rel = np.abs(out - ref).max(-1) / np.abs(ref).max()
     top1, close = np.mean(out.argmax(-1) == ref.argmax(-1)), np.mean(rel < bound)
     print(f"{what}: max|dlogit|/max|logit| {rel.max():.2e} (median {np.median(rel):.2e}), "
           f"top-1 agreement {top1:.3f}, tokens within {bound}: {close:.3f}, "
           f"past it: {np.flatnonzero(rel >= bound).tolist()[:16]}")
-    assert top1 >= min_top1 and close >= min_close, (top1, close)
+    assert top1 >= min_top1 and close >= min_close and np.median(rel) < max_median, (top1, close, np.median(rel))
 
 
 def test_engine_runs_the_hybrid_on_the_gpu(case):
