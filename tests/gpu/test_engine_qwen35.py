@@ -12,8 +12,15 @@ qwen35moe: int8 inputs to the experts' down projection alone move the median tok
 0.8% and flip 8% of top-1s; fp16 GEMM inputs, as prefill has them, flip a router near-tie now and
 then, and the recurrent state carries that token's error into the next few tokens at ~20%).
 So the engine here keeps the experts' down off dp4a (IMPNB_MOE_DOWN_DP4A=0: decode is then fp32
-but for the fp16 KV cache, which moves logits by ~2e-4), and qwen35moe's prefill is held to
-LOOSE; graphs against eager run with the defaults too (bit for bit)."""
+but for the fp16 KV cache, which moves logits by ~2e-4), and the MoE hybrids' prefill is held to
+LOOSE against the reference: on an H200 qwen35moe Q8_0's two-chunk prefill was off by 0.26 at
+worst, as the numpy reference with its GEMM inputs rounded to fp16 is (tokens 355-358 both: at
+token 355 layer 0's router has its 2nd and 3rd experts 1.6e-4 apart, a logit spread of 1.05,
+and the recurrent state carries the other expert's output into the next tokens; the other far
+tokens are near-ties too, or heads whose k·q is near zero, whose sign the gated RMSNorm keeps).
+The chunk boundary itself is held tight where that noise cannot reach: the same prompt split
+elsewhere gives the same logits (test_prefill_split_does_not_matter). Graphs against eager run
+with the defaults too (bit for bit)."""
 
 import numpy as np
 import pytest
@@ -29,7 +36,7 @@ pytestmark = pytest.mark.gpu
 N_DECODE = 96  # teacher-forced decode steps
 N_PROMPT = MAX_PREFILL_CHUNK + 77  # two prompt chunks
 N_CTX = 1024
-LOOSE = (0.98, 3e-2, 0.97)  # top-1 agreement, per-token bound, share of tokens within it
+LOOSE = (0.98, 3e-2, 0.97, 5e-3)  # top-1 agreement, per-token bound, share of tokens within it, median
 
 
 @pytest.fixture(scope="module", params=["qwen35-Q8_0", "qwen35moe-Q8_0", "qwen35moe-F32", "qwen3next-Q8_0"])
@@ -52,12 +59,13 @@ def agree_prefill(out, ref, engine, what):
     if engine.cfg.arch == "qwen35":
         agree(out, ref, what)
         return
-    min_top1, bound, min_close = LOOSE
+    min_top1, bound, min_close, max_median = LOOSE
     rel = np.abs(out - ref).max(-1) / np.abs(ref).max()
     top1, close = np.mean(out.argmax(-1) == ref.argmax(-1)), np.mean(rel < bound)
     print(f"{what}: max|dlogit|/max|logit| {rel.max():.2e} (median {np.median(rel):.2e}), "
-          f"top-1 agreement {top1:.3f}, tokens within {bound}: {close:.3f}")
-    assert top1 >= min_top1 and close >= min_close, (top1, close)
+          f"top-1 agreement {top1:.3f}, tokens within {bound}: {close:.3f}, "
+          f"past it: {np.flatnonzero(rel >= bound).tolist()[:16]}")
+    assert top1 >= min_top1 and close >= min_close and np.median(rel) < max_median, (top1, close, np.median(rel))
 
 
 def test_engine_runs_the_hybrid_on_the_gpu(case):
@@ -83,6 +91,24 @@ def test_prefill_over_two_chunks_matches_reference(case):
     engine.reset(SamplingParams(temperature=0))
     out = np.concatenate([engine.logits(ids[:MAX_PREFILL_CHUNK]), engine.logits(ids[MAX_PREFILL_CHUNK:])])
     agree_prefill(out, ref, engine, "prefill (two chunks) vs reference")
+
+
+def test_prefill_split_does_not_matter(case):
+    """The prompt as 512 + 77 rows and as 300 + 289 rows: the same logits within 1e-3 for 99% of
+    the tokens and within 1e-2 for the 8 after either split, where a state or conv window carried
+    wrong across a chunk boundary would show (the DeltaNet kernels give the same bits however a
+    prompt is split; the GEMMs' and attention's rows move by rounding alone, ~1e-6, far below
+    the router ties that move the comparison with the reference)."""
+    ids, _, engine = case
+    runs = []
+    for split in (MAX_PREFILL_CHUNK, 300):
+        engine.reset(SamplingParams(temperature=0))
+        runs.append(np.concatenate([engine.logits(ids[:split]), engine.logits(ids[split:])]))
+    rel = np.abs(runs[0] - runs[1]).max(-1) / np.abs(runs[0]).max()
+    after = np.r_[300:308, MAX_PREFILL_CHUNK:MAX_PREFILL_CHUNK + 8]
+    print(f"split 512 vs 300: max {rel.max():.2e}, median {np.median(rel):.2e}, after the splits "
+          f"{rel[after].max():.2e}")
+    assert np.mean(rel < 1e-3) >= 0.99 and rel[after].max() < 1e-2, np.flatnonzero(rel >= 1e-3)
 
 
 def test_reset_starts_from_zero_state(case):
