@@ -179,7 +179,7 @@ def test_serve_tp2_answers_as_tp1(tmp_path):
             s_.bind(("127.0.0.1", 0))
             port = s_.getsockname()[1]
         cmd = [sys.executable, "-m", "impnb", "serve", "-m", str(path), "--device", "cuda", "--port", str(port),
-               "--tp", str(tp), "--max-seqs", "4", "--ctx", "256"]
+               "--tp", str(tp), "--max-seqs", "4", "--ctx", "256", "--served-model-name", "tiny"]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 300
@@ -191,7 +191,7 @@ def test_serve_tp2_answers_as_tp1(tmp_path):
                 except OSError:
                     assert proc.poll() is None, proc.communicate()[1][-2000:]
                     time.sleep(0.5)
-            body = json.dumps({"model": "x", "prompt": "hello world", "max_tokens": 16, "temperature": 0}).encode()
+            body = json.dumps({"model": "tiny", "prompt": "hello world", "max_tokens": 16, "temperature": 0}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as resp:
