@@ -42,7 +42,11 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
+    monkeypatch.setenv("IMPNB_GEMV_ROWS", "0")
+    monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "s64u2r4")
+    monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
     o = tuning.Overrides.from_env()
+    assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and o.moe_grouped_rows == 8
     assert not o.gemv_tail and o.router_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
 
