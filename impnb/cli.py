@@ -1,6 +1,7 @@
 """Command line: `impnb generate | info | bench | warmup | serve | bench-serve` (or `python -m impnb ...`)."""
 
 import argparse
+import os
 import sys
 
 from impnb import __version__
@@ -40,11 +41,22 @@ def _add_generate(sub):
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p times the top one")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logits of the last 64 tokens, in [-2, 2] (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted as many times as a token occurs in the last 64, in [-2, 2] (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: the GPU when one is usable, else the CPU reference")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
+    _add_tp(p)
+
+
+def _add_tp(p):
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallelism over this many GPUs: one process a GPU, the others started "
+                        "here (or by a launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
 
 
 def _add_info(sub):
@@ -68,6 +80,7 @@ def _add_bench(sub):
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: the GPU when one is usable, else the CPU reference")
+    _add_tp(p)
 
 
 def _add_warmup(sub):
@@ -101,6 +114,7 @@ def _add_serve(sub):
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (debug adds the access log)")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    _add_tp(p)
 
 
 def _add_bench_serve(sub):
@@ -134,13 +148,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tp_rank(args, argv: list):
+    """This process's tensor-parallel rank for --tp (starting the other ranks as
+    `python -m impnb ARGV` where this one is rank 0), or None; a rank other than 0 writes
+    nothing on stdout."""
+    tp = getattr(args, "tp", None)
+    if tp is None:
+        return None
+    from impnb.parallel.ranks import start
+
+    rank = start(tp, [sys.executable, "-m", "impnb", *argv])
+    if rank is not None and not rank.leader:
+        sys.stdout = open(os.devnull, "w")
+    return rank
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "bench", "serve", "warmup") and getattr(args, "device", "cuda") != "cpu":
         from impnb.cuda_support import open_driver_early
 
-        open_driver_early()  # the driver's start overlaps the imports, the GGUF parse and the tokenizer
+        # the driver's start overlaps the imports, the GGUF parse and the tokenizer; a
+        # tensor-parallel rank's own GPU (LOCAL_RANK), not GPU 0
+        local = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
+        open_driver_early(int(local) if local.isdigit() else 0)
+    code = _run(args, argv)
+    if getattr(args, "rank", None) is not None:  # a tensor-parallel rank: rank 0 waits for the others
+        from impnb.parallel.ranks import exit_rank
+
+        exit_rank(code)
+    return code
+
+
+def _run(args, argv: list) -> int:
     try:
+        args.rank = _tp_rank(args, argv)
         if args.command == "generate":
             from impnb.commands.generate import run
         elif args.command == "bench":
@@ -156,6 +199,10 @@ def main(argv=None) -> int:
         return run(args)
     except ImpnbError as e:
         print(f"impnb: error: {e}", file=sys.stderr)
+        if getattr(args, "tp", 1) > 1:
+            from impnb.parallel.ranks import abort_workers
+
+            abort_workers()  # the ranks it started would wait for it in a collective
         return 2
     except KeyboardInterrupt:
         print("\nimpnb: interrupted", file=sys.stderr)

@@ -5,7 +5,7 @@ A leaf below both the device chooser (devices.py) and the GPU path (gpu/), which
 
 import threading
 
-GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
+GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next")
 # The kernels use Hopper's programmatic dependent launch (griddepcontrol) and build for sm_90 and
 # newer; on an older GPU their first build would fail deep inside the JIT linker.
 MIN_COMPUTE_CAPABILITY = (9, 0)
@@ -51,26 +51,26 @@ def _capability_reason(driver) -> str | None:
     return None
 
 
-def open_driver_early() -> None:
-    """Initialise the CUDA driver and make GPU 0's primary context in a daemon thread, so that the
-    fraction of a second it takes (the driver's calls release the GIL) overlaps the GGUF parse and
-    the tokenizer build; the engine's own retain then finds the context made. Any failure is left
-    for cuda_unavailable_reason to report."""
+def open_driver_early(device_id: int = 0) -> None:
+    """Initialise the CUDA driver and make GPU device_id's primary context in a daemon thread, so
+    that the fraction of a second it takes (the driver's calls release the GIL) overlaps the GGUF
+    parse and the tokenizer build; the engine's own retain then finds the context made. Any
+    failure is left for cuda_unavailable_reason to report."""
     try:
         from cuda.bindings import driver
     except ImportError:
         return
-    threading.Thread(target=_retain_primary_context, args=(driver,), name="impnb-cuda-init",
+    threading.Thread(target=_retain_primary_context, args=(driver, device_id), name="impnb-cuda-init",
                      daemon=True).start()
 
 
-def _retain_primary_context(driver) -> None:
+def _retain_primary_context(driver, device_id: int) -> None:
     ok = driver.CUresult.CUDA_SUCCESS
     try:
         err, = driver.cuInit(0)
         if err != ok:
             return
-        err, dev = driver.cuDeviceGet(0)
+        err, dev = driver.cuDeviceGet(device_id)
         if err == ok:
             driver.cuDevicePrimaryCtxRetain(dev)  # held for the process's life, as the engine's is
     except RuntimeError:  # libcuda.so missing

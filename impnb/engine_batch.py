@@ -5,11 +5,21 @@ a prompt chunk of one sequence into that sequence's pages (CudaEngine's prefill 
 with the sequence's block table as row 0 of the model's tables), or one decode step of B
 sequences, a token each, sampled on the GPU with each sequence's parameters, seed and step.
 
+Under tensor parallelism (tp: this process's rank) every rank runs the same calls on its slices
+and rank 0's sampled ids are broadcast in the step.
+
 A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph for the
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
 mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
-page no sequence owns; their sampled ids are dropped.
+page no sequence owns; their sampled ids are dropped. A step of one sequence (no penalty, no
+logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead: the next step is
+queued on the device's own token before the host reads this one, so B = 1 runs at the
+single-sequence speed.
+
+A row that asks for logprobs gets its raw logits (before any penalty, which rewrites them in
+place: the step's graph then keeps a copy first) copied to the host, that row alone, in
+raw_logits; the caller computes the log-probabilities there (serve.engine.token_logprob).
 """
 
 from dataclasses import dataclass
@@ -17,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from impnb.engine_cuda import HISTORY, CudaEngine
-from impnb.errors import NumericalError, ParameterError
+from impnb.errors import NumericalError, ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.kv import PagedKV
 from impnb.kernels.sample import argmax, sample_penalty
@@ -38,7 +48,7 @@ def batch_bucket(n: int, max_batch: int) -> int:
 class DecodeRow:
     """One sequence's part of a decode step: its last token, that token's position, its pages,
     sampling parameters, how many tokens it has sampled (the draw's counter) and, for a repeat
-    penalty, its recent tokens (the last HISTORY count)."""
+    penalty, its recent tokens (the last HISTORY count); logprobs: return its raw logits."""
 
     token: int
     pos: int
@@ -46,6 +56,7 @@ class DecodeRow:
     params: SamplingParams
     n_sampled: int
     history: np.ndarray | None = None
+    logprobs: bool = False
 
 
 def _ring(history) -> np.ndarray:
@@ -64,12 +75,17 @@ class CudaBatchEngine(CudaEngine):
     n_pages - 1); max_batch sequences decode in one step at most.
     """
 
-    def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True):
+    def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
+                 tp=None, lookahead: bool = True):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
             raise ParameterError(f"the KV pool must hold at least {PAGE_SIZE} tokens, got {kv_tokens}")
-        super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch)
+        super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch,
+                         tp=tp)
+        if self.m.rec is not None:
+            raise UnsupportedError(f"{self.cfg.arch}: batched decode of a recurrent state has no GPU path "
+                                   f"yet; serve one sequence at a time (max_num_seqs 1)")
         ctx, V = self.m.ctx, self.cfg.n_vocab
         self.max_batch = max_batch
         self.n_pages = self.m.kv.n_pages - 1
@@ -87,19 +103,24 @@ class CudaBatchEngine(CudaEngine):
         self.b_outs = ctx.empty(max_batch, np.int32)
         self.b_scratch = sample_kernels.sample_scratch(max_batch, V)
         self.b_argmax = argmax.argmax_scratch(max_batch)
-        self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty) -> Graph
+        self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty, keep raw) -> Graph
+        self.raw_logits: dict[int, np.ndarray] = {}  # the last call's rows that asked -> (V,) float32
+        self.lookahead = lookahead  # one-sequence steps queue the next (CudaEngine.step)
+        self.single = None  # (table row bytes, params) the single-sequence step's state was set for
 
     # ------------------------------------------------------------ one sequence's prompt
 
     def prefill_seq(self, ids, start: int, pages: np.ndarray, params: SamplingParams,
-                    n_sampled: int = 0, history=None, sample: bool = True) -> int | None:
+                    n_sampled: int = 0, history=None, sample: bool = True, logprobs: bool = False) -> int | None:
         """Feed ids at positions start.. of the sequence whose KV lives in `pages` (its block
         table; positions < start are already there: earlier chunks, a shared prefix) -> its next
         token, sampled at counter n_sampled (None with sample False: a prompt chunk before its
-        last); history: its recent tokens, for a repeat penalty (the last HISTORY count)."""
+        last); history: its recent tokens, for a repeat penalty (the last HISTORY count);
+        logprobs: the raw logits it sampled from go to raw_logits[0]."""
         ids = np.asarray(ids, np.int32)
         if not len(ids):
             raise ParameterError("the prompt chunk is empty")
+        self._leave_single()
         if start + len(ids) > self.n_ctx:
             raise ParameterError(f"{start + len(ids)} tokens exceed the context of {self.n_ctx}")
         self._set_table_row0(pages)
@@ -108,9 +129,12 @@ class CudaBatchEngine(CudaEngine):
         logits = None
         for at in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[at:at + MAX_PREFILL_CHUNK])
+        self.raw_logits = {}
         if not sample:
             return None
-        if params.repeat_penalty != 1.0 and history is not None:
+        if logprobs:  # before the penalty rewrites them; the sampler's sync completes the copy
+            self.raw_logits[0] = logits[0].copy_to_host(stream=self.m.ctx.nb_stream)
+        if params.penalized and history is not None:
             self.host_history[0] = _ring(history)
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
         self.n_sampled = n_sampled
@@ -134,7 +158,8 @@ class CudaBatchEngine(CudaEngine):
     # ------------------------------------------------------------ decode steps of B sequences
 
     def decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        """One decode step of len(rows) sequences -> their sampled tokens (int32, in row order)."""
+        """One decode step of len(rows) sequences -> their sampled tokens (int32, in row order);
+        the raw logits of the rows that ask for logprobs in raw_logits (by row index)."""
         B = len(rows)
         if not 1 <= B <= self.max_batch:
             raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
@@ -142,20 +167,27 @@ class CudaBatchEngine(CudaEngine):
         longest = max(r.pos for r in rows) + 1
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
+        if B == 1 and not rows[0].params.penalized and not rows[0].logprobs:
+            return self._decode_one(rows[0])
+        self._leave_single()
         greedy = all(r.params.greedy for r in rows)
-        penalty = any(r.params.repeat_penalty != 1.0 for r in rows)
+        penalty = any(r.params.penalized for r in rows)
+        want = [b for b, r in enumerate(rows) if r.logprobs]
+        keep = bool(want) and penalty  # the penalty rewrites the logits in place: copy them first
         self._stage(rows, Bb, penalty)
         plan = self.m.plan.decode_step(longest, 1, Bb)
-        key = (Bb, plan.ctx_bucket, greedy, penalty)
+        key = (Bb, plan.ctx_bucket, greedy, penalty, keep)
         graph = self.batch_graphs.get(key)
         if graph is not None:
             graph.replay()
         else:
-            self._batch_launches(plan, Bb, greedy, penalty)
+            self._batch_launches(plan, Bb, greedy, penalty, keep)
             if self.use_graphs and self.graph_disabled is None:
-                self._capture_batch(key, plan, Bb, greedy, penalty)
+                self._capture_batch(key, plan, Bb, greedy, penalty, keep)
         s = self.m.ctx.nb_stream
         self.b_outs[:Bb].copy_to_host(self.host_outs[:Bb], stream=s)
+        raw = self.m.arena.get("raw_logits" if keep else "logits", (Bb, self.cfg.n_vocab))
+        self.raw_logits = {b: raw[b].copy_to_host(stream=s) for b in want}
         self.m.ctx.sync()
         out = np.array(self.host_outs[:B])
         bad = np.flatnonzero(out & NONFINITE_BIT)
@@ -172,11 +204,36 @@ class CudaBatchEngine(CudaEngine):
         if not 1 <= B <= self.max_batch:
             raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
         Bb = batch_bucket(B, self.max_batch)
+        self._leave_single()
         self._stage(rows, Bb, False)
         plan = self.m.plan.decode_step(max(r.pos for r in rows) + 1, 1, Bb)
         logits = self._forward(plan, last_only=True).copy_to_host(stream=self.m.ctx.nb_stream)
         self.m.ctx.sync()
         return logits[:B]
+
+    def _decode_one(self, r: DecodeRow) -> np.ndarray:
+        """One sequence's step through CudaEngine.step (its decode graph and look-ahead). The
+        engine's state (table row 0, sampling parameters, position, draw counter) is set again
+        where the row does not continue the last one: another sequence, a page added to its
+        table (a queued step may have needed it) or another position; a queued step is then
+        dropped (its KV row is rewritten before it is read)."""
+        row = self._table_row(r.pages)
+        key = (row.tobytes(), r.params)
+        if self.single != key or self.pos != r.pos or self.n_sampled != r.n_sampled:
+            self._leave_single()
+            self._set_table_row0(r.pages)
+            self.reset(r.params)
+            self.pos, self.n_sampled, self.single = r.pos, r.n_sampled, key
+        token = self.step(r.token)
+        self.raw_logits = {}
+        self.last_step = self.m.plan.decode_step(self.m.plan.ctx_bucket(r.pos + 2))
+        return np.array([token], np.int32)
+
+    def _leave_single(self) -> None:
+        """Drop a single-sequence step queued ahead before the shared buffers change."""
+        if self.single is not None:
+            self._drain()
+            self.single = None
 
     def _stage(self, rows: list[DecodeRow], Bb: int, penalty: bool) -> None:
         """The step's inputs into the pinned staging buffers, then one copy each to the device."""
@@ -205,21 +262,26 @@ class CudaBatchEngine(CudaEngine):
                     self.host_hist[b] = _ring(r.history)
             self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
 
-    def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool) -> None:
-        """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe)."""
+    def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool, keep: bool = False) -> None:
+        """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe);
+        keep: the raw logits copied to the arena's raw_logits before the penalty."""
         logits = self._forward(plan, last_only=True)
         s = self.m.ctx.nb_stream
         outs, params, steps = self.b_outs[:Bb], self.b_params[:Bb], self.b_steps[:Bb]
+        if keep:
+            self.m.arena.get("raw_logits", logits.shape).copy_to_device(logits, stream=s)
         if penalty:
             sample_penalty.repeat_penalty(logits, self.b_hist[:Bb], params, s)
         if greedy:
             argmax.argmax(logits, outs, self.b_argmax, s)
         else:
             sample_kernels.sample(logits, params, steps, outs, self.b_scratch, s)
+        if self.m.tp is not None:  # every rank goes on with rank 0's ids
+            self.m.tp.broadcast(outs)
         flag_nonfinite(logits, outs, s)
 
-    def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool) -> None:
-        self._capture_graph(lambda: self._batch_launches(plan, Bb, greedy, penalty), self.batch_graphs,
+    def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool, keep: bool) -> None:
+        self._capture_graph(lambda: self._batch_launches(plan, Bb, greedy, penalty, keep), self.batch_graphs,
                             key, f"batch decode graph ({Bb} rows)")
 
     @staticmethod

@@ -16,6 +16,7 @@ import numpy as np
 from impnb.errors import NumericalError, ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.forward import forward
+from impnb.gpu.context import GpuContext
 from impnb.gpu.model import DeviceModel
 from impnb.gpu.plan import StepPlan
 from impnb.graphs import prefill as prefill_graphs
@@ -27,6 +28,8 @@ from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample import sample_penalty
 from impnb.kernels.sample import step_state
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
+from impnb.parallel.group import TensorParallel
+from impnb.parallel.ranks import Rank
 from impnb.sampling import SamplingParams
 from impnb.tuning import MAX_PREFILL_CHUNK
 
@@ -40,9 +43,17 @@ class CudaEngine:
     device = "cuda"
 
     def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
-                 kv_tokens: int | None = None, max_seqs: int = 1):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None):
+        """tp: this process's tensor-parallel rank (impnb/parallel/ranks.py): the engine then runs
+        on GPU tp.local_rank with the rank's slices of the model, every rank in step (the same
+        calls on each), and rank 0's sampled ids broadcast to the others. tp_group: a group
+        already formed instead (the warm-up's dry run)."""
         self.mf = mf
-        self.m = DeviceModel(mf, n_ctx, kv_tokens=kv_tokens, max_seqs=max_seqs)
+        ctx, group = None, tp_group
+        if tp is not None:
+            ctx = GpuContext(tp.local_rank)
+            group = TensorParallel.join(tp, ctx)
+        self.m = DeviceModel(mf, n_ctx, ctx=ctx, kv_tokens=kv_tokens, max_seqs=max_seqs, tp=group)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk
@@ -55,6 +66,7 @@ class CudaEngine:
         self.host_out = cuda.pinned_array(1, np.int32)
         self.host_step = cuda.pinned_array(1, np.int32)
         self.host_last = cuda.pinned_array(1, np.int32)
+        self.host_len = cuda.pinned_array(1, np.int32)
         self.last_row = ctx.empty(1, np.int32)  # a padded chunk's last real row
         self.out_ids = ctx.empty(1, np.int32)
         self.step_no = ctx.empty(1, np.int32)
@@ -63,7 +75,7 @@ class CudaEngine:
         self.scratch = sample_kernels.sample_scratch(1, self.cfg.n_vocab)
         self.argmax_scratch = argmax.argmax_scratch(1)
         self.replays = None if self.m.ctx.simulator else Replays(self.m.ctx, self.out_ids)
-        self.lookahead = lookahead
+        self.lookahead = lookahead  # hybrids too: a dropped step leaves the state's slot it read (gpu/recurrent.py)
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.ahead = None  # the decode step queued on the device's own token, not yet read
         self.last_step = None  # the StepPlan of the last forward launched
@@ -78,6 +90,8 @@ class CudaEngine:
         self.params.copy_to_device(sample_kernels.sample_params([params]), stream=self.m.ctx.nb_stream)
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
         self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
+        if self.m.rec is not None:  # a new sequence's recurrent state starts at zero
+            self.m.rec.zero(self.m.ctx.nb_stream)
         self.pos = 0
         self.n_sampled = 0
         self.n_checked = 0
@@ -90,7 +104,7 @@ class CudaEngine:
         logits = None
         for start in range(0, len(ids), MAX_PREFILL_CHUNK):
             logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
-        if self.p.repeat_penalty != 1.0:  # the prompt's tail into the ring, mirrored, one copy
+        if self.p.penalized:  # the prompt's tail into the ring, mirrored, one copy
             for t in ids[-HISTORY:]:
                 self._sampled(int(t))
             self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
@@ -100,7 +114,7 @@ class CudaEngine:
         # a graph per context bucket (its decode-attention kernel and split count), for this step
         # and the one queued after it
         bucket = self.m.plan.ctx_bucket(self.pos + 2)
-        key = (self.p.greedy, self.p.repeat_penalty != 1.0, bucket)
+        key = (self.p.greedy, self.p.penalized, bucket)
         graph = self.graphs.get(key)
         if graph is None:
             self._drain()
@@ -148,7 +162,7 @@ class CudaEngine:
         if self.ahead is not None:
             self.replays.collect(self.ahead)
             self.ahead = None
-            if self.p.repeat_penalty != 1.0:
+            if self.p.penalized:
                 self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
 
     def _prefill_chunk(self, chunk: np.ndarray):
@@ -165,6 +179,9 @@ class CudaEngine:
         self.m.ids[:B].copy_to_device(self.host_ids[:B], stream=s)
         self.m.pos[:B].copy_to_device(self.host_pos[:B], stream=s)
         self.last_row.copy_to_device(self.host_last, stream=s)
+        if self.m.rec is not None:  # the recurrent layers' real rows: the padding leaves the state alone
+            self.host_len[0] = len(chunk)
+            self.m.rec.lengths.copy_to_device(self.host_len, stream=s)
         self.pos += len(chunk)
         graph = self.prefill_graphs.get(B)
         if graph is not None:
@@ -241,11 +258,13 @@ class CudaEngine:
     def _sample_launches(self, logits) -> None:
         """The sampler's kernels: logits (1, V) -> self.out_ids, history updated (graph-safe)."""
         s = self.m.ctx.nb_stream
-        if self.p.repeat_penalty != 1.0:
+        if self.p.penalized:
             sample_penalty.repeat_penalty(logits, self.history, self.params, s)
         if self.p.greedy:
             argmax.argmax(logits, self.out_ids, self.argmax_scratch, s)
         else:
             sample_kernels.sample(logits, self.params, self.step_no, self.out_ids, self.scratch, s)
-        if self.p.repeat_penalty != 1.0:
+        if self.m.tp is not None:  # every rank goes on with rank 0's id (their logits agree anyway)
+            self.m.tp.broadcast(self.out_ids)
+        if self.p.penalized:
             sample_penalty.push_history(self.out_ids, self.step_no, self.history, s)

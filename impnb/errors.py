@@ -23,3 +23,7 @@ class DeviceError(ImpnbError):
 
 class NumericalError(ImpnbError):
     """The model produced NaN or inf logits: broken weights, or numerics that overflowed."""
+
+
+class ParallelError(ImpnbError):
+    """Tensor parallelism could not start (no NCCL, a rank that did not join in time) or a rank failed."""

@@ -1,4 +1,5 @@
-"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, repetition penalty.
+"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, and the penalties
+(repetition, presence, frequency) over the last repeat_last_n tokens.
 
 The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature.
 Random draws come from a Philox generator seeded by the user (the GPU sampler uses Philox too).
@@ -12,6 +13,7 @@ from impnb.errors import ParameterError
 
 # A penalty divides or multiplies a logit: beyond this either way float32 logits overflow.
 MAX_REPEAT_PENALTY = 1000.0
+MAX_OPENAI_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's API takes them
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class SamplingParams:
     seed: int = 0
     max_tokens: int = 128  # tokens to generate at most (the engine's stop; the CLI's --max-tokens)
     ignore_eos: bool = False  # generate past an end-of-generation token, up to max_tokens
+    presence_penalty: float = 0.0  # subtracted from the logit of each token in the window (OpenAI's)
+    frequency_penalty: float = 0.0  # subtracted that many times as the token occurs in the window
 
     def validate(self) -> "SamplingParams":
         for name, (kinds, what) in _FIELD_TYPES.items():
@@ -42,6 +46,10 @@ class SamplingParams:
         if not 1 / MAX_REPEAT_PENALTY <= self.repeat_penalty <= MAX_REPEAT_PENALTY:
             raise ParameterError(f"repeat penalty must be in [{1 / MAX_REPEAT_PENALTY:g}, "
                                  f"{MAX_REPEAT_PENALTY:g}], got {self.repeat_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_OPENAI_PENALTY <= getattr(self, name) <= MAX_OPENAI_PENALTY:
+                raise ParameterError(f"{name.replace('_', '-')} must be in [-{MAX_OPENAI_PENALTY:g}, "
+                                     f"{MAX_OPENAI_PENALTY:g}], got {getattr(self, name)}")
         if not 0 <= self.seed < 2**64:
             raise ParameterError(f"seed must be in [0, 2**64), got {self.seed}")
         if self.repeat_last_n < 0:
@@ -54,13 +62,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Some penalty changes the logits of the tokens in the window."""
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
 
 _REAL = ((int, float, np.integer, np.floating), "a number")
 _INT = ((int, np.integer), "an integer")
 # what each field takes: a bool, or a float where an int is meant, is a caller's mistake
 _FIELD_TYPES = {"temperature": _REAL, "top_k": _INT, "top_p": _REAL, "min_p": _REAL,
                 "repeat_penalty": _REAL, "repeat_last_n": _INT, "seed": _INT, "max_tokens": _INT,
-                "ignore_eos": ((bool, np.bool_), "True or False")}
+                "ignore_eos": ((bool, np.bool_), "True or False"), "presence_penalty": _REAL,
+                "frequency_penalty": _REAL}
 
 
 def apply_repeat_penalty(logits: np.ndarray, history, penalty: float) -> np.ndarray:
@@ -71,6 +85,22 @@ def apply_repeat_penalty(logits: np.ndarray, history, penalty: float) -> np.ndar
     ids = np.unique(np.asarray(history, dtype=np.int64))
     seen = logits[ids]
     logits[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    return logits
+
+
+def apply_penalties(logits: np.ndarray, history, p: SamplingParams) -> np.ndarray:
+    """llama.cpp's penalties over the window `history` (the last repeat_last_n tokens, prompt
+    included): each distinct token's logit gets the repetition penalty, then loses
+    frequency_penalty x its count + presence_penalty (OpenAI's formula). The presence and frequency
+    terms are computed in float64 from float32 values of the penalties (exact: the GPU kernel's
+    fused multiply-add gives the same float32 result) and rounded once."""
+    logits = apply_repeat_penalty(logits, history, p.repeat_penalty)
+    if not (p.presence_penalty or p.frequency_penalty) or not len(history):
+        return logits
+    logits = logits.copy()
+    ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    drop = counts * np.float64(np.float32(p.frequency_penalty)) + np.float64(np.float32(p.presence_penalty))
+    logits[ids] = (logits[ids].astype(np.float64) - drop).astype(np.float32)
     return logits
 
 
@@ -101,7 +131,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history=()) -> int:
         p = self.params
-        logits = apply_repeat_penalty(logits, list(history)[-p.repeat_last_n:], p.repeat_penalty)
+        logits = apply_penalties(logits, list(history)[-p.repeat_last_n:], p)
         if p.greedy:
             return int(np.argmax(logits))
         ids, probs = filter_probs(logits, p)

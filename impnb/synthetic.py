@@ -34,7 +34,7 @@ _TOKENIZER_ARRAYS = {
 }
 
 
-def tiny_config(arch: str, vocab_size: int, seed: int = 0):
+def tiny_config(arch: str, vocab_size: int, seed: int = 0, moe_ff: int = 32):
     """A transformers config of a few layers; `seed` is unused (the shapes are fixed) and kept so
     every helper here takes the same arguments. qwen3 ties its output to token_embd, qwen3moe does not."""
     from transformers import Qwen3Config, Qwen3MoeConfig
@@ -51,18 +51,18 @@ def tiny_config(arch: str, vocab_size: int, seed: int = 0):
         return Qwen3Config(**common, num_hidden_layers=3, head_dim=64, tie_word_embeddings=True)
     if arch == "qwen3moe":
         return Qwen3MoeConfig(**common, num_hidden_layers=2, head_dim=64, tie_word_embeddings=False,
-                              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=moe_ff,
                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
 
 
-def build_hf_model(arch: str, vocab_size: int, seed: int = 0):
+def build_hf_model(arch: str, vocab_size: int, seed: int = 0, moe_ff: int = 32):
     """Qwen3ForCausalLM / Qwen3MoeForCausalLM in float32, eval mode, re-initialised from `seed`:
     matrices N(0, 0.02), norm weights 1 + 0.1 N(0, 1) so that no norm is the identity."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(arch, vocab_size, seed)
+    config = tiny_config(arch, vocab_size, seed, moe_ff)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -243,18 +243,22 @@ def write_gguf(writer: GGUFWriter, tensors) -> None:
     writer.close()
 
 
-def make_tiny_gguf(arch: str, qtype: str, path, tokenizer_metadata: dict | None = None, seed: int = 0):
+def make_tiny_gguf(arch: str, qtype: str, path, tokenizer_metadata: dict | None = None, seed: int = 0,
+                   moe_ff: int = 32):
     """Build a tiny model (vocab from the tokenizer, else MINIMAL_VOCAB), write it, return the HF model."""
     vocab = len(tokenizer_metadata["tokenizer.ggml.tokens"]) if tokenizer_metadata else MINIMAL_VOCAB
-    model = build_hf_model(arch, vocab, seed)
+    model = build_hf_model(arch, vocab, seed, moe_ff)
     export_gguf(model, path, qtype, tokenizer_metadata)
     return model
 
 
-def tiny_gguf(arch: str, qtype: str, directory, tokenizer_metadata: dict | None = None, seed: int = 0):
-    """(hf_model, gguf_path) with the file at `directory`/tiny-{arch}-{qtype}-s{seed}.gguf."""
-    path = Path(directory) / f"tiny-{arch}-{qtype.lower()}-s{seed}.gguf"
-    return make_tiny_gguf(arch, qtype, path, tokenizer_metadata, seed), path
+def tiny_gguf(arch: str, qtype: str, directory, tokenizer_metadata: dict | None = None, seed: int = 0,
+              moe_ff: int = 32):
+    """(hf_model, gguf_path) with the file at `directory`/tiny-{arch}-{qtype}-s{seed}.gguf; moe_ff:
+    qwen3moe's expert width (64 splits into whole 32-column groups over two GPUs)."""
+    wide = f"-f{moe_ff}" if moe_ff != 32 else ""
+    path = Path(directory) / f"tiny-{arch}-{qtype.lower()}-s{seed}{wide}.gguf"
+    return make_tiny_gguf(arch, qtype, path, tokenizer_metadata, seed, moe_ff), path
 
 
 def hf_from_gguf(path):

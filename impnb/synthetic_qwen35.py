@@ -20,11 +20,16 @@ ATTENTION_INTERVAL = 2  # every second layer full attention, so a few layers hol
 NORM_STD = 0.1
 
 _HF_ARCH = {"qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}
+# Sizes the GPU kernels take (tests/gpu): attention head dim 256 with RoPE on 64 (Qwen3.6's), DeltaNet
+# K / V head dims multiples of 32 (dk != dv still), every row whole Q8_0 blocks.
+GPU_SIZES = dict(hidden_size=256, head_dim=256, linear_key_head_dim=64, linear_value_head_dim=32)
+GPU_FFN = dict(intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=128)
+GPU_MROPE = [11, 11, 10]  # the text's sections of the 32 rotated pairs
 
 
-def tiny_config(arch: str, vocab_size: int):
+def tiny_config(arch: str, vocab_size: int, gpu: bool = False):
     """A 4-layer config: 2 QK heads and 4 V heads (so qwen35's V-head reorder matters), dk != dv,
-    gated attention with 4 Q / 2 KV heads of 32 and RoPE on 8 dims."""
+    gated attention with 4 Q / 2 KV heads of 32 and RoPE on 8 dims; `gpu`: GPU_SIZES instead."""
     from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3NextConfig
 
     common = dict(
@@ -38,18 +43,24 @@ def tiny_config(arch: str, vocab_size: int):
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                shared_expert_intermediate_size=64)
+    dense, mrope = 96, [2, 1, 1]
+    if gpu:
+        common.update(GPU_SIZES)
+        moe.update(moe_intermediate_size=GPU_FFN["moe_intermediate_size"],
+                   shared_expert_intermediate_size=GPU_FFN["shared_expert_intermediate_size"])
+        dense, mrope = GPU_FFN["intermediate_size"], GPU_MROPE
     if arch == "qwen35":
-        return Qwen3_5TextConfig(**common, intermediate_size=96,
-                                 rope_parameters={**rope, "mrope_section": [2, 1, 1]})
+        return Qwen3_5TextConfig(**common, intermediate_size=dense,
+                                 rope_parameters={**rope, "mrope_section": mrope})
     if arch == "qwen35moe":
-        return Qwen3_5MoeTextConfig(**common, **moe, rope_parameters={**rope, "mrope_section": [2, 1, 1]})
+        return Qwen3_5MoeTextConfig(**common, **moe, rope_parameters={**rope, "mrope_section": mrope})
     if arch == "qwen3next":
-        return Qwen3NextConfig(**common, **moe, intermediate_size=96, rope_parameters=rope,
+        return Qwen3NextConfig(**common, **moe, intermediate_size=dense, rope_parameters=rope,
                                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
 
 
-def build_hf_model(arch: str, vocab_size: int, seed: int = 0):
+def build_hf_model(arch: str, vocab_size: int, seed: int = 0, gpu: bool = False):
     """The float32 HF model, every parameter drawn from `seed`: matrices N(0, 1/fan_in), the conv
     N(0, 1/K), zero-centred norms 0.1 N(0, 1), the gated norm 1 + 0.1 N(0, 1), A_log log U(0.5, 8),
     dt_bias N(0, 1); no default init survives to hide a bug."""
@@ -59,7 +70,7 @@ def build_hf_model(arch: str, vocab_size: int, seed: int = 0):
     cls = {"qwen35": Qwen3_5ForCausalLM, "qwen35moe": Qwen3_5MoeForCausalLM,
            "qwen3next": Qwen3NextForCausalLM}[arch]
     torch.manual_seed(seed)
-    model = cls(tiny_config(arch, vocab_size)).float().eval()
+    model = cls(tiny_config(arch, vocab_size, gpu)).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -216,23 +227,27 @@ def add_hparams(writer: GGUFWriter, config, arch: str, file_type, name: str) -> 
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: bool = False) -> None:
-    """Write `model` to `path` with a minimal tokenizer, F32 or Q8_0 as the converter does (`legacy`:
-    qwen3next's ssm_in as older converters wrote it). For broken files in tests: `drop` leaves out
-    tensors by GGUF name, `config` writes another config's keys."""
+def export_gguf(model, path, qtype: str = "F32", drop=(), config=None, legacy: bool = False,
+                tokenizer_metadata: dict | None = None) -> None:
+    """Write `model` to `path` with a minimal tokenizer (or tokenizer_metadata's), F32 or Q8_0 as the
+    converter does (`legacy`: qwen3next's ssm_in as older converters wrote it). For broken files
+    in tests: `drop` leaves out tensors by GGUF name, `config` writes another config's keys."""
     if qtype not in ("F32", "Q8_0"):
         raise ValueError(f"qtype {qtype!r} is not F32 or Q8_0")
     arch, config = gguf_arch(model), config or model.config
     writer = GGUFWriter(os.fspath(path), arch)
     add_hparams(writer, config, arch, QTYPES[qtype], f"impnb tiny {arch}")
-    add_tokenizer(writer, minimal_tokenizer_metadata(config.vocab_size))
+    add_tokenizer(writer, tokenizer_metadata or minimal_tokenizer_metadata(config.vocab_size))
     write_gguf(writer, ((name, array, tensor_qtype(name, array, qtype))
                         for name, array in gguf_tensors(model, legacy) if name not in drop))
 
 
-def tiny_gguf(arch: str, qtype: str, directory, seed: int = 0):
-    """(hf_model, gguf_path) with the file at `directory`/tiny-{arch}-{qtype}-s{seed}.gguf."""
-    path = Path(directory) / f"tiny-{arch}-{qtype.lower()}-s{seed}.gguf"
-    model = build_hf_model(arch, MINIMAL_VOCAB, seed)
-    export_gguf(model, path, qtype)
+def tiny_gguf(arch: str, qtype: str, directory, seed: int = 0, gpu: bool = False,
+              tokenizer_metadata: dict | None = None):
+    """(hf_model, gguf_path) with the file at `directory`/tiny-{arch}-{qtype}-s{seed}.gguf
+    (`gpu`: GPU_SIZES, tiny-gpu-...); the vocabulary tokenizer_metadata's, else MINIMAL_VOCAB."""
+    path = Path(directory) / f"tiny-{'gpu-' if gpu else ''}{arch}-{qtype.lower()}-s{seed}.gguf"
+    vocab = len(tokenizer_metadata["tokenizer.ggml.tokens"]) if tokenizer_metadata else MINIMAL_VOCAB
+    model = build_hf_model(arch, vocab, seed, gpu)
+    export_gguf(model, path, qtype, tokenizer_metadata=tokenizer_metadata)
     return model, path

@@ -42,16 +42,17 @@ def _cc() -> tuple:
     return arch_cc(cuda.current_context().device.compute_capability)
 
 
-def manifest_path(mf: ModelFile, n_ctx: int, cc: tuple) -> Path:
-    """The manifest of this model file, context and target under the toolchain and kernel sources
-    in use; IMPNB_* settings are in the key, since some choose kernels."""
+def manifest_path(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1) -> Path:
+    """The manifest of this model file, context, target and tensor-parallel size (a rank's shapes)
+    under the toolchain and kernel sources in use; IMPNB_* settings are in the key, since some
+    choose kernels."""
     from impnb.launch.cache import cache_dir, kernels_digest, toolchain
 
     st = os.stat(mf.path)
     env = sorted((k, v) for k, v in os.environ.items()
                  if k.startswith("IMPNB_") and k not in ("IMPNB_CACHE_DIR", "IMPNB_MODELS_DIR", "IMPNB_PRECOMPILE"))
     parts = [MANIFEST_VERSION, os.path.abspath(mf.path), st.st_size, st.st_mtime_ns, n_ctx, cc,
-             toolchain(), kernels_digest(), env]
+             toolchain(), kernels_digest(), env] + ([tp_world] if tp_world > 1 else [])
     return cache_dir() / f"manifest-{hashlib.sha256(repr(parts).encode()).hexdigest()[:32]}.json"
 
 
@@ -63,16 +64,37 @@ def _is_warm(path: Path) -> bool:
     return isinstance(names, list) and all(isinstance(n, str) and (path.parent / n).is_file() for n in names)
 
 
-def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
-    """The precompile.Recorder of a CUDA engine's load, every prompt bucket and every context
-    bucket's decode step under each sampler configuration, none of it launched."""
+class _InertGroup:
+    """A tensor-parallel group for the dry run: rank 0 of world, collectives that do nothing (every
+    rank's kernels are rank 0's: the same shapes)."""
+
+    rank, local_rank, leader = 0, 0, True
+
+    def __init__(self, world: int):
+        self.world = world
+
+    def all_reduce(self, buf) -> None:
+        pass
+
+    def all_gather(self, part, whole) -> None:
+        pass
+
+    def broadcast(self, buf, root: int = 0) -> None:
+        pass
+
+
+def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1):
+    """The precompile.Recorder of a CUDA engine's load (a tensor-parallel rank's, for tp_world
+    ranks), every prompt bucket and every context bucket's decode step under each sampler
+    configuration, none of it launched."""
     from impnb.engine_cuda import CudaEngine
     from impnb.graphs import prefill as prefill_graphs
     from impnb.launch.precompile import record
     from impnb.tuning import DECODE_CTX_BUCKETS
 
     with record(cc) as rec:
-        engine = CudaEngine(mf, n_ctx, graphs=False, lookahead=False)
+        group = _InertGroup(tp_world) if tp_world > 1 else None
+        engine = CudaEngine(mf, n_ctx, graphs=False, lookahead=False, tp_group=group)
         try:
             if engine.m.cublas is not None:
                 engine.m.cublas.close()
@@ -96,14 +118,14 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple):
 
 
 def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
-            stream=None) -> dict | None:
+            stream=None, tp_world: int = 1) -> dict | None:
     """Build what the model's GPU path needs unless the manifest says it is built (or `force`);
     a dict of counts and seconds, or None when it is off or failed (kernels then compile at their
     first launch, as without this)."""
     if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
         return None
     try:
-        return _prepare(mf, n_ctx, force, n_workers, stream)
+        return _prepare(mf, n_ctx, force, n_workers, stream, tp_world)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise
     except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
@@ -111,18 +133,18 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
         return None
 
 
-def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream) -> dict | None:
+def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream, tp_world: int) -> dict | None:
     from numba import cuda
 
     from impnb.launch.precompile import compile_all
 
     start = time.perf_counter()
     cc = _cc()
-    path = manifest_path(mf, n_ctx, cc)
+    path = manifest_path(mf, n_ctx, cc, tp_world)
     if not force and _is_warm(path):
         return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
     try:
-        rec = dry_run(mf, n_ctx, cc)
+        rec = dry_run(mf, n_ctx, cc, tp_world)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise  # the user's model or parameters: the one error line the real load would give
     except Exception as e:  # noqa: BLE001 — any other failure only means compiling at first launch

@@ -5,6 +5,7 @@
 # cache, BASE its own (/tmp/impnb-cache-base). Models: names or .gguf paths; `qwen3-8b` and `qwen3-30b-a3b` are written first as
 # synthetic Q4_K_M GGUFs under /tmp (scripts/make_synthetic_full.py). Rows go to $OUT/ab-bench.log,
 # the table last.
+# REPS sets bench's -r (default 3).
 #   BASE=.dev/base ROUNDS=2 bash scripts/ab_bench.sh smollm2-135m gemma3-270m qwen3-8b qwen3-30b-a3b
 set -uo pipefail
 source "$(dirname "$0")/device_setup.sh"
@@ -32,7 +33,7 @@ bench() {  # tree, model -> "pp512 tg128"
   local cache=${IMPNB_CACHE_DIR:-$HOME/.cache/impnb/kernels}
   [ "$1" = "$BASE" ] && cache=/tmp/impnb-cache-base
   (cd "$1" && IMPNB_CACHE_DIR=$cache PYTHONPATH=/tmp/site:$1 \
-    timeout 400 python3 -m impnb bench -m "$2" -p 512 -n 128 -r 3 --device cuda --json 2>>"$log") |
+    timeout 400 python3 -m impnb bench -m "$2" -p 512 -n 128 -r "${REPS:-3}" --device cuda --json 2>>"$log") |
     python3 -c 'import json,sys; r={x["test"]: x["tok_s"] for x in json.load(sys.stdin)}; print(r.get("pp512", 0), r.get("tg128", 0))'
 }
 

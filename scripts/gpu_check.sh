@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|batch|serve|all]
-#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup, batch, serve)
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|batch|
+#                              serve|serve-soak|llama-server|serve-bench|all]
+#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup, batch, serve*, llama-server)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
@@ -19,6 +20,19 @@ export IMPNB_MODELS_DIR=${IMPNB_MODELS_DIR:-/root/impnb/models}
 OUT=${OUT:-/tmp/impnb-out}
 mkdir -p "$OUT"
 declare -A status
+
+build_llama() {  # targets...: llama.cpp built in /tmp/llama from .dev/llama/src.tgz (scripts/llama_cpp_stage.sh),
+  # offline: no web UI (an empty asset table is generated), no OpenSSL, no curl
+  local src=$PWD/.dev/llama/src.tgz
+  (mkdir -p /tmp/llama && cd /tmp/llama && tar xzf "$src" &&
+    { printf '%s\n' 'find_package(Threads REQUIRED)' 'llama_add_compile_flags()'
+      for d in llama-bench batched-bench ui mtmd server; do [ ! -d tools/$d ] || echo "add_subdirectory($d)"; done
+    } > tools/CMakeLists.txt &&
+    cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+      -DCMAKE_BUILD_TYPE=Release && timeout 540 cmake --build build --target "$@" -j "$(nproc)")
+}
 
 if [[ $what == all || $what == tests ]]; then
   # the whole GPU suite outgrew one device call (~10 min): GPU_TESTS picks files, e.g.
@@ -70,12 +84,7 @@ if [[ $what == llama ]]; then
   if [[ -z ${LLAMA_GGUF:-} && ! -f $moe ]]; then
     timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-30b-a3b --quant Q4_K_M --out $moe > "$OUT/moe-make.log" 2>&1
   fi
-  src=$PWD/.dev/llama/src.tgz
-  (mkdir -p /tmp/llama && cd /tmp/llama && tar xzf "$src" && echo 'add_subdirectory(llama-bench)' > tools/CMakeLists.txt &&
-    cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      -DCMAKE_BUILD_TYPE=Release && timeout 480 cmake --build build --target llama-bench -j "$(nproc)") \
-    > "$OUT/llama-build.log" 2>&1
+  build_llama llama-bench > "$OUT/llama-build.log" 2>&1
   status[llama-build]="rc=$?"
   for m in ${LLAMA_GGUF:-$moe}; do
     name=$(basename "$m" .gguf)
@@ -183,14 +192,49 @@ if [[ $what == batch ]]; then
   done
 fi
 
+if [[ $what == serve* ]]; then  # the serve extra's wheels (fastapi, uvicorn, openai), carried in .dev/whl-serve
+  [ -f /tmp/site/fastapi/__init__.py ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev/whl-serve/*.whl
+fi
+
 if [[ $what == serve ]]; then
-  # the HTTP suite on the GPU engine, then the soak (1000 requests at concurrency 64); needs the
-  # serve extra's wheels (fastapi, uvicorn, openai) installed on the host
-  IMPNB_SERVE_TEST_DEVICES=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_server_http.py \
-    tests/gpu/test_serve_cuda.py -W ignore > "$OUT/serve-tests.log" 2>&1
+  # the HTTP suite on the GPU engine (SmolLM2), the serving engine's GPU tests and logprobs on the GPU (~5 min)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/gpu/test_serve_logprobs.py tests/gpu/test_serve_cuda.py \
+    tests/gpu/test_sample.py -W ignore > "$OUT/serve-engine-tests.log" 2>&1
+  status[serve-engine-tests]="rc=$? $(tail -n 1 "$OUT/serve-engine-tests.log")"
+  IMPNB_SERVE_TEST_DEVICES=cuda timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_server_http.py \
+    -W ignore > "$OUT/serve-tests.log" 2>&1
   status[serve-tests]="rc=$? $(tail -n 1 "$OUT/serve-tests.log")"
-  timeout 400 python3 scripts/soak_serve.py -m smollm2-135m --device cuda > "$OUT/soak.log" 2>&1
-  status[soak]="rc=$? $(tail -n 1 "$OUT/soak.log")"
+fi
+
+if [[ $what == serve-soak ]]; then
+  # 1000 requests at concurrency 64 on SmolLM2 on the GPU engine, random lengths, 5% disconnects, 5%
+  # malformed; then every KV block free, the server answers, RSS and GPU memory at their warmed-up level (~3 min)
+  timeout 540 python3 scripts/soak_serve.py -m ${SOAK_MODEL:-smollm2-135m} --device cuda > "$OUT/soak.log" 2>&1
+  status[soak]="rc=$? $(grep -E '^soak: [0-9]' "$OUT/soak.log" | tail -n 1) | $(tail -n 1 "$OUT/soak.log")"
+fi
+
+if [[ $what == llama-server ]]; then
+  # llama.cpp's llama-server (and llama-bench, llama-batched-bench) built in /tmp/llama (~6 min on 16 cores);
+  # a machine keeps it for serve-bench while it stays warm
+  build_llama llama-server llama-bench llama-batched-bench > "$OUT/llama-build.log" 2>&1
+  status[llama-build]="rc=$? $(ls /tmp/llama/build/bin 2>/dev/null | tr '\n' ' ')"
+fi
+
+if [[ $what == serve-bench ]]; then
+  # impnb's server on the GPU engine against llama-server (-np 128, continuous batching, -fa on) on the
+  # same GGUFs (SERVE_MODELS: SmolLM2 and the synthetic Qwen3-8B Q4_K_M), bench-serve at concurrency
+  # 1/8/32/64/128, 128-token prompts, 128-token outputs; one table (scripts/serve_compare.py). llama-server
+  # from the llama-server mode (or LLAMA_SERVER); without it impnb's rows alone. ~7 min with both models
+  q8b=/tmp/qwen3-8b-q4_k_m.gguf
+  models=${SERVE_MODELS:-smollm2-135m,$q8b}
+  if [[ $models == *$q8b* && ! -f $q8b ]]; then
+    timeout 200 python3 scripts/make_synthetic_full.py --model qwen3-8b --quant Q4_K_M --out $q8b > "$OUT/q8b-make.log" 2>&1
+  fi
+  server=${LLAMA_SERVER:-/tmp/llama/build/bin/llama-server}
+  [ -x "$server" ] || server=
+  timeout 570 python3 scripts/serve_compare.py -m "$models" ${server:+--llama-server "$server"} --logs "$OUT" \
+    --json "$OUT/serve-bench.json" > "$OUT/serve-bench.log" 2> "$OUT/serve-bench.err"
+  status[serve-bench]="rc=$? ${server:-no llama-server} (table: serve-bench.log)"
 fi
 
 if [[ $what == all || $what == bench ]]; then
@@ -204,5 +248,6 @@ if [[ $what == all || $what == bench ]]; then
   status[bench-gemv]="rc=$? see bench-gemv.log"
 fi
 
+[ -f "$OUT/serve-bench.log" ] && [[ $what == serve-bench ]] && cat "$OUT/serve-bench.log"
 echo "== impnb GPU check $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 for k in "${!status[@]}"; do printf '%-22s %s\n' "$k" "${status[$k]}"; done | sort

@@ -4,7 +4,8 @@
                                         [--max-tokens N] [--quick]
 
 multi-model: for SmolLM2-135M and Gemma3-270M (found by impnb.model_registry) and tiny random
-qwen3 / qwen3moe built into a temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
+qwen3 / qwen3moe and Qwen3.5 hybrids (qwen35 / qwen35moe at the GPU kernels' sizes) built into a
+temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
 once without, greedy answers to fixed prompts:
 coherence (real models: the expected word is in the answer), degeneration (impnb.degeneration;
 random models only must not stop at once), teacher-forced parity of the engine's logits with the
@@ -75,6 +76,8 @@ MODELS = {s.name: s for s in (
                               Prompt("Once upon a time, in a small village,", quick=False))),
     ModelSpec("tiny-qwen3", (STORY,), synthetic_arch="qwen3"),
     ModelSpec("tiny-qwen3moe", (STORY,), synthetic_arch="qwen3moe"),
+    ModelSpec("tiny-qwen35", (STORY,), synthetic_arch="qwen35"),
+    ModelSpec("tiny-qwen35moe", (STORY,), synthetic_arch="qwen35moe"),
 )}
 
 
@@ -198,11 +201,15 @@ class Models:
             smollm2 = resolve_model("smollm2-135m")
         except ImpnbError as e:
             raise ImpnbError(f"needs SmolLM2's tokenizer: {e}") from e
+        from impnb import synthetic_qwen35
         from impnb.synthetic import tiny_gguf, tokenizer_metadata_from
 
-        _, path = tiny_gguf(spec.synthetic_arch, "Q8_0", self.directory,
-                            tokenizer_metadata=tokenizer_metadata_from(smollm2))
-        return path
+        tokenizer = tokenizer_metadata_from(smollm2)
+        if spec.synthetic_arch in synthetic_qwen35.ARCHS:  # F32: parity without dp4a's int8 inputs, which
+            # move the tiny hybrids' logits by ~1% (tests/gpu/test_engine_qwen35.py)
+            return synthetic_qwen35.tiny_gguf(spec.synthetic_arch, "F32", self.directory, gpu=True,
+                                              tokenizer_metadata=tokenizer)[1]
+        return tiny_gguf(spec.synthetic_arch, "Q8_0", self.directory, tokenizer_metadata=tokenizer)[1]
 
 
 def multi_model(names: list[str], device: str, quick: bool, max_tokens: int) -> list[ModelResult]:

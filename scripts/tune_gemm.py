@@ -1,8 +1,8 @@
 """Measure the prefill GEMM paths on this GPU and write impnb/tuning/gemm_table.json.
 
-For each model's matrices as DeviceModel holds them (attn_output, ffn_gate_up or ffn_gate /
-ffn_up, ffn_down; one entry per distinct type and shape, timed rotating over all layers'
-copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
+For each model's matrices as DeviceModel holds them (Q|K|V or its parts, attn_output, ffn_gate_up
+or ffn_gate / ffn_up, ffn_down; the stacked Q|K|V on cuBLAS and the split-K tiles only; one entry
+per distinct type and shape, timed rotating over all layers' copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
 the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/linear.py, x cast included in
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
@@ -31,17 +31,22 @@ from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
-NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")
+NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_qk", "attn_q",
+         "attn_k", "attn_v")
+SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS or the split-K tiles only
 MARGIN = 1.03
 
 
-def weights_by_shape(m) -> dict:
-    groups = defaultdict(list)
+def weights_by_shape(m) -> tuple[dict, set]:
+    """({(type, N, K): the layers' weights}, the keys whose weights are all stacked Q|K|V)."""
+    groups, plain = defaultdict(list), set()
     for name, w in m.w.items():
         if name.startswith("blk.") and name.split(".")[2] in NAMES and w.ggml_type in QUANT_TYPES \
                 and w.cols % GGML_QUANT_SIZES[w.ggml_type][0] == 0 and w.rows % 8 == 0:
             groups[(w.ggml_type, w.rows, w.cols)].append(w)
-    return groups
+            if name.split(".")[2] not in SPLIT:
+                plain.add((w.ggml_type, w.rows, w.cols))
+    return groups, set(groups) - plain
 
 
 def time_path(m, ws, x, y, path, reps) -> float:
@@ -66,12 +71,14 @@ def main() -> int:
           + f" {'chosen':<12} {'speed-up':>8}")
     for model in args.models.split(","):
         m = DeviceModel(open_model_file(resolve_model(model)), 1024)
-        for (t, N, K), ws in weights_by_shape(m).items():
+        groups, stacked = weights_by_shape(m)
+        for (t, N, K), ws in groups.items():
             key = gd.shape_key(t, N, K)
             for M in gd.M_BUCKETS:
                 x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
                 ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
-                paths = [p for p in gd.PATHS if p != "wgmma" or K % WG_BK == 0]
+                paths = [p for p in gd.PATHS if (p != "wgmma" or K % WG_BK == 0)
+                         and ((t, N, K) not in stacked or p in ("cublas", "splitk"))]
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:

@@ -104,6 +104,8 @@ def test_gemma4_inconsistent_per_layer_metadata(tmp_path, command):
     (["--ctx", "4"], ["context"]),
     (["--max-tokens", "ten"], ["invalid int"]),
     (["--device", "tpu"], ["invalid choice"]),
+    (["--presence-penalty", "3"], ["presence-penalty"]),
+    (["--frequency-penalty", "-2.5"], ["frequency-penalty"]),
 ])
 def test_bad_parameters(flags, words, smollm2_path):
     prompt = "one two three four five six seven eight nine ten"

@@ -21,7 +21,7 @@ class FakeDriver:
         self.ok = ok
 
     def cuDeviceGet(self, i):
-        return self.ok, 0
+        return self.ok, i
 
     def cuDeviceGetAttribute(self, a, dev):
         return self.ok, self.cc[0] if a == "major" else self.cc[1]
@@ -66,5 +66,5 @@ class InitDriver(FakeDriver):
 @pytest.mark.parametrize("init_ok", [True, False])
 def test_early_driver_start_retains_the_context_only_after_a_good_init(init_ok):
     driver = InitDriver(init_ok)
-    cuda_support._retain_primary_context(driver)
-    assert driver.retained == ([0] if init_ok else [])
+    cuda_support._retain_primary_context(driver, 1)
+    assert driver.retained == ([1] if init_ok else [])

@@ -49,3 +49,11 @@ def test_bad_table_rejected(tmp_path):
     path.write_text(json.dumps({"choices": {"Q8_0 8x32": {"48": "tiles_bm64"}}}))
     with pytest.raises(ValueError):
         gd.load_table.__wrapped__(path)
+
+
+def test_splits_for():
+    from impnb.kernels.gemm.gemm_quant_splitk import splits_for
+
+    assert splits_for(16, 4096, 4096) == 9  # 32 tiles: splits for two blocks an SM of 132
+    assert splits_for(256, 24576, 4096) == 1  # 768 tiles fill the GPU
+    assert splits_for(16, 128, 512) == 2  # at least 8 chunks a split

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from impnb.errors import ParameterError
-from impnb.sampling import Sampler, SamplingParams, apply_repeat_penalty, filter_probs
+from impnb.sampling import Sampler, SamplingParams, apply_penalties, apply_repeat_penalty, filter_probs
 
 
 def logits(seed=0, n=1000, scale=3.0):
@@ -13,7 +13,9 @@ def logits(seed=0, n=1000, scale=3.0):
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5),
                                  dict(min_p=-0.1), dict(top_k=-1), dict(repeat_penalty=0.0),
-                                 dict(seed=-1), dict(temperature=float("nan"))])
+                                 dict(seed=-1), dict(temperature=float("nan")), dict(presence_penalty=2.5),
+                                 dict(frequency_penalty=-2.1), dict(presence_penalty=float("nan")),
+                                 dict(frequency_penalty="1")])
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ParameterError):
         SamplingParams(**bad).validate()
@@ -71,3 +73,27 @@ def test_repeat_penalty():
     x = np.array([2.0, -2.0, 1.0], np.float32)
     out = apply_repeat_penalty(x, [0, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_presence_and_frequency_penalties_follow_openais_formula():
+    """logit[j] -= count[j] * frequency + (count[j] > 0) * presence over the window, after the
+    repetition penalty (llama.cpp's order)."""
+    x = logits(3, n=12)
+    window = [4, 4, 4, 7, 0, 7, 11]
+    p = SamplingParams(repeat_penalty=1.25, presence_penalty=0.75, frequency_penalty=-0.5)
+    out = apply_penalties(x, window, p)
+    count = np.bincount(window, minlength=12)
+    y = apply_repeat_penalty(x, window, 1.25).astype(np.float64)
+    want = y - count * -0.5 - (count > 0) * 0.75
+    assert np.allclose(out, want, rtol=0, atol=1e-6)
+    assert np.array_equal(out[count == 0], x[count == 0])
+    assert p.penalized and not SamplingParams().penalized
+    assert apply_penalties(x, [], p) is x
+
+
+def test_a_presence_penalty_steers_the_greedy_choice():
+    x = np.array([3.0, 2.5, 0.0], np.float32)
+    assert Sampler(SamplingParams(temperature=0))(x, [0]) == 0
+    assert Sampler(SamplingParams(temperature=0, presence_penalty=1.0))(x, [0]) == 1
+    assert Sampler(SamplingParams(temperature=0, frequency_penalty=0.3))(x, [0, 0]) == 1
+    assert Sampler(SamplingParams(temperature=0, frequency_penalty=0.3))(x, [0]) == 0

@@ -1,11 +1,16 @@
 """Stop strings (StopMatcher alone, and through LLMEngine across token boundaries) and
-log-probabilities from the host's logits, on a tiny random model."""
+log-probabilities from the host's logits and from a runner that samples itself, on a tiny random
+model."""
 
 import math
 
+import numpy as np
 import pytest
 
 from impnb.errors import ParameterError
+from impnb.serve.cpu_runner import CpuRunner
+from impnb.serve.engine import LLMEngine
+from impnb.serve.runner import StepOutput
 from impnb.serve.stops import StopMatcher, check_stops
 from tests.tiny_models import write_tiny_model
 
@@ -97,3 +102,44 @@ def test_logprobs_need_a_runner_that_returns_logits(llm, monkeypatch):
     with pytest.raises(ParameterError, match="logprobs are not available"):
         llm.engine.add_request("abc", logprobs=0)
     assert not llm.engine.has_unfinished_requests()
+
+
+class SamplingCpuRunner(CpuRunner):
+    """The reference as a runner that samples itself (greedy) and returns the raw logits of the
+    rows that ask only, the contract of the GPU's batched runner; it records which rows asked."""
+
+    returns_logits = False
+    logits_on_request = True
+
+    def __init__(self, model, n_blocks):
+        super().__init__(model, n_blocks)
+        self.asked: list[tuple[int, bool]] = []
+
+    def execute(self, step):
+        logits = super().execute(step).logits
+        rows = [r for r in step.rows if r.sample]
+        self.asked += [(r.seq_id, r.logprobs) for r in rows]
+        return StepOutput(tokens=[int(np.argmax(x)) for x in logits],
+                          logprob_logits=[x.copy() if r.logprobs else None for r, x in zip(rows, logits)])
+
+
+def test_logprobs_from_a_runner_that_samples_equal_the_host_logits_ones(llm):
+    from impnb import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    host_deltas, host = run(llm, "abc", params, logprobs=4)
+    runner = SamplingCpuRunner(llm.engine.runner.model, 16)
+    engine = LLMEngine(runner, llm.tokenizer, 64)
+    a = engine.add_request("abc", params, logprobs=4)
+    b = engine.add_request("xyz", params)  # beside it, asking none
+    seq_a = engine.requests[a].seq.seq_id
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    got = [lp for d in deltas if d.request_id == a for lp in d.logprobs or ()]
+    want = [lp for d in host_deltas for lp in d.logprobs or ()]
+    assert engine.completion(a).token_ids == host.token_ids and len(got) == 5
+    assert [(e.token_id, e.logprob, e.top) for e in got] == [(e.token_id, e.logprob, e.top) for e in want]
+    assert all(not d.logprobs for d in deltas if d.request_id == b)
+    assert sorted({asked for _, asked in runner.asked}) == [False, True]
+    assert all(asked == (s == seq_a) for s, asked in runner.asked)

@@ -30,7 +30,7 @@ def test_kernel_tables_read_tuning():
 def test_overrides_default(monkeypatch):
     for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "GEMV_STREAM",
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
-                 "FUSED_POST_DIMS"):
+                 "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -48,7 +48,7 @@ def test_overrides_from_env(monkeypatch):
 
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
-                                        ("IMPNB_FUSED_POST_DIMS", "64,x")])
+                                        ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4")])
 def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ParameterError, match=name):

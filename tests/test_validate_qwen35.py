@@ -1,6 +1,6 @@
 """Broken Qwen3.5 / Qwen3-Next files end in one clear error before any weight is read: a missing or
 misshapen Gated DeltaNet tensor, V heads that are not a multiple of the QK heads (GGUFError from
-validate_model); the GPU path refuses the hybrids with an UnsupportedError until it has one."""
+validate_model); the GPU path refuses the shapes its kernels do not take with an UnsupportedError."""
 
 import copy
 
@@ -51,11 +51,16 @@ def test_head_counts_that_disagree_with_the_tensors(qwen35, tmp_path):
         validate_model(mf)
 
 
-def test_the_gpu_path_refuses_the_hybrids(qwen35, tmp_path):
-    from impnb.gpu.model import DeviceModel
+def test_the_gpu_path_refuses_shapes_its_kernels_do_not_take(qwen35, tmp_path):
+    """The tiny CPU model's attention head dim 32 and DeltaNet V head dim 24 have no GPU kernel:
+    one UnsupportedError each (DeviceModel before any device memory; check_deltanet alone)."""
+    from impnb.gpu.model import DeviceModel, check_deltanet
 
-    with pytest.raises(UnsupportedError, match="architecture qwen35 has no GPU path yet"):
-        DeviceModel(broken(qwen35, tmp_path / "ok.gguf"), 64)
+    mf = broken(qwen35, tmp_path / "ok.gguf")
+    with pytest.raises(UnsupportedError, match="qwen35 with head dim 32 .* has no GPU attention kernel"):
+        DeviceModel(mf, 64)
+    with pytest.raises(UnsupportedError, match=r"head dims 16 \(K\) / 24 \(V\) has no GPU kernel"):
+        check_deltanet(validate_model(mf))
 
 
 def test_mtp_layers_are_left_out(qwen35, tmp_path):

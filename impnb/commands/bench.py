@@ -48,6 +48,7 @@ def _tg(engine, n: int, depth: list) -> float:
 
 
 def run(args) -> int:
+    tp = getattr(args, "rank", None)
     if args.batch is not None:
         from impnb.commands.bench_batch import run_batched
 
@@ -60,11 +61,13 @@ def run(args) -> int:
     cfg = validate_model(mf)
     n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
     cls = engine_class(args.device, cfg.arch)
-    if cls.device == "cuda":
+    if tp is not None and cls.device != "cuda":
+        raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
+    if cls.device == "cuda" and (tp is None or tp.leader):  # rank 0 builds a rank's kernels
         from impnb.warmup import prepare
 
-        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
-    engine = cls(mf, n_ctx, graphs=not args.no_graphs) if cls.device == "cuda" else cls(mf, n_ctx)
+        prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # a first start compiles them across the cores
+    engine = cls(mf, n_ctx, graphs=not args.no_graphs, tp=tp) if cls.device == "cuda" else cls(mf, n_ctx)
     rng = np.random.default_rng(0)
     rows = []
     step_bytes = bytes_per_token(mf, cfg)
@@ -84,7 +87,8 @@ def run(args) -> int:
         rates = [fn() for _ in range(args.r)]
         r = dict(model=mf.get("general.name", mf.arch), size_mib=round(sum(
             t.data.nbytes for t in mf.tensors.values()) / 2**20, 1), params_m=round(mf.n_params() / 1e6, 1),
-            quant=_quant(mf), device=engine.device, graphs=getattr(engine, "use_graphs", False),
+            quant=_quant(mf), device=engine.device + (f" tp{tp.world}" if tp else ""),
+            graphs=getattr(engine, "use_graphs", False),
             test=name, tok_s=statistics.median(rates), std=statistics.pstdev(rates),
             weight_gb_s=round(statistics.median(rates) * step_bytes / 1e9, 1) if name.startswith("tg") else None)
         rows.append(r)

@@ -71,8 +71,12 @@ def run(args) -> int:
         raise ParameterError(f"--max-tokens must be > 0, got {args.max_tokens}")
     if args.ctx <= 0:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
+    if getattr(args, "rank", None) is not None and args.prompt is None:  # every rank reads the same prompt
+        raise ParameterError(f"--tp {args.rank.world} takes the prompt as an argument, not on stdin")
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p,
-                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens).validate()
+                            args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty).validate()
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
     text, add_special = _prompt_for_tokenizer(args, mf)
@@ -86,7 +90,7 @@ def run(args) -> int:
     # the engine every caller shares; one sequence: on the GPU the single-sequence CUDA engine as a
     # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
     runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
-                         max_num_seqs=1)
+                         max_num_seqs=1, tp=args.rank)
     engine = LLMEngine(runner, tokenizer, n_ctx)
     request = engine.add_request(ids, params)
     while engine.has_unfinished_requests():

@@ -52,6 +52,21 @@ def _server_class(uvicorn):
     return Server
 
 
+def _follow(path, args) -> int:
+    """A tensor-parallel rank other than 0: the same runner on its GPU, running rank 0's steps
+    (parallel/mirror.py) until rank 0 ends; no server of its own."""
+    from impnb.parallel.mirror import connect_leader, follow
+    from impnb.serve.llm import LLM
+
+    rank = args.rank
+    llm = LLM(str(path), device="cuda", n_ctx=args.ctx, kv_cache_tokens=args.kv_cache_tokens,
+              gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_seqs,
+              graphs=not args.no_graphs, tp=rank)
+    n = follow(llm.engine.runner, connect_leader(rank.rank, rank.addr, rank.port + 1, rank.timeout))
+    print(f"impnb: tensor-parallel rank {rank.rank}: {n} calls followed", file=sys.stderr)
+    return 0
+
+
 def _prepare_device(path, args) -> None:
     """Validate the model and the device; on the GPU build the model's kernels into the cache."""
     from impnb.devices import engine_class
@@ -61,17 +76,24 @@ def _prepare_device(path, args) -> None:
     mf = open_model_file(path)
     cfg = validate_model(mf)
     args.device = engine_class(args.device, cfg.arch).device  # auto decided (and said) once
+    rank = getattr(args, "rank", None)
+    if rank is not None and args.device != "cuda":
+        raise ParameterError(f"--tp {rank.world} needs the GPU (device {args.device})")
     if args.device == "cuda":
         from impnb.warmup import prepare
 
-        prepare(mf, min(args.ctx, cfg.n_ctx))
+        prepare(mf, min(args.ctx, cfg.n_ctx), tp_world=rank.world if rank else 1)
 
 
 def run(args) -> int:
     _check(args)
     uvicorn = _imports()
     path = resolve_model(args.model)  # an unknown name or a missing file fails before the port opens
+    rank = getattr(args, "rank", None)
+    if rank is not None and not rank.leader:
+        return _follow(path, args)
     _prepare_device(path, args)
+    mirrors = []  # rank 0's runner sending its steps to the other ranks (tensor parallelism)
     from impnb.server.app import Server, ServerConfig, build_app
     from impnb.server.engine_loop import EngineLoop
     from impnb.server.metrics import Metrics
@@ -81,7 +103,13 @@ def run(args) -> int:
 
         llm = LLM(str(path), device=args.device, n_ctx=args.ctx, kv_cache_tokens=args.kv_cache_tokens,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_seqs,
-                  graphs=not args.no_graphs)
+                  graphs=not args.no_graphs, tp=rank)
+        if rank is not None:
+            from impnb.parallel.mirror import MirroredRunner, accept_followers
+
+            conns = accept_followers(rank.world, rank.addr, rank.port + 1, rank.timeout)
+            llm.engine.runner = MirroredRunner(llm.engine.runner, conns)
+            mirrors.append(llm.engine.runner)
         print(f"impnb: serving {name} ({llm.device}, context {llm.engine.n_ctx}, "
               f"{llm.engine.scheduler.config.max_num_seqs} sequences, {len(llm.engine.blocks.blocks)} KV blocks) "
               f"on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
@@ -108,6 +136,9 @@ def run(args) -> int:
     except SystemExit as e:  # uvicorn exits when it cannot listen
         if e.code:
             raise ImpnbError(f"cannot serve on {args.host}:{args.port} (see the log above)") from None
+    finally:
+        for m in mirrors:  # the other ranks stop following
+            m.close()
     if loop.state == "failed":
         raise ImpnbError(f"loading the model failed: {loop.error}")
     if not http.started:

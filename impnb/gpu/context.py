@@ -7,7 +7,7 @@ from impnb.errors import DeviceError
 
 
 class GpuContext:
-    """The primary context of GPU 0, one non-blocking stream, and numba's view of it."""
+    """The primary context of GPU device_id, one non-blocking stream, and numba's view of it."""
 
     def __init__(self, device_id: int = 0):
         from numba import cuda
@@ -23,8 +23,11 @@ class GpuContext:
             raise DeviceError(reason)
         from cuda.core import Device
 
-        self.device = Device(device_id)
-        self.device.set_current()
+        try:
+            self.device = Device(device_id)
+            self.device.set_current()
+        except Exception as e:  # cuda.core's error for an id past the GPUs present, or a busy GPU
+            raise DeviceError(f"GPU {device_id} cannot be used: {e}") from None
         self.stream = self.device.create_stream()
         self.handle = int(self.stream.handle)
         self.nb_stream = cuda.external_stream(self.handle)  # numba launches go here

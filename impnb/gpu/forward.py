@@ -12,6 +12,10 @@ Per layer (T tokens, D model dim, H/Hkv heads, Dh head dim; activations float32)
   -> act(linear_gate(h)) * linear_up(h)                  (one stacked GEMV, act fused at T <= 2)
      or, for LayerSpec.ffn "moe", the routed expert FFN of gpu/moe.py
   -> d = linear_down -> x += [post-norm](d), h = next norm(x)    (decode: the GEMV's last block)
+Hybrids (Qwen3.5): a "gated_deltanet" layer's mixer is gpu/deltanet.py's (projections, conv and
+delta rule on the layer's recurrent state) and ssm_out adds into the residual as attn_output does;
+a gated attention's output is times sigmoid(h · attn_q_gateᵀ) before attn_output; "moe_shared"
+adds the sigmoid-gated shared expert beside the routed ones (gpu/moe.py).
 The residual updates are one norm kernel after a GEMM or the prefill experts, and at decode the
 tail of the GEMV (kernels/gemv/gemv_tail.py: one kernel a layer fewer each).
 Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the residual (no
@@ -21,25 +25,32 @@ attn_output and ffn_down (the experts' fused down) add into x (two kernels a lay
 separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). The MoE
 router runs in attn_output's launch where gpu/weights.py folds it (ROUTER_FOLD): attn_output
 then writes x + o out of place, into a spare buffer that becomes x.
+Under tensor parallelism (m.tp; impnb/parallel) each rank holds a slice of the heads and of the
+FFN width, so attn_output and ffn_down (the experts' down) give partial sums: they are
+all-reduced on the model's stream before the residual update (fused decode: rank 0 adds its
+partial into x, the others write theirs in x's place, and x is all-reduced; no router fold);
+the logits of a slice of the vocabulary each are all-gathered (m.vocab_split).
 """
 
 import numpy as np
 
 from impnb.gpu import attention_dispatch
+from impnb.gpu.deltanet import deltanet_block
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
-from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
+from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.elementwise.rows import gather_row
+from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.models.config import ModelConfig
 from impnb.tuning import GEMV_MAX_ROWS
 
-MIXER = "attention"  # the one LayerSpec.mixer this stack runs
-FFNS = ("gated", "moe")  # the LayerSpec.ffn kinds it runs
+MIXERS = ("attention", "gated_deltanet")  # the LayerSpec.mixer kinds this stack runs
+FFNS = ("gated", "moe", "moe_shared")  # the LayerSpec.ffn kinds it runs
 
 
 def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
@@ -48,7 +59,8 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     positions in m.pos[:R]) go sequence by sequence; sequence b's pages are m.kv.tables[b].
 
     Logits of every row, or of each sequence's last one; last_row (int32 (1,) on the device,
-    one sequence) picks that row at run time instead of T - 1 (padded chunks in a captured graph).
+    one sequence) picks that row at run time instead of T - 1 (padded chunks in a captured graph),
+    and the Gated DeltaNet layers then read the chunk's real rows from m.rec.lengths.
 
     m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
     launch the same kernels on the same memory (what a CUDA graph captures).
@@ -64,16 +76,23 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
     if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
         return _forward_fused(m, x, step, last_only, last_row)
+    lengths = m.rec.lengths if last_row is not None and m.rec is not None else None
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
-        attn = _attention_block(m, il, lw.attn, h, pos, step)
+        if spec.mixer == "gated_deltanet":
+            mixed = deltanet_block(m, il, lw.attn, h, pos, step, lengths=lengths)
+        else:
+            mixed = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
-        m.mm.linear(attn, lw.attn.o, o, residual=_residual(m, x, h, lw.attn.post_norm, lw.ffn.norm))
+        res = _residual(m, x, h, lw.attn.post_norm, lw.ffn.norm)
+        m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res))
+        _reduced(m, o, res)
         res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
-        if spec.ffn == "moe":
+        if spec.ffn in ("moe", "moe_shared"):
             moe_ffn(m, h, lw.ffn, o, res)
         else:
-            _dense_ffn(m, h, lw.ffn, o, residual=res)
+            _dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
+            _reduced(m, o, res)
     return _logits(m, h, step, last_only, last_row, None)
 
 
@@ -81,24 +100,36 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
+    grouped = 2 <= T <= m.tuning.moe_grouped_rows  # a batch's routed experts grouped as at prefill
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
-        xq = m.mm.attn_xq(lw.attn.o, step)  # attention writes its output in int8 there too
-        attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
-        if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None:  # attn_output + router: one launch
-            attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))
-            x, spare = spare, x
-            continue
-        m.mm.linear(attn, lw.attn.o, x, accumulate=True, xq=xq)
-        if spec.ffn == "moe":
+        if spec.mixer == "gated_deltanet":
+            y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
+            m.mm.linear(y, lw.attn.o, x, accumulate=m.reduce_leader)
+            m.all_reduce(x)
+        else:
+            # attention writes its output in int8 there too (not where a gate multiplies it first)
+            xq = m.mm.attn_xq(lw.attn.o, step) if lw.attn.q_gate is None else None
+            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
+            if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
+                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
+                x, spare = spare, x
+                continue
+            m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
+            m.all_reduce(x)
+        if spec.ffn == "moe" and grouped:
+            moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
+        elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
-            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=True)
+            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
+            m.all_reduce(x)
     return _logits(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
-    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv);
-    xq (model.attn_xq): the short decode kernel writes the output's int8 form there too."""
+    """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
+    times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the short decode kernel
+    writes the output's int8 form there too (ungated only)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
@@ -113,6 +144,11 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     else:
         for lin, y in zip((att.q, att.k, att.v), qkv):
             m.mm.linear(h, lin, y, norm_w)
+    gate = None
+    if att.q_gate is not None:
+        assert xq is None and Dv == Dh, "the gate multiplies attention's float output, a gate a column"
+        gate = a.get("q_gate", (T, H * Dh))
+        m.mm.linear(h, att.q_gate, gate, norm_w)
     qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
     tables = m.kv.tables[:B]
@@ -125,6 +161,8 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           tables, m.kv.k[il], m.kv.v[il], s)
         _attention(m, il, q, pos, attn, step, xq)
+    if gate is not None:
+        sigmoid_gate(attn.reshape(T, H * Dv), gate, s)
     return attn.reshape(T, H * Dv)
 
 
@@ -143,7 +181,20 @@ def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     elif last_only and step.batch == 1:
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
-    m.mm.linear(rows, m.output, logits, norm_w)
+    if not m.vocab_split:
+        m.mm.linear(rows, m.output, logits, norm_w)
+        return logits
+    R, N, V = rows.shape[0], m.tp.world, m.cfg.n_vocab
+    part = a.get("logits_part", (R, V // N))  # this rank's slice of the vocabulary
+    m.mm.linear(rows, m.output, part, norm_w)
+    if R == 1:  # rank after rank is the row itself
+        m.tp.all_gather(part, logits)
+        return logits
+    parts = a.get("logits_parts", (N, R, V // N))  # (N, R, V / N): teacher-forced rows, eager only
+    m.tp.all_gather(part, parts)
+    for r in range(R):
+        for n in range(N):
+            logits[r, n * (V // N):(n + 1) * (V // N)].copy_to_device(parts[n, r], stream=m.ctx.nb_stream)
     return logits
 
 
@@ -160,6 +211,19 @@ def _dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, re
         m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
     m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual)
+
+
+def _local(m, res: Residual) -> Residual | None:
+    """The residual update a linear may apply itself: none under tensor parallelism, where its
+    output is a partial sum until all-reduced (_reduced applies it then)."""
+    return res if m.tp is None else None
+
+
+def _reduced(m, o, res: Residual) -> None:
+    """Under tensor parallelism: o = its sum over the ranks, then the residual update on it."""
+    if m.tp is not None:
+        m.all_reduce(o)
+        res.unfused(o, m.ctx.nb_stream)
 
 
 def _residual(m, x, h, post_norm, next_norm) -> Residual:

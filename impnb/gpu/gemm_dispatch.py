@@ -1,6 +1,7 @@
 """Which prefill GEMM runs a weight: cuBLAS on a dequantized fp16 copy (the fallback), the
-mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_quant.py, bm 64 or 128)
-or the wgmma tiles that do the same on Hopper (kernels/gemm/gemm_wgmma_quant.py).
+mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_quant.py, bm 64 or 128),
+the same tiles split along K for few rows (kernels/gemm/gemm_quant_splitk.py, "splitk": a batched
+decode step's 9..256) or the wgmma tiles that do the same on Hopper (kernels/gemm/gemm_wgmma_quant.py).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
 impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the H100 (it lists only
@@ -19,7 +20,7 @@ from impnb import tuning
 
 TABLE_PATH = tuning.GEMM_TABLE
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
-PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma")
+PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk")
 TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm
 log = logging.getLogger("impnb.gemm")
 _logged: set = set()

@@ -1,10 +1,12 @@
 """Running a Linear (gpu/weights.py) on the kernels chosen for it: y = x · Wᵀ, float32 in and out.
 
-Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: on dp4a with x in int8 for the
-Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with the
-pre-norm, accumulation or a residual tail fused where asked). Past that a GEMM on the Linear's
+Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
+for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
+for the Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with
+the pre-norm, accumulation or a residual tail fused where asked). Past that a GEMM on the Linear's
 measured path: tensor-core tiles on the stored weight, or dequantization to fp16 and cuBLAS
-(the fallback). The stacked Q|K|V always takes cuBLAS. Scratch buffers come from the arena.
+(the fallback). The stacked Q|K|V takes the split-K tiles where its table entry says so, else
+cuBLAS. Scratch buffers come from the arena.
 Legend: T tokens, K input width, N output rows.
 """
 
@@ -18,9 +20,11 @@ from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_residual, gemv_stacked, gemv_stream
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
 from impnb.tuning import GEMV_MAX_ROWS, Overrides
@@ -39,6 +43,12 @@ class MatMul:
         (attn_xq), for gemv_dp4a. residual (gemv_tail.Residual) is then applied to y: by the
         GEMV's tail (GEMV_TAIL), else a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
+        multi = lin.multi.get(x.shape[0])
+        if multi and (residual is None or not self.tuning.gemv_tail):
+            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
+            if residual is not None:
+                residual.unfused(y, s)
+            return
         if xq is not None:
             assert norm is None and residual is None and x.shape[0] <= GEMV_MAX_ROWS
             gemv_dp4a.gemv_dp4a(w, xq, y, s, accumulate)
@@ -71,22 +81,36 @@ class MatMul:
         self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
 
     def gemm(self, x, w, y, path: str) -> None:
-        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored;
-        cuBLAS reads an fp16 copy dequantized into a scratch buffer."""
+        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
+        along K into splits_for's parts on "splitk"); cuBLAS reads an fp16 copy dequantized into a
+        scratch buffer."""
         if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
         elif path == "wgmma":
             gemm_wgmma_quant(self.x16(x), w, y, self.ctx.nb_stream)
+        elif path == "splitk":
+            M, N = y.shape
+            S = splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            gemm_splitk(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
     def split(self, x, lin: Linear, ys, norm: tuple | None = None) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear."""
         w = lin.w
+        multi = lin.multi.get(x.shape[0])
+        if multi:
+            gemv_dp4a_multi_split(w, self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
+            return
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         assert norm is None, "GEMM: no fused norm"
+        if lin.gemm_path(x.shape[0]) == "splitk":
+            M = x.shape[0]
+            S = splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            gemm_splitk_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+            return
         x16, w16, row = self.x16(x), self.w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
@@ -95,8 +119,10 @@ class MatMul:
     def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool) -> None:
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
-        load: GEMV_PAIR, neither on dp4a)."""
-        if one_launch and x.shape[0] <= GEMV_MAX_ROWS and norm is not None:
+        load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T."""
+        n_tok = x.shape[0]
+        if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
+                                                                                  or lin_b.multi.get(n_tok)):
             gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
             return
         self.split(x, lin_a, ys_a, norm)
@@ -107,6 +133,10 @@ class MatMul:
         norm as in linear."""
         w, n_tok, s = lin.w, x.shape[0], self.ctx.nb_stream
         act_id = gemv.GELU if act == "gelu" else gemv.SILU
+        multi = lin.multi.get(n_tok)
+        if multi:
+            gemv_dp4a_multi(w, self.quantized(x, norm), y, s, multi, glu=act_id)
+            return
         if n_tok <= GEMV_MAX_ROWS and lin.dp4a:
             gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
             return

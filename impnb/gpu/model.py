@@ -1,5 +1,6 @@
 """A model resident on the GPU for one sequence: its weights and Linears (gpu/weights.py), the
-paged KV cache (gpu/kv.py), RoPE tables, input buffers, and the plan made at load (gpu/plan.py).
+paged KV cache (gpu/kv.py), a hybrid's recurrent state (gpu/recurrent.py), RoPE tables, input
+buffers, and the plan made at load (gpu/plan.py).
 
 Weights stay in their GGUF type (kernel layout from impnb/kernels/common/repack.py); 1-D norm
 weights are float32. gpu/linear.py runs the Linears; gpu/forward.py runs the layer graph.
@@ -13,16 +14,19 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu import weights
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
-from impnb.gpu.forward import FFNS, MIXER
+from impnb.gpu.forward import FFNS, MIXERS
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.gpu.kv import PagedKV
 from impnb.gpu.layer_weights import layer_weights
 from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
+from impnb.gpu.recurrent import RecurrentState
 from impnb.kernels.attention.rope import rope_inv_freq
+from impnb.kernels.deltanet import conv1d, gdn_step
 from impnb.kernels.moe.moe import check_experts
 from impnb.models import architecture
 from impnb.models.validate import validate_model
+from impnb.parallel.shard import RankFile, rank_config, splits_vocab
 from impnb.tuning import MAX_PREFILL_CHUNK, Overrides
 
 HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS workspace, scratch
@@ -34,22 +38,38 @@ class DeviceModel:
     layers: a LayerSpec a layer; w: tensors by GGUF name less ".weight" (stacked ones by
     weights.STACKS' names); lin: the Linear of every matrix in w; router_folds: router_fold's
     weights by layer prefix; blk: each layer's weights by role (gpu/layer_weights.py); kv: the
-    paged cache; inv_freq: RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows,
-    or max_seqs if more); mm: the Linears' launches; plan: the load-time choices.
+    paged cache; rec: the Gated DeltaNet layers' states (None without such layers); inv_freq:
+    RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows, or max_seqs if more);
+    mm: the Linears' launches; plan: the load-time choices.
 
     kv_tokens: the KV pools' size in tokens (default n_ctx: one sequence's whole context);
     max_seqs: the sequences a step may take (the rows of kv.tables).
+
+    tp: the tensor-parallel group (impnb/parallel/group.TensorParallel) this rank runs in, or
+    None: the rank then holds its slices of the weights (parallel/shard.py), cfg has its head and
+    FFN counts (full_cfg the model's), and forward all-reduces the outputs of attn_output and
+    ffn_down (all_reduce) on the model's stream; with vocab_split the logits' Linear holds the
+    rank's slice of the vocabulary and forward all-gathers the logits.
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
-                 kv_tokens: int | None = None, max_seqs: int = 1):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None):
         arch = architecture(mf)
         if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
             raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
-        self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
+        self.full_cfg = cfg = validate_model(mf, n_ctx, device="cuda")
+        self.tp = tp
+        # output: the rank's V / N rows (one sequence: a step's logits are one row, gathered as it is)
+        self.vocab_split = tp is not None and max_seqs == 1 and splits_vocab(cfg, tp.world)
+        self.expert_range = None  # (first, count) of the rank's experts where split by whole experts
+        if tp is not None:  # this rank's slices and counts
+            mf = RankFile(mf, cfg, tp.world, tp.rank, self.vocab_split)
+            cfg = rank_config(cfg, tp.world, mf.expert_split)
+            self.expert_range = mf.expert_range
+        self.cfg = cfg
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
-        unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
+        unknown = {(s.mixer, s.ffn) for s in self.layers} - {(mx, f) for mx in MIXERS for f in FFNS}
         if unknown:
             raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
         if any(s.after or s.ffn_norm is None for s in self.layers):
@@ -57,21 +77,25 @@ class DeviceModel:
                                    f"without its input norm have no GPU path")
         if cfg.n_expert:
             check_experts(cfg)
+        if cfg.deltanet is not None:
+            check_deltanet(cfg)
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
         kv_tokens = kv_tokens or n_ctx
         need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, kv_tokens)
-                + weights.fold_bytes(cfg, tuning) + HEADROOM)
+                + RecurrentState.nbytes(cfg, max_seqs) + weights.fold_bytes(cfg, tuning) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
-        self.router_folds = weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
+        # the fold routes on attn_output's partial sums: not under tensor parallelism
+        self.router_folds = {} if tp else weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
         self.blk = layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning)
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
                          for il in range(cfg.n_layer)]
         self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx))
+        self.rec = RecurrentState(self.ctx, cfg, max_seqs) if cfg.deltanet is not None else None
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
         self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
         self.pos = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
@@ -79,6 +103,29 @@ class DeviceModel:
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)
 
+    def all_reduce(self, buf) -> None:
+        """buf = its sum over the tensor-parallel ranks (in place, on the model's stream); nothing
+        without tensor parallelism."""
+        if self.tp is not None:
+            self.tp.all_reduce(buf)
+
+    @property
+    def reduce_leader(self) -> bool:
+        """Whether this rank's partial sums add into the residual (rank 0, or no tensor
+        parallelism); the other ranks write theirs in its place before the all-reduce."""
+        return self.tp is None or self.tp.leader
+
     def dp4a_linears(self) -> list:
         """The names of the Linears whose decode GEMVs take gemv_dp4a (for logs and tests)."""
         return sorted(name for name, lin in self.lin.items() if lin.dp4a)
+
+
+def check_deltanet(cfg) -> None:
+    """UnsupportedError unless the Gated DeltaNet kernels take cfg's shapes."""
+    d = cfg.deltanet
+    if (d.conv_kernel != conv1d.WIDTH or d.head_k_dim > gdn_step.MAX_DK or d.head_k_dim % gdn_step.ROW_GROUPS
+            or d.head_v_dim > gdn_step.MAX_DV or d.head_v_dim % 32):
+        raise UnsupportedError(f"{cfg.arch}: Gated DeltaNet with conv kernel {d.conv_kernel}, head dims "
+                               f"{d.head_k_dim} (K) / {d.head_v_dim} (V) has no GPU kernel (conv {conv1d.WIDTH}, "
+                               f"K dim a multiple of {gdn_step.ROW_GROUPS} up to {gdn_step.MAX_DK}, V dim a "
+                               f"multiple of 32 up to {gdn_step.MAX_DV}); use --device cpu")

@@ -11,11 +11,19 @@
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
-  prefill (moe_ffn): slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
+  prefill (moe_ffn; also a batch's decode of 2..MOE_GROUPED_ROWS rows, moe_ffn_grouped_decode):
+      slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
       out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                 (moe_combine)
+Under tensor parallelism the experts are split by width, or by whole experts (m.expert_range:
+the routed slots made local to the rank, kernels/moe/expert_shard.py); either way each rank's
+sum is partial and all-reduced after the down.
+  moe_shared (Qwen3.5): a shared expert beside the routed ones, read from the same h,
+      act_sh = silu(gate_shexp h) * up_shexp h * sigmoid(h · ffn_gate_inp_shexp)  (before the routed
+      experts add into x at decode), x += down_shexp act_sh   (at decode the GEMV accumulates; at
+      prefill one more residual update after the routed one)
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -29,43 +37,90 @@ from impnb.kernels.elementwise import activations
 from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
 from impnb.kernels.moe import gemv_moe_dp4a as down_dp4a
 from impnb.kernels.elementwise import norm as norm_fn
+from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.moe.expert_shard import localize
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
 from impnb.tuning import GEMV_MAX_ROWS
 
 
 def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
-    """Prefill (T > GEMV_MAX_ROWS): out (T, D) float32 = the routed experts' SwiGLU FFN of h (T, D);
-    then residual (gemv_tail.Residual) applied to out."""
+    """Prefill (or a batch's decode rows, moe_ffn_grouped_decode): out (T, D) float32 = the routed
+    experts' SwiGLU FFN of h (T, D), grouped by expert; then residual (gemv_tail.Residual) applied
+    to out, and to the shared expert's output where the layer has one."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T = h.shape[0]
     k, E = cfg.n_expert_used, cfg.n_expert
-    assert T > GEMV_MAX_ROWS, "decode: moe_ffn_decode"
+    shared = None
+    if ex.shared is not None:  # GEMMs of h, before the residual updates below overwrite h
+        shared = a.get("shexp_out", (T, cfg.n_embd))
+        m.mm.linear(_shared_act(m, h, ex, None), ex.shared.down, shared)
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
     m.mm.linear_f32(h, ex.router, logits)
     moe_route(logits, k, cfg.expert_weights_norm, experts, weights, s)
+    if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
+        localize(experts, weights, *m.expert_range, s)
+        E = m.expert_range[1]
     glu = (ex.gate_up,) if ex.gate_up is not None else (ex.gate, ex.up)
     _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E)
     moe_combine(y, rows, weights, out, s)
+    m.all_reduce(out)  # each rank's experts are a slice of every expert's width
     residual.unfused(out, s)
+    if shared is not None:
+        residual.unfused(shared, s)
 
 
 def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     """Decode (T <= GEMV_MAX_ROWS): x (T, D) float32 += the routed experts' SwiGLU FFN of
-    h = RMSNorm(x) * wn, norm = (wn, eps)."""
+    h = RMSNorm(x) * wn, norm = (wn, eps), and the shared expert's where the layer has one."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     assert T <= GEMV_MAX_ROWS
+    shared = _shared_act(m, x, ex, norm) if ex.shared is not None else None  # reads x before the add
     logits, experts, weights = _route_buffers(m, T)
     xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
     gemv_route.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
                     experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
+    if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
+        localize(experts, weights, *m.expert_range, s)
     _experts_decode(m, x, ex, norm, xq, experts, weights)
+    if shared is not None:
+        m.mm.linear(shared, ex.shared.down, x, accumulate=True)
+
+
+def _shared_act(m, h, ex: Experts, norm: tuple | None):
+    """The shared expert's act (T, F_sh) = silu(gate h) * up h * sigmoid(h · shared_gateᵀ), gate|up
+    one GEMV where stacked; norm (wn, eps): of RMSNorm(h) * wn."""
+    sh, a, s, T = ex.shared, m.arena, m.ctx.nb_stream, h.shape[0]
+    F = sh.down.w.cols
+    act = a.get("shexp_act", (T, F))
+    if sh.gate_up is not None:
+        m.mm.glu(h, sh.gate_up, "silu", act, norm)
+    else:
+        up = a.get("shexp_up", (T, F))
+        m.mm.linear(h, sh.gate, act, norm)
+        m.mm.linear(h, sh.up, up, norm)
+        activations.swiglu(act, up, act, s)
+    gate = a.get("shexp_gate", (T, 1))
+    m.mm.linear(h, ex.shared_gate, gate, norm)
+    sigmoid_gate(act, gate, s)
+    return act
+
+
+def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
+    """Decode of a batch's rows (tuning.MOE_GROUPED_ROWS) with the experts grouped as at prefill:
+    x (T, D) += moe_ffn of h = RMSNorm(x) * wn, norm = (wn, eps), written by a norm kernel first
+    (the residual's own norm output goes to a scratch: the next GEMV norms x itself)."""
+    a, s = m.arena, m.ctx.nb_stream
+    h = a.get("h", x.shape)
+    norm_fn.rms_norm(x, norm[0], h, norm[1], s)
+    res = Residual(x, a.get("moe_h_next", x.shape), norm[0], None, norm[1], a.zeros("tail_counter", (1,), np.uint32))
+    moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple) -> None:
@@ -102,10 +157,12 @@ def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> Non
         gemv_dp4a_experts(ex.gate_up, 2 * F, xq, act, slots, k, s, glu=gemv.SILU)
     else:
         _experts_glu_gemv(m, x, norm, ex, slots, k, act)
+    # under tensor parallelism rank 0 adds its partial sum into x, the others write theirs there
     if ex.down_dp4a:
-        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
     else:
-        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=True)
+        experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
+    m.all_reduce(x)
 
 
 def _experts_glu_gemv(m, x, norm: tuple, ex: Experts, slots, k: int, act) -> None:

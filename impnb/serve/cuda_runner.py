@@ -1,7 +1,7 @@
 """The batched CUDA engine (engine_batch.CudaBatchEngine) as a model runner: a step's decode rows
 (one token each) run as one batched decode step sampled on the GPU, its prompt chunks one
 sequence at a time into that sequence's pages. The scheduler's blocks are the engine's pages
-(block_size = PAGE_SIZE)."""
+(block_size = PAGE_SIZE). Rows that ask for logprobs get their raw logits back with the token."""
 
 from impnb.engine_batch import CudaBatchEngine, DecodeRow
 from impnb.serve.runner import ModelRunner, StepInput, StepOutput
@@ -9,6 +9,7 @@ from impnb.serve.runner import ModelRunner, StepInput, StepOutput
 
 class CudaBatchRunner(ModelRunner):
     device = "cuda"
+    logits_on_request = True
 
     def __init__(self, engine: CudaBatchEngine):
         self.engine = engine
@@ -21,14 +22,18 @@ class CudaBatchRunner(ModelRunner):
     def execute(self, step: StepInput) -> StepOutput:
         """Tokens of the sampled rows in step order: prompt chunks first as they come, then one
         decode step of every single-token row (a sampled row's token; the others' are dropped)."""
-        tokens = {}
+        tokens, raw = {}, {}
         singles = [r for r in step.rows if len(r.token_ids) == 1]
         for r in step.rows:
             if len(r.token_ids) > 1:
                 tokens[r.seq_id] = self.engine.prefill_seq(r.token_ids, r.start, r.block_table, r.params,
-                                                           r.n_sampled, r.history, r.sample)
+                                                           r.n_sampled, r.history, r.sample, r.logprobs)
+                raw[r.seq_id] = self.engine.raw_logits.get(0)
         if singles:
             out = self.engine.decode([DecodeRow(int(r.token_ids[0]), r.start, r.block_table, r.params,
-                                                r.n_sampled, r.history) for r in singles])
+                                                r.n_sampled, r.history, r.logprobs) for r in singles])
             tokens.update((r.seq_id, int(t)) for r, t in zip(singles, out))
-        return StepOutput(tokens=[tokens[r.seq_id] for r in step.rows if r.sample])
+            raw.update((r.seq_id, self.engine.raw_logits.get(b)) for b, r in enumerate(singles))
+        sampled = [r for r in step.rows if r.sample]
+        return StepOutput(tokens=[tokens[r.seq_id] for r in sampled],
+                          logprob_logits=[raw[r.seq_id] for r in sampled])

@@ -3,8 +3,9 @@
 Each step asks the scheduler for work, builds the runner's StepInput, runs it, samples each
 finished sequence's next token on the host with its own sampler (unless the runner sampled on its
 device), applies the stops (end of generation, stop strings, max_tokens, the context) and returns
-one Delta per request that progressed or ended. Log-probabilities come from the raw logits, where
-the runner hands them to the host.
+one Delta per request that progressed or ended. Log-probabilities come from the raw logits (before
+any penalty): every sampled row's where the runner hands logits to the host, or those a sampling
+runner returns for the rows that ask.
 """
 
 import itertools
@@ -86,7 +87,7 @@ class LLMEngine:
             if (isinstance(logprobs, bool) or not isinstance(logprobs, (int, np.integer))
                     or not 0 <= logprobs <= MAX_LOGPROBS):
                 raise ParameterError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r:.40}")
-            if not self.runner.returns_logits:
+            if not (self.runner.returns_logits or self.runner.logits_on_request):
                 raise ParameterError(f"logprobs are not available on this runner ({self.runner.device}: "
                                      f"it samples on the device and returns token ids only)")
         ids = self.prompt_ids(prompt)
@@ -173,21 +174,23 @@ class LLMEngine:
                 seq.first_scheduled = now
             start = seq.n_computed
             recent = (np.asarray(seq.token_ids[-seq.params.repeat_last_n:], np.int32)
-                      if seq.params.repeat_penalty != 1.0 and seq.params.repeat_last_n else None)
+                      if seq.params.penalized and seq.params.repeat_last_n else None)
             rows.append(SequenceRows(seq.seq_id, np.asarray(seq.token_ids[start:start + n], np.int32),
                                      start, np.asarray(seq.block_table, np.int32),
-                                     start + n == len(seq), seq.params, seq.n_generated, recent))
+                                     start + n == len(seq), seq.params, seq.n_generated, recent,
+                                     self.requests[seq.request_id].logprobs is not None))
         result = self.runner.execute(StepInput(rows))
         sampled = [seq for (seq, _), r in zip(step.work, rows) if r.sample]
         for seq, n in step.work:
             seq.n_computed += n
             self.blocks.commit(seq)
         tokens = result.tokens if result.tokens is not None else self._sample(sampled, result.logits)
+        raw = result.logits if result.logits is not None else result.logprob_logits
         now = time.perf_counter()
         for i, (seq, token) in enumerate(zip(sampled, tokens)):
             req = self.requests[seq.request_id]
-            logprob = (token_logprob(result.logits[i], int(token), req.logprobs)
-                       if req.logprobs is not None and result.logits is not None else None)
+            logprob = (token_logprob(raw[i], int(token), req.logprobs)
+                       if req.logprobs is not None and raw is not None and raw[i] is not None else None)
             out.append(self._advance(req, int(token), now, logprob))
         return out
 

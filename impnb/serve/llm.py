@@ -30,14 +30,15 @@ class LLM:
     batched GPU runner sizes its pool to when kv_cache_tokens is not given (the single-sequence
     CUDA engine that runs today holds one context of its own); max_num_seqs and
     max_num_batched_tokens: sequences and tokens a step takes at most; prefix_caching: share the
-    K/V of equal prompt prefixes; block_size: tokens a KV block holds; graphs: CUDA graphs.
+    K/V of equal prompt prefixes; block_size: tokens a KV block holds; graphs: CUDA graphs; tp:
+    this process's tensor-parallel rank (impnb/parallel/ranks.Rank), its engine on the rank's GPU.
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", n_ctx: int = DEFAULT_CTX,
                  kv_cache_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  prefix_caching: bool = True,
-                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True):
+                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True, tp=None):
         if device not in ("auto", "cuda", "cpu"):
             raise ParameterError(f"device must be auto, cuda or cpu, got {device!r:.40}")
         sizes = {"n_ctx": n_ctx, "block_size": block_size, "kv_cache_tokens": kv_cache_tokens,
@@ -51,7 +52,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_metadata(self.mf.metadata)
         n_ctx = min(n_ctx, self.cfg.n_ctx)
         runner = make_runner(self.mf, n_ctx, device, kv_cache_tokens, block_size, graphs,
-                             gpu_memory_utilization, max_num_seqs)
+                             gpu_memory_utilization, max_num_seqs, tp)
         self.engine = LLMEngine(runner, self.tokenizer, n_ctx, max_num_seqs, max_num_batched_tokens,
                                 prefix_caching)
         self.device = runner.device

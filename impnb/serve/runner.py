@@ -27,6 +27,7 @@ class SequenceRows:
     params: SamplingParams  # for runners that sample on their device
     n_sampled: int  # tokens it sampled so far: the step of a counter-based sampler
     history: np.ndarray | None = None  # its recent tokens, where params has a repeat penalty
+    logprobs: bool = False  # its request wants log-probabilities: a sampling runner returns the raw logits
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,12 @@ class StepInput:
 @dataclass(frozen=True)
 class StepOutput:
     """For each sampled sequence, in the order of the step's rows: logits (S, V) float32 on the
-    host (the engine samples), or the ids the runner sampled."""
+    host (the engine samples), or the ids the runner sampled and, for each of those, the raw
+    (V,) float32 logits it sampled from where its row asked for logprobs (else None)."""
 
     logits: np.ndarray | None = None
     tokens: list[int] | None = None
+    logprob_logits: list[np.ndarray | None] | None = None
 
 
 class ModelRunner:
@@ -87,6 +90,7 @@ class ModelRunner:
     chunked_prefill = True  # a prompt may arrive in chunks over several steps
     prefix_caching = True  # blocks may be shared between sequences
     returns_logits = False  # execute returns the sampled rows' logits (the engine samples on the host)
+    logits_on_request = False  # it samples, and returns the raw logits of rows that ask (logprob_logits)
 
     def execute(self, step: StepInput) -> StepOutput:
         raise NotImplementedError

@@ -3,12 +3,13 @@ at a time through CpuEngine's own cache where the pool cannot hold a sequence's 
 recurrent state, Gemma 4's per-layer and shared K/V); on the GPU
 the batched CUDA engine, its pool kv_cache_tokens or what gpu_memory_utilization leaves once the
 weights are in (pool_size.blocks_for_memory), or for one sequence at a time (max_num_seqs 1:
-the CLI) the single-sequence CUDA engine, whose look-ahead decode keeps the GPU busy while the
-host reads each token."""
+the CLI; hybrids, whose recurrent state the batched engine does not hold) the single-sequence
+CUDA engine, whose look-ahead decode keeps the GPU busy while the host reads each token."""
 
 import numpy as np
 
 from impnb.devices import engine_class
+from impnb.errors import ParameterError
 from impnb.gguf_file import ModelFile
 from impnb.models.validate import validate_model
 from impnb.serve.pool_size import blocks_for_tokens
@@ -21,20 +22,25 @@ CPU_POOL_CONTEXTS = 2  # the CPU pool's default size, in contexts
 
 def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens: int | None = None,
                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True,
-                gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None) -> ModelRunner:
-    """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE)."""
+                gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None, tp=None) -> ModelRunner:
+    """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE); tp:
+    this process's tensor-parallel rank (impnb/parallel/ranks.Rank; one sequence on the GPU)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch)
+    if tp is not None and cls.device != "cuda":
+        raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
     if cls.device == "cuda":
+        from impnb.models.paged_kv_cache import PagedKVPool
         from impnb.warmup import prepare
 
-        prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
-        if max_num_seqs == 1:
+        if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
+            prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
+        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # a recurrent state: one sequence at a time
             from impnb.serve.single_runner import SingleSequenceRunner
 
-            return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
+            return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)
         return _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, gpu_memory_utilization,
-                             max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs)
+                             max_num_seqs or DEFAULT_MAX_NUM_SEQS, graphs, tp)
     from impnb.models import load_reference  # the numpy reference: only the CPU path loads it
     from impnb.models.paged_kv_cache import PagedKVPool
 
@@ -53,7 +59,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     return CpuRunner(model, n_blocks, block_size)
 
 
-def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, graphs) -> ModelRunner:
+def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, graphs, tp=None) -> ModelRunner:
     from impnb.engine_batch import BATCH_BUCKETS, CudaBatchEngine
     from impnb.gpu.model import HEADROOM
     from impnb.serve.cuda_runner import CudaBatchRunner
@@ -61,10 +67,33 @@ def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, gr
     from impnb.tuning import PAGE_SIZE
 
     max_batch = min(max_num_seqs, BATCH_BUCKETS[-1])
+    if kv_cache_tokens is None and tp is not None:
+        kv_cache_tokens = _rank_pool_tokens(mf, cfg, tp, utilization)
     if kv_cache_tokens is None:
         free, total = gpu_memory()
         weights = sum(t.data.nbytes for t in mf.tensors.values())
         kv_cache_tokens = PAGE_SIZE * blocks_for_memory(cfg, PAGE_SIZE, utilization,
                                                         max(free - weights - HEADROOM, 0), total)
     n_tokens = blocks_for_tokens(kv_cache_tokens, PAGE_SIZE) * PAGE_SIZE
-    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs))
+    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs, tp=tp))
+
+
+def _rank_pool_tokens(mf, cfg, tp, utilization: float) -> int:
+    """A tensor-parallel rank's pool in tokens, the same on every rank (the scheduler on rank 0
+    hands out pages every rank holds): utilization of the GPU's total memory less the rank's
+    share of the weights, from the device's size alone (no CUDA context made before the rank's)."""
+    from cuda.bindings import driver
+
+    from impnb.gpu.model import HEADROOM
+    from impnb.parallel.shard import expert_split, rank_config, split_of
+    from impnb.serve.pool_size import blocks_for_memory
+    from impnb.tuning import PAGE_SIZE
+
+    driver.cuInit(0)
+    err, dev = driver.cuDeviceGet(tp.local_rank)
+    err2, total = driver.cuDeviceTotalMem(dev) if err == driver.CUresult.CUDA_SUCCESS else (err, 0)
+    if err2 != driver.CUresult.CUDA_SUCCESS:
+        raise ParameterError(f"GPU {tp.local_rank}'s memory cannot be read ({err2.name})")
+    weights = sum(t.data.nbytes // (tp.world if split_of(name) else 1) for name, t in mf.tensors.items())
+    rcfg = rank_config(cfg, tp.world, expert_split(mf.tensors, cfg, tp.world))
+    return PAGE_SIZE * blocks_for_memory(rcfg, PAGE_SIZE, utilization, int(total) - weights - HEADROOM, int(total))

@@ -1,7 +1,9 @@
 """The request bodies of /v1/completions and /v1/chat/completions (OpenAI's fields and the common
 extensions top_k, min_p, repetition_penalty, ignore_eos) and their SamplingParams.
 
-Sampling defaults are OpenAI's (temperature 1, top_p 1, no top-k or min-p), not the CLI's."""
+Sampling defaults are OpenAI's (temperature 1, top_p 1, no top-k or min-p), not the CLI's. The
+presence and frequency penalties follow OpenAI's formula over llama.cpp's window: the last 64
+tokens, prompt included (sampling.apply_penalties)."""
 
 import secrets
 
@@ -26,8 +28,8 @@ class Sampling(BaseModel):
     top_k: int | None = Field(None, ge=-1)  # 0 or -1: off
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -39,16 +41,14 @@ class Sampling(BaseModel):
 
     def params(self, max_tokens: int, choice: int) -> SamplingParams:
         """The SamplingParams of choice number `choice` (each choice draws from seed + choice)."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ParameterError(f"{name} is not supported (use repetition_penalty)")
         seed = self.seed if self.seed is not None else self._seed
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else self.top_p,
             min_p=self.min_p or 0.0,
             repeat_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            seed=(seed + choice) % 2**64, max_tokens=max_tokens, ignore_eos=self.ignore_eos).validate()
+            seed=(seed + choice) % 2**64, max_tokens=max_tokens, ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0).validate()
 
     @property
     def include_usage(self) -> bool:

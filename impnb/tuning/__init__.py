@@ -2,7 +2,8 @@
 
 Each constant says in one line why it has its value; the measurements behind it are in
 docs/EXPERIMENTS.md ("Decode and load-time choices"). Tables that scripts measure lie beside
-this file: gemm_table.json (scripts/tune_gemm.py) and moe_table.json (scripts/tune_moe.py).
+this file: gemm_table.json (scripts/tune_gemm.py), moe_table.json (scripts/tune_moe.py) and
+gemv_rows_table.json (scripts/bench_gemv_rows.py).
 Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else leaves it on);
 integer ones are parsed by `env_ints` / `env_number`, a malformed value a ParameterError (one
 line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
@@ -11,6 +12,7 @@ Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant.
 """
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from impnb.errors import ParameterError
 TABLE_DIR = Path(__file__).parent
 GEMM_TABLE = TABLE_DIR / "gemm_table.json"  # prefill GEMM path per (type, N x K, M bucket)
 MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, N x K, T bucket)
+GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
 
 
 def switch(name: str) -> bool:
@@ -50,6 +53,15 @@ def env_number(name: str, default: float) -> float:
         return float(value)
     except ValueError:
         raise ParameterError(f"{name}={value!r}: expected a number") from None
+
+
+def env_variant(name: str) -> str | None:
+    """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>),
+    None where unset or empty; ParameterError where it is not one."""
+    value = os.environ.get(name) or None
+    if value is not None and not re.fullmatch(r"s(32|64|128)u[12]r[248]", value):
+        raise ParameterError(f"{name}={value!r}: expected a variant such as s32u1r4")
+    return value
 
 
 # -- shapes of a step ------------------------------------------------------------------------
@@ -112,6 +124,12 @@ EXPERTS_T1 = {T.Q4_K: (32, 2, 4)} if switch("EXPERTS_T1") else {}
 FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}
 
 
+# Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert as a
+# prompt chunk does (gpu/moe.moe_ffn: each chosen expert's weights read once for all its tokens)
+# rather than a GEMV per slot; 0 (never) until bench --batch measures it faster on the GPU.
+MOE_GROUPED_ROWS = 0
+
+
 @dataclass(frozen=True)
 class Overrides:
     """The model-level choices as the environment leaves them, read once when a model loads."""
@@ -123,6 +141,9 @@ class Overrides:
     router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
+    gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
+    moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
+    gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
@@ -135,7 +156,9 @@ class Overrides:
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
-                   moe_down_dp4a=switch("MOE_DOWN_DP4A"),
+                   moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
+                   gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
+                   moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    short_decode_max=short_max[0] if short_max else None,

@@ -8,7 +8,9 @@ Tolerances: the conv within 1e-5 of the step's largest output (float32 sums of 4
 state exact (copies of inputs); the delta rule within 2e-5 of each (row, head)'s largest output
 and of each (slot, head)'s largest state entry, across repeated steps; between the kernels
 (prefill == repeated decode) 4e-6 of the same scales; a chunk split anywhere equals the whole
-chunk bit for bit (the same kernel, the same arithmetic a token).
+chunk bit for bit (the same kernel, the same arithmetic a token). With positions (slot pairs read
+and written by parity): against the twins, the slot read left as it was, and a step run twice at
+the same positions (the engine's dropped look-ahead step) giving the same output bit for bit.
 """
 
 from dataclasses import dataclass
@@ -46,14 +48,15 @@ def slots_for(rng, B, n_slots, padded=False):
 
 # ---------------------------------------------------------------- conv1d
 
-def run_conv(x, weight, d_state, slots, lengths=None, in_place=False):
+def run_conv(x, weight, d_state, slots, lengths=None, in_place=False, pos=None):
     """conv1d on the device state d_state (updated) -> out on the host."""
     stream = cuda.stream()
     d_x = cuda.to_device(x, stream=stream)
     d_out = d_x if in_place else cuda.to_device(np.full_like(x, np.nan), stream=stream)
     d_len = None if lengths is None else cuda.to_device(lengths, stream=stream)
+    d_pos = None if pos is None else cuda.to_device(pos, stream=stream)
     conv1d(d_x, cuda.to_device(weight, stream=stream), d_state, cuda.to_device(slots, stream=stream),
-           d_out, stream, d_len)
+           d_out, stream, d_len, d_pos)
     out = d_out.copy_to_host(stream=stream)
     stream.synchronize()
     return out
@@ -123,17 +126,19 @@ class Layer:
     def state(self, rng, n_slots, std):
         return (rng.standard_normal((n_slots, self.Hv, self.dk, self.dv)) * 0.3 * std).astype(F32)
 
-    def ref(self, inputs, state, slots, lengths=None):
+    def ref(self, inputs, state, slots, lengths=None, pos=None):
         return gdn_ref(*inputs, self.ssm_a, self.dt_bias, self.norm_w, EPS, state, slots, self.Hk,
-                       self.v_tiled, lengths)
+                       self.v_tiled, lengths, pos)
 
-    def run(self, kernel, inputs, d_state, slots, lengths=None):
+    def run(self, kernel, inputs, d_state, slots, lengths=None, pos=None):
         """gdn_decode or gdn_prefill on the device state d_state (updated) -> out on the host."""
         stream = cuda.stream()
         dev = lambda x: cuda.to_device(x, stream=stream)  # noqa: E731
         R = inputs[0].shape[0]
         d_out = dev(np.full((R, self.Hv * self.dv), np.nan, F32))
         extra = {} if lengths is None else {"lengths": dev(lengths)}
+        if pos is not None:
+            extra["pos"] = dev(pos)
         kernel(*map(dev, inputs), dev(self.ssm_a), dev(self.dt_bias), dev(self.norm_w), EPS, d_state,
                dev(slots), self.Hk, self.v_tiled, d_out, stream, **extra)
         out = d_out.copy_to_host(stream=stream)
@@ -209,6 +214,85 @@ def check_prefill_split(rng, layer, T, splits, std):
     assert np.array_equal(d_parts.copy_to_host(), d_whole.copy_to_host())
 
 
+# ---------------------------------------------------------------- slot pairs by position
+
+def pair_slots(rng, B, n_pairs):
+    """B sequences' pair bases (even slots) in a buffer of n_pairs pairs, shuffled."""
+    return (2 * rng.permutation(n_pairs)[:B]).astype(np.int32)
+
+
+def odd_rows(B, T, lengths):
+    """(the sequences whose chunk has an odd number of real rows, and those sequences' rows): a
+    chunk of odd length writes the other slot of its pair, so it can run again on what it read."""
+    n = np.full(B, T) if lengths is None else np.minimum(lengths, T)
+    odd = n % 2 == 1
+    return odd, np.repeat(odd, T)
+
+
+def check_conv1d_pairs(rng, B, T, C, std, lengths=None):
+    """A chunk of T rows a sequence at odd and even positions: against the twin; where a chunk is
+    of odd length, the slot it read unchanged and the chunk run again at the same positions giving
+    the same output bit for bit."""
+    x = (rng.standard_normal((B * T, C)) * std).astype(F32)
+    weight = (rng.standard_normal((C, WIDTH)) * 0.5).astype(F32)
+    state = (rng.standard_normal((2 * B + 2, C, WIDTH - 1)) * std).astype(F32)
+    slots = pair_slots(rng, B, B + 1)
+    starts = rng.integers(0, 1000, B)
+    pos = np.concatenate([np.arange(p, p + T) for p in starts]).astype(np.int32)
+    d_state = cuda.to_device(state)
+    got = run_conv(x, weight, d_state, slots, lengths, pos=pos)
+    want_state = state.copy()
+    want = conv1d_ref(x, weight, want_state, slots, lengths, pos)
+    assert_close(got, want, 1e-5, None)
+    assert np.array_equal(d_state.copy_to_host(), want_state)
+    odd, rows = odd_rows(B, T, lengths)
+    read = (slots + starts % 2)[odd]
+    assert odd.any() and np.array_equal(d_state.copy_to_host()[read], state[read])
+    assert np.array_equal(run_conv(x, weight, d_state, slots, lengths, pos=pos)[rows], got[rows])
+
+
+def check_decode_pairs(rng, layer, B, steps, std):
+    """`steps` decode steps of B sequences at their positions, each also run a first time on other
+    inputs (a look-ahead step the engine drops): the second run against the twin from the state
+    the first left unread; the slot read by a step is never written by it."""
+    slots = pair_slots(rng, B, B + 1)
+    state = layer.state(rng, 2 * B + 2, std)
+    d_state = cuda.to_device(state)
+    pos = rng.integers(0, 1000, B).astype(np.int32)
+    for _ in range(steps):
+        read = slots + pos % 2
+        before = d_state.copy_to_host()[read]
+        layer.run(gdn_decode, layer.inputs(rng, B, std), d_state, slots, pos=pos)  # dropped
+        assert np.array_equal(d_state.copy_to_host()[read], before)
+        inputs = layer.inputs(rng, B, std)
+        got = layer.run(gdn_decode, inputs, d_state, slots, pos=pos)
+        want = layer.ref(inputs, state, slots, pos=pos)
+        assert_close(got.reshape(B, layer.Hv, -1), want.reshape(B, layer.Hv, -1), 2e-5, 2)
+        written = slots + (pos + 1) % 2
+        assert_close(d_state.copy_to_host()[written], state[written], 2e-5, (2, 3))
+        pos = pos + 1
+
+
+def check_prefill_pairs(rng, layer, B, T, std, lengths=None):
+    """A chunk of T rows a sequence at their positions against the twin (the slot of the first
+    position's parity read, that after the last real row's written); a chunk of odd length run
+    twice gives the same output bit for bit."""
+    slots = pair_slots(rng, B, B + 1)
+    state = layer.state(rng, 2 * B + 2, std)
+    d_state = cuda.to_device(state)
+    starts = rng.integers(0, 1000, B)
+    pos = np.concatenate([np.arange(p, p + T) for p in starts]).astype(np.int32)
+    inputs = layer.inputs(rng, B * T, std)
+    got = layer.run(gdn_prefill, inputs, d_state, slots, lengths, pos=pos)
+    want_state = state.copy()
+    want = layer.ref(inputs, want_state, slots, lengths, pos=pos)
+    assert_close(got.reshape(B * T, layer.Hv, -1), want.reshape(B * T, layer.Hv, -1), 2e-5, 2)
+    check_state(d_state, want_state)
+    odd, rows = odd_rows(B, T, lengths)
+    assert odd.any() and np.array_equal(layer.run(gdn_prefill, inputs, d_state, slots, lengths, pos=pos)[rows],
+                                        got[rows])
+
+
 # ---------------------------------------------------------------- at Qwen3.6's shapes
 
 QWEN36 = dict(Hk=16, Hv=32, dk=128, dv=128)
@@ -265,3 +349,13 @@ def test_gdn_prefill_split_anywhere():
     layer = Layer.random(rng, **QWEN36)
     for splits in ((1,), (63,), (5, 6, 100)):
         check_prefill_split(rng, layer, 128, splits, 1.0)
+
+
+def test_slot_pairs_by_position():
+    rng = np.random.default_rng(9)
+    layer = Layer.random(rng, **QWEN36)
+    check_conv1d_pairs(rng, 1, 1, C36, 1.0)
+    check_conv1d_pairs(rng, 3, 37, C36, 10.0, lengths=np.array([37, 20, 5], np.int32))
+    check_decode_pairs(rng, layer, 3, 4, 1.0)
+    check_prefill_pairs(rng, layer, 1, 65, 1.0)
+    check_prefill_pairs(rng, layer, 2, 48, 0.1, lengths=np.array([31, 48], np.int32))

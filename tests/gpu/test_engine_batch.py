@@ -177,3 +177,38 @@ def test_real_models_batch_equals_alone(name, request):
         print(f"{name} sequence {i}: max|dlogit|/max|logit| {rel:.2e}")
         assert rel < 1e-2
         assert np.array_equal(got[i].argmax(-1)[clear], alone[i].argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_one_sequence_steps_equal_the_single_engine(case, graphs):
+    """B = 1 steps take CudaEngine's step with its look-ahead: greedy and seeded tokens equal a
+    CudaEngine's alone, through a page added mid-stream, another sequence's steps in between (alone,
+    and beside a third: each drops the queued step) and a prompt prefilled between two steps."""
+    from impnb.engine_cuda import CudaEngine
+
+    mf, seqs, _ = case
+    seeded = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, seed=5)
+    for params in (GREEDY, seeded):
+        n, steps = 28, 12  # positions 28..39 cross the page boundary at 32
+        single = CudaEngine(mf, N_CTX, graphs=graphs)
+        single.reset(params)
+        want = [single.prefill(seqs[0][:n])]
+        want += [single.step(want[-1]) for _ in range(steps)]
+        del single
+        engine = CudaBatchEngine(mf, N_CTX, kv_tokens=8 * PAGE_SIZE, max_batch=4, graphs=graphs)
+        pages = page_sets(3, 2, engine.n_pages, 6)
+        got = [int(engine.prefill_seq(seqs[0][:n], 0, pages[0][:1], params, 0))]
+        other = [int(engine.prefill_seq(seqs[1][:5], 0, pages[1], GREEDY))]
+        third = []
+        for j in range(steps):
+            pos = n + j
+            mine = DecodeRow(got[-1], pos, pages[0][:1 + pos // PAGE_SIZE], params, len(got))
+            got.append(int(engine.decode([mine])[0]))
+            if j == 3:  # the other sequence alone
+                other.append(int(engine.decode([DecodeRow(other[-1], 5, pages[1], GREEDY, 1)])[0]))
+            if j == 5:
+                third.append(int(engine.prefill_seq(seqs[2][:9], 0, pages[2], GREEDY)))
+            if j == 7:  # the other two together
+                rows = [DecodeRow(other[-1], 6, pages[1], GREEDY, 2), DecodeRow(third[-1], 9, pages[2], GREEDY, 1)]
+                engine.decode(rows)
+        assert got == want, (params, got, want)

@@ -68,7 +68,9 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     if dp4a.m.cfg.n_expert:
         assert len(dp4a.m.router_folds) == dp4a.m.cfg.n_layer, "the router not folded into attn_output"
     dp4a.reset(SamplingParams(temperature=0))
-    agree(np.concatenate([dp4a.logits([t]) for t in ids]), ref, "dp4a decode vs reference")
+    # int8 activations: over 256 tokens of three seeds every top-1 flip on the H200 (1-5 a seed,
+    # both FP4 types) had a reference top-2 gap under 8.2e-3 of the largest logit.
+    agree(np.concatenate([dp4a.logits([t]) for t in ids]), ref, "dp4a decode vs reference", margin=1e-2)
 
 
 def test_prefill_matches_reference(case):

@@ -49,15 +49,16 @@ def check_quantize_x(x, stream=0):
     return out, ref
 
 
-def check_gemv_dp4a(raw, wabs, w, x, accumulate=False, variant=None, rng=None):
-    """One gemv_dp4a call on x (T, K) against both references; the weight as test_gemv.weight."""
+def check_gemv_dp4a(raw, wabs, w, x, accumulate=False, variant=None, rng=None, run=None):
+    """One gemv_dp4a call (or run, of gemv_dp4a's arguments) on x (T, K) against both references;
+    the weight as test_gemv.weight."""
     n_tok, K = x.shape
     rows = raw.shape[0]
     stream = cuda.stream()
     xq, (q, d, _) = check_quantize_x(x, stream)
     y0 = (rng.standard_normal((n_tok, rows)) if accumulate else np.full((n_tok, rows), np.nan)).astype(np.float32)
     d_y = cuda.to_device(y0, stream=stream)
-    gemv_dp4a(w, xq, d_y, stream, accumulate=accumulate, variant=variant)
+    (run or gemv_dp4a)(w, xq, d_y, stream, accumulate=accumulate, variant=variant)
     y = d_y.copy_to_host(stream=stream)
     stream.synchronize()
     assert np.isfinite(y).all(), "non-finite output"
@@ -94,14 +95,15 @@ def check_quantize_x_norm(x, wn, eps):
     assert (err <= d[:, :, None] / 2 * 1.001 + 1e-5 * np.abs(xn)).all(), f"max err {err.max():.3g}"
 
 
-def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None):
-    """gate|up stacked (2F, cols): act(gate x̂) * up x̂ against the float64 rows of gemv_dp4a_ref."""
+def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None, run=None, std=1.0):
+    """gate|up stacked (2F, cols): act(gate x̂) * up x̂ against the float64 rows of gemv_dp4a_ref;
+    run: another launcher of gemv_dp4a's arguments."""
     raw, wabs, w = weight(ggml_type, 2 * F, cols)
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     xq, (q, d, _) = check_quantize_x(x)
     d_y = cuda.to_device(np.full((n_tok, F), np.nan, np.float32))
-    gemv_dp4a(w, xq, d_y, 0, variant=variant, glu=glu)
+    (run or gemv_dp4a)(w, xq, d_y, 0, variant=variant, glu=glu)
     y = d_y.copy_to_host()
     ref = gemv_dp4a_ref(raw, ggml_type, q, d)
     gate, up = ref[:, :F].astype(np.float32), ref[:, F:].astype(np.float32)

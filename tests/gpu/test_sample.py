@@ -21,7 +21,7 @@ from impnb.kernels.sample.philox import _philox4x32, philox_uniform, philox4x32_
 from impnb.kernels.sample.sample import sample, sample_params, sample_ref, sample_scratch
 from impnb.kernels.sample.sample_penalty import push_history, repeat_penalty
 from impnb.kernels.sample.sample_select import NT, pick_bin
-from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
+from impnb.sampling import SamplingParams, apply_penalties, filter_probs
 
 pytestmark = pytest.mark.gpu
 
@@ -44,6 +44,8 @@ CONFIGS = [  # rows of the sampling checks
     SamplingParams(temperature=0.7, top_k=256, top_p=1.0, min_p=0.0, seed=4),    # largest top-k
     SamplingParams(temperature=1.2, top_k=5, top_p=0.5, min_p=0.2, seed=5),
     SamplingParams(temperature=0.5, top_k=0, top_p=0.95, min_p=0.01, seed=6, repeat_penalty=1.3),
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.0, seed=7, presence_penalty=1.5,
+                   frequency_penalty=0.5),
 ]
 
 
@@ -95,7 +97,7 @@ def pick_bin_ref(w, c, target, strict):
 def acceptable(x, history, p, seq, step, eps=1e-9) -> set:
     """sample_ref's pick and the picks with top_p, min_p and the uniform moved by eps."""
     seen = [int(h) for h in history if 0 <= h < len(x)]
-    y = apply_repeat_penalty(x, seen, p.repeat_penalty)
+    y = apply_penalties(x, seen, p)
     u = uniform_ref(p.seed, seq, step)
     picks = set()
     for dp in (-eps, 0, eps):
@@ -230,19 +232,28 @@ def check_argmax(rng, B, V, std, ties=False):
         assert got.tolist() == np.argmax(x, axis=1).tolist()
 
 
-def check_penalty(rng, B, V, std, penalties=(1.3, 1.0, 0.7, 2.0)):
+PENALTIES = [  # (repetition, presence, frequency) of the penalty checks' rows
+    (1.3, 0.0, 0.0), (1.0, 0.0, 0.0), (0.7, 0.0, 0.0), (2.0, 0.0, 0.0),
+    (1.0, 0.5, 0.0), (1.0, 0.0, 0.3), (1.1, -1.7, 0.1), (1.0, 0.31, -1.93),
+]
+
+
+def check_penalty(rng, B, V, std, penalties=PENALTIES):
+    """Every row's logits after the kernel equal apply_penalties' bit for bit (rings with repeats)."""
     x = gauss(rng, (B, V), std)
     hist = history_for(rng, x)
-    pens = [penalties[b % len(penalties)] for b in range(B)]
-    params = sample_params([SamplingParams(repeat_penalty=pen) for pen in pens])
+    ps = [SamplingParams(repeat_penalty=r, presence_penalty=pr, frequency_penalty=fr)
+          for r, pr, fr in (penalties[b % len(penalties)] for b in range(B))]
     d_x = cuda.to_device(x)
     stream = cuda.stream()
-    repeat_penalty(d_x, cuda.to_device(hist), cuda.to_device(params), stream)
+    repeat_penalty(d_x, cuda.to_device(hist), cuda.to_device(sample_params(ps)), stream)
     got = d_x.copy_to_host(stream=stream)
     stream.synchronize()
     for b in range(B):
         seen = [int(h) for h in hist[b] if h >= 0]
-        assert np.array_equal(got[b], apply_repeat_penalty(x[b], seen, pens[b]))
+        want = apply_penalties(x[b], seen, ps[b])
+        assert np.array_equal(got[b], want), b
+        assert np.array_equal(want, x[b]) == (not ps[b].penalized)
 
 
 def check_push_history(B, H=5, steps=(0, 3, 9)):
@@ -326,7 +337,7 @@ def test_argmax(V, B, std, ties):
 
 @pytest.mark.parametrize("V", (49152, 262144))
 def test_repeat_penalty_and_history(V):
-    check_penalty(np.random.default_rng(V), 4, V, 3.0)
+    check_penalty(np.random.default_rng(V), len(PENALTIES), V, 3.0)
     check_push_history(4)
 
 

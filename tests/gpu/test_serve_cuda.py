@@ -14,7 +14,7 @@ import pytest
 from impnb.errors import ParameterError
 from impnb.gguf_file import open_model_file
 from impnb.models import load_reference
-from impnb.sampling import SamplingParams
+from impnb.sampling import SamplingParams, apply_penalties
 from impnb.serve.llm import LLM
 from impnb.synthetic import tiny_gguf
 
@@ -114,3 +114,28 @@ def test_bad_input(tiny):
     with pytest.raises(ParameterError):
         llm.generate(["hello"], SamplingParams(temperature=-1.0))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_penalties_follow_the_reference(tiny):
+    """Greedy rows with repetition, presence and frequency penalties (and one without) in one
+    batch: each token is the reference's choice after apply_penalties over the last repeat_last_n
+    tokens, prompt included, up to ties."""
+    path, ref = tiny
+    llm = LLM(str(path), device="cuda", n_ctx=N_CTX, kv_cache_tokens=2048, max_num_seqs=4)
+    rng = np.random.default_rng(9)
+    ps = [rng.integers(0, 40, n).tolist() for n in (30, 7, 90, 12)]  # few distinct ids: repeats in the window
+    configs = [dict(presence_penalty=1.5), dict(frequency_penalty=0.7), dict(repeat_penalty=1.2, presence_penalty=-0.5,
+               frequency_penalty=0.4), dict()]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, **c) for c in configs]
+    out = llm.generate(ps, params)
+    for p, sp, c in zip(ps, params, out):
+        ids = np.array(p + c.token_ids)
+        logits = ref.forward(ids, ref.new_cache(len(ids)))[len(p) - 1:len(ids) - 1]
+        scale = np.abs(logits).max()
+        for t, token in enumerate(c.token_ids):
+            window = ids[max(0, len(p) + t - sp.repeat_last_n):len(p) + t]
+            x = apply_penalties(logits[t], window, sp)
+            assert x.max() - x[token] <= 1e-2 * scale, (sp, t, token, int(np.argmax(x)))
+    plain = llm.generate(ps[:3], params[3])
+    assert any(c.token_ids != q.token_ids for c, q in zip(out, plain))  # the penalties changed something
+    assert all_free(llm)

@@ -4,8 +4,9 @@
 import numpy as np
 import pytest
 
-from tests.gpu.test_deltanet_kernels import (Layer, check_conv1d, check_conv1d_chunks, check_decode,
-                                             check_prefill, check_prefill_is_decode, check_prefill_split)
+from tests.gpu.test_deltanet_kernels import (Layer, check_conv1d, check_conv1d_chunks, check_conv1d_pairs,
+                                             check_decode, check_decode_pairs, check_prefill,
+                                             check_prefill_is_decode, check_prefill_pairs, check_prefill_split)
 
 STDS = (0.1, 1.0, 10.0)
 TILED = dict(Hk=1, Hv=3, dk=32, dv=32)                    # odd V heads over one QK head
@@ -62,3 +63,13 @@ def test_gdn_prefill_split_anywhere():
     layer = Layer.random(rng, **TILED)
     for splits in ((1,), (3, 4)):
         check_prefill_split(rng, layer, 6, splits, 1.0)
+
+
+def test_slot_pairs_by_position():
+    rng = np.random.default_rng(9)
+    layer = Layer.random(rng, **GROUPED)
+    check_conv1d_pairs(rng, 1, 1, 40, 1.0)
+    check_conv1d_pairs(rng, 2, 5, 33, 10.0, lengths=np.array([5, 2], np.int32))
+    check_decode_pairs(rng, layer, 2, 2, 1.0)
+    check_prefill_pairs(rng, layer, 1, 3, 1.0)
+    check_prefill_pairs(rng, layer, 2, 3, 0.1, lengths=np.array([1, 3], np.int32))

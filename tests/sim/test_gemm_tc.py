@@ -62,3 +62,17 @@ def test_gemm_quant_small():
 
     got = gemm_tests.run(fn, a, w, M, N)
     gemm_tests.check(got, gemm_ref(a, raw, T.Q4_K), a, w16, K)
+
+
+def test_gemm_splitk_small():
+    """Two M tiles (a ragged edge), K in 3 uneven splits, accumulate; the reduce in split order."""
+    from tests.gpu.test_gemm_splitk import check_splitk
+
+    check_splitk(T.Q4_K, 70, 8, 512, 3, 1.0, seed=2, accumulate=True)
+
+
+def test_gemm_splitk_split_small():
+    """Stacked rows into three outputs at 4-column boundaries; 2 splits."""
+    from tests.gpu.test_gemm_splitk import check_splitk_split
+
+    check_splitk_split(T.Q8_0, 3, (8, 4, 4), 128, 2, seed=3)

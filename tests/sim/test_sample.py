@@ -15,7 +15,7 @@ from impnb.errors import ParameterError
 from impnb.kernels.sample.sample import CHUNK, sample_params
 from impnb.sampling import SamplingParams
 from tests.gpu.test_sample import (CONFIGS, MIN_P_CONFIGS, PLATEAU_CONFIGS, check_argmax,
-                                   check_penalty, check_philox, check_pick_bin,
+                                   PENALTIES, check_penalty, check_philox, check_pick_bin,
                                    check_push_history, check_sample, late_steps, min_p_edge,
                                    tie_plateau)
 
@@ -44,7 +44,7 @@ def test_argmax(V, B, std, ties):
 
 
 def test_repeat_penalty_and_history():
-    check_penalty(np.random.default_rng(0), 4, 50, 3.0)
+    check_penalty(np.random.default_rng(0), len(PENALTIES), 50, 3.0)
     check_push_history(3)
 
 

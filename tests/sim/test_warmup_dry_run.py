@@ -12,11 +12,17 @@ from impnb.synthetic_full import Shape, write_full_gguf
 from impnb import warmup
 
 SHAPES = {"qwen3": Shape("qwen3", 1, 256, 512, 4, 2, 64, 512),
-          "qwen3moe": Shape("qwen3moe", 1, 256, 512, 4, 2, 64, 512, 8, 2, 128)}
+          "qwen3moe": Shape("qwen3moe", 1, 256, 512, 4, 2, 64, 512, 8, 2, 128),
+          "qwen35moe": Shape("qwen35moe", 2, 256, 0, 4, 2, 256, 512, 8, 2, 128, shared_expert_intermediate_size=128,
+                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                             linear_value_head_dim=32, full_attention_interval=2, partial_rotary_factor=0.25,
+                             mrope_section=(11, 11, 10))}
 
 
+@pytest.mark.parametrize("tp_world", [1, 2], ids=["tp1", "tp2"])
 @pytest.mark.parametrize("arch", SHAPES)
-def test_dry_run_records_every_phase_and_launches_nothing(arch, tmp_path, monkeypatch):
+def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_path, monkeypatch):
+    """(tp2: a tensor-parallel rank's load and steps, its collectives inert.)"""
     path = tmp_path / f"{arch}.gguf"
     write_full_gguf(path, SHAPES[arch], "Q8_0")
     monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
@@ -28,14 +34,16 @@ def test_dry_run_records_every_phase_and_launches_nothing(arch, tmp_path, monkey
         self.jobs.setdefault(kernel.__name__, (kernel, None))
 
     monkeypatch.setattr(precompile.Recorder, "__call__", note)
-    rec = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""))
+    rec = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), tp_world)
     names = set(rec.jobs)
     assert {"_embedding_kernel", "_argmax_kernel", "_pick_kernel", "_penalty_kernel", "_push_kernel",
             "_advance_kernel", "_gather_row_kernel"} <= names  # prompt, sampler, graph body
     assert any("decode_short" in n for n in names)  # decode attention
     assert any("fa2" in n for n in names)  # prompt attention
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen35moe"):
         assert {"_route_kernel", "_group_kernel", "_combine_kernel"} <= names
+    if arch == "qwen35moe":  # the DeltaNet layers at decode and prefill, the gates
+        assert {"_conv1d_kernel", "_gdn_decode_kernel", "_gdn_prefill_kernel", "_sigmoid_gate_kernel"} <= names
     import impnb.launch
 
     assert impnb.launch.recorder is None

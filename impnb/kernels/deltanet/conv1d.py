@@ -1,13 +1,17 @@
 """Gated DeltaNet's causal depthwise conv1d (width 4) and SiLU over a step's rows, each sequence's
 rolling state of its last 3 inputs read from and written back to its slot of a fixed buffer.
 
-The forward's use (not wired yet): after the GEMV that gives qkv (R, C) of a gated_deltanet layer,
+The forward's use (gpu/deltanet.py): after the GEMV that gives qkv (R, C) of a gated_deltanet layer,
     conv1d(qkv, conv_w, conv_state[il], slots, qkv, stream)           # in place
 for a decode step (B sequences, one row each, slots (B,) their state slots, -1 for a padded row)
 and for a prompt chunk (one sequence, T rows, slots (1,); lengths (1,) where the chunk is padded
 to a graph's bucket). A chunk continues from the state the previous chunk left. conv_state
 (n_slots, C, 3) float32 a layer, zeroed for a new sequence; conv_w the file's ssm_conv1d (C, 4)
 as float32. The gdn kernels read the output.
+With pos (the rows' positions), a sequence's state is a pair of slots, slots[b] and slots[b] + 1:
+a step at positions p0 .. p0 + n - 1 reads the slot of p0's parity and writes the slot of
+p0 + n's, so the state before the step survives it (a step queued ahead and then dropped by
+the engine leaves the state it started from).
 """
 
 import math
@@ -39,7 +43,7 @@ _ONE = np.float32(1)
 # written by this layer's conv of an earlier step, kernels ago).
 # shared: xs f32[TILE + 3, CHANNELS]: rows 0-2 the 3 inputs before the tile, then the tile's.
 @cuda.jit
-def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, out):
+def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, pos, use_pos, out):
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
     c = cuda.blockIdx.x * CHANNELS + lane
@@ -50,6 +54,11 @@ def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, out):
     n = min(lengths[b], T) if use_lengths else T
     if slot < 0:
         n = 0
+    src = slot
+    dst = slot
+    if use_pos and slot >= 0:  # the pair's slot of the first row's parity, and of the next position's
+        src = slot + pos[b * T] % 2
+        dst = slot + (pos[b * T] + n) % 2
     live = c < C
     xs = cuda.shared.array((XS_ROWS, CHANNELS), types.float32)
     w0 = w1 = w2 = w3 = _ZERO
@@ -60,7 +69,7 @@ def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, out):
         w3 = weight[c, 3]
         if warp == 0 and slot >= 0:
             for i in range(WIDTH - 1):
-                xs[i, lane] = state[slot, c, i]
+                xs[i, lane] = state[src, c, i]
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
     row0 = b * T
@@ -87,14 +96,15 @@ def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, out):
             out[row0 + t, c] = _ZERO
         if warp == 0 and slot >= 0:
             for i in range(WIDTH - 1):
-                state[slot, c, i] = xs[i, lane]
+                state[dst, c, i] = xs[i, lane]
 
 
-def conv1d(x, weight, state, slots, out, stream, lengths=None) -> None:
+def conv1d(x, weight, state, slots, out, stream, lengths=None, pos=None) -> None:
     """x (R, C) float32, R rows of B sequences (T = R / B each, sequence by sequence); weight
     (C, WIDTH) float32; state (n_slots, C, WIDTH - 1) float32 updated in place at slots (B,) int32
     (-1: a padded sequence) -> out (R, C) (may be x), silu(conv). lengths (B,) int32: the real rows
-    of each sequence, the rest padding (None: all T)."""
+    of each sequence, the rest padding (None: all T). pos (R,) int32: the rows' positions, each
+    sequence's state then a pair of slots read and written by parity (see above)."""
     R, C = x.shape
     B = slots.shape[0]
     for a, name in ((x, "x"), (out, "out")):
@@ -109,9 +119,14 @@ def conv1d(x, weight, state, slots, out, stream, lengths=None) -> None:
         assert lengths.dtype == np.int32 and lengths.shape == (B,)
     else:
         lengths = slots  # unread
+    use_pos = pos is not None
+    if use_pos:
+        assert pos.dtype == np.int32 and pos.shape == (R,) and pos.is_c_contiguous(), "pos: int32 (R,)"
+    else:
+        pos = slots  # unread
     if R:
         launch(_conv1d_kernel, ((C + CHANNELS - 1) // CHANNELS, B), 32 * WARPS, stream, x, weight, state,
-               slots, lengths, np.int32(use_lengths), out)
+               slots, lengths, np.int32(use_lengths), pos, np.int32(use_pos), out)
 
 
 _F2 = types.float32[:, ::1]
@@ -122,6 +137,6 @@ def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
-        (_conv1d_kernel, (_F2, _F2, types.float32[:, :, ::1], _I1, _I1, types.int32, _F2),
+        (_conv1d_kernel, (_F2, _F2, types.float32[:, :, ::1], _I1, _I1, types.int32, _I1, types.int32, _F2),
          {"max_registers": 64}),
     ]

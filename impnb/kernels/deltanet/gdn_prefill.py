@@ -6,7 +6,7 @@ This is the simple form: T dependent steps of four block barriers each, no tenso
 chunked WY / UT form (models/deltanet.delta_rule_chunked: a chunk's recurrence as one triangular
 solve and GEMMs on the tensor cores, the state carried across chunks) is a later step.
 
-The forward's use (not wired yet), per gated_deltanet layer il of a prompt chunk of T rows of one
+The forward's use (gpu/deltanet.py), per gated_deltanet layer il of a prompt chunk of T rows of one
 sequence at state slot s (slots = [s]; lengths = [n] where the chunk is padded to a graph's
 bucket, the padding leaving the state alone):
     GEMM h -> qkv (T, C), z (T, Hv dv), b, a (T, Hv)
@@ -15,7 +15,9 @@ bucket, the padding leaving the state alone):
                 stream, lengths)
     GEMM ssm_out(y) added into the residual
 A chunk continues from the state the previous one left; the next decode step from the last.
-Several sequences of T rows each (B slots) go in one launch the same way.
+Several sequences of T rows each (B slots) go in one launch the same way. With pos (the rows'
+positions) a sequence's state is the slot pair slots[s], slots[s] + 1: read at the chunk's first
+position's parity, written at that of the position after its last real row (conv1d.py says why).
 """
 
 import numpy as np
@@ -34,8 +36,8 @@ _ZERO = np.float32(0)
 # grid (Hv, B), block ROW_GROUPS * dv: V head h of sequence s (rows s T .. s T + T - 1, its state
 # slot slots[s]), the layout of gdn_step.py (thread: column j, row group g, R rows of S in
 # registers across the chunk). The V head reads QK head h % Hk (v_tiled) or h // (Hv / Hk).
-# -- before griddepcontrol.wait: the slot, its length, A, dt_bias, the norm weight, the thread's
-#    part of S (written by this layer's kernels of earlier chunks or steps, kernels ago) --
+# -- before griddepcontrol.wait: the slot, its length (and position), A, dt_bias, the norm weight,
+#    the thread's part of S (written by this layer's kernels of earlier chunks or steps) --
 # -- per row t < n: q, k normalised, gates (warps 0-2); v, z of the column -- barrier
 #    -- decay, Sᵀk partials -- barrier -- update, Sᵀq partials -- barrier -- gated norm --
 #    barrier -- out written by row group 0; rows t >= n (padding) output zeros --
@@ -44,7 +46,7 @@ _ZERO = np.float32(0)
 # shared: gdn_step.py's qs, ks, gates, part_k, part_q, red (about 5 KB).
 @block_kernel
 def _gdn_prefill_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_heads, v_tiled,
-                        state, slots, lengths, use_lengths, out):
+                        state, slots, lengths, use_lengths, pos, use_pos, out):
     h = cuda.blockIdx.x
     s = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -60,9 +62,14 @@ def _gdn_prefill_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_
     n = min(lengths[s], T) if use_lengths else T
     if slot < 0:
         n = 0
+    src = slot
+    dst = slot
+    if use_pos and slot >= 0:
+        src = slot + pos[s * T] % 2
+        dst = slot + (pos[s * T] + n) % 2
     S = cuda.local.array(ROWS, types.float32)
     if slot >= 0:
-        load_state(S, state, slot, h, r0, rows, j)
+        load_state(S, state, src, h, r0, rows, j)
     A = ssm_a[h]
     bias = dt_bias[h]
     w_j = norm_w[j]
@@ -91,25 +98,31 @@ def _gdn_prefill_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_
         for t in range(n, T):
             out[s * T + t, col] = _ZERO
     if slot >= 0:
-        store_state(S, state, slot, h, r0, rows, j)
+        store_state(S, state, dst, h, r0, rows, j)
 
 
 def gdn_prefill(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, n_k_heads: int,
-                v_tiled: bool, out, stream, lengths=None) -> None:
+                v_tiled: bool, out, stream, lengths=None, pos=None) -> None:
     """T rows of each of B sequences (R = B T, sequence by sequence): qkv (R, C) the conv's output
     ([q (Hk dk), k (Hk dk), v (Hv dv)] a row), z (R, Hv dv), b, a (R, Hv), ssm_a, dt_bias (Hv,),
     norm_w (dv,), all float32; state (n_slots, Hv, dk, dv) float32 carried in and out at slots
     (B,) int32 (-1: padding) -> out (R, Hv dv) = rms_norm(o) * norm_w * silu(z) per head.
-    lengths (B,) int32: the real rows of each sequence, the rest padding (None: all T)."""
+    lengths (B,) int32: the real rows of each sequence, the rest padding (None: all T). pos (R,)
+    int32: the rows' positions, each sequence's state then a slot pair (see above)."""
     B, T, Hv, dk, dv = check_gdn_args(qkv, z, b, a, ssm_a, dt_bias, norm_w, state, slots, n_k_heads, out)
     use_lengths = lengths is not None
     if use_lengths:
         assert lengths.dtype == np.int32 and lengths.shape == (B,)
     else:
         lengths = slots  # unread
+    use_pos = pos is not None
+    if use_pos:
+        assert pos.dtype == np.int32 and pos.shape == (B * T,) and pos.is_c_contiguous(), "pos: int32 (R,)"
+    else:
+        pos = slots  # unread
     launch(_gdn_prefill_kernel, (Hv, B), ROW_GROUPS * dv, stream, qkv, z, b, a, ssm_a, dt_bias, norm_w,
            np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads), np.int32(bool(v_tiled)),
-           state, slots, lengths, np.int32(use_lengths), out)
+           state, slots, lengths, np.int32(use_lengths), pos, np.int32(use_pos), out)
 
 
 _F2 = types.float32[:, ::1]
@@ -122,6 +135,7 @@ def build_signatures() -> list:
     kernels are made here, not at import."""
     return [
         (_gdn_prefill_kernel, (_F2, _F2, _F2, _F2, _F1, _F1, _F1, types.float32, types.float32, types.int32,
-                               types.int32, types.float32[:, :, :, ::1], _I1, _I1, types.int32, _F2),
+                               types.int32, types.float32[:, :, :, ::1], _I1, _I1, types.int32, _I1, types.int32,
+                               _F2),
          {"max_registers": 128}),
     ]

@@ -77,8 +77,9 @@ def quant_smem_words(bm: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def quant_mainloop(ggml_type, bm, warps_m, warps_n, load_a):
-    """The K loop of a bm x 128 tile over quantized W: acc += A · dequant(W rows n0..n0+127)ᵀ.
+def quant_mainloop_range(ggml_type, bm, warps_m, warps_n, load_a):
+    """The K loop of a bm x 128 tile over quantized W, chunks c0 .. c1 - 1 of it (c1 > c0; a
+    split-K block's share): acc += A · dequant(W rows n0..n0+127)ᵀ over those 32-column chunks.
     load_a(sbase, a, a_rows, col_lo, col_hi) fills one A stage (a_rows: the first row, or a
     shared array of gathered rows); W rows past N read row N-1 and are never stored."""
     load_raw, decode, col = quant_tile_ops(ggml_type)
@@ -89,35 +90,49 @@ def quant_mainloop(ggml_type, bm, warps_m, warps_n, load_a):
     # Shared at base: 3 A tiles bm x 32 fp16, then 2 W tiles 128 x 32 fp16, all swizzled
     # (gemm_tc.tile_offset).
     @cuda.jit(device=True, inline=True)
-    def mainloop(a, a_rows, parts, n0, N, base, acc):
-        cpr = a.shape[1] // BK  # chunks per W row = stages
+    def mainloop(a, a_rows, parts, n0, N, base, acc, c0, c1):
+        cpr = a.shape[1] // BK  # chunks per W row
+        n = c1 - c0  # stages
         # -- prologue: A stages 0, 1 in flight; W stage 0 decoded; raw W of stage 1 in registers --
         for s in range(A_STAGES - 1):
-            if s < cpr:
-                load_a(base + s * a_bytes, a, a_rows, col(s, 0), col(s, 1))
+            if s < n:
+                load_a(base + s * a_bytes, a, a_rows, col(c0 + s, 0), col(c0 + s, 1))
             ptx.cp_async_commit()
-        decode(load_raw(parts, n0, N, cpr, 0), 0, base + w_base)
-        raw_next = load_raw(parts, n0, N, cpr, min(1, cpr - 1))
+        decode(load_raw(parts, n0, N, cpr, c0), c0, base + w_base)
+        raw_next = load_raw(parts, n0, N, cpr, min(c0 + 1, c1 - 1))
         rd = 0
         wr = A_STAGES - 1
-        for kt in range(cpr):
-            # -- stage kt's A and W tiles are complete after this barrier --
+        for i in range(n):
+            kt = c0 + i
+            # -- stage i's A and W tiles are complete after this barrier --
             ptx.cp_async_wait_group(1)
             cuda.syncthreads()
-            nxt = kt + A_STAGES - 1
-            if nxt < cpr:
-                load_a(base + wr * a_bytes, a, a_rows, col(nxt, 0), col(nxt, 1))
+            nxt = i + A_STAGES - 1
+            if nxt < n:
+                load_a(base + wr * a_bytes, a, a_rows, col(c0 + nxt, 0), col(c0 + nxt, 1))
             ptx.cp_async_commit()
-            raw_after = load_raw(parts, n0, N, cpr, min(kt + 2, cpr - 1))
-            wb = base + w_base + (kt & 1) * w_bytes
-            # -- mma on stage kt --
+            raw_after = load_raw(parts, n0, N, cpr, min(kt + 2, c1 - 1))
+            wb = base + w_base + (i & 1) * w_bytes
+            # -- mma on stage i --
             warp_step(base + rd * a_bytes, wb, acc)
-            # -- decode stage kt+1 into the other W buffer (its readers passed this barrier) --
-            if kt + 1 < cpr:
-                decode(raw_next, kt + 1, base + w_base + ((kt + 1) & 1) * w_bytes)
+            # -- decode stage i+1 into the other W buffer (its readers passed this barrier) --
+            if i + 1 < n:
+                decode(raw_next, kt + 1, base + w_base + ((i + 1) & 1) * w_bytes)
             raw_next = raw_after
             rd = 0 if rd == A_STAGES - 1 else rd + 1
             wr = 0 if wr == A_STAGES - 1 else wr + 1
+
+    return mainloop
+
+
+@lru_cache(maxsize=None)
+def quant_mainloop(ggml_type, bm, warps_m, warps_n, load_a):
+    """quant_mainloop_range over the whole K loop: mainloop(a, a_rows, parts, n0, N, base, acc)."""
+    ranged = quant_mainloop_range(ggml_type, bm, warps_m, warps_n, load_a)
+
+    @cuda.jit(device=True, inline=True)
+    def mainloop(a, a_rows, parts, n0, N, base, acc):
+        ranged(a, a_rows, parts, n0, N, base, acc, 0, a.shape[1] // BK)
 
     return mainloop
 

@@ -9,7 +9,7 @@ min-p / temperature sampling with llama.cpp's order and impnb.sampling.filter_pr
   sample_penalty.push_history(out_ids, step, history, stream)     # optional
 
 params row: temperature (0 = greedy), top_k (0 = off, <= KMAX), top_p, min_p, repeat_penalty,
-seed bits 0-31, seed bits 32-63, unused. step: int32 (1,) or (B,) on the device, read by the
+seed bits 0-31, seed bits 32-63, presence_penalty, frequency_penalty (those two as float32 values). step: int32 (1,) or (B,) on the device, read by the
 kernels. The draw is one uniform from Philox4x32-10 (philox.py), key = seed, counter =
 (step, 0, 0, 0): a row's draw depends on its own seed and step, not on its place in a batch. Top-k is a 3-level radix select on orderable keys (sample_select.py);
 sample_full_vocab.py handles rows the best KMAX do not settle. sample_ref is the numpy twin.
@@ -28,20 +28,20 @@ from impnb.kernels.sample.sample_select import (KMAX, NBINS, NBINS_LAST, NT, SIM
                                          check_logits, check_rows, comp_id, entry_key, row_k,
                                          row_step, thread_run, block_scan, select_top)
 from impnb.launch import launch
-from impnb.sampling import SamplingParams, apply_repeat_penalty, filter_probs
+from impnb.sampling import SamplingParams, apply_penalties, filter_probs
 
 CHUNK = 512 if SIMULATOR else 4096       # logits per candidate block (the simulator's is small)
 EPT = CHUNK // NT                        # logits per thread, contiguous (16 on the GPU)
 EPK = KMAX // NT                         # sorted candidates per thread, contiguous
 EPT_PAD = EPT + 1                        # shared row stride of the chunk kernel
-NPARAM = 8
+NPARAM = 9
 
 
 def sample_ref(logits: np.ndarray, history, p: SamplingParams, step: int) -> int:
     """The kernels' pick on the host: penalty over the ring (-1 = empty), filter_probs, then the
     inverse CDF (candidates in filter_probs' order) at the kernel's uniform."""
     seen = [int(h) for h in history if 0 <= h < len(logits)]
-    x = apply_repeat_penalty(logits, seen, p.repeat_penalty)
+    x = apply_penalties(logits, seen, p)
     if p.greedy:
         return int(np.argmax(x))
     ids, probs = filter_probs(x, p)
@@ -58,8 +58,9 @@ def sample_params(params: list[SamplingParams]) -> np.ndarray:
         if p.top_k > KMAX:
             raise ParameterError(f"the GPU sampler keeps at most top-k {KMAX} (0 = off), "
                                  f"got {p.top_k}")
-        row[:7] = (p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty,
-                   p.seed & MASK32, (p.seed >> 32) & MASK32)
+        row[:] = (p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty,
+                  p.seed & MASK32, (p.seed >> 32) & MASK32, np.float32(p.presence_penalty),
+                  np.float32(p.frequency_penalty))
     return rows
 
 

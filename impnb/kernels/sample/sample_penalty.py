@@ -1,10 +1,10 @@
-"""Repetition penalty on the GPU, in place on the logits before sampling, and the ring of recent
-ids it reads (numpy twin: impnb.sampling.apply_repeat_penalty).
+"""The penalties on the GPU (repetition, presence, frequency: llama.cpp's), in place on the logits
+before sampling, and the ring of recent ids they read (numpy twin: impnb.sampling.apply_penalties).
 
   repeat_penalty(logits, history, params, stream)   # history (B, H) int32 ring, -1 = empty
   push_history(out_ids, step, history, stream)      # history[b, step % H] = out_ids[b]
 
-params: sample.sample_params rows (column 4 is the penalty).
+params: sample.sample_params rows (column 4 the repetition penalty, 7 presence, 8 frequency).
 """
 
 import numpy as np
@@ -18,21 +18,32 @@ from impnb.launch import launch
 @cuda.jit
 def _penalty_kernel(logits, history, params):
     """grid (B,), block NT. Row b: each distinct id in [0, V) of the ring history[b] (-1 = empty)
-    gets logit / penalty if positive, else logit * penalty, in float32 (apply_repeat_penalty)."""
+    gets logit / penalty if positive, else logit * penalty, in float32, then loses count x
+    frequency + presence, in float64 rounded once (apply_penalties). The thread of an id's first
+    place in the ring counts it and writes it."""
     b = cuda.blockIdx.x
     pen = np.float32(params[b, 4])
-    if pen == 1:
+    presence = params[b, 7]
+    frequency = params[b, 8]
+    if pen == 1 and presence == 0 and frequency == 0:
         return
-    for j in range(cuda.threadIdx.x, history.shape[1], NT):
+    H = history.shape[1]
+    for j in range(cuda.threadIdx.x, H, NT):
         tok = history[b, j]
         if 0 <= tok < logits.shape[1]:
             first = True
-            for q in range(j):
+            count = 0
+            for q in range(H):
                 if history[b, q] == tok:
-                    first = False
+                    count += 1
+                    if q < j:
+                        first = False
             if first:
                 x = logits[b, tok]
-                logits[b, tok] = x / pen if x > 0 else x * pen
+                x = x / pen if x > 0 else x * pen
+                if presence != 0 or frequency != 0:
+                    x = float32(float64(x) - (float64(count) * frequency + presence))
+                logits[b, tok] = x
 
 
 @cuda.jit
@@ -44,7 +55,7 @@ def _push_kernel(ids, step, history):
 
 def repeat_penalty(logits, history, params, stream):
     """In place: logits (B, V) float32 penalized by the ids in history (B, H) int32 (-1 = empty)
-    with params[:, 4]; rows whose penalty is 1 are untouched."""
+    with params[:, 4], [:, 7] and [:, 8]; rows without a penalty are untouched."""
     check_logits(logits)
     B = logits.shape[0]
     assert history.dtype == np.int32 and history.ndim == 2 and history.shape[0] == B

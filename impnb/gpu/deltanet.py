@@ -1,0 +1,55 @@
+"""The Gated DeltaNet mixer of a Qwen3.5 layer on the GPU (reference: models/deltanet.py's
+gated_deltanet_block), its states in the model's RecurrentState (gpu/recurrent.py):
+
+  qkv, z = h · [attn_qkv | attn_gate]ᵀ; b, a = h · [ssm_beta | ssm_alpha]ᵀ  (stacked GEMVs / GEMMs)
+  qkv = silu(conv1d(qkv)) with the layer's conv state, in place    (kernels/deltanet/conv1d.py)
+  y = gated_norm(delta_rule(q, k, v, b, a), z) on the layer's state (gdn_decode.py at one row a
+      sequence, gdn_prefill.py token by token over a prompt chunk)
+The caller runs ssm_out on y into the residual. Padded rows of a prompt chunk (past `lengths`) and
+padded sequences leave the states alone; the kernels read and write each sequence's slot pair by
+the rows' positions (gpu/recurrent.py).
+Legend: R rows (B sequences of T), C conv channels, Hv V heads, dv V head dim.
+"""
+
+from impnb.gpu.layer_weights import DeltaNet
+from impnb.gpu.plan import StepPlan
+from impnb.kernels.deltanet.conv1d import conv1d
+from impnb.kernels.deltanet.gdn_decode import gdn_decode
+from impnb.kernels.deltanet.gdn_prefill import gdn_prefill
+
+
+def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tuple | None = None,
+                   lengths=None):
+    """Layer il's Gated DeltaNet of h (R, D) at positions pos (R,) (norm_w (w, eps): of
+    RMSNorm(h) * w) -> y (R, Hv dv), ssm_out's input; lengths (1,) int32 on the device: a padded
+    chunk's real rows (None: all)."""
+    cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
+    d = cfg.deltanet
+    R, B = step.rows, step.batch
+    Hv, V = d.n_v_heads, d.n_v_heads * d.head_v_dim
+    qkv = a.get("ssm_qkv", (R, d.conv_channels))
+    z = a.get("ssm_z", (R, V))
+    beta = a.get("ssm_beta", (R, Hv))
+    alpha = a.get("ssm_alpha", (R, Hv))
+    _project(m, h, dn.qkvz, (dn.qkv, dn.z), (qkv, z), norm_w)
+    _project(m, h, dn.beta_alpha, (dn.beta, dn.alpha), (beta, alpha), norm_w)
+    rec, slots = m.rec, m.rec.slots[:B]
+    assert lengths is None or B == 1, "padded chunks: one sequence"
+    conv1d(qkv, dn.conv_w, rec.conv[il], slots, qkv, s, lengths, pos)
+    y = a.get("ssm_y", (R, V))
+    if step.n_tokens == 1:
+        gdn_decode(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
+                   d.n_k_heads, d.v_tiled, y, s, pos)
+    else:
+        gdn_prefill(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
+                    d.n_k_heads, d.v_tiled, y, s, lengths, pos)
+    return y
+
+
+def _project(m, h, stacked, apart, ys, norm_w) -> None:
+    """ys = h · Wᵀ of the stacked Linear (one GEMV or GEMM split into ys), else of each apart."""
+    if stacked is not None:
+        m.mm.split(h, stacked, ys, norm_w)
+        return
+    for lin, y in zip(apart, ys):
+        m.mm.linear(h, lin, y, norm_w)

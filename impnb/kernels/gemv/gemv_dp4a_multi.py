@@ -1,0 +1,236 @@
+"""The multi-token dp4a GEMV for a batched decode step of T = 2..8 rows: y[t, n] (+)= sum_k W[n, k]
+x̂[t, k], as llama.cpp's mmvq with several columns, x̂ the int8 activations quant_x.py writes once.
+
+Each thread loads a weight chunk of R rows once and applies it to all T tokens; token by token,
+x̂ of the chunk's 32 columns (8 words and 4 scales) is loaded once and met with the R rows in
+dp4a, so x̂ is read once per R rows, and only one token's x̂ is live at a time (R x T sums, R
+row-chunks and one token's x̂ in registers). gemv_dp4a.py's T > 1 kernel loads every token's x̂
+before the rows' dots instead, which holds T x 12 registers more and so runs few rows a group.
+Three epilogues: plain (y, or y += with accumulate), stacked rows split into up to three outputs
+(Q|K|V) and gate|up through its activation (GLU). Which variant runs for a shape and T is a
+measured table (gpu/gemv_dispatch.py, written by scripts/bench_gemv_rows.py).
+Numpy reference: gemv_dp4a.gemv_dp4a_ref (the same products).
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, types, uint32
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.gemv.gemv import tuple_of
+from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, prepare_of
+from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
+from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
+from impnb.kernels.gemv.quant_x import GROUP, QuantX
+from impnb.launch import launch
+
+MIN_T, MAX_T = 2, 8
+VARIANT_ROWS = (2, 4, 8)
+
+
+def unrolled(f, n):
+    """Device function g(*a) calling f(*a, 0), ..., f(*a, n - 1) in turn, each with its t a
+    constant (a loop over t with a long body stays rolled, and acc[r, t] then goes to the stack);
+    one flat body, as a chain of nested inlined calls compiles many times slower."""
+    args = "cur, c8, xq, xd, xs, k0, k1, xw, xf, acc"
+    body = "".join(f"    f({args}, {t})\n" for t in range(n))
+    scope = {"f": f}
+    exec(f"def g({args}):\n{body}", scope)
+    return cuda.jit(device=True, inline=True)(scope["g"])
+
+
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
+    _, _, col = DECODERS[ggml_type]
+    load = LOADS[ggml_type]
+    dot = DOTS[ggml_type]
+    prepare = prepare_of(ggml_type)
+    act = GLU_ACTS[glu]
+    wpg = span // 32  # warps a row group
+    groups = WARPS // wpg
+    pairs = rows // 2  # GLU: gate rows a group, then the same up rows
+    out_rows = pairs if glu else rows
+    cpr = cols // 32  # chunks a row
+    K4 = cols // 4  # x̂ words a token
+    outs = groups * out_rows * n_tok  # outputs a block
+
+    @cuda.jit(device=True, inline=True)
+    def row_chunk(a, c, r):
+        # -- chunk c of the group's row r: gate (or plain) rows from chunk g0 on, up rows from g1 --
+        parts, g0, g1 = a
+        if glu and r >= pairs:
+            return load(parts, g1 + c, (r - pairs) * cpr)
+        return load(parts, g0 + c, r * cpr)
+
+    rows_chunk = tuple_of(row_chunk, rows)
+
+    @cuda.jit(device=True, inline=True)
+    def chunk_or(a, c, raws):
+        return rows_chunk(a, c) if c < cpr else raws  # past the row's end: never used
+
+    @cuda.jit(device=True, inline=True)
+    def token_dots(cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, t):
+        # -- acc[r, t] += row r's chunk (loads cur) . x̂[t]: x̂ of the chunk's columns (through L1:
+        # the block's groups share it), then the R rows' dots --
+        xw[0, 0], xw[0, 1], xw[0, 2], xw[0, 3] = qi.ldg_u32x4_l1(xq, t * K4 + (k0 >> 2))
+        xw[0, 4], xw[0, 5], xw[0, 6], xw[0, 7] = qi.ldg_u32x4_l1(xq, t * K4 + (k1 >> 2))
+        xf[0, 0] = xd[t, k0 >> 4]
+        xf[0, 1] = xd[t, k1 >> 4]
+        xf[0, 2] = xs[t, k0 >> 4]
+        xf[0, 3] = xs[t, k1 >> 4]
+        for r in range(rows):
+            acc[r, t] += dot(prepare(cur[r]), c8, xw, xf, 0)
+
+    tokens_dots = unrolled(token_dots, n_tok)  # t a constant in each call: acc stays in registers
+
+    @cuda.jit(device=True, inline=True)
+    def chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc):
+        tokens_dots(cur, c8, xq, xd, xs, col(c, 0), col(c, 1), xw, xf, acc)
+
+    if depth > 1:
+        @cuda.jit(device=True, inline=True)
+        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc):
+            # -- chunk c's dots with the next chunk's loads already out; returns those loads --
+            nxt = chunk_or(a, c + span, cur)
+            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc)
+            return nxt
+    else:
+        @cuda.jit(device=True, inline=True)
+        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc):
+            # -- chunk c's dots, then the next chunk's loads --
+            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc)
+            return chunk_or(a, c + span, cur)
+
+    # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128 / span groups of span
+    # threads; group gi = G * b + g owns output rows R_out * gi .. +R_out - 1 (R_out = R, or R / 2
+    # with GLU: R / 2 gate rows and the same up rows); the last groups start R_out rows before
+    # the end and write only rows >= R_out * gi. Thread i of a group takes chunks i, i + span, ...
+    # of its R rows (the next chunk's loads out during this one's dots at depth 2). Sums reduce
+    # over the warp by shuffles, then over the group's warps in shared red (WARPS, R, T).
+    # Output row o goes to y0[t, o] below n0, y1[t, o - n0] below n0 + n1, else y2[t, o - n0 - n1].
+    @cuda.jit
+    def _gemv_dp4a_multi_kernel(parts, xq, xd, xs, y0, y1, y2, n0, n1, n_rows, accumulate):
+        tid = cuda.threadIdx.x
+        group = tid // span
+        n_out = n_rows // 2 if glu else n_rows
+        row0 = min((cuda.blockIdx.x * groups + group) * out_rows, n_out - out_rows)
+        g0 = row0 * cpr
+        a = (parts, g0, g0 + (n_out * cpr if glu else 0))
+        c0 = tid - group * span
+        raws = rows_chunk(a, min(c0, cpr - 1))  # W is no kernel's output: loaded before the wait
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        acc = cuda.local.array((rows, n_tok), float32)
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = 0.0
+        xw = cuda.local.array((1, 8), uint32)
+        xf = cuda.local.array((1, 4), float32)
+        c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
+        # -- main loop over the thread's chunks (one call site: each inlined copy costs compile time) --
+        cur = raws
+        for c in range(c0, cpr, span):
+            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc)
+        # -- reduce: warp, then the group's warps --
+        scratch = cuda.shared.array(BLOCK, float32)
+        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(rows):
+            for t in range(n_tok):
+                s = qi.warp_sum(acc[r, t], scratch)
+                if lane == 0:
+                    red[warp, r, t] = s
+        cuda.syncthreads()
+        # -- epilogue: a thread an output (group g, row r, token t) --
+        for o in range(tid, outs, BLOCK):
+            g = o // (out_rows * n_tok)
+            rt = o - g * out_rows * n_tok
+            r = rt // n_tok
+            t = rt - r * n_tok
+            s = float32(0.0)
+            for i in range(wpg):
+                s += red[g * wpg + i, r, t]
+            if glu:
+                u = float32(0.0)
+                for i in range(wpg):
+                    u += red[g * wpg + i, pairs + r, t]
+                s = act(s) * u
+            gi = cuda.blockIdx.x * groups + g
+            row = min(gi * out_rows, n_out - out_rows) + r
+            if row >= gi * out_rows:
+                if row < n0:
+                    if accumulate:
+                        s += y0[t, row]
+                    y0[t, row] = s
+                elif row < n0 + n1:
+                    y1[t, row - n0] = s
+                else:
+                    y2[t, row - n0 - n1] = s
+
+    return _gemv_dp4a_multi_kernel
+
+
+@lru_cache(maxsize=None)
+def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
+                           depth: int = 1):
+    """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
+    (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
+    loads during this one's dots)."""
+    assert ggml_type in DOTS and MIN_T <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in VARIANT_ROWS
+    assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
+    assert depth in (1, 2)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth)
+
+
+def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
+            glu: int):
+    n_tok = y0.shape[0]
+    K = w.cols
+    assert w.ggml_type in DOTS and MIN_T <= n_tok <= MAX_T
+    assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
+    for y in (y0, y1, y2):
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == n_tok
+    out_rows = variant.rows // (2 if glu else 1)
+    assert out_rows <= n_out, "more rows a group than the weight has"
+    per_block = out_rows * (BLOCK // variant.span)
+    kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll)
+    launch(kernel, ((n_out + per_block - 1) // per_block,), BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok],
+           x.s[:n_tok], y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
+
+
+def gemv_dp4a_multi(w, x: QuantX, y, stream, variant: Variant, accumulate: bool = False, glu: int = NO_GLU):
+    """y (T, N) float32 = W x̂ (y += W x̂ with accumulate), x̂ of T = y's rows in 2..8 tokens;
+    glu (SILU, GELU): W is gate|up stacked (2F, K) and y (T, F) = act(W[:F] x̂) * W[F:] x̂."""
+    N = y.shape[1]
+    assert N == (w.rows // 2 if glu else w.rows) and not (glu and accumulate)
+    assert glu == NO_GLU or variant.rows % 2 == 0, "GLU: an even number of rows a group"
+    _launch(w, x, y, y, y, N, 0, N, stream, variant, accumulate, glu)
+
+
+def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
+    """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (T, N_i) = W[rows of i] x̂."""
+    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows
+    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
+    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
+    _launch(w, x, y0, y1, y2, n0, n1, w.rows, stream, variant, False, NO_GLU)
+
+
+def kernel_args(ggml_type: T) -> tuple:
+    """Argument types of the kernel: parts, x̂ q, d, s, y0, y1, y2, n0, n1, W's rows, accumulate."""
+    parts, q, d, s = t1_kernel_args(ggml_type)[:4]
+    f2 = types.Array(types.float32, 2, "C")
+    return (parts, q, d, s, f2, f2, f2, types.int32, types.int32, types.int32, types.int32)
+
+
+# Built at K 4096 in variants the bench sweeps. Registers: 168 at Q4_K T 8 R 4, 149 at Q6_K T 2 R 4
+# depth 2; eight rows at T = 8 with depth 2 spill (255 registers: R x T sums and two chunks of
+# loads), so the bench's variants keep R x T x depth below that.
+BUILD_SIGNATURES = [
+    (gemv_dp4a_multi_kernel(t, 4096, n, 32, r, glu, d), types.void(*kernel_args(t)), {"max_registers": 192})
+    for t, n, r, glu, d in ((T.Q4_K, 8, 4, NO_GLU, 1), (T.Q4_K, 4, 4, SILU, 2), (T.Q6_K, 2, 4, NO_GLU, 2),
+                            (T.Q8_0, 4, 8, NO_GLU, 1))
+]

@@ -1,0 +1,109 @@
+"""The multi-token dp4a GEMV (T = 2..8) on the GPU: plain, accumulating, stacked Q|K|V split into
+three outputs and gate|up with its activation, every dp4a type, odd row counts, every variant
+shape the bench sweeps; through tests/gpu/test_gemv_dp4a.py's checks (the same two references
+and bounds: gemv_dp4a_ref of x̂, and the float64 product with x within x̂'s rounding), outputs
+NaN-poisoned, x Gaussian at std 0.1, 1 and 10."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import cuda
+
+from impnb.kernels.gemv.gemv_dp4a import SILU, GELU, gemv_dp4a_ref
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
+from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
+from impnb.kernels.gemv.gemv_variants import Variant
+from impnb.kernels.gemv.quant_x import GROUP
+from tests.gpu.test_gemv import weight
+from tests.gpu.test_gemv_dp4a import RTOL, check_gemv_dp4a, check_glu, check_quantize_x
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = [Variant(32, 1, 4), Variant(32, 2, 8), Variant(64, 1, 2), Variant(128, 2, 4)]
+GLU_VARIANTS = [Variant(32, 1, 4), Variant(64, 2, 8), Variant(128, 1, 2)]
+# (type, K, T, variant, glu) of every launch below, compiled in parallel before the first test
+BUILDS = ([(t, 2048, n, Variant(32, 1, 4), 0) for t in DP4A_TYPES for n in (2, 5, 8)]
+          + [(T.Q4_K, 4096, n, v, 0) for v in VARIANTS for n in (2, 3, 4, 7, 8)]
+          + [(t, K, 6, Variant(32, 2, 8), 0) for t, K in ((T.Q6_K, 12288), (T.Q8_0, 2048), (T.Q4_K, 1024))]
+          + [(t, K, n, v, 0) for t in (T.Q4_K, T.Q6_K, T.Q8_0) for v in (Variant(32, 1, 4), Variant(64, 2, 8))
+             for K, n in ((2048, 5), (1024, 8))]
+          + [(T.Q4_K, 4096, n, v, glu) for glu in (SILU, GELU) for n in (2, 6, 8) for v in GLU_VARIANTS]
+          + [(T.Q6_K, 2048, n, Variant(32, 2, 4), glu) for glu in (SILU, GELU) for n in (2, 6, 8)])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled():
+    """Every kernel the tests launch, compiled by worker processes first (one at a time they
+    take minutes): a dry run of one launch each records them."""
+    from impnb.kernels.gemv.quant_x import quant_x_buffers
+    from impnb.launch.cubin import arch_cc
+    from impnb.launch.precompile import compile_all, record
+
+    with record(arch_cc(cuda.get_current_device().compute_capability)) as rec:
+        for t, K, n, v, glu in BUILDS:
+            w = weight(t, 8, K)[2]
+            y = cuda.device_array((n, 4 if glu else 8), np.float32)
+            gemv_dp4a_multi(w, quant_x_buffers(n, K), y, 0, v, glu=glu)
+    compile_all(rec.missing())
+
+
+def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0):
+    """gemv_dp4a_multi in gemv_dp4a's argument order (the shared checks call it so)."""
+    gemv_dp4a_multi(w, xq, y, stream, variant, accumulate=accumulate, glu=glu)
+
+
+def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=False):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    check_gemv_dp4a(*weight(ggml_type, rows, cols), x, accumulate=accumulate, variant=variant, rng=rng, run=multi)
+
+
+def check_split(ggml_type, sizes, cols, n_tok, std, seed, variant):
+    """Stacked rows (sum of sizes, cols) into len(sizes) outputs: each its rows of gemv_dp4a_ref."""
+    raw, wabs, w = weight(ggml_type, sum(sizes), cols)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+    xq, (q, d, _) = check_quantize_x(x)
+    ys = [cuda.to_device(np.full((n_tok, n), np.nan, np.float32)) for n in sizes]
+    gemv_dp4a_multi_split(w, xq, ys, 0, variant)
+    got = np.concatenate([y.copy_to_host() for y in ys], axis=1).astype(np.float64)
+    assert np.isfinite(got).all(), "non-finite output"
+    ref = gemv_dp4a_ref(raw, ggml_type, q, d)
+    xhat = np.abs((q.view(np.int8).reshape(n_tok, -1, GROUP) * d[:, :, None]).reshape(n_tok, cols))
+    bound = RTOL * (xhat @ wabs.T)
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err / np.maximum(bound, 1e-30)), err.shape)
+    assert (err <= bound).all(), f"err {err[worst]:.3e} > {bound[worst]:.3e} at {worst}"
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES)
+@pytest.mark.parametrize("n_tok", [2, 5, 8])
+def test_every_type(ggml_type, n_tok):
+    check_case(ggml_type, 111, 2048, n_tok, 1.0, seed=n_tok, variant=Variant(32, 1, 4))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("n_tok,std", [(2, 0.1), (3, 10.0), (4, 1.0), (7, 1.0), (8, 10.0)])
+def test_variants(variant, n_tok, std):
+    check_case(T.Q4_K, 989, 4096, n_tok, std, seed=10 + n_tok, variant=variant)
+
+
+@pytest.mark.parametrize("ggml_type,rows,cols", [(T.Q6_K, 19, 12288), (T.Q8_0, 4099, 2048), (T.Q4_K, 8, 1024)])
+def test_accumulate_shapes(ggml_type, rows, cols):
+    check_case(ggml_type, rows, cols, 6, 1.0, seed=3, variant=Variant(32, 2, 8), accumulate=True)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0])
+@pytest.mark.parametrize("variant", [Variant(32, 1, 4), Variant(64, 2, 8)], ids=lambda v: v.name)
+def test_split_qkv(ggml_type, variant):
+    """Q|K|V boundaries inside row groups (sizes not multiples of the group's rows)."""
+    check_split(ggml_type, (131, 37, 37), 2048, 5, 1.0, seed=4, variant=variant)
+    check_split(ggml_type, (1029, 515), 1024, 8, 10.0, seed=5, variant=variant)
+
+
+@pytest.mark.parametrize("glu", [SILU, GELU])
+@pytest.mark.parametrize("n_tok", [2, 6, 8])
+def test_glu(glu, n_tok):
+    for v in GLU_VARIANTS:
+        check_glu(T.Q4_K, 257, 4096, n_tok, glu, seed=n_tok, variant=v, run=multi, std=1.0 if n_tok < 8 else 0.1)
+    check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)

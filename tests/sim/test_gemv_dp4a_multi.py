@@ -1,0 +1,19 @@
+"""The multi-token dp4a GEMV in numba's CUDA simulator on tiny shapes, through
+tests/gpu/test_gemv_dp4a_multi.py's checks (dp4a through its plain-Python twin)."""
+
+from gguf import GGMLQuantizationType as T
+
+from impnb.kernels.gemv.gemv_dp4a import SILU
+from impnb.kernels.gemv.gemv_variants import Variant
+from tests.gpu import test_gemv_dp4a as g
+from tests.gpu import test_gemv_dp4a_multi as m
+
+
+def test_plain_and_accumulate():
+    m.check_case(T.Q4_K, 5, 256, 3, 10.0, seed=1, variant=Variant(32, 1, 4))
+    m.check_case(T.Q8_0, 3, 64, 2, 0.1, seed=2, variant=Variant(32, 2, 2), accumulate=True)
+
+
+def test_split_and_glu():
+    m.check_split(T.Q6_K, (5, 3, 2), 256, 2, 1.0, seed=3, variant=Variant(32, 2, 4))
+    g.check_glu(T.Q4_K, 3, 256, 2, SILU, seed=4, variant=Variant(64, 1, 2), run=m.multi)

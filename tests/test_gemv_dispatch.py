@@ -1,0 +1,62 @@
+"""gpu/gemv_dispatch: the T = 2..8 GEMV table's keys, buckets and variants, its validation, and
+the choice a Linear gets at load (the table's, IMPNB_GEMV_ROWS's and the forced variant's)."""
+
+import json
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from impnb.gpu import gemv_dispatch as gd
+from impnb.gpu.weights import linear_of
+from impnb.kernels.common.repack import repack
+from impnb.kernels.gemv.gemv_variants import Variant
+from impnb.tuning import Overrides
+from tests.test_repack import make_weight
+
+
+def test_buckets_uses_and_names():
+    assert [gd.t_bucket(n) for n in range(2, 9)] == [2, 4, 4, 8, 8, 8, 8]
+    assert gd.use_of("blk.3.attn_qkv") == gd.use_of("blk.0.attn_qk") == "split"
+    assert gd.use_of("blk.1.ffn_gate_up") == "glu"
+    assert gd.use_of("blk.1.ffn_down") == gd.use_of("output") == "plain"
+    assert gd.parse_variant("s32u2r8") == Variant(32, 2, 8)
+    for bad in ("s48u1r4", "s32u3r4", "s32u1r3", "x32u1r4", "s32r4"):
+        with pytest.raises(ValueError):
+            gd.parse_variant(bad)
+
+
+def test_choose_from_table_and_force():
+    table = {"Q4_K 4096x4096 plain": {2: Variant(32, 1, 4), 8: Variant(64, 2, 8)}}
+    got = gd.choose(T.Q4_K, 4096, 4096, "plain", table)
+    assert got == {2: Variant(32, 1, 4), 5: Variant(64, 2, 8), 6: Variant(64, 2, 8), 7: Variant(64, 2, 8),
+                   8: Variant(64, 2, 8)}  # T 3, 4: bucket 4, not in the table
+    assert gd.choose(T.Q4_K, 4096, 4096, "glu", table) == {}
+    assert gd.choose(T.Q6_K, 4096, 4096, "plain", table) == {}
+    assert gd.choose(T.Q4_K, 8, 64, "glu", {}, force="s32u1r8") == {n: Variant(32, 1, 8) for n in range(2, 9)}
+    assert gd.choose(T.Q4_K, 3, 64, "glu", {}, force="s32u1r8") == {}  # 4 outputs a group, 3 rows
+
+
+def test_table_validation(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"choices": {"Q4_K 8x256 plain": {"4": "s32u1r4"}}}))
+    assert gd.load_table.__wrapped__(path) == {"Q4_K 8x256 plain": {4: Variant(32, 1, 4)}}
+    for bad in ({"Q4_K 8x256 fused": {"4": "s32u1r4"}}, {"Q4_K 8x256 plain": {"3": "s32u1r4"}},
+                {"Q4_K 8x256 plain": {"4": "s32u1r5"}}, {"Q9_K 8x256 plain": {"4": "s32u1r4"}}):
+        path.write_text(json.dumps({"choices": bad}))
+        with pytest.raises(ValueError):
+            gd.load_table.__wrapped__(path)
+    assert gd.load_table.__wrapped__(tmp_path / "none.json") == {}
+    gd.load_table.cache_clear()
+    gd.load_table()  # the committed table (if any) is valid
+
+
+def test_linear_takes_the_choice(monkeypatch):
+    raw = make_weight(T.Q8_0, 16, 2048, np.random.default_rng(0))
+    w = repack(raw, T.Q8_0)
+    assert linear_of("blk.0.ffn_down", w, Overrides()).multi == gd.choose(T.Q8_0, 16, 2048, "plain")
+    forced = linear_of("blk.0.ffn_down", w, Overrides(gemv_rows_force="s64u1r2")).multi
+    assert forced == {n: Variant(64, 1, 2) for n in range(2, 9)}
+    assert linear_of("blk.0.ffn_down", w, Overrides(gemv_rows=False, gemv_rows_force="s64u1r2")).multi == {}
+    small_k = repack(make_weight(T.Q8_0, 16, 1024, np.random.default_rng(1)), T.Q8_0)
+    assert linear_of("blk.0.ffn_down", small_k, Overrides(gemv_rows_force="s64u1r2")).multi == {}  # K < DP4A_MIN_K
