@@ -92,42 +92,8 @@ class HeaderWalker:
         """`count` strings: lengths walked in one tight loop, then the bytes decoded from one copy."""
         if count * 8 > self.size - self.pos:
             raise GGUFError(f"array of {count} strings cannot fit in the file")
-        first = self.pos
-        bounds = self._string_bounds_fast(count)
-        if bounds is None:  # a length out of bounds somewhere: the checked walk names it
-            bounds = self._string_bounds_checked(count)
-        starts, ends = bounds
-        p = self.pos = ends[-1] if count else first
-        span = bytes(self.buf[first:p])
-        try:
-            return [span[a - first:b - first].decode("utf-8") for a, b in zip(starts, ends)]
-        except UnicodeDecodeError:
-            bad = next(a for a, b in zip(starts, ends) if not _is_utf8(span[a - first:b - first]))
-            raise GGUFError(f"string at offset {bad} is not UTF-8") from None
-
-    def _string_bounds_fast(self, count: int):
-        """(starts, ends) of `count` strings from self.pos, or None where a length or a read is
-        out of bounds (lengths are unsigned, so the offsets only grow: checking the largest
-        length and the end checks every string)."""
         unpack, buf, size = _U64.unpack_from, self.buf, self.size
-        p = self.pos
-        lengths = [0] * count
-        try:
-            for i in range(count):
-                n, = unpack(buf, p)
-                lengths[i] = n
-                p += 8 + n
-        except (struct.error, OverflowError):  # a length field past the end of the buffer
-            return None
-        if p > size or (count and max(lengths) > MAX_STRING):
-            return None
-        ends = np.cumsum(np.asarray(lengths, np.int64) + 8) + self.pos
-        return (ends - np.asarray(lengths, np.int64)).tolist(), ends.tolist()
-
-    def _string_bounds_checked(self, count: int):
-        """As _string_bounds_fast, each read checked, with GGUFError naming the first that fails."""
-        unpack, buf, size = _U64.unpack_from, self.buf, self.size
-        p = self.pos
+        first = p = self.pos
         starts, ends = [0] * count, [0] * count
         for i in range(count):
             if p + 8 > size:
@@ -141,7 +107,13 @@ class HeaderWalker:
             starts[i] = p
             p += n
             ends[i] = p
-        return starts, ends
+        self.pos = p
+        span = bytes(buf[first:p])
+        try:
+            return [span[a - first:b - first].decode("utf-8") for a, b in zip(starts, ends)]
+        except UnicodeDecodeError:
+            bad = next(a for a, b in zip(starts, ends) if not _is_utf8(span[a - first:b - first]))
+            raise GGUFError(f"string at offset {bad} is not UTF-8") from None
 
     def value(self, vtype: int):
         if vtype in _SCALARS:

@@ -112,33 +112,60 @@ def _sentencepiece_backend(md: dict, gemma: bool, text: str | None) -> tuple[Bac
             triples = cached_merges(tokens, vocab, np.asarray(scores, np.float64).tobytes(),
                                     lambda: derived_merges(vocab, dict(zip(tokens, scores))))
         table = MergeTable(tokens, vocab, triples, "<unk>" if gemma else None)
-        merges = None if text is None else table.for_text(text)
-        partial = merges is not None
-        merges = table.pairs() if merges is None else merges
+        for_text = None if text is None else table.for_text(text)
+        partial = for_text is not None
+        merges = for_text[0] if partial else table.pairs()
+    model_vocab = _partial_vocab(md, tokens, vocab, for_text[1]) if partial else vocab
     steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
-        backend = Backend(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+        backend = Backend(BPE(vocab=model_vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
                               byte_fallback=True))
         backend.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
         backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     else:
-        backend = Backend(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True))
+        backend = Backend(BPE(vocab=model_vocab, merges=merges, fuse_unk=True, byte_fallback=True))
         backend.pre_tokenizer = pre_tokenizers.Metaspace(SPIECE_SPACE, prepend_scheme="first", split=False)
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
-    return backend, vocab, partial
+    return backend, vocab, partial, _pieces(tokens, vocab)
+
+
+def _partial_vocab(md: dict, tokens: list[str], vocab: dict[str, int], needed: set[int]) -> dict[str, int]:
+    """vocab restricted to the ids in `needed`, the byte-fallback and unknown tokens and every token
+    _add_gguf_tokens adds (so the added tokens keep their ids), each at its id in vocab."""
+    ids = set(needed)
+    ids.update(vocab[t] for t in (*(f"<0x{b:02X}>" for b in range(256)), "<unk>") if t in vocab)
+    types = md.get("tokenizer.ggml.token_type")
+    if types:
+        ids.update(np.flatnonzero(np.isin(np.asarray(types[:len(tokens)]), (CONTROL, USER_DEFINED))).tolist())
+    for name in ("bos", "eos", "unknown", "padding"):
+        i = md.get(f"tokenizer.ggml.{name}_token_id")
+        if i is not None and 0 <= i < len(tokens):
+            ids.add(i)
+    return {tokens[i]: vocab[tokens[i]] for i in ids}
+
+
+def _pieces(tokens: list[str], vocab: dict[str, int]) -> list[str | None]:
+    """Each id's token text as the whole BPE model gives it (id_to_token): where a text appears
+    twice in the file, only its last id has it."""
+    if len(vocab) == len(tokens):
+        return tokens
+    pieces = [None] * len(tokens)
+    for tok, i in vocab.items():
+        pieces[i] = tok
+    return pieces
 
 
 def _add_gguf_tokens(backend: Backend, md: dict, vocab: dict[str, int], byte_level: bool) -> None:
     """Match control tokens and the named bos/eos/unk/pad whole as special, user-defined ones as text."""
     tokens = md["tokenizer.ggml.tokens"]
-    types = md.get("tokenizer.ggml.token_type") or [0] * len(tokens)
+    kinds = np.asarray(md.get("tokenizer.ggml.token_type") or [0] * len(tokens))[:len(tokens)]
     alphabet = set(bytes_to_unicode().values()) if byte_level else None
-    control = [tok for tok, kind in zip(tokens, types)
-               if kind == CONTROL and (alphabet is None or set(tok) <= alphabet)]
+    control = [tokens[i] for i in np.flatnonzero(kinds == CONTROL).tolist()
+               if alphabet is None or set(tokens[i]) <= alphabet]
     backend.add_special_tokens([AddedToken(tok, normalized=False, special=True) for tok in control])
-    backend.add_tokens([AddedToken(tok, normalized=False, special=False)
-                        for tok, kind in zip(tokens, types) if kind == USER_DEFINED and tok in vocab])
+    backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
+                        for i in np.flatnonzero(kinds == USER_DEFINED).tolist() if tokens[i] in vocab])
     named_ids = (md.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding"))
     named = {tokens[i] for i in named_ids if i is not None and 0 <= i < len(tokens)}
     added = {tok.content for tok in backend.get_added_tokens_decoder().values()}
@@ -146,15 +173,16 @@ def _add_gguf_tokens(backend: Backend, md: dict, vocab: dict[str, int], byte_lev
                                 for tok in sorted(named - added)])
 
 
-def _build_backend(md: dict, kind: str, text: str | None) -> tuple[Backend, bool]:
-    """The backend with the file's added tokens, and whether it holds only `text`'s merges."""
-    partial = False
+def _build_backend(md: dict, kind: str, text: str | None) -> tuple[Backend, bool, list | None]:
+    """The backend with the file's added tokens, whether it holds only `text`'s merges and the
+    tokens that encoding can see, and (SentencePiece) each id's token text."""
+    partial, pieces = False, None
     try:
         if kind == "gpt2":
             backend, vocab = _byte_level_backend(md)
         else:
             gemma = md.get("general.architecture") in GEMMA_ARCHS
-            backend, vocab, partial = _sentencepiece_backend(md, gemma, text)
+            backend, vocab, partial, pieces = _sentencepiece_backend(md, gemma, text)
         _add_gguf_tokens(backend, md, vocab, byte_level=kind == "gpt2")
     except (TypeError, ValueError, KeyError, IndexError) as e:
         raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
@@ -162,7 +190,7 @@ def _build_backend(md: dict, kind: str, text: str | None) -> tuple[Backend, bool
         if type(e).__module__.split(".")[0] not in ("tokenizers", "builtins"):
             raise
         raise GGUFError(f"{kind} tokenizer metadata is inconsistent: {e}") from None
-    return backend, partial
+    return backend, partial, pieces
 
 
 class Tokenizer:
@@ -170,8 +198,9 @@ class Tokenizer:
 
     def __init__(self, backend: Backend, kind: str, md: dict):
         self._backend = backend
-        self._built_for = None  # the text whose merges alone the backend holds (from_metadata's for_text)
+        self._built_for = None  # the text whose merges and tokens alone the backend holds (for_text)
         self._build_whole = None
+        self._pieces = None  # SentencePiece: each id's token text (token_bytes reads it, not the backend)
         self.kind = kind
         tokens = md["tokenizer.ggml.tokens"]
         self.vocab_size = len(tokens)
@@ -180,8 +209,8 @@ class Tokenizer:
         self._add_bos = self.bos_id is not None and md.get("tokenizer.ggml.add_bos_token", kind == "llama")
         self._add_eos = self.eos_id is not None and md.get("tokenizer.ggml.add_eos_token", False)
         ends = {md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")}
-        self.eog_ids = frozenset({i for i in ends if i is not None}
-                                 | {i for i, tok in enumerate(tokens) if tok in EOG_NAMES})
+        named_eog = np.fromiter(map(EOG_NAMES.__contains__, tokens), bool, len(tokens))
+        self.eog_ids = frozenset({i for i in ends if i is not None} | set(np.flatnonzero(named_eog).tolist()))
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self._strips_space = kind == "llama" and md.get("general.architecture") not in GEMMA_ARCHS
@@ -206,8 +235,9 @@ class Tokenizer:
         for m in metadata.get("tokenizer.ggml.merges", ()):
             if not isinstance(m, str) or m.count(" ") != 1:
                 raise GGUFError(f"tokenizer.ggml.merges entry {m!r:.40} is not two tokens and a space")
-        backend, partial = _build_backend(metadata, kind, for_text)
+        backend, partial, pieces = _build_backend(metadata, kind, for_text)
         tokenizer = cls(backend, kind, metadata)
+        tokenizer._pieces = pieces
         if partial:
             tokenizer._built_for = for_text
             tokenizer._build_whole = lambda: _build_backend(metadata, kind, None)[0]
@@ -221,15 +251,20 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; special tokens written in it stay whole; `add_special` adds BOS as HF does."""
-        if self._built_for is not None and text != self._built_for:  # merges for another text only
-            self._backend, self._built_for = self._build_whole(), None
+        if self._built_for is not None and text != self._built_for:  # built for another text only
+            self._make_whole()
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if add_special:
             ids = [self.bos_id] * self._add_bos + ids + [self.eos_id] * self._add_eos
         return ids
 
+    def _make_whole(self) -> None:
+        self._backend, self._built_for = self._build_whole(), None
+
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 becomes U+FFFD."""
+        if self._built_for is not None:  # its vocabulary holds the one text's tokens only
+            self._make_whole()
         return self._backend.decode(list(ids), skip_special_tokens=skip_special)
 
     def stream(self, skip_special: bool = False) -> "StreamDecoder":
@@ -238,7 +273,10 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (a byte-fallback token is one byte)."""
-        text = self._backend.id_to_token(token_id) or ""
+        if self._pieces is None:
+            text = self._backend.id_to_token(token_id) or ""
+        else:  # the whole vocabulary's texts: a backend built for one text holds only its tokens
+            text = (self._pieces[token_id] if 0 <= token_id < len(self._pieces) else None) or ""
         if self._byte_of is not None:
             return b"".join(bytes([self._byte_of[c]]) if c in self._byte_of else c.encode() for c in text)
         if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):

@@ -6,6 +6,8 @@ makes spells a piece of the word it encodes. So a BPE given only the merges whos
 piece of the text (or follows the "▁" a pre-tokenizer may put in front of it), plus every merge
 with a byte-fallback or unknown token on a side (symbols that spell no piece of the text), meets
 the same pairs with the same relative ranks at every step and encodes that text to the same ids.
+Its vocabulary needs only the tokens such an encoding can see (with their ids): the text's pieces,
+those merges' tokens, the byte-fallback and unknown tokens and the file's added tokens.
 """
 
 import numpy as np
@@ -33,8 +35,9 @@ class MergeTable:
         text = self.tokens.__getitem__
         return list(zip(map(text, left.tolist()), map(text, right.tolist())))
 
-    def for_text(self, text: str) -> list[tuple[str, str]] | None:
-        """The merges encoding `text` can meet (see the module's docstring), or None where the
+    def for_text(self, text: str) -> tuple[list[tuple[str, str]], set[int]] | None:
+        """(the merges encoding `text` can meet, the ids of every token that encoding can see: its
+        pieces, with or without a leading "\u2581", and the kept merges' tokens), or None where the
         text is too long for the search to pay (then the whole table is needed)."""
         spelled = text.replace(" ", SPIECE_SPACE)
         n, longest = len(spelled), self.longest
@@ -42,12 +45,13 @@ class MergeTable:
             return None
         vocab, found = self.vocab, set()
         for i in range(n):
-            for j in range(i + 2, min(i + longest, n) + 1):  # a merge makes two characters or more
+            for j in range(i + 1, min(i + longest, n) + 1):
                 piece = spelled[i:j]
                 for candidate in (piece, SPIECE_SPACE + piece):
                     if candidate in vocab:
                         found.add(vocab[candidate])
-            if SPIECE_SPACE + spelled[i] in vocab:
-                found.add(vocab[SPIECE_SPACE + spelled[i]])
-        keep = self.odd | np.isin(self.triples[:, 2], np.fromiter(found, np.int64, len(found)))
-        return self.pairs(np.flatnonzero(keep))
+        if SPIECE_SPACE in vocab:
+            found.add(vocab[SPIECE_SPACE])
+        rows = np.flatnonzero(self.odd | np.isin(self.triples[:, 2], np.fromiter(found, np.int64, len(found))))
+        found.update(self.triples[rows].reshape(-1).tolist())
+        return self.pairs(rows), found

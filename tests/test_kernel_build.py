@@ -23,6 +23,8 @@ def _cases():
     for mod in [*pkgutil.walk_packages(impnb.kernels.__path__, "impnb.kernels."),
                 *pkgutil.iter_modules(tests.probes.__path__, "tests.probes.")]:
         module = importlib.import_module(mod.name)
+        # a module-level list would make every kernel in it at import, and go unchecked here
+        assert not hasattr(module, "BUILD_SIGNATURES"), f"{mod.name}: make BUILD_SIGNATURES build_signatures()"
         for kernel, sig, checks in getattr(module, "build_signatures", list)():
             name = getattr(kernel, "__name__", None) or kernel.py_func.__name__
             yield pytest.param(kernel, sig, checks, id=f"{mod.name.removeprefix('impnb.kernels.')}.{name}[{sig}]")

@@ -286,13 +286,18 @@ def test_built_for_one_text_encodes_it_as_the_whole_tokenizer(tmp_path, monkeypa
     metadata = tiny_llama_metadata()
     whole, hf = Tokenizer.from_metadata(metadata), hf_tokenizer_for(metadata, tmp_path)
     assert not whole.partial
+    every_id = list(range(whole.vocab_size))
     for text in TINY_TEXTS:
         tok = Tokenizer.from_metadata(metadata, for_text=text)
         assert tok.partial
         assert tok.encode(text) == whole.encode(text) == hf(text).input_ids, text
+        for skip in (False, True):  # every id streams as the whole tokenizer's does
+            assert stream_text(tok, every_id, skip) == stream_text(whole, every_id, skip)
         assert tok.partial
         other = text + " ab b"
         assert tok.encode(other) == whole.encode(other) and not tok.partial
+    tok = Tokenizer.from_metadata(metadata, for_text="ab")
+    assert tok.decode(every_id) == whole.decode(every_id) and not tok.partial
 
 
 def test_merge_table_for_a_text_keeps_rank_order_and_byte_merges():
@@ -305,8 +310,12 @@ def test_merge_table_for_a_text_keeps_rank_order_and_byte_merges():
     table = MergeTable(tokens, vocab, triples, "<unk>")
     assert table.pairs() == [("b", "a"), ("a", "b"), ("<0x41>", "a"), ("\u2581", "a"), ("b", "ab")]
     # "ab a": pieces ab, "b\u2581", ... and "\u2581a" (a space before a); never "ba" nor "bab"
-    assert table.for_text("ab a") == [("a", "b"), ("<0x41>", "a"), ("\u2581", "a")]
-    assert table.for_text("a") == [("<0x41>", "a"), ("\u2581", "a")]  # a word-initial "\u2581a"
+    merges, seen = table.for_text("ab a")
+    assert merges == [("a", "b"), ("<0x41>", "a"), ("\u2581", "a")]
+    assert {tokens[i] for i in seen} == {"a", "b", "ab", "\u2581", "\u2581a", "<0x41>", "<0x41>a"}
+    merges, seen = table.for_text("a")
+    assert merges == [("<0x41>", "a"), ("\u2581", "a")]  # a word-initial "\u2581a"
+    assert {tokens[i] for i in seen} == {"a", "\u2581", "\u2581a", "<0x41>", "<0x41>a"}
     assert table.for_text("x" * 100_000) is None  # too long to search: the whole table
 
 
@@ -320,6 +329,10 @@ def test_real_tokenizers_built_for_one_text_and_from_the_cache(tmp_path, monkeyp
         md, hf = open_model_file(path).metadata, hf_tokenizer(path)
         derived = Tokenizer.from_metadata(md)  # an empty cache: derived (Gemma3), then written
         cached = Tokenizer.from_metadata(md)
+        one = Tokenizer.from_metadata(md, for_text=CORPUS[2])
+        ids = list(range(cached.vocab_size))
+        assert [one.token_bytes(i) for i in ids] == [cached.token_bytes(i) for i in ids]
+        assert stream_text(one, ids, True) == stream_text(cached, ids, True)
         for text in CORPUS:
             tok = Tokenizer.from_metadata(md, for_text=text)
             assert tok.partial == (name == "gemma3")

@@ -46,5 +46,5 @@ def test_cuda_generate_makes_only_the_dispatchers_it_uses(name, request):
     eager, _, _ = _generate(path, "--no-graphs")
     print(f"{name}: {made} dispatchers, {len(kernels)} kernel modules; {text!r}")
     assert text.strip() and text == eager
-    assert made < 1500  # 6282 at import alone when every variant was made there
+    assert made < 1500  # the kernels one model launches, with their device functions
     assert not any(m.startswith("impnb.kernels.deltanet") for m in kernels)

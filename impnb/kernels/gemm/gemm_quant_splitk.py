@@ -133,8 +133,13 @@ def splits_for(M: int, N: int, K: int, bm: int = 64, sms: int = 132) -> int:
 
 
 F32_3D = types.Array(types.float32, 3, "C")
-BUILD_SIGNATURES = [
-    (gemm_splitk_kernel(t, 64), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 168})
-    for t in (T.Q4_K, T.Q6_K, T.Q8_0)
-] + [(_splitk_reduce_kernel, types.void(F32_3D, F32_2D, F32_2D, F32_2D, types.int32, types.int32, types.int32),
-       {"max_registers": 64})]
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemm_splitk_kernel(t, 64), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 168})
+        for t in (T.Q4_K, T.Q6_K, T.Q8_0)
+    ] + [(_splitk_reduce_kernel, types.void(F32_3D, F32_2D, F32_2D, F32_2D, types.int32, types.int32, types.int32),
+           {"max_registers": 64})]

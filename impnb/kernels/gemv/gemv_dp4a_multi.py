@@ -229,8 +229,11 @@ def kernel_args(ggml_type: T) -> tuple:
 # Built at K 4096 in variants the bench sweeps. Registers: 168 at Q4_K T 8 R 4, 149 at Q6_K T 2 R 4
 # depth 2; eight rows at T = 8 with depth 2 spill (255 registers: R x T sums and two chunks of
 # loads), so the bench's variants keep R x T x depth below that.
-BUILD_SIGNATURES = [
-    (gemv_dp4a_multi_kernel(t, 4096, n, 32, r, glu, d), types.void(*kernel_args(t)), {"max_registers": 192})
-    for t, n, r, glu, d in ((T.Q4_K, 8, 4, NO_GLU, 1), (T.Q4_K, 4, 4, SILU, 2), (T.Q6_K, 2, 4, NO_GLU, 2),
-                            (T.Q8_0, 4, 8, NO_GLU, 1))
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (gemv_dp4a_multi_kernel(t, 4096, n, 32, r, glu, d), types.void(*kernel_args(t)), {"max_registers": 192})
+        for t, n, r, glu, d in ((T.Q4_K, 8, 4, NO_GLU, 1), (T.Q4_K, 4, 4, SILU, 2), (T.Q6_K, 2, 4, NO_GLU, 2),
+                                (T.Q8_0, 4, 8, NO_GLU, 1))
+    ]

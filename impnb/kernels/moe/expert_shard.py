@@ -44,6 +44,9 @@ def localize(experts, weights, e0: int, n_local: int, stream) -> None:
            np.int32(e0), np.int32(n_local))
 
 
-BUILD_SIGNATURES = [
-    (_localize_kernel, (int32[::1], float32[::1], int32, int32), {"max_registers": 32}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    return [
+        (_localize_kernel, (int32[::1], float32[::1], int32, int32), {"max_registers": 32}),
+    ]
