@@ -17,6 +17,7 @@ import pytest
 import impnb.kernels
 import tests.probes
 from impnb.kernels.common.build_info import build_info, runtime_and_ptx_info
+from tests.numba_inlining import without_spare_copy
 
 
 def _cases():
@@ -29,6 +30,12 @@ def _cases():
 
 
 CASES = list(_cases())
+
+
+@pytest.fixture(autouse=True)
+def one_copy_inlining():
+    with without_spare_copy():
+        yield
 
 
 def test_there_are_kernels_to_build():
