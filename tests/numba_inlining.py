@@ -1,9 +1,14 @@
-"""Kernel builds without the copy numba throws away: numba-cuda's IR inliner (`inline=True`
-device functions, most of a build's time) deep-copies each callee's IR twice, the second copy
-returned to callers that all discard it; the first copy alone is what it inlines. Skipping the
-second leaves the compiled code as it was (tests/test_kernel_build.py's outputs are the same
-either way) and a build about a quarter shorter. Applied only to the numba-cuda whose inliner
-this was read from; another version compiles as it is."""
+"""Kernel builds without the IR copies numba's inliner throws away, for the build checks' CPU time.
+
+numba-cuda inlines an `inline=True` device function (most of a kernel build's CPU time goes to
+this) by running the callee's untyped passes to a fresh IR in `InlineWorker.inline_function`,
+then `inline_ir` deep-copies that IR twice: a copy to splice in, as the IR "gets mutated", and a
+copy of the untouched IR returned to callers that all discard it. On that untyped path the fresh
+IR has no other owner, so it is spliced in as it is and neither copy is made; where inline_ir is
+called with an IR that may be kept (the typed inliner), only the discarded copy is skipped.
+The code compiled is the same (tests/test_numba_inlining.py). Applied only where numba-cuda's
+inliner is the one this was read from; any other version compiles as it is.
+"""
 
 import contextlib
 import copy
@@ -12,17 +17,18 @@ import inspect
 
 from numba.cuda.core import inline_closurecall
 
-# sha1 of InlineWorker.inline_ir's source in numba-cuda 0.30.x: two copy_ir calls, the first
-# return value (the second copy) unused by InlineInlinables and the typed inliner
-KNOWN_INLINE_IR = "90871d54ab2f45e587233a9c57373feadd7d40ea"
+# sha1 of the two methods' source in numba-cuda 0.30.x
+KNOWN_SOURCES = {"inline_ir": "90871d54ab2f45e587233a9c57373feadd7d40ea",
+                 "inline_function": "71ff9c04737c574c6f1c897c43526e689976ed10"}
 
 
 class _Copier:
-    """`inline_closurecall.copy` while a callee is inlined: the first copy_ir's block copies deep,
-    the second's (one a block, after the first's) the blocks themselves."""
+    """`inline_closurecall.copy` while a callee is inlined: its only use there is copy_ir's
+    `copy.deepcopy(block)`, called once a callee block for the copy to splice in, then once a
+    block for the discarded one. `deep` of those calls copy, the next `kept` return the block."""
 
     def __init__(self):
-        self.deep = self.shallow = 0
+        self.deep = self.kept = 0
 
     def __getattr__(self, name):
         return getattr(copy, name)
@@ -31,33 +37,49 @@ class _Copier:
         if self.deep:
             self.deep -= 1
             return copy.deepcopy(x, memo)
-        if self.shallow:
-            self.shallow -= 1
+        if self.kept:
+            self.kept -= 1
             return x
         return copy.deepcopy(x, memo)
 
 
-def _source_hash(fn) -> str:
+def source_hash(fn) -> str:
     return hashlib.sha1(inspect.getsource(fn).encode()).hexdigest()
 
 
-@contextlib.contextmanager
-def without_spare_copy():
-    """Within the block, numba's inliner makes one copy of each callee's IR, not two."""
+def applies() -> bool:
+    """Whether the installed numba-cuda's inliner is the one this was read from."""
     worker = inline_closurecall.InlineWorker
-    original = worker.inline_ir
-    if _source_hash(original) != KNOWN_INLINE_IR:
+    return all(source_hash(getattr(worker, name)) == sha for name, sha in KNOWN_SOURCES.items())
+
+
+@contextlib.contextmanager
+def without_spare_copies():
+    """Within the block numba's inliner splices in a callee's fresh IR without copying it; yields
+    whether it does (False: numba-cuda is another version, left as it is)."""
+    if not applies():
         yield False
         return
-    copier = _Copier()
+    worker = inline_closurecall.InlineWorker
+    inline_ir, saved_copy = worker.inline_ir, inline_closurecall.copy
+    copier, fresh = _Copier(), [False]
 
-    def inline_ir(self, caller_ir, block, i, callee_ir, callee_freevars, arg_typs=None):
-        copier.deep = copier.shallow = len(callee_ir.blocks)
-        return original(self, caller_ir, block, i, callee_ir, callee_freevars, arg_typs=arg_typs)
+    def spliced(self, caller_ir, block, i, callee_ir, callee_freevars, arg_typs=None):
+        n = len(callee_ir.blocks)
+        copier.deep, copier.kept = (0, 2 * n) if fresh[0] else (n, n)
+        fresh[0] = False
+        return inline_ir(self, caller_ir, block, i, callee_ir, callee_freevars, arg_typs=arg_typs)
 
-    saved = inline_closurecall.copy
-    worker.inline_ir, inline_closurecall.copy = inline_ir, copier
+    def inline_function(self, caller_ir, block, i, function, arg_typs=None):
+        # numba's inline_function, with its fresh IR marked as owned by this call alone
+        callee_ir = self.run_untyped_passes(function)
+        fresh[0] = True
+        return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars,
+                              arg_typs=arg_typs)
+
+    saved = worker.inline_ir, worker.inline_function
+    worker.inline_ir, worker.inline_function, inline_closurecall.copy = spliced, inline_function, copier
     try:
         yield True
     finally:
-        worker.inline_ir, inline_closurecall.copy = original, saved
+        (worker.inline_ir, worker.inline_function), inline_closurecall.copy = saved, saved_copy

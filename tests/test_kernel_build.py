@@ -17,7 +17,7 @@ import pytest
 import impnb.kernels
 import tests.probes
 from impnb.kernels.common.build_info import build_info, runtime_and_ptx_info
-from tests.numba_inlining import without_spare_copy
+from tests.numba_inlining import without_spare_copies
 
 
 def _cases():
@@ -34,7 +34,7 @@ CASES = list(_cases())
 
 @pytest.fixture(autouse=True)
 def one_copy_inlining():
-    with without_spare_copy():
+    with without_spare_copies():
         yield
 
 
