@@ -17,7 +17,6 @@ import pytest
 import impnb.kernels
 import tests.probes
 from impnb.kernels.common.build_info import build_info, runtime_and_ptx_info
-from tests.numba_inlining import without_spare_copies
 
 
 def _cases():
@@ -31,11 +30,7 @@ def _cases():
 
 CASES = list(_cases())
 
-
-@pytest.fixture(autouse=True)
-def one_copy_inlining():
-    with without_spare_copies():
-        yield
+pytestmark = pytest.mark.usefixtures("numba_without_spare_copies")
 
 
 def test_there_are_kernels_to_build():
