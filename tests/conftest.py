@@ -47,6 +47,16 @@ def gemma3_path() -> Path:
     return real_model_path("gemma3-270m")
 
 
+@pytest.fixture
+def numba_without_spare_copies():
+    """Kernel builds for the compile checks without the IR copies numba's inliner discards
+    (tests/numba_inlining.py): the same code in about half the CPU time."""
+    from tests.numba_inlining import without_spare_copies
+
+    with without_spare_copies():
+        yield
+
+
 SIMULATOR = "tests/test_simulator.py::test_kernels_in_the_cuda_simulator"
 
 

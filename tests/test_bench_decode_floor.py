@@ -4,6 +4,7 @@ its fp16 fold, the KV cache besides), and its kernels build for sm_90 without sp
 import sys
 from pathlib import Path
 
+import pytest
 from numba import types
 
 from impnb.commands.bench import bytes_per_token
@@ -15,6 +16,8 @@ from impnb.synthetic import tiny_gguf
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 
 import bench_decode_floor as floor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("numba_without_spare_copies")
 
 
 def test_phases_read_the_bound_s_weights(tmp_path):

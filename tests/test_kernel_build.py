@@ -32,6 +32,8 @@ def _cases():
 
 CASES = list(_cases())
 
+pytestmark = pytest.mark.usefixtures("numba_without_spare_copies")
+
 
 def test_there_are_kernels_to_build():
     assert CASES

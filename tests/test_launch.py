@@ -24,6 +24,7 @@ from impnb.launch.args import flatten, param_codes, signature
 from impnb.launch.cubin import compile_cubin, entry_name
 
 CC = (9, 0, "a")
+pytestmark = pytest.mark.usefixtures("numba_without_spare_copies")
 ROOT = Path(__file__).parents[1]
 F32 = types.float32[::1]
 
@@ -265,22 +266,13 @@ def test_debug_kernels_are_refused():
         compile_cubin(cuda.jit(debug=True, opt=False)(_scale), _SCALE_SIG, CC)
 
 
-def test_programmatic_launch_only_for_kernels_that_wait():
-    """A kernel is launched early (programmatic stream serialization) only when its body, or a
-    device function it calls (attention_decode_short's), waits on the grid before its first global
-    store, and before its first global load unless it reads early only what the kernel just
-    before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
-    F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
-    the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
-    first weight chunks; the DeltaNet kernels: slots, lengths, weights and the layer's conv or
-    delta-rule state, written by its kernels of an earlier step)."""
+def programmatic_cases():
+    """(kernel, sig, reads_early) a case: kernels launched early, then kernels that wait first."""
     from impnb.kernels.attention import attention_decode, attention_decode_short, attention_fa2, qkv_post
     from impnb.kernels.deltanet import conv1d, gdn_decode, gdn_prefill
     from impnb.kernels.gemv import gemv_stacked
     from impnb.kernels.moe import gemv_moe_dp4a
-    from impnb.launch.launcher import waits_on_grid
 
-    assert not waits_on_grid(cuda.jit(_scale))
     short = [attention_decode_short.build_signatures()[i] for i in (0, 2, 4)]  # plain, post, cluster
     pair = [c for c in gemv_stacked.build_signatures() if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
     assert pair
@@ -288,12 +280,34 @@ def test_programmatic_launch_only_for_kernels_that_wait():
              *(m.build_signatures()[0] for m in (conv1d, gdn_decode, gdn_prefill))]
     late = (norm.build_signatures()[:2] + attention_decode.build_signatures()[:1]
             + attention_fa2.build_signatures()[:1] + gemv_moe_dp4a.build_signatures()[1:2])
-    for (kernel, sig, _), reads_early in [(c, True) for c in early] + [(c, False) for c in late]:
-        assert waits_on_grid(kernel), kernel.py_func.__name__
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
-        wait = ptx.index("griddepcontrol.wait")
-        assert wait < ptx.index("st.global")
-        assert (wait < ptx.index("ld.global")) != reads_early, kernel.py_func.__name__
+    cases = [(kernel, sig, True) for kernel, sig, _ in early] + [(kernel, sig, False) for kernel, sig, _ in late]
+    return [pytest.param(*c, id=f"{i}-{c[0].py_func.__name__}") for i, c in enumerate(cases)]
+
+
+def test_a_kernel_that_does_not_wait_is_not_launched_early():
+    from impnb.launch.launcher import waits_on_grid
+
+    assert not waits_on_grid(cuda.jit(_scale))
+
+
+@pytest.mark.parametrize("kernel,sig,reads_early", programmatic_cases())
+def test_programmatic_launch_only_for_kernels_that_wait(kernel, sig, reads_early):
+    """A kernel is launched early (programmatic stream serialization) only when its body, or a
+    device function it calls (attention_decode_short's), waits on the grid before its first global
+    store, and before its first global load unless it reads early only what the kernel just
+    before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
+    F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
+    the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
+    first weight chunks; the DeltaNet kernels: slots, lengths, weights and the layer's conv or
+    delta-rule state, written by its kernels of an earlier step). A case a kernel, so that -n
+    spreads their builds."""
+    from impnb.launch.launcher import waits_on_grid
+
+    assert waits_on_grid(kernel), kernel.py_func.__name__
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    wait = ptx.index("griddepcontrol.wait")
+    assert wait < ptx.index("st.global")
+    assert (wait < ptx.index("ld.global")) != reads_early, kernel.py_func.__name__
 
 
 def test_launch_configs():

@@ -1,0 +1,72 @@
+"""tests/numba_inlining.py: kernels compiled without the inliner's spare copies are the ones numba
+compiles as it is (PTX equal but for the per-process ids in mangled names)."""
+
+import re
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import cuda, float32, int32, types
+
+from impnb.kernels.elementwise import embedding
+from tests.numba_inlining import applies, without_spare_copies
+
+pytestmark = pytest.mark.skipif(not applies(), reason="numba-cuda's inliner is not the one tests/numba_inlining.py "
+                                                      "was read from: kernel builds run without its saving")
+
+
+def make_kernel(scale):
+    """Nested inline device functions of several blocks, one inlined twice, closing over a value."""
+    @cuda.jit(device=True, inline=True)
+    def clamp(v):
+        if v > float32(4.0):
+            return float32(4.0)
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def partial(x, i, n):
+        s = float32(0.0)
+        for j in range(i, n, 32):
+            s += clamp(x[j] * float32(scale))
+        return s
+
+    @cuda.jit
+    def kernel(x, out, n):
+        i = cuda.threadIdx.x
+        a = partial(x, i, n)
+        b = partial(x, i + 1, n) if i < 31 else float32(0.0)
+        out[i] = a - b
+
+    return kernel
+
+
+SIG = (types.float32[::1], types.float32[::1], int32)
+
+
+def ptx_of(kernel, sig) -> str:
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    return re.sub(r"//[^\n]*", "", re.sub(r"_Z\w+", "NAME", ptx))
+
+
+@pytest.mark.parametrize("name", ["nested", "embedding_q4_k"])
+def test_the_same_ptx_without_the_copies(name):
+    kernel, sig = {"nested": (make_kernel(1.5), SIG),
+                   "embedding_q4_k": (embedding.embedding_kernel(T.Q4_K), embedding.build_signatures()[1][1].args)}[name]
+    plain = ptx_of(kernel, sig)
+    with without_spare_copies() as applied:
+        fast = ptx_of(kernel, sig)
+    assert applied
+    assert fast == plain
+    assert "NAME" in plain and len(plain) > 1000
+
+
+def test_the_copies_are_left_to_other_callers():
+    """Outside the block numba's inliner and its copy module are its own again, and a deepcopy
+    through the patched module still copies."""
+    from numba.cuda.core import inline_closurecall as icc
+
+    before = icc.InlineWorker.inline_ir, icc.InlineWorker.inline_function, icc.copy
+    with without_spare_copies():
+        a = np.arange(5)
+        assert icc.copy.deepcopy(a) is not a
+    assert (icc.InlineWorker.inline_ir, icc.InlineWorker.inline_function, icc.copy) == before
