@@ -6,8 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from impnb.errors import UnsupportedError
 from impnb.gguf_file import open_model_file
 from impnb.launch import precompile
+from impnb.parallel.shard import TP_ARCHS
 from impnb.synthetic_full import Shape, write_full_gguf
 from impnb import warmup
 
@@ -22,7 +24,8 @@ SHAPES = {"qwen3": Shape("qwen3", 1, 256, 512, 4, 2, 64, 512),
 @pytest.mark.parametrize("tp_world", [1, 2], ids=["tp1", "tp2"])
 @pytest.mark.parametrize("arch", SHAPES)
 def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_path, monkeypatch):
-    """(tp2: a tensor-parallel rank's load and steps, its collectives inert.)"""
+    """(tp2: a tensor-parallel rank's load and steps, its collectives inert; the qwen35 family has
+    no tensor-parallel layout and is refused.)"""
     path = tmp_path / f"{arch}.gguf"
     write_full_gguf(path, SHAPES[arch], "Q8_0")
     monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
@@ -34,6 +37,10 @@ def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_pa
         self.jobs.setdefault(kernel.__name__, (kernel, None))
 
     monkeypatch.setattr(precompile.Recorder, "__call__", note)
+    if tp_world > 1 and arch not in TP_ARCHS:
+        with pytest.raises(UnsupportedError, match="no tensor-parallel layout"):
+            warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), tp_world)
+        return
     rec = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), tp_world)
     names = set(rec.jobs)
     assert {"_embedding_kernel", "_argmax_kernel", "_pick_kernel", "_penalty_kernel", "_push_kernel",
