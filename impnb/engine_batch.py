@@ -12,10 +12,10 @@ A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
 mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
-page no sequence owns; their sampled ids are dropped. A step of one sequence (no penalty, no
-logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead: the next step is
-queued on the device's own token before the host reads this one, so B = 1 runs at the
-single-sequence speed.
+page no sequence owns; their sampled ids are dropped. With lookahead on, a step of one sequence
+(no penalty, no logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead
+(the next step queued on the device's own token before the host reads this one); it is off by
+default until its tokens equal CudaEngine's on the GPU.
 
 A row that asks for logprobs gets its raw logits (before any penalty, which rewrites them in
 place: the step's graph then keeps a copy first) copied to the host, that row alone, in
@@ -76,7 +76,7 @@ class CudaBatchEngine(CudaEngine):
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
-                 tp=None, lookahead: bool = True):
+                 tp=None, lookahead: bool = False):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
@@ -105,7 +105,9 @@ class CudaBatchEngine(CudaEngine):
         self.b_argmax = argmax.argmax_scratch(max_batch)
         self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty, keep raw) -> Graph
         self.raw_logits: dict[int, np.ndarray] = {}  # the last call's rows that asked -> (V,) float32
-        self.lookahead = lookahead  # one-sequence steps queue the next (CudaEngine.step)
+        # one-sequence steps through CudaEngine.step and its look-ahead; off by default: on the GPU
+        # its tokens left CudaEngine's after the second step (test_one_sequence_steps_equal_the_single_engine)
+        self.lookahead = lookahead
         self.single = None  # (table row bytes, params) the single-sequence step's state was set for
 
     # ------------------------------------------------------------ one sequence's prompt
@@ -167,7 +169,7 @@ class CudaBatchEngine(CudaEngine):
         longest = max(r.pos for r in rows) + 1
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
-        if B == 1 and not rows[0].params.penalized and not rows[0].logprobs:
+        if B == 1 and self.lookahead and not rows[0].params.penalized and not rows[0].logprobs:
             return self._decode_one(rows[0])
         self._leave_single()
         greedy = all(r.params.greedy for r in rows)

@@ -20,6 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 RSS_SLACK = 1.10  # RSS after the soak may exceed the warmed-up RSS by this factor ...
 RSS_SLACK_MB = 64  # ... plus this much (allocator arenas, cached tokenizer state)
+# GPU memory may exceed its warmed-up level by this much: a decode graph first captured during the
+# soak (a batch bucket and sampler mix the warm-up did not meet; a bounded set) holds a few MB,
+# while a leak per request over 1000 requests would be far past it
+GPU_SLACK_MB = 32
 
 
 def free_port() -> int:
@@ -166,7 +170,7 @@ def main() -> int:
             failures.append("the server does not answer after the soak")
         if rss1 > rss0 * RSS_SLACK + RSS_SLACK_MB:
             failures.append(f"RSS grew from {rss0:.0f} to {rss1:.0f} MB")
-        if gpu0 is not None and gpu1 is not None and gpu1 > gpu0:
+        if gpu0 is not None and gpu1 is not None and gpu1 > gpu0 + GPU_SLACK_MB:
             failures.append(f"GPU memory grew from {gpu0} to {gpu1} MB")
     finally:
         if server.poll() is None:

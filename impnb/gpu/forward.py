@@ -35,7 +35,6 @@ the logits of a slice of the vocabulary each are all-gathered (m.vocab_split).
 import numpy as np
 
 from impnb.gpu import attention_dispatch
-from impnb.gpu.deltanet import deltanet_block
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
@@ -51,6 +50,14 @@ from impnb.tuning import GEMV_MAX_ROWS
 
 MIXERS = ("attention", "gated_deltanet")  # the LayerSpec.mixer kinds this stack runs
 FFNS = ("gated", "moe", "moe_shared")  # the LayerSpec.ffn kinds it runs
+
+
+def deltanet_block(*args, **kwargs):
+    """gpu/deltanet.deltanet_block, imported at a hybrid's first layer: other models load none of
+    the DeltaNet kernels' modules."""
+    from impnb.gpu import deltanet
+
+    return deltanet.deltanet_block(*args, **kwargs)
 
 
 def forward(m, step: StepPlan, last_only: bool = True, last_row=None):

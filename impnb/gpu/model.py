@@ -22,7 +22,6 @@ from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
 from impnb.gpu.recurrent import RecurrentState
 from impnb.kernels.attention.rope import rope_inv_freq
-from impnb.kernels.deltanet import conv1d, gdn_step
 from impnb.kernels.moe.moe import check_experts
 from impnb.models import architecture
 from impnb.models.validate import validate_model
@@ -122,6 +121,8 @@ class DeviceModel:
 
 def check_deltanet(cfg) -> None:
     """UnsupportedError unless the Gated DeltaNet kernels take cfg's shapes."""
+    from impnb.kernels.deltanet import conv1d, gdn_step  # the hybrids' kernels load for a hybrid alone
+
     d = cfg.deltanet
     if (d.conv_kernel != conv1d.WIDTH or d.head_k_dim > gdn_step.MAX_DK or d.head_k_dim % gdn_step.ROW_GROUPS
             or d.head_v_dim > gdn_step.MAX_DV or d.head_v_dim % 32):

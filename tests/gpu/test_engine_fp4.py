@@ -69,8 +69,10 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
         assert len(dp4a.m.router_folds) == dp4a.m.cfg.n_layer, "the router not folded into attn_output"
     dp4a.reset(SamplingParams(temperature=0))
     # int8 activations: over 256 tokens of three seeds every top-1 flip on the H200 (1-5 a seed,
-    # both FP4 types) had a reference top-2 gap under 8.2e-3 of the largest logit.
-    agree(np.concatenate([dp4a.logits([t]) for t in ids]), ref, "dp4a decode vs reference", margin=1e-2)
+    # both FP4 types) had a reference top-2 gap under 8.2e-3 of the largest logit, and a router
+    # flipped near a tie moves 1-2% of the tokens past MAX_REL (2 of 128 on qwen3moe MXFP4).
+    agree(np.concatenate([dp4a.logits([t]) for t in ids]), ref, "dp4a decode vs reference", margin=1e-2,
+          min_close=0.97)
 
 
 def test_prefill_matches_reference(case):

@@ -347,7 +347,7 @@ def test_sample_batch_of_4(V, std):
     rng = np.random.default_rng([V, int(std), 4])
     check_sample(rng, V, std, CONFIGS[:4], steps=(0, 7, late_steps(CONFIGS[:4])))
     check_sample(rng, V, std, CONFIGS[4:],
-                 steps=(3 + np.arange(4), 123456, late_steps(CONFIGS[4:])))
+                 steps=(3 + np.arange(len(CONFIGS[4:])), 123456, late_steps(CONFIGS[4:])))
 
 
 @pytest.mark.parametrize("std", (1.0, 10.0))
