@@ -37,6 +37,7 @@ from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped  # noqa: E402
 from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
 from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.kernels.common.repack import repack  # noqa: E402
+from impnb.synthetic_full import BLOCK_FIELDS  # noqa: E402
 
 PEAK = 2.97e12  # bytes/s, a device-to-device copy on the H100 (bytes read + written)
 L2_BYTES = 50e6
@@ -51,6 +52,9 @@ def random_weight(t, rows, cols, rng):
         return rng.standard_normal((rows, cols), dtype=np.float32).astype(dt).view(np.uint8)
     block, size = GGML_QUANT_SIZES[t]
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    if t in (T.MXFP4, T.NVFP4):  # E8M0 / UE4M3 scales around 0.02, as the synthetic writer draws them
+        BLOCK_FIELDS[t](blocks, 0.02)
+        return blocks.reshape(rows, -1)
     for off in SCALES[t]:
         d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
         blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
