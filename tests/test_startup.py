@@ -139,3 +139,15 @@ def test_info_and_the_gpu_path_import_no_reference_model(smollm2_path):
              "print(code, sorted(m for m in sys.modules if m in ('impnb.models.layers', 'impnb.models.numpy_ops', 'jinja2')))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     assert proc.stdout.split() == ["0", "[]"], proc.stdout + proc.stderr
+
+
+def test_cublas_is_made_at_the_first_gemm_only():
+    """A model that never takes a cuBLAS path pays neither nvmath's import nor the handle."""
+    probe = ("import sys\n"
+             "from impnb.gpu.cublas_gemm import Cublas\n"
+             "c = Cublas(ctx=None)\n"
+             "c.close()\n"
+             "print(c.handle, 'nvmath' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "False"]
