@@ -30,6 +30,7 @@ from impnb.launch import launch
 from impnb.models.deltanet import CHUNK, L2_EPS
 
 SUB = 16  # rows of a diagonal block of the triangular solve (an mma tile's height)
+SMEM_ALIGN = ptx.SMEM_ALIGN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
 _L2_EPS = np.float32(L2_EPS)
@@ -126,7 +127,7 @@ def chunked_kernel(dk: int, dv: int, L: int):
         bias = dt_bias[h]
         n_qk = n_k_heads * dk
         kh = h % n_k_heads if v_tiled else h // (Hv // n_k_heads)
-        sm = cuda.shared.array(0, uint32, alignment=ptx.SMEM_ALIGN)
+        sm = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         a_s = cuda.shared.array(N_AT, float32)
         t_s = cuda.shared.array(N_AT, float32)
         m_s = cuda.shared.array(N_M, float32)
@@ -229,12 +230,12 @@ def chunked_kernel(dk: int, dv: int, L: int):
             strip_dk(acc, sm, ST + v0 * KS, KS, KN, KS)
             for nt in range(NTL):
                 for hi in range(2):
-                    x = cuda.local.array(2, float32)
-                    for e in range(2):
-                        i = 8 * nt + 2 * c + e
-                        vv = qkv[r0 + i, 2 * n_qk + col + 8 * hi] if i < nc else _ZERO
-                        x[e] = (vv - acc[4 * nt + 2 * hi + e] * eg[i]) * beta[i]
-                    sm[VT + (v0 + g + 8 * hi) * LS + 4 * nt + c] = ptx.pack_f16x2(x[0], x[1])
+                    i = 8 * nt + 2 * c
+                    v_a = qkv[r0 + i, 2 * n_qk + col + 8 * hi] if i < nc else _ZERO
+                    v_b = qkv[r0 + i + 1, 2 * n_qk + col + 8 * hi] if i + 1 < nc else _ZERO
+                    x_a = (v_a - acc[4 * nt + 2 * hi] * eg[i]) * beta[i]
+                    x_b = (v_b - acc[4 * nt + 2 * hi + 1] * eg[i + 1]) * beta[i + 1]
+                    sm[VT + (v0 + g + 8 * hi) * LS + 4 * nt + c] = ptx.pack_f16x2(x_a, x_b)
             # -- A (fp32) and P (fp16) tiles of 16 x 8 over dk, the warps in turn --
             for t in range(warp, 2 * NB * NTL, WARPS):
                 which = t // (NB * NTL)
@@ -252,28 +253,25 @@ def chunked_kernel(dk: int, dv: int, L: int):
                 tile(tacc, sm, (QN if which == 1 else KN) + 16 * mt * KS, KS, KN + 8 * nt * KS, KS)
                 for hi in range(2):
                     i = i_lo + 8 * hi
-                    pv = cuda.local.array(2, float32)
-                    for e in range(2):
-                        j = 8 * nt + 2 * c + e
-                        x = tacc[2 * hi + e]
-                        if which == 0:
-                            a_s[i * LA + j] = beta[i] * x * math.exp(gc[i] - gc[j]) if j < i else _ZERO
-                        else:
-                            pv[e] = x * math.exp(gc[i] - gc[j]) if j <= i else _ZERO
-                    if which == 1:
-                        sm[PP + i * LS + 4 * nt + c] = ptx.pack_f16x2(pv[0], pv[1])
+                    j = 8 * nt + 2 * c
+                    x_a = tacc[2 * hi]
+                    x_b = tacc[2 * hi + 1]
+                    if which == 0:
+                        a_s[i * LA + j] = beta[i] * x_a * math.exp(gc[i] - gc[j]) if j < i else _ZERO
+                        a_s[i * LA + j + 1] = beta[i] * x_b * math.exp(gc[i] - gc[j + 1]) if j + 1 < i else _ZERO
+                    else:
+                        p_a = x_a * math.exp(gc[i] - gc[j]) if j <= i else _ZERO
+                        p_b = x_b * math.exp(gc[i] - gc[j + 1]) if j + 1 <= i else _ZERO
+                        sm[PP + i * LS + 4 * nt + c] = ptx.pack_f16x2(p_a, p_b)
             cuda.syncthreads()
             # -- Tm = (I + A)^-1: each diagonal block by forward substitution, a column a thread --
             if tid < L:
                 blk = SUB * (tid // SUB)
                 cc = tid % SUB
-                xs = cuda.local.array(SUB, float32)
                 for r in range(SUB):
                     x = _ONE if r == cc else _ZERO
-                    for m in range(SUB):
-                        if m < r:
-                            x -= a_s[(blk + r) * LA + blk + m] * xs[m]
-                    xs[r] = x
+                    for m in range(cc, r):
+                        x -= a_s[(blk + r) * LA + blk + m] * t_s[(blk + m) * LA + blk + cc]
                     t_s[(blk + r) * LA + blk + cc] = x
             cuda.syncthreads()
             # -- then block row bi: M_j = sum_k A_bi,k Tm_k,j (j < bi), Tm_bi,j = -Tm_bi,bi M_j --
