@@ -58,7 +58,7 @@ def bench(T, Hk, Hv, dk, dv, reps, rng):
             run(kernel, dev, state, T, stream)
             end.record(stream)
             end.synchronize()
-            times.append(cuda.event_elapsed_time(start, end) * 1e3)
+            times.append(start.elapsed_time(end) * 1e3)
         rows.append(dict(T=T, kernel=name, us=float(np.median(times)), heads=[Hk, Hv], dims=[dk, dv]))
     want = outs["token"].reshape(T, Hv, dv)
     err = np.abs(outs["chunked"].reshape(T, Hv, dv) - want) / (np.abs(want).max(-1, keepdims=True) + 1e-30)
