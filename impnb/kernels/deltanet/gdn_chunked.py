@@ -36,6 +36,7 @@ _ONE = np.float32(1)
 _L2_EPS = np.float32(L2_EPS)
 
 
+@lru_cache(maxsize=None)
 def layout(dk: int, dv: int, L: int) -> dict:
     """Word offsets (uint32: two fp16) of the dynamic shared buffers and their row strides: rows
     padded by 4 words so the 8 rows a fragment load reads fall in distinct banks."""
