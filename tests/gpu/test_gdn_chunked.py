@@ -5,7 +5,7 @@ token-by-token recurrence (gdn_ref), at Qwen3.6's shapes (16 QK heads, 32 V head
 Inputs as tests/gpu/test_deltanet_kernels.py draws them (Gaussian at std 0.1, 1, 10, spread decays
 and betas, random states carried in and out, outputs poisoned with NaN). Tolerances, of each (row,
 head)'s largest output and each (slot, head)'s largest state entry: 2e-3 against the twin (the
-same fp16 operands, sums in another order), 3e-2 against the recurrence (fp16 operands: 11 bits).
+same fp16 operands, sums in another order), 2e-2 against the recurrence (fp16 operands: 11 bits; the twin is within 6e-3 of it at these shapes).
 """
 
 import functools
@@ -22,7 +22,7 @@ from tests.gpu.test_deltanet_kernels import (EPS, QWEN36, STDS, Layer, assert_cl
 pytestmark = pytest.mark.gpu
 
 TWIN_TOL = 2e-3
-RECURRENCE_TOL = 3e-2
+RECURRENCE_TOL = 2e-2
 
 
 def run(layer, inputs, d_state, slots, lengths=None, pos=None, chunk=64):
