@@ -5,7 +5,8 @@ token-by-token recurrence (gdn_ref), at Qwen3.6's shapes (16 QK heads, 32 V head
 Inputs as tests/gpu/test_deltanet_kernels.py draws them (Gaussian at std 0.1, 1, 10, spread decays
 and betas, random states carried in and out, outputs poisoned with NaN). Tolerances, of each (row,
 head)'s largest output and each (slot, head)'s largest state entry: 2e-3 against the twin (the
-same fp16 operands, sums in another order), 2e-2 against the recurrence (fp16 operands: 11 bits; the twin is within 6e-3 of it at these shapes).
+same fp16 operands, sums in another order), 2e-2 against the recurrence (fp16 operands keep 11
+bits; the twin is within 6e-3 of the recurrence at these shapes).
 """
 
 import functools
