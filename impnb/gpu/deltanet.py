@@ -4,7 +4,8 @@ gated_deltanet_block), its states in the model's RecurrentState (gpu/recurrent.p
   qkv, z = h · [attn_qkv | attn_gate]ᵀ; b, a = h · [ssm_beta | ssm_alpha]ᵀ  (stacked GEMVs / GEMMs)
   qkv = silu(conv1d(qkv)) with the layer's conv state, in place    (kernels/deltanet/conv1d.py)
   y = gated_norm(delta_rule(q, k, v, b, a), z) on the layer's state (gdn_decode.py at one row a
-      sequence, gdn_prefill.py token by token over a prompt chunk)
+      sequence; over a prompt chunk gdn_prefill.py token by token, or gdn_chunked.py on the tensor
+      cores from tuning's GDN_CHUNKED_MIN_ROWS rows)
 The caller runs ssm_out on y into the residual. Padded rows of a prompt chunk (past `lengths`) and
 padded sequences leave the states alone; the kernels read and write each sequence's slot pair by
 the rows' positions (gpu/recurrent.py).
@@ -14,6 +15,7 @@ Legend: R rows (B sequences of T), C conv channels, Hv V heads, dv V head dim.
 from impnb.gpu.layer_weights import DeltaNet
 from impnb.gpu.plan import StepPlan
 from impnb.kernels.deltanet.conv1d import conv1d
+from impnb.kernels.deltanet.gdn_chunked import gdn_chunked
 from impnb.kernels.deltanet.gdn_decode import gdn_decode
 from impnb.kernels.deltanet.gdn_prefill import gdn_prefill
 
@@ -41,8 +43,10 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tup
         gdn_decode(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
                    d.n_k_heads, d.v_tiled, y, s, pos)
     else:
-        gdn_prefill(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
-                    d.n_k_heads, d.v_tiled, y, s, lengths, pos)
+        chunked = 0 < m.tuning.gdn_chunked_min_rows <= step.n_tokens and d.head_k_dim % 16 == 0
+        prefill = gdn_chunked if chunked else gdn_prefill
+        prefill(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
+                d.n_k_heads, d.v_tiled, y, s, lengths, pos)
     return y
 
 

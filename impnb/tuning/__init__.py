@@ -129,6 +129,12 @@ FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}
 # rather than a GEMV per slot; 0 (never) until bench --batch measures it faster on the GPU.
 MOE_GROUPED_ROWS = 0
 
+# -- Gated DeltaNet prefill ------------------------------------------------------------------
+# Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
+# 64 (kernels/deltanet/gdn_chunked.py), shorter ones token by token (gdn_prefill.py); 0 (never)
+# until .dev/run/gdn_gpu.sh measures where it wins. IMPNB_GDN_CHUNKED_MIN_ROWS overrides it.
+GDN_CHUNKED_MIN_ROWS = 0
+
 
 @dataclass(frozen=True)
 class Overrides:
@@ -143,6 +149,7 @@ class Overrides:
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
     moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
+    gdn_chunked_min_rows: int = GDN_CHUNKED_MIN_ROWS  # IMPNB_GDN_CHUNKED_MIN_ROWS
     gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
@@ -159,6 +166,7 @@ class Overrides:
                    moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
                    gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
                    moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),
+                   gdn_chunked_min_rows=int(env_number("IMPNB_GDN_CHUNKED_MIN_ROWS", GDN_CHUNKED_MIN_ROWS)),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    short_decode_max=short_max[0] if short_max else None,

@@ -99,3 +99,17 @@ def test_split_fused_ssm_gives_the_references_projections(tmp_path, legacy):
         assert np.allclose(h @ split[p + "attn_gate"].dequantize().T, z, rtol=1e-5, atol=1e-5)
     else:
         assert p + "attn_qkv" not in split
+
+
+def test_chunked_prefill_is_chosen_by_the_override(monkeypatch):
+    """tuning.GDN_CHUNKED_MIN_ROWS (0: token by token everywhere) and its override, read at load;
+    a malformed value is a ParameterError."""
+    from impnb.errors import ParameterError
+    from impnb.tuning import GDN_CHUNKED_MIN_ROWS, Overrides
+
+    assert Overrides.from_env().gdn_chunked_min_rows == GDN_CHUNKED_MIN_ROWS
+    monkeypatch.setenv("IMPNB_GDN_CHUNKED_MIN_ROWS", "64")
+    assert Overrides.from_env().gdn_chunked_min_rows == 64
+    monkeypatch.setenv("IMPNB_GDN_CHUNKED_MIN_ROWS", "many")
+    with pytest.raises(ParameterError, match="IMPNB_GDN_CHUNKED_MIN_ROWS"):
+        Overrides.from_env()

@@ -3,8 +3,8 @@ token by token over the chunk's rows, each sequence's state held in registers ac
 (read once at its start, written once at its end), the gated RMSNorm fused.
 
 This is the simple form: T dependent steps of four block barriers each, no tensor cores. The
-chunked WY / UT form (models/deltanet.delta_rule_chunked: a chunk's recurrence as one triangular
-solve and GEMMs on the tensor cores, the state carried across chunks) is a later step.
+chunked WY / UT form on the tensor cores, with the same arguments, is gdn_chunked.py; which one a
+prompt chunk takes is tuning's GDN_CHUNKED_MIN_ROWS.
 
 The forward's use (gpu/deltanet.py), per gated_deltanet layer il of a prompt chunk of T rows of one
 sequence at state slot s (slots = [s]; lengths = [n] where the chunk is padded to a graph's
