@@ -3,7 +3,7 @@
 A leaf below both the device chooser (devices.py) and the GPU path (gpu/), which read it.
 """
 
-GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
+GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe", "gemma4")
 # The kernels use Hopper's programmatic dependent launch (griddepcontrol) and build for sm_90 and
 # newer; on an older GPU their first build would fail deep inside the JIT linker.
 MIN_COMPUTE_CAPABILITY = (9, 0)

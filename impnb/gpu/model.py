@@ -13,10 +13,12 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu import weights
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
+from impnb.gpu import forward_gemma4
 from impnb.gpu.forward import FFNS, MIXER
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.gpu.kv import PagedKV
 from impnb.gpu.layer_weights import layer_weights
+from impnb.gpu.layer_weights_gemma4 import gemma4_layers
 from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention.rope import rope_inv_freq
@@ -49,14 +51,12 @@ class DeviceModel:
                                    f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
         self.cfg = cfg = validate_model(mf, n_ctx, device="cuda")
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
-        unknown = {(s.mixer, s.ffn) for s in self.layers} - {(MIXER, f) for f in FFNS}
-        if unknown:
-            raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
-        if any(s.after or s.ffn_norm is None for s in self.layers):
-            raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
-                                   f"without its input norm have no GPU path")
+        # an architecture with a layer loop of its own (gemma4), else None: gpu/forward.py's
+        self.stack = forward_gemma4.forward if self.layers[0].mixer == forward_gemma4.MIXER else None
+        if self.stack is None:
+            _check_specs(cfg, self.layers)
         if cfg.n_expert:
-            check_experts(cfg)
+            check_experts(cfg, own_loop=self.stack is not None)
         self.ctx = ctx or GpuContext()
         self.n_ctx = n_ctx
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
@@ -67,10 +67,10 @@ class DeviceModel:
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
         self.router_folds = weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
-        self.blk = layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning)
+        self.blk = (gemma4_layers(cfg, self.w, self.lin, self.ctx) if self.stack is not None
+                    else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
-        self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
-                         for il in range(cfg.n_layer)]
+        self.inv_freq = [self.ctx.upload(_inv_freq(mf, cfg, il)) for il in range(cfg.n_layer)]
         self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx))
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
         self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
@@ -82,3 +82,21 @@ class DeviceModel:
     def dp4a_linears(self) -> list:
         """The names of the Linears whose decode GEMVs take gemv_dp4a (for logs and tests)."""
         return sorted(name for name, lin in self.lin.items() if lin.dp4a)
+
+
+def _check_specs(cfg, layers) -> None:
+    """UnsupportedError where gpu/forward.py's loop has no path for a layer."""
+    unknown = {(s.mixer, s.ffn) for s in layers} - {(MIXER, f) for f in FFNS}
+    if unknown:
+        raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
+    if any(s.after or s.ffn_norm is None for s in layers):
+        raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
+                               f"without its input norm have no GPU path")
+
+
+def _inv_freq(mf: ModelFile, cfg, il: int) -> np.ndarray:
+    """Layer il's RoPE table (rope_inv_freq): its rotary width and base, divided by the file's
+    `rope_freqs` factors where the layer takes them (gemma4's global layers)."""
+    factors = mf.tensors.get("rope_freqs.weight")
+    factors = factors.dequantize() if factors is not None and cfg.rope_factors_at(il) else None
+    return rope_inv_freq(cfg.n_rot_for(il), cfg.rope_base_for(il), factors)

@@ -31,7 +31,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
         from impnb.warmup import prepare
 
         prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
-        if max_num_seqs == 1:
+        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # per-layer or shared K/V: one at a time
             from impnb.serve.single_runner import SingleSequenceRunner
 
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs), block_size)
