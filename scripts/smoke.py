@@ -4,7 +4,7 @@
                                         [--max-tokens N] [--quick]
 
 multi-model: for SmolLM2-135M and Gemma3-270M (found by impnb.model_registry) and tiny random
-qwen3 / qwen3moe built into a temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
+qwen3 / qwen3moe / gemma4 (dense and MoE) built into a temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
 once without, greedy answers to fixed prompts:
 coherence (real models: the expected word is in the answer), degeneration (impnb.degeneration;
 random models only must not stop at once), teacher-forced parity of the engine's logits with the
@@ -75,7 +75,11 @@ MODELS = {s.name: s for s in (
                               Prompt("Once upon a time, in a small village,", quick=False))),
     ModelSpec("tiny-qwen3", (STORY,), synthetic_arch="qwen3"),
     ModelSpec("tiny-qwen3moe", (STORY,), synthetic_arch="qwen3moe"),
+    ModelSpec("tiny-gemma4", (STORY,), synthetic_arch="gemma4"),
+    ModelSpec("tiny-gemma4moe", (STORY,), synthetic_arch="gemma4"),
 )}
+# the tiny gemma4 rows: impnb/synthetic_full_gemma4.TINY_SHAPES by model name
+GEMMA4_TINY = {"tiny-gemma4": "dense", "tiny-gemma4moe": "moe"}
 
 
 @dataclass
@@ -200,8 +204,17 @@ class Models:
             raise ImpnbError(f"needs SmolLM2's tokenizer: {e}") from e
         from impnb.synthetic import tiny_gguf, tokenizer_metadata_from
 
-        _, path = tiny_gguf(spec.synthetic_arch, "Q8_0", self.directory,
-                            tokenizer_metadata=tokenizer_metadata_from(smollm2))
+        metadata = tokenizer_metadata_from(smollm2)
+        if spec.name in GEMMA4_TINY:
+            from dataclasses import replace
+
+            from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf
+
+            path = self.directory / f"{spec.name}.gguf"
+            shape = replace(TINY_SHAPES[GEMMA4_TINY[spec.name]], vocab_size=len(metadata["tokenizer.ggml.tokens"]))
+            write_full_gguf(path, shape, tokenizer_metadata=metadata, workers=1)
+            return path
+        _, path = tiny_gguf(spec.synthetic_arch, "Q8_0", self.directory, tokenizer_metadata=metadata)
         return path
 
 
