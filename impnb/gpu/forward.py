@@ -30,7 +30,7 @@ from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode
 from impnb.kernels.elementwise import activations, norm
-from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
+from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, attention_wide, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv.gemv_tail import Residual
@@ -177,6 +177,10 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
     tables = m.kv.tables[:B]
+    if q.shape[2] in attention_wide.HEAD_DIMS:  # past the tiled kernels' head dims (gemma4's 512)
+        assert B == 1 and xq is None, "wide heads: one sequence, no int8 output"
+        _attention_wide(m, il, q, pos, out, step, window)
+        return
     assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
     if T <= attention_decode.MAX_T and step.short_blocks:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
@@ -195,3 +199,17 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     else:
         attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
                                     cfg.attn_scale, window, None, s)
+
+
+def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:
+    """attend on attention_wide: decode steps split over the context bucket's keys, prompt chunks
+    one split (their rows fill the GPU)."""
+    T, H, D = q.shape
+    Hkv = m.kv.k[il].shape[2]
+    if step.n_tokens <= attention_decode.MAX_T:
+        splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
+        partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
+    else:
+        splits, partials = 1, m.arena.get("partials_wide", attention_wide.partials_shape(1, 1, 1, D))
+    attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out, partials, splits,
+                                  m.cfg.attn_scale, window, m.ctx.nb_stream)

@@ -25,6 +25,7 @@ from impnb.gpu.layer_weights_gemma4 import Gemma4Layer
 from impnb.gpu.moe_prefill import experts_prefill
 from impnb.gpu.plan import StepPlan
 from impnb.kernels.attention import qkv_post
+from impnb.kernels.attention.kv_cache import kv_write
 from impnb.kernels.attention.rope import rope
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.elementwise.embedding import embedding
@@ -111,8 +112,14 @@ def _attention(m, il: int, lw: Gemma4Layer, h, pos, step: StepPlan):
             m.mm.linear(h, att.v, v.reshape(T, Hkv * Dh))
         v_in = v if att.v is not None or att.qkv is not None else k  # K = V: V is K before its norm
         norm.rms_norm(v_in, lw.v_norm, v, cfg.eps, s)
-        qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], True, att.q_norm, att.k_norm, cfg.eps,
-                          m.kv.tables[:1], m.kv.k[il], m.kv.v[il], s)
+        if Dh <= qkv_post.MAX_D:
+            qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], True, att.q_norm, att.k_norm, cfg.eps,
+                              m.kv.tables[:1], m.kv.k[il], m.kv.v[il], s)
+        else:  # heads past qkv_post's: its steps one kernel each
+            norm.rms_norm(q, att.q_norm, q, cfg.eps, s)
+            norm.rms_norm(k, att.k_norm, k, cfg.eps, s)
+            rope(q, k, pos, m.inv_freq[il], True, s)
+            kv_write(k, v, pos, m.kv.block_table, m.kv.k[il], m.kv.v[il], s)
     out = a.get("attn", (T, H, Dh))
     attend(m, il, q, pos, out, step)
     return out.reshape(T, H * Dh)

@@ -286,8 +286,11 @@ def check_host_memory(needed: int, what: str) -> None:
 def check_gpu_shapes(cfg: ModelConfig) -> None:
     """UnsupportedError where the architecture has no GPU path or the GPU kernels take no such head
     dim (the CPU reference takes any)."""
-    from impnb.cuda_support import GPU_ARCHS
-    from impnb.kernels.attention.attention_decode import HEAD_DIMS
+    from impnb.cuda_support import GPU_ARCHS, WIDE_HEAD_ARCHS
+    from impnb.kernels.attention.attention_decode import HEAD_DIMS as TILED
+    from impnb.kernels.attention.attention_wide import HEAD_DIMS as WIDE
+
+    HEAD_DIMS = TILED + WIDE if cfg.arch in WIDE_HEAD_ARCHS else TILED
 
     if cfg.arch not in GPU_ARCHS:
         raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
