@@ -41,6 +41,14 @@ TINY_SHAPES = {
         vocab_size=MINIMAL_VOCAB, layer_types=(SLIDING, GLOBAL, SLIDING, GLOBAL), sliding_window=8,
         attention_k_eq_v=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
         final_logit_softcapping=8.0, max_position_embeddings=512),
+    # 26B-A4B's attention (heads of 256 and 512, 16 on 8 and 2 KV heads) and routing (128
+    # experts, 8 a token) at small widths
+    "wide": Gemma4Shape(
+        num_hidden_layers=6, hidden_size=256, intermediate_size=192, num_attention_heads=16,
+        num_key_value_heads=8, num_global_key_value_heads=2, head_dim=256, global_head_dim=512,
+        vocab_size=MINIMAL_VOCAB, layer_types=(SLIDING,) * 5 + (GLOBAL,), sliding_window=16,
+        attention_k_eq_v=True, num_experts=128, top_k_experts=8, moe_intermediate_size=64,
+        final_logit_softcapping=30.0, max_position_embeddings=4096),
 }
 QTYPES = ("Q8_0",)
 SCALES = (".scale", "layer_output_scale.weight")  # drawn about 1, as tensor_data draws the norms
