@@ -9,7 +9,8 @@ from gpu/forward.py's pieces and a few elementwise kernels of its own.
       over kv_layer's pools (PagedKV holds them for both) and write nothing
     attention (scale 1, the layer's window) -> o = attn_output -> x += post_attention_norm(o),
       h = ffn_norm(x)                                           (the GEMV's tail at decode)
-    dense MLP: x += post_ffw_norm(down(gelu(gate h) * up h))    (experts: see _mlp_and_moe)
+    dense MLP: x += post_ffw_norm(down(gelu(gate h) * up h))    (experts: see _mlp_and_moe; at
+      decode the router's GEMV norms its input and routes in its last block, gemv_route)
     PLE: x += post_norm(proj(gelu(inp_gate x) * ple[l]))
     x *= layer_output_scale, h = next norm(x)                   (scale_rms_norm)
   logits = output(h), then cap * tanh(logits / cap)
@@ -32,7 +33,7 @@ from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.elementwise.per_layer_inputs import per_layer_inputs
 from impnb.kernels.elementwise.scale_norm import scale_rms_norm
 from impnb.kernels.elementwise.softcap import softcap
-from impnb.kernels.gemv import gemv, gemv_experts
+from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
 from impnb.kernels.moe.expert_scale import expert_scale
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.moe.moe import moe_combine, moe_route
@@ -135,12 +136,16 @@ def _mlp_and_moe(m, x, h, lw: Gemma4Layer, o) -> None:
     dense_ffn(m, h, lw.ffn, o)
     norm.rms_norm(o, ex.post_norm_mlp, o, cfg.eps, s)
     r = a.get("moe_in", (T, D))
-    norm.rms_norm(x, ex.router_norm, r, cfg.eps, s)
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
     weights = a.get("moe_weights", (T, k))
-    m.mm.linear_f32(r, ex.router, logits)
-    moe_route(logits, k, True, experts, weights, s)
+    if T <= GEMV_MAX_ROWS:  # the router's GEMV reads RMSNorm(x) * router_norm and routes in its last block
+        gemv_route.gemv_route(ex.router.w, x, logits, k, True, experts, weights,
+                              a.zeros("route_counter", (1,), np.uint32), s, norm=(ex.router_norm, cfg.eps))
+    else:
+        norm.rms_norm(x, ex.router_norm, r, cfg.eps, s)
+        m.mm.linear_f32(r, ex.router, logits)
+        moe_route(logits, k, True, experts, weights, s)
     expert_scale(experts, weights, ex.scale, s)
     norm.rms_norm(x, ex.pre_norm, r, cfg.eps, s)
     slots = experts.reshape(T * k)
