@@ -12,7 +12,8 @@ from gpu/forward.py's pieces and a few elementwise kernels of its own.
     dense MLP: x += post_ffw_norm(down(gelu(gate h) * up h))    (experts: see _mlp_and_moe; at
       decode the router's GEMV norms its input and routes in its last block, gemv_route)
     PLE: x += post_norm(proj(gelu(inp_gate x) * ple[l]))
-    x *= layer_output_scale, h = next norm(x)                   (scale_rms_norm)
+    x *= layer_output_scale, h = next norm(x)                   (scale_rms_norm; in layers with
+      experts and no PLE the end of _mlp_and_moe, moe_layer_end)
   logits = output(h), then cap * tanh(logits / cap)
 Legend: T rows, D model dim, H heads, Hkv / Dh the layer's KV heads and head dim, L layers,
 P per-layer width, E experts, k used, F expert width. Prompt chunks and single sequences only
@@ -30,6 +31,7 @@ from impnb.kernels.attention.kv_cache import kv_write
 from impnb.kernels.attention.rope import rope
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.elementwise.embedding import embedding
+from impnb.kernels.elementwise.moe_layer_end import moe_layer_end
 from impnb.kernels.elementwise.per_layer_inputs import per_layer_inputs
 from impnb.kernels.elementwise.scale_norm import scale_rms_norm
 from impnb.kernels.elementwise.softcap import softcap
@@ -127,14 +129,14 @@ def _attention(m, il: int, lw: Gemma4Layer, h, pos, step: StepPlan):
 
 
 def _mlp_and_moe(m, x, h, lw: Gemma4Layer, o) -> None:
-    """x += post_ffw_norm(post_ffw_norm_1(MLP(h)) + post_ffw_norm_2(experts(x))), h = next norm(x);
-    o (T, D) is scratch. Router: softmax top-k of router(RMSNorm(x) * router_norm), renormalised,
-    times the experts' scales; the experts read pre_ffw_norm_2(x)."""
+    """x = (x + post_ffw_norm(post_ffw_norm_1(MLP(h)) + post_ffw_norm_2(experts(x)))) * end_scale,
+    h = next norm(x) (moe_layer_end); o (T, D) is scratch. Router: softmax top-k of
+    router(RMSNorm(x) * router_norm), renormalised, times the experts' scales; the experts read
+    pre_ffw_norm_2(x)."""
     cfg, a, s, ex = m.cfg, m.arena, m.ctx.nb_stream, lw.experts
     T, D = x.shape
     k, E, F = cfg.n_expert_used, cfg.n_expert, cfg.n_ff_exp
     dense_ffn(m, h, lw.ffn, o)
-    norm.rms_norm(o, ex.post_norm_mlp, o, cfg.eps, s)
     r = a.get("moe_in", (T, D))
     logits = a.get("moe_logits", (T, E))
     experts = a.get("moe_experts", (T, k), np.int32)
@@ -157,5 +159,4 @@ def _mlp_and_moe(m, x, h, lw: Gemma4Layer, o) -> None:
     else:
         _, y, rows = experts_prefill(m, m.mm.x16(r), (ex.gate_up,), ex.down, slots, k, E, act="gelu")
         moe_combine(y, rows, weights, y2, s)
-    norm.rms_norm_post_add(o, y2, ex.post_norm, lw.post_ffn, y2, cfg.eps, s)  # y2 = post_ffw_norm(sum)
-    norm.rms_norm_add(x, y2, lw.next_norm, h, cfg.eps, s)
+    moe_layer_end(x, o, y2, ex.post_norm_mlp, ex.post_norm, lw.post_ffn, lw.end_scale, lw.next_norm, h, cfg.eps, s)

@@ -44,7 +44,9 @@ class Gemma4Layer:
     experts: Gemma4Experts | None
     post_ffn: object  # post_ffw_norm: on the FFN's whole output
     ple: PerLayerEmbedding | None
-    output_scale: object | None  # (1,)
+    output_scale: object | None  # (1,), applied by scale_rms_norm after the FFN and PLE
+    end_scale: object  # (1,): the scale moe_layer_end applies (the output scale where no PLE
+    # step follows and the layer has experts, else ones; output_scale is then None)
     next_norm: object  # the norm the next layer's attention (or the logits) reads
 
 
@@ -52,6 +54,7 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx) -> tuple[Gemma4Layer, ...]:
     """Every layer's weights by role (w: tensors, lin: Linears; ctx uploads the folded router norm
     and the V norm's ones)."""
     ones = {}
+    one = ctx.upload(np.ones(1, np.float32))
     out = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -78,6 +81,8 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx) -> tuple[Gemma4Layer, ...]:
         if cfg.n_embd_per_layer:
             ple = PerLayerEmbedding(lin[p + "inp_gate"], lin[p + "proj"], w[p + "post_norm"])
         nxt = w[f"blk.{il + 1}.attn_norm"] if il + 1 < cfg.n_layer else w["output_norm"]
+        scale = w.get(p + "layer_output_scale")
+        fold = experts is not None and ple is None and scale is not None  # the MoE end applies it
         out.append(Gemma4Layer(attn, cfg.kv_layer(il), ones[dk], ffn, experts, w[p + "post_ffw_norm"], ple,
-                               w.get(p + "layer_output_scale"), nxt))
+                               None if fold else scale, scale if fold else one, nxt))
     return tuple(out)

@@ -1,12 +1,13 @@
 """gemma4's elementwise kernels on the GPU against their numpy twins: the layer output scale with
-the next norm, final logit softcapping, the per-layer embedding inputs and the per-expert scale
-on the routing weights. Gaussian inputs at several magnitudes (Gemma's residual stream reaches
+the next norm, final logit softcapping, the per-layer embedding inputs, the per-expert scale
+on the routing weights and the end of a layer with experts (moe_layer_end). Gaussian inputs at several magnitudes (Gemma's residual stream reaches
 ~1e3), odd sizes, outputs poisoned with NaN. tests/sim/test_gemma4_kernels.py runs the same
 checks on tiny shapes in the simulator.
 
 Tolerances: scale_rms_norm: x * s bit-exact (one float32 product), the norm within
 1e-5 |ref| + 1e-6; softcap within 1e-6 |ref| + 1e-6 cap (tanh's float32 error); per_layer_inputs
-within 1e-5 |ref| + 1e-5 (|own| + 1); expert_scale bit-exact (one product).
+within 1e-5 |ref| + 1e-5 (|own| + 1); expert_scale bit-exact (one product); moe_layer_end: x within
+1e-5 |ref| + 1e-5 (|x| + 1) (the added norm is O(1) whatever x's scale), h within 1e-5 |ref| + 1e-5.
 """
 
 import numpy as np
@@ -83,3 +84,24 @@ def test_per_layer_inputs(T, L, P, std):
 @pytest.mark.parametrize("T,k,E", [(1, 1, 1), (3, 2, 8), (111, 8, 128)])
 def test_expert_scale(T, k, E):
     check_expert_scale(np.random.default_rng([T, k, E]), T, k, E)
+
+
+def check_moe_layer_end(rng, R, D, std):
+    """Residual x at std, the MLP's and the experts' outputs o, y at other scales (the norms take
+    any), norm weights and the scale about 1."""
+    from impnb.kernels.elementwise.moe_layer_end import moe_layer_end, moe_layer_end_ref
+
+    x, o, y = gauss(rng, (R, D), std), gauss(rng, (R, D), 3.0), gauss(rng, (R, D), 0.05)
+    w1, w2, wf, wn = (1 + gauss(rng, (D,), 0.3) for _ in range(4))
+    scale = (1 + gauss(rng, (1,), 0.3)).astype(np.float32)
+    h = np.full((R, D), np.nan, np.float32)
+    want_x, want_h = moe_layer_end_ref(x, o, y, w1, w2, wf, scale, wn, EPS)
+    got = run(lambda s, *d: moe_layer_end(*d, EPS, s), x, o, y, w1, w2, wf, scale, wn, h)
+    assert_close(got[0], want_x.astype(np.float64), 1e-5, 1e-5 * (np.abs(x) + 1), f"moe_layer_end x {R}x{D} std {std}")
+    assert_close(got[-1], want_h.astype(np.float64), 1e-5, 1e-5, f"moe_layer_end h {R}x{D} std {std}")
+
+
+@pytest.mark.parametrize("R,D", [(1, 1), (3, 19), (5, 2816), (111, 640)])
+@pytest.mark.parametrize("std", STDS)
+def test_moe_layer_end(R, D, std):
+    check_moe_layer_end(np.random.default_rng([R, D, int(std * 10)]), R, D, std)

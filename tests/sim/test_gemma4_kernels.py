@@ -4,8 +4,8 @@ and Gemma-sized (1e2, 1e3) magnitudes."""
 import numpy as np
 import pytest
 
-from tests.gpu.test_gemma4_kernels import (check_expert_scale, check_per_layer_inputs, check_scale_rms_norm,
-                                           check_softcap)
+from tests.gpu.test_gemma4_kernels import (check_expert_scale, check_moe_layer_end, check_per_layer_inputs,
+                                           check_scale_rms_norm, check_softcap)
 
 
 @pytest.mark.parametrize("R,D,std", [(1, 1, 1.0), (2, 19, 1000.0), (1, 300, 100.0)], ids=str)
@@ -26,3 +26,8 @@ def test_per_layer_inputs(T, L, P, std):
 @pytest.mark.parametrize("T,k,E", [(1, 1, 1), (3, 2, 8), (5, 8, 130)], ids=str)
 def test_expert_scale(T, k, E):
     check_expert_scale(np.random.default_rng([T, k, E]), T, k, E)
+
+
+@pytest.mark.parametrize("R,D,std", [(1, 1, 1.0), (2, 19, 1000.0), (1, 300, 100.0)], ids=str)
+def test_moe_layer_end(R, D, std):
+    check_moe_layer_end(np.random.default_rng([R, D]), R, D, std)
