@@ -46,5 +46,6 @@ class PagedKV:
     @staticmethod
     def nbytes(cfg: ModelConfig, n_tokens: int) -> int:
         """The pools' bytes for n_tokens tokens (fp16 K and V of every layer with its own, whole pages)."""
-        per_token = sum(cfg.kv_heads(il) * sum(cfg.head_dims(il)) for il in range(cfg.n_layer) if cfg.kv_layer(il) == il)
+        per_token = sum(cfg.kv_heads(il) * sum(cfg.head_dims(il))
+                        for il in range(cfg.n_layer) if cfg.kv_layer(il) == il)
         return 2 * PagedKV.pages(n_tokens) * PAGE_SIZE * per_token

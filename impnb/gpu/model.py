@@ -62,11 +62,12 @@ class DeviceModel:
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
         kv_tokens = kv_tokens or n_ctx
         need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, kv_tokens)
-                + weights.fold_bytes(cfg, tuning) + HEADROOM)
+                + (weights.fold_bytes(cfg, tuning) if self.stack is None else 0) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
-        self.router_folds = weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
+        # the router folded into attn_output's launch: gpu/forward.py's MoE layers only
+        self.router_folds = {} if self.stack else weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
         self.blk = (gemma4_layers(cfg, self.w, self.lin, self.ctx) if self.stack is not None
                     else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)

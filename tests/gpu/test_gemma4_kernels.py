@@ -1,7 +1,7 @@
 """gemma4's elementwise kernels on the GPU against their numpy twins: the layer output scale with
 the next norm, final logit softcapping, the per-layer embedding inputs, the per-expert scale
-on the routing weights and the end of a layer with experts (moe_layer_end). Gaussian inputs at several magnitudes (Gemma's residual stream reaches
-~1e3), odd sizes, outputs poisoned with NaN. tests/sim/test_gemma4_kernels.py runs the same
+on the routing weights and the end of a layer with experts (moe_layer_end). Gaussian inputs at
+several magnitudes (Gemma's residual stream reaches ~1e3), odd sizes, outputs poisoned with NaN. tests/sim/test_gemma4_kernels.py runs the same
 checks on tiny shapes in the simulator.
 
 Tolerances: scale_rms_norm: x * s bit-exact (one float32 product), the norm within
