@@ -59,7 +59,7 @@ def run(args) -> int:
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
     n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
-    cls = engine_class(args.device, cfg.arch)
+    cls = engine_class(args.device, cfg.arch, cfg)
     if cls.device == "cuda":
         from impnb.warmup import prepare
 

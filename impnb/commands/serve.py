@@ -60,7 +60,7 @@ def _prepare_device(path, args) -> None:
 
     mf = open_model_file(path)
     cfg = validate_model(mf)
-    args.device = engine_class(args.device, cfg.arch).device  # auto decided (and said) once
+    args.device = engine_class(args.device, cfg.arch, cfg).device  # auto decided (and said) once
     if args.device == "cuda":
         from impnb.warmup import prepare
 

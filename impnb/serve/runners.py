@@ -26,7 +26,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
                 gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None) -> ModelRunner:
     """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE)."""
     cfg = validate_model(mf)
-    cls = engine_class(device, cfg.arch)
+    cls = engine_class(device, cfg.arch, cfg)
     if cls.device == "cuda":
         from impnb.warmup import prepare
 
