@@ -102,8 +102,10 @@ def test_gpu_path_dispatchers_use_the_shared_signatures():
     assert proc.stdout.strip() == "True", proc.stderr
 
 
-_DISPATCHERS = """
-import sys
+# a child process's prologue: every numba dispatcher made from here on is noted in `made` (its
+# kernel's module), for the probes here and in tests/gpu/test_startup.py
+COUNT_DISPATCHERS = """
+import json, sys
 from numba.cuda import dispatcher
 made = []
 init = dispatcher.CUDADispatcher.__init__
@@ -111,6 +113,8 @@ def counting(self, py_func, *args, **kwargs):
     made.append(py_func.__module__)
     init(self, py_func, *args, **kwargs)
 dispatcher.CUDADispatcher.__init__ = counting
+"""
+_DISPATCHERS = COUNT_DISPATCHERS + """
 import impnb.engine_cuda, impnb.engine_batch, impnb.warmup
 print(len(made))
 """

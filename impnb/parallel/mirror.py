@@ -10,6 +10,7 @@ import struct
 import time
 
 from impnb.errors import ImpnbError, ParallelError
+from impnb.parallel.rendezvous import accepted
 
 LENGTH = struct.Struct("<I")
 STOP = ("stop", None)
@@ -44,17 +45,9 @@ def accept_followers(world: int, addr: str, port: int, timeout: float) -> list:
     deadline = time.monotonic() + timeout
     conns = {}
     with socket.create_server((addr, port)) as server:
-        while len(conns) < world - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(1, world)) - set(conns))
-                raise ParallelError(f"tensor-parallel serving: rank(s) {', '.join(map(str, missing))} did not "
-                                    f"follow within {timeout:g} s")
-            server.settimeout(left)
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
+        late = (lambda missing: f"tensor-parallel serving: rank(s) {', '.join(map(str, missing))} did not "
+                                f"follow within {timeout:g} s")
+        for conn in accepted(server, deadline, lambda: sorted(set(range(1, world)) - set(conns)), late):
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conns[recv(conn)[1]] = conn

@@ -15,22 +15,29 @@ HELLO = struct.Struct("<4sii")  # magic, rank, world size
 MAGIC = b"IMPT"
 
 
+def accepted(server, deadline: float, missing, late):
+    """The connections server accepts while missing() (the ranks still to come) is not empty;
+    ParallelError(late(missing())) once the monotonic deadline passes."""
+    while ranks := missing():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ParallelError(late(ranks))
+        server.settimeout(left)
+        try:
+            conn, _ = server.accept()
+        except socket.timeout:
+            continue
+        yield conn
+
+
 def serve_id(uid: bytes, world: int, addr: str, port: int, timeout: float) -> None:
     """Rank 0: hand uid to ranks 1..world-1, each once; ParallelError past timeout seconds."""
     deadline = time.monotonic() + timeout
     joined = set()
     with socket.create_server((addr, port), reuse_port=False) as server:
-        while len(joined) < world - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(1, world)) - joined)
-                raise ParallelError(f"tensor-parallel set-up: rank(s) {', '.join(map(str, missing))} of "
-                                    f"{world} did not join within {timeout:g} s")
-            server.settimeout(left)
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
+        late = (lambda missing: f"tensor-parallel set-up: rank(s) {', '.join(map(str, missing))} of "
+                                f"{world} did not join within {timeout:g} s")
+        for conn in accepted(server, deadline, lambda: sorted(set(range(1, world)) - joined), late):
             with conn:
                 conn.settimeout(max(0.1, deadline - time.monotonic()))
                 try:

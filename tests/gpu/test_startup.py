@@ -8,18 +8,12 @@ import sys
 
 import pytest
 
+from tests.test_startup import COUNT_DISPATCHERS
+
 pytestmark = pytest.mark.gpu
 
 PROMPT = "The Eiffel Tower is located in the city of"
-_PROBE = """
-import json, sys
-from numba.cuda import dispatcher
-made = []
-init = dispatcher.CUDADispatcher.__init__
-def counting(self, py_func, *args, **kwargs):
-    made.append(py_func.__module__)
-    init(self, py_func, *args, **kwargs)
-dispatcher.CUDADispatcher.__init__ = counting
+_PROBE = COUNT_DISPATCHERS + """
 from impnb.cli import main
 code = main(sys.argv[1:])
 kernels = sorted(m for m in sys.modules if m.startswith("impnb.kernels."))

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from impnb.parallel.ranks import start
+from tests.gpu.test_graphs import decode
 
 SIZES = (1, 19, 989, (1 << 20) + 3)
 STDS = (1e-3, 1.0, 300.0)
@@ -93,19 +94,6 @@ def _err(out, want, world) -> str | None:
     tol = 1e-2 if out.dtype == np.float16 else 1e-5
     rel = np.abs(out - want).max() / max(np.abs(want).max(), 1e-30)
     return None if rel < tol else f"max rel error {rel:.2e}"
-
-
-def decode(engine, ids, params, n: int):
-    """(tokens, logits (n, V)) of n decode steps after the prompt ids (lookahead off)."""
-    engine.reset(params)
-    token = engine.prefill(ids)
-    tokens, rows = [token], []
-    logits = engine.m.arena.get("logits", (1, engine.cfg.n_vocab))
-    for _ in range(n):
-        token = engine.step(token)
-        tokens.append(token)
-        rows.append(logits.copy_to_host()[0])
-    return np.array(tokens), np.stack(rows)
 
 
 def engine_run(rank, args) -> dict:

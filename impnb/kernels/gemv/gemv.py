@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, from_dtype, types, uint32
+from numba import cuda, float32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
@@ -28,7 +28,8 @@ from impnb.kernels.gemv.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES
                                          span_for, sweep)
 from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, route_block
 from impnb.kernels.gemv.quant_x import THREADS as QUANT_THREADS, make_quantize_block
-from impnb.kernels.common.repack import LAYOUTS, PackedWeight
+from impnb.kernels.common.repack import PackedWeight
+from impnb.kernels.gemv.gemv_args import F32_2D, kernel_args, parts_type  # noqa: F401 (re-exported)
 from impnb.launch import launch
 from impnb.quants import dequantize
 
@@ -433,11 +434,6 @@ def out_per_block(v: Variant, glu: int) -> int:
     return v.rows // (2 if glu else 1) * (BLOCK // v.span)
 
 
-def parts_type(ggml_type: T):
-    return types.Tuple(tuple(types.Array(from_dtype(np.dtype(dt)), 1, "C")
-                             for _, _, _, dt in LAYOUTS[ggml_type]))
-
-
 def aligned16(a) -> bool:
     ptr = getattr(a, "device_ctypes_pointer", None)
     return ptr is None or (ptr.value or 0) % 16 == 0
@@ -467,28 +463,6 @@ def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Varia
     `variant` overrides `choose` (benchmarks, tests); norm (wn (K,) float32, eps): W RMSNorm(x) wn."""
     assert y.shape == (x.shape[0], w.rows), (w.rows, w.cols, x.shape, y.shape)
     launch_rows(w, x, y, y, y, w.rows, 0, w.rows, NO_GLU, stream, accumulate, variant, norm)
-
-
-F32_2D = types.Array(types.float32, 2, "C")
-_I32 = types.int32
-
-
-def kernel_args(ggml_type: T, experts: bool = False, normed: bool = False, tail: int = 0,
-                route: bool = False) -> tuple:
-    """Argument types of gemv_kernel's kernels for a type (the plain, normed, tail, routed-expert
-    or router one)."""
-    if tail:  # parts, x, y, n_rows, x_res, w_post, w_next, h, eps, counter
-        vec = types.Array(types.float32, 1, "C")
-        return (parts_type(ggml_type), F32_2D, F32_2D, _I32, F32_2D, vec, vec, F32_2D, types.float32,
-                types.Array(types.uint32, 1, "C"))
-    if route:  # parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s, quant
-        return (parts_type(ggml_type), F32_2D, types.Array(types.float32, 1, "C"), types.float32, F32_2D, _I32,
-                _I32, _I32, types.Array(types.int32, 2, "C"), F32_2D, types.Array(types.uint32, 1, "C"),
-                types.Array(types.uint32, 2, "C"), F32_2D, F32_2D, _I32)
-    if experts:  # parts, x, y, n_rows, experts, x_div, accumulate
-        return (parts_type(ggml_type), F32_2D, F32_2D, _I32, types.Array(types.int32, 1, "C"), _I32, _I32)
-    norm = (types.Array(types.float32, 1, "C"), types.float32) if normed else ()
-    return (parts_type(ggml_type), F32_2D, *norm, F32_2D, F32_2D, F32_2D, _I32, _I32, _I32, _I32)
 
 
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
