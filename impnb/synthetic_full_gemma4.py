@@ -52,6 +52,11 @@ TINY_SHAPES = {
 }
 QTYPES = ("Q8_0",)
 SCALES = (".scale", "layer_output_scale.weight")  # drawn about 1, as tensor_data draws the norms
+# Attention runs at scale 1 on RMS-normed Q and K: with their norms about 1 the scores spread as
+# sqrt(head dim) (22 at 512), a near-argmax softmax that moves the logits 10-300x any rounding of
+# K (the GPU's fp16 cache), too chaotic to hold a GPU path to the reference. Q's and K's norms
+# drawn about head_dim^-1/4 give the scores unit variance, as 1/sqrt(head dim) scaling does.
+QK_NORMS = ("attn_q_norm.weight", "attn_k_norm.weight")
 
 
 def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
@@ -95,10 +100,13 @@ def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
 
 
 def tensor_values(shape: Gemma4Shape, spec: TensorSpec, seed: int, index: int) -> np.ndarray:
-    """synthetic_full's random tensor, but rope_freqs' fixed factors and the scales about 1."""
+    """synthetic_full's random tensor, but rope_freqs' fixed factors, the scales about 1 and Q's
+    and K's norms about head_dim^-1/4 (QK_NORMS)."""
     if spec.name == "rope_freqs.weight":
         return shape.rope_freqs()
     data = tensor_data(spec, seed, index)
+    if spec.name.endswith(QK_NORMS):
+        return data * np.float32(spec.shape[0] ** -0.25)
     return data + np.float32(1.0) if spec.name.endswith(SCALES) else data
 
 
