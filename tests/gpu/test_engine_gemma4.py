@@ -1,5 +1,6 @@
 """The GPU engine on tiny random gemma4 models (impnb/synthetic_full_gemma4.TINY_SHAPES, Q8_0,
-every tensor drawn at random, norms and scales about 1) against the numpy reference, which
+every tensor drawn at random, norms and scales about 1, Q's and K's norms about head_dim^-1/4 so
+that an fp16 cache moves the logits < 1e-3: tests/test_synthetic_full_gemma4.py) against the numpy reference, which
 tests/test_reference_gemma4.py holds to HF transformers: "dense" (E2B-like: per-layer
 embeddings, the last two layers reading earlier layers' cache pages, the double-wide MLP there)
 and "moe" (26B-A4B-like: routed GELU experts beside the MLP, K = V on the global layers with
@@ -55,7 +56,11 @@ def test_decode_split_attention_matches_reference(case, monkeypatch):
 
 
 def test_decode_on_dp4a_matches_reference(case, monkeypatch):
-    """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x)."""
+    """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x). Gemma's post-norms scale every
+    sublayer's output to the residual's size, so int8 inputs move these models far more than
+    qwen3's: the reference with every matmul's input rounded to int8 (32-blocks, max / 127) moved
+    the logits by median 2e-2 (dense), 3e-2 (moe), 8e-2 (wide, where 128 experts' routers flip),
+    top-1 1.0, 1.0, 0.989 over the tokens whose top-2 gap is >= 3e-2 of the largest logit."""
     from impnb.engine_cuda import CudaEngine
 
     ids, ref, engine = case
@@ -63,17 +68,22 @@ def test_decode_on_dp4a_matches_reference(case, monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
     assert dp4a.m.dp4a_linears()
-    agree(teacher_forced(dp4a, ids), ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference")
+    out = teacher_forced(dp4a, ids)
+    agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference", margin=3e-2,
+          min_close=0.0, min_top1=0.97)
+    assert np.median(np.abs(out - ref).max(-1)) < 0.15 * np.abs(ref).max()
 
 
 def test_prefill_matches_reference(case):
-    """The whole prompt as one chunk, then as two (the second over the first's cache, past the window)."""
+    """The whole prompt as one chunk, then as two (the second over the first's cache, past the
+    window). The GEMMs read x in fp16: the reference with every matmul's input rounded so moved the
+    logits by median 3e-4 to 8e-4, one wide token of 96 by 4e-2 (a router tie), hence min_close."""
     ids, ref, engine = case
     engine.reset(SamplingParams(temperature=0))
-    agree(engine.logits(ids), ref, "prefill vs reference")
+    agree(engine.logits(ids), ref, "prefill vs reference", min_close=0.97)
     engine.reset(SamplingParams(temperature=0))
     two = np.concatenate([engine.logits(ids[:40]), engine.logits(ids[40:])])
-    agree(two, ref, "prefill in two chunks vs reference")
+    agree(two, ref, "prefill in two chunks vs reference", min_close=0.97)
 
 
 def test_graph_decode_equals_eager(case):
