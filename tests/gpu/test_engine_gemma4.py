@@ -1,12 +1,13 @@
 """The GPU engine on tiny random gemma4 models (impnb/synthetic_full_gemma4.TINY_SHAPES, Q8_0,
 every tensor drawn at random, norms and scales about 1, Q's and K's norms about head_dim^-1/4 so
-that an fp16 cache moves the logits < 1e-3: tests/test_synthetic_full_gemma4.py) against the numpy reference, which
-tests/test_reference_gemma4.py holds to HF transformers: "dense" (E2B-like: per-layer
-embeddings, the last two layers reading earlier layers' cache pages, the double-wide MLP there)
-and "moe" (26B-A4B-like: routed GELU experts beside the MLP, K = V on the global layers with
-their own KV head count). Sliding window 8, prompts of 96 tokens: teacher-forced decode on the
-short and the split-K attention kernels and on dp4a GEMVs, prefill in one chunk and in two, and
-graph replay equal to eager."""
+that an fp16 cache moves the logits < 1e-3: tests/test_synthetic_full_gemma4.py) against the
+numpy reference, which tests/test_reference_gemma4.py holds to HF transformers: "dense"
+(E2B-like: per-layer embeddings, the last two layers reading earlier layers' cache pages, the
+double-wide MLP there), "moe" (26B-A4B-like: routed GELU experts beside the MLP, K = V on the
+global layers with their own KV head count) and "wide" (26B-A4B's heads of 256 and 512, 128
+experts). Sliding windows 8 and 16, prompts of 96 tokens: teacher-forced decode on the short and
+the split-K attention kernels and on dp4a GEMVs, prefill in one chunk and in two, and graph
+replay equal to eager."""
 
 import numpy as np
 import pytest
