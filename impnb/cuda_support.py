@@ -5,7 +5,9 @@ A leaf below both the device chooser (devices.py) and the GPU path (gpu/), which
 
 import threading
 
-GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next")
+GPU_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "gemma4")
+# whose GPU layer loop takes head dims past the tiled attention kernels' (gpu/forward_gemma4.py)
+WIDE_HEAD_ARCHS = ("gemma4",)
 # The kernels use Hopper's programmatic dependent launch (griddepcontrol) and build for sm_90 and
 # newer; on an older GPU their first build would fail deep inside the JIT linker.
 MIN_COMPUTE_CAPABILITY = (9, 0)

@@ -5,8 +5,10 @@ import sys
 from impnb.cuda_support import GPU_ARCHS, cuda_unavailable_reason  # noqa: F401 (callers read them here)
 from impnb.errors import DeviceError
 
-def engine_class(device: str, arch: str):
-    """The engine for `cpu`, `cuda` (DeviceError without a GPU) or `auto`, for architecture arch."""
+def engine_class(device: str, arch: str, cfg=None):
+    """The engine for `cpu`, `cuda` (DeviceError without a GPU) or `auto`, for architecture arch;
+    with the model's config, `auto` also takes the CPU where the GPU kernels take none of its
+    head dims (`cuda` then fails at the load, naming them)."""
     if device == "cpu":
         from impnb.engine_cpu import CpuEngine
 
@@ -14,6 +16,14 @@ def engine_class(device: str, arch: str):
     reason = cuda_unavailable_reason()
     if reason is None and arch not in GPU_ARCHS:
         reason = f"architecture {arch} has no GPU path yet"
+    if reason is None and cfg is not None and device == "auto":
+        from impnb.errors import UnsupportedError
+        from impnb.models.validate import check_gpu_shapes
+
+        try:
+            check_gpu_shapes(cfg)
+        except UnsupportedError as e:
+            reason = str(e).removesuffix("; use --device cpu")
     if reason is None:
         from impnb.engine_cuda import CudaEngine
 

@@ -33,6 +33,8 @@ from impnb.gpu.kv import PagedKV
 from impnb.kernels.sample import argmax, sample_penalty
 from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
+from impnb.models import model_config
+from impnb.models.paged_kv_cache import PagedKVPool
 from impnb.sampling import SamplingParams
 from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
 
@@ -81,6 +83,10 @@ class CudaBatchEngine(CudaEngine):
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
             raise ParameterError(f"the KV pool must hold at least {PAGE_SIZE} tokens, got {kv_tokens}")
+        cfg = model_config(mf)
+        if not PagedKVPool.holds(cfg):  # gemma4's per-layer and shared K/V: gpu/forward_gemma4.py
+            raise UnsupportedError(f"{cfg.arch} runs one sequence at a time on the GPU (per-layer or "
+                                   f"shared K/V); no batched decode")
         super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch,
                          tp=tp)
         if self.m.rec is not None:

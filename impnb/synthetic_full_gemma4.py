@@ -26,8 +26,37 @@ SHAPES = {
         attention_k_eq_v=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
         final_logit_softcapping=30.0, max_position_embeddings=262144),
 }
+# Tiny shapes of the same writer for the GPU tests (no transformers needed): synthetic_gemma4's
+# variants at head dims the GPU attention kernels take, windows far below the prompts.
+TINY_SHAPES = {
+    "dense": Gemma4Shape(
+        num_hidden_layers=6, hidden_size=64, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, num_global_key_value_heads=2, head_dim=64, global_head_dim=128,
+        vocab_size=MINIMAL_VOCAB, layer_types=(SLIDING, SLIDING, GLOBAL, SLIDING, SLIDING, GLOBAL),
+        sliding_window=8, num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=32,
+        final_logit_softcapping=8.0, max_position_embeddings=512),
+    "moe": Gemma4Shape(
+        num_hidden_layers=4, hidden_size=64, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, num_global_key_value_heads=1, head_dim=64, global_head_dim=128,
+        vocab_size=MINIMAL_VOCAB, layer_types=(SLIDING, GLOBAL, SLIDING, GLOBAL), sliding_window=8,
+        attention_k_eq_v=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+        final_logit_softcapping=8.0, max_position_embeddings=512),
+    # 26B-A4B's attention (heads of 256 and 512, 16 on 8 and 2 KV heads) and routing (128
+    # experts, 8 a token) at small widths
+    "wide": Gemma4Shape(
+        num_hidden_layers=6, hidden_size=256, intermediate_size=192, num_attention_heads=16,
+        num_key_value_heads=8, num_global_key_value_heads=2, head_dim=256, global_head_dim=512,
+        vocab_size=MINIMAL_VOCAB, layer_types=(SLIDING,) * 5 + (GLOBAL,), sliding_window=16,
+        attention_k_eq_v=True, num_experts=128, top_k_experts=8, moe_intermediate_size=64,
+        final_logit_softcapping=30.0, max_position_embeddings=4096),
+}
 QTYPES = ("Q8_0",)
 SCALES = (".scale", "layer_output_scale.weight")  # drawn about 1, as tensor_data draws the norms
+# Attention runs at scale 1 on RMS-normed Q and K: with their norms about 1 the scores spread as
+# sqrt(head dim) (22 at 512), a near-argmax softmax that moves the logits 10-300x any rounding of
+# K (the GPU's fp16 cache), too chaotic to hold a GPU path to the reference. Q's and K's norms
+# drawn about head_dim^-1/4 give the scores unit variance, as 1/sqrt(head dim) scaling does.
+QK_NORMS = ("attn_q_norm.weight", "attn_k_norm.weight")
 
 
 def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
@@ -41,6 +70,10 @@ def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
         return TensorSpec(name, (size,), T.F32, std)
 
     out = [mat("token_embd.weight", (shape.vocab_size, h)), vec("rope_freqs.weight", shape.global_head_dim // 2)]
+    P, L = shape.hidden_size_per_layer_input, shape.num_hidden_layers
+    if P:
+        out += [mat("per_layer_token_embd.weight", (shape.vocab_size, L * P)),
+                mat("per_layer_model_proj.weight", (L * P, h)), vec("per_layer_proj_norm.weight", P)]
     for i in range(shape.num_hidden_layers):
         b, hd, kv = f"blk.{i}.", shape.layer_head_dim(i), shape.kv_heads(i) * shape.layer_head_dim(i)
         out += [vec(b + "attn_norm.weight", h), mat(b + "attn_q.weight", (H * hd, h)),
@@ -61,14 +94,19 @@ def tensor_specs(shape: Gemma4Shape) -> list[TensorSpec]:
                     mat(b + "ffn_gate_up_exps.weight", (e, 2 * f, h)), mat(b + "ffn_down_exps.weight", (e, h, f)),
                     vec(b + "pre_ffw_norm_2.weight", h), vec(b + "post_ffw_norm_1.weight", h),
                     vec(b + "post_ffw_norm_2.weight", h)]
+        if P:
+            out += [mat(b + "inp_gate.weight", (P, h)), mat(b + "proj.weight", (h, P)), vec(b + "post_norm.weight", h)]
     return out + [vec("output_norm.weight", h)]
 
 
 def tensor_values(shape: Gemma4Shape, spec: TensorSpec, seed: int, index: int) -> np.ndarray:
-    """synthetic_full's random tensor, but rope_freqs' fixed factors and the scales about 1."""
+    """synthetic_full's random tensor, but rope_freqs' fixed factors, the scales about 1 and Q's
+    and K's norms about head_dim^-1/4 (QK_NORMS)."""
     if spec.name == "rope_freqs.weight":
         return shape.rope_freqs()
     data = tensor_data(spec, seed, index)
+    if spec.name.endswith(QK_NORMS):
+        return data * np.float32(spec.shape[0] ** -0.25)
     return data + np.float32(1.0) if spec.name.endswith(SCALES) else data
 
 

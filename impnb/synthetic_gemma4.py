@@ -28,12 +28,14 @@ VARIANTS = {
                 num_experts=8, top_k_experts=2, moe_intermediate_size=32, hidden_size_per_layer_input=0),
 }
 SLIDING_WINDOW = 8
+# head dims the GPU's attention kernels take (tiny_config's own 16 and 32 are below them)
+GPU_HEAD_DIMS = dict(head_dim=64, global_head_dim=128)
 
 
-def tiny_config(variant: str, vocab_size: int = MINIMAL_VOCAB):
+def tiny_config(variant: str, vocab_size: int = MINIMAL_VOCAB, **overrides):
     from transformers import Gemma4TextConfig
 
-    return Gemma4TextConfig(
+    fields = dict(
         vocab_size=vocab_size, vocab_size_per_layer_input=vocab_size, hidden_size=64,
         intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         global_head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
@@ -43,16 +45,17 @@ def tiny_config(variant: str, vocab_size: int = MINIMAL_VOCAB):
                                   "rope_theta": 1_000_000.0}},
         bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="eager",
         **VARIANTS[variant])
+    return Gemma4TextConfig(**{**fields, **overrides})
 
 
-def build_hf_model(variant: str, vocab_size: int = MINIMAL_VOCAB, seed: int = 0):
+def build_hf_model(variant: str, vocab_size: int = MINIMAL_VOCAB, seed: int = 0, **overrides):
     """Gemma4ForCausalLM in float32, eval mode, every parameter and the layer scalars drawn from
     `seed`: matrices N(0, 1/fan_in), norms and scales 1 + 0.1 N(0, 1)."""
     import torch
     from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(seed)
-    model = Gemma4ForCausalLM(tiny_config(variant, vocab_size)).float().eval()
+    model = Gemma4ForCausalLM(tiny_config(variant, vocab_size, **overrides)).float().eval()
     gen = torch.Generator().manual_seed(seed)
     tensors = dict(model.named_parameters())
     tensors.update((n, b) for n, b in model.named_buffers() if n.endswith("layer_scalar"))
@@ -237,11 +240,13 @@ def load_from_gguf(model, path) -> None:
             t.copy_(torch.from_numpy(np.array(mf.tensors[name].dequantize())).reshape(t.shape))
 
 
-def tiny_gguf(variant: str, qtype: str, directory, seed: int = 0):
+def tiny_gguf(variant: str, qtype: str, directory, seed: int = 0, **overrides):
     """(hf_model, gguf_path) with the file at `directory`/tiny-gemma4-{variant}-{qtype}-s{seed}.gguf;
-    for a quantized file the HF model holds the file's dequantized weights."""
-    model = build_hf_model(variant, seed=seed)
-    path = Path(directory) / f"tiny-gemma4-{variant}-{qtype.lower()}-s{seed}.gguf"
+    for a quantized file the HF model holds the file's dequantized weights. overrides: config
+    fields past the variant's (GPU_HEAD_DIMS for the GPU tests)."""
+    model = build_hf_model(variant, seed=seed, **overrides)
+    tag = "".join(f"-{k[0]}{v}" for k, v in sorted(overrides.items()))
+    path = Path(directory) / f"tiny-gemma4-{variant}-{qtype.lower()}-s{seed}{tag}.gguf"
     export_gguf(model, path, qtype)
     if qtype != "F32":
         load_from_gguf(model, path)

@@ -4,8 +4,8 @@
                                         [--max-tokens N] [--quick]
 
 multi-model: for SmolLM2-135M and Gemma3-270M (found by impnb.model_registry) and tiny random
-qwen3 / qwen3moe and Qwen3.5 hybrids (qwen35 / qwen35moe at the GPU kernels' sizes) built into a
-temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
+qwen3 / qwen3moe, Qwen3.5 hybrids (qwen35 / qwen35moe at the GPU kernels' sizes) and gemma4 (dense
+and MoE) built into a temp dir with SmolLM2's tokenizer, on cuda once with CUDA graphs and
 once without, greedy answers to fixed prompts:
 coherence (real models: the expected word is in the answer), degeneration (impnb.degeneration;
 random models only must not stop at once), teacher-forced parity of the engine's logits with the
@@ -78,7 +78,11 @@ MODELS = {s.name: s for s in (
     ModelSpec("tiny-qwen3moe", (STORY,), synthetic_arch="qwen3moe"),
     ModelSpec("tiny-qwen35", (STORY,), synthetic_arch="qwen35"),
     ModelSpec("tiny-qwen35moe", (STORY,), synthetic_arch="qwen35moe"),
+    ModelSpec("tiny-gemma4", (STORY,), synthetic_arch="gemma4"),
+    ModelSpec("tiny-gemma4moe", (STORY,), synthetic_arch="gemma4"),
 )}
+# the tiny gemma4 rows: impnb/synthetic_full_gemma4.TINY_SHAPES by model name
+GEMMA4_TINY = {"tiny-gemma4": "dense", "tiny-gemma4moe": "moe"}
 
 
 @dataclass
@@ -205,6 +209,15 @@ class Models:
         from impnb.synthetic import tiny_gguf, tokenizer_metadata_from
 
         tokenizer = tokenizer_metadata_from(smollm2)
+        if spec.name in GEMMA4_TINY:
+            from dataclasses import replace
+
+            from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf
+
+            path = self.directory / f"{spec.name}.gguf"
+            shape = replace(TINY_SHAPES[GEMMA4_TINY[spec.name]], vocab_size=len(tokenizer["tokenizer.ggml.tokens"]))
+            write_full_gguf(path, shape, tokenizer_metadata=tokenizer, workers=1)
+            return path
         if spec.synthetic_arch in synthetic_qwen35.ARCHS:  # F32: parity without dp4a's int8 inputs, which
             # move the tiny hybrids' logits by ~1% (tests/gpu/test_engine_qwen35.py)
             return synthetic_qwen35.tiny_gguf(spec.synthetic_arch, "F32", self.directory, gpu=True,

@@ -68,3 +68,19 @@ def test_early_driver_start_retains_the_context_only_after_a_good_init(init_ok):
     driver = InitDriver(init_ok)
     cuda_support._retain_primary_context(driver, 1)
     assert driver.retained == ([1] if init_ok else [])
+
+
+def test_auto_takes_the_cpu_for_head_dims_without_a_gpu_kernel(monkeypatch, capsys):
+    """A model of a GPU architecture whose head dims no GPU attention kernel takes (gemma4's
+    parity models: 16 and 32) runs on the CPU under auto, saying why; at 64 and up on the GPU."""
+    from dataclasses import replace
+
+    from impnb.models.config import ModelConfig
+
+    monkeypatch.setattr(devices, "cuda_unavailable_reason", lambda: None)
+    cfg = ModelConfig(arch="qwen3", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, head_dim=32, head_dim_v=32,
+                      n_ff=64, n_vocab=8, n_ctx=64, eps=1e-6, rope_base=1e4, rope_neox=True, n_rot=32,
+                      attn_scale=1.0)
+    assert devices.engine_class("auto", "qwen3", cfg).device == "cpu"
+    assert "head dim 32" in capsys.readouterr().err
+    assert devices.engine_class("auto", "qwen3", replace(cfg, head_dim=64, head_dim_v=64, n_rot=64)).device == "cuda"

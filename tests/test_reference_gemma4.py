@@ -128,6 +128,13 @@ def test_sliding_pattern_must_be_per_layer(seed, tmp_path):
         validate_model(open_model_file(path))
 
 
-def test_cuda_path_refuses_gemma4(seed):
-    with pytest.raises(UnsupportedError, match="gemma4 has no GPU path"):
+def test_cuda_path_takes_gemma4_at_its_kernels_head_dims(seed, tmp_path):
+    """The tiny parity models' heads of 16 and 32 have no GPU attention kernel: one clear refusal;
+    heads of 64 .. 512 (synthetic_full_gemma4.TINY_SHAPES, the 26B-A4B's 256 and 512) pass."""
+    from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf
+
+    with pytest.raises(UnsupportedError, match="gemma4 with head dim (16|32) .* no GPU attention kernel"):
         validate_model(open_model_file(seed.source), device="cuda")
+    write_full_gguf(tmp_path / "wide.gguf", TINY_SHAPES["wide"], workers=1)
+    cfg = validate_model(open_model_file(tmp_path / "wide.gguf"), device="cuda")
+    assert {cfg.head_dims(il) for il in range(cfg.n_layer)} == {(256, 256), (512, 512)}

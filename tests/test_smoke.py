@@ -1,4 +1,4 @@
-"""scripts/smoke.py multi-model: the quick CPU gate passes on all six models, and its per-model
+"""scripts/smoke.py multi-model: the quick CPU gate passes on every model, and its per-model
 check turns a degenerate or wrong output, or poor parity, into FAIL."""
 
 import importlib.util
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "smoke.py"
-SIX = ("smollm2-135m", "gemma3-270m", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen35", "tiny-qwen35moe")
+GATE_MODELS = ("smollm2-135m", "gemma3-270m", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen35", "tiny-qwen35moe",
+               "tiny-gemma4", "tiny-gemma4moe")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def run_smoke(*args, env=None, timeout=600):
 
 def rows(stdout: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1]
-            and line.split()[0] in SIX}
+            and line.split()[0] in GATE_MODELS}
 
 
 def result(smoke, name, prompt, tokens, text, eog_at_start=False, synthetic=False):
@@ -106,7 +107,7 @@ def test_no_gpu_with_device_cuda():
 
 
 @pytest.mark.slow
-def test_quick_cpu_gate_passes_on_six_models(smollm2_path, gemma3_path, tmp_path):
+def test_quick_cpu_gate_passes_on_every_model(smollm2_path, gemma3_path, tmp_path):
     env = dict(os.environ)
     if smollm2_path.parent == gemma3_path.parent:  # the models the fixtures found, e.g. .dev/models
         env["IMPNB_MODELS_DIR"] = str(smollm2_path.parent)
@@ -115,11 +116,11 @@ def test_quick_cpu_gate_passes_on_six_models(smollm2_path, gemma3_path, tmp_path
     print(proc.stdout, proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     table = rows(proc.stdout)
-    assert set(table) == set(SIX)
+    assert set(table) == set(GATE_MODELS)
     for name, row in table.items():
         assert row[1] == "cpu" and row[-1] == "PASS", row
     data = json.loads(out.read_text())
-    assert data["exit"] == 0 and [m["status"] for m in data["models"]] == ["PASS"] * 6
+    assert data["exit"] == 0 and [m["status"] for m in data["models"]] == ["PASS"] * len(GATE_MODELS)
     smollm2 = next(m for m in data["models"] if m["name"] == "smollm2-135m")
     assert any("Paris" in o["text"] for o in smollm2["outputs"])
 

@@ -60,7 +60,7 @@ def run(args) -> int:
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
     n_ctx = min(cfg.n_ctx, max(pps + [n + 1 for n in tgs]) + max(depths, default=0) + 1)
-    cls = engine_class(args.device, cfg.arch)
+    cls = engine_class(args.device, cfg.arch, cfg)
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
     if cls.device == "cuda" and (tp is None or tp.leader):  # rank 0 builds a rank's kernels

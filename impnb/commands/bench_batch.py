@@ -47,7 +47,7 @@ def run_batched(args, batches: list[int], npp: int, ntg: int) -> int:
         raise ParameterError(f"-r must be > 0, got {args.r}")
     mf = open_model_file(resolve_model(args.model))
     cfg = validate_model(mf)
-    if engine_class(args.device, cfg.arch).device != "cuda":
+    if engine_class(args.device, cfg.arch, cfg).device != "cuda":
         raise ParameterError("bench --batch runs the batched GPU engine: it needs --device cuda and a GPU")
     n_ctx = npp + ntg + 1
     if n_ctx > cfg.n_ctx:

@@ -75,7 +75,7 @@ def _prepare_device(path, args) -> None:
 
     mf = open_model_file(path)
     cfg = validate_model(mf)
-    args.device = engine_class(args.device, cfg.arch).device  # auto decided (and said) once
+    args.device = engine_class(args.device, cfg.arch, cfg).device  # auto decided (and said) once
     rank = getattr(args, "rank", None)
     if rank is not None and args.device != "cuda":
         raise ParameterError(f"--tp {rank.world} needs the GPU (device {args.device})")

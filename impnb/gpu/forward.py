@@ -39,7 +39,7 @@ from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.elementwise import activations, norm
-from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, qkv_post
+from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, attention_wide, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv.gemv_tail import Residual
@@ -72,6 +72,8 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     m is a DeviceModel; every buffer comes from m.arena, so repeated calls with the same T
     launch the same kernels on the same memory (what a CUDA graph captures).
     """
+    if m.stack is not None:  # an architecture's own layer loop (gemma4: gpu/forward_gemma4.py)
+        return m.stack(m, step, last_only, last_row)
     cfg: ModelConfig = m.cfg
     s = m.ctx.nb_stream
     a = m.arena
@@ -91,16 +93,16 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
         else:
             mixed = _attention_block(m, il, lw.attn, h, pos, step)
         o = a.get("o", (T, D))
-        res = _residual(m, x, h, lw.attn.post_norm, lw.ffn.norm)
+        res = residual_update(m, x, h, lw.attn.post_norm, lw.ffn.norm)
         m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res))
         _reduced(m, o, res)
-        res = _residual(m, x, h, lw.ffn.post_norm, lw.next_norm)
+        res = residual_update(m, x, h, lw.ffn.post_norm, lw.next_norm)
         if spec.ffn in ("moe", "moe_shared"):
             moe_ffn(m, h, lw.ffn, o, res)
         else:
-            _dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
+            dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
             _reduced(m, o, res)
-    return _logits(m, h, step, last_only, last_row, None)
+    return logits_of(m, h, step, last_only, last_row, None)
 
 
 def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
@@ -128,9 +130,9 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
         elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         else:
-            _dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
+            dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
             m.all_reduce(x)
-    return _logits(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
+    return logits_of(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
@@ -167,7 +169,7 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           tables, m.kv.k[il], m.kv.v[il], s)
-        _attention(m, il, q, pos, attn, step, xq)
+        attend(m, il, q, pos, attn, step, xq)
     if gate is not None:
         sigmoid_gate(attn.reshape(T, H * Dv), gate, s)
     return attn.reshape(T, H * Dv)
@@ -178,7 +180,7 @@ def _seqs(a, B: int):
     return a.reshape(B, a.shape[0] // B, *a.shape[1:])
 
 
-def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
+def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     """Logits of h's rows (all; the last, which in a batch of one row a sequence is all; or row
     last_row); norm_w: of RMSNorm(h) * w."""
     a, rows, T = m.arena, h, step.rows
@@ -205,15 +207,16 @@ def _logits(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     return logits
 
 
-def _dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
+def dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
     where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
-    gate = a.get("gate", (T, cfg.n_ff))
+    F = ffn.down.w.cols  # the layer's width (gemma4's differ by layer)
+    gate = a.get("gate", (T, F))
     if ffn.gate_up is not None:
         m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w)
     else:
-        up = a.get("up", (T, cfg.n_ff))
+        up = a.get("up", (T, F))
         m.mm.linear(h, ffn.gate, gate, norm_w)
         m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
@@ -233,16 +236,22 @@ def _reduced(m, o, res: Residual) -> None:
         res.unfused(o, m.ctx.nb_stream)
 
 
-def _residual(m, x, h, post_norm, next_norm) -> Residual:
+def residual_update(m, x, h, post_norm, next_norm) -> Residual:
     """x += o (with a post_norm weight: x += post_norm(o)), then h = next_norm(x): for the o of a
     linear (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
     return Residual(x, h, next_norm, post_norm, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
 
 
-def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):
+def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
+    """Attention of q (R, H, D) at pos over layer il's cache -> out (R, H, D), on the kernel the
+    step plan says (decode: short or split-K; prefill: wgmma or FA2); xq as in _attention_block."""
     cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
     tables = m.kv.tables[:B]
+    if q.shape[2] in attention_wide.HEAD_DIMS:  # past the tiled kernels' head dims (gemma4's 512)
+        assert B == 1 and xq is None, "wide heads: one sequence, no int8 output"
+        _attention_wide(m, il, q, pos, out, step, window)
+        return
     assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
     if T <= attention_decode.MAX_T and step.short_blocks:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
@@ -250,7 +259,7 @@ def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(
-            B, m.plan.max_decode_splits if B == 1 else step.splits, T, cfg.n_head, cfg.head_dim_v))
+            B, m.plan.max_decode_splits if B == 1 else step.splits, T, cfg.n_head, q.shape[2]))
         counters = m.arena.zeros("counters", attention_decode.counters_shape(B, T, cfg.n_head), np.int32)
         attention_decode.attention_decode(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
                                           _seqs(out, B), partials, counters, step.splits,
@@ -261,3 +270,17 @@ def _attention(m, il: int, q, pos, out, step: StepPlan, xq=None):
     else:
         attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
                                     cfg.attn_scale, window, None, s)
+
+
+def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:
+    """attend on attention_wide: decode steps split over the context bucket's keys, prompt chunks
+    one split (their rows fill the GPU)."""
+    T, H, D = q.shape
+    Hkv = m.kv.k[il].shape[2]
+    if step.n_tokens <= attention_decode.MAX_T:
+        splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
+        partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
+    else:
+        splits, partials = 1, m.arena.get("partials_wide", attention_wide.partials_shape(1, 1, 1, D))
+    attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out, partials, splits,
+                                  m.cfg.attn_scale, window, m.ctx.nb_stream)

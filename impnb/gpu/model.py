@@ -14,10 +14,12 @@ from impnb.gguf_file import ModelFile
 from impnb.gpu import weights
 from impnb.gpu.buffers import Arena
 from impnb.gpu.context import GpuContext
+from impnb.gpu import forward_gemma4
 from impnb.gpu.forward import FFNS, MIXERS
 from impnb.gpu.cublas_gemm import Cublas
 from impnb.gpu.kv import PagedKV
 from impnb.gpu.layer_weights import layer_weights
+from impnb.gpu.layer_weights_gemma4 import gemma4_layers
 from impnb.gpu.linear import MatMul
 from impnb.gpu.plan import LoadPlan
 from impnb.gpu.recurrent import RecurrentState
@@ -68,14 +70,12 @@ class DeviceModel:
             self.expert_range = mf.expert_range
         self.cfg = cfg
         self.layers = arch.layers(cfg)  # what each layer computes (models/layers.LayerSpec)
-        unknown = {(s.mixer, s.ffn) for s in self.layers} - {(mx, f) for mx in MIXERS for f in FFNS}
-        if unknown:
-            raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
-        if any(s.after or s.ffn_norm is None for s in self.layers):
-            raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
-                                   f"without its input norm have no GPU path")
+        # an architecture with a layer loop of its own (gemma4), else None: gpu/forward.py's
+        self.stack = forward_gemma4.forward if self.layers[0].mixer == forward_gemma4.MIXER else None
+        if self.stack is None:
+            _check_specs(cfg, self.layers)
         if cfg.n_expert:
-            check_experts(cfg)
+            check_experts(cfg, own_loop=self.stack is not None)
         if cfg.deltanet is not None:
             check_deltanet(cfg)
         self.ctx = ctx or GpuContext()
@@ -83,16 +83,19 @@ class DeviceModel:
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
         kv_tokens = kv_tokens or n_ctx
         need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, kv_tokens)
-                + RecurrentState.nbytes(cfg, max_seqs) + weights.fold_bytes(cfg, tuning) + HEADROOM)
+                + RecurrentState.nbytes(cfg, max_seqs)
+                + (weights.fold_bytes(cfg, tuning) if self.stack is None else 0) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
-        # the fold routes on attn_output's partial sums: not under tensor parallelism
-        self.router_folds = {} if tp else weights.router_folds(mf, cfg, self.ctx, self.lin, tuning)
-        self.blk = layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning)
+        # the router folded into attn_output's launch: gpu/forward.py's MoE layers only, and not
+        # under tensor parallelism (the fold routes on attn_output's partial sums)
+        self.router_folds = ({} if self.stack or tp else
+                             weights.router_folds(mf, cfg, self.ctx, self.lin, tuning))
+        self.blk = (gemma4_layers(cfg, self.w, self.lin, self.ctx) if self.stack is not None
+                    else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
-        self.inv_freq = [self.ctx.upload(rope_inv_freq(cfg.n_rot, cfg.rope_base_for(il)))
-                         for il in range(cfg.n_layer)]
+        self.inv_freq = [self.ctx.upload(_inv_freq(mf, cfg, il)) for il in range(cfg.n_layer)]
         self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx))
         self.rec = RecurrentState(self.ctx, cfg, max_seqs) if cfg.deltanet is not None else None
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
@@ -130,3 +133,21 @@ def check_deltanet(cfg) -> None:
                                f"{d.head_k_dim} (K) / {d.head_v_dim} (V) has no GPU kernel (conv {conv1d.WIDTH}, "
                                f"K dim a multiple of {gdn_step.ROW_GROUPS} up to {gdn_step.MAX_DK}, V dim a "
                                f"multiple of 32 up to {gdn_step.MAX_DV}); use --device cpu")
+
+
+def _check_specs(cfg, layers) -> None:
+    """UnsupportedError where gpu/forward.py's loop has no path for a layer."""
+    unknown = {(s.mixer, s.ffn) for s in layers} - {(mx, f) for mx in MIXERS for f in FFNS}
+    if unknown:
+        raise UnsupportedError(f"architecture {cfg.arch}: layers of {sorted(unknown)} have no GPU path")
+    if any(s.after or s.ffn_norm is None for s in layers):
+        raise UnsupportedError(f"architecture {cfg.arch}: layer steps after the FFN or an FFN "
+                               f"without its input norm have no GPU path")
+
+
+def _inv_freq(mf: ModelFile, cfg, il: int) -> np.ndarray:
+    """Layer il's RoPE table (rope_inv_freq): its rotary width and base, divided by the file's
+    `rope_freqs` factors where the layer takes them (gemma4's global layers)."""
+    factors = mf.tensors.get("rope_freqs.weight")
+    factors = factors.dequantize() if factors is not None and cfg.rope_factors_at(il) else None
+    return rope_inv_freq(cfg.n_rot_for(il), cfg.rope_base_for(il), factors)

@@ -28,9 +28,10 @@ from impnb.kernels.moe.moe import max_tiles, moe_group
 from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
 
-def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, paths=None) -> tuple:
+def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, paths=None, act: str = "silu") -> tuple:
     """(act, y, rows) for the routed slots (S,) int32 of x16 (T, D) fp16. glu: (gate_up,) stacked
-    per expert, or (gate, up); paths: one per matrix of (*glu, down), by default moe_dispatch's."""
+    per expert, or (gate, up); paths: one per matrix of (*glu, down), by default moe_dispatch's;
+    act: the gate's activation, silu or gelu (gemma4's experts)."""
     a, s = m.arena, m.ctx.nb_stream
     S, T = slots.shape[0], x16.shape[0]
     mats = (*glu, down)
@@ -43,20 +44,20 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
     n_tiles = a.get("moe_n_tiles", (1,), np.int32)
     moe_group(slots, n_expert, BM, order, slot_row, tiles, n_tiles, s)
     if "cublas" not in paths:
-        act, y = _glu_down(m, x16, mats, paths, (tiles, n_tiles, order), k, S, None)
-        return act, y, slot_row
+        out, y = _glu_down(m, x16, mats, paths, (tiles, n_tiles, order), k, S, None, act)
+        return out, y, slot_row
     xg = a.get("moe_xg", (n_max * BM, x16.shape[1]), np.float16)
     tiles_pad = a.get("moe_tiles_pad", (n_max, 3), np.int32)
     rows = a.get("moe_slot_row_pad", (S,), np.int32)
     moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows, s)
     w16 = a.get("moe_w16", (max(w.rows * w.cols for w, p in zip(mats, paths) if p == "cublas"),), np.float16)
-    act, y = _glu_down(m, xg, mats, paths, (tiles_pad, n_tiles, order), 0, n_max * BM, w16)
-    return act, y, rows
+    out, y = _glu_down(m, xg, mats, paths, (tiles_pad, n_tiles, order), 0, n_max * BM, w16, act)
+    return out, y, rows
 
 
-def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16) -> tuple:
+def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16, act_fn: str) -> tuple:
     """act (R, F) and y (R, D) over the tiles of `grouped` (tiles, n_tiles, order); w16 as in
-    expert_gemm."""
+    expert_gemm; act_fn silu or gelu."""
     a, s = m.arena, m.ctx.nb_stream
     *glu, down = mats
     F, D = down.cols, x.shape[1]
@@ -64,12 +65,12 @@ def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16) -> tuple:
     if len(glu) == 1:
         gate_up = a.get("moe_gate_up", (R, 2 * F))
         expert_gemm(m, paths[0], x, glu[0], gate_up, grouped, x_div, w16)
-        activations.swiglu_fused(gate_up, act, s)
+        (activations.geglu_fused if act_fn == "gelu" else activations.swiglu_fused)(gate_up, act, s)
     else:
         up = a.get("moe_up", (R, F))
         expert_gemm(m, paths[0], x, glu[0], act, grouped, x_div, w16)
         expert_gemm(m, paths[1], x, glu[1], up, grouped, x_div, w16)
-        activations.swiglu(act, up, act, s)
+        (activations.geglu if act_fn == "gelu" else activations.swiglu)(act, up, act, s)
     act16 = a.get("moe_act16", (R, F), np.float16)
     cast_f16(act, act16, s)
     y = a.get("moe_y", (R, D))

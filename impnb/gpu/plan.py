@@ -45,19 +45,21 @@ class LoadPlan:
     fuse_norms: bool  # decode fuses each pre-norm into the GEMVs after it (see forward.py)
     short_max: int  # decode attention takes the short kernel for context buckets up to this
     max_decode_splits: int  # the split kernel's partials are sized for this many splits
+    head_dim: int  # the head dim decode attention's rules are read at (tiled_head_dim)
 
     @classmethod
     def make(cls, cfg: ModelConfig, n_ctx: int, tuning: Overrides, layers: tuple[LayerSpec, ...]) -> "LoadPlan":
         """The plan for cfg's model at n_ctx; norms fuse into the decode GEMVs where every layer's
         linears add straight into the residual (attn_output and ffn_down then accumulate into x,
         and the next GEMVs read RMSNorm(x) themselves), which a post-norm in between rules out."""
-        post = (cfg.head_dim in tuning.fused_post_dims if tuning.fused_post_dims is not None
-                else fuses_post(cfg.head_dim, cfg.n_head, cfg.n_head_kv))
+        D = tiled_head_dim(cfg)
+        post = (D in tuning.fused_post_dims if tuning.fused_post_dims is not None
+                else fuses_post(D, cfg.n_head, cfg.n_head_kv))
         short_max = (tuning.short_decode_max if tuning.short_decode_max is not None
-                     else SHORT_DECODE_MAX.get(cfg.head_dim, 0))
-        max_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv, head_dim=cfg.head_dim)
+                     else SHORT_DECODE_MAX.get(D, 0))
+        max_splits = attention_decode.num_splits(n_ctx, cfg.n_head, cfg.n_head_kv, head_dim=D)
         fuse = all(spec.adds_into_residual for spec in layers)
-        return cls(cfg, n_ctx, tuning, post, fuse, short_max, max_splits)  # ctx_bucket(n_ctx) is n_ctx
+        return cls(cfg, n_ctx, tuning, post, fuse, short_max, max_splits, D)  # ctx_bucket(n_ctx) is n_ctx
 
     def ctx_bucket(self, length: int) -> int:
         """The smallest of DECODE_CTX_BUCKETS holding length keys, at most n_ctx."""
@@ -67,7 +69,7 @@ class LoadPlan:
         """Decode attention's split count for contexts up to ctx_bucket(length)."""
         cfg = self.cfg
         return attention_decode.num_splits(self.ctx_bucket(length), cfg.n_head, cfg.n_head_kv,
-                                           head_dim=cfg.head_dim)
+                                           head_dim=self.head_dim)
 
     def decode_step(self, length: int, n_tokens: int = 1, batch: int = 1) -> StepPlan:
         """A decode step of n_tokens rows a sequence for contexts up to ctx_bucket(length): the
@@ -78,15 +80,22 @@ class LoadPlan:
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         t = self.tuning
         blocks = (t.short_cluster if t.short_cluster is not None
-                  else SHORT_DECODE_CLUSTER.get((self.cfg.head_dim, row), 1))
+                  else SHORT_DECODE_CLUSTER.get((self.head_dim, row), 1))
         if batch == 1:
             return StepPlan(n_tokens, bucket, blocks if bucket <= self.short_max else 0, self.splits_for(bucket))
         cfg = self.cfg
         splits = attention_decode.num_splits(bucket, cfg.n_head, cfg.n_head_kv, n_tokens, batch,
-                                             head_dim=cfg.head_dim)
+                                             head_dim=self.head_dim)
         return StepPlan(n_tokens, bucket, 1 if bucket <= self.short_max else 0, splits, batch)
 
     def prefill_step(self, n_tokens: int) -> StepPlan:
         """A prompt chunk: chunks of up to attention_decode.MAX_T rows take the split kernel at the
         largest split count (any context), longer ones the prefill attention."""
         return StepPlan(n_tokens, self.n_ctx, 0, self.max_decode_splits)
+
+
+def tiled_head_dim(cfg: ModelConfig) -> int:
+    """The largest of the layers' head dims the tiled attention kernels take (cfg.head_dim where the
+    layers share one; gemma4's global 512 goes to attention_wide, which has rules of its own)."""
+    dims = {cfg.head_dims(il)[0] for il in range(cfg.n_layer)} & set(attention_decode.HEAD_DIMS)
+    return max(dims, default=cfg.head_dim)

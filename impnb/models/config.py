@@ -87,6 +87,14 @@ class ModelConfig:
         """The layer whose cached K/V layer il attends over: itself, or the earlier one it shares."""
         return il
 
+    def n_rot_for(self, il: int) -> int:
+        """Layer il's rotary width."""
+        return self.n_rot
+
+    def rope_factors_at(self, il: int) -> bool:
+        """Whether layer il's RoPE divides its frequencies by the file's `rope_freqs` factors."""
+        return False
+
 
 # Bounds on the sizes a file may declare: far above any real model, low enough that no loop or
 # allocation driven by them can hang or exhaust the host before the memory check runs.

@@ -48,6 +48,9 @@ class Gemma4Config(ModelConfig):
     def n_rot_for(self, il: int) -> int:
         return self.n_rot_swa if self.is_swa(il) else self.n_rot
 
+    def rope_factors_at(self, il: int) -> bool:
+        return not self.is_swa(il)  # proportional RoPE: the global layers
+
     def kv_layer(self, il: int) -> int:
         first_shared = self.n_layer - self.n_kv_shared
         if il < first_shared:

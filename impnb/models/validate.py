@@ -286,16 +286,19 @@ def check_host_memory(needed: int, what: str) -> None:
 def check_gpu_shapes(cfg: ModelConfig) -> None:
     """UnsupportedError where the architecture has no GPU path or the GPU kernels take no such head
     dim (the CPU reference takes any)."""
-    from impnb.cuda_support import GPU_ARCHS
-    from impnb.kernels.attention.attention_decode import HEAD_DIMS
+    from impnb.cuda_support import GPU_ARCHS, WIDE_HEAD_ARCHS
+    from impnb.kernels.attention.attention_decode import HEAD_DIMS as TILED
+    from impnb.kernels.attention.attention_wide import HEAD_DIMS as WIDE
+
+    HEAD_DIMS = TILED + WIDE if cfg.arch in WIDE_HEAD_ARCHS else TILED
 
     if cfg.arch not in GPU_ARCHS:
         raise UnsupportedError(f"architecture {cfg.arch} has no GPU path yet "
                                f"(GPU: {', '.join(GPU_ARCHS)}); use --device cpu")
-    if cfg.head_dim not in HEAD_DIMS or cfg.head_dim_v != cfg.head_dim:
-        raise UnsupportedError(f"{cfg.arch} with head dim {cfg.head_dim} (V {cfg.head_dim_v}) has no "
-                               f"GPU attention kernel (head dims {', '.join(map(str, HEAD_DIMS))}); "
-                               f"use --device cpu")
+    for dk, dv in sorted({cfg.head_dims(il) for il in range(cfg.n_layer)}):
+        if dk not in HEAD_DIMS or dv != dk:
+            raise UnsupportedError(f"{cfg.arch} with head dim {dk} (V {dv}) has no GPU attention kernel "
+                                   f"(head dims {', '.join(map(str, HEAD_DIMS))}); use --device cpu")
 
 
 def _first_nonfinite(raw: np.ndarray, ggml_type, type_size: int) -> int | None:

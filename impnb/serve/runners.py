@@ -26,7 +26,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
     """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE); tp:
     this process's tensor-parallel rank (impnb/parallel/ranks.Rank; one sequence on the GPU)."""
     cfg = validate_model(mf)
-    cls = engine_class(device, cfg.arch)
+    cls = engine_class(device, cfg.arch, cfg)
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
     if cls.device == "cuda":
@@ -35,7 +35,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
 
         if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
             prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
-        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # a recurrent state: one sequence at a time
+        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # recurrent state, per-layer or shared K/V
             from impnb.serve.single_runner import SingleSequenceRunner
 
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)

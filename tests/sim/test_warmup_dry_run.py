@@ -54,3 +54,28 @@ def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_pa
     import impnb.launch
 
     assert impnb.launch.recorder is None
+
+
+@pytest.mark.parametrize("variant", ["dense", "moe"])
+def test_dry_run_of_gemma4(variant, tmp_path, monkeypatch):
+    """gemma4's own layer loop through the same dry run: its kernels recorded, none launched."""
+    from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf as write_gemma4
+
+    path = tmp_path / f"gemma4-{variant}.gguf"
+    write_gemma4(path, TINY_SHAPES[variant], workers=1)
+    monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
+                        SimpleNamespace(compute_capability=(8, 0)), raising=False)
+    launched = []
+
+    def note(self, kernel, args):
+        launched.append(kernel.__name__)
+        self.jobs.setdefault(kernel.__name__, (kernel, None))
+
+    monkeypatch.setattr(precompile.Recorder, "__call__", note)
+    names = set(warmup.dry_run(open_model_file(path), 1024, (8, 0, "")).jobs)
+    assert {"_softcap_kernel", "_qkv_post_kernel"} <= names
+    assert any("fa2" in n for n in names) and any("decode_short" in n for n in names)
+    if variant == "dense":  # PLE; Q alone on shared layers; the output scale with the next norm
+        assert {"_per_layer_inputs_kernel", "_rope_kernel", "_scale_rms_norm_kernel"} <= names
+    else:
+        assert {"_expert_scale_kernel", "_route_kernel", "_combine_kernel", "_moe_layer_end_kernel"} <= names

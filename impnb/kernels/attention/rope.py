@@ -13,13 +13,17 @@ from impnb.launch import launch
 
 # ---------------------------------------------------------------- CUDA kernel
 
-def rope_inv_freq(n_rot: int, base: float) -> np.ndarray:
+def rope_inv_freq(n_rot: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
     """(2, n_rot/2) float32 built once at load: rope_freqs as hi (its float32 rounding) + lo (the rest).
 
     The kernel forms angle = pos * (hi + lo) as a float32 pair (a + e), exact to ~1e-7 rad at
-    pos 32768 where a plain float32 product would be off by up to ~2e-3 rad.
+    pos 32768 where a plain float32 product would be off by up to ~2e-3 rad. factors (n_rot/2,)
+    divide the frequencies as rope_ref's freq_factors (gemma4's `rope_freqs`: 1e30 holds a pair
+    still).
     """
     f = rope_freqs(n_rot, base)
+    if factors is not None:
+        f = f / np.asarray(factors, np.float64)
     hi = f.astype(np.float32)
     lo = (f - hi.astype(np.float64)).astype(np.float32)
     return np.ascontiguousarray(np.stack([hi, lo]))

@@ -27,15 +27,16 @@ SIGN = np.uint32(0x80000000)
 ALL_ONES = np.uint32(0xFFFFFFFF)
 
 
-def check_experts(cfg) -> None:
-    """UnsupportedError unless the routing kernels take cfg's expert counts."""
+def check_experts(cfg, own_loop: bool = False) -> None:
+    """UnsupportedError unless the routing kernels take cfg's expert counts (and, for
+    gpu/forward.py's loop, the experts have no post-norm; own_loop: gemma4's norms them apart)."""
     from impnb.errors import UnsupportedError
 
     if not (1 <= cfg.n_expert_used <= MAX_K and cfg.n_expert <= MAX_EXPERTS):
         raise UnsupportedError(f"{cfg.n_expert} experts with {cfg.n_expert_used} per token: the GPU "
                                f"path routes up to {MAX_EXPERTS} experts, up to {MAX_K} per token; "
                                "use --device cpu")
-    if cfg.post_norms:
+    if cfg.post_norms and not own_loop:
         raise UnsupportedError("experts with post-norms: the GPU path's decode fuses the pre-norms into "
                                "the expert GEMVs; use --device cpu")
 

@@ -1,0 +1,178 @@
+"""Attention over the paged fp16 KV cache at head dims past the tiled kernels' (HEAD_DIMS: Gemma
+4's global layers, 512), for decode steps and prompt chunks alike: one warp a query row, its keys
+split over n_splits blocks, then (n_splits > 1) a merge kernel. One sequence. Query row (t, h) at
+pos[t] sees keys k <= pos[t] with pos[t] - k < window; rows at pos < 0 (padding) see none and
+write zeros. Everything that moves per step is read from `pos` on the device, so a captured graph
+stays valid as the context grows. Numpy reference: attention.attention_ref.
+Legend: T query rows, H heads, Hkv KV heads (g = H / Hkv a group), D head dim, S splits.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+from numba.core import types
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.attention.attention_decode import LOG2E, NEG
+from impnb.kernels.attention.kv_cache import PAGE_SIZES
+from impnb.kernels.common.warp import WARP, warp_sum
+from impnb.launch import launch
+
+HEAD_DIMS = (512,)  # the head dims models route here (the kernel takes any multiple of 64 up to 512)
+MAX_SPLITS = 128
+MIN_KEYS = 32  # keys a decode split takes at least
+MERGE_THREADS = 128
+_ZERO = np.float32(0)
+
+
+@lru_cache(maxsize=None)
+def attention_kernel(D: int):
+    """The split kernel for head dim D."""
+    assert D % 64 == 0 and D <= 512, D
+    WPL = D // 64  # u32 words (fp16 pairs) of K and of V a lane reads per key
+    DPL = 2 * WPL  # dims a lane owns: lane l the dims l * DPL .. l * DPL + DPL - 1
+
+    # grid (S, T * Hkv), block (32, g): warp j of block (s, y = t * Hkv + kh) owns query row
+    # (t, h = kh * g + j) and split s of its keys. Per key the lane dots its DPL dims of q (in
+    # registers, pre-scaled by scale * log2 e) with K, the warp's butterfly sums the score into
+    # every lane, and an online softmax (base 2) weighs V into the lane's DPL accumulators. The g
+    # warps of a block read the same K/V rows (L1). No shared memory.
+    # S = 1: out[t, h] = acc / l; else partials[s, t, h] = (acc, m, l) for attention_merge.
+    # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2); page_size = 1 << shift.
+    def kernel(q, k_words, v_words, block_table, pos, out, partials, scale, window, shift):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        split = cuda.blockIdx.x
+        n_splits = cuda.gridDim.x
+        Hkv = k_words.shape[2]
+        t = cuda.blockIdx.y // Hkv
+        kh = cuda.blockIdx.y - t * Hkv
+        lane = cuda.threadIdx.x
+        h = kh * cuda.blockDim.y + cuda.threadIdx.y
+        qp = pos[t]
+        lo = max(0, qp - window + 1) if window > 0 else 0
+        hi = qp + 1 if qp >= 0 else 0
+        chunk = (hi - lo + n_splits - 1) // n_splits
+        k0 = lo + split * chunk
+        k1 = min(hi, k0 + chunk)
+        mask = (1 << shift) - 1
+        # -- this lane's dims of the query row, times scale * log2 e --
+        qr = cuda.local.array(DPL, types.float32)
+        acc = cuda.local.array(DPL, types.float32)
+        c = scale * LOG2E
+        for i in range(DPL):
+            qr[i] = q[t, h, lane * DPL + i] * c
+            acc[i] = _ZERO
+        m = NEG
+        l = _ZERO
+        w0 = lane * WPL
+        for key in range(k0, k1):
+            page = block_table[0, key >> shift]
+            off = key & mask
+            # -- score: the lane's partial dot, summed over the warp --
+            s = _ZERO
+            for w in range(WPL):
+                kw = k_words[page, off, kh, w0 + w]
+                s += qr[2 * w] * qi.f16_to_f32(kw & qi.HALF) + qr[2 * w + 1] * qi.f16_to_f32(kw >> 16)
+            s = warp_sum(s)
+            # -- online softmax: rescale the accumulators, add p * V --
+            m_new = max(m, s)
+            a = ptx.ex2_approx_ftz(m - m_new)
+            p = ptx.ex2_approx_ftz(s - m_new)
+            l = l * a + p
+            for w in range(WPL):
+                vw = v_words[page, off, kh, w0 + w]
+                acc[2 * w] = acc[2 * w] * a + p * qi.f16_to_f32(vw & qi.HALF)
+                acc[2 * w + 1] = acc[2 * w + 1] * a + p * qi.f16_to_f32(vw >> 16)
+            m = m_new
+        if n_splits == 1:
+            inv = np.float32(1) / l if l > _ZERO else _ZERO
+            for i in range(DPL):
+                out[t, h, lane * DPL + i] = acc[i] * inv
+            return
+        for i in range(DPL):
+            partials[split, t, h, lane * DPL + i] = acc[i]
+        if lane == 0:
+            partials[split, t, h, D] = m
+            partials[split, t, h, D + 1] = l
+
+    kernel.__name__ = f"_attention_wide_d{D}_kernel"
+    return cuda.jit(kernel)
+
+
+# grid (T * H,), block MERGE_THREADS: block r merges query row (t, h) = divmod(r, H) over the S
+# splits of partials (acc, m, l); thread i owns dims i, i + MERGE_THREADS, ... and works out the
+# splits' weights 2^(m_s - max m) itself. No shared memory.
+@cuda.jit
+def _attention_merge_kernel(partials, out):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    S = partials.shape[0]
+    H = out.shape[1]
+    D = out.shape[2]
+    t = cuda.blockIdx.x // H
+    h = cuda.blockIdx.x - t * H
+    mx = NEG
+    for s in range(S):
+        mx = max(mx, partials[s, t, h, D])
+    den = _ZERO
+    for s in range(S):
+        den += ptx.ex2_approx_ftz(partials[s, t, h, D] - mx) * partials[s, t, h, D + 1]
+    inv = np.float32(1) / den if den > _ZERO else _ZERO
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        num = _ZERO
+        for s in range(S):
+            num += ptx.ex2_approx_ftz(partials[s, t, h, D] - mx) * partials[s, t, h, d]
+        out[t, h, d] = num * inv
+
+
+def num_splits(ctx_bucket: int, n_head_kv: int, T: int, window: int | None = None, n_sm: int = 132) -> int:
+    """Decode splits for contexts up to ctx_bucket (or its window): about two blocks an SM, at
+    least MIN_KEYS keys a split, at most MAX_SPLITS."""
+    keys = min(ctx_bucket, window + T - 1) if window else ctx_bucket
+    return max(1, min(-(-2 * n_sm // (T * n_head_kv)), keys // MIN_KEYS, MAX_SPLITS))
+
+
+def partials_shape(n_splits: int, T: int, n_head: int, head_dim: int) -> tuple:
+    """(S, T, H, D + 2) float32 scratch: acc, then m and l."""
+    return n_splits, T, n_head, head_dim + 2
+
+
+def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
+                   window: int | None, stream) -> None:
+    """out (T, H, D) = attention of q (T, H, D) float32 at pos (T,) int32 over the paged fp16 cache
+    k_pool, v_pool (n_pages, page_size, Hkv, D) through block_table (max_pages,) or (1, max_pages)
+    int32, the queries' own K/V already written; partials (partials_shape, at least n_splits
+    splits) float32 scratch, unread when n_splits is 1."""
+    T, H, D = q.shape
+    Hkv = k_pool.shape[2]
+    if block_table.ndim == 1:
+        block_table = block_table.reshape(1, block_table.size)
+    for a, dt, name in ((q, np.float32, "q"), (out, np.float32, "out"), (k_pool, np.float16, "k_pool"),
+                        (v_pool, np.float16, "v_pool"), (block_table, np.int32, "block_table"),
+                        (pos, np.int32, "pos"), (partials, np.float32, "partials")):
+        assert a.dtype == dt and a.is_c_contiguous(), f"{name}: C-contiguous {np.dtype(dt)}"
+    assert out.shape == q.shape and pos.shape == (T,) and block_table.shape[0] == 1
+    assert k_pool.shape[3] == D and v_pool.shape == k_pool.shape and k_pool.shape[1] in PAGE_SIZES
+    assert H % Hkv == 0 and H // Hkv <= 32 and 1 <= n_splits <= MAX_SPLITS
+    assert window is None or window > 0, "window must be None or positive"
+    assert n_splits == 1 or (partials.shape[0] >= n_splits and partials.shape[1:] == (T, H, D + 2)), partials.shape
+    if T == 0:
+        return
+    launch(attention_kernel(D), (n_splits, T * Hkv), (WARP, H // Hkv), stream, q, k_pool.view(np.uint32),
+           v_pool.view(np.uint32), block_table, pos, out, partials, np.float32(scale), np.int32(window or 0),
+           np.int32(k_pool.shape[1].bit_length() - 1))
+    if n_splits > 1:
+        launch(_attention_merge_kernel, T * H, MERGE_THREADS, stream, partials[:n_splits], out)
+
+
+_Q = types.float32[:, :, ::1]
+_POOL = types.uint32[:, :, :, ::1]
+_PART = types.float32[:, :, :, ::1]
+BUILD_SIGNATURES = [
+    (attention_kernel(D), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART, types.float32,
+                           types.int32, types.int32), {"max_registers": 128})
+    for D in HEAD_DIMS
+] + [(_attention_merge_kernel, (_PART, _Q), {"max_registers": 64})]

@@ -1,0 +1,108 @@
+"""The GPU engine on tiny random gemma4 models (impnb/synthetic_full_gemma4.TINY_SHAPES, Q8_0,
+every tensor drawn at random, norms and scales about 1, Q's and K's norms about head_dim^-1/4 so
+that an fp16 cache moves the logits < 1e-3: tests/test_synthetic_full_gemma4.py) against the
+numpy reference, which tests/test_reference_gemma4.py holds to HF transformers: "dense"
+(E2B-like: per-layer embeddings, the last two layers reading earlier layers' cache pages, the
+double-wide MLP there), "moe" (26B-A4B-like: routed GELU experts beside the MLP, K = V on the
+global layers with their own KV head count) and "wide" (26B-A4B's heads of 256 and 512, 128
+experts). Sliding windows 8 and 16, prompts of 96 tokens: teacher-forced decode on the short and
+the split-K attention kernels and on dp4a GEMVs, prefill in one chunk and in two, and graph
+replay equal to eager."""
+
+import numpy as np
+import pytest
+
+from impnb.gguf_file import open_model_file
+from impnb.models import load_reference
+from impnb.sampling import SamplingParams
+from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf
+from tests.gpu.test_engine_moe import agree, assert_graph_equals_eager
+
+pytestmark = pytest.mark.gpu
+N_TOKENS = 96
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_SHAPES))
+def case(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / f"tiny-gemma4-{request.param}.gguf"
+    write_full_gguf(path, TINY_SHAPES[request.param], seed=3, workers=1)
+    mf = open_model_file(path)
+    ref = load_reference(mf)
+    ids = np.random.default_rng(5).integers(0, ref.cfg.n_vocab, N_TOKENS).astype(np.int32)
+    from impnb.engine_cuda import CudaEngine
+
+    return ids, ref.forward(ids, ref.new_cache(N_TOKENS + 8)), CudaEngine(mf, 256, graphs=False)
+
+
+def teacher_forced(engine, ids) -> np.ndarray:
+    engine.reset(SamplingParams(temperature=0))
+    return np.concatenate([engine.logits([t]) for t in ids])
+
+
+def test_decode_steps_match_reference(case):
+    ids, ref, engine = case
+    agree(teacher_forced(engine, ids), ref, "decode vs reference")
+    assert engine.last_step.short_blocks, "not on the short decode attention kernel"
+
+
+def test_decode_split_attention_matches_reference(case, monkeypatch):
+    """Decode attention on the split-K kernel (IMPNB_SHORT_DECODE_MAX 0), windows included."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, ref, engine = case
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    split = CudaEngine(engine.mf, 256, graphs=False)
+    agree(teacher_forced(split, ids), ref, "split-K decode vs reference")
+    assert not split.last_step.short_blocks and split.last_step.splits
+
+
+def test_decode_on_dp4a_matches_reference(case, monkeypatch):
+    """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x). Gemma's post-norms scale every
+    sublayer's output to the residual's size, so int8 inputs move these models far more than
+    qwen3's: the reference with every matmul's input rounded to int8 (32-blocks, max / 127) moved
+    the logits by median 2e-2 (dense), 3e-2 (moe), 8e-2 (wide, where 128 experts' routers flip),
+    top-1 1.0, 1.0, 0.989 over the tokens whose top-2 gap is >= 3e-2 of the largest logit."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, ref, engine = case
+    monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    dp4a = CudaEngine(engine.mf, 256, graphs=False)
+    assert dp4a.m.dp4a_linears()
+    out = teacher_forced(dp4a, ids)
+    agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference", margin=3e-2,
+          min_close=0.0, min_top1=0.97)
+    assert np.median(np.abs(out - ref).max(-1)) < 0.15 * np.abs(ref).max()
+
+
+def test_prefill_matches_reference(case):
+    """The whole prompt as one chunk, then as two (the second over the first's cache, past the
+    window). The GEMMs read x in fp16: the reference with every matmul's input rounded so moved the
+    logits by median 3e-4 to 8e-4, one wide token of 96 by 4e-2 (a router tie), hence min_close."""
+    ids, ref, engine = case
+    engine.reset(SamplingParams(temperature=0))
+    agree(engine.logits(ids), ref, "prefill vs reference", min_close=0.97)
+    engine.reset(SamplingParams(temperature=0))
+    two = np.concatenate([engine.logits(ids[:40]), engine.logits(ids[40:])])
+    agree(two, ref, "prefill in two chunks vs reference", min_close=0.97)
+
+
+def test_graph_decode_equals_eager(case):
+    """32 greedy steps after a 20-token prompt through the captured decode graph equal eager."""
+    ids, _, engine = case
+    assert_graph_equals_eager(engine, ids)
+
+
+def test_prefill_graph_equals_eager(case):
+    """A 60-token prompt's padded chunk replayed from its prefill graph, then greedy steps: equal to eager."""
+    from impnb.engine_cuda import CudaEngine
+    from tests.gpu.test_graphs import decode
+
+    ids, _, engine = case
+    p = SamplingParams(temperature=0)
+    t_e, l_e = decode(engine, list(ids[:60]), p, 16)
+    graphed = CudaEngine(engine.mf, 256, graphs=True, lookahead=False)
+    for _ in range(2):  # the first prefill runs eagerly and is captured, the second replays
+        t_g, l_g = decode(graphed, list(ids[:60]), p, 16)
+        assert graphed.prefill_graphs, graphed.graph_disabled
+        assert t_e == t_g and np.array_equal(l_e, l_g)

@@ -1,0 +1,101 @@
+"""Which cache pages and window each gemma4 layer's attention reads, on the simulator with every
+launch recorded and none run (launch_trace): tiny models of impnb/synthetic_full_gemma4.TINY_SHAPES
+after a prompt chunk past the sliding window, on prefill and on the short and split decode
+kernels. Every layer attends over its kv_layer's pools (a KV-shared layer over its source's
+pages, the same arrays), with its own window (the sliding layers') and scale 1, heads of 512 on
+attention_wide; only the layers that own their K/V write them, into their own pools, before
+they attend."""
+
+import types as pytypes
+
+import pytest
+
+from impnb.gguf_file import open_model_file
+from impnb.sampling import SamplingParams
+from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf
+from tests.sim.launch_trace import FakeCublas, Recorder
+from tests.sim.test_tp_trace import record_launches
+
+# launcher -> (its module, the positions of scale and window in its arguments); K and V pools
+# are every launcher's arguments 1 and 2
+ATTENTION = {"attention_decode_short": ("impnb.gpu.forward", 6, 7),
+             "attention_decode": ("impnb.kernels.attention.attention_decode", 9, 10),
+             "attention_fa2": ("impnb.kernels.attention.attention_fa2", 6, 7),
+             "attention_wgmma": ("impnb.kernels.attention.attention_wgmma", 6, 7),
+             "attention_wide": ("impnb.kernels.attention.attention_wide", 8, 9)}
+WRITES = {"qkv_post": -3, "kv_write": -3}  # forward_gemma4's K/V writes: K pool at this position, V after it
+PROMPT = 20  # past every tiny model's window (8, 16)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    out = {}
+    for v in ("dense", "wide"):
+        out[v] = tmp_path_factory.mktemp("g4") / f"{v}.gguf"
+        write_full_gguf(out[v], TINY_SHAPES[v], seed=3, workers=1)
+    return out
+
+
+def record_calls(monkeypatch, calls: list) -> None:
+    """The attention launchers and forward_gemma4's K/V writes -> (name, args) into calls, run never."""
+    import importlib
+
+    import impnb.gpu.forward_gemma4 as fg
+    from impnb.kernels.attention import qkv_post
+
+    def recorder(name):
+        return lambda *args, **kwargs: calls.append((name, args))
+    for name, (module, _, _) in ATTENTION.items():
+        monkeypatch.setattr(importlib.import_module(module), name, recorder(name))
+    monkeypatch.setattr(qkv_post, "qkv_post", recorder("qkv_post"))
+    monkeypatch.setattr(fg, "kv_write", recorder("kv_write"))
+
+
+def check_layers(m, calls: list, kernels: set) -> None:
+    """One forward's calls: each layer's writes (own K/V only) then its attention, as the
+    docstring says."""
+    cfg = m.cfg
+    attends = [(i, name, args) for i, (name, args) in enumerate(calls) if name in ATTENTION]
+    assert len(attends) == cfg.n_layer, [c[0] for c in calls]
+    writes = [(i, name, args) for i, (name, args) in enumerate(calls) if name in WRITES]
+    owners = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il]
+    assert len(writes) == len(owners)
+    for (at, _, wargs), il in zip(writes, owners):
+        k_at = WRITES[calls[at][0]]
+        assert wargs[k_at] is m.kv.k[il] and wargs[k_at + 1] is m.kv.v[il]
+        assert at < attends[il][0] and (il == 0 or at > attends[il - 1][0]), f"layer {il} writes out of place"
+    for il, (_, name, args) in enumerate(attends):
+        src = cfg.kv_layer(il)
+        _, i_scale, i_window = ATTENTION[name]
+        assert args[1] is m.kv.k[src] and args[2] is m.kv.v[src], f"layer {il} reads another layer's pages"
+        assert args[i_window] == cfg.window(il) and args[i_scale] == 1.0, (il, args[i_window], args[i_scale])
+        assert name == "attention_wide" if cfg.head_dims(il)[0] == 512 else name in kernels, (il, name)
+
+
+@pytest.mark.parametrize("variant", ["dense", "wide"])
+@pytest.mark.parametrize("short", [True, False], ids=["short", "split"])
+def test_layers_read_their_kv_layers_pages_and_window(paths, monkeypatch, variant, short):
+    from impnb.engine_cuda import CudaEngine
+
+    if not short:
+        monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    engine = CudaEngine(open_model_file(paths[variant]), 64, graphs=False)
+    m = engine.m
+    cfg = m.cfg
+    assert any(cfg.kv_layer(il) != il for il in range(cfg.n_layer)) or variant == "wide"
+    holder = [Recorder()]
+    record_launches(holder, monkeypatch)
+    m.cublas = m.mm.cublas = FakeCublas(holder[0])
+    m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))  # prefill attention on wgmma
+    calls: list = []
+    record_calls(monkeypatch, calls)
+    engine.reset(SamplingParams(temperature=0))
+    engine.logits(list(range(1, PROMPT + 1)))
+    check_layers(m, calls, {"attention_wgmma", "attention_fa2"})  # wgmma at heads of 64 and 128
+    calls.clear()
+    engine.logits([5])
+    assert bool(engine.last_step.short_blocks) == short
+    check_layers(m, calls, {"attention_decode_short" if short else "attention_decode"})
+    calls.clear()
+    engine.logits([6, 7, 8])  # a decode step of three rows (look-ahead's shape)
+    check_layers(m, calls, {"attention_decode_short" if short else "attention_decode"})
