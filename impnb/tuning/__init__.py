@@ -115,7 +115,7 @@ DP4A_T1_VARIANTS = {
 # FP4 types whose one-token dp4a dots take the signed form (gemv_dp4a_units.SIGNED_T1: positive
 # and negative magnitudes in two dp4a, no select permutes), not measured against the select form
 # yet; IMPNB_FP4_SIGNED_T1 (type names, comma-separated, or empty) overrides it, read at import.
-FP4_SIGNED_T1 = tuple(T[n] for n in os.environ.get("IMPNB_FP4_SIGNED_T1", "NVFP4").split(",") if n)
+FP4_SIGNED_T1 = tuple(T[n] for n in os.environ.get("IMPNB_FP4_SIGNED_T1", "MXFP4,NVFP4").split(",") if n)
 # gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
 # output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.
 DP4A_T1_CAPPED = {(T.Q4_K, False): ((128, 1, 4), 80, 8192),

@@ -6,11 +6,11 @@ permutes (`e2m1_words`, as llama.cpp's get_int_from_table_16), the form dp4a mee
 exact decoders widen; the scale byte becomes its halved float by bit assembly. A weight is
 scale_half · k, exact in float32, bit-equal to `gguf.quants.dequantize`.
 
-Chunk layouts (g = row · cols/32 + c; both keep a chunk's 16 quant bytes as 4 words):
-  MXFP4  qs word j, byte b: weights 4j + b (low nibble) and 16 + 4j + b (high); e[g] one E8M0 byte
-  NVFP4  words 2h, 2h+1 are sub-block h (weights 16h..16h+15): byte b of word 2h + i holds weights
-         16h + 4i + b (low) and 16h + 8 + 4i + b (high); d[g] u16: UE4M3 of sub-block 0 | 1 << 8
-Either way half h of chunk c holds row columns 32c + 16h .. + 15 (quant_blocks32.block32_k).
+Chunk layout (g = row · cols/32 + c), the same quants for both types (MXFP4's reordered at load,
+repack.mxfp4_chunk_order): 16 bytes as 4 words, words 2h, 2h+1 half h (weights 16h..16h+15),
+byte b of word 2h + i holding weights 16h + 4i + b (low nibble) and 16h + 8 + 4i + b (high);
+MXFP4's e[g] one E8M0 byte for the chunk, NVFP4's d[g] u16 the UE4M3 bytes of half 0 | 1 << 8.
+Half h of chunk c holds row columns 32c + 16h .. + 15 (quant_blocks32.block32_k).
 """
 
 import numpy as np
@@ -89,6 +89,15 @@ def ue4m3_half(b):
     return float32(0.0) if b == 0x7F else v
 
 
+@cuda.jit(device=True, inline=True)
+def fp4_half_codes(q, h, w):
+    """w[0:16] = the int8 values of half h of a chunk's quant words q, as floats."""
+    for i in range(2):
+        lo, hi = e2m1_words(q[2 * h + i])
+        bytes4_minus(lo ^ SIGN8, INT8_OFF, w, 4 * i)
+        bytes4_minus(hi ^ SIGN8, INT8_OFF, w, 8 + 4 * i)
+
+
 # -- MXFP4: qs 16 bytes per chunk, e one byte --
 
 @cuda.jit(device=True, inline=True)
@@ -99,10 +108,7 @@ def mxfp4_load(parts, g):
 
 @cuda.jit(device=True, inline=True)
 def mxfp4_run(raw, c, h, w):
-    q = raw[0]
-    for j in range(4):
-        lo, hi = e2m1_words(q[j])
-        bytes4_minus((lo if h == 0 else hi) ^ SIGN8, INT8_OFF, w, 4 * j)
+    fp4_half_codes(raw[0], h, w)
     return e8m0_half(raw[1])
 
 
@@ -116,9 +122,5 @@ def nvfp4_load(parts, g):
 
 @cuda.jit(device=True, inline=True)
 def nvfp4_run(raw, c, h, w):
-    q = raw[0]
-    for i in range(2):
-        lo, hi = e2m1_words(q[2 * h + i])
-        bytes4_minus(lo ^ SIGN8, INT8_OFF, w, 4 * i)
-        bytes4_minus(hi ^ SIGN8, INT8_OFF, w, 8 + 4 * i)
+    fp4_half_codes(raw[0], h, w)
     return ue4m3_half(shr32(raw[1], 8 * h))
