@@ -2,8 +2,9 @@
 (repack.py), as quant_blocks32.py does for the integer types; the formats: impnb/quant_fp4.py.
 
 E2M1 codes become int8 (ggml's doubled KVALUES) through a 16-byte table in four words and byte
-permutes (`e2m1_words`, as llama.cpp's get_int_from_table_16), the form dp4a meets x̂ in and the
-exact decoders widen; the scale byte becomes its halved float by bit assembly. A weight is
+permutes (`e2m1_words`, as llama.cpp's get_int_from_table_16), the form the exact decoders widen;
+the dp4a GEMVs take the lookups in their own byte order (`e2m1_interleaved`) or as positive and
+negative magnitudes (`e2m1_signed`); the scale byte becomes its halved float by bit assembly. A weight is
 scale_half · k, exact in float32, bit-equal to `gguf.quants.dequantize`.
 
 Chunk layout (g = row · cols/32 + c), the same quants for both types (MXFP4's reordered at load,
@@ -46,7 +47,8 @@ def e2m1_lookup4(sel, pick):
 def e2m1_interleaved(q):
     """8 E2M1 codes (a word's nibbles) -> the int8 words of nibbles 0..3 and 4..7 as they lie:
     byte b of a word holds its low nibble's value at byte 2 (b % 2) and its high nibble's at
-    2 (b % 2) + 1 of word b // 2. Dots against x̂ words permuted to match (nvfp4_x_order)."""
+    2 (b % 2) + 1 of word b // 2. Dots against x̂ words permuted to match
+    (gemv_dp4a_units.fp4_x_order)."""
     sel, pick = e2m1_selectors(q)
     return e2m1_lookup4(sel, pick), e2m1_lookup4(shr32(sel, 16), shr32(pick, 16))
 
