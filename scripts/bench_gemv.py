@@ -10,7 +10,7 @@ each timed by its own pair of CUDA events; the median of --reps is reported.
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
 --dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these; an empty name is that one)
 and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_x"; their sum is
-what a decode step pays).
+what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ...").
 --jobs N compiles the GEMV and dp4a kernels the run launches first, in N processes, into the disk
 cache (impnb.launch.cache), so the timed part compiles nothing.
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
@@ -39,7 +39,7 @@ from impnb.kernels.common import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.gemm.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv.gemv import DECODERS, Variant, choose, gemv, kernel_args, variant_kernel  # noqa: E402
 from impnb.kernels.gemv import gemv_dp4a as dp  # noqa: E402
-from impnb.kernels.gemv.gemv_dp4a import NO_GLU, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, gemv_dp4a  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped  # noqa: E402
 from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
@@ -156,27 +156,31 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
-def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream):
-    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's), on one Gaussian x."""
+def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,)):
+    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's) and epilogue of glus
+    (SILU: the rows as gate|up, half as many outputs; rows "dp4a-glu"), on one Gaussian x."""
     rows, cols = weights[0].rows, weights[0].cols
     x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
     xq = quant_x_buffers(n_tok, cols)
     med, b2b = time_launches(lambda i, s: quantize_x(x, xq, s), 1, reps, stream)
     out = [result("quant_x", t, weights, n_tok, x.nbytes + sum(a.nbytes for a in xq), med, b2b)]
-    for v in variants:
-        y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-        med, b2b = time_launches(lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v),
-                                 len(weights), reps, stream)
-        assert np.isfinite(y.copy_to_host()).all()
-        chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, NO_GLU, rows)
-        name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
-        out.append(result(f"dp4a {name}", t, weights, n_tok,
-                          weights[0].nbytes, med, b2b))
+    for glu in glus:
+        n_out = rows // 2 if glu else rows
+        for v in variants:
+            y = cuda.to_device(np.full((n_tok, n_out), np.nan, np.float32), stream=stream)
+            med, b2b = time_launches(
+                lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v, glu=glu),
+                len(weights), reps, stream)
+            assert np.isfinite(y.copy_to_host()).all()
+            chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, glu, n_out)
+            name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
+            op = f"dp4a{'-glu' if glu else ''} {name}"
+            out.append(result(op, t, weights, n_tok, weights[0].nbytes, med, b2b))
     return out
 
 
 def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variants=(None,), streams=(),
-               reads=(), dp4a=()):
+               reads=(), dp4a=(), glus=(NO_GLU,)):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
@@ -200,7 +204,7 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
             assert np.isfinite(y.copy_to_host()).all()
             out.append(result(v.name if v else "gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
         if dp4a and t in DOTS:
-            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream)
+            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream, glus)
     if with_dequant:
         w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
         med, b2b = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
@@ -215,22 +219,22 @@ def _compile(job):
     from impnb.launch import cache
     from impnb.launch.cubin import arch_cc
 
-    kind, t, n_tok, K, rows, v, cc = job
+    kind, t, n_tok, K, rows, v, glu, cc = job
     if kind == "gemv":
         kernel, sig = variant_kernel(t, n_tok, v or choose(t, n_tok, K, rows), NO_GLU, cols=K), kernel_args(t)
     else:
-        v, cap = (v, None) if v else choose_capped(t, n_tok, K, NO_GLU, rows)
-        kernel, sig = dp.gemv_dp4a_kernel(t, K, n_tok, v.span, v.rows, NO_GLU, False, v.unroll, cap), dp.kernel_args(t)
+        v, cap = (v, None) if v else choose_capped(t, n_tok, K, glu, rows // 2 if glu else rows)
+        kernel, sig = dp.gemv_dp4a_kernel(t, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap), dp.kernel_args(t)
     cache.get_cubin(kernel, sig, arch_cc(cc))
 
 
-def precompile(type_names, shapes, tokens, variants, dp4a, n_jobs):
+def precompile(type_names, shapes, tokens, variants, dp4a, glus, n_jobs):
     """Every plain GEMV and dp4a kernel the timed run launches, compiled in n_jobs processes."""
     cc = cuda.get_current_device().compute_capability
-    jobs = {("gemv", T[n], k, K, rows, v, cc) for n in type_names for rows, K in shapes for k in tokens
+    jobs = {("gemv", T[n], k, K, rows, v, NO_GLU, cc) for n in type_names for rows, K in shapes for k in tokens
             for v in variants}
-    jobs |= {("dp4a", T[n], k, K, rows, v, cc) for n in type_names if T[n] in DOTS for rows, K in shapes
-             for k in tokens for v in dp4a}
+    jobs |= {("dp4a", T[n], k, K, rows, v, glu, cc) for n in type_names if T[n] in DOTS for rows, K in shapes
+             for k in tokens for v in dp4a for glu in glus}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(min(len(jobs), n_jobs, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         list(pool.map(_compile, sorted(jobs, key=str)))
@@ -252,6 +256,7 @@ def main():
     ap.add_argument("--dp4a", nargs="?", const="", help="also time quantize_x + gemv_dp4a (variants, e.g. s64u1r4)")
     ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
     ap.add_argument("--jobs", type=int, default=0, help="compile the kernels first in this many processes")
+    ap.add_argument("--glu", action="store_true", help="--dp4a also as gate|up with SiLU (the rows halves of W)")
     args = ap.parse_args()
     if args.sweep:
         from gemv_sweep import sweep_main
@@ -276,14 +281,15 @@ def main():
     dp4a = () if args.dp4a is None else parse_variants(args.dp4a, "--dp4a") if args.dp4a else [None]
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
+    glus = (NO_GLU, SILU) if args.glu else (NO_GLU,)
     if args.jobs:
-        precompile(args.types.split(","), shapes, tokens, variants, dp4a, args.jobs)
+        precompile(args.types.split(","), shapes, tokens, variants, dp4a, glus, args.jobs)
     results = []
     print(f"{'shape':>11} {'op':14} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for (rows, cols), name in ((shape, name) for shape in shapes for name in args.types.split(",")):
         for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants,
-                            streams, reads, dp4a):
+                            streams, reads, dp4a, glus):
             results.append(r)
             print(f"{f'{rows}x{cols}':>11} {r['op']:14} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
