@@ -3,13 +3,16 @@
 For each type, enough distinct copies of a (rows, cols) weight to exceed 4x the 50 MB L2 are
 rotated; launches are queued behind a sleeping kernel so host launch cost stays off the clock,
 each timed by its own pair of CUDA events; the median of --reps is reported.
-    python scripts/bench_gemv.py [--shape 4096x14336] [--tokens 1,8] [--types Q4_K,Q8_0] [--dequant]
-                                 [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--dp4a [V,...]] [--json PATH]
+    python scripts/bench_gemv.py [--shape 4096x14336[,14336x4096...]] [--tokens 1,8] [--types Q4_K,Q8_0]
+                                 [--dequant] [--variant s32u1r8,s64u1r4] [--stream 2:8,4:4] [--dp4a [V,...]]
+                                 [--jobs N] [--json PATH]
 --read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
 --dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these; an empty name is that one)
 and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_x"; their sum is
-what a decode step pays).
+what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ...").
+--jobs N compiles the GEMV and dp4a kernels the run launches first, in N processes, into the disk
+cache (impnb.launch.cache), so the timed part compiles nothing.
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
 after compiling them all in parallel processes, and marks the fastest per shape and type (b2b):
     python scripts/bench_gemv.py --sweep [--reps 60] [--json PATH]
@@ -17,8 +20,12 @@ after compiling them all in parallel processes, and marks the fastest per shape 
 
 import argparse
 import json
+import os
 import re
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +37,9 @@ from numba import cuda, uint32  # noqa: E402
 
 from impnb.kernels.common import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.gemm.dequant import dequant  # noqa: E402
-from impnb.kernels.gemv.gemv import DECODERS, Variant, gemv  # noqa: E402
-from impnb.kernels.gemv.gemv_dp4a import NO_GLU, gemv_dp4a  # noqa: E402
+from impnb.kernels.gemv.gemv import DECODERS, Variant, choose, gemv, kernel_args, variant_kernel  # noqa: E402
+from impnb.kernels.gemv import gemv_dp4a as dp  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, gemv_dp4a  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped  # noqa: E402
 from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
@@ -148,27 +156,31 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
-def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream):
-    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's), on one Gaussian x."""
+def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,)):
+    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's) and epilogue of glus
+    (SILU: the rows as gate|up, half as many outputs; rows "dp4a-glu"), on one Gaussian x."""
     rows, cols = weights[0].rows, weights[0].cols
     x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
     xq = quant_x_buffers(n_tok, cols)
     med, b2b = time_launches(lambda i, s: quantize_x(x, xq, s), 1, reps, stream)
     out = [result("quant_x", t, weights, n_tok, x.nbytes + sum(a.nbytes for a in xq), med, b2b)]
-    for v in variants:
-        y = cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream)
-        med, b2b = time_launches(lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v),
-                                 len(weights), reps, stream)
-        assert np.isfinite(y.copy_to_host()).all()
-        chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, NO_GLU, rows)
-        name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
-        out.append(result(f"dp4a {name}", t, weights, n_tok,
-                          weights[0].nbytes, med, b2b))
+    for glu in glus:
+        n_out = rows // 2 if glu else rows
+        for v in variants:
+            y = cuda.to_device(np.full((n_tok, n_out), np.nan, np.float32), stream=stream)
+            med, b2b = time_launches(
+                lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v, glu=glu),
+                len(weights), reps, stream)
+            assert np.isfinite(y.copy_to_host()).all()
+            chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, glu, n_out)
+            name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
+            op = f"dp4a{'-glu' if glu else ''} {name}"
+            out.append(result(op, t, weights, n_tok, weights[0].nbytes, med, b2b))
     return out
 
 
 def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variants=(None,), streams=(),
-               reads=(), dp4a=()):
+               reads=(), dp4a=(), glus=(NO_GLU,)):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
@@ -192,7 +204,7 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
             assert np.isfinite(y.copy_to_host()).all()
             out.append(result(v.name if v else "gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
         if dp4a and t in DOTS:
-            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream)
+            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream, glus)
     if with_dequant:
         w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
         med, b2b = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
@@ -201,9 +213,37 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
     return out
 
 
+def _compile(job):
+    """Compile one kernel of the run into the disk cache: ("gemv", t, n_tok, K, rows, variant) or
+    ("dp4a", t, n_tok, K, rows, variant or None for choose_capped's)."""
+    from impnb.launch import cache
+    from impnb.launch.cubin import arch_cc
+
+    kind, t, n_tok, K, rows, v, glu, cc = job
+    if kind == "gemv":
+        kernel, sig = variant_kernel(t, n_tok, v or choose(t, n_tok, K, rows), NO_GLU, cols=K), kernel_args(t)
+    else:
+        v, cap = (v, None) if v else choose_capped(t, n_tok, K, glu, rows // 2 if glu else rows)
+        kernel, sig = dp.gemv_dp4a_kernel(t, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap), dp.kernel_args(t)
+    cache.get_cubin(kernel, sig, arch_cc(cc))
+
+
+def precompile(type_names, shapes, tokens, variants, dp4a, glus, n_jobs):
+    """Every plain GEMV and dp4a kernel the timed run launches, compiled in n_jobs processes."""
+    cc = cuda.get_current_device().compute_capability
+    jobs = {("gemv", T[n], k, K, rows, v, NO_GLU, cc) for n in type_names for rows, K in shapes for k in tokens
+            for v in variants}
+    jobs |= {("dp4a", T[n], k, K, rows, v, glu, cc) for n in type_names if T[n] in DOTS for rows, K in shapes
+             for k in tokens for v in dp4a for glu in glus}
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(min(len(jobs), n_jobs, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        list(pool.map(_compile, sorted(jobs, key=str)))
+    print(f"{len(jobs)} kernels compiled or found in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="4096x14336", help="rows x cols of W")
+    ap.add_argument("--shape", default="4096x14336", help="rows x cols of W, or several separated by commas")
     ap.add_argument("--tokens", default="1,8", help="comma-separated T values")
     ap.add_argument("--types", default=",".join(t.name for t in DECODERS))
     ap.add_argument("--reps", type=int, default=60)
@@ -215,12 +255,14 @@ def main():
     ap.add_argument("--read", help="also time plain reads U:B:W and a copy of the same bytes, e.g. 4:4:256")
     ap.add_argument("--dp4a", nargs="?", const="", help="also time quantize_x + gemv_dp4a (variants, e.g. s64u1r4)")
     ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
+    ap.add_argument("--jobs", type=int, default=0, help="compile the kernels first in this many processes")
+    ap.add_argument("--glu", action="store_true", help="--dp4a also as gate|up with SiLU (the rows halves of W)")
     args = ap.parse_args()
     if args.sweep:
         from gemv_sweep import sweep_main
 
         return sweep_main(args.reps, args.json)
-    rows, cols = (int(v) for v in args.shape.lower().split("x"))
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shape.lower().split(",")]
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
     def parse_variants(text, flag):
@@ -239,19 +281,22 @@ def main():
     dp4a = () if args.dp4a is None else parse_variants(args.dp4a, "--dp4a") if args.dp4a else [None]
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
+    glus = (NO_GLU, SILU) if args.glu else (NO_GLU,)
+    if args.jobs:
+        precompile(args.types.split(","), shapes, tokens, variants, dp4a, glus, args.jobs)
     results = []
-    print(f"{'op':14} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
+    print(f"{'shape':>11} {'op':14} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
-    for name in args.types.split(","):
+    for (rows, cols), name in ((shape, name) for shape in shapes for name in args.types.split(",")):
         for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants,
-                            streams, reads, dp4a):
+                            streams, reads, dp4a, glus):
             results.append(r)
-            print(f"{r['op']:14} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
+            print(f"{f'{rows}x{cols}':>11} {r['op']:14} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
                   f"{r['pct_peak']:9.1f}% {r['pct_peak_b2b']:5.1f}%", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"shape": [rows, cols], "peak_bytes_per_s": PEAK,
-                                               "results": results}, indent=1))
+        if args.json:  # after every type: a run cut short keeps what it timed
+            Path(args.json).write_text(json.dumps({"shape": list(shapes[0]), "shapes": [list(s) for s in shapes],
+                                                   "peak_bytes_per_s": PEAK, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -57,3 +57,26 @@ def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ParameterError, match=name):
         tuning.Overrides.from_env()
+
+
+def test_env_types(monkeypatch):
+    monkeypatch.setenv("IMPNB_X_TYPES", "NVFP4, MXFP4")
+    assert tuning.env_types("IMPNB_X_TYPES", "") == (T.NVFP4, T.MXFP4)
+    monkeypatch.setenv("IMPNB_X_TYPES", "")
+    assert tuning.env_types("IMPNB_X_TYPES", "NVFP4") == ()
+    monkeypatch.delenv("IMPNB_X_TYPES")
+    assert tuning.env_types("IMPNB_X_TYPES", "Q4_K") == (T.Q4_K,)
+    monkeypatch.setenv("IMPNB_X_TYPES", "NVFP5")
+    with pytest.raises(ParameterError, match="IMPNB_X_TYPES"):
+        tuning.env_types("IMPNB_X_TYPES", "")
+
+
+def test_fp4_signed_form_at_one_token(monkeypatch):
+    units = gemv_dp4a_units
+    for t in (T.MXFP4, T.NVFP4):
+        monkeypatch.setattr(tuning, "FP4_SIGNED_T1", (t,))
+        assert units.prepare_of(t, 1) is units.SIGNED_T1[t][0] and units.dot_of(t, 1) is units.SIGNED_T1[t][1]
+        assert units.prepare_of(t, 2) is units.PREPARES[t] and units.dot_of(t, 2) is units.DOTS[t]
+        monkeypatch.setattr(tuning, "FP4_SIGNED_T1", ())
+        assert units.prepare_of(t, 1) is units.PREPARES[t] and units.dot_of(t, 1) is units.DOTS[t]
+    assert units.prepare_of(T.Q4_K, 1) is units.as_loaded and units.dot_of(T.Q4_K, 1) is units.q4_k_dot

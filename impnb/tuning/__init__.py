@@ -55,6 +55,16 @@ def env_number(name: str, default: float) -> float:
         raise ParameterError(f"{name}={value!r}: expected a number") from None
 
 
+def env_types(name: str, default: str) -> tuple:
+    """Environment variable `name` (default where unset) as GGML type names separated by commas,
+    empty for none; ParameterError where one is not a type's name."""
+    value = os.environ.get(name, default)
+    try:
+        return tuple(T[n.strip()] for n in value.split(",") if n.strip())
+    except KeyError:
+        raise ParameterError(f"{name}={value!r}: expected GGML type names separated by commas") from None
+
+
 def env_variant(name: str) -> str | None:
     """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>),
     None where unset or empty; ParameterError where it is not one."""
@@ -112,6 +122,10 @@ DP4A_T1_VARIANTS = {
     T.MXFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's (16 quant bytes a chunk too), not measured
     T.NVFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's, not measured
 }
+# FP4 types whose one-token dp4a dots take the signed form (gemv_dp4a_units.SIGNED_T1: positive
+# and negative magnitudes in two dp4a, no select permutes), not measured against the select form
+# yet; IMPNB_FP4_SIGNED_T1 (type names, comma-separated, or empty) overrides it, read at import.
+FP4_SIGNED_T1 = env_types("IMPNB_FP4_SIGNED_T1", "MXFP4,NVFP4")
 # gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
 # output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.
 DP4A_T1_CAPPED = {(T.Q4_K, False): ((128, 1, 4), 80, 8192),

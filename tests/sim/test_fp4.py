@@ -1,5 +1,5 @@
 """MXFP4 and NVFP4 weights read in their GGUF blocks by the decode and prefill kernels, in numba's
-CUDA simulator, through the GPU tests' checks: the dp4a GEMV (plain, accumulate, loads ahead,
+CUDA simulator, through the GPU tests' checks: the decode units (test_fp4_units), the dp4a GEMV (plain, accumulate, loads ahead,
 gate|up with its GLU, the routed experts, the experts' down sum, the router folded into
 attn_output) and the float GEMV on odd row counts and 19-chunk rows, x Gaussian at std 0.1, 1,
 10; the tensor-core tile decoding NVFP4 into shared memory (both types' decoders, which the dequant
@@ -15,6 +15,7 @@ from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, Variant
 from tests.gpu import test_gemm_tc as gemm_tests
 from tests.gpu import test_gemv_dp4a as g
+from tests.gpu import test_fp4_units as units
 from tests.gpu import test_moe as moe
 from tests.gpu.test_router_fold import check_router_fold
 from tests.sim import test_gemv as sim_gemv
@@ -24,6 +25,13 @@ FP4 = (T.MXFP4, T.NVFP4)
 IDS = [t.name for t in FP4]
 # a row of 19 chunks where the type allows it (NVFP4's blocks are 64 wide: 18)
 ODD_K = {T.MXFP4: 608, T.NVFP4: 576}
+
+
+def test_fp4_units():
+    rng = np.random.default_rng(9)
+    units.check_prmt(rng, n=256)
+    units.check_e2m1(rng, n=64)
+    units.check_scales()
 
 
 @pytest.mark.parametrize("t", FP4, ids=IDS)

@@ -12,6 +12,7 @@ from tests.gpu import test_gemv_dp4a_multi as m
 def test_plain_and_accumulate():
     m.check_case(T.Q4_K, 5, 256, 3, 10.0, seed=1, variant=Variant(32, 1, 4))
     m.check_case(T.Q8_0, 3, 64, 2, 0.1, seed=2, variant=Variant(32, 2, 2), accumulate=True)
+    m.check_case(T.NVFP4, 5, 128, 3, 1.0, seed=5, variant=Variant(32, 1, 4))  # x̂ permuted for its words
 
 
 def test_split_and_glu():

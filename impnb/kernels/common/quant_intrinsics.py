@@ -72,11 +72,14 @@ if SIM:
         return np.uint32((int(u) & 0xFFFFFFFF) >> int(s))
 
     def prmt(a, b, sel):
-        """Byte permute: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a."""
+        """Byte permute: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a, or where
+        selector bit 4i+3 is set that byte's sign bit replicated (0x00 or 0xFF)."""
         x = ((int(b) & 0xFFFFFFFF) << 32) | (int(a) & 0xFFFFFFFF)
         r = 0
         for i in range(4):
-            r |= ((x >> (8 * ((int(sel) >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+            nib = (int(sel) >> (4 * i)) & 15
+            byte = (x >> (8 * (nib & 7))) & 0xFF
+            r |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * i)
         return np.uint32(r)
 
     def f16_to_f32(u):
@@ -220,7 +223,8 @@ else:
 
     @intrinsic
     def prmt(typingctx, a, b, sel):
-        """prmt.b32: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a."""
+        """prmt.b32: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a (sel bit 4i+3 set:
+        that byte's sign replicated; PTX ISA, prmt's default mode)."""
         if not all(isinstance(v, types.Integer) for v in (a, b, sel)):
             return None
 

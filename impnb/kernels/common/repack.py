@@ -2,8 +2,9 @@
 
 A (rows, cols) tensor of type t becomes a few *parts*, each a flat array over all rows, so one
 chunk of 32 weights reads its quants with 16-byte loads (quant_blocks32.py and quant_blocks_k.py
-decode them). Parts live in one buffer at 256-byte-aligned offsets; nothing is converted, so
-`unpack` rebuilds the GGUF bytes exactly. Layouts (per row, blocks in order; bytes as in the GGUF block):
+decode them). Parts live in one buffer at 256-byte-aligned offsets; nothing is converted (but
+MXFP4's nibble order within a chunk), so `unpack` rebuilds the GGUF bytes exactly. Layouts (per
+row, blocks in order; bytes as in the GGUF block):
 
   Q8_0  qs int8 (cols)      | d f16 (cols/32)
   Q4_0  qs (cols/2)         | d f16 (cols/32)
@@ -12,7 +13,7 @@ decode them). Parts live in one buffer at 256-byte-aligned offsets; nothing is c
   Q4_K  qs (cols/2)         | hdr 16 B per 256: d, dmin, 12 scale bytes
   Q5_K  qs (cols/2)         | qh (cols/8)              | hdr 16 B per 256
   Q6_K  ql (cols/2)         | qh (cols/4)              | scales int8 (cols/16) | d f16 (cols/256)
-  MXFP4 qs (cols/2)         | e u8 (cols/32)
+  MXFP4 qs (cols/2)         | e u8 (cols/32); qs in NVFP4's nibble order (mxfp4_chunk_order)
   NVFP4 qs (cols/2)         | d u16 (cols/32): the two UE4M3 bytes of a chunk's sub-blocks
   F16   values (u32 pairs)  ;  F32 values (u32 bits)
 """
@@ -40,6 +41,27 @@ LAYOUTS = {
     T.F32: [("v", 0, 4, np.uint32)],
 }
 PACKED_TYPES = tuple(LAYOUTS)
+LO4, HI4 = np.uint32(0x0F0F0F0F), np.uint32(0xF0F0F0F0)
+
+
+# MXFP4's 16 quant bytes a chunk in NVFP4's nibble order: byte b of word 2h + i holds weights
+# 16h + 4i + b (low nibble) and 16h + 8 + 4i + b (high), where the file's byte j holds j and
+# j + 16; both types then share their decoders (kernels/common/quant_blocks_fp4.py), whose
+# dp4a words meet x̂ in one 16-column group each. Words of a chunk: (n, 4) uint32 -> (n, 4).
+def mxfp4_chunk_order(w: np.ndarray) -> np.ndarray:
+    lo, hi = w[:, 0:2], w[:, 2:4]  # file words 0, 1: weights 0..7 | 16..23; 2, 3: 8..15 | 24..31
+    return np.concatenate([(lo & LO4) | ((hi & LO4) << np.uint32(4)),
+                           ((lo >> np.uint32(4)) & LO4) | (hi & HI4)], axis=1)
+
+
+def mxfp4_file_order(w: np.ndarray) -> np.ndarray:
+    """mxfp4_chunk_order undone."""
+    a, b = w[:, 0:2], w[:, 2:4]
+    return np.concatenate([(a & LO4) | ((b & LO4) << np.uint32(4)),
+                           ((a >> np.uint32(4)) & LO4) | (b & HI4)], axis=1)
+
+
+REORDERED = {T.MXFP4: (mxfp4_chunk_order, mxfp4_file_order)}  # type -> its first part's (to, from)
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,9 @@ def repack(data: np.ndarray, ggml_type: T) -> PackedWeight:
         section = buffer[off:off + n_blocks * (end - start)]
         section.reshape(n_blocks, end - start)[:] = blocks[:, start:end]
         parts.append(section.view(dtype))
+    if ggml_type in REORDERED:
+        words = parts[0].reshape(-1, 4)
+        words[:] = REORDERED[ggml_type][0](words)
     return PackedWeight(ggml_type, rows, cols, buffer, tuple(parts))
 
 
@@ -121,6 +146,9 @@ def unpack(packed: PackedWeight) -> np.ndarray:
     block, size = GGML_QUANT_SIZES[packed.ggml_type]
     n_blocks = packed.rows * packed.cols // block
     out = np.empty((n_blocks, size), np.uint8)
-    for (_, start, end, _), part in zip(LAYOUTS[packed.ggml_type], packed.parts):
-        out[:, start:end] = np.asarray(part).view(np.uint8).reshape(n_blocks, end - start)
+    for i, ((_, start, end, _), part) in enumerate(zip(LAYOUTS[packed.ggml_type], packed.parts)):
+        part = np.asarray(part)
+        if i == 0 and packed.ggml_type in REORDERED:
+            part = REORDERED[packed.ggml_type][1](part.reshape(-1, 4))
+        out[:, start:end] = part.view(np.uint8).reshape(n_blocks, end - start)
     return out.reshape(packed.rows, -1)

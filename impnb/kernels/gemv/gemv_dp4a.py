@@ -26,7 +26,8 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, DP4A_TYPES, LOADS, prepare_of, q4_k_dot_w, q4_k_load_w
+from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, dot_of, prepare_of, q4_k_dot_w,
+                                               q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref
@@ -44,8 +45,9 @@ def gemv_dp4a_ref(w: np.ndarray, ggml_type: T, xq: np.ndarray, xd: np.ndarray) -
 def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
-    dot = DOTS[ggml_type]
-    prepare = prepare_of(ggml_type)
+    dot = dot_of(ggml_type, n_tok)
+    prepare = prepare_of(ggml_type, n_tok)
+    x_order = x_order_of(ggml_type)
     if ggml_type == T.Q4_K and cols % 1024 == 0 and n_tok == 1 and glu == NO_GLU and not experts and not qi.SIM:
         load, dot = q4_k_load_w, q4_k_dot_w  # the header by shuffles (a warp's chunk loops agree)
     act = GLU_ACTS[glu]
@@ -119,6 +121,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             xf[t, 1] = xd[xr + t, k1 >> 4]
             xf[t, 2] = xs[xr + t, k0 >> 4]
             xf[t, 3] = xs[xr + t, k1 >> 4]
+            x_order(xw, t)
         for r in range(rows):
             wr = prepare(cur[r])
             for t in range(n_tok):

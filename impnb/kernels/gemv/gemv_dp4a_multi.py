@@ -22,7 +22,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, prepare_of
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX
@@ -46,8 +46,9 @@ def unrolled(f, n):
 def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
-    dot = DOTS[ggml_type]
-    prepare = prepare_of(ggml_type)
+    dot = dot_of(ggml_type, n_tok)
+    prepare = prepare_of(ggml_type, n_tok)
+    x_order = x_order_of(ggml_type)
     act = GLU_ACTS[glu]
     wpg = span // 32  # warps a row group
     groups = WARPS // wpg
@@ -81,6 +82,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
         xf[0, 1] = xd[t, k1 >> 4]
         xf[0, 2] = xs[t, k0 >> 4]
         xf[0, 3] = xs[t, k1 >> 4]
+        x_order(xw, 0)
         for r in range(rows):
             acc[r, t] += dot(prepare(cur[r]), c8, xw, xf, 0)
 

@@ -6,6 +6,7 @@ kernels, as gemv_units.py's decoders by gemv.py."""
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, int32, uint32, uint64
 
+from impnb import tuning
 from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
 
@@ -144,37 +145,90 @@ def _dot_s(a0, a1, a2, a3, xw, t, o):
     return qi.dp4a_ss(a3, xw[t, o + 3], i)
 
 
-# FP4: the E2M1 codes become ggml's doubled int8 values (quant_blocks_fp4.e2m1_words) and meet
-# x̂ in signed dp4a; the halved scale makes the weight, so no offset term (s unused). The decode
-# is `<type>_prepare`'s, once a row-chunk, not once a token (PREPARES; the other types' dots read
-# the loads as they are).
+# FP4: the E2M1 codes become ggml's doubled int8 values (quant_blocks_fp4.e2m1_interleaved) and
+# meet x̂ in dp4a; the halved scale makes the weight, so no offset term (s unused). The decode is
+# `<type>_prepare`'s, once a row-chunk, not once a token (PREPARES; the other types' dots read the
+# loads as they are), and x̂'s words are put in its byte order once a chunk (fp4_x_order).
+@cuda.jit(device=True, inline=True)
+def _fp4_words(q):
+    # words 2h, 2h+1 half h: low nibbles its columns 0..7, high 8..15 (both types' layout); each
+    # word's values as e2m1_interleaved leaves them (columns 4i, 4i+8, 4i+1, 4i+9 | 4i+2, 4i+10,
+    # 4i+3, 4i+11 of word 2h+i), the order fp4_x_order puts x̂ in: no permutes a row-chunk to undo it
+    a0, a1 = qbf.e2m1_interleaved(q[0])
+    a2, a3 = qbf.e2m1_interleaved(q[1])
+    b0, b1 = qbf.e2m1_interleaved(q[2])
+    b2, b3 = qbf.e2m1_interleaved(q[3])
+    return (a0, a1, a2, a3), (b0, b1, b2, b3)
+
+
 @cuda.jit(device=True, inline=True)
 def mxfp4_prepare(raw):
-    q, e = raw  # byte j of word i: weights 4i + j (low nibble, half 0) and 16 + 4i + j (high)
-    l0, h0 = qbf.e2m1_words(q[0])
-    l1, h1 = qbf.e2m1_words(q[1])
-    l2, h2 = qbf.e2m1_words(q[2])
-    l3, h3 = qbf.e2m1_words(q[3])
-    d = qbf.e8m0_half(e)
-    return (l0, l1, l2, l3), (h0, h1, h2, h3), d, d
+    a, b = _fp4_words(raw[0])
+    d = qbf.e8m0_half(raw[1])
+    return a, b, d, d
 
 
 @cuda.jit(device=True, inline=True)
 def nvfp4_prepare(raw):
-    q, d = raw  # words 2h, 2h+1 sub-block h: low nibbles its columns 0..7, high 8..15
-    l0, h0 = qbf.e2m1_words(q[0])
-    l1, h1 = qbf.e2m1_words(q[1])
-    l2, h2 = qbf.e2m1_words(q[2])
-    l3, h3 = qbf.e2m1_words(q[3])
-    return (l0, l1, h0, h1), (l2, l3, h2, h3), qbf.ue4m3_half(d), qbf.ue4m3_half(qi.shr32(d, 8))
+    a, b = _fp4_words(raw[0])
+    return a, b, qbf.ue4m3_half(raw[1]), qbf.ue4m3_half(qi.shr32(raw[1], 8))
 
 
 @cuda.jit(device=True, inline=True)
 def fp4_dot(w, c, xw, xf, t):
-    a, b, d0, d1 = w  # half 0's and half 1's int8 words in column order, their halved scales
+    a, b, d0, d1 = w  # half 0's and half 1's int8 words in fp4_x_order's order, their halved scales
     i0 = _dot_s(a[0], a[1], a[2], a[3], xw, t, 0)
     i1 = _dot_s(b[0], b[1], b[2], b[3], xw, t, 4)
     return d0 * (xf[t, 0] * float32(i0)) + d1 * (xf[t, 1] * float32(i1))
+
+
+@cuda.jit(device=True, inline=True)
+def _fp4_signed_words(q):
+    # _fp4_words' as positive and negative magnitudes (quant_blocks_fp4.e2m1_signed): half the
+    # byte permutes and none of the selector masks, for twice the dp4a (fp4_signed_dot)
+    (p0, p1), (n0, n1) = qbf.e2m1_signed(q[0])
+    (p2, p3), (n2, n3) = qbf.e2m1_signed(q[1])
+    (p4, p5), (n4, n5) = qbf.e2m1_signed(q[2])
+    (p6, p7), (n6, n7) = qbf.e2m1_signed(q[3])
+    return (p0, p1, p2, p3), (p4, p5, p6, p7), (n0, n1, n2, n3), (n4, n5, n6, n7)
+
+
+@cuda.jit(device=True, inline=True)
+def mxfp4_signed_prepare(raw):
+    a, b, na, nb = _fp4_signed_words(raw[0])
+    d = qbf.e8m0_half(raw[1])
+    return a, b, na, nb, d, d
+
+
+@cuda.jit(device=True, inline=True)
+def nvfp4_signed_prepare(raw):
+    a, b, na, nb = _fp4_signed_words(raw[0])
+    return a, b, na, nb, qbf.ue4m3_half(raw[1]), qbf.ue4m3_half(qi.shr32(raw[1], 8))
+
+
+@cuda.jit(device=True, inline=True)
+def fp4_signed_dot(w, c, xw, xf, t):
+    a, b, na, nb, d0, d1 = w  # half 0's and half 1's magnitudes, positive then negative codes'
+    i0 = int32(_dot_u(a[0], a[1], a[2], a[3], xw, t, 0) - _dot_u(na[0], na[1], na[2], na[3], xw, t, 0))
+    i1 = int32(_dot_u(b[0], b[1], b[2], b[3], xw, t, 4) - _dot_u(nb[0], nb[1], nb[2], nb[3], xw, t, 4))
+    return d0 * (xf[t, 0] * float32(i0)) + d1 * (xf[t, 1] * float32(i1))
+
+
+@cuda.jit(device=True, inline=True)
+def fp4_x_order(xw, t):
+    """x̂ words of token t in _fp4_words' column order, once a chunk for all its rows: per half h,
+    words 4h + i and 4h + i + 2 (columns 4i.. and 4i+8..) interleaved byte by byte."""
+    for h in range(2):
+        w0, w1, w2, w3 = xw[t, 4 * h], xw[t, 4 * h + 1], xw[t, 4 * h + 2], xw[t, 4 * h + 3]
+        xw[t, 4 * h] = qi.prmt(w0, w2, 0x5140)
+        xw[t, 4 * h + 1] = qi.prmt(w0, w2, 0x7362)
+        xw[t, 4 * h + 2] = qi.prmt(w1, w3, 0x5140)
+        xw[t, 4 * h + 3] = qi.prmt(w1, w3, 0x7362)
+
+
+@cuda.jit(device=True, inline=True)
+def x_as_loaded(xw, t):
+    pass
 
 
 @cuda.jit(device=True, inline=True)
@@ -283,6 +337,31 @@ PREPARES = {T.MXFP4: mxfp4_prepare, T.NVFP4: nvfp4_prepare}  # a row-chunk's loa
 DP4A_TYPES = tuple(DOTS)
 
 
-def prepare_of(ggml_type):
-    """The device function that turns a row-chunk's loads into its dot's input, once for every token."""
+X_ORDERS = {T.MXFP4: fp4_x_order, T.NVFP4: fp4_x_order}  # x̂ words -> the order a type's prepared words take
+
+
+# One token a dot (T = 1, the routed experts' slots): (prepare, dot) that trade byte permutes for
+# dp4a, for the types that have such a form and where tuning.FP4_SIGNED_T1 takes it.
+SIGNED_T1 = {T.MXFP4: (mxfp4_signed_prepare, fp4_signed_dot),
+             T.NVFP4: (nvfp4_signed_prepare, fp4_signed_dot)}
+
+
+def prepare_of(ggml_type, n_tok: int = 2):
+    """The device function that turns a row-chunk's loads into its dot's input, once for every
+    token (n_tok of them)."""
+    if n_tok == 1 and ggml_type in SIGNED_T1 and ggml_type in tuning.FP4_SIGNED_T1:
+        return SIGNED_T1[ggml_type][0]
     return PREPARES.get(ggml_type, as_loaded)
+
+
+def dot_of(ggml_type, n_tok: int = 2):
+    """The dot unit over prepare_of(ggml_type, n_tok)'s output."""
+    if n_tok == 1 and ggml_type in SIGNED_T1 and ggml_type in tuning.FP4_SIGNED_T1:
+        return SIGNED_T1[ggml_type][1]
+    return DOTS[ggml_type]
+
+
+def x_order_of(ggml_type):
+    """The device function `(xw, t)` that reorders token t's x̂ words of a chunk in place for the
+    type's prepared words, once a chunk after they are loaded (a no-op for most types)."""
+    return X_ORDERS.get(ggml_type, x_as_loaded)

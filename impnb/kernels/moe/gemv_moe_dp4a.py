@@ -19,7 +19,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, prepare_of
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS
 from impnb.kernels.moe.moe import MAX_K
 from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref
@@ -57,7 +57,8 @@ def _quantize16(act, i, xw, xf, o):
 def down_sum_dp4a_kernel(ggml_type: T, cols: int):
     """The kernel for one weight type and expert input width F = cols (built in: a row's chunks
     and a row's distance are constants)."""
-    load, dot, prepare = LOADS[T(ggml_type)], DOTS[T(ggml_type)], prepare_of(T(ggml_type))
+    load, dot, prepare = LOADS[T(ggml_type)], dot_of(T(ggml_type), 1), prepare_of(T(ggml_type), 1)  # a token a slot
+    x_order = x_order_of(T(ggml_type))
     col = DECODERS[T(ggml_type)][2]
     cpr = cols // 32  # chunks a row
 
@@ -107,6 +108,7 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
                 c = p - j * cpr
                 _quantize16(act, (t * k + j) * cols + col(c, 0), xw, xf, 0)
                 _quantize16(act, (t * k + j) * cols + col(c, 1), xw, xf, 1)
+                x_order(xw, 0)
                 for r in range(ROWS):
                     acc[r] += wj * dot(prepare(raws[r]), c, xw, xf, 0)
         else:
@@ -120,6 +122,7 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
                 wj = weights[t, j]
                 _quantize16(act, s * cols + col(c, 0), xw, xf, 0)  # act's loads beside e's
                 _quantize16(act, s * cols + col(c, 1), xw, xf, 1)
+                x_order(xw, 0)
                 raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
                 for r in range(ROWS):
                     acc[r] += wj * dot(prepare(raws[r]), c, xw, xf, 0)
