@@ -119,12 +119,15 @@ DP4A_T1_VARIANTS = {
     T.Q4_0: ((128, 1, 4), (128, 1, 4)),
     T.Q5_0: ((128, 1, 4), (128, 1, 4)),
     T.Q6_K: ((64, 1, 8), (128, 1, 8)),
-    T.MXFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's (16 quant bytes a chunk too), not measured
-    T.NVFP4: ((128, 1, 4), (128, 1, 4)),  # Q4_0's, not measured
+    # FP4 in the signed form: the best back-to-back rate over 4096x4096, 12288x4096 and 14336x4096
+    # (K < DP4A_LONG_K) and over 4096x14336 of a scripts/bench_gemv.py --dp4a sweep
+    T.MXFP4: ((128, 1, 8), (64, 2, 8)),
+    T.NVFP4: ((128, 1, 8), (64, 1, 4)),
 }
 # FP4 types whose one-token dp4a dots take the signed form (gemv_dp4a_units.SIGNED_T1: positive
-# and negative magnitudes in two dp4a, no select permutes), not measured against the select form
-# yet; IMPNB_FP4_SIGNED_T1 (type names, comma-separated, or empty) overrides it, read at import.
+# and negative magnitudes in two dp4a, no select permutes): 79-88% of the copy rate back to back
+# at the 8B's shapes against the select form's 67-71%; IMPNB_FP4_SIGNED_T1 (type names,
+# comma-separated, or empty) overrides it, read at import.
 FP4_SIGNED_T1 = env_types("IMPNB_FP4_SIGNED_T1", "MXFP4,NVFP4")
 # gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
 # output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.
