@@ -171,8 +171,10 @@ def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits:
 _Q = types.float32[:, :, ::1]
 _POOL = types.uint32[:, :, :, ::1]
 _PART = types.float32[:, :, :, ::1]
-BUILD_SIGNATURES = [
-    (attention_kernel(D), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART, types.float32,
-                           types.int32, types.int32), {"max_registers": 128})
-    for D in HEAD_DIMS
-] + [(_attention_merge_kernel, (_PART, _Q), {"max_registers": 64})]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (attention_kernel(D), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART, types.float32,
+                               types.int32, types.int32), {"max_registers": 128})
+        for D in HEAD_DIMS
+    ] + [(_attention_merge_kernel, (_PART, _Q), {"max_registers": 64})]

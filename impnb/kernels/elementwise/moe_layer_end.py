@@ -80,6 +80,8 @@ def moe_layer_end(x, o, y, w1, w2, wf, scale, wn, h, eps: float, stream) -> None
 
 _ROWS = types.float32[:, ::1]
 _W = types.float32[::1]
-BUILD_SIGNATURES = [
-    (_moe_layer_end_kernel, (_ROWS, _ROWS, _ROWS, _W, _W, _W, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (_moe_layer_end_kernel, (_ROWS, _ROWS, _ROWS, _W, _W, _W, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
+    ]

@@ -61,7 +61,9 @@ def per_layer_inputs(proj, own, w, out, proj_scale: float, eps: float, stream) -
 
 
 _F2 = types.float32[:, ::1]
-BUILD_SIGNATURES = [
-    (_per_layer_inputs_kernel, (_F2, _F2, types.float32[::1], types.float32[:, :, ::1], types.float32,
-                                types.float32), {"max_registers": 40}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (_per_layer_inputs_kernel, (_F2, _F2, types.float32[::1], types.float32[:, :, ::1], types.float32,
+                                    types.float32), {"max_registers": 40}),
+    ]

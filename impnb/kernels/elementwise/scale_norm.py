@@ -53,6 +53,8 @@ def scale_rms_norm(x, scale, w, out, eps: float, stream) -> None:
 
 _ROWS = types.float32[:, ::1]
 _W = types.float32[::1]
-BUILD_SIGNATURES = [
-    (_scale_rms_norm_kernel, (_ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 40}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (_scale_rms_norm_kernel, (_ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 40}),
+    ]

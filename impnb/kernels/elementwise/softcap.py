@@ -37,6 +37,8 @@ def softcap(x, cap: float, stream) -> None:
                np.float32(cap), np.float32(1.0 / cap))
 
 
-BUILD_SIGNATURES = [
-    (_softcap_kernel, (types.float32[:, ::1], types.float32, types.float32), {"max_registers": 32}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (_softcap_kernel, (types.float32[:, ::1], types.float32, types.float32), {"max_registers": 32}),
+    ]

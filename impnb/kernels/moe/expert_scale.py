@@ -37,7 +37,9 @@ def expert_scale(experts, weights, scale, stream) -> None:
         launch(_expert_scale_kernel, (T * k + THREADS - 1) // THREADS, THREADS, stream, experts, weights, scale)
 
 
-BUILD_SIGNATURES = [
-    (_expert_scale_kernel, (types.int32[:, ::1], types.float32[:, ::1], types.float32[::1]),
-     {"max_registers": 32}),
-]
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [
+        (_expert_scale_kernel, (types.int32[:, ::1], types.float32[:, ::1], types.float32[::1]),
+         {"max_registers": 32}),
+    ]
