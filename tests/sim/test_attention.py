@@ -75,9 +75,11 @@ def test_decode_short(H_, Hkv, D_, L, T, window, warps, std):
 
 
 def test_decode_short_batch_softcap_growing():
-    check_decode(np.random.default_rng(8), [2, 35], 2, H, HKV, D, 3.0, window=7, softcap=5.0,
+    """Two sequences of two tokens with softcap and window; then the default 16-warp kernel at steps
+    15, 16 across a page boundary; one KV head (two: the other short tests)."""
+    check_decode(np.random.default_rng(8), [2, 35], 2, 2, 1, D, 3.0, window=7, softcap=5.0,
                  page_size=32, short=True)
-    check_decode_growing(np.random.default_rng(4), 15, 17, H, HKV, D, window=7, n_splits=1, short=True)
+    check_decode_growing(np.random.default_rng(4), 15, 17, 2, 1, D, window=7, n_splits=1, short=True)
 
 
 @pytest.mark.parametrize("L,T,window,neox,norm,D_", [
