@@ -61,9 +61,10 @@ SIMULATOR = "tests/test_simulator.py::test_kernels_in_the_cuda_simulator"
 
 
 def pytest_collection_modifyitems(config, items):
-    # the simulator's runs of tests/sim/ (subprocesses of minutes each on a 2-core CI)
-    # first, so that with -n the other workers take the rest beside them
-    items.sort(key=lambda item: not item.nodeid.startswith(SIMULATOR))
+    # the simulator's runs of tests/sim/ (subprocesses of minutes each on a 2-core CI) first, then
+    # the real-model tests (`slow`, tens of seconds each), so that with -n the long ones start
+    # early and the workers end on short tests, which work stealing shares out
+    items.sort(key=lambda item: (not item.nodeid.startswith(SIMULATOR), not item.get_closest_marker("slow")))
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     from impnb.cuda_support import cuda_unavailable_reason

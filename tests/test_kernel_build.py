@@ -66,3 +66,15 @@ def assert_within(info, checks, label):
     assert info.spill_bytes == 0, info.log
     assert info.stack_bytes <= checks.get("stack_bytes", 0), info.log
     assert info.registers <= checks.get("max_registers", 255), info.log
+
+
+@pytest.mark.parametrize("every_type,in_turn", [("EVERY_TYPE", "IN_TURN"), ("ONE_STEP_EVERY_TYPE", "ONE_STEP_IN_TURN")])
+def test_gemv_builds_take_every_level_with_every_type(every_type, in_turn):
+    """gemv's build list is a covering, not the product of types and shapes: the shapes every type
+    builds hold each token count, span and epilogue of all its shapes, and each other shape has a type."""
+    from impnb.kernels.gemv import gemv
+
+    every, turn = getattr(gemv, every_type), getattr(gemv, in_turn)
+    for factor in range(3):
+        assert {s[factor] for s in every} == {s[factor] for s in every + turn}
+    assert max(s[0] for s in every) == gemv.MAX_T and len(gemv.DECODERS) - len(gemv.WIDE_LOADS) >= len(turn)

@@ -29,19 +29,19 @@ def test_kv_write(B, T, page_size):
     check_kv_write(np.random.default_rng([B, T]), B, T, HKV, D, page_size)
 
 
-@pytest.mark.parametrize("L,T,window,n_splits,std", [
-    (1, 1, None, 1, 1.0),     # a single key, 4-row tile
-    (33, 1, None, 3, 0.1),    # two pages and a key: one live split (min_chunk keys), two idle
-    (17, 1, 7, 3, 3.0),       # window: keys 11..16 of page 0 and 1, two splits idle
-    (40, 5, 7, 1, 1.0),       # 5 queries in a window: 10 rows, two 8-row groups
-    (150, 2, None, 3, 1.0),   # two tokens: live splits of 128 keys (four steps) and 22 merged, one idle
+@pytest.mark.parametrize("L,T,window,n_splits,std,H_,Hkv", [
+    (1, 1, None, 1, 1.0, H, HKV),     # a single key, 4-row tile
+    (33, 1, None, 3, 0.1, H, HKV),    # two pages and a key: one live split (min_chunk keys), two idle
+    (17, 1, 7, 3, 3.0, H, HKV),       # window: keys 11..16 of page 0 and 1, two splits idle
+    (40, 5, 7, 1, 1.0, 2, 1),         # 5 queries in a window: 10 rows, two 8-row groups (one KV head)
+    (150, 2, None, 3, 1.0, H, HKV),   # two tokens: live splits of 128 keys (four steps) and 22 merged, one idle
 ])
-def test_decode(L, T, window, n_splits, std):
-    check_decode(np.random.default_rng([L, T]), [L], T, H, HKV, D, std, window, n_splits=n_splits)
+def test_decode(L, T, window, n_splits, std, H_, Hkv):
+    check_decode(np.random.default_rng([L, T]), [L], T, H_, Hkv, D, std, window, n_splits=n_splits)
 
 
 @pytest.mark.parametrize("H_,Hkv,D_,L,split_keys,n_splits", [
-    (6, 2, 64, 100, 32, 5),     # g = 3: four live splits merged by four split groups
+    (3, 1, 64, 100, 32, 5),     # g = 3: four live splits merged by four split groups
     (8, 1, 128, 50, 16, 5),     # g = 8, 8-row tiles: four live splits, two key slots a warp
     (4, 1, 256, 70, 8, 10),     # D 256, one key slot a warp: nine live splits
 ])
@@ -65,7 +65,7 @@ def test_decode_growing_context():
 @pytest.mark.parametrize("H_,Hkv,D_,L,T,window,warps,std", [
     (4, 2, 64, 1, 1, None, 4, 1.0),       # a single key
     (4, 2, 64, 150, 1, None, 4, 3.0),     # three turns of 64 keys, four key slots a warp
-    (6, 2, 64, 40, 3, 7, 8, 1.0),         # 3 queries in a window: 9 rows, a block each
+    (3, 1, 64, 40, 3, 7, 8, 1.0),         # 3 queries in a window: 9 rows, a block each
     (8, 1, 128, 70, 1, None, 4, 0.1),     # three turns of 32, two key slots a warp
     (4, 1, 256, 70, 2, 40, 8, 1.0),       # two turns of 32 in a window, one key slot a warp
 ])
@@ -75,9 +75,11 @@ def test_decode_short(H_, Hkv, D_, L, T, window, warps, std):
 
 
 def test_decode_short_batch_softcap_growing():
-    check_decode(np.random.default_rng(8), [2, 35], 2, H, HKV, D, 3.0, window=7, softcap=5.0,
+    """Two sequences of two tokens with softcap and window; then the default 16-warp kernel at steps
+    15, 16 across a page boundary; one KV head (two: the other short tests)."""
+    check_decode(np.random.default_rng(8), [2, 35], 2, 2, 1, D, 3.0, window=7, softcap=5.0,
                  page_size=32, short=True)
-    check_decode_growing(np.random.default_rng(4), 15, 17, H, HKV, D, window=7, n_splits=1, short=True)
+    check_decode_growing(np.random.default_rng(4), 15, 17, 2, 1, D, window=7, n_splits=1, short=True)
 
 
 @pytest.mark.parametrize("L,T,window,neox,norm,D_", [

@@ -16,7 +16,7 @@ from tests.gpu.test_attention_fa2 import _seed, check_fa2
     (50, 20, 2, 1, 30, None, 1.0, 16, True, 64),     # window: keys 21..69, first tile partly left of it
     (5, 9, 1, 1, None, 5.0, 3.0, 32, True, 64),      # softcap
     (60, 8, 1, 1, None, None, 1.0, 32, False, 64),   # not causal: every query sees 68 keys
-    (40, 9, 2, 1, None, 20.0, 1.0, 16, True, 128),   # D 128, GQA 2, softcap
+    (40, 9, 1, 1, None, 20.0, 1.0, 16, True, 128),   # D 128, softcap (GQA 2 at D 128: m16, bf16)
     (40, 9, 1, 1, 20, None, 1.0, 32, True, 256),     # D 256: 32-key tiles, keys 21..48 in two
 ])
 def test_fa2(pos0, T, H, Hkv, window, softcap, std, page_size, causal, D):

@@ -458,6 +458,11 @@ _SIG = (_Q, _POOL, _POOL, _I2, _I2, _Q, types.float32, types.int32, types.float3
 _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.float32, types.int32)
 
 
+# Clusters in the build checks: 8 blocks (the most partials to merge) at each head dim, post and
+# quant; 2 blocks at each head dim, with and without post and quant (not every product).
+CLUSTER_2 = ((64, False, False), (128, True, True), (256, True, False))
+
+
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
@@ -466,4 +471,5 @@ def build_signatures() -> list:
               "stack_bytes": SIN_COS_STACK if post else 0,
               "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
             for key in KERNEL_KEYS for d, nw, _, post, S, quant in (key,)
-            if (S == 1 or (nw == 8 and S in (2, 8))) and (not quant or (d == 128 and nw in (8, 16)))]
+            if (S == 1 or (nw == 8 and (S == 8 or (S == 2 and (d, post, quant) in CLUSTER_2))))
+            and (not quant or (d == 128 and nw in (8, 16)))]

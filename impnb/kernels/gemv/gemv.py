@@ -466,29 +466,34 @@ def gemv(w: PackedWeight, x, y, stream, accumulate: bool = False, variant: Varia
 
 
 # Registers: 70-96 for T = 1 (four rows: Q8_0, Q4_0, Q4_1, Q4_K, F16, F32) and the rest up to ~110
-# (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245.
+# (two rows at T <= 2, eight tokens in flight at T = 8); the unrolled T = 1 variants up to ~245. The
+# build checks take every type at each (T, span, GLU) of EVERY_TYPE (every level of each, and the
+# register-heaviest) and one of IN_TURN in turn: every type x level and shape, not every product.
+EVERY_TYPE = ((8, 32, NO_GLU), (8, BLOCK, NO_GLU), (3, BLOCK, NO_GLU), (2, 64, SILU), (1, BLOCK, GELU))
+IN_TURN = ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU), (1, 32, SILU))
+ONE_STEP_EVERY_TYPE = ((8, 32, NO_GLU), (1, 32, SILU), (1, 64, GELU))
+ONE_STEP_IN_TURN = ((1, 32, NO_GLU), (1, 64, NO_GLU))
+NORMED_SHAPES = ((1, 32, NO_GLU), (1, 32, SILU), (2, BLOCK, NO_GLU), (2, 64, SILU))
+
+
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
         (gemv_kernel(t, n, span, glu), types.void(*kernel_args(t)), {"max_registers": 112})
-        for t in DECODERS
-        for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (1, BLOCK, NO_GLU), (2, BLOCK, NO_GLU),
-                             (3, BLOCK, NO_GLU), (8, 32, NO_GLU), (8, BLOCK, NO_GLU), (1, 32, SILU),
-                             (1, BLOCK, GELU), (2, 64, SILU))
+        for i, t in enumerate(DECODERS) for n, span, glu in (*EVERY_TYPE, IN_TURN[i % len(IN_TURN)])
     ] + [  # one step a thread (K <= 32 x span: the small models' GEMVs), its loads before the wait
         (gemv_kernel(t, n, span, glu, one_step=True), types.void(*kernel_args(t)), {"max_registers": 112})
-        for t in DECODERS if t not in WIDE_LOADS for n, span, glu in ((1, 32, NO_GLU), (1, 64, NO_GLU), (8, 32, NO_GLU), (1, 32, SILU),
-                                               (1, 64, GELU))
+        for i, t in enumerate(t for t in DECODERS if t not in WIDE_LOADS)
+        for n, span, glu in (*ONE_STEP_EVERY_TYPE, ONE_STEP_IN_TURN[i % len(ONE_STEP_IN_TURN)])
     ] + [  # the variants choose() takes at K >= WIDE_K, and one unrolled variant of the sweep (the
         # rest of the sweep compiles where it runs: bench_gemv.py --sweep)
         (variant_kernel(t, 1, v), types.void(*kernel_args(t)), {})
         for t, v in [(t, choose(t, 1, WIDE_K, rows)) for t in WIDE_TYPES for rows in (1, WIDE_MIN_ROWS)]
         + [(T.Q4_K, Variant(32, 4, 4))]
-    ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up)
-        (gemv_kernel(t, n, span, glu, normed=True, one_step=one_step), types.void(*kernel_args(t, normed=True)),
-         {"max_registers": 136})
-        for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K) for n, span, glu in ((1, 32, NO_GLU), (1, 32, SILU),
-                                                                      (2, BLOCK, NO_GLU), (2, 64, SILU))
-        for one_step in (False, True)
+    ] + [  # normed: the decode shapes of the dense models (Q|K|V and logits, gate|up), every type at
+        # each shape, one step or not in turn (each type and each shape both ways)
+        (gemv_kernel(t, n, span, glu, normed=True, one_step=bool((i + j) % 2)),
+         types.void(*kernel_args(t, normed=True)), {"max_registers": 136})
+        for i, t in enumerate((T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K)) for j, (n, span, glu) in enumerate(NORMED_SHAPES)
     ]

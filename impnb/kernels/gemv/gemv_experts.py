@@ -32,13 +32,14 @@ def gemv_experts(w: PackedWeight, n_rows: int, x, y, experts, x_div: int, stream
            BLOCK, stream, w.parts, x, y, np.int32(n_rows), experts, np.int32(x_div), np.int32(0))
 
 
-# Registers as gemv.py's plain kernels
+# Registers as gemv.py's plain kernels. The build checks take every type gate|up with SiLU (two rows
+# with a GLU, the heaviest) and a plain span of 32 or 128 in turn (each of those with half the types).
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
         (gemv_kernel(t, 1, span, glu, True), types.void(*kernel_args(t, True)), {"max_registers": 112})
-        for t in DECODERS for span, glu in ((64, SILU), (32, NO_GLU), (BLOCK, NO_GLU))
+        for i, t in enumerate(DECODERS) for span, glu in ((64, SILU), ((32, NO_GLU), (BLOCK, NO_GLU))[i % 2])
     ] + [
         (variant_kernel(T.Q4_K, 1, choose(T.Q4_K, 1, WIDE_K, WIDE_MIN_ROWS), SILU, True),
          types.void(*kernel_args(T.Q4_K, True)), {})
