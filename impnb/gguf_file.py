@@ -15,12 +15,12 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from impnb.errors import GGUFError, UnsupportedError
+from impnb.gguf_strings import MAX_STRING, read_strings
 from impnb.quants import QuantFormat, dequantize, quant_format
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_DIM = 1 << 40
-MAX_STRING = 1 << 26  # 64 MiB: far above any real key, chat template or token
 
 # Fixed-size scalar value types: struct format.
 _SCALARS = {
@@ -29,17 +29,6 @@ _SCALARS = {
     GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
     GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
 }
-
-
-_U64 = struct.Struct("<Q")
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -89,31 +78,9 @@ class HeaderWalker:
             raise GGUFError(f"string at offset {start} is not UTF-8") from None
 
     def strings(self, count: int) -> list[str]:
-        """`count` strings: lengths walked in one tight loop, then the bytes decoded from one copy."""
-        if count * 8 > self.size - self.pos:
-            raise GGUFError(f"array of {count} strings cannot fit in the file")
-        unpack, buf, size = _U64.unpack_from, self.buf, self.size
-        first = p = self.pos
-        starts, ends = [0] * count, [0] * count
-        for i in range(count):
-            if p + 8 > size:
-                raise GGUFError(f"truncated header: needs 8 bytes at offset {p}, file has {size}")
-            n, = unpack(buf, p)
-            p += 8
-            if n > MAX_STRING:
-                raise GGUFError(f"string of {n} bytes at offset {p}")
-            if p + n > size:
-                raise GGUFError(f"truncated header: needs {n} bytes at offset {p}, file has {size}")
-            starts[i] = p
-            p += n
-            ends[i] = p
-        self.pos = p
-        span = bytes(buf[first:p])
-        try:
-            return [span[a - first:b - first].decode("utf-8") for a, b in zip(starts, ends)]
-        except UnicodeDecodeError:
-            bad = next(a for a, b in zip(starts, ends) if not _is_utf8(span[a - first:b - first]))
-            raise GGUFError(f"string at offset {bad} is not UTF-8") from None
+        """`count` strings (gguf_strings.read_strings: numpy over the bytes, checked as strictly)."""
+        out, self.pos = read_strings(self.buf, self.pos, self.size, count)
+        return out
 
     def value(self, vtype: int):
         if vtype in _SCALARS:
