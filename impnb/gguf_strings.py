@@ -48,12 +48,9 @@ def _read_fast(buf, pos: int, size: int, count: int):
         return None
     span = data[:end]
     low = (starts[:, None] + np.arange(4)).ravel()  # the lengths' low bytes (the high four are zero)
-    counts = np.bincount(span, minlength=256) - np.bincount(span[low], minlength=256)
-    counts[0] -= 4 * count
-    free = np.flatnonzero(counts[:128] == 0)  # an ASCII byte no string holds: the separator
-    if len(free) == 0:
+    sep = _separator(span, low, count)
+    if sep is None:
         return None
-    sep = int(free[0])
     joined = span.copy()
     joined[low] = sep
     if sep:
@@ -65,6 +62,17 @@ def _read_fast(buf, pos: int, size: int, count: int):
     # each length became eight separators; the separator is a whole character, so a multi-byte
     # character split across two strings fails to decode
     return text.split(chr(sep) * 8)[1:], pos + end
+
+
+def _separator(span: np.ndarray, low: np.ndarray, count: int) -> int | None:
+    """An ASCII byte that no string holds (NUL when none does; the lengths' bytes not counted),
+    or None."""
+    zeros = np.count_nonzero(span == 0) - 4 * count - np.count_nonzero(span[low] == 0)
+    if zeros == 0:
+        return 0
+    counts = np.bincount(span, minlength=256) - np.bincount(span[low], minlength=256)
+    free = np.flatnonzero(counts[1:128] == 0)
+    return int(free[0]) + 1 if len(free) else None
 
 
 def _chain(window: np.ndarray, count: int, whole: bool):
