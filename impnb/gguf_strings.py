@@ -18,7 +18,7 @@ from impnb.errors import GGUFError
 
 MAX_STRING = 1 << 26  # 64 MiB: far above any real key, chat template or token
 _U64 = struct.Struct("<Q")
-_MIN_SCAN = 1 << 16  # bytes scanned at least for the candidates' window
+_CHUNK = 1 << 20  # bytes a scan step covers: its temporaries stay small and are reused
 
 
 def read_strings(buf, pos: int, size: int, count: int) -> tuple[list[str], int]:
@@ -34,27 +34,22 @@ def read_strings(buf, pos: int, size: int, count: int) -> tuple[list[str], int]:
 def _read_fast(buf, pos: int, size: int, count: int):
     """(strings, end) by the candidates' chain, or None where the walk must decide."""
     data = np.frombuffer(buf, np.uint8, size - pos, pos)
-    window = min(len(data), max(_MIN_SCAN, 24 * count))
-    while True:
-        chain = _chain(data[:window], count, window == len(data))
-        if chain is not None or window == len(data):
-            break
-        window = min(len(data), 2 * window)
-    if not chain:
+    starts = _guess_starts(data, count)
+    if starts is None:
         return None
-    starts, lengths = chain
+    lengths = _lengths(data, starts)
+    if starts[0] != 0 or not np.array_equal((starts + 8 + lengths)[:-1], starts[1:]):
+        return None  # a gap in the guessed chain: the walk decides
     end = int(starts[-1]) + 8 + int(lengths[-1])
     if end > len(data):
         return None
     span = data[:end]
-    low = (starts[:, None] + np.arange(4)).ravel()  # the lengths' low bytes (the high four are zero)
-    sep = _separator(span, low, count)
+    sep = _separator(span, starts)
     if sep is None:
         return None
     joined = span.copy()
-    joined[low] = sep
-    if sep:
-        joined[(starts[:, None] + np.arange(4, 8)).ravel()] = sep
+    for k in range(8 if sep else 4):  # a length's top four bytes are zero already
+        joined[starts + k] = sep
     try:
         text = joined.tobytes().decode("utf-8")
     except UnicodeDecodeError:  # the walk names the string
@@ -64,39 +59,47 @@ def _read_fast(buf, pos: int, size: int, count: int):
     return text.split(chr(sep) * 8)[1:], pos + end
 
 
-def _separator(span: np.ndarray, low: np.ndarray, count: int) -> int | None:
+def _separator(span: np.ndarray, starts: np.ndarray) -> int | None:
     """An ASCII byte that no string holds (NUL when none does; the lengths' bytes not counted),
     or None."""
-    zeros = np.count_nonzero(span == 0) - 4 * count - np.count_nonzero(span[low] == 0)
-    if zeros == 0:
+    low = [span[starts + k] for k in range(4)]  # the lengths' low bytes (the high four are zero)
+    zeros = sum(np.count_nonzero(span[i:i + _CHUNK] == 0) for i in range(0, len(span), _CHUNK))
+    if zeros == 4 * len(starts) + sum(np.count_nonzero(b == 0) for b in low):
         return 0
-    counts = np.bincount(span, minlength=256) - np.bincount(span[low], minlength=256)
+    counts = np.bincount(span, minlength=256)
+    for b in low:
+        counts -= np.bincount(b, minlength=256)
     free = np.flatnonzero(counts[1:128] == 0)
     return int(free[0]) + 1 if len(free) else None
 
 
-def _chain(window: np.ndarray, count: int, whole: bool):
-    """(offsets from the window's start, lengths) of the `count` strings when the candidates'
-    guessed chain is the walk's, else None. A length below 2**24 leaves two candidates just
-    before it (its zero top bytes read from there), so the guess is the last candidate of each
-    run of consecutive ones; runs that may go on past the window (unless it is `whole`) are
-    left out. Too few: the window is too small; a gap in the chain: the walk decides."""
-    if len(window) < 8:
-        return None
-    zero = window == 0
-    n = len(window) - 7
-    cand = zero[4:4 + n] & zero[5:5 + n] & zero[6:6 + n] & zero[7:7 + n] & (window[3:3 + n] < 4)
-    offsets = np.flatnonzero(cand)
-    starts = offsets[np.diff(offsets, append=len(window) + 1) != 1]
-    if not whole:
-        starts = starts[starts < len(window) - 16]
-    if len(starts) < count:
-        return None
-    starts = starts[:count]
-    lengths = _lengths(window, starts)
-    if starts[0] != 0 or not np.array_equal((starts + 8 + lengths)[:-1], starts[1:]):
-        return False
-    return starts, lengths
+def _guess_starts(data: np.ndarray, count: int):
+    """The guessed offsets of the first `count` lengths, or None when the scan finds fewer.
+
+    A candidate is an offset whose u64 is below MAX_STRING (bytes 4-7 zero, byte 3 below 4). A
+    length below 2**24 leaves candidates just before it too (its zero top bytes read from
+    there), so the guess is the last candidate of each run of consecutive ones. The scan goes in
+    chunks (small temporaries, reused) until it has `count`.
+    """
+    found, total = [], 0
+    for a in range(0, min(len(data), _CHUNK + 64 * count), _CHUNK):  # past 56 bytes a string: the walk
+        b = min(a + _CHUNK, len(data))
+        w = data[a:b + 8]  # candidates at a..b need bytes up to b + 8
+        n = len(w) - 7  # offsets with a whole u64 in the data
+        if n <= 0:
+            break
+        zero = w == 0
+        cand = np.zeros(b - a + 1, bool)
+        c = cand[:n]
+        np.less(w[3:3 + n], 4, out=c)
+        for k in (4, 5, 6, 7):
+            c &= zero[k:k + n]
+        ends = np.flatnonzero(cand[:-1] & ~cand[1:]) + a  # a run's last candidate
+        found.append(ends)
+        total += len(ends)
+        if total >= count:
+            return np.concatenate(found)[:count]
+    return None
 
 
 def _lengths(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
