@@ -5,6 +5,7 @@ kernels are tested bit-exact or to a stated tolerance against it.
 """
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -22,12 +23,8 @@ SUPPORTED = {
 }
 
 
-class TypeId:
-    """The supported types' ids by name (plain ints: equal to gguf's enum members)."""
-
-
-for _id, (_name, _, _) in SUPPORTED.items():
-    setattr(TypeId, _name, _id)
+# The supported types' ids by name (plain ints: equal to gguf's enum members): TypeId.Q4_K == 12.
+TypeId = SimpleNamespace(**{name: type_id for type_id, (name, _, _) in SUPPORTED.items()})
 
 
 @dataclass(frozen=True)
