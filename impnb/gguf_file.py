@@ -12,34 +12,18 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType
 
 from impnb.errors import GGUFError, UnsupportedError
-from impnb.quants import QuantFormat, dequantize, quant_format
+from impnb.gguf_strings import MAX_STRING, read_strings
+from impnb.quants import QuantFormat, TypeId, dequantize, quant_format
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_DIM = 1 << 40
-MAX_STRING = 1 << 26  # 64 MiB: far above any real key, chat template or token
 
-# Fixed-size scalar value types: struct format.
-_SCALARS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
-}
-
-
-_U64 = struct.Struct("<Q")
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+# Metadata value types (gguf's GGUFValueType ids): the fixed-size ones' struct formats.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
@@ -52,7 +36,8 @@ class Tensor:
     data: np.ndarray
 
     @property
-    def ggml_type(self) -> GGMLQuantizationType:
+    def ggml_type(self):
+        """gguf's GGMLQuantizationType member."""
         return self.fmt.ggml_type
 
     def dequantize(self) -> np.ndarray:
@@ -89,45 +74,23 @@ class HeaderWalker:
             raise GGUFError(f"string at offset {start} is not UTF-8") from None
 
     def strings(self, count: int) -> list[str]:
-        """`count` strings: lengths walked in one tight loop, then the bytes decoded from one copy."""
-        if count * 8 > self.size - self.pos:
-            raise GGUFError(f"array of {count} strings cannot fit in the file")
-        unpack, buf, size = _U64.unpack_from, self.buf, self.size
-        first = p = self.pos
-        starts, ends = [0] * count, [0] * count
-        for i in range(count):
-            if p + 8 > size:
-                raise GGUFError(f"truncated header: needs 8 bytes at offset {p}, file has {size}")
-            n, = unpack(buf, p)
-            p += 8
-            if n > MAX_STRING:
-                raise GGUFError(f"string of {n} bytes at offset {p}")
-            if p + n > size:
-                raise GGUFError(f"truncated header: needs {n} bytes at offset {p}, file has {size}")
-            starts[i] = p
-            p += n
-            ends[i] = p
-        self.pos = p
-        span = bytes(buf[first:p])
-        try:
-            return [span[a - first:b - first].decode("utf-8") for a, b in zip(starts, ends)]
-        except UnicodeDecodeError:
-            bad = next(a for a, b in zip(starts, ends) if not _is_utf8(span[a - first:b - first]))
-            raise GGUFError(f"string at offset {bad} is not UTF-8") from None
+        """`count` strings (gguf_strings.read_strings: numpy over the bytes, checked as strictly)."""
+        out, self.pos = read_strings(self.buf, self.pos, self.size, count)
+        return out
 
     def value(self, vtype: int):
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype])
-        if vtype == GGUFValueType.STRING:
+        if vtype == _STRING:
             return self.string()
-        if vtype != GGUFValueType.ARRAY:
+        if vtype != _ARRAY:
             raise GGUFError(f"metadata value type {vtype} is not valid")
         etype, count = self.scalar("I"), self.scalar("Q")
         if etype in _SCALARS:
             fmt = "<" + _SCALARS[etype]
             start = self.take(count * struct.calcsize(fmt))
             return np.frombuffer(self.buf, np.dtype(fmt), count, start).tolist()
-        if etype == GGUFValueType.STRING:
+        if etype == _STRING:
             return self.strings(count)
         raise GGUFError(f"array element type {etype} is not valid")
 
@@ -288,12 +251,12 @@ def check_layout(infos, data_start: int, size: int, align: int) -> None:
                         f"({before.name}, ending at offset {data_start + expected})")
 
 
-_PLAIN_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+_PLAIN_DTYPES = {TypeId.F32: np.float32, TypeId.F16: np.float16}
 
 
 def _typed(raw: np.ndarray, fmt: QuantFormat) -> np.ndarray:
     """F32/F16 rows viewed as their dtype (as GGUFReader gives them); blocks stay uint8."""
-    dtype = _PLAIN_DTYPES.get(fmt.ggml_type)
+    dtype = _PLAIN_DTYPES.get(fmt.type_id)
     return raw if dtype is None else raw.view(dtype)
 
 

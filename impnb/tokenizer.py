@@ -164,11 +164,12 @@ def _add_gguf_tokens(backend: Backend, md: dict, vocab: dict[str, int], byte_lev
     control = [tokens[i] for i in np.flatnonzero(kinds == CONTROL).tolist()
                if alphabet is None or set(tokens[i]) <= alphabet]
     backend.add_special_tokens([AddedToken(tok, normalized=False, special=True) for tok in control])
-    backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
-                        for i in np.flatnonzero(kinds == USER_DEFINED).tolist() if tokens[i] in vocab])
+    user_defined = [AddedToken(tokens[i], normalized=False, special=False)
+                    for i in np.flatnonzero(kinds == USER_DEFINED).tolist() if tokens[i] in vocab]
+    backend.add_tokens(user_defined)
     named_ids = (md.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding"))
     named = {tokens[i] for i in named_ids if i is not None and 0 <= i < len(tokens)}
-    added = {tok.content for tok in backend.get_added_tokens_decoder().values()}
+    added = set(control).union(tok.content for tok in user_defined)  # the backend had none before
     backend.add_special_tokens([AddedToken(tok, normalized=False, special=True)
                                 for tok in sorted(named - added)])
 

@@ -151,3 +151,41 @@ def test_cublas_is_made_at_the_first_gemm_only():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "False"]
+
+
+def test_bench_prints_its_head_before_the_load_and_each_row_as_measured(smollm2_path, monkeypatch):
+    """The table's head is out before the engine loads, and each row is flushed before the next
+    test's warm-up starts (a CPU bench runs for minutes)."""
+    from impnb.cli import build_parser
+    from impnb.commands import bench
+
+    events = []
+
+    class Out:
+        def write(self, s):
+            if s.strip():
+                events.append(("row" if "tok" not in s and "|" in s and ("pp" in s or "tg" in s) else "text", s))
+            return len(s)
+
+        def flush(self):
+            events.append(("flush", ""))
+
+    class Engine:
+        device = "cpu"
+
+        def __init__(self, mf, n_ctx):
+            events.append(("load", ""))
+
+    monkeypatch.setattr(bench, "engine_class", lambda device, arch: Engine)
+    monkeypatch.setattr(bench, "_pp", lambda engine, ids, depth: events.append(("run", "pp")) or 100.0)
+    monkeypatch.setattr(bench, "_tg", lambda engine, n, depth: events.append(("run", "tg")) or 10.0)
+    monkeypatch.setattr(sys, "stdout", Out())
+    args = build_parser().parse_args(["bench", "-m", str(smollm2_path), "-p", "8,16", "-n", "2", "-r", "2",
+                                      "--device", "cpu"])
+    assert bench.run(args) == 0
+    kinds = [k for k, _ in events]
+    assert kinds.index("flush") < kinds.index("load"), events  # the head is out before the load
+    rows_at = [i for i, k in enumerate(kinds) if k == "row"]
+    assert len(rows_at) == 3 and all(kinds[i + 1] == "flush" for i in rows_at), events
+    runs_at = [i for i, k in enumerate(kinds) if k == "run"]
+    assert rows_at[0] < runs_at[3] and rows_at[1] < runs_at[6], events  # a row before the next test runs

@@ -63,6 +63,10 @@ def run(args) -> int:
     cls = engine_class(args.device, cfg.arch, cfg)
     if tp is not None and cls.device != "cuda":
         raise ParameterError(f"--tp {tp.world} needs the GPU (device {cls.device})")
+    if not args.json:  # the table's head before the load and warm-ups, each row as it is measured
+        print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
+              f"| {'graphs':<6} | {'test':>12} | {'tok/s':>16} | {'weights GB/s':>12} |")
+        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 14, 18, 14)) + "|", flush=True)
     if cls.device == "cuda" and (tp is None or tp.leader):  # rank 0 builds a rank's kernels
         from impnb.warmup import prepare
 
@@ -78,10 +82,6 @@ def run(args) -> int:
         tests += [(f"pp{p}{at}", lambda p=p, c=ctx: _pp(engine, rng.integers(10, cfg.n_vocab, p).tolist(), c))
                   for p in pps]
         tests += [(f"tg{n}{at}", lambda n=n, c=ctx: _tg(engine, n, c)) for n in tgs]
-    if not args.json:
-        print(f"| {'model':<28} | {'size MiB':>8} | {'params M':>8} | {'quant':<8} | {'device':<6} "
-              f"| {'graphs':<6} | {'test':>12} | {'tok/s':>16} | {'weights GB/s':>12} |")
-        print("|" + "|".join("-" * w for w in (30, 10, 10, 10, 8, 8, 14, 18, 14)) + "|", flush=True)
     for name, fn in tests:
         fn()  # warm-up: compilation, buffers, graph capture
         rates = [fn() for _ in range(args.r)]

@@ -15,12 +15,12 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 
 from impnb.errors import DeviceError, GGUFError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.models.config import ModelConfig
 from impnb.models.registry import ARCHITECTURES, model_config
+from impnb.quants import FORMATS, TypeId as T
 
 NORM_TYPES = (T.F32, T.F16, T.BF16)  # one-dimensional weights: llama.cpp writes them F32
 SPECIAL_IDS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep")
@@ -195,9 +195,9 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> None:
         if t.shape != exp.shape:
             raise GGUFError(f"{mf.path}: {t.name} has shape {_dims(t.shape)}; {cfg.arch} with "
                             f"{exp.why} needs {_dims(exp.shape)}")
-        if len(exp.shape) == 1 and t.ggml_type not in NORM_TYPES:
+        if len(exp.shape) == 1 and t.fmt.type_id not in NORM_TYPES:
             raise GGUFError(f"{mf.path}: {t.name} is {t.fmt.name}; a norm weight must be one of "
-                            f"{', '.join(x.name for x in NORM_TYPES)}")
+                            f"{', '.join(FORMATS[x].name for x in NORM_TYPES)}")
     n_blocks = cfg.n_layer + cfg.n_layer_nextn
     for name in mf.tensors:
         m = _LAYER.match(name)
@@ -322,7 +322,7 @@ def check_finite(mf: ModelFile) -> None:
     """Every float weight and every fp16 block scale is finite (GGUFError naming the tensor)."""
     for name, t in mf.tensors.items():
         raw = np.asarray(t.data).reshape(-1).view(np.uint8)
-        at = _first_nonfinite(raw, t.ggml_type, t.fmt.type_size)
+        at = _first_nonfinite(raw, t.fmt.type_id, t.fmt.type_size)
         if at is not None:
             raise GGUFError(f"{mf.path}: {name} holds a NaN or inf (byte {at} of its data); "
                             f"the file's weights are broken")
