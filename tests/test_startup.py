@@ -176,7 +176,7 @@ def test_bench_prints_its_head_before_the_load_and_each_row_as_measured(smollm2_
         def __init__(self, mf, n_ctx):
             events.append(("load", ""))
 
-    monkeypatch.setattr(bench, "engine_class", lambda device, arch: Engine)
+    monkeypatch.setattr(bench, "engine_class", lambda device, arch, cfg=None: Engine)
     monkeypatch.setattr(bench, "_pp", lambda engine, ids, depth: events.append(("run", "pp")) or 100.0)
     monkeypatch.setattr(bench, "_tg", lambda engine, n, depth: events.append(("run", "tg")) or 10.0)
     monkeypatch.setattr(sys, "stdout", Out())
