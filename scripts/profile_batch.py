@@ -196,16 +196,18 @@ def profile(args) -> dict:
 def ncu_kernels(path: str) -> list[dict]:
     """ncu's CSV (--print-units base) -> one dict a kernel in profile order: name, ns, bytes."""
     with open(path, newline="") as f:
-        rows = csv.DictReader(line for line in f if not line.startswith("=="))
-        by_id: dict[str, dict] = {}
-        for r in rows:
-            k = by_id.setdefault(r["ID"], {"name": r["Kernel Name"], "ns": float("nan"), "bytes": 0.0})
-            value = float(r["Metric Value"].replace(",", "")) if r["Metric Value"] else float("nan")
-            value *= UNITS.get(r["Metric Unit"], 1.0)
-            if r["Metric Name"] == "gpu__time_duration.sum":
-                k["ns"] = value
-            elif r["Metric Name"].startswith("dram__bytes"):
-                k["bytes"] += value
+        lines = f.read().splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), len(lines))
+    rows = csv.DictReader(line for line in lines[header:] if line.startswith('"'))  # not the program's own
+    by_id: dict[str, dict] = {}
+    for r in rows:
+        k = by_id.setdefault(r["ID"], {"name": r["Kernel Name"], "ns": float("nan"), "bytes": 0.0})
+        value = float(r["Metric Value"].replace(",", "")) if r["Metric Value"] else float("nan")
+        value *= UNITS.get(r["Metric Unit"], 1.0)
+        if r["Metric Name"] == "gpu__time_duration.sum":
+            k["ns"] = value
+        elif r["Metric Name"].startswith("dram__bytes"):
+            k["bytes"] += value
     return list(by_id.values())
 
 
@@ -251,7 +253,7 @@ def main() -> int:
     ap.add_argument("--batch", default="1,8,32,64")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=64, help="decode positions the KV pool holds past the prompt")
-    ap.add_argument("--reps", type=int, default=20, help="copies of a node in its timing graph")
+    ap.add_argument("--reps", type=int, default=5, help="copies of a node in its timing graph")
     ap.add_argument("--json")
     ap.add_argument("--ncu", action="store_true", help="each B's graph replayed once in the profiler's range")
     ap.add_argument("--merge", nargs=2, metavar=("JSON", "NCU_CSV"))
