@@ -187,6 +187,8 @@ def profile(args) -> dict:
                                "graphs": len(engine.batch_graphs), "graph_disabled": engine.graph_disabled,
                                "host": host, "lookahead_wall_us": ahead, "unmatched_launches": len(launched) - matched,
                                "kernels": kernels})
+        if args.json:  # after every B: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"B={B}: {len(kernels)} kernels, replay {replay:.1f} µs, decode() wall {host['wall']:.1f} µs "
               f"(python {host['python']:.1f}, stage {host.get('stage', 0):.1f}, waits {host.get('wait', 0):.1f})"
               + (f"; look-ahead route {ahead:.1f} µs" if ahead else ""), file=sys.stderr, flush=True)
@@ -267,8 +269,6 @@ def main() -> int:
     data = profile(args)
     if args.ncu:
         return 0
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1))
     report(data)
     return 0
 
