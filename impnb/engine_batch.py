@@ -39,6 +39,8 @@ from impnb.sampling import SamplingParams
 from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PADDING = SamplingParams(temperature=0.0)  # a padding row's sampling: greedy, its id dropped
+PARAM_ROWS_KEPT = 1024  # sampler rows kept by parameters (one a request with its own seed)
 
 
 def batch_bucket(n: int, max_batch: int) -> int:
@@ -115,6 +117,7 @@ class CudaBatchEngine(CudaEngine):
         # its tokens left CudaEngine's after the second step (test_one_sequence_steps_equal_the_single_engine)
         self.lookahead = lookahead
         self.single = None  # (table row bytes, params) the single-sequence step's state was set for
+        self.param_rows: dict[SamplingParams, np.ndarray] = {}  # -> (NPARAM,) float64, _param_row
 
     # ------------------------------------------------------------ one sequence's prompt
 
@@ -247,28 +250,46 @@ class CudaBatchEngine(CudaEngine):
         """The step's inputs into the pinned staging buffers, then one copy each to the device."""
         self.m.ctx.sync()  # the staging buffers may still feed the last step's copies
         B = len(rows)
-        self.host_ids[:Bb] = 0
-        self.host_pos[:Bb] = 0
-        self.host_tables[:Bb] = self.scratch_page
-        self.host_steps[:Bb] = 0
-        self.host_params[:Bb] = sample_kernels.sample_params([SamplingParams(temperature=0.0)] * Bb)
+        ids, pos, steps, tables, params = (self.host_ids, self.host_pos, self.host_steps, self.host_tables,
+                                           self.host_params)
+        self._check_tables(rows)
+        tables[:Bb] = self.scratch_page
         for b, r in enumerate(rows):
-            self.host_ids[b], self.host_pos[b] = r.token, r.pos
-            self.host_tables[b] = self._table_row(r.pages)
-            self.host_steps[b] = r.n_sampled
-        self.host_params[:B] = sample_kernels.sample_params([r.params for r in rows])
+            ids[b], pos[b], steps[b] = r.token, r.pos, r.n_sampled
+            tables[b, :len(r.pages)] = r.pages
+            params[b] = self._param_row(r.params)
+        ids[B:Bb] = pos[B:Bb] = steps[B:Bb] = 0  # padding rows: token 0 at position 0, greedy
+        params[B:Bb] = self._param_row(PADDING)
         s, m = self.m.ctx.nb_stream, self.m
-        m.ids[:Bb].copy_to_device(self.host_ids[:Bb], stream=s)
-        m.pos[:Bb].copy_to_device(self.host_pos[:Bb], stream=s)
-        m.kv.tables[:Bb].copy_to_device(self.host_tables[:Bb], stream=s)
-        self.b_params[:Bb].copy_to_device(self.host_params[:Bb], stream=s)
-        self.b_steps[:Bb].copy_to_device(self.host_steps[:Bb], stream=s)
+        m.ids[:Bb].copy_to_device(ids[:Bb], stream=s)
+        m.pos[:Bb].copy_to_device(pos[:Bb], stream=s)
+        m.kv.tables[:Bb].copy_to_device(tables[:Bb], stream=s)
+        self.b_params[:Bb].copy_to_device(params[:Bb], stream=s)
+        self.b_steps[:Bb].copy_to_device(steps[:Bb], stream=s)
         if penalty:
             self.host_hist[:Bb] = -1
             for b, r in enumerate(rows):
                 if r.history is not None:
                     self.host_hist[b] = _ring(r.history)
             self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
+
+    def _check_tables(self, rows: list[DecodeRow]) -> None:
+        """ParameterError unless every row's block table lists at most max_pages pages in
+        [0, n_pages) (one check over all rows: a step's staging runs every token)."""
+        listed = np.concatenate([np.asarray(r.pages).ravel() for r in rows])
+        if (max(len(r.pages) for r in rows) > self.max_pages
+                or (len(listed) and (listed.min() < 0 or listed.max() >= self.n_pages))):
+            raise ParameterError(f"a block table must list at most {self.max_pages} pages in [0, {self.n_pages})")
+
+    def _param_row(self, params: SamplingParams) -> np.ndarray:
+        """params' sampler row (sample_params'), validated once and kept: a step's rows mostly
+        repeat the last step's parameters."""
+        row = self.param_rows.get(params)
+        if row is None:
+            if len(self.param_rows) >= PARAM_ROWS_KEPT:
+                self.param_rows.clear()
+            row = self.param_rows[params] = sample_kernels.sample_params([params])[0]
+        return row
 
     def _batch_launches(self, plan, Bb: int, greedy: bool, penalty: bool, keep: bool = False) -> None:
         """One decode step of Bb rows: the stack, the sampler, the non-finite flag (graph-safe);
