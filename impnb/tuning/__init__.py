@@ -148,9 +148,10 @@ MOE_GROUPED_ROWS = 0
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
-# 64 (kernels/deltanet/gdn_chunked.py), shorter ones token by token (gdn_prefill.py); 0 (never)
-# until .dev/run/gdn_gpu.sh measures where it wins. IMPNB_GDN_CHUNKED_MIN_ROWS overrides it.
-GDN_CHUNKED_MIN_ROWS = 0
+# 64 (kernels/deltanet/gdn_chunked.py), shorter ones token by token (gdn_prefill.py): on the
+# synthetic Qwen3.6-35B-A3B's 512-row chunks it gave pp512 1.80x and pp4096 1.66x the token-by-token
+# prefill; shorter chunks are not measured yet. IMPNB_GDN_CHUNKED_MIN_ROWS overrides it (0: never).
+GDN_CHUNKED_MIN_ROWS = 512
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def test_split_fused_ssm_gives_the_references_projections(tmp_path, legacy):
 
 
 def test_chunked_prefill_is_chosen_by_the_override(monkeypatch):
-    """tuning.GDN_CHUNKED_MIN_ROWS (0: token by token everywhere) and its override, read at load;
+    """tuning.GDN_CHUNKED_MIN_ROWS and its override (0: token by token everywhere), read at load;
     a malformed value is a ParameterError."""
     from impnb.errors import ParameterError
     from impnb.tuning import GDN_CHUNKED_MIN_ROWS, Overrides
