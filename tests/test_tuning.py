@@ -17,7 +17,7 @@ def test_kernel_tables_read_tuning():
     assert {t: tuple(v.name for v in vs) for t, vs in gemv_dp4a_variants.T1_VARIANTS.items()} == {
         T.Q8_0: ("s128u2r4", "s128u2r2"), T.Q4_K: ("s64u1r4", "s128u1r8"), T.Q5_K: ("s64u1r4", "s128u1r8"),
         T.Q4_1: ("s128u1r4", "s64u3r2"), T.Q4_0: ("s128u1r4", "s128u1r4"), T.Q5_0: ("s128u1r4", "s128u1r4"),
-        T.Q6_K: ("s64u1r8", "s128u1r8"), T.MXFP4: ("s128u1r8", "s64u2r8"), T.NVFP4: ("s128u1r8", "s64u1r4")}
+        T.Q6_K: ("s64u1r8", "s128u1r8"), T.MXFP4: ("s128u1r8", "s64u1r4"), T.NVFP4: ("s128u1r8", "s64u1r4")}
     assert set(gemv_dp4a_variants.T1_VARIANTS) == set(gemv_dp4a_units.DP4A_TYPES)
     assert gemv_dp4a_variants.T1_CAPPED == {(T.Q4_K, False): (Variant(128, 1, 4), 80, 8192),
                                             (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
