@@ -21,8 +21,9 @@ class Cublas:
         self.ctx, self.lib, self.handle = ctx, None, 0
         self._alpha_beta = {b: (np.array([1.0], np.float32), np.array([b], np.float32)) for b in (0.0, 1.0)}
 
-    def _ready(self):
-        """(the bindings module, the handle), made on the first call."""
+    def ready(self):
+        """(the bindings module, the handle), made on the first call (a GEMM's, or a server's at
+        load, whose GPU memory then settles before its first request)."""
         if not self.handle:
             from nvmath.bindings import cublas
 
@@ -43,7 +44,7 @@ class Cublas:
         assert w.shape == (N, K) and c.shape == (M, N), (a.shape, w.shape, c.shape)
         assert a.dtype == np.float16 and w.dtype == np.float16 and c.dtype == np.float32
         alpha, beta = self._alpha_beta[1.0 if accumulate else 0.0]
-        lib, handle = self._ready()
+        lib, handle = self.ready()
         lib.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
                          alpha.ctypes.data, _ptr(w), CUDA_R_16F, K, _ptr(a), CUDA_R_16F, K,
                          beta.ctypes.data, _ptr(c), CUDA_R_32F, N,
@@ -58,7 +59,7 @@ class Cublas:
         assert ptrs.shape == (3, batch) and ptrs.dtype == np.int64 and ptrs.is_c_contiguous()
         alpha, beta = self._alpha_beta[0.0]
         w, a, c = (_ptr(ptrs) + i * batch * 8 for i in range(3))
-        lib, handle = self._ready()
+        lib, handle = self.ready()
         lib.gemm_batched_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
                                  alpha.ctypes.data, w, CUDA_R_16F, K, a, CUDA_R_16F, K,
                                  beta.ctypes.data, c, CUDA_R_32F, N, batch,
@@ -71,7 +72,7 @@ class Cublas:
         assert w.shape == (N, K) and c.shape == (M, N), (a.shape, w.shape, c.shape)
         assert a.dtype == w.dtype == c.dtype == np.float32
         alpha, beta = self._alpha_beta[0.0]
-        lib, handle = self._ready()
+        lib, handle = self.ready()
         lib.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
                          alpha.ctypes.data, _ptr(w), CUDA_R_32F, K, _ptr(a), CUDA_R_32F, K,
                          beta.ctypes.data, _ptr(c), CUDA_R_32F, N,

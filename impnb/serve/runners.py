@@ -75,7 +75,10 @@ def _batch_runner(mf, cfg, n_ctx, kv_cache_tokens, utilization, max_num_seqs, gr
         kv_cache_tokens = PAGE_SIZE * blocks_for_memory(cfg, PAGE_SIZE, utilization,
                                                         max(free - weights - HEADROOM, 0), total)
     n_tokens = blocks_for_tokens(kv_cache_tokens, PAGE_SIZE) * PAGE_SIZE
-    return CudaBatchRunner(CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs, tp=tp))
+    engine = CudaBatchEngine(mf, n_ctx, n_tokens, max_batch, graphs=graphs, tp=tp)
+    if engine.m.cublas is not None:  # made now, not at some request's first cuBLAS prefill
+        engine.m.cublas.ready()
+    return CudaBatchRunner(engine)
 
 
 def _rank_pool_tokens(mf, cfg, tp, utilization: float) -> int:
