@@ -24,7 +24,7 @@ from numba import cuda, float32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import shfl_idx, shfl_xor, warp_sum, warp_sync
-from impnb.kernels.deltanet.gdn_step import check_gdn_args, silu, softplus
+from impnb.kernels.deltanet.gdn_step import check_gdn_args, prompt_rows, silu, softplus
 from impnb.kernels.deltanet.reference import gdn_chunked_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
 from impnb.models.deltanet import CHUNK, L2_EPS
@@ -364,19 +364,10 @@ def gdn_chunked(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, 
     cores: dk a multiple of 16 up to 128, dv of 32 up to 128."""
     B, T, Hv, dk, dv = check_gdn_args(qkv, z, b, a, ssm_a, dt_bias, norm_w, state, slots, n_k_heads, out)
     assert dk % 16 == 0 and chunk % SUB == 0, (dk, chunk)
-    use_lengths = lengths is not None
-    if use_lengths:
-        assert lengths.dtype == np.int32 and lengths.shape == (B,)
-    else:
-        lengths = slots  # unread
-    use_pos = pos is not None
-    if use_pos:
-        assert pos.dtype == np.int32 and pos.shape == (B * T,) and pos.is_c_contiguous(), "pos: int32 (R,)"
-    else:
-        pos = slots  # unread
+    lengths, use_lengths, pos, use_pos = prompt_rows(slots, B, T, lengths, pos)
     launch(chunked_kernel(dk, dv, chunk), (Hv, B), 2 * dv, stream, qkv, z, b, a, ssm_a, dt_bias, norm_w,
            np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads), np.int32(bool(v_tiled)),
-           state, slots, lengths, np.int32(use_lengths), pos, np.int32(use_pos), out,
+           state, slots, lengths, use_lengths, pos, use_pos, out,
            shared_bytes=4 * layout(dk, dv, chunk)["words"])
 
 

@@ -25,8 +25,8 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, block_kernel,
-                                             check_gdn_args, gated_norm, load_state, store_state,
-                                             token_inputs, token_update)
+                                             check_gdn_args, gated_norm, load_state, prompt_rows,
+                                             store_state, token_inputs, token_update)
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
 
@@ -110,19 +110,10 @@ def gdn_prefill(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, 
     lengths (B,) int32: the real rows of each sequence, the rest padding (None: all T). pos (R,)
     int32: the rows' positions, each sequence's state then a slot pair (see above)."""
     B, T, Hv, dk, dv = check_gdn_args(qkv, z, b, a, ssm_a, dt_bias, norm_w, state, slots, n_k_heads, out)
-    use_lengths = lengths is not None
-    if use_lengths:
-        assert lengths.dtype == np.int32 and lengths.shape == (B,)
-    else:
-        lengths = slots  # unread
-    use_pos = pos is not None
-    if use_pos:
-        assert pos.dtype == np.int32 and pos.shape == (B * T,) and pos.is_c_contiguous(), "pos: int32 (R,)"
-    else:
-        pos = slots  # unread
+    lengths, use_lengths, pos, use_pos = prompt_rows(slots, B, T, lengths, pos)
     launch(_gdn_prefill_kernel, (Hv, B), ROW_GROUPS * dv, stream, qkv, z, b, a, ssm_a, dt_bias, norm_w,
            np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads), np.int32(bool(v_tiled)),
-           state, slots, lengths, np.int32(use_lengths), pos, np.int32(use_pos), out)
+           state, slots, lengths, use_lengths, pos, use_pos, out)
 
 
 _F2 = types.float32[:, ::1]
