@@ -21,6 +21,7 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.deltanet.reference import conv1d_ref  # noqa: F401  (the numpy twin)
+from impnb.kernels.deltanet.slots import prompt_rows, sequence_slots
 from impnb.launch import launch
 
 WIDTH = 4      # the conv's kernel width (ssm.conv_kernel of Qwen3-Next / Qwen3.5)
@@ -50,15 +51,7 @@ def _conv1d_kernel(x, weight, state, slots, lengths, use_lengths, pos, use_pos, 
     b = cuda.blockIdx.y
     C = x.shape[1]
     T = x.shape[0] // slots.shape[0]
-    slot = slots[b]
-    n = min(lengths[b], T) if use_lengths else T
-    if slot < 0:
-        n = 0
-    src = slot
-    dst = slot
-    if use_pos and slot >= 0:  # the pair's slot of the first row's parity, and of the next position's
-        src = slot + pos[b * T] % 2
-        dst = slot + (pos[b * T] + n) % 2
+    slot, n, src, dst = sequence_slots(slots, lengths, use_lengths, pos, use_pos, b, T)
     live = c < C
     xs = cuda.shared.array((XS_ROWS, CHANNELS), types.float32)
     w0 = w1 = w2 = w3 = _ZERO
@@ -114,19 +107,10 @@ def conv1d(x, weight, state, slots, out, stream, lengths=None, pos=None) -> None
     assert state.dtype == np.float32 and state.ndim == 3 and state.shape[1:] == (C, WIDTH - 1)
     assert slots.dtype == np.int32 and slots.shape == (B,) and B and R % B == 0, \
         f"{R} rows are not a whole number a sequence of {B}"
-    use_lengths = lengths is not None
-    if use_lengths:
-        assert lengths.dtype == np.int32 and lengths.shape == (B,)
-    else:
-        lengths = slots  # unread
-    use_pos = pos is not None
-    if use_pos:
-        assert pos.dtype == np.int32 and pos.shape == (R,) and pos.is_c_contiguous(), "pos: int32 (R,)"
-    else:
-        pos = slots  # unread
+    lengths, use_lengths, pos, use_pos = prompt_rows(slots, B, R // B, lengths, pos)
     if R:
         launch(_conv1d_kernel, ((C + CHANNELS - 1) // CHANNELS, B), 32 * WARPS, stream, x, weight, state,
-               slots, lengths, np.int32(use_lengths), pos, np.int32(use_pos), out)
+               slots, lengths, use_lengths, pos, use_pos, out)
 
 
 _F2 = types.float32[:, ::1]

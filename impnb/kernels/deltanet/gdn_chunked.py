@@ -24,7 +24,8 @@ from numba import cuda, float32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import shfl_idx, shfl_xor, warp_sum, warp_sync
-from impnb.kernels.deltanet.gdn_step import check_gdn_args, prompt_rows, silu, softplus
+from impnb.kernels.deltanet.gdn_step import check_gdn_args, silu, softplus
+from impnb.kernels.deltanet.slots import prompt_rows, sequence_slots
 from impnb.kernels.deltanet.reference import gdn_chunked_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
 from impnb.models.deltanet import CHUNK, L2_EPS
@@ -115,15 +116,7 @@ def chunked_kernel(dk: int, dv: int, L: int):
         v0 = 16 * warp
         Hv = state.shape[1]
         T = qkv.shape[0] // slots.shape[0]
-        slot = slots[s]
-        n = min(lengths[s], T) if use_lengths else T
-        if slot < 0:
-            n = 0
-        src = slot
-        dst = slot
-        if use_pos and slot >= 0:
-            src = slot + pos[s * T] % 2
-            dst = slot + (pos[s * T] + n) % 2
+        slot, n, src, dst = sequence_slots(slots, lengths, use_lengths, pos, use_pos, s, T)
         A_h = ssm_a[h]
         bias = dt_bias[h]
         n_qk = n_k_heads * dk

@@ -25,8 +25,9 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, block_kernel,
-                                             check_gdn_args, gated_norm, load_state, prompt_rows,
-                                             store_state, token_inputs, token_update)
+                                             check_gdn_args, gated_norm, load_state, store_state,
+                                             token_inputs, token_update)
+from impnb.kernels.deltanet.slots import prompt_rows, sequence_slots
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
 
@@ -58,15 +59,7 @@ def _gdn_prefill_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_
     g = tid // dv
     rows = dk // ROW_GROUPS
     r0 = g * rows
-    slot = slots[s]
-    n = min(lengths[s], T) if use_lengths else T
-    if slot < 0:
-        n = 0
-    src = slot
-    dst = slot
-    if use_pos and slot >= 0:
-        src = slot + pos[s * T] % 2
-        dst = slot + (pos[s * T] + n) % 2
+    slot, n, src, dst = sequence_slots(slots, lengths, use_lengths, pos, use_pos, s, T)
     S = cuda.local.array(ROWS, types.float32)
     if slot >= 0:
         load_state(S, state, src, h, r0, rows, j)

@@ -158,13 +158,3 @@ def check_gdn_args(qkv, z, b, a, ssm_a, dt_bias, norm_w, state, slots, n_k_heads
         f"{R} rows are not a whole number a sequence of {B}"
     return B, R // B, Hv, dk, dv
 
-
-def prompt_rows(slots, B: int, T: int, lengths=None, pos=None):
-    """The prefill launchers' optional per-row arguments, checked -> (lengths, use_lengths, pos,
-    use_pos); an absent one is replaced by slots, which its kernel then never reads."""
-    if lengths is not None:
-        assert lengths.dtype == np.int32 and lengths.shape == (B,)
-    if pos is not None:
-        assert pos.dtype == np.int32 and pos.shape == (B * T,) and pos.is_c_contiguous(), "pos: int32 (R,)"
-    return (slots if lengths is None else lengths, np.int32(lengths is not None),
-            slots if pos is None else pos, np.int32(pos is not None))
