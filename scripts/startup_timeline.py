@@ -3,9 +3,12 @@ process with each start-up step wrapped (no profiler), printed as a table of whe
 began and ended, how often it ran and its total seconds, plus the imports, the cubin module loads
 and the graph captures counted.
 
-    python scripts/startup_timeline.py [--json out.json] -- generate "prompt" -m gemma3-270m -n 32
+    python scripts/startup_timeline.py [--json out.json] [--profile 30] \
+        -- generate "prompt" -m gemma3-270m -n 32
 
-Steps are wrapped as their modules are first imported, so the imports keep their order. The
+--profile N also runs it under cProfile and prints the N functions that took the most (cumulative
+and own time); the timeline's seconds then include the profiler's overhead. Run it once first to
+fill the kernel and tokenizer caches for a warm start. Steps are wrapped as their modules are first imported, so the imports keep their order. The
 "first token" mark is the first non-blank text on stdout (generate flushes each token).
 """
 
@@ -17,6 +20,9 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # this checkout's impnb
 
 
 def _process_start() -> float:
@@ -48,7 +54,7 @@ STEPS = {
     "impnb.gpu.model": [("  DeviceModel", "DeviceModel.__init__")],
     "impnb.gpu.weights": [("    weight upload + repack", "upload"), ("    router folds", "router_folds")],
     "impnb.gpu.kv": [("    KV alloc", "PagedKV.__init__")],
-    "impnb.gpu.cublas_gemm": [("    cuBLAS handle", "Cublas.__init__")],
+    "impnb.gpu.cublas_gemm": [("cuBLAS handle (first GEMM)", "Cublas.ready")],
     "impnb.launch.launcher": [("module load (Plan)", "Plan.__init__")],
     "impnb.launch.cache": [("  get_cubin", "get_cubin")],
     "impnb.graphs.capture": [("  Graph (cuStreamBeginCapture..Instantiate)", "Graph.__init__")],
@@ -151,26 +157,48 @@ def table() -> str:
     lines.append(f"{'imports (top level, main thread)':<46} {'':>7} {'':>7} {imports['count']:6d} "
                  f"{imports['top_level_s']:8.3f}")
     for name, w in sorted(imports["watched"].items(), key=lambda kv: kv[1]["at"]):
-        lines.append(f"{'  import ' + name:<46} {w['at']:7.3f} {w['at'] + w['seconds']:7.3f} {'':>6} {w['seconds']:8.3f}")
+        end = w["at"] + w["seconds"]
+        lines.append(f"{'  import ' + name:<46} {w['at']:7.3f} {end:7.3f} {'':>6} {w['seconds']:8.3f}")
     for name, t in sorted(marks.items(), key=lambda kv: kv[1]):
         lines.append(f"{'** ' + name:<46} {t:7.3f}")
     return "\n".join(lines)
 
 
+def _print_profile(prof, top: int) -> None:
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    for line in text.getvalue().splitlines():
+        if line.strip() and not line.startswith(("   Ordered by", "   List reduced")):
+            print(line[:160], file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="also profile; print the top N functions")
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="impnb's arguments (after --)")
     args = ap.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     marks["script start"] = _now()
     bootstrap._find_and_load = _timed_find_and_load
     out = sys.stdout = _FirstWrite(sys.stdout)
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     try:
         from impnb.cli import main as cli_main
 
         rc = cli_main(argv)
     finally:
+        if prof is not None:
+            prof.disable()
         sys.stdout = out.inner
         bootstrap._find_and_load = _find_and_load
     marks["exit"] = _now()
@@ -179,6 +207,8 @@ def main() -> int:
     print(f"\ntimeline of impnb {' '.join(argv)[:80]}: exit {rc}; seconds since process start; "
           f"cubins by source {cubins}", file=sys.stderr)
     print(table(), file=sys.stderr)
+    if prof is not None:
+        _print_profile(prof, args.profile)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(argv=argv, rc=rc, steps=records, imports=imports, marks=marks, cubins=cubins), f, indent=1)
