@@ -8,8 +8,9 @@ and the graph captures counted.
 
 --profile N also runs it under cProfile and prints the N functions that took the most (cumulative
 and own time); the timeline's seconds then include the profiler's overhead. Run it once first to
-fill the kernel and tokenizer caches for a warm start. Steps are wrapped as their modules are first imported, so the imports keep their order. The
-"first token" mark is the first non-blank text on stdout (generate flushes each token).
+fill the kernel and tokenizer caches for a warm start. Steps are wrapped as their modules are
+first imported, so the imports keep their order. The "first token" mark is the first non-blank
+text on stdout (generate flushes each token).
 """
 
 import argparse
