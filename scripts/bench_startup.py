@@ -106,17 +106,6 @@ def measure(model: str, args) -> dict:
     return row
 
 
-def byte_compile() -> None:
-    """Write the .pyc files `pip install` would have: the GPU hosts set PYTHONDONTWRITEBYTECODE and
-    their staged wheels are installed without them, so every start would otherwise compile ~450
-    modules from source (0.9 s of a warm start on an H200 host), which no installed copy does."""
-    import compileall
-
-    for d in [ROOT / "impnb", *map(Path, filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))]:
-        if d.is_dir() and d.resolve() != ROOT.resolve():
-            compileall.compile_dir(str(d), quiet=2, workers=0)
-
-
 def _fmt(v) -> str:
     return "" if v is None else f"{v:.2f}"
 
@@ -136,7 +125,6 @@ def main() -> int:
     global ROOT
     if args.root:
         ROOT = Path(args.root).resolve()
-    byte_compile()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []
     print(f"start-up of {ROOT} on {gpu[0] if gpu else 'no GPU'}, {os.cpu_count()} CPUs, device {args.device}, "
