@@ -7,7 +7,9 @@ the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/line
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
-than 3%; a printed table gives every time and the speed-up.
+than 3%; a printed table gives every time and the speed-up. Shapes measured now replace their
+entries in the table at --out; the other entries (other models' shapes) stay, so models can be
+tuned a few at a time; --fresh writes only this run's.
     python scripts/tune_gemm.py [-m smollm2-135m,gemma3-270m] [--reps 30] [--out PATH] [--json PATH]
 """
 
@@ -64,8 +66,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=str(gd.TABLE_PATH))
     ap.add_argument("--json", help="every measurement")
+    ap.add_argument("--fresh", action="store_true", help="drop the table's entries for shapes not measured now")
     args = ap.parse_args()
-    choices, rows = {}, []
+    choices, rows, measured = {}, [], set()
     rng = np.random.default_rng(0)
     print(f"{'shape':<20} {'M':>4} " + " ".join(f"{p + ' µs':>13}" for p in gd.PATHS)
           + f" {'chosen':<12} {'speed-up':>8}")
@@ -74,6 +77,7 @@ def main() -> int:
         groups, stacked = weights_by_shape(m)
         for (t, N, K), ws in groups.items():
             key = gd.shape_key(t, N, K)
+            measured.add(key)
             for M in gd.M_BUCKETS:
                 x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
                 ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
@@ -99,8 +103,13 @@ def main() -> int:
                 print(f"{key:<20} {M:>4} " + " ".join(f"{us[p]:>13.1f}" for p in gd.PATHS)
                       + f" {best:<12} {us['cublas'] / us[best]:>8.2f}")
         m.ctx.sync()
+    models = args.models.split(",")
+    old = {} if args.fresh or not Path(args.out).exists() else json.loads(Path(args.out).read_text())
+    if old and old.get("gpu") == _gpu_name():
+        choices = {**{k: v for k, v in old["choices"].items() if k not in measured}, **choices}
+        models = list(dict.fromkeys(old["models"].split(",") + models))
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_gemm.py on the GPU named",
-                                          "gpu": _gpu_name(), "models": args.models,
+                                          "gpu": _gpu_name(), "models": ",".join(models),
                                           "choices": choices}, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
