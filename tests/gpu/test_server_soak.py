@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.gpu
+pytest.importorskip("fastapi")  # the serve extra (impnb[serve]); the server needs it
+pytest.importorskip("uvicorn")
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "soak_serve.py"
 
