@@ -104,6 +104,21 @@ def tensor_type(name: str, layer: int, n_layer: int, qtype: str) -> T:
     return T.Q4_K
 
 
+# llama.cpp's tensor_type_fallback (src/llama-quant.cpp): a K-quant whose row is no whole number
+# of its 256-weight blocks takes this 32-weight type instead (F16 where even that does not fit)
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+
+
+def fallback_type(ggml_type: T, cols: int) -> T:
+    """ggml_type, or llama.cpp's fallback for it where cols are not whole blocks of it."""
+    if cols % GGML_QUANT_SIZES[ggml_type][0] == 0:
+        return ggml_type
+    out = FALLBACK.get(ggml_type)
+    if out is None or cols % GGML_QUANT_SIZES[out][0]:
+        raise ValueError(f"{cols} columns fit neither {ggml_type.name} nor a fallback synthetic_full draws")
+    return out
+
+
 def tensor_specs(shape: Shape, qtype: str) -> list[TensorSpec]:
     """Every tensor llama.cpp's converter writes for `shape`, in its order, with type and std."""
     h, hd, n = shape.hidden_size, shape.head_dim, shape.num_hidden_layers
@@ -170,6 +185,7 @@ def hybrid_layer_specs(shape: Shape, i: int, mat, norm) -> list[TensorSpec]:
 # std of a uniformly random quant about the level the fixed scales centre on
 Q8_0_STD = np.sqrt((256**2 - 1) / 12)  # int8 byte
 NIBBLE_STD = np.sqrt((16**2 - 1) / 12)  # Q4_K's q in 0..15, centred on 7.5
+Q5_STD = np.sqrt((32**2 - 1) / 12)      # Q5_0's q in 0..31, centred on 16 (mean -0.5)
 Q6_STD = np.sqrt((64**2 - 1) / 12)      # Q6_K's q in 0..63, centred on 32 (mean -0.5)
 Q4_K_SCALE = 17  # every sub-block's 6-bit scale and min (>= 16: the packed high bits are used)
 Q6_K_SCALE = 5   # every sub-block's int8 scale (small, so d stays a normal fp16)
@@ -194,12 +210,38 @@ def _q8_0_fields(blocks: np.ndarray, std: float) -> None:
     blocks[:, 0:2] = _f16_bytes(std / Q8_0_STD)
 
 
+def _q5_0_fields(blocks: np.ndarray, std: float) -> None:
+    """Q5_0 (d f16, qh u32, qs[16]): d*(q - 16), q uniform 0..31 (low nibble in qs, bit 4 in qh);
+    d's sign alternates by block, as ggml's own d takes the sign of the largest weight, so the
+    -0.5 mean of q - 16 cancels over each pair of blocks."""
+    d = std / Q5_STD
+    blocks[0::2, 0:2] = _f16_bytes(d)
+    blocks[1::2, 0:2] = _f16_bytes(-d)
+
+
+def _q5_1_fields(blocks: np.ndarray, std: float) -> None:
+    """Q5_1 (d, m f16, qh u32, qs[16]): d*q + m with m = -15.5 d, q uniform 0..31."""
+    d = np.float16(std / Q5_STD)
+    blocks[:, 0:2] = _f16_bytes(d)
+    blocks[:, 2:4] = _f16_bytes(-15.5 * float(d))
+
+
+def _k_header(blocks: np.ndarray, d: float, centre: float) -> None:
+    """Q4_K's and Q5_K's 16 header bytes: d, dmin = centre * d, every sub-block's scale and min S."""
+    d = np.float16(d)
+    blocks[:, 0:2] = _f16_bytes(d)
+    blocks[:, 2:4] = _f16_bytes(centre * float(d))
+    blocks[:, 4:16] = _q4_k_scale_bytes(Q4_K_SCALE, Q4_K_SCALE)
+
+
 def _q4_k_fields(blocks: np.ndarray, std: float) -> None:
     """Q4_K (d, dmin f16, scales[12], qs[128]): d*S*q - dmin*S with dmin = 7.5 d, q uniform 0..15."""
-    d = np.float16(std / (Q4_K_SCALE * NIBBLE_STD))
-    blocks[:, 0:2] = _f16_bytes(d)
-    blocks[:, 2:4] = _f16_bytes(7.5 * float(d))
-    blocks[:, 4:16] = _q4_k_scale_bytes(Q4_K_SCALE, Q4_K_SCALE)
+    _k_header(blocks, std / (Q4_K_SCALE * NIBBLE_STD), 7.5)
+
+
+def _q5_k_fields(blocks: np.ndarray, std: float) -> None:
+    """Q5_K (Q4_K's header, qh[32], qs[128]): d*S*q - dmin*S with dmin = 15.5 d, q uniform 0..31."""
+    _k_header(blocks, std / (Q4_K_SCALE * Q5_STD), 15.5)
 
 
 def _q6_k_fields(blocks: np.ndarray, std: float) -> None:
@@ -236,8 +278,8 @@ def _nvfp4_fields(blocks: np.ndarray, std: float) -> None:
     blocks[:, 0:4] = _UE4M3[_fp4_scales(blocks[:, 0:4].shape, quant_fp4.ue4m3_half(_UE4M3), std / FP4_CODE_STD)]
 
 
-BLOCK_FIELDS = {T.Q8_0: _q8_0_fields, T.Q4_K: _q4_k_fields, T.Q6_K: _q6_k_fields,
-                T.MXFP4: _mxfp4_fields, T.NVFP4: _nvfp4_fields}
+BLOCK_FIELDS = {T.Q8_0: _q8_0_fields, T.Q5_0: _q5_0_fields, T.Q5_1: _q5_1_fields, T.Q4_K: _q4_k_fields,
+                T.Q5_K: _q5_k_fields, T.Q6_K: _q6_k_fields, T.MXFP4: _mxfp4_fields, T.NVFP4: _nvfp4_fields}
 
 
 def byte_shape(spec: TensorSpec) -> tuple[int, ...]:

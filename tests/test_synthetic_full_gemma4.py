@@ -1,15 +1,18 @@
 """The full-size Gemma-4-26B-A4B generator on a scaled-down copy of its shape: the file validates,
 rope_freqs holds the converter's factors, scales sit about 1, and the numpy reference runs to
-finite, spread-out logits."""
+finite, spread-out logits; Q4_K_M gives each tensor the type llama-quantize gives it."""
 
 import dataclasses
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
 
 from impnb import synthetic_full_gemma4 as sg
 from impnb.gguf_file import open_model_file
 from impnb.models import load_reference
+from impnb.models.validate import validate_model
 
 pytest.importorskip("transformers")  # the minimal tokenizer's byte symbols
 
@@ -60,3 +63,70 @@ def test_tiny_models_tolerate_an_fp16_cache(tmp_path, variant):
     fp16 = model.forward(ids, cache)
     rel = np.abs(fp16 - ref).max(-1) / np.abs(ref).max()
     assert rel.max() < 1e-3 and np.array_equal(fp16.argmax(-1), ref.argmax(-1)), (np.median(rel), rel.max())
+
+
+def test_q4_k_m_types_are_llama_quantize_s():
+    """26B-A4B in Q4_K_M as llama.cpp's llama_tensor_get_type (src/llama-quant.cpp) gives it,
+    worked by hand: token_embd (tied, 2816 = 11 Q4_K blocks) Q6_K; attn_v Q6_K on the 25 V
+    matrices (sliding layers) whose index j among them has use_more_bits(j, 25): j 0-2, 5, 8, ...,
+    20, 21-24, i.e. layers 0-2, 6, 9, 13, 16, 20, 24-28; ffn_down and ffn_down_exps Q6_K where
+    use_more_bits(layer, 30), else Q4_K, then tensor_type_fallback (2112 and 704 columns are
+    no whole 256 blocks): Q6_K -> Q8_0, Q4_K -> Q5_0; the other matrices Q4_K; norms, scales, the
+    router and rope_freqs stay F32."""
+    types = {s.name: s.ggml_type for s in sg.tensor_specs(FULL, "Q4_K_M")}
+    assert types["token_embd.weight"] == T.Q6_K and "output.weight" not in types
+    sliding = [i for i in range(30) if i % 6 != 5]
+    assert [i for i in sliding if types[f"blk.{i}.attn_v.weight"] == T.Q6_K] == [
+        0, 1, 2, 6, 9, 13, 16, 20, 24, 25, 26, 27, 28]
+    assert {types[f"blk.{i}.attn_v.weight"] for i in (3, 4, 7, 8, 10, 22)} == {T.Q4_K}
+    assert not any(f"blk.{i}.attn_v.weight" in types for i in range(5, 30, 6))
+    more = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+    for i in range(30):
+        want = T.Q8_0 if i in more else T.Q5_0
+        assert types[f"blk.{i}.ffn_down.weight"] == types[f"blk.{i}.ffn_down_exps.weight"] == want, i
+        for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up", "ffn_gate_up_exps"):
+            assert types[f"blk.{i}.{n}.weight"] == T.Q4_K, (i, n)
+        for n in ("attn_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.scale", "ffn_down_exps.scale",
+                  "layer_output_scale.weight", "pre_ffw_norm_2.weight"):
+            assert types[f"blk.{i}.{n}"] == T.F32, (i, n)
+    assert types["rope_freqs.weight"] == T.F32
+    assert set(types.values()) == {T.F32, T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0}
+
+
+def test_eight_experts_take_llama_quantize_s_eight_expert_rules():
+    """With 8 experts llama_tensor_get_type bumps attn_v and attn_k to Q8_0 and attn_output to Q5_K."""
+    types = {s.name: s.ggml_type for s in sg.tensor_specs(SMALL, "Q4_K_M")}
+    assert types["blk.0.attn_v.weight"] == types["blk.5.attn_k.weight"] == T.Q8_0
+    assert types["blk.1.attn_output.weight"] == T.Q5_K
+
+
+# SMALL at 16 experts (no 8-expert rules) draws in Q4_K_M every type 26B-A4B's file has (its 192
+# and 64 columns fall back as 2112 and 704 do); TINY_SHAPES' moe (64 wide, 8 experts) falls back
+# to Q5_0 everywhere but attn_output (Q5_K) and attn_k, attn_v, token_embd (Q8_0)
+QUANTIZED = {
+    "small-Q4_K_M": (dataclasses.replace(SMALL, num_experts=16), "Q4_K_M", {T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0}),
+    "small-NVFP4": (dataclasses.replace(SMALL, num_experts=16), "NVFP4", {T.Q8_0, T.NVFP4}),
+    "tiny-moe-Q4_K_M": (sg.TINY_SHAPES["moe"], "Q4_K_M", {T.Q5_0, T.Q5_K, T.Q8_0}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUANTIZED))
+def test_quantized_file_runs(tmp_path, case):
+    """The file validates for the GPU, holds the types above, each dequantizing to finite values
+    of the intended std, and the reference runs to finite logits."""
+    shape, qtype, want = QUANTIZED[case]
+    path = tmp_path / f"{case}.gguf"
+    specs = sg.write_full_gguf(path, shape, qtype, seed=1, workers=1)
+    mf = open_model_file(path)
+    validate_model(mf, device="cuda")
+    assert {s.ggml_type for s in specs} == want | {T.F32}
+    for spec in specs:
+        t = mf.tensor(spec.name)
+        assert t.ggml_type == spec.ggml_type, spec.name
+        if spec.ggml_type != T.F32:
+            x = dequantize(np.asarray(t.data), t.ggml_type)
+            assert np.isfinite(x).all() and abs(x.std() / spec.std - 1) < 0.05, (spec.name, x.std())
+            assert abs(x.mean()) < 0.05 * spec.std, (spec.name, x.mean())
+    model = load_reference(mf)
+    logits = model.forward(np.arange(12), model.new_cache(16))
+    assert np.isfinite(logits).all() and 0.3 < logits.std() < 3
