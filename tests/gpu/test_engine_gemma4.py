@@ -83,8 +83,8 @@ def test_prefill_matches_reference(case):
     layers amplify that rounding: their top 8 weigh nearly alike, so a re-routed token moves
     its logits by percents, and what it wrote to the cache moves the tokens after it. The
     reference under noise of 3e-4 of the attention output's largest value moved by median
-    5e-2 of the largest logit there (2e-3 without the experts), hence wide is held as the dp4a test holds
-    its int8 paths: top-1 over the decisive tokens and the median error."""
+    5e-2 of the largest logit there (2e-3 without the experts), hence wide is held as the dp4a
+    test holds its int8 paths: top-1 over the decisive tokens and the median error."""
     ids, ref, engine = case
     wide = engine.m.cfg.n_expert >= 64
     bounds = dict(margin=3e-2, min_close=0.0, min_top1=0.97) if wide else dict(min_close=0.97)
