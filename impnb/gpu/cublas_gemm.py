@@ -1,8 +1,6 @@
 """cuBLAS through nvmath-python's bindings: the prefill GEMM fallbacks (dense and batched over MoE
 tiles), bound to our stream."""
 
-import threading
-
 import numpy as np
 
 # cudaDataType / cublasComputeType / cublasOperation values from the CUDA headers.
@@ -14,47 +12,26 @@ WORKSPACE_BYTES = 32 << 20
 
 
 class Cublas:
-    """One handle and workspace. Importing nvmath and creating the handle take about half a
-    second: `start` makes the handle in a thread while the model loads, and the first GEMM (or a server's load, whose GPU memory then settles
-    before its first request) waits for it in `ready`. Every engine runs a step eagerly before it
-    captures it, so that first GEMM is never inside a capture (where neither the handle nor its
-    workspace could be made)."""
+    """One handle and workspace, made at the first GEMM: importing nvmath and creating the handle
+    take about half a second, which a model whose prefill takes no cuBLAS path never pays. Every
+    engine runs a step eagerly before it captures it, so that first GEMM is never inside a capture
+    (where neither the handle nor its workspace could be made)."""
 
     def __init__(self, ctx):
         self.ctx, self.lib, self.handle = ctx, None, 0
         self._alpha_beta = {b: (np.array([1.0], np.float32), np.array([b], np.float32)) for b in (0.0, 1.0)}
-        self._maker, self._made = None, None
-
-    def start(self) -> None:
-        """Make the handle in a daemon thread; a failure there is left for `ready` to raise."""
-        if not self.handle and self._maker is None:
-            self._maker = threading.Thread(target=self._make, name="impnb-cublas", daemon=True)
-            self._maker.start()
-
-    def _make(self) -> None:
-        try:
-            from cuda.core import Device
-            from nvmath.bindings import cublas
-
-            Device(self.ctx.device.device_id).set_current()  # this thread's context: the model's
-            self._made = (cublas, cublas.create())
-        except Exception:  # nvmath missing or the create failed: `ready` tries again and raises
-            pass
 
     def ready(self):
-        """(the bindings module, the handle): the one `start` made, else made now."""
+        """(the bindings module, the handle), made on the first call (a GEMM's, or a server's at
+        load, whose GPU memory then settles before its first request)."""
         if not self.handle:
-            if self._maker is not None:
-                self._maker.join()
-                self._maker = None
-            if self._made is None:
-                from nvmath.bindings import cublas
+            from nvmath.bindings import cublas
 
-                self._made = (cublas, cublas.create())
-            self.lib, self.handle = self._made
-            self.lib.set_stream(self.handle, self.ctx.handle)
+            self.lib = cublas
+            self.handle = cublas.create()
+            cublas.set_stream(self.handle, self.ctx.handle)
             self.workspace = self.ctx.empty(WORKSPACE_BYTES, np.uint8)
-            self.lib.set_workspace(self.handle, self.workspace.device_ctypes_pointer.value, WORKSPACE_BYTES)
+            cublas.set_workspace(self.handle, self.workspace.device_ctypes_pointer.value, WORKSPACE_BYTES)
         return self.lib, self.handle
 
     def gemm_f16(self, a, w, c, accumulate: bool = False) -> None:
@@ -102,8 +79,6 @@ class Cublas:
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
 
     def close(self) -> None:
-        if self._maker is not None:
-            self.ready()  # the thread's handle, destroyed below
         if self.handle:
             self.lib.destroy(self.handle)
             self.handle = 0

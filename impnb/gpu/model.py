@@ -86,9 +86,6 @@ class DeviceModel:
                 + RecurrentState.nbytes(cfg, max_seqs)
                 + (weights.fold_bytes(cfg, tuning) if self.stack is None else 0) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
-        self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
-        if self.cublas is not None:
-            self.cublas.start()  # the handle is made while the weights upload
         self.w = weights.upload(mf, cfg, self.ctx, tuning)
         self.lin = weights.linears(self.w, tuning)
         # the router folded into attn_output's launch: gpu/forward.py's MoE layers only, and not
@@ -105,6 +102,7 @@ class DeviceModel:
         self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
         self.pos = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
         self.arena = Arena(self.ctx)
+        self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)
 
     def all_reduce(self, buf) -> None:
