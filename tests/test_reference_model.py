@@ -41,18 +41,25 @@ def test_incremental_decode_equals_full_forward(case):
     np.testing.assert_allclose(np.concatenate(steps), full, rtol=0, atol=1e-4 * np.abs(full).max())
 
 
-def test_gemma3_sliding_window_beyond_512_tokens(gemma3_path):
-    """600 tokens: the local layers' 512-token window masks the oldest keys."""
-    model = load_reference(open_model_file(gemma3_path))
+@pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+def test_gemma3_sliding_window_beyond_512_tokens(case):
+    """600 tokens: the local layers' 512-token window masks the oldest keys. The model and HF's come
+    from the module's gemma3 case (each load is about a minute of CPU)."""
+    import dataclasses
+
+    path, model, hf = case
     assert model.cfg.sliding_window == 512 and model.cfg.swa_layers[:6] == (True,) * 5 + (False,)
     ids = [2] + list(np.random.default_rng(3).integers(10, 20000, 599))
-    ref = hf_logits(hf_model(gemma3_path), ids)
+    ref = hf_logits(hf, ids)
     out = model.forward(ids, model.new_cache(600))
     rel = np.abs(out - ref).max() / np.abs(ref).max()
     print(f"gemma3 600 tokens: {rel:.2e}")
     assert rel <= 1e-3
     # the window matters: a model that attends globally everywhere gives other logits
-    import dataclasses
-    model.cfg = model.ops.cfg = dataclasses.replace(model.cfg, swa_layers=(False,) * model.cfg.n_layer)
-    full = model.forward(ids, model.new_cache(600))
+    cfg = model.cfg
+    model.cfg = model.ops.cfg = dataclasses.replace(cfg, swa_layers=(False,) * cfg.n_layer)
+    try:
+        full = model.forward(ids, model.new_cache(600))
+    finally:
+        model.cfg = model.ops.cfg = cfg  # the shared model back as the other tests take it
     assert np.abs(full[-1] - ref[-1]).max() / np.abs(ref).max() > 1e-2

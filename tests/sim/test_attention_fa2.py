@@ -12,8 +12,7 @@ from tests.gpu.test_attention_fa2 import _seed, check_fa2
 @pytest.mark.parametrize("pos0,T,H,Hkv,window,softcap,std,page_size,causal,D", [
     (0, 17, 1, 1, None, None, 1.0, 32, True, 64),    # odd T, one key tile, diagonal masking
     (0, 40, 4, 1, None, None, 1.0, 16, True, 64),    # GQA 4, rows of all four warps
-    (70, 17, 2, 2, None, None, 1.0, 32, True, 64),   # a later chunk: keys 0..86, two tiles, ring wraps
-    (50, 20, 2, 1, 30, None, 1.0, 16, True, 64),     # window: keys 21..69, first tile partly left of it
+    (50, 20, 2, 2, 30, None, 1.0, 16, True, 64),     # window: keys 21..69, first tile partly left of it; two KV heads
     (5, 9, 1, 1, None, 5.0, 3.0, 32, True, 64),      # softcap
     (60, 8, 1, 1, None, None, 1.0, 32, False, 64),   # not causal: every query sees 68 keys
     (40, 9, 1, 1, None, 20.0, 1.0, 16, True, 128),   # D 128, softcap (GQA 2 at D 128: m16, bf16)
