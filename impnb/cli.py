@@ -5,7 +5,7 @@ import os
 import sys
 
 from impnb import __version__
-from impnb.errors import ImpnbError
+from impnb.errors import ImpnbError, ParameterError
 
 DEFAULT_CTX = 4096
 
@@ -155,6 +155,8 @@ def _tp_rank(args, argv: list):
     tp = getattr(args, "tp", None)
     if tp is None:
         return None
+    if getattr(args, "device", "cuda") == "cpu" and tp > 1:  # before any rank starts
+        raise ParameterError(f"--tp {tp} needs the GPU (device cpu)")
     from impnb.parallel.ranks import start
 
     rank = start(tp, [sys.executable, "-m", "impnb", *argv])
