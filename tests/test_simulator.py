@@ -13,7 +13,7 @@ import pytest
 
 SIM_DIR = Path(__file__).parent / "sim"
 SIM_FILES = sorted(p.name for p in SIM_DIR.glob("test_*.py"))
-ALONE = ("test_attention.py", "test_attention_fa2.py")  # ~4.5 and ~2.5 min of CPU (2026-11-28)
+ALONE = ("test_attention.py", "test_attention_fa2.py")  # minutes of CPU each: alone, so two workers share them
 GROUPS = {name: [name] for name in ALONE} | {"rest": [name for name in SIM_FILES if name not in ALONE]}
 
 
