@@ -4,15 +4,13 @@ residual times the layer output scale, and the next layer's norm of it:
   z = RMSNorm(o) * w1 + RMSNorm(y) * w2;  x = (x + RMSNorm(z) * wf) * s;  h = RMSNorm(x) * wn
 (four launches of norm.py and scale_norm.py otherwise)."""
 
-import math
-
 import numpy as np
 from numba import cuda
 from numba.core import types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import block_sum
-from impnb.kernels.elementwise.norm import block_threads
+from impnb.kernels.elementwise.norm import block_threads, inv_rms
 from impnb.kernels.elementwise.reference import rms_norm_ref
 from impnb.launch import launch
 
@@ -22,11 +20,6 @@ def moe_layer_end_ref(x, o, y, w1, w2, wf, scale, wn, eps: float) -> tuple:
     z = rms_norm_ref(o, w1, eps) + rms_norm_ref(y, w2, eps)
     x = ((x + rms_norm_ref(z, wf, eps)) * scale.reshape(())).astype(np.float32)
     return x, rms_norm_ref(x, wn, eps)
-
-
-@cuda.jit(device=True, inline=True)
-def _inv_rms(ss, D, eps):
-    return np.float32(1) / np.float32(math.sqrt(ss / np.float32(D) + eps))
 
 
 # grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i, i + NT, ...
@@ -45,13 +38,13 @@ def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         so += o[row, i] * o[row, i]
         sy += y[row, i] * y[row, i]
-    io = _inv_rms(block_sum(so, red), D, eps)
-    iy = _inv_rms(block_sum(sy, red), D, eps)
+    io = inv_rms(block_sum(so, red), D, eps)
+    iy = inv_rms(block_sum(sy, red), D, eps)
     sz = np.float32(0)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         z = o[row, i] * io * w1[i] + y[row, i] * iy * w2[i]
         sz += z * z
-    iz = _inv_rms(block_sum(sz, red), D, eps)
+    iz = inv_rms(block_sum(sz, red), D, eps)
     s = scale[0]
     sx = np.float32(0)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
@@ -59,7 +52,7 @@ def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
         v = (x[row, i] + z * iz * wf[i]) * s
         x[row, i] = v
         sx += v * v
-    ix = _inv_rms(block_sum(sx, red), D, eps)
+    ix = inv_rms(block_sum(sx, red), D, eps)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         h[row, i] = x[row, i] * ix * wn[i]
 
@@ -80,6 +73,8 @@ def moe_layer_end(x, o, y, w1, w2, wf, scale, wn, h, eps: float, stream) -> None
 
 _ROWS = types.float32[:, ::1]
 _W = types.float32[::1]
+
+
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
     return [

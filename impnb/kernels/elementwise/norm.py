@@ -16,6 +16,12 @@ WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, lon
 
 # ---------------------------------------------------------------- kernels
 
+@cuda.jit(device=True, inline=True)
+def inv_rms(sum_sq, n, eps):
+    """RMSNorm's scale 1 / sqrt(mean + eps) of a row of n values whose squares sum to sum_sq."""
+    return np.float32(1) / np.float32(math.sqrt(sum_sq / np.float32(n) + eps))
+
+
 # grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i, i + NT, ...
 # shared: red f32[32] (one partial sum per warp). Pass 2 re-reads the row (L1) to scale it.
 @cuda.jit
@@ -29,7 +35,7 @@ def _rms_norm_kernel(x, w, out, eps):
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         v = x[row, i]
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    inv = inv_rms(block_sum(acc, red), D, eps)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         out[row, i] = x[row, i] * inv * w[i]
 
@@ -48,7 +54,7 @@ def _rms_norm_warp_kernel(x, w, out, eps):
     for i in range(cuda.threadIdx.x, D, WARP):
         v = x[row, i]
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
+    inv = inv_rms(warp_sum(acc), D, eps)
     for i in range(cuda.threadIdx.x, D, WARP):
         out[row, i] = x[row, i] * inv * w[i]
 
@@ -67,7 +73,7 @@ def _rms_norm_add_kernel(x, h, w, out, eps):
         v = x[row, i] + h[row, i]
         x[row, i] = v
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    inv = inv_rms(block_sum(acc, red), D, eps)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         out[row, i] = x[row, i] * inv * w[i]
 
@@ -85,13 +91,13 @@ def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         v = h[row, i]
         acc += v * v
-    inv_h = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    inv_h = inv_rms(block_sum(acc, red), D, eps)
     acc = np.float32(0)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         v = x[row, i] + h[row, i] * inv_h * w_post[i]
         x[row, i] = v
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    inv = inv_rms(block_sum(acc, red), D, eps)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         out[row, i] = x[row, i] * inv * w[i]
 

@@ -5,14 +5,13 @@ models/gemma4_ops.Gemma4Ops.embed):
 Legend: T tokens, L layers, P the per-layer width; proj and own (T, L * P), out (L, T, P): layer l's
 inputs are one contiguous (T, P) block, what each layer's gate multiplies."""
 
-import math
-
 import numpy as np
 from numba import cuda
 from numba.core import types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import WARP, warp_sum
+from impnb.kernels.elementwise.norm import inv_rms
 from impnb.kernels.elementwise.reference import rms_norm_ref
 from impnb.launch import launch
 
@@ -43,7 +42,7 @@ def _per_layer_inputs_kernel(proj, own, w, out, proj_scale, eps):
     for i in range(cuda.threadIdx.x, P, WARP):
         v = proj[t, l0 + i] * proj_scale
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(P) + eps))
+    inv = inv_rms(warp_sum(acc), P, eps)
     for i in range(cuda.threadIdx.x, P, WARP):
         v = proj[t, l0 + i] * proj_scale
         out[r - t * L, t, i] = (v * inv * w[i] + own[t, l0 + i]) * HALF_SQRT2

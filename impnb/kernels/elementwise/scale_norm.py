@@ -1,15 +1,13 @@
 """Gemma 4's layer output scale: the residual times a per-layer scalar, then the next layer's
 RMSNorm of it, in one kernel (numpy twin scale_rms_norm_ref)."""
 
-import math
-
 import numpy as np
 from numba import cuda
 from numba.core import types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import block_sum
-from impnb.kernels.elementwise.norm import block_threads
+from impnb.kernels.elementwise.norm import block_threads, inv_rms
 from impnb.kernels.elementwise.reference import rms_norm_ref
 from impnb.launch import launch
 
@@ -36,7 +34,7 @@ def _scale_rms_norm_kernel(x, scale, w, out, eps):
         v = x[row, i] * s
         x[row, i] = v
         acc += v * v
-    inv = np.float32(1) / np.float32(math.sqrt(block_sum(acc, red) / np.float32(D) + eps))
+    inv = inv_rms(block_sum(acc, red), D, eps)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         out[row, i] = x[row, i] * inv * w[i]
 
@@ -53,6 +51,8 @@ def scale_rms_norm(x, scale, w, out, eps: float, stream) -> None:
 
 _ROWS = types.float32[:, ::1]
 _W = types.float32[::1]
+
+
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
     return [
