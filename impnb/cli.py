@@ -125,7 +125,9 @@ def _add_bench_serve(sub):
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                    help="/v1/completions or /v1/chat/completions")
     p.add_argument("--concurrency", default="1,8,32,64,128", help="concurrent clients, comma-separated")
-    p.add_argument("--requests", type=int, default=None, help="requests per concurrency (default 4 x concurrency, at least 16)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per concurrency (default --rounds x concurrency, at least 16)")
+    p.add_argument("--rounds", type=int, default=4, help="requests per client when --requests is not given")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random token ids)")
     p.add_argument("--output-len", type=int, default=128, help="tokens to generate (ignore_eos)")
     p.add_argument("--random-range", type=float, default=0.0,

@@ -57,11 +57,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def bench(port: int, args, output_len: int) -> list[dict] | None:
-    """bench-serve's rows at every concurrency (failed requests counted in them); None when it
-    gave none."""
+def bench(port: int, args, output_len: int, rounds: int = 4) -> list[dict] | None:
+    """bench-serve's rows at every concurrency (failed requests counted in them), `rounds` requests
+    a client; None when it gave none."""
     cmd = [sys.executable, "-m", "impnb", "bench-serve", "--url", f"http://127.0.0.1:{port}", "--concurrency",
-           args.concurrency, "--input-len", str(args.input_len), "--output-len", str(output_len), "--json"]
+           args.concurrency, "--input-len", str(args.input_len), "--output-len", str(output_len),
+           "--rounds", str(rounds), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(proc.stderr)
     try:
@@ -78,9 +79,14 @@ def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | Non
         return None
     try:
         print(f"serve-compare: {name} up in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if bench(port, args, args.warmup_len) is None:  # every concurrency: every batch bucket
+        if bench(port, args, args.warmup_len, rounds=1) is None:  # every concurrency: every batch bucket
             return None
-        return bench(port, args, args.output_len)
+        rows = bench(port, args, args.output_len)
+        for r in rows or ():  # as measured: a run cut short keeps what it had
+            print(f"serve-compare: {name} concurrency {r['concurrency']}: {r['output_throughput']:.0f} tok/s, "
+                  f"TTFT p50 {r['ttft_p50_ms']:.1f} ms, TPOT p50 {r['tpot_p50_ms']:.2f} ms, "
+                  f"{r['failed']} failed", file=sys.stderr, flush=True)
+        return rows
     finally:
         stop(proc)
 
@@ -143,10 +149,10 @@ def main() -> int:
                 rows = measure(f"{server} on {name}", server_cmd(server, path, args, port), port, args, log)
             failed |= rows is None or any(r["failed"] for r in rows)
             results[name][server] = rows
+            if args.json:  # after each server: a run cut short keeps what it had
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=1)
     table(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
     return 1 if failed else 0
 
 

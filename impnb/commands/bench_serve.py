@@ -54,7 +54,7 @@ def _request(url, path: str, body: dict, headers: dict, timeout: float) -> Resul
             if chunk.get("usage"):
                 n_usage = chunk["usage"].get("completion_tokens")
             for c in chunk.get("choices") or ():
-                if c.get("text") or (c.get("delta") or {}).get("content"):
+                if _brings_tokens(c):
                     times.append(time.perf_counter())
         end = time.perf_counter()
     except (OSError, ValueError, http.client.HTTPException) as e:
@@ -65,6 +65,17 @@ def _request(url, path: str, body: dict, headers: dict, timeout: float) -> Resul
         return Result(False, "no tokens came back")
     return Result(True, ttft=times[0] - start, e2e=end - start, n_out=n_usage or len(times),
                   itl=list(np.diff(times)))
+
+
+def _brings_tokens(choice: dict) -> bool:
+    """Whether a streamed choice carries generated tokens: text, or an empty text that is not the
+    chat's opening role chunk nor a chunk that only says why it finished (a server may stream a
+    token that renders as nothing, such as a control token under ignore_eos, as empty text)."""
+    delta = choice.get("delta") or {}
+    piece = choice["text"] if "text" in choice else delta.get("content")
+    if piece:
+        return True
+    return piece is not None and "role" not in delta and choice.get("finish_reason") is None
 
 
 def _bodies(args, model: str, n: int, rng) -> list[dict]:
@@ -109,8 +120,10 @@ def run(args) -> int:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise ParameterError(f"--concurrency takes comma-separated integers, got {args.concurrency!r}") from None
-    if min(levels) <= 0 or args.input_len <= 0 or args.output_len <= 0 or not 0 <= args.random_range < 1:
-        raise ParameterError("concurrency, --input-len and --output-len must be > 0, --random-range in [0, 1)")
+    if min(levels) <= 0 or args.input_len <= 0 or args.output_len <= 0 or args.rounds <= 0 \
+            or (args.requests is not None and args.requests <= 0) or not 0 <= args.random_range < 1:
+        raise ParameterError("concurrency, --requests, --rounds, --input-len and --output-len must be > 0, "
+                             "--random-range in [0, 1)")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = _model(args, headers)
     path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
@@ -121,7 +134,7 @@ def run(args) -> int:
               f"| {'TTFT p99':>8} | {'TPOT p50':>8} | {'TPOT p99':>8} | {'ITL p50':>7} | {'ITL p99':>7} |")
         print("|" + "|".join("-" * w for w in (6, 7, 6, 9, 11, 10, 10, 10, 10, 9, 9)) + "|", flush=True)
     for c in levels:
-        n = args.requests or max(16, 4 * c)
+        n = args.requests or max(16, args.rounds * c)
         bodies = _bodies(args, model, n, rng)
         start = time.perf_counter()
         with ThreadPoolExecutor(c) as pool:

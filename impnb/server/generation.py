@@ -184,6 +184,10 @@ class Generation:
                      sum(c.n_cached for c in self.choices.values()))
 
     async def _stream(self):
+        """SSE chunks: a chunk for each step that made tokens, also where its text is empty (a
+        token that renders as nothing, or text held back while it may begin a stop string), as
+        vLLM sends them, so that a client sees every token arrive; then usage where asked, then
+        [DONE]."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         head = {"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name}
         extra = {"usage": None} if self.body.include_usage else {}
@@ -198,8 +202,8 @@ class Generation:
                     continue
                 offset = sum(map(len, self.choices[item.request_id].text))
                 c = self._absorb(item)
-                if not (item.text or item.logprobs or item.finished):
-                    continue
+                if not (item.text or item.token_ids or item.logprobs or item.finished):
+                    continue  # a step that made no token (nothing held back either)
                 yield sse({**head, "choices": [self._chunk_choice(c, item, offset)], **extra})
             if self.body.include_usage:
                 yield sse({**head, "choices": [], "usage": self._usage()})
@@ -215,7 +219,7 @@ class Generation:
         reason = FINISH_REASONS[delta.finish_reason] if delta.finished else None
         if self.chat:
             lp = chat_logprobs(delta.logprobs, self.token_text) if delta.logprobs else None
-            return {"index": c.index, "delta": {"content": delta.text} if delta.text else {},
+            return {"index": c.index, "delta": {"content": delta.text} if delta.text or delta.token_ids else {},
                     "logprobs": lp, "finish_reason": reason}
         lp = completion_logprobs(delta.logprobs, self.token_text, offset) if delta.logprobs else None
         return {"index": c.index, "text": delta.text, "logprobs": lp, "finish_reason": reason}

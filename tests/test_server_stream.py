@@ -1,0 +1,143 @@
+"""Streaming a token whose text is empty: the server sends a chunk for it (as vLLM does), and
+bench-serve counts such chunks as tokens. A model whose generated ids render as nothing (the
+synthetic full-size models' [PAD] tokens, a control token under ignore_eos) streamed no chunk
+at all, and bench-serve reported every request as failed ("no tokens came back")."""
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from impnb.commands.bench_serve import _brings_tokens, _request  # noqa: E402
+from impnb.serve.outputs import Delta  # noqa: E402
+from impnb.server.generation import Choice, Generation  # noqa: E402
+
+
+def generation(chat: bool, deltas: list[Delta]) -> Generation:
+    """A Generation of one choice whose engine events are `deltas` (no model, no HTTP)."""
+    g = Generation.__new__(Generation)
+    g.chat, g.id, g.created = chat, "cmpl-test", 0
+    g.server = SimpleNamespace(model_name="m")
+    g.body = SimpleNamespace(include_usage=False, n=1, n_logprobs=None)
+    g.choices = {"r": Choice(0, 3)}
+
+    async def events():
+        for d in deltas:
+            yield d
+
+    g._events = events
+    return g
+
+
+def chunks_of(g: Generation) -> list:
+    async def collect():
+        return [c async for c in g._stream()]
+
+    out = asyncio.run(collect())
+    assert out[-1] == "data: [DONE]\n\n"
+    return [json.loads(c[len("data: "):]) for c in out[:-1]]
+
+
+DELTAS = [Delta("r", [11], "a"), Delta("r", [12], ""), Delta("r", [13], "", False),
+          Delta("r", [14], "b", True, "length")]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_every_token_gets_a_chunk_even_with_empty_text(chat):
+    chunks = chunks_of(generation(chat, DELTAS + [Delta("r", [], "")]))  # the last: a step with no token
+    if chat:
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        chunks = chunks[1:]
+        texts = [c["choices"][0]["delta"]["content"] for c in chunks]
+    else:
+        texts = [c["choices"][0]["text"] for c in chunks]
+    assert texts == ["a", "", "", "b"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+
+
+def test_a_finish_without_a_token_is_one_chunk_with_no_content():
+    chunks = chunks_of(generation(True, [Delta("r", [11], "a"), Delta("r", [], "", True, "eog")]))
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("choice, tokens", [
+    ({"text": "a", "finish_reason": None}, True),
+    ({"text": "", "finish_reason": None}, True),
+    ({"text": "", "finish_reason": "length"}, False),
+    ({"text": "b", "finish_reason": "length"}, True),
+    ({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}, False),
+    ({"delta": {"content": ""}, "finish_reason": None}, True),
+    ({"delta": {}, "finish_reason": "stop"}, False),
+    ({"delta": {"content": "x"}, "finish_reason": "stop"}, True),
+])
+def test_which_chunks_bring_tokens(choice, tokens):
+    assert _brings_tokens(choice) is tokens
+
+
+class _EmptyTextStream(BaseHTTPRequestHandler):
+    """Streams five completion chunks of empty text, one that only finishes, and usage."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{"choices": [{"index": 0, "text": "", "finish_reason": None}]}] * 5
+        chunks += [{"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"completion_tokens": 5}}]
+        for c in chunks:
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_bench_serve_times_tokens_of_empty_text():
+    server = _stub_server()
+    try:
+        r = _request(f"http://127.0.0.1:{server.server_port}", "/v1/completions", {"prompt": [1]}, {}, 30)
+    finally:
+        server.shutdown()
+    assert r.ok, r.error
+    assert r.n_out == 5 and len(r.itl) == 4 and r.e2e >= r.ttft > 0
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the listen backlog: 20 clients connect at once
+
+
+def _stub_server():
+    server = _Server(("127.0.0.1", 0), _EmptyTextStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_bench_serve_rounds_set_the_requests_a_client(capsys):
+    from impnb.cli import main
+
+    server = _stub_server()
+    try:
+        argv = ["bench-serve", "--url", f"http://127.0.0.1:{server.server_port}", "--model", "m",
+                "--concurrency", "1,20", "--rounds", "2", "--json"]
+        assert main(argv) == 0
+    finally:
+        server.shutdown()
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["concurrency"], r["requests"], r["failed"]) for r in rows] == [(1, 16, 0), (20, 40, 0)]
+    assert all(r["output_throughput"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("flags", [["--rounds", "0"], ["--requests", "0"], ["--concurrency", "0,8"],
+                                   ["--concurrency", "one"], ["--random-range", "1"]])
+def test_bench_serve_bad_parameters_exit_2_with_one_line(flags, capsys):
+    from impnb.cli import main
+
+    assert main(["bench-serve", "--url", "http://127.0.0.1:9", "--model", "m", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("impnb: "), err
