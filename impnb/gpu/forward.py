@@ -244,14 +244,16 @@ def residual_update(m, x, h, post_norm, next_norm) -> Residual:
 
 def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     """Attention of q (R, H, D) at pos over layer il's cache -> out (R, H, D), on the kernel the
-    step plan says (decode: short or split-K; prefill: wgmma or FA2); xq as in _attention_block."""
+    step plan says (decode: short or split-K, or attention_wide at heads past theirs; prefill:
+    wgmma or FA2); xq as in _attention_block."""
     cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
     tables = m.kv.tables[:B]
-    if q.shape[2] in attention_wide.HEAD_DIMS:  # past the tiled kernels' head dims (gemma4's 512)
+    if q.shape[2] in attention_wide.HEAD_DIMS:  # past the decode kernels' head dims (gemma4's 512)
         assert B == 1 and xq is None, "wide heads: one sequence, no int8 output"
-        _attention_wide(m, il, q, pos, out, step, window)
-        return
+        if T <= attention_decode.MAX_T:
+            _attention_wide(m, il, q, pos, out, step, window)
+            return
     assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
     if T <= attention_decode.MAX_T and step.short_blocks:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
@@ -273,14 +275,11 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
 
 
 def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:
-    """attend on attention_wide: decode steps split over the context bucket's keys, prompt chunks
-    one split (their rows fill the GPU)."""
+    """attend's decode steps on attention_wide, split over the context bucket's keys (prompt chunks
+    of more rows run on FA2, in output-dim slices)."""
     T, H, D = q.shape
     Hkv = m.kv.k[il].shape[2]
-    if step.n_tokens <= attention_decode.MAX_T:
-        splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
-        partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
-    else:
-        splits, partials = 1, m.arena.get("partials_wide", attention_wide.partials_shape(1, 1, 1, D))
+    splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
+    partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
     attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out, partials, splits,
                                   m.cfg.attn_scale, window, m.ctx.nb_stream)

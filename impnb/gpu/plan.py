@@ -95,7 +95,8 @@ class LoadPlan:
 
 
 def tiled_head_dim(cfg: ModelConfig) -> int:
-    """The largest of the layers' head dims the tiled attention kernels take (cfg.head_dim where the
-    layers share one; gemma4's global 512 goes to attention_wide, which has rules of its own)."""
+    """The largest of the layers' head dims the tiled decode attention kernels take (cfg.head_dim
+    where the layers share one; gemma4's global 512 decodes on attention_wide, which has rules of
+    its own)."""
     dims = {cfg.head_dims(il)[0] for il in range(cfg.n_layer)} & set(attention_decode.HEAD_DIMS)
     return max(dims, default=cfg.head_dim)

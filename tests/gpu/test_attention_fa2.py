@@ -114,6 +114,29 @@ def test_fa2_tilings(D, tiling):
     check_fa2(_seed(D, 77), 300, 200, 4, 2, D, 1.0, 100, 20.0, page_size=16, tiling=tiling)
 
 
+# -- head dim 512 (Gemma 4's global layers: 16 query heads, 2 KV heads), blocks in 256-dim output
+# slices: prompt chunks of 1 to 700 rows after up to 1300 cached keys, with and without a window,
+# both cache types --
+@pytest.mark.parametrize("kv", ("f16", "bf16"))
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("pos0,T", [(0, 1), (0, 17), (0, 700), (17, 255), (1000, 17), (1300, 700)])
+@pytest.mark.parametrize("window", (None, 300))
+def test_fa2_d512(window, pos0, T, std, kv):
+    check_fa2(_seed(512, pos0, T, std, window, 16 if kv == "bf16" else 0), pos0, T, 16, 2, 512, std, window,
+              page_size=16 + 16 * (T % 2), kv=kv)
+
+
+@pytest.mark.parametrize("kv", ("f16", "bf16"))
+def test_fa2_d512_softcap_not_causal_gqa(kv):
+    """Softcap with a window, every query at the last position, GQA 1 and 8, windows of one key
+    and of a tile width."""
+    check_fa2(_seed(512, 100, 16 if kv == "bf16" else 0), 300, 140, 4, 1, 512, 3.0, 100, softcap=20.0, kv=kv)
+    check_fa2(_seed(512, 7), 0, 333, 4, 4, 512, 1.0, causal=False, kv=kv)
+    check_fa2(_seed(512, 8), 999, 1, 8, 1, 512, 1.0, kv=kv)
+    for pos0, T, window in [(500, 64, 1), (500, 100, 32), (37, 200, 33)]:
+        check_fa2(_seed(pos0, T, window), pos0, T, 4, 2, 512, 1.0, window, kv=kv)
+
+
 # -- the wgmma kernel (head dims 64 and 128): the cases above at its head dims --
 WG_SHAPES = [sh for sh in SHAPES if sh[2] in attention_wgmma.HEAD_DIMS] + [(8, 8, 128, 200), (12, 4, 64, 77)]
 

@@ -1,8 +1,8 @@
 """FA2 prefill attention in the CUDA simulator: the GPU test's check on tiny shapes (D 64; one
-case each of D 128 and of D 256, whose Q fragments are reloaded per tile; one query tile, one to
-two key tiles). Checks the fragment plumbing (Q, K via ldmatrix, P from the S
-accumulators, V via ldmatrix.trans), the masks and the cp.async ring; whether the hardware agrees
-with ptx_sim's tables is for tests/gpu/test_ptx.py."""
+case each of D 128, of D 256, whose Q fragments are reloaded per tile, and of D 512, whose blocks
+own output slices; one query tile, one to two key tiles). Checks the fragment plumbing (Q, K via
+ldmatrix, P from the S accumulators, V via ldmatrix.trans), the masks and the cp.async ring;
+whether the hardware agrees with ptx_sim's tables is for tests/gpu/test_ptx.py."""
 
 import pytest
 
@@ -17,6 +17,7 @@ from tests.gpu.test_attention_fa2 import _seed, check_fa2
     (60, 8, 1, 1, None, None, 1.0, 32, False, 64),   # not causal: every query sees 68 keys
     (40, 9, 1, 1, None, 20.0, 1.0, 16, True, 128),   # D 128, softcap (GQA 2 at D 128: m16, bf16)
     (40, 9, 1, 1, 20, None, 1.0, 32, True, 256),     # D 256: 32-key tiles, keys 21..48 in two
+    (40, 9, 2, 1, 8, None, 3.0, 16, True, 512),      # D 512: two output slices a head, GQA 2, keys 33..48 in one tile
 ])
 def test_fa2(pos0, T, H, Hkv, window, softcap, std, page_size, causal, D):
     check_fa2(_seed(pos0, T, H), pos0, T, H, Hkv, D, std, window, softcap, page_size, causal)

@@ -3,8 +3,8 @@ launch recorded and none run (launch_trace): tiny models of impnb/synthetic_full
 after a prompt chunk past the sliding window, on prefill and on the short and split decode
 kernels. Every layer attends over its kv_layer's pools (a KV-shared layer over its source's
 pages, the same arrays), with its own window (the sliding layers') and scale 1, heads of 512 on
-attention_wide; only the layers that own their K/V write them, into their own pools, before
-they attend."""
+attention_wide at decode and on FA2 in prefill; only the layers that own their K/V write them,
+into their own pools, before they attend."""
 
 import types as pytypes
 
@@ -51,9 +51,9 @@ def record_calls(monkeypatch, calls: list) -> None:
     monkeypatch.setattr(fg, "kv_write", recorder("kv_write"))
 
 
-def check_layers(m, calls: list, kernels: set) -> None:
+def check_layers(m, calls: list, kernels: set, wide: str = "attention_wide") -> None:
     """One forward's calls: each layer's writes (own K/V only) then its attention, as the
-    docstring says."""
+    docstring says; wide: the kernel of heads of 512."""
     cfg = m.cfg
     attends = [(i, name, args) for i, (name, args) in enumerate(calls) if name in ATTENTION]
     assert len(attends) == cfg.n_layer, [c[0] for c in calls]
@@ -69,7 +69,7 @@ def check_layers(m, calls: list, kernels: set) -> None:
         _, i_scale, i_window = ATTENTION[name]
         assert args[1] is m.kv.k[src] and args[2] is m.kv.v[src], f"layer {il} reads another layer's pages"
         assert args[i_window] == cfg.window(il) and args[i_scale] == 1.0, (il, args[i_window], args[i_scale])
-        assert name == "attention_wide" if cfg.head_dims(il)[0] == 512 else name in kernels, (il, name)
+        assert name == wide if cfg.head_dims(il)[0] == 512 else name in kernels, (il, name)
 
 
 @pytest.mark.parametrize("variant", ["dense", "wide"])
@@ -91,7 +91,7 @@ def test_layers_read_their_kv_layers_pages_and_window(paths, monkeypatch, varian
     record_calls(monkeypatch, calls)
     engine.reset(SamplingParams(temperature=0))
     engine.logits(list(range(1, PROMPT + 1)))
-    check_layers(m, calls, {"attention_wgmma", "attention_fa2"})  # wgmma at heads of 64 and 128
+    check_layers(m, calls, {"attention_wgmma", "attention_fa2"}, "attention_fa2")  # wgmma at heads of 64 and 128
     calls.clear()
     engine.logits([5])
     assert bool(engine.last_step.short_blocks) == short

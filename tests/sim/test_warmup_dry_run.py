@@ -56,7 +56,7 @@ def test_dry_run_records_every_phase_and_launches_nothing(arch, tp_world, tmp_pa
     assert impnb.launch.recorder is None
 
 
-@pytest.mark.parametrize("variant", ["dense", "moe"])
+@pytest.mark.parametrize("variant", ["dense", "moe", "wide"])
 def test_dry_run_of_gemma4(variant, tmp_path, monkeypatch):
     """gemma4's own layer loop through the same dry run: its kernels recorded, none launched."""
     from impnb.synthetic_full_gemma4 import TINY_SHAPES, write_full_gguf as write_gemma4
@@ -79,3 +79,5 @@ def test_dry_run_of_gemma4(variant, tmp_path, monkeypatch):
         assert {"_per_layer_inputs_kernel", "_rope_kernel", "_scale_rms_norm_kernel"} <= names
     else:
         assert {"_expert_scale_kernel", "_route_kernel", "_combine_kernel", "_moe_layer_end_kernel"} <= names
+    if variant == "wide":  # heads of 512: decode on attention_wide, prompt chunks on FA2's output slices
+        assert "_attention_wide_d512_kernel" in names and any(n.startswith("_fa2_d512_v256") for n in names)

@@ -4,7 +4,8 @@ T query tokens of one sequence at non-decreasing positions pos[t] (pos0 .. pos0 
 prompt chunk) against the cached keys 0 .. pos[t] (causal, optional sliding window and softcap),
 GQA. S = Q·Kᵀ and O += P·V run on mma.sync m16n8k16 (operands in the cache's type, fp16 or
 bf16: Q and P are rounded to it; fp32 accumulation), the softmax online in fp32 per query row;
-numpy reference: attention.attention_ref.
+numpy reference: attention.attention_ref. Head dims 64, 128, 256 and 512; at 512 a block owns
+one slice of a head's output dims (V_SLICE) and recomputes S and the softmax for it.
 
 Per block, the key range is lo .. hi: hi the position of its last row, lo its first row's window
 start (0 without a window). Key tiles wholly outside it are never loaded; only tiles that cross a
@@ -54,13 +55,20 @@ SMEM_ALIGN = ptx.SMEM_ALIGN
 # m-tiles, halving ldmatrix traffic per mma; MT 1 keeps BM 64. Without Q in registers its
 # fragments are re-read per k step, as FlashAttention-2 does. D 128 at MT 2 fits 255 registers
 # only with 32-key tiles (64 spill 24 bytes for 1-3%, not worth the spill). All compile without
-# spills (tests/test_kernel_build.py). A third cp.async stage measured no faster.
+# spills (tests/test_kernel_build.py). A third cp.async stage measured no faster. D 512 (Gemma 4's
+# global layers) splits the output dims (V_SLICE); at 32-key tiles a block takes 160 KB of shared
+# memory (the 64 KB Q tile, two stages of a 32 KB K tile and a 16 KB V slice), one block an SM.
 TILINGS = {
-    "m32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False)},
-    "m16": {64: (64, 1, True), 128: (64, 1, True), 256: (32, 1, False)},
+    "m32": {64: (64, 2, True), 128: (32, 2, False), 256: (32, 1, False), 512: (32, 1, False)},
+    "m16": {64: (64, 1, True), 128: (64, 1, True), 256: (32, 1, False), 512: (32, 1, False)},
 }
 DEFAULT_TILING = "m32"
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256, 512)
+# Head dim -> output dims one block accumulates, where fewer than D: at 512 the O accumulator of a
+# 16-row m-tile would take 256 registers a lane, so blocks own 256-dim slices of the output (a
+# grid dimension picks one; their V tiles hold only it). Each slice's block computes the whole
+# S = Q·Kᵀ over all D dims and the softmax statistics itself: the QK work repeats per slice.
+V_SLICE = {512: 256}
 
 
 @cuda.jit(device=True, inline=True)
@@ -111,21 +119,24 @@ def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False):
 
 @lru_cache(maxsize=None)
 def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool = False):
+    DV = V_SLICE.get(D, D)       # output dims per block
     BM = 16 * MT * WARPS         # query rows per block
     WM = 16 * MT                 # query rows per warp
-    CH = D // 8                  # 16-byte chunks per row
-    ROWB = 2 * D                 # bytes per fp16 row
+    CH = D // 8                  # 16-byte chunks per K row
+    ROWB = 2 * D                 # bytes per fp16 Q or K row
+    VROWB = 2 * DV               # bytes per fp16 V row (the block's slice)
     KK = D // 16                 # k steps of S = Q·Kᵀ
     NS = BN // 8                 # S n-tiles per m-tile (16 x BN)
-    NO = D // 8                  # O n-tiles per m-tile (16 x D)
+    NO = DV // 8                 # O n-tiles per m-tile (16 x DV)
     Q_BYTES = BM * ROWB
-    KV_BYTES = BN * ROWB
-    STAGE = 2 * KV_BYTES         # K tile, V tile
+    K_BYTES = BN * ROWB
+    STAGE = K_BYTES + BN * VROWB  # K tile, V tile
     RSTEP = THREADS // 8         # tile rows one pass of the block's cp.async covers (8 threads a row)
     KV_PASSES = BN // RSTEP
     NQF = 4 * MT * (KK if q_in_regs else 1)
     S1 = 4 * NS                  # S accumulators per lane and m-tile
     O1 = 4 * NO                  # O accumulators per lane and m-tile
+    NSL = D // DV                # output slices of a head (blocks along grid x)
     NR = 2 * MT                  # rows per lane
     N_S = MT * S1                # S accumulators per lane
     N_O = MT * O1                # O accumulators per lane
@@ -134,15 +145,17 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
     mma = ptx.mma_bf16 if bf16 else ptx.mma_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
     assert KV_PASSES * RSTEP == BN and BN % PAGE == 0 and PAGE == 1 << PSH
+    assert D % DV == 0 and DV % 64 == 0
 
     @cuda.jit(device=True, inline=True)
-    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, c8, col, row_elems, page_elems):
-        # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + KV_BYTES, zero outside lo..hi.
-        # This thread: rows r = r0 + RSTEP i, chunks c8 + 8 u of each (element col + 64 u of its
-        # cache row; in shared memory, swizzled within each 8-chunk group: + 128 u bytes). k0 is
-        # a multiple of PAGE, so row r sits at r % PAGE in its page; a key outside lo..hi reads
-        # nothing (src size 0) but gets a valid address, in the page of the nearest live key
-        # (block-table entries past the live length are never read).
+    def load_kv(sk, k_pool, v_pool, block_table, k0, lo, hi, r0, c8, col, v_off, row_elems, page_elems):
+        # keys k0 .. k0 + BN - 1 -> K tile at sk, V tile at sk + K_BYTES (dims v_off .. v_off + DV -
+        # 1), zero outside lo..hi. This thread: rows r = r0 + RSTEP i, chunks c8 + 8 u of each
+        # (element col + 64 u of its cache row, V's col + v_off + 64 u; in shared memory, swizzled
+        # within each 8-chunk group: + 128 u bytes). k0 is a multiple of PAGE, so row r sits at
+        # r % PAGE in its page; a key outside lo..hi reads nothing (src size 0) but gets a valid
+        # address, in the page of the nearest live key (block-table entries past the live length
+        # are never read).
         for i in range(KV_PASSES):
             r = r0 + RSTEP * i
             key = int32(k0 + r)
@@ -150,9 +163,11 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             n = 16 if lo <= key and key <= hi else 0
             src = block_table[uint32(live >> PSH)] * page_elems + int32((r & (PAGE - 1)) * row_elems + col)
             dst = sk + swz(r, c8, ROWB)
+            v_dst = sk + swz(r, c8, VROWB)
             for u in range(CH // 8):
                 ptx.cp_async_16_zfill(dst + 128 * u, k_pool, src + 64 * u, n)
-                ptx.cp_async_16_zfill(dst + 128 * u + KV_BYTES, v_pool, src + 64 * u, n)
+                if u < DV // 64:
+                    ptx.cp_async_16_zfill(v_dst + 128 * u + K_BYTES, v_pool, src + v_off + 64 * u, n)
 
     @cuda.jit(device=True, inline=True)
     def q_offset(r, ch):
@@ -170,21 +185,28 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         qf[o + 2] = a2
         qf[o + 3] = a3
 
-    # grid (H, ceil(T / BM)), block 128 (4 warps): a block owns query rows t0 .. t0 + BM - 1 of
-    # head h; blocks start heaviest first (every head's last query tile, then the tiles before),
-    # so the last wave holds the lightest blocks. Warp w owns rows t0 + WM w .. + WM - 1 as MT
-    # m-tiles of 16; lane (g, c) rows g and g + 8 of each m-tile, i.e. the C fragments s (16 x BN scores) and
-    # o (16 x D output) per m-tile, and one quarter of each row's softmax sum l. Row statistics
-    # are indexed 2 mt + half (half 0: row g, 1: row g + 8). Shared (dynamic, shared_bytes): Q
-    # tile BM x D fp16 (scale·log2 e folded in), then 2 stages of [K tile BN x D | V tile BN x D]
-    # fp16; rows swizzled by swz. Scores are kept in log2 units throughout (exp2 softmax).
+    # grid (H D / DV, ceil(T / BM)), block 128 (4 warps): block (x, y) owns query rows t0 .. t0 +
+    # BM - 1 of head h = x // (D / DV) and their output dims DV sl .. DV sl + DV - 1, sl = x % (D /
+    # DV) (the slices of one query tile start together and share its K reads); blocks start
+    # heaviest first (every head's last query tile, then the tiles before), so the last wave holds
+    # the lightest blocks. Warp w owns rows t0 + WM w .. + WM - 1 as MT m-tiles of 16; lane (g, c)
+    # rows g and g + 8 of each m-tile, i.e. the C fragments s (16 x BN scores) and o (16 x DV
+    # output) per m-tile, and one quarter of each row's softmax sum l. Row statistics are indexed
+    # 2 mt + half (half 0: row g, 1: row g + 8). Shared (dynamic, shared_bytes): Q tile BM x D
+    # fp16 (scale·log2 e folded in), then 2 stages of [K tile BN x D | V tile BN x DV] fp16; rows
+    # swizzled by swz. Scores are kept in log2 units throughout (exp2 softmax).
     def fa2(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         T = q.shape[0]
         H = q.shape[1]
         Hkv = k_pool.shape[2]
-        h = cuda.blockIdx.x
+        if NSL == 1:
+            h = cuda.blockIdx.x
+            v_off = 0
+        else:
+            h = cuda.blockIdx.x // NSL
+            v_off = (cuda.blockIdx.x - h * NSL) * DV  # the block's first output dim
         kh = h // (H // Hkv)
         t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
         t_last = min(t0 + BM, T) - 1
@@ -208,7 +230,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         col = kh * D + 8 * c8                            # its element offset within a cache row
         row_elems = Hkv * D
         page_elems = np.int64(row_elems * PAGE)          # int64: pools may pass 2^31 elements
-        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, row_elems, page_elems)
+        load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, v_off, row_elems, page_elems)
         ptx.cp_async_commit()
 
         q_tile(q, sq, t0, h, qscale)
@@ -236,10 +258,11 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         pa = cuda.local.array(N_P, uint32)
         # ldmatrix lane addresses of K (k step 0) and V (d 0..15), relative to a stage: lanes
         # 8i..8i+7 give matrix i's rows; chunk ch of row r sits at chunk ch ^ (r & 7), so k step kk
-        # (V: d step dp) is the step-0 offset XOR kk << 5 (chunk bits only, as ROWB > 32 KK)
+        # (V: d step dp) is the step-0 offset XOR kk << 5 (chunk bits only, as ROWB > 32 KK and
+        # VROWB > 32 NO / 2, and stages start at multiples of both)
         kb = lane & 7
         k_rel = (kb + ((lane >> 4) << 3)) * ROWB + ((((lane >> 3) & 1) ^ kb) << 4)
-        v_rel = KV_BYTES + (kb + (((lane >> 3) & 1) << 3)) * ROWB + (((lane >> 4) ^ kb) << 4)
+        v_rel = K_BYTES + (kb + (((lane >> 3) & 1) << 3)) * VROWB + (((lane >> 4) ^ kb) << 4)
 
         cur = 0  # byte offset of tile j's stage: 0 or STAGE
         for j in range(j0, j1 + 1):
@@ -249,7 +272,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             k0 = int32(j * BN)
             if j < j1:
                 load_kv(skv + (STAGE - cur), k_pool, v_pool, block_table, k0 + BN, lo, hi, r0, c8,
-                        col, row_elems, page_elems)
+                        col, v_off, row_elems, page_elems)
             ptx.cp_async_commit()
             k_lane = cur + k_rel   # loop-variant on purpose: per-step addresses are not hoisted into registers
             v_lane = cur + v_rel
@@ -335,7 +358,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
                     for u in range(4):
                         pa[4 * mt + u] = pack(s[e + 2 * u], s[e + 2 * u + 1])
                 for dp in range(NO // 2):  # matrices: keys 0..7, 8..15 at d 16dp+0..7, then d +8..15
-                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(skv + (v_lane ^ (dp << 5)) + 16 * kj * ROWB)
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(skv + (v_lane ^ (dp << 5)) + 16 * kj * VROWB)
                     for mt in range(MT):
                         for n in range(2):
                             f = O1 * mt + 4 * (2 * dp + n)
@@ -350,17 +373,19 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             inv = float32(1) / quad_sum(lsum[rh])  # every lane: a quad shuffle
             t = t0 + WM * warp + 8 * rh + g
             if t < T:
-                base = (t * H + h) * D + 2 * c
+                base = (t * H + h) * D + v_off + 2 * c
                 for n in range(NO):
                     f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
                     ptx.st_global_v2_f32(out, base + 8 * n, o[f] * inv, o[f + 1] * inv)
 
-    fa2.__name__ = f"_fa2_d{D}_n{BN}_m{WM}{'_qr' if q_in_regs else ''}_p{PAGE}{'_bf16' if bf16 else ''}_kernel"
+    tiles = (f"_v{DV}" if DV < D else "") + f"_n{BN}_m{WM}" + ("_qr" if q_in_regs else "")
+    fa2.__name__ = f"_fa2_d{D}{tiles}_p{PAGE}{'_bf16' if bf16 else ''}_kernel"
     return cuda.jit(fa2)
 
 
 def shared_bytes(D: int, BN: int, MT: int) -> int:
-    return 16 * MT * WARPS * 2 * D + 2 * 2 * BN * 2 * D
+    """Dynamic shared memory of a block: the Q tile and 2 stages of K and V tiles, fp16."""
+    return 16 * MT * WARPS * 2 * D + 2 * BN * 2 * (D + V_SLICE.get(D, D))
 
 
 def _check(a, dtype, ndim: int, name: str):
@@ -399,7 +424,8 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
     BN, MT, q_in_regs = TILINGS[tiling][D]
     BM = 16 * MT * WARPS
     if T:
-        launch(fa2_kernel(D, BN, MT, q_in_regs, P, bf16), (H, (T + BM - 1) // BM), THREADS, stream, q, k_pool,
+        launch(fa2_kernel(D, BN, MT, q_in_regs, P, bf16), (H * (D // V_SLICE.get(D, D)), (T + BM - 1) // BM),
+               THREADS, stream, q, k_pool,
                v_pool, block_table, pos, out, np.float32(scale * LOG2E), np.int32(window or 0),
                np.float32(softcap or 0.0),
                shared_bytes=shared_bytes(D, BN, MT))
