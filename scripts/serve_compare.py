@@ -81,7 +81,7 @@ def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | Non
         print(f"serve-compare: {name} up in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if bench(port, args, args.warmup_len, rounds=1) is None:  # every concurrency: every batch bucket
             return None
-        rows = bench(port, args, args.output_len)
+        rows = bench(port, args, args.output_len, rounds=args.rounds)
         for r in rows or ():  # as measured: a run cut short keeps what it had
             print(f"serve-compare: {name} concurrency {r['concurrency']}: {r['output_throughput']:.0f} tok/s, "
                   f"TTFT p50 {r['ttft_p50_ms']:.1f} ms, TPOT p50 {r['tpot_p50_ms']:.2f} ms, "
@@ -131,6 +131,7 @@ def main() -> int:
     p.add_argument("--concurrency", default="1,8,32,64,128")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=4, help="requests a client at each concurrency")
     p.add_argument("--warmup-len", type=int, default=16, help="tokens a warm-up request generates")
     p.add_argument("--ctx", type=int, default=1024, help="context a sequence (a slot) holds, both servers")
     p.add_argument("--device", default="cuda", help="impnb's device")
