@@ -1,7 +1,7 @@
 """Attention over the paged fp16 KV cache at head dims past the decode kernels' (HEAD_DIMS: Gemma
-4's global layers, 512), for decode steps (models send longer prompt chunks to attention_fa2,
-which takes 512 in output-dim slices; this kernel takes them too, as one split): one warp a
-query row, its keys split over n_splits blocks, then (n_splits > 1) a merge kernel. One sequence. Query row (t, h) at
+4's global layers, 512), for decode steps: one warp a query row, its keys split over n_splits
+blocks, then (n_splits > 1) a merge kernel. It takes prompt chunks too, as one split, but models
+send those to attention_fa2 (blocks in output-dim slices at 512). One sequence. Query row (t, h) at
 pos[t] sees keys k <= pos[t] with pos[t] - k < window; rows at pos < 0 (padding) see none and
 write zeros. Everything that moves per step is read from `pos` on the device, so a captured graph
 stays valid as the context grows. Numpy reference: attention.attention_ref.
