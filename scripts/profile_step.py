@@ -4,7 +4,10 @@ Each kernel node is copied REPS times into a graph of its own (a chain, as in th
 replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kernel name. Also
 printed: the whole graph's replay time, engine.step()'s wall time and the Python time in it
 (step() less the wait for the device's token).
-    python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--json PATH]
+    python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--depth D] [--prefill N] [--json PATH]
+--depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N
+profiles the graph of the last 512-row prompt chunk of an N-token prompt (its attention reads
+the N - 512 positions before it) instead of a decode step, and reports no host time.
 With --ncu, one replay of the step's graph runs between cuProfilerStart and cuProfilerStop and
 nothing is timed: `ncu --profile-from-start off ... python scripts/profile_step.py MODEL --ncu`
 profiles each kernel of one decode step (L2 flushed before each, as the weights are cold in a step);
@@ -22,12 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+import numpy as np  # noqa: E402
 from cuda.bindings import driver  # noqa: E402
 
 from impnb.engine_cuda import CudaEngine  # noqa: E402
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from impnb.sampling import SamplingParams  # noqa: E402
+from impnb.warmup import prepare  # noqa: E402
 
 
 def ok(result):
@@ -93,16 +98,28 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--by-grid", action="store_true", help="a row per kernel and grid, not per kernel")
     ap.add_argument("--ncu", action="store_true", help="one replay inside the profiler's range, for ncu")
+    ap.add_argument("--depth", type=int, default=64, help="prompt tokens before the decode steps")
+    ap.add_argument("--prefill", type=int, help="profile the last prompt chunk of this many tokens")
     args = ap.parse_args()
 
     mf = open_model_file(resolve_model(args.model))
-    eng = CudaEngine(mf, 1024)
+    rng = np.random.default_rng(0)
+    n_prompt = args.prefill or args.depth
+    n_ctx = max(1024, n_prompt + args.tokens + 8)
+    prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
+    eng = CudaEngine(mf, n_ctx)
     eng.reset(SamplingParams(temperature=0))
-    tok = eng.prefill(list(range(10, 74)))
-    for _ in range(3):  # eager step, capture, one replay
-        tok = eng.step(tok)
+    vocab = eng.cfg.n_vocab
+    tok = eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
+    if args.prefill:  # again: the first run captured the chunk's graph after running it eagerly
+        eng.reset(SamplingParams(temperature=0))
+        eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
+        graph = eng.prefill_graphs[max(eng.prefill_graphs)]
+    else:
+        for _ in range(3):  # eager step, capture, one replay
+            tok = eng.step(tok)
+        graph = list(eng.graphs.values())[-1]
     if args.ncu:
-        (graph,) = eng.graphs.values()
         ok(driver.cuCtxSynchronize())
         ok(driver.cuProfilerStart())
         ok(driver.cuGraphLaunch(graph.exec, graph.stream))
@@ -119,14 +136,14 @@ def main() -> int:
         return token
 
     eng.replays.collect = timed_collect
-    for _ in range(args.tokens):
+    for _ in range(0 if args.prefill else args.tokens):
         n_waits = len(waits)
         t0 = time.perf_counter()
         tok = eng.step(tok)
         walls.append((time.perf_counter() - t0) * 1e6)
         hosts.append(walls[-1] - sum(waits[n_waits:]))
-    host = statistics.median(hosts)
-    (graph,) = eng.graphs.values()
+    host = statistics.median(hosts) if hosts else 0.0
+    wall = statistics.median(walls) if walls else 0.0
     stream = graph.stream
     replay = time_graph(graph.exec, stream, 50)
 
@@ -144,8 +161,9 @@ def main() -> int:
         by_name[name].append(node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    print(f"{args.model}: {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
-          f"step() wall {statistics.median(walls):.1f} µs, of it Python {host:.1f} µs; "
+    what = f"prefill chunk at {args.prefill - 512}" if args.prefill else f"decode at depth {args.depth}"
+    print(f"{args.model} ({what}): {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
+          f"step() wall {wall:.1f} µs, of it Python {host:.1f} µs; "
           f"sum of nodes alone {total:.1f} µs")
     print(f"{'kernel':<56} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
     for name, count, us in rows:
@@ -153,7 +171,7 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "nodes": len(nodes), "replay_us": replay,
-            "step_wall_us": statistics.median(walls), "host_us": host, "kernels": rows}, indent=1))
+            "step_wall_us": wall, "host_us": host, "kernels": rows}, indent=1))
     return 0
 
 
