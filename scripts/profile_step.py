@@ -8,6 +8,10 @@ printed: the whole graph's replay time, engine.step()'s wall time and the Python
 --depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N
 profiles the graph of the last 512-row prompt chunk of an N-token prompt (its attention reads
 the N - 512 positions before it) instead of a decode step, and reports no host time.
+--in-situ times each kernel where it runs instead: the graph's kernels re-made as a chain with an
+event between each two, so each reads what its predecessors wrote and finds the caches they left
+(alone, a kernel repeated finds its own data in L2, and one whose work follows data made by
+others, as the MoE's, repeats with that data as it was).
 With --ncu, one replay of the step's graph runs between cuProfilerStart and cuProfilerStop and
 nothing is timed: `ncu --profile-from-start off ... python scripts/profile_step.py MODEL --ncu`
 profiles each kernel of one decode step (L2 flushed before each, as the weights are cold in a step);
@@ -90,6 +94,38 @@ def node_cost(node, params, stream, copies: int) -> float:
     return us
 
 
+def in_situ(nodes, stream, replays: int) -> tuple[list, float]:
+    """µs of each kernel node in place: the nodes re-made in their order as a chain with an event
+    recorded before each (and after the last), so a kernel runs on the data and caches its
+    predecessors left; the median of `replays` replays per node, and that graph's median total."""
+    g = ok(driver.cuGraphCreate(0))
+    prev, events = [], []
+    for node in nodes + [None]:
+        ev = ok(driver.cuEventCreate(0))
+        events.append(ev)
+        prev = [ok(driver.cuGraphAddEventRecordNode(g, prev, len(prev), ev))]
+        if node is None:
+            break
+        params = ok(driver.cuGraphKernelNodeGetParams(node))
+        k = ok(driver.cuGraphAddKernelNode(g, prev, 1, params))
+        ok(driver.cuGraphKernelNodeSetAttribute(k, _CLUSTER, ok(driver.cuGraphKernelNodeGetAttribute(node, _CLUSTER))))
+        prev = [k]
+    ex = ok(driver.cuGraphInstantiate(g, 0))
+    per = [[] for _ in nodes]
+    totals = []
+    for rep in range(replays + 1):
+        ok(driver.cuGraphLaunch(ex, stream))
+        ok(driver.cuStreamSynchronize(stream))
+        if rep == 0:
+            continue
+        for i in range(len(nodes)):
+            per[i].append(ok(driver.cuEventElapsedTime(events[i], events[i + 1])) * 1e3)
+        totals.append(ok(driver.cuEventElapsedTime(events[0], events[-1])) * 1e3)
+    driver.cuGraphExecDestroy(ex)
+    driver.cuGraphDestroy(g)
+    return [statistics.median(v) for v in per], statistics.median(totals)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -100,6 +136,8 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true", help="one replay inside the profiler's range, for ncu")
     ap.add_argument("--depth", type=int, default=64, help="prompt tokens before the decode steps")
     ap.add_argument("--prefill", type=int, help="profile the last prompt chunk of this many tokens")
+    ap.add_argument("--in-situ", action="store_true",
+                    help="time each kernel in place between events (not alone in a chain of copies)")
     args = ap.parse_args()
 
     mf = open_model_file(resolve_model(args.model))
@@ -149,22 +187,24 @@ def main() -> int:
 
     nodes, _ = ok(driver.cuGraphGetNodes(graph.graph, graph.n_nodes))
     by_name = defaultdict(list)
-    others = 0
-    for node in nodes:
-        if ok(driver.cuGraphNodeGetType(node)) != driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            others += 1
-            continue
+    kernels = [n for n in nodes
+               if ok(driver.cuGraphNodeGetType(n)) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL]
+    others = len(nodes) - len(kernels)
+    if args.in_situ:
+        costs, chain = in_situ(kernels, stream, args.reps)
+        print(f"in place between events: the chain's replay {chain:.1f} µs")
+    for i, node in enumerate(kernels):
         params = ok(driver.cuGraphKernelNodeGetParams(node))
         name = kernel_name(params)
         if args.by_grid:
             name += f" {params.gridDimX}x{params.gridDimY}x{params.gridDimZ}/{params.blockDimX}"
-        by_name[name].append(node_cost(node, params, stream, args.reps))
+        by_name[name].append(costs[i] if args.in_situ else node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
     what = f"prefill chunk at {args.prefill - 512}" if args.prefill else f"decode at depth {args.depth}"
     print(f"{args.model} ({what}): {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
           f"step() wall {wall:.1f} µs, of it Python {host:.1f} µs; "
-          f"sum of nodes alone {total:.1f} µs")
+          f"sum of nodes {'in place' if args.in_situ else 'alone'} {total:.1f} µs")
     print(f"{'kernel':<56} {'count':>5} {'µs total':>9} {'µs each':>8} {'share':>6}")
     for name, count, us in rows:
         print(f"{name[:56]:<56} {count:>5} {us:>9.1f} {us / count:>8.2f} {us / total:>6.1%}")
