@@ -93,14 +93,22 @@ def test_prefill_over_two_chunks_matches_reference(case):
     agree_prefill(out, ref, engine, "prefill (two chunks) vs reference")
 
 
-def test_prefill_split_does_not_matter(case):
-    """The prompt as 512 + 77 rows and as 300 + 289 rows: the same logits within 1e-3 for 98% of
-    the tokens (a router near a tie flips on rounding: 6 of 589 on qwen35moe on the H200) and
-    within 1e-2 for the 8 after either split, where a state or conv window carried
-    wrong across a chunk boundary would show (the DeltaNet kernels give the same bits however a
-    prompt is split; the GEMMs' and attention's rows move by rounding alone, ~1e-6, far below
+def test_prefill_split_does_not_matter(case, monkeypatch):
+    """The prompt as 512 + 77 rows and as 300 + 289 rows, the DeltaNet token by token in both
+    (IMPNB_GDN_CHUNKED_MIN_ROWS=0; by default a 512-row chunk takes the tensor-core kernel and a
+    300-row one does not, whose fp16 operands alone move logits by ~1e-3): the same logits within
+    1e-3 for 98% of the tokens (a router near a tie flips on rounding: 6 of 589 on qwen35moe on
+    the H200) and within 1e-2 for the 8 after either split, where a state or conv window carried
+    wrong across a chunk boundary would show (the token-by-token kernel gives the same bits however
+    a prompt is split; the GEMMs' and attention's rows move by rounding alone, ~1e-6, far below
     the router ties that move the comparison with the reference)."""
-    ids, _, engine = case
+    from impnb.engine_cuda import CudaEngine
+
+    ids, _, eager = case
+    monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "0")
+    monkeypatch.setenv("IMPNB_GDN_CHUNKED_MIN_ROWS", "0")
+    engine = CudaEngine(eager.mf, N_CTX, graphs=False)
+    assert engine.m.tuning.gdn_chunked_min_rows == 0
     runs = []
     for split in (MAX_PREFILL_CHUNK, 300):
         engine.reset(SamplingParams(temperature=0))

@@ -14,12 +14,15 @@ pos's parity, written at pos + 1's (conv1d.py says why).
 ssm_a is the file's ssm_a (-exp(A_log)), dt_bias its ssm_dt.bias, ssm_norm (dv,) its ssm_norm.
 """
 
+import math
+
 import numpy as np
 from numba import cuda, types
 
 from impnb.kernels.common import ptx
+from impnb.kernels.common.warp import SIMULATOR, warp_sum
 from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, ROW_GROUPS, ROWS, block_kernel,
-                                             check_gdn_args, gated_norm, load_state, store_state,
+                                             check_gdn_args, gated_norm, load_state, silu, store_state,
                                              token_inputs, token_update)
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin, lengths None)
 from impnb.launch import launch
@@ -27,28 +30,34 @@ from impnb.launch import launch
 _ZERO = np.float32(0)
 
 
-# grid (Hv, B), block ROW_GROUPS * dv: V head h of row r (sequence r, its state slot slots[r]),
-# the layout of gdn_step.py (thread: column j, row group g, R rows of S in registers). The V
+# grid (Hv VS, B), block ROW_GROUPS * dv / VS: dv slice vs of V head h of row r (sequence r, its
+# state slot slots[r]), with VS = dv / 32 slices a head on the GPU (a thread-block cluster of VS
+# blocks: the gated norm's sum spans the head) and 1 in the simulator. The layout of gdn_step.py
+# within a slice (thread: column j of the slice, row group g, R rows of S in registers). The V
 # head reads QK head h % Hk (v_tiled) or h // (Hv / Hk).
 # -- before griddepcontrol.wait: the slot (and position), the head's A, dt_bias, the norm weight,
 #    and the thread's part of S (written by this layer's kernel in an earlier step, kernels ago) --
 # -- q, k normalised, gates (warps 0-2); v, z of the column -- barrier
 # -- decay, Sᵀk partials -- barrier -- update, Sᵀq partials -- barrier -- S stored --
-# -- gated norm (row group 0) -- barrier -- out written by row group 0.
-# A padded row (slot < 0) touches no state and outputs zeros. S moves once each way: Hv dk dv 4
-# bytes a sequence; one sequence fills only Hv SMs (the gated norm's sum keeps a head in a block).
+# -- gated norm: row group 0's squares, summed over the cluster's blocks through distributed
+#    shared memory (two cluster barriers) -- out written by row group 0.
+# A padded row (slot < 0) touches no state and outputs zeros (all of a cluster's blocks alike).
+# S moves once each way: Hv dk dv 4 bytes a sequence, over Hv VS SMs.
 # shared: gdn_step.py's qs, ks, gates, part_k, part_q, red (about 5 KB).
 @block_kernel
 def _gdn_decode_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_heads, v_tiled,
                        state, slots, pos, use_pos, out):
-    h = cuda.blockIdx.x
-    r = cuda.blockIdx.y
     tid = cuda.threadIdx.x
     Hv = state.shape[1]
     dk = state.shape[2]
     dv = state.shape[3]
-    j = tid % dv
-    g = tid // dv
+    cols = cuda.blockDim.x // ROW_GROUPS
+    n_slices = dv // cols
+    h = cuda.blockIdx.x // n_slices
+    r = cuda.blockIdx.y
+    jl = tid % cols
+    j = (cuda.blockIdx.x % n_slices) * cols + jl
+    g = tid // cols
     rows = dk // ROW_GROUPS
     r0 = g * rows
     slot = slots[r]
@@ -82,11 +91,33 @@ def _gdn_decode_kernel(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_h
     v_j = qkv[r, 2 * n_qk + col]
     z_j = z[r, col]
     cuda.syncthreads()
-    o = token_update(S, r0, rows, g, j, v_j, qs, ks, gates, part_k, part_q)
+    o = token_update(S, r0, rows, g, jl, v_j, qs, ks, gates, part_k, part_q)
     store_state(S, state, dst, h, r0, rows, j)
-    y = gated_norm(o, z_j, w_j, eps, dv, g, red)
+    if n_slices == 1:
+        y = gated_norm(o, z_j, w_j, eps, dv, g, red)
+    else:
+        y = _cluster_gated_norm(o, z_j, w_j, eps, dv, g, n_slices, red)
     if g == 0:
         out[r, col] = y
+
+
+@cuda.jit(device=True, inline=True)
+def _cluster_gated_norm(o, z_j, w_j, eps, dv, g, n_slices, red):
+    """gdn_step.gated_norm over a head split into n_slices blocks of 32 columns (one warp a row
+    group), a cluster: each block's row group 0 puts its squares' sum in red[0]; after a cluster
+    barrier every block adds the cluster's sums; a second one keeps each red[0] alive until read."""
+    if g == 0:
+        ss = warp_sum(o * o)
+        if cuda.threadIdx.x == 0:
+            red[0] = ss
+    ptx.cluster_sync()
+    total = _ZERO
+    if g == 0:
+        for rank in range(MAX_DV // 32):
+            if rank < n_slices:
+                total += ptx.ld_cluster_f32(ptx.smem_addr(red, 0), rank)
+    ptx.cluster_sync()
+    return o / math.sqrt(total / np.float32(dv) + eps) * w_j * silu(z_j) if g == 0 else _ZERO
 
 
 def gdn_decode(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, n_k_heads: int,
@@ -103,9 +134,11 @@ def gdn_decode(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, n
         assert pos.dtype == np.int32 and pos.shape == (B,) and pos.is_c_contiguous(), "pos: int32 (B,)"
     else:
         pos = slots  # unread
-    launch(_gdn_decode_kernel, (Hv, B), ROW_GROUPS * dv, stream, qkv, z, b, a, ssm_a, dt_bias, norm_w,
-           np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads), np.int32(bool(v_tiled)),
-           state, slots, pos, np.int32(use_pos), out)
+    n_slices = 1 if SIMULATOR else dv // 32
+    launch(_gdn_decode_kernel, (Hv * n_slices, B), ROW_GROUPS * dv // n_slices, stream, qkv, z, b, a, ssm_a,
+           dt_bias, norm_w, np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads),
+           np.int32(bool(v_tiled)), state, slots, pos, np.int32(use_pos), out,
+           cluster=(n_slices, 1, 1) if n_slices > 1 else None)
 
 
 _F2 = types.float32[:, ::1]
@@ -119,5 +152,5 @@ def build_signatures() -> list:
         (_gdn_decode_kernel, (_F2, _F2, _F2, _F2, _F1, _F1, _F1, types.float32, types.float32, types.int32,
                               types.int32, types.float32[:, :, :, ::1], types.int32[::1], types.int32[::1],
                               types.int32, _F2),
-         {"max_registers": 96}),
+         {"max_registers": 96, "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster")}),
     ]
