@@ -18,8 +18,9 @@ from impnb.serve.outputs import Delta  # noqa: E402
 from impnb.server.generation import Choice, Generation  # noqa: E402
 
 
-def generation(chat: bool, deltas: list[Delta]) -> Generation:
-    """A Generation of one choice whose engine events are `deltas` (no model, no HTTP)."""
+def generation(chat: bool, deltas: list[Delta], at_once: int = 1) -> Generation:
+    """A Generation of one choice whose engine events are `deltas` (no model, no HTTP), arriving
+    `at_once` at a time (as a stream that has fallen behind finds them queued)."""
     g = Generation.__new__(Generation)
     g.chat, g.id, g.created = chat, "cmpl-test", 0
     g.server = SimpleNamespace(model_name="m")
@@ -27,20 +28,25 @@ def generation(chat: bool, deltas: list[Delta]) -> Generation:
     g.choices = {"r": Choice(0, 3)}
 
     async def events():
-        for d in deltas:
-            yield d
+        for i in range(0, len(deltas), at_once):
+            yield deltas[i:i + at_once]
 
     g._events = events
     return g
 
 
-def chunks_of(g: Generation) -> list:
+def writes_of(g: Generation) -> list[str]:
     async def collect():
         return [c async for c in g._stream()]
 
-    out = asyncio.run(collect())
-    assert out[-1] == "data: [DONE]\n\n"
-    return [json.loads(c[len("data: "):]) for c in out[:-1]]
+    return asyncio.run(collect())
+
+
+def chunks_of(g: Generation) -> list:
+    """The SSE events of the stream's writes, parsed; [DONE] last."""
+    events = [e for w in writes_of(g) for e in w.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
 
 
 DELTAS = [Delta("r", [11], "a"), Delta("r", [12], ""), Delta("r", [13], "", False),
@@ -58,6 +64,16 @@ def test_every_token_gets_a_chunk_even_with_empty_text(chat):
         texts = [c["choices"][0]["text"] for c in chunks]
     assert texts == ["a", "", "", "b"]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_deltas_queued_together_leave_in_one_write_as_the_same_events(chat):
+    one_by_one = chunks_of(generation(chat, DELTAS))
+    together = generation(chat, DELTAS, at_once=3)
+    assert chunks_of(together) == one_by_one
+    writes = writes_of(generation(chat, DELTAS, at_once=3))
+    assert len(writes) == (1 if chat else 0) + 2 + 1  # role chunk, two batches, [DONE]
+    assert writes[-2].count("data: ") == 1 and writes[-3].count("data: ") == 3
 
 
 def test_a_finish_without_a_token_is_one_chunk_with_no_content():

@@ -118,20 +118,30 @@ class Generation:
             self.pending.clear()
 
     async def _events(self):
-        """Deltas and completions of every choice until all are done (an exception ends them)."""
+        """Lists of the Deltas and completions at hand (one at least), every choice's, until all
+        are done (an exception ends them, after the items that came before it): a stream that
+        has fallen behind the engine takes what has queued up in one go."""
+        out = self.job.out
         try:
             while self.pending:
-                item = await self.job.out.get()
-                if isinstance(item, Exception):
-                    self.pending.clear()  # the engine thread has dropped them
-                    raise item
-                if isinstance(item, tuple):  # ("done", request_id, Completion)
-                    _, request_id, completion = item
-                    choice = self.choices[request_id]
-                    choice.n_generated = len(completion.token_ids)
-                    choice.n_cached = completion.n_cached_tokens
-                    self.pending.discard(request_id)
-                yield item
+                batch = [await out.get()]
+                while not out.empty():
+                    batch.append(out.get_nowait())
+                items = []
+                for item in batch:
+                    if isinstance(item, Exception):
+                        self.pending.clear()  # the engine thread has dropped them
+                        if items:
+                            yield items
+                        raise item
+                    if isinstance(item, tuple):  # ("done", request_id, Completion)
+                        _, request_id, completion = item
+                        choice = self.choices[request_id]
+                        choice.n_generated = len(completion.token_ids)
+                        choice.n_cached = completion.n_cached_tokens
+                        self.pending.discard(request_id)
+                    items.append(item)
+                yield items
         finally:
             self.close()
 
@@ -154,13 +164,15 @@ class Generation:
                              "choices": choices, "usage": self._usage()})
 
     async def _collect(self) -> None:
-        async for item in self._events():
-            if not isinstance(item, tuple):
-                self._absorb(item)
+        async for items in self._events():
+            for item in items:
+                if not isinstance(item, tuple):
+                    self._absorb(item)
 
     def _absorb(self, delta) -> Choice:
         choice = self.choices[delta.request_id]
         choice.text.append(delta.text)
+        choice.n_chars += len(delta.text)
         if delta.logprobs:
             choice.logprobs += delta.logprobs
         if delta.finished:
@@ -187,7 +199,7 @@ class Generation:
         """SSE chunks: a chunk for each step that made tokens, also where its text is empty (a
         token that renders as nothing, or text held back while it may begin a stop string), as
         vLLM sends them, so that a client sees every token arrive; then usage where asked, then
-        [DONE]."""
+        [DONE]. The events of what came in one go leave in one write."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         head = {"id": self.id, "object": kind, "created": self.created, "model": self.server.model_name}
         extra = {"usage": None} if self.body.include_usage else {}
@@ -197,14 +209,19 @@ class Generation:
                 for c in sorted(self.choices.values(), key=lambda c: c.index):
                     yield sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **extra})
-            async for item in events:
-                if isinstance(item, tuple):
-                    continue
-                offset = sum(map(len, self.choices[item.request_id].text))
-                c = self._absorb(item)
-                if not (item.text or item.token_ids or item.logprobs or item.finished):
-                    continue  # a step that made no token (nothing held back either)
-                yield sse({**head, "choices": [self._chunk_choice(c, item, offset)], **extra})
+            async for items in events:
+                parts = []
+                for item in items:
+                    if isinstance(item, tuple):
+                        continue
+                    c = self.choices[item.request_id]
+                    offset = c.n_chars
+                    self._absorb(item)
+                    if not (item.text or item.token_ids or item.logprobs or item.finished):
+                        continue  # a step that made no token (nothing held back either)
+                    parts.append(sse({**head, "choices": [self._chunk_choice(c, item, offset)], **extra}))
+                if parts:
+                    yield "".join(parts)
             if self.body.include_usage:
                 yield sse({**head, "choices": [], "usage": self._usage()})
         except ImpnbError as e:
