@@ -25,12 +25,17 @@ MAX_SEQS, MAX_WAITING = 8, 8
 MODEL = "test-model"
 
 
+def start_server(path, device: str) -> ServerProcess:
+    n_ctx = N_CTX[device]
+    s = ServerProcess(path, "--device", device, "--ctx", n_ctx, "--max-seqs", MAX_SEQS,
+                      "--max-waiting", MAX_WAITING, "--grace", 2)
+    s.device, s.n_ctx = device, n_ctx
+    return s
+
+
 @pytest.fixture(scope="module", params=DEVICES)
 def server(request, smollm2_path):
-    n_ctx = N_CTX[request.param]
-    s = ServerProcess(smollm2_path, "--device", request.param, "--ctx", n_ctx, "--max-seqs", MAX_SEQS,
-                      "--max-waiting", MAX_WAITING, "--grace", 2)
-    s.device, s.n_ctx = request.param, n_ctx
+    s = start_server(smollm2_path, request.param)
     yield s
     s.stop()
 
@@ -309,18 +314,23 @@ def test_bad_model_or_busy_port_exit_2_with_one_line(server, smollm2_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("impnb: error: cannot serve")
 
 
-def test_sigterm_finishes_or_aborts_and_exits_0(server):
-    """Last: the server stops. A stream running past the grace period is cut, the process exits 0."""
-    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": server.n_ctx - 16,
-            "ignore_eos": True, "stream": True}
-    conn, r = open_stream(server.url, "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})
-    next(line for line in r if line.startswith(b"data: "))
-    server.proc.send_signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    rest = list(r)  # ends when the grace period has passed
-    cut_after = time.monotonic() - t0
-    conn.close()
-    assert server.proc.wait(60) == 0, server.proc.stdout.read()
-    # cut: far fewer chunks (a data line and a blank line each) than the tokens asked for, and
-    # within the grace period (2 s) and a margin
-    assert len(rest) < body["max_tokens"] and cut_after < 2 + 10
+def test_sigterm_finishes_or_aborts_and_exits_0(server, smollm2_path):
+    """A server of its own stops (the module's keeps serving the tests that a worker may run after
+    this one): a stream running past the grace period is cut, the process exits 0."""
+    own = start_server(smollm2_path, server.device)
+    try:
+        body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": own.n_ctx - 16,
+                "ignore_eos": True, "stream": True}
+        conn, r = open_stream(own.url, "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})
+        next(line for line in r if line.startswith(b"data: "))
+        own.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rest = list(r)  # ends when the grace period has passed
+        cut_after = time.monotonic() - t0
+        conn.close()
+        assert own.proc.wait(60) == 0, own.proc.stdout.read()
+        # cut: far fewer chunks (a data line and a blank line each) than the tokens asked for, and
+        # within the grace period (2 s) and a margin
+        assert len(rest) < body["max_tokens"] and cut_after < 2 + 10
+    finally:
+        own.stop()
