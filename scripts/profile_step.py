@@ -1,13 +1,14 @@
-"""Where a decode step's time goes: every kernel node of the captured decode graph, timed alone.
+"""Where a decode step's (or a prompt chunk's) time goes: every kernel node of its captured graph, timed.
 
 Each kernel node is copied REPS times into a graph of its own (a chain, as in the step) and
 replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kernel name. Also
 printed: the whole graph's replay time, engine.step()'s wall time and the Python time in it
 (step() less the wait for the device's token).
     python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--depth D] [--prefill N] [--json PATH]
---depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N
-profiles the graph of the last 512-row prompt chunk of an N-token prompt (its attention reads
-the N - 512 positions before it) instead of a decode step, and reports no host time.
+--depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N (a
+multiple of the 512-row prompt chunk) profiles the graph of the last chunk of an N-token prompt
+(its attention reads the N - 512 positions before it) instead of a decode step, and reports no
+host time.
 --in-situ times each kernel where it runs instead: the graph's kernels re-made as a chain with an
 event between each two, so each reads what its predecessors wrote and finds the caches they left
 (alone, a kernel repeated finds its own data in L2, and one whose work follows data made by
@@ -36,6 +37,7 @@ from impnb.engine_cuda import CudaEngine  # noqa: E402
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from impnb.sampling import SamplingParams  # noqa: E402
+from impnb.tuning import MAX_PREFILL_CHUNK  # noqa: E402
 from impnb.warmup import prepare  # noqa: E402
 
 
@@ -139,6 +141,8 @@ def main() -> int:
     ap.add_argument("--in-situ", action="store_true",
                     help="time each kernel in place between events (not alone in a chain of copies)")
     args = ap.parse_args()
+    if args.prefill is not None and (args.prefill <= 0 or args.prefill % MAX_PREFILL_CHUNK):
+        ap.error(f"--prefill takes a multiple of {MAX_PREFILL_CHUNK} (whole prompt chunks), got {args.prefill}")
 
     mf = open_model_file(resolve_model(args.model))
     rng = np.random.default_rng(0)
@@ -152,7 +156,7 @@ def main() -> int:
     if args.prefill:  # again: the first run captured the chunk's graph after running it eagerly
         eng.reset(SamplingParams(temperature=0))
         eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
-        graph = eng.prefill_graphs[max(eng.prefill_graphs)]
+        graph = eng.prefill_graphs[MAX_PREFILL_CHUNK]
     else:
         for _ in range(3):  # eager step, capture, one replay
             tok = eng.step(tok)
@@ -201,7 +205,7 @@ def main() -> int:
         by_name[name].append(costs[i] if args.in_situ else node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    what = f"prefill chunk at {args.prefill - 512}" if args.prefill else f"decode at depth {args.depth}"
+    what = f"prefill chunk at {args.prefill - MAX_PREFILL_CHUNK}" if args.prefill else f"decode at depth {args.depth}"
     print(f"{args.model} ({what}): {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
           f"step() wall {wall:.1f} µs, of it Python {host:.1f} µs; "
           f"sum of nodes {'in place' if args.in_situ else 'alone'} {total:.1f} µs")
