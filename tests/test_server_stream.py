@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from impnb.commands.bench_serve import _brings_tokens, _request  # noqa: E402
+from impnb.errors import ImpnbError  # noqa: E402
 from impnb.serve.outputs import Delta  # noqa: E402
 from impnb.server.generation import Choice, Generation  # noqa: E402
 
@@ -79,6 +80,45 @@ def test_deltas_queued_together_leave_in_one_write_as_the_same_events(chat):
 def test_a_finish_without_a_token_is_one_chunk_with_no_content():
     chunks = chunks_of(generation(True, [Delta("r", [11], "a"), Delta("r", [], "", True, "eog")]))
     assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+
+
+def queued_events(items: list) -> list:
+    """What Generation._events yields for `items` already queued by the engine thread, the
+    exception that ended it (or None), and the request ids it aborted."""
+    g = Generation.__new__(Generation)
+    g.choices = {"r": Choice(0, 3)}
+    g.pending = {"r"}
+    g.server = SimpleNamespace(loop=SimpleNamespace(abort=lambda ids: g.aborted.extend(ids)))
+    g.aborted = []
+
+    async def run():
+        g.job = SimpleNamespace(out=asyncio.Queue())
+        for item in items:
+            g.job.out.put_nowait(item)
+        got = []
+        try:
+            async for batch in g._events():
+                got.append(batch)
+        except ImpnbError as e:
+            return got, e, g.aborted
+        return got, None, g.aborted
+
+    return asyncio.run(run())
+
+
+def test_queued_deltas_come_out_together_and_the_done_ends_the_request():
+    done = ("done", "r", SimpleNamespace(token_ids=[11, 12], n_cached_tokens=0))
+    batches, error, aborted = queued_events(DELTAS[:2] + [done])
+    assert error is None and batches == [DELTAS[:2] + [done]] and aborted == []
+
+
+def test_an_engine_error_behind_queued_deltas_ends_the_stream_after_them():
+    """The Deltas ahead of the error come out first, then the error; nothing is aborted twice
+    (the engine thread dropped the requests)."""
+    batches, error, aborted = queued_events(DELTAS[:3] + [ImpnbError("the step failed")])
+    assert batches == [DELTAS[:3]] and str(error) == "the step failed" and aborted == []
+    batches, error, aborted = queued_events([ImpnbError("at once")])
+    assert batches == [] and str(error) == "at once" and aborted == []
 
 
 @pytest.mark.parametrize("choice, tokens", [
