@@ -12,12 +12,16 @@ the rows' positions (gpu/recurrent.py).
 Legend: R rows (B sequences of T), C conv channels, Hv V heads, dv V head dim.
 """
 
+import numpy as np
+
 from impnb.gpu.layer_weights import DeltaNet
 from impnb.gpu.plan import StepPlan
 from impnb.kernels.deltanet.conv1d import conv1d
+from impnb.kernels.deltanet.gdn_chunk_prep import work_shape
 from impnb.kernels.deltanet.gdn_chunked import gdn_chunked
 from impnb.kernels.deltanet.gdn_decode import gdn_decode
 from impnb.kernels.deltanet.gdn_prefill import gdn_prefill
+from impnb.models.deltanet import CHUNK
 
 
 def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tuple | None = None,
@@ -44,9 +48,13 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tup
                    d.n_k_heads, d.v_tiled, y, s, pos)
     else:
         chunked = 0 < m.tuning.gdn_chunked_min_rows <= step.n_tokens and d.head_k_dim % 16 == 0
-        prefill = gdn_chunked if chunked else gdn_prefill
-        prefill(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
+        args = (qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
                 d.n_k_heads, d.v_tiled, y, s, lengths, pos)
+        if chunked:  # its workspace: the chunks' state-independent matrices (gdn_chunk_prep.py)
+            words, floats = work_shape(B, R // B, Hv, d.head_k_dim, d.head_v_dim, CHUNK)
+            gdn_chunked(*args, work=(a.get("gdn_work", (words,), np.uint32), a.get("gdn_work_f", (floats,))))
+        else:
+            gdn_prefill(*args)
     return y
 
 

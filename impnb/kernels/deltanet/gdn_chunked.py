@@ -5,14 +5,17 @@ numpy twin: reference.gdn_chunked_ref (reference.delta_rule_wy says the algebra)
 
 Per chunk of L tokens of one (sequence, V head), c the cumulative log decay, e = exp(c):
     A = strictly_lower(beta_i k_i·k_j exp(c_i - c_j)), Tm = (I + A)^-1   (fp32 triangular solve)
-    Xᵀ = Vᵀ - (Sᵀ Kᵀ) e;  v_newᵀ = (beta X)ᵀ Tmᵀ
-    oᵀ = q_scale ((Sᵀ Qᵀ) e + v_newᵀ Pᵀ),  P = lower(Q Kᵀ exp(c_i - c_j))
-    Sᵀ = exp(c_L) Sᵀ + v_newᵀ K_end,  K_end = K exp(c_L - c)
-Products run on mma.sync m16n8k16 with fp16 operands (q, k normalised, Sᵀ, P, Tm, beta X, v_new
-rounded to fp16) and fp32 accumulators; the state stays fp32 in registers across the launch's
-chunks. Every product of the per-warp part has its rows in dv (Sᵀ, Xᵀ, v_newᵀ, oᵀ), so warp w
-owns dv rows 16 w .. 16 w + 15 of all of them and needs only its own rows of shared memory
-between them: block barriers are for the chunk's staging, A / P, the solve and the norm.
+    W = Tm (beta e K),  U = Tm (beta V),  P = lower(Q Kᵀ exp(c_i - c_j)),  K_end = K exp(c_L - c)
+    v_newᵀ = Uᵀ - Sᵀ Wᵀ
+    oᵀ = q_scale ((Sᵀ Qᵀ) e + v_newᵀ Pᵀ)
+    Sᵀ = exp(c_L) Sᵀ + v_newᵀ K_end
+Two launches: gdn_chunk_prep.py computes the first line's state-independent matrices for every
+chunk at once into a workspace; the state kernel here then walks each (sequence, V head)'s chunks
+in order with Sᵀ in registers, the next chunk's matrices streaming into shared memory (cp.async)
+while it computes the current one. Products run on mma.sync m16n8k16 with fp16 operands (Q, W,
+K_end, P, Sᵀ, v_new rounded to fp16) and fp32 accumulators. Every product has its rows in dv (Sᵀ,
+v_newᵀ, oᵀ), so warp w owns dv rows 16 w .. 16 w + 15 of all of them and needs only its own rows of
+Sᵀ and v_newᵀ: block barriers are for the chunk's staged matrices and the norm.
 Fragment layouts: attention_fa2.py's header (A row-major pairs along k, B n-major pairs along k).
 """
 
@@ -23,54 +26,33 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from impnb.kernels.common import ptx
-from impnb.kernels.common.warp import shfl_idx, shfl_xor, warp_sum, warp_sync
-from impnb.kernels.deltanet.gdn_step import check_gdn_args, silu, softplus
+from impnb.kernels.common.warp import shfl_xor, warp_sync
+from impnb.kernels.deltanet.gdn_chunk_prep import prep_kernel, smem_layout as prep_smem, strip, work_layout, work_shape
+from impnb.kernels.deltanet.gdn_step import check_gdn_args, silu
 from impnb.kernels.deltanet.slots import prompt_rows, sequence_slots
 from impnb.kernels.deltanet.reference import gdn_chunked_ref  # noqa: F401  (the numpy twin)
 from impnb.launch import launch
-from impnb.models.deltanet import CHUNK, L2_EPS
+from impnb.models.deltanet import CHUNK
 
-SUB = 16  # rows of a diagonal block of the triangular solve (an mma tile's height)
 SMEM_ALIGN = ptx.SMEM_ALIGN
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
-_L2_EPS = np.float32(L2_EPS)
-
 
 @lru_cache(maxsize=None)
 def layout(dk: int, dv: int, L: int) -> dict:
-    """Word offsets (uint32: two fp16) of the dynamic shared buffers and their row strides: rows
-    padded by 4 words so the 8 rows a fragment load reads fall in distinct banks."""
+    """Word offsets (uint32: two fp16) of the state kernel's dynamic shared buffers and their row
+    strides: rows padded by 4 words so the 8 rows a fragment load reads fall in distinct banks.
+    st, vt: Sᵀ, v_newᵀ (dv rows); zs (L x dv floats) the chunk's z; a stage (two of them, `stage`
+    words apart): qn, w (L x dk), kend_t (dk x L), p (L x L) of a chunk, as the workspace holds
+    them (its eg: a static array)."""
     KS, LS = dk // 2 + 4, L // 2 + 4
-    sizes = {"qn": L * KS, "kn": L * KS, "st": dv * KS, "kend_t": dk * LS, "p": L * LS, "tm": L * LS,
-             "vt": dv * LS}
+    sizes = {"st": dv * KS, "vt": dv * LS, "zs": L * dv, "qn": L * KS, "w": L * KS, "kend_t": dk * LS, "p": L * LS}
     off, at = {}, 0
     for name, n in sizes.items():
         off[name] = at
         at += n
-    return dict(off, KS=KS, LS=LS, words=at)
-
-
-def _strip(NT: int, KSTEPS: int):
-    """acc[4 NT] += A·Bᵀ for A 16 rows at word a0 (row stride sa words) and B NT * 8 rows at b0
-    (stride sb), both fp16 pairs along k, over KSTEPS * 16 k: a warp's 16 x 8 NT strip."""
-    @cuda.jit(device=True, inline=True)
-    def strip(acc, sm, a0, sa, b0, sb):
-        lane = cuda.threadIdx.x & 31
-        ra = a0 + (lane >> 2) * sa + (lane & 3)
-        rb = b0 + (lane >> 2) * sb + (lane & 3)
-        for kk in range(KSTEPS):
-            x0 = sm[ra + 8 * kk]
-            x1 = sm[ra + 8 * sa + 8 * kk]
-            x2 = sm[ra + 8 * kk + 4]
-            x3 = sm[ra + 8 * sa + 8 * kk + 4]
-            for nt in range(NT):
-                y0 = sm[rb + 8 * nt * sb + 8 * kk]
-                y1 = sm[rb + 8 * nt * sb + 8 * kk + 4]
-                f = 4 * nt
-                acc[f], acc[f + 1], acc[f + 2], acc[f + 3] = ptx.mma_f16(
-                    x0, x1, x2, x3, y0, y1, acc[f], acc[f + 1], acc[f + 2], acc[f + 3])
-    return strip
+    stage = at - off["qn"]
+    return dict(off, KS=KS, LS=LS, stage=stage, words=at + stage)
 
 
 @lru_cache(maxsize=None)
@@ -78,34 +60,68 @@ def chunked_kernel(dk: int, dv: int, L: int):
     WARPS = dv // 16
     THREADS = 32 * WARPS
     lay = layout(dk, dv, L)
-    KS, LS = lay["KS"], lay["LS"]
-    QN, KN, ST, KEND, PP, TM, VT = (lay[n] for n in ("qn", "kn", "st", "kend_t", "p", "tm", "vt"))
+    wl = work_layout(dk, dv, L)
+    KS, LS, STAGE = lay["KS"], lay["LS"], lay["stage"]
+    ST, VT, ZS, QN, WN, KEND, PP = (lay[n] for n in ("st", "vt", "zs", "qn", "w", "kend_t", "p"))
+    G_QN, G_W, G_KEND, G_P, UW = (wl[n] for n in ("qn", "w", "kend_t", "p", "unit_words"))
+    G_EG, UF = wl["eg"], wl["unit_floats"]
     NTK, NTL = dk // 8, L // 8         # n-tiles over dk, over the chunk's tokens
     KSK, KSL = dk // 16, L // 16       # k steps over dk, over the chunk's tokens
-    N_S, N_ACC = 4 * NTK, 4 * NTL      # accumulators a lane: Sᵀ, a dv x L product
-    EL = (L + 31) // 32                # tokens a lane of warp 0 takes in the gates' scan
-    NB = L // SUB                      # diagonal blocks of the solve
-    LA = L + 1                         # fp32 row stride of A and Tm (odd: column reads spread)
-    N_AT, N_M, N_RED = L * LA, max(NB - 1, 1) * SUB * SUB, WARPS * L  # static buffers' floats
-    strip_dk = _strip(NTL, KSK)        # (16 dv rows) x L tokens over dk
-    strip_l = _strip(NTL, KSL)         # (16 dv rows) x L tokens over the chunk
-    strip_s = _strip(NTK, KSL)         # (16 dv rows) x dk over the chunk
-    tile = _strip(1, KSK)              # 16 x 8 of L x L over dk
-    assert dk % 16 == 0 and dv % 32 == 0 and L % SUB == 0
+    N_S, N_ACC, N_RED, N_EG = 4 * NTK, 4 * NTL, WARPS * L, 2 * L
+    VEC_K, VEC_L = dk // 8, L // 8     # 16-byte vectors a row of dk, of L fp16
+    N_VEC = 2 * L * VEC_K + dk * VEC_L + L * VEC_L + L // 4  # a stage's vectors
+    strip_dk = strip(NTL, KSK)         # (16 dv rows) x L tokens over dk
+    strip_l = strip(NTL, KSL)          # (16 dv rows) x L tokens over the chunk
+    strip_s = strip(NTK, KSL)          # (16 dv rows) x dk over the chunk
+    assert dk % 16 == 0 and dv % 32 == 0 and L % 16 == 0
+
+    @cuda.jit(device=True, inline=True)
+    def stage_in(sm, egs, st, work, work_f, gw, gf):
+        # -- a chunk's qn, w, kend_t, p, eg: the block's 16-byte cp.asyncs into stage st (0, 1) --
+        base = STAGE * st
+        for e in range(cuda.threadIdx.x, N_VEC, THREADS):
+            if e < 2 * L * VEC_K:  # qn then w: L rows of dk
+                m = e // (L * VEC_K)
+                r = (e % (L * VEC_K)) // VEC_K
+                v = e % VEC_K
+                ptx.cp_async_16(ptx.smem_addr(sm, base + QN + m * (WN - QN) + r * KS + 4 * v), work,
+                                gw + (G_W if m else G_QN) + r * (dk // 2) + 4 * v)
+            elif e < 2 * L * VEC_K + dk * VEC_L:  # kend_t: dk rows of L
+                f = e - 2 * L * VEC_K
+                ptx.cp_async_16(ptx.smem_addr(sm, base + KEND + (f // VEC_L) * LS + 4 * (f % VEC_L)), work,
+                                gw + G_KEND + (f // VEC_L) * (L // 2) + 4 * (f % VEC_L))
+            elif e < 2 * L * VEC_K + dk * VEC_L + L * VEC_L:  # p: L rows of L
+                f = e - 2 * L * VEC_K - dk * VEC_L
+                ptx.cp_async_16(ptx.smem_addr(sm, base + PP + (f // VEC_L) * LS + 4 * (f % VEC_L)), work,
+                                gw + G_P + (f // VEC_L) * (L // 2) + 4 * (f % VEC_L))
+            else:  # eg: L floats
+                f = e - 2 * L * VEC_K - dk * VEC_L - L * VEC_L
+                ptx.cp_async_16(ptx.smem_addr(egs, L * st + 4 * f), work_f, gf + G_EG + 4 * f)
+        ptx.cp_async_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def z_in(sm, z, r0, nc, h):
+        # -- the chunk's z rows of head h (nc real ones) into zs, the block's 16-byte cp.asyncs --
+        for e in range(cuda.threadIdx.x, nc * (dv // 4), THREADS):
+            i = e // (dv // 4)
+            v = e % (dv // 4)
+            ptx.cp_async_16(ptx.smem_addr(sm, ZS + i * dv + 4 * v), z, (r0 + i) * z.shape[1] + h * dv + 4 * v)
+        ptx.cp_async_commit()
 
     # grid (Hv, B), block 32 dv / 16: V head h of sequence s (rows s T .. s T + T - 1, state slot
     # slots[s]); warp w owns rows 16 w .. 16 w + 15 of Sᵀ (dv x dk, fp32 C fragments in
-    # registers for the whole launch) and of each chunk's Xᵀ, v_newᵀ, oᵀ (dv x L).
-    # shared, dynamic (uint32 words of fp16 pairs, layout()): qn, kn (L x dk) q, k normalised;
-    # st (dv x dk) Sᵀ; kend_t (dk x L) K_endᵀ; p (L x L) P; tm (L x L) Tm; vt (dv x L) beta Xᵀ,
-    # then v_newᵀ. Static fp32: a, t (L x LA) A and Tm; m (NB - 1 blocks of SUB x SUB) the solve's
-    # products; gc, eg, ed, beta, inv_q, inv_k (L) per token; red (WARPS x L) the norm's partials.
-    # -- per chunk: Sᵀ to st -- gates, scan (warp 0) / inverse norms (the others) -- barrier --
-    #    -- qn, kn, kend_t -- barrier -- Xᵀ to vt (own rows); A, P tiles -- barrier -- solve
-    #    (NB diagonal blocks, then block rows, 2 barriers each) -- tm -- barrier -- v_newᵀ, oᵀ,
-    #    norm partials -- barrier -- out; Sᵀ updated -- barrier --
-    def gdn_chunked(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps, q_scale, n_k_heads, v_tiled, state,
-                    slots, lengths, use_lengths, pos, use_pos, out):
+    # registers for the whole launch) and of each chunk's v_newᵀ, oᵀ (dv x L).
+    # shared, dynamic (uint32 words of fp16 pairs, layout()): st (dv x dk) Sᵀ; vt (dv x L)
+    # v_newᵀ; zs (L x dv floats) the chunk's z; two stages of a chunk's qn, w (L x dk), kend_t
+    # (dk x L), p (L x L), eg (L floats).
+    # Static fp32: eg (2 stages x L) a chunk's e; red (WARPS x L) the norm's partials.
+    # -- chunk 0 staged -- per chunk: its stage waited -- Sᵀ to st (own rows) -- barrier -- its z,
+    #    then the next chunk, staged -- v_newᵀ to vt (own rows) -- oᵀ, norm partials; z waited --
+    #    barrier -- out; Sᵀ updated --
+    # The loads a lane makes from global memory (U, z) are issued together, not between stores
+    # that could alias them: each would otherwise be a round trip to L2 on the chunk's path.
+    def gdn_chunked(qkv, z, norm_w, eps, q_scale, state, slots, lengths, use_lengths, pos, use_pos,
+                    work, work_f, out):
         h = cuda.blockIdx.x
         s = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -114,23 +130,13 @@ def chunked_kernel(dk: int, dv: int, L: int):
         g = lane >> 2
         c = lane & 3
         v0 = 16 * warp
-        Hv = state.shape[1]
+        Hv = cuda.gridDim.x
         T = qkv.shape[0] // slots.shape[0]
+        NC = (T + L - 1) // L
         slot, n, src, dst = sequence_slots(slots, lengths, use_lengths, pos, use_pos, s, T)
-        A_h = ssm_a[h]
-        bias = dt_bias[h]
-        n_qk = n_k_heads * dk
-        kh = h % n_k_heads if v_tiled else h // (Hv // n_k_heads)
         sm = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        a_s = cuda.shared.array(N_AT, float32)
-        t_s = cuda.shared.array(N_AT, float32)
-        m_s = cuda.shared.array(N_M, float32)
-        gc = cuda.shared.array(L, float32)
-        eg = cuda.shared.array(L, float32)
-        ed = cuda.shared.array(L, float32)
-        beta = cuda.shared.array(L, float32)
-        inv_q = cuda.shared.array(L, float32)
-        inv_k = cuda.shared.array(L, float32)
+        smf = cuda.shared.array(0, float32, alignment=SMEM_ALIGN)  # the same bytes, as floats
+        egs = cuda.shared.array(N_EG, float32)
         red = cuda.shared.array(N_RED, float32)
         S = cuda.local.array(N_S, float32)  # Sᵀ rows v0 + g, + 8; columns 8 nt + 2 c, + 1
         acc = cuda.local.array(N_ACC, float32)
@@ -142,175 +148,45 @@ def chunked_kernel(dk: int, dv: int, L: int):
                 S[4 * nt + e] = state[src, h, d, v0 + g + 8 * (e >> 1)] if slot >= 0 else _ZERO
         w_lo = norm_w[v0 + g]
         w_hi = norm_w[v0 + g + 8]
-        col = h * dv + v0 + g  # this lane's dv rows' column in v, z and out (+ 8)
+        col = h * dv + v0 + g  # this lane's dv rows' column in z and out (+ 8)
+        unit0 = s * NC * Hv + h
+        if n > 0:
+            stage_in(sm, egs, 0, work, work_f, unit0 * UW, unit0 * UF)
 
-        for c0 in range(0, n, L):
+        for ci in range((n + L - 1) // L):
+            c0 = ci * L
             nc = min(L, n - c0)
             r0 = s * T + c0
+            base = STAGE * (ci & 1)
+            eb = L * (ci & 1)
+            unit = unit0 + ci * Hv
+            ptx.cp_async_wait_group(0)
             # -- Sᵀ to st (fp16, own rows) --
             for nt in range(NTK):
                 sm[ST + (v0 + g) * KS + 4 * nt + c] = ptx.pack_f16x2(S[4 * nt], S[4 * nt + 1])
                 sm[ST + (v0 + g + 8) * KS + 4 * nt + c] = ptx.pack_f16x2(S[4 * nt + 2], S[4 * nt + 3])
-            # -- gates and their scan (warp 0); q, k inverse norms (warps 1..) --
-            if warp == 0:
-                gl = cuda.local.array(EL, float32)
-                run = _ZERO
-                for u in range(EL):
-                    i = lane * EL + u
-                    x = _ZERO
-                    bt = _ZERO
-                    if i < nc:
-                        x = A_h * softplus(a[r0 + i, h] + bias)
-                        bt = _ONE / (_ONE + math.exp(-b[r0 + i, h]))
-                    if i < L:
-                        beta[i] = bt
-                    run += x
-                    gl[u] = run
-                incl = run
-                for off in (1, 2, 4, 8, 16):
-                    y = shfl_idx(incl, max(lane - off, 0))
-                    if lane >= off:
-                        incl += y
-                last = shfl_idx(incl, 31)
-                for u in range(EL):
-                    i = lane * EL + u
-                    if i < L:
-                        ci = incl - run + gl[u]
-                        gc[i] = ci
-                        eg[i] = math.exp(ci)
-                        ed[i] = math.exp(last - ci)
-            else:
-                for i in range(warp - 1, L, WARPS - 1):
-                    sq = _ZERO
-                    sk = _ZERO
-                    if i < nc:
-                        for m in range(dk // 32):
-                            xq = qkv[r0 + i, kh * dk + lane + 32 * m]
-                            xk = qkv[r0 + i, n_qk + kh * dk + lane + 32 * m]
-                            sq += xq * xq
-                            sk += xk * xk
-                    sq = warp_sum(sq)
-                    sk = warp_sum(sk)
-                    if lane == 0:
-                        inv_q[i] = _ONE / math.sqrt(sq + _L2_EPS) if i < nc else _ZERO
-                        inv_k[i] = _ONE / math.sqrt(sk + _L2_EPS) if i < nc else _ZERO
-            cuda.syncthreads()
-            # -- qn, kn (L x dk), kend_t (dk x L): a thread's 2 tokens x 2 dims at a time --
-            for e in range(tid, (L // 2) * (dk // 2), THREADS):
-                i = 2 * (e // (dk // 2))
-                d2 = e % (dk // 2)
-                d = 2 * d2
-                q00 = q01 = q10 = q11 = k00 = k01 = k10 = k11 = _ZERO
-                if i < nc:
-                    q00 = qkv[r0 + i, kh * dk + d] * inv_q[i]
-                    q01 = qkv[r0 + i, kh * dk + d + 1] * inv_q[i]
-                    k00 = qkv[r0 + i, n_qk + kh * dk + d] * inv_k[i]
-                    k01 = qkv[r0 + i, n_qk + kh * dk + d + 1] * inv_k[i]
-                if i + 1 < nc:
-                    q10 = qkv[r0 + i + 1, kh * dk + d] * inv_q[i + 1]
-                    q11 = qkv[r0 + i + 1, kh * dk + d + 1] * inv_q[i + 1]
-                    k10 = qkv[r0 + i + 1, n_qk + kh * dk + d] * inv_k[i + 1]
-                    k11 = qkv[r0 + i + 1, n_qk + kh * dk + d + 1] * inv_k[i + 1]
-                sm[QN + i * KS + d2] = ptx.pack_f16x2(q00, q01)
-                sm[QN + (i + 1) * KS + d2] = ptx.pack_f16x2(q10, q11)
-                sm[KN + i * KS + d2] = ptx.pack_f16x2(k00, k01)
-                sm[KN + (i + 1) * KS + d2] = ptx.pack_f16x2(k10, k11)
-                sm[KEND + d * LS + i // 2] = ptx.pack_f16x2(k00 * ed[i], k10 * ed[i + 1])
-                sm[KEND + (d + 1) * LS + i // 2] = ptx.pack_f16x2(k01 * ed[i], k11 * ed[i + 1])
-            cuda.syncthreads()
-            # -- Xᵀ = Vᵀ - (Sᵀ Kᵀ) e, times beta, to vt (own rows) --
-            for f in range(4 * NTL):
-                acc[f] = _ZERO
-            strip_dk(acc, sm, ST + v0 * KS, KS, KN, KS)
-            for nt in range(NTL):
-                for hi in range(2):
-                    i = 8 * nt + 2 * c
-                    v_a = qkv[r0 + i, 2 * n_qk + col + 8 * hi] if i < nc else _ZERO
-                    v_b = qkv[r0 + i + 1, 2 * n_qk + col + 8 * hi] if i + 1 < nc else _ZERO
-                    x_a = (v_a - acc[4 * nt + 2 * hi] * eg[i]) * beta[i]
-                    x_b = (v_b - acc[4 * nt + 2 * hi + 1] * eg[i + 1]) * beta[i + 1]
-                    sm[VT + (v0 + g + 8 * hi) * LS + 4 * nt + c] = ptx.pack_f16x2(x_a, x_b)
-            # -- A (fp32) and P (fp16) tiles of 16 x 8 over dk, the warps in turn --
-            for t in range(warp, 2 * NB * NTL, WARPS):
-                which = t // (NB * NTL)
-                mt = (t % (NB * NTL)) // NTL
-                nt = t % NTL
-                i_lo = 16 * mt + g
-                if 8 * nt > 16 * mt + 15:  # above the diagonal: A unread, P zero
-                    if which == 1:
-                        sm[PP + i_lo * LS + 4 * nt + c] = 0
-                        sm[PP + (i_lo + 8) * LS + 4 * nt + c] = 0
-                    continue
-                tacc = cuda.local.array(4, float32)
-                for f in range(4):
-                    tacc[f] = _ZERO
-                tile(tacc, sm, (QN if which == 1 else KN) + 16 * mt * KS, KS, KN + 8 * nt * KS, KS)
-                for hi in range(2):
-                    i = i_lo + 8 * hi
-                    j = 8 * nt + 2 * c
-                    x_a = tacc[2 * hi]
-                    x_b = tacc[2 * hi + 1]
-                    if which == 0:
-                        a_s[i * LA + j] = beta[i] * x_a * math.exp(gc[i] - gc[j]) if j < i else _ZERO
-                        a_s[i * LA + j + 1] = beta[i] * x_b * math.exp(gc[i] - gc[j + 1]) if j + 1 < i else _ZERO
-                    else:
-                        p_a = x_a * math.exp(gc[i] - gc[j]) if j <= i else _ZERO
-                        p_b = x_b * math.exp(gc[i] - gc[j + 1]) if j + 1 <= i else _ZERO
-                        sm[PP + i * LS + 4 * nt + c] = ptx.pack_f16x2(p_a, p_b)
-            cuda.syncthreads()
-            # -- Tm = (I + A)^-1: each diagonal block by forward substitution, a column a thread --
-            if tid < L:
-                blk = SUB * (tid // SUB)
-                cc = tid % SUB
-                for r in range(SUB):
-                    x = _ONE if r == cc else _ZERO
-                    for m in range(cc, r):
-                        x -= a_s[(blk + r) * LA + blk + m] * t_s[(blk + m) * LA + blk + cc]
-                    t_s[(blk + r) * LA + blk + cc] = x
-            cuda.syncthreads()
-            # -- then block row bi: M_j = sum_k A_bi,k Tm_k,j (j < bi), Tm_bi,j = -Tm_bi,bi M_j --
-            for bi in range(1, NB):
-                for e in range(tid, bi * SUB * SUB, THREADS):
-                    bj = e // (SUB * SUB)
-                    r = (e // SUB) % SUB
-                    cc = e % SUB
-                    x = _ZERO
-                    for m in range(SUB * bj, SUB * bi):
-                        x += a_s[(SUB * bi + r) * LA + m] * t_s[m * LA + SUB * bj + cc]
-                    m_s[e] = x
-                cuda.syncthreads()
-                for e in range(tid, bi * SUB * SUB, THREADS):
-                    bj = e // (SUB * SUB)
-                    r = (e // SUB) % SUB
-                    cc = e % SUB
-                    x = _ZERO
-                    for m in range(SUB):
-                        x -= t_s[(SUB * bi + r) * LA + SUB * bi + m] * m_s[bj * SUB * SUB + m * SUB + cc]
-                    t_s[(SUB * bi + r) * LA + SUB * bj + cc] = x
-                cuda.syncthreads()
-            for e in range(tid, L * L // 2, THREADS):
-                i = e // (L // 2)
-                j = 2 * (e % (L // 2))
-                sm[TM + i * LS + j // 2] = ptx.pack_f16x2(t_s[i * LA + j] if j <= i else _ZERO,
-                                                         t_s[i * LA + j + 1] if j + 1 <= i else _ZERO)
-            cuda.syncthreads()
-            # -- v_newᵀ = (beta X)ᵀ Tmᵀ, back to vt (own rows) --
-            for f in range(4 * NTL):
-                acc[f] = _ZERO
-            strip_l(acc, sm, VT + v0 * LS, LS, TM, LS)
-            warp_sync()
-            for nt in range(NTL):
-                sm[VT + (v0 + g) * LS + 4 * nt + c] = ptx.pack_f16x2(acc[4 * nt], acc[4 * nt + 1])
-                sm[VT + (v0 + g + 8) * LS + 4 * nt + c] = ptx.pack_f16x2(acc[4 * nt + 2], acc[4 * nt + 3])
-            warp_sync()
-            # -- oᵀ = (Sᵀ Qᵀ) e + v_newᵀ Pᵀ; the squares' sums of each token's column --
-            for f in range(4 * NTL):
-                acc[f] = _ZERO
-            strip_dk(acc, sm, ST + v0 * KS, KS, QN, KS)
+            cuda.syncthreads()  # the stage is in; every warp is past the chunk before's reads
+            z_in(sm, z, r0, nc, h)
+            if c0 + L < n:
+                stage_in(sm, egs, 1 - (ci & 1), work, work_f, (unit + Hv) * UW, (unit + Hv) * UF)
+            # -- v_newᵀ = Uᵀ - Sᵀ Wᵀ (acc = -Uᵀ + Sᵀ Wᵀ), to vt (own rows) --
             for nt in range(NTL):
                 for e in range(4):
-                    acc[4 * nt + e] *= eg[8 * nt + 2 * c + (e & 1)]
-            strip_l(acc, sm, VT + v0 * LS, LS, PP, LS)
+                    i = 8 * nt + 2 * c + (e & 1)
+                    acc[4 * nt + e] = -work_f[unit * UF + i * dv + v0 + g + 8 * (e >> 1)]
+            strip_dk(acc, sm, ST + v0 * KS, KS, base + WN, KS)
+            for nt in range(NTL):
+                sm[VT + (v0 + g) * LS + 4 * nt + c] = ptx.pack_f16x2(-acc[4 * nt], -acc[4 * nt + 1])
+                sm[VT + (v0 + g + 8) * LS + 4 * nt + c] = ptx.pack_f16x2(-acc[4 * nt + 2], -acc[4 * nt + 3])
+            warp_sync()
+            # -- oᵀ = (Sᵀ Qᵀ) e + v_newᵀ Pᵀ; the squares' sums of each token's column --
+            for f in range(N_ACC):
+                acc[f] = _ZERO
+            strip_dk(acc, sm, ST + v0 * KS, KS, base + QN, KS)
+            for nt in range(NTL):
+                for e in range(4):
+                    acc[4 * nt + e] *= egs[eb + 8 * nt + 2 * c + (e & 1)]
+            strip_l(acc, sm, VT + v0 * LS, LS, base + PP, LS)
             for nt in range(NTL):
                 for e in range(2):
                     y = acc[4 * nt + e] * acc[4 * nt + e] + acc[4 * nt + 2 + e] * acc[4 * nt + 2 + e]
@@ -319,6 +195,10 @@ def chunked_kernel(dk: int, dv: int, L: int):
                     y += shfl_xor(y, 16)
                     if g == 0:
                         red[warp * L + 8 * nt + 2 * c + e] = y
+            if c0 + L < n:
+                ptx.cp_async_wait_group(1)  # z in; the next chunk's stage may still be on its way
+            else:
+                ptx.cp_async_wait_group(0)
             cuda.syncthreads()
             # -- out = rms_norm(o) * w * silu(z) for the chunk's real tokens --
             for nt in range(NTL):
@@ -330,14 +210,13 @@ def chunked_kernel(dk: int, dv: int, L: int):
                             total += red[w * L + i]
                         inv = _ONE / math.sqrt(total * q_scale * q_scale / np.float32(dv) + eps)
                         f = q_scale * inv
-                        out[r0 + i, col] = acc[4 * nt + e] * f * w_lo * silu(z[r0 + i, col])
-                        out[r0 + i, col + 8] = acc[4 * nt + 2 + e] * f * w_hi * silu(z[r0 + i, col + 8])
+                        out[r0 + i, col] = acc[4 * nt + e] * f * w_lo * silu(smf[ZS + i * dv + v0 + g])
+                        out[r0 + i, col + 8] = acc[4 * nt + 2 + e] * f * w_hi * silu(smf[ZS + i * dv + v0 + g + 8])
             # -- Sᵀ = exp(c_L) Sᵀ + v_newᵀ K_end --
-            dl = eg[nc - 1]
-            for f in range(4 * NTK):
+            dl = egs[eb + nc - 1]
+            for f in range(N_S):
                 S[f] *= dl
-            strip_s(S, sm, VT + v0 * LS, LS, KEND, LS)
-            cuda.syncthreads()
+            strip_s(S, sm, VT + v0 * LS, LS, base + KEND, LS)
 
         for t in range(n, T):
             out[s * T + t, col] = _ZERO
@@ -352,27 +231,39 @@ def chunked_kernel(dk: int, dv: int, L: int):
 
 
 def gdn_chunked(qkv, z, b, a, ssm_a, dt_bias, norm_w, eps: float, state, slots, n_k_heads: int,
-                v_tiled: bool, out, stream, lengths=None, pos=None, chunk: int = CHUNK) -> None:
+                v_tiled: bool, out, stream, lengths=None, pos=None, chunk: int = CHUNK, work=None) -> None:
     """gdn_prefill's arguments and result (see there), in chunks of `chunk` tokens on the tensor
-    cores: dk a multiple of 16 up to 128, dv of 32 up to 128."""
+    cores: dk a multiple of 16 up to 128, dv of 32 up to 128. work: (uint32, float32) device
+    arrays of at least work_shape(B, T, Hv, dk, dv, chunk) elements (None: allocated here, which
+    a graph capture must not do)."""
     B, T, Hv, dk, dv = check_gdn_args(qkv, z, b, a, ssm_a, dt_bias, norm_w, state, slots, n_k_heads, out)
-    assert dk % 16 == 0 and chunk % SUB == 0, (dk, chunk)
+    assert dk % 16 == 0 and chunk % 16 == 0, (dk, chunk)
     lengths, use_lengths, pos, use_pos = prompt_rows(slots, B, T, lengths, pos)
-    launch(chunked_kernel(dk, dv, chunk), (Hv, B), 2 * dv, stream, qkv, z, b, a, ssm_a, dt_bias, norm_w,
-           np.float32(eps), np.float32(dk ** -0.5), np.int32(n_k_heads), np.int32(bool(v_tiled)),
-           state, slots, lengths, use_lengths, pos, use_pos, out,
+    n_words, n_floats = work_shape(B, T, Hv, dk, dv, chunk)
+    if work is None:
+        work = (cuda.device_array(n_words, np.uint32), cuda.device_array(n_floats, np.float32))
+    words, floats = work
+    assert words.dtype == np.uint32 and floats.dtype == np.float32
+    assert words.shape[0] >= n_words and floats.shape[0] >= n_floats, "gdn_chunked: workspace too small"
+    launch(prep_kernel(dk, dv, chunk), (-(-T // chunk), Hv, B), 2 * dv, stream, qkv, b, a, ssm_a, dt_bias,
+           np.int32(n_k_heads), np.int32(bool(v_tiled)), slots, lengths, use_lengths, pos, use_pos, words, floats,
+           shared_bytes=4 * prep_smem(dk, dv, chunk)["words"])
+    launch(chunked_kernel(dk, dv, chunk), (Hv, B), 2 * dv, stream, qkv, z, norm_w, np.float32(eps),
+           np.float32(dk ** -0.5), state, slots, lengths, use_lengths, pos, use_pos, words, floats, out,
            shared_bytes=4 * layout(dk, dv, chunk)["words"])
 
 
 _F2 = types.float32[:, ::1]
 _F1 = types.float32[::1]
 _I1 = types.int32[::1]
-SIG = (_F2, _F2, _F2, _F2, _F1, _F1, _F1, types.float32, types.float32, types.int32, types.int32,
-       types.float32[:, :, :, ::1], _I1, _I1, types.int32, _I1, types.int32, _F2)
+_I = types.int32
+PREP_SIG = (_F2, _F2, _F2, _F1, _F1, _I, _I, _I1, _I1, _I, _I1, _I, types.uint32[::1], _F1)
+SIG = (_F2, _F2, _F1, types.float32, types.float32, types.float32[:, :, :, ::1], _I1, _I1, _I, _I1, _I,
+       types.uint32[::1], _F1, _F2)
 
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py): Qwen3.5 /
     3.6's head dims at the chunk the forward uses; the kernels are made here, not at import."""
-    return [(chunked_kernel(128, 128, CHUNK), SIG,
-             {"max_registers": 255, "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]})]
+    mma = {"max_registers": 255, "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]}
+    return [(prep_kernel(128, 128, CHUNK), PREP_SIG, mma), (chunked_kernel(128, 128, CHUNK), SIG, mma)]

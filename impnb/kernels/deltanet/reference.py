@@ -74,10 +74,11 @@ def delta_rule_wy(q, k, v, g, beta, state, q_scale, chunk: int = CHUNK, operand=
     dv) float32 updated in place -> o (T, H, dv). Per chunk, with c the cumulative sum of g over it
     (log of the decay from the chunk's start), D_ij = exp(c_i - c_j) and e = exp(c):
         A = strictly_lower(beta_i k_i·k_j D_ij),  Tm = (I + A)^-1            (the UT transform)
-        v_new = Tm (beta (v - e (K S)))                                       (= U - W S)
+        v_new = Tm (beta (v - e (K S))) = U - W S,  U = Tm (beta v),  W = Tm (beta e K)
         o = q_scale (e (Q S) + (lower(Q Kᵀ) D) v_new)
         S = exp(c_L) S + (K exp(c_L - c))ᵀ v_new
-    Every matrix a product reads is rounded to `operand` first, as the kernel rounds to fp16."""
+    Every matrix a product reads is rounded to `operand` first, as the kernel rounds to fp16 (U,
+    a product's result that no product reads, stays float32)."""
     rd = lambda x: x.astype(operand).astype(np.float32)  # noqa: E731
     out = np.empty(v.shape, np.float32)
     for c0 in range(0, q.shape[0], chunk):
@@ -94,7 +95,9 @@ def delta_rule_wy(q, k, v, g, beta, state, q_scale, chunk: int = CHUNK, operand=
         P = rd(np.where(lower, (qn @ kn.transpose(0, 2, 1)) * D, 0))
         e = np.exp(c)[:, :, None]
         Sh = rd(state)
-        v_new = rd(Tm @ rd(bc * (vc - (kn @ Sh) * e)))
+        U = Tm @ rd(bc * vc)
+        W = rd(Tm @ rd(bc * e * kc))
+        v_new = rd(U - W @ Sh)
         o = ((qn @ Sh) * e + P @ v_new) * q_scale
         out[sl] = o.transpose(1, 0, 2)
         last = c[:, -1:]
