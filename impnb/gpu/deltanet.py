@@ -2,7 +2,8 @@
 gated_deltanet_block), its states in the model's RecurrentState (gpu/recurrent.py):
 
   qkv, z = h · [attn_qkv | attn_gate]ᵀ; b, a = h · [ssm_beta | ssm_alpha]ᵀ  (stacked GEMVs / GEMMs)
-  qkv = silu(conv1d(qkv)) with the layer's conv state, in place    (kernels/deltanet/conv1d.py)
+  qkv = silu(conv1d(qkv)) with the layer's conv state, in place    (kernels/deltanet/conv1d.py;
+      at one row a sequence inside gdn_decode's kernel)
   y = gated_norm(delta_rule(q, k, v, b, a), z) on the layer's state (gdn_decode.py at one row a
       sequence; over a prompt chunk gdn_prefill.py token by token, or gdn_chunked.py on the tensor
       cores from tuning's GDN_CHUNKED_MIN_ROWS rows)
@@ -41,12 +42,12 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tup
     _project(m, h, dn.beta_alpha, (dn.beta, dn.alpha), (beta, alpha), norm_w)
     rec, slots = m.rec, m.rec.slots[:B]
     assert lengths is None or B == 1, "padded chunks: one sequence"
-    conv1d(qkv, dn.conv_w, rec.conv[il], slots, qkv, s, lengths, pos)
     y = a.get("ssm_y", (R, V))
-    if step.n_tokens == 1:
+    if step.n_tokens == 1:  # the conv inside the delta rule's kernel
         gdn_decode(qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
-                   d.n_k_heads, d.v_tiled, y, s, pos)
+                   d.n_k_heads, d.v_tiled, y, s, pos, conv=(dn.conv_w, rec.conv[il]))
     else:
+        conv1d(qkv, dn.conv_w, rec.conv[il], slots, qkv, s, lengths, pos)
         chunked = 0 < m.tuning.gdn_chunked_min_rows <= step.n_tokens and d.head_k_dim % 16 == 0
         args = (qkv, z, beta, alpha, dn.ssm_a, dn.dt_bias, dn.ssm_norm, cfg.eps, rec.ssm[il], slots,
                 d.n_k_heads, d.v_tiled, y, s, lengths, pos)

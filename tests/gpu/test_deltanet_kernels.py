@@ -13,6 +13,7 @@ and written by parity): against the twins, the slot read left as it was, and a s
 the same positions (the engine's dropped look-ahead step) giving the same output bit for bit.
 """
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -273,6 +274,36 @@ def check_decode_pairs(rng, layer, B, steps, std):
         pos = pos + 1
 
 
+def check_decode_conv_fused(rng, layer, B, steps, std, padded=False):
+    """`steps` decode steps of B sequences at their positions with the conv inside gdn_decode
+    (conv=...) against conv1d then gdn_decode on copies of the same states: outputs and delta-rule
+    states within 1e-6 of each slice's scale (the same float operations, contracted alike or not),
+    conv states bit for bit; a padded row's slots untouched."""
+    slots = pair_slots(rng, B, B + 1)
+    if padded and B > 1:
+        slots[B // 2] = -1
+    state = layer.state(rng, 2 * B + 2, std)
+    conv_state = (rng.standard_normal((2 * B + 2, layer.channels, WIDTH - 1)) * std).astype(F32)
+    weight = (rng.standard_normal((layer.channels, WIDTH)) * 0.5).astype(F32)
+    d_w = cuda.to_device(weight)
+    fused = (cuda.to_device(state), cuda.to_device(conv_state))  # (delta-rule state, conv state)
+    apart = (cuda.to_device(state), cuda.to_device(conv_state))
+    pos = rng.integers(0, 1000, B).astype(np.int32)
+    for _ in range(steps):
+        inputs = layer.inputs(rng, B, std)
+        got = layer.run(functools.partial(gdn_decode, conv=(d_w, fused[1])), inputs, fused[0], slots, pos=pos)
+        conved = run_conv(inputs[0], weight, apart[1], slots, pos=pos)
+        want = layer.run(gdn_decode, (conved, *inputs[1:]), apart[0], slots, pos=pos)
+        assert_close(got.reshape(B, layer.Hv, -1), want.reshape(B, layer.Hv, -1), 1e-6, 2)
+        assert_close(fused[0].copy_to_host(), apart[0].copy_to_host(), 1e-6, (2, 3))
+        assert np.array_equal(fused[1].copy_to_host(), apart[1].copy_to_host())
+        pos = pos + 1
+    live = np.concatenate([slots[slots >= 0], slots[slots >= 0] + 1])
+    untouched = np.setdiff1d(np.arange(2 * B + 2), live)  # the spare pair, and a padded row's
+    assert np.array_equal(fused[1].copy_to_host()[untouched], conv_state[untouched])
+    assert np.array_equal(fused[0].copy_to_host()[untouched], state[untouched])
+
+
 def check_prefill_pairs(rng, layer, B, T, std, lengths=None):
     """A chunk of T rows a sequence at their positions against the twin (the slot of the first
     position's parity read, that after the last real row's written); a chunk of odd length run
@@ -349,6 +380,13 @@ def test_gdn_prefill_split_anywhere():
     layer = Layer.random(rng, **QWEN36)
     for splits in ((1,), (63,), (5, 6, 100)):
         check_prefill_split(rng, layer, 128, splits, 1.0)
+
+
+@pytest.mark.parametrize("B,v_tiled", [(1, True), (4, True), (3, False)])
+def test_gdn_decode_conv_fused(B, v_tiled):
+    for i, std in enumerate(STDS):
+        rng = np.random.default_rng([B, i, 4])
+        check_decode_conv_fused(rng, Layer.random(rng, **QWEN36, v_tiled=v_tiled), B, 3, std, padded=i == 1)
 
 
 def test_slot_pairs_by_position():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.test_deltanet_kernels import (Layer, check_conv1d, check_conv1d_chunks, check_conv1d_pairs,
-                                             check_decode, check_decode_pairs, check_prefill,
+                                             check_decode, check_decode_conv_fused, check_decode_pairs, check_prefill,
                                              check_prefill_is_decode, check_prefill_pairs, check_prefill_split)
 
 STDS = (0.1, 1.0, 10.0)
@@ -75,3 +75,9 @@ def test_slot_pairs_by_position():
     check_decode_pairs(rng, layer, 2, 2, 1.0)
     check_prefill_pairs(rng, layer, 1, 3, 1.0)
     check_prefill_pairs(rng, layer, 2, 3, 0.1, lengths=np.array([1, 3], np.int32))
+
+
+@pytest.mark.parametrize("shape,B", [(TILED, 2), (GROUPED, 3)], ids=["tiled-B2", "grouped-B3"])
+def test_gdn_decode_conv_fused(shape, B):
+    rng = np.random.default_rng([B, shape["dv"], 7])
+    check_decode_conv_fused(rng, Layer.random(rng, **shape), B, 2, 1.0, padded=True)
