@@ -34,12 +34,10 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tup
     d = cfg.deltanet
     R, B = step.rows, step.batch
     Hv, V = d.n_v_heads, d.n_v_heads * d.head_v_dim
-    qkv = a.get("ssm_qkv", (R, d.conv_channels))
-    z = a.get("ssm_z", (R, V))
-    beta = a.get("ssm_beta", (R, Hv))
-    alpha = a.get("ssm_alpha", (R, Hv))
-    _project(m, h, dn.qkvz, (dn.qkv, dn.z), (qkv, z), norm_w)
-    _project(m, h, dn.beta_alpha, (dn.beta, dn.alpha), (beta, alpha), norm_w)
+    (qkv, z), joint = m.mm.stacked_outputs("ssm_qkvz", R, (d.conv_channels, V))
+    (beta, alpha), joint_ba = m.mm.stacked_outputs("ssm_beta_alpha", R, (Hv, Hv))
+    _project(m, h, dn.qkvz, (dn.qkv, dn.z), (qkv, z), norm_w, joint)
+    _project(m, h, dn.beta_alpha, (dn.beta, dn.alpha), (beta, alpha), norm_w, joint_ba)
     rec, slots = m.rec, m.rec.slots[:B]
     assert lengths is None or B == 1, "padded chunks: one sequence"
     y = a.get("ssm_y", (R, V))
@@ -59,10 +57,11 @@ def deltanet_block(m, il: int, dn: DeltaNet, h, pos, step: StepPlan, norm_w: tup
     return y
 
 
-def _project(m, h, stacked, apart, ys, norm_w) -> None:
-    """ys = h · Wᵀ of the stacked Linear (one GEMV or GEMM split into ys), else of each apart."""
+def _project(m, h, stacked, apart, ys, norm_w, joint) -> None:
+    """ys = h · Wᵀ of the stacked Linear (one GEMV or GEMM split into ys; joint: MatMul.split's),
+    else of each apart."""
     if stacked is not None:
-        m.mm.split(h, stacked, ys, norm_w)
+        m.mm.split(h, stacked, ys, norm_w, joint)
         return
     for lin, y in zip(apart, ys):
         m.mm.linear(h, lin, y, norm_w)

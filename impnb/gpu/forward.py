@@ -142,12 +142,10 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
-    q = a.get("q", (T, H, Dh))
-    k = a.get("k", (T, Hkv, Dh))
-    v = a.get("v", (T, Hkv, Dv))
-    qkv = (q.reshape(T, H * Dh), k.reshape(T, Hkv * Dh), v.reshape(T, Hkv * Dv))
+    qkv, joint = m.mm.stacked_outputs("qkv_out", T, (H * Dh, Hkv * Dh, Hkv * Dv))
+    q, k, v = qkv[0].reshape(T, H, Dh), qkv[1].reshape(T, Hkv, Dh), qkv[2].reshape(T, Hkv, Dv)
     if att.qkv is not None:
-        m.mm.split(h, att.qkv, qkv, norm_w)
+        m.mm.split(h, att.qkv, qkv, norm_w, joint)
     elif att.qk is not None:
         m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair)
     else:

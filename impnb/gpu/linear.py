@@ -95,12 +95,18 @@ class MatMul:
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
-    def split(self, x, lin: Linear, ys, norm: tuple | None = None) -> None:
-        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear."""
+    def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None) -> None:
+        """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
+        joint: ys as one (1, sum N_i) array where stacked_outputs made them (one token): a dp4a
+        Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone."""
         w = lin.w
         multi = lin.multi.get(x.shape[0])
         if multi:
             gemv_dp4a_multi_split(w, self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
+            return
+        if joint is not None and x.shape[0] == 1 and lin.dp4a:
+            assert joint.shape == (1, w.rows)
+            gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), joint, self.ctx.nb_stream)
             return
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
@@ -160,6 +166,17 @@ class MatMul:
         xq = self.xq_buffers(*x.shape)
         quantize_x(x, xq, self.ctx.nb_stream, norm)
         return xq
+
+    def stacked_outputs(self, name: str, n_tok: int, widths: tuple) -> tuple:
+        """A stacked Linear's outputs for split: ys[i] (T, widths[i]) float32, views of one buffer
+        [y0 | y1 | ...] in that order, and at one token that buffer as (1, sum of widths) (the
+        stacked GEMV's output row: split's `joint`), else None."""
+        flat = self.arena.get(name, (n_tok * sum(widths),))
+        ys, at = [], 0
+        for n in widths:
+            ys.append(flat[at:at + n_tok * n].reshape(n_tok, n))
+            at += n_tok * n
+        return ys, (flat.reshape(1, at) if n_tok == 1 else None)
 
     def xq_buffers(self, n_tok: int, K: int, name: str = "xq") -> QuantX:
         """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""

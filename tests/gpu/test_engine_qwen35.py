@@ -209,6 +209,29 @@ def test_lookahead_equals_step_by_step(case):
     assert ahead.ahead is not None  # the last step queued one ahead
 
 
+def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
+    """Every decode GEMV of a dp4a type on gemv_dp4a (IMPNB_DP4A_MIN_MB and _MIN_K 0; the routed
+    experts' down kept fp32 as in this module's engines): the DeltaNet layers' stacked Q|K|V|Z
+    (and the attention layers' Q|K|V) as one plain GEMV into the joint buffer of their outputs
+    (MatMul.split), ahead of the conv fused into gdn_decode. Teacher-forced decode agrees with the
+    reference over the tokens whose top-2 gap is at least 1e-2 of the largest logit (int8
+    activations move every logit by a few 1e-3 of it: tests/gpu/test_engine_fp4.py)."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, ref, engine = case
+    monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
+    monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "0")
+    dp4a = CudaEngine(engine.mf, N_CTX, graphs=False)
+    stacked = [n for n in dp4a.m.dp4a_linears() if n.endswith("ssm_qkvz")]
+    if not stacked:
+        pytest.skip("no stacked Q|K|V|Z of a dp4a type (F32 model)")
+    dp4a.reset(SamplingParams(temperature=0))
+    out = np.concatenate([dp4a.logits([t]) for t in ids[:N_DECODE]])
+    agree(out, ref[:N_DECODE], f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference", margin=1e-2,
+          min_close=0.9)
+
+
 def test_chunked_prefill_matches_reference(case, monkeypatch):
     """The tensor-core DeltaNet prefill (IMPNB_GDN_CHUNKED_MIN_ROWS=16: every prompt chunk of 16
     rows and more): the two-chunk prompt within LOOSE of the reference (its fp16 operands move the
