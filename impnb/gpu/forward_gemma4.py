@@ -104,10 +104,14 @@ def _attention(m, il: int, lw: Gemma4Layer, h, pos, step: StepPlan):
         k = a.get("k", (T, Hkv, Dh))
         k2 = k.reshape(T, Hkv * Dh)
         v = a.get("v", (T, Hkv, Dh))
-        if att.qkv is not None:
-            m.mm.split(h, att.qkv, (q2, k2, v.reshape(T, Hkv * Dh)))
+        if att.qkv is not None:  # outputs in one buffer: one plain GEMV at a token (MatMul.split)
+            (q2, k2, v2), joint = m.mm.stacked_outputs("qkv_out", T, (H * Dh, Hkv * Dh, Hkv * Dh))
+            q, k, v = q2.reshape(T, H, Dh), k2.reshape(T, Hkv, Dh), v2.reshape(T, Hkv, Dh)
+            m.mm.split(h, att.qkv, (q2, k2, v2), joint=joint)
         elif att.qk is not None:
-            m.mm.split(h, att.qk, (q2, k2))
+            (q2, k2), joint = m.mm.stacked_outputs("qk_out", T, (H * Dh, Hkv * Dh))
+            q, k = q2.reshape(T, H, Dh), k2.reshape(T, Hkv, Dh)
+            m.mm.split(h, att.qk, (q2, k2), joint=joint)
         else:
             m.mm.linear(h, att.q, q2)
             m.mm.linear(h, att.k, k2)
