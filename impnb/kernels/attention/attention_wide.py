@@ -18,13 +18,15 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.attention.attention_decode import LOG2E, NEG
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
-from impnb.kernels.common.warp import WARP, warp_sum
+from impnb.kernels.common.warp import WARP, warp_max, warp_sum
 from impnb.launch import launch
 
 HEAD_DIMS = (512,)  # the head dims models route here (the kernel takes any multiple of 64 up to 512)
 MAX_SPLITS = 128
 MIN_KEYS = 32  # keys a decode split takes at least
-MERGE_THREADS = 128
+MERGE_WARPS = 4  # warps of a merge block: MERGE_WARPS * 32 threads, one a split for the weights
+MERGE_UNROLL = 4  # splits a merge lane has in flight
+assert MAX_SPLITS <= MERGE_WARPS * WARP
 _ZERO = np.float32(0)
 
 
@@ -39,7 +41,9 @@ def attention_kernel(D: int):
     # (t, h = kh * g + j) and split s of its keys. Per key the lane dots its DPL dims of q (in
     # registers, pre-scaled by scale * log2 e) with K, the warp's butterfly sums the score into
     # every lane, and an online softmax (base 2) weighs V into the lane's DPL accumulators. The g
-    # warps of a block read the same K/V rows (L1). No shared memory.
+    # warps of a block read the same K/V rows (L1); a lane's K and V words of the next key are
+    # loaded before the current key's dot and update (one memory round trip a key otherwise).
+    # No shared memory.
     # S = 1: out[t, h] = acc / l; else partials[s, t, h] = (acc, m, l) for attention_merge.
     # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2); page_size = 1 << shift.
     def kernel(q, k_words, v_words, block_table, pos, out, partials, scale, window, shift):
@@ -69,14 +73,28 @@ def attention_kernel(D: int):
         m = NEG
         l = _ZERO
         w0 = lane * WPL
+        kc = cuda.local.array(WPL, types.uint32)  # the current key's K, V words, then the next's
+        vc = cuda.local.array(WPL, types.uint32)
+        kn = cuda.local.array(WPL, types.uint32)
+        vn = cuda.local.array(WPL, types.uint32)
+        if k0 < k1:
+            page = block_table[0, k0 >> shift]
+            for w in range(WPL):
+                kn[w] = k_words[page, k0 & mask, kh, w0 + w]
+                vn[w] = v_words[page, k0 & mask, kh, w0 + w]
         for key in range(k0, k1):
-            page = block_table[0, key >> shift]
-            off = key & mask
+            for w in range(WPL):
+                kc[w] = kn[w]
+                vc[w] = vn[w]
+            if key + 1 < k1:  # -- the next key's words on their way --
+                page = block_table[0, (key + 1) >> shift]
+                for w in range(WPL):
+                    kn[w] = k_words[page, (key + 1) & mask, kh, w0 + w]
+                    vn[w] = v_words[page, (key + 1) & mask, kh, w0 + w]
             # -- score: the lane's partial dot, summed over the warp --
             s = _ZERO
             for w in range(WPL):
-                kw = k_words[page, off, kh, w0 + w]
-                s += qr[2 * w] * qi.f16_to_f32(kw & qi.HALF) + qr[2 * w + 1] * qi.f16_to_f32(kw >> 16)
+                s += qr[2 * w] * qi.f16_to_f32(kc[w] & qi.HALF) + qr[2 * w + 1] * qi.f16_to_f32(kc[w] >> 16)
             s = warp_sum(s)
             # -- online softmax: rescale the accumulators, add p * V --
             m_new = max(m, s)
@@ -84,9 +102,8 @@ def attention_kernel(D: int):
             p = ptx.ex2_approx_ftz(s - m_new)
             l = l * a + p
             for w in range(WPL):
-                vw = v_words[page, off, kh, w0 + w]
-                acc[2 * w] = acc[2 * w] * a + p * qi.f16_to_f32(vw & qi.HALF)
-                acc[2 * w + 1] = acc[2 * w + 1] * a + p * qi.f16_to_f32(vw >> 16)
+                acc[2 * w] = acc[2 * w] * a + p * qi.f16_to_f32(vc[w] & qi.HALF)
+                acc[2 * w + 1] = acc[2 * w + 1] * a + p * qi.f16_to_f32(vc[w] >> 16)
             m = m_new
         if n_splits == 1:
             inv = np.float32(1) / l if l > _ZERO else _ZERO
@@ -103,9 +120,11 @@ def attention_kernel(D: int):
     return cuda.jit(kernel)
 
 
-# grid (T * H,), block MERGE_THREADS: block r merges query row (t, h) = divmod(r, H) over the S
-# splits of partials (acc, m, l); thread i owns dims i, i + MERGE_THREADS, ... and works out the
-# splits' weights 2^(m_s - max m) itself. No shared memory.
+# grid (T * H, D / 32), block (32, MERGE_WARPS): block (r, c) merges dims 32 c .. 32 c + 31 of query
+# row (t, h) = divmod(r, H) over the S splits of partials (acc, m, l). Thread i < S first takes
+# split i's weight 2^(m_i - max m) (block max and sum through shared memory); then lane j of warp
+# w sums the weighted acc of dim 32 c + j over splits w, w + MERGE_WARPS, .. (MERGE_UNROLL loads
+# in flight), and warp 0 adds the warps' sums. shared: wts f32[MAX_SPLITS], red f32[WARPS, 32].
 @cuda.jit
 def _attention_merge_kernel(partials, out):
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -115,18 +134,50 @@ def _attention_merge_kernel(partials, out):
     D = out.shape[2]
     t = cuda.blockIdx.x // H
     h = cuda.blockIdx.x - t * H
-    mx = NEG
-    for s in range(S):
-        mx = max(mx, partials[s, t, h, D])
+    lane = cuda.threadIdx.x
+    warp = cuda.threadIdx.y
+    tid = warp * WARP + lane
+    wts = cuda.shared.array(MAX_SPLITS, types.float32)
+    red = cuda.shared.array((MERGE_WARPS, WARP), types.float32)
+    # -- each split's weight: its max against the block's, then the denominator --
+    m_i = partials[tid, t, h, D] if tid < S else NEG
+    mx = warp_max(m_i)
+    if lane == 0:
+        red[warp, 0] = mx
+    cuda.syncthreads()
+    for w in range(MERGE_WARPS):
+        mx = max(mx, red[w, 0])
+    w_i = ptx.ex2_approx_ftz(m_i - mx) if tid < S else _ZERO
+    wts[tid] = w_i
+    den = warp_sum(w_i * partials[tid, t, h, D + 1] if tid < S else _ZERO)
+    cuda.syncthreads()
+    if lane == 0:
+        red[warp, 1] = den
+    cuda.syncthreads()
     den = _ZERO
-    for s in range(S):
-        den += ptx.ex2_approx_ftz(partials[s, t, h, D] - mx) * partials[s, t, h, D + 1]
-    inv = np.float32(1) / den if den > _ZERO else _ZERO
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+    for w in range(MERGE_WARPS):
+        den += red[w, 1]
+    cuda.syncthreads()  # red is reused below
+    # -- the weighted sum of dim d over the warp's splits --
+    d = cuda.blockIdx.y * WARP + lane
+    acc = cuda.local.array(MERGE_UNROLL, types.float32)
+    for u in range(MERGE_UNROLL):
+        acc[u] = _ZERO
+    for s0 in range(warp, S, MERGE_WARPS * MERGE_UNROLL):
+        for u in range(MERGE_UNROLL):
+            s = s0 + u * MERGE_WARPS
+            if s < S:
+                acc[u] += wts[s] * partials[s, t, h, d]
+    total = _ZERO
+    for u in range(MERGE_UNROLL):
+        total += acc[u]
+    red[warp, lane] = total
+    cuda.syncthreads()
+    if warp == 0:
         num = _ZERO
-        for s in range(S):
-            num += ptx.ex2_approx_ftz(partials[s, t, h, D] - mx) * partials[s, t, h, d]
-        out[t, h, d] = num * inv
+        for w in range(MERGE_WARPS):
+            num += red[w, lane]
+        out[t, h, d] = num * (np.float32(1) / den) if den > _ZERO else _ZERO
 
 
 def num_splits(ctx_bucket: int, n_head_kv: int, T: int, window: int | None = None, n_sm: int = 132) -> int:
@@ -166,7 +217,7 @@ def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits:
            v_pool.view(np.uint32), block_table, pos, out, partials, np.float32(scale), np.int32(window or 0),
            np.int32(k_pool.shape[1].bit_length() - 1))
     if n_splits > 1:
-        launch(_attention_merge_kernel, T * H, MERGE_THREADS, stream, partials[:n_splits], out)
+        launch(_attention_merge_kernel, (T * H, D // WARP), (WARP, MERGE_WARPS), stream, partials[:n_splits], out)
 
 
 _Q = types.float32[:, :, ::1]
