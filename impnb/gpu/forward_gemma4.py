@@ -10,7 +10,9 @@ from gpu/forward.py's pieces and a few elementwise kernels of its own.
     attention (scale 1, the layer's window) -> o = attn_output -> x += post_attention_norm(o),
       h = ffn_norm(x)                                           (the GEMV's tail at decode)
     dense MLP: x += post_ffw_norm(down(gelu(gate h) * up h))    (experts: see _mlp_and_moe; at
-      decode the router's GEMV norms its input and routes in its last block, gemv_route)
+      decode the router's GEMV norms its input and routes in its last block, gemv_route, and
+      the experts run on dp4a where their types have it: x̂ = int8 pre_ffw_norm_2(x) by
+      quantize_x, gemv_dp4a_experts, experts_down_sum_dp4a)
     PLE: x += post_norm(proj(gelu(inp_gate x) * ple[l]))
     x *= layer_output_scale, h = next norm(x)                   (scale_rms_norm; in layers with
       experts and no PLE the end of _mlp_and_moe, moe_layer_end)
@@ -37,7 +39,9 @@ from impnb.kernels.elementwise.scale_norm import scale_rms_norm
 from impnb.kernels.elementwise.softcap import softcap
 from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
 from impnb.kernels.moe.expert_scale import expert_scale
+from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
+from impnb.kernels.moe.gemv_moe_dp4a import experts_down_sum_dp4a
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.tuning import GEMV_MAX_ROWS
 
@@ -153,14 +157,22 @@ def _mlp_and_moe(m, x, h, lw: Gemma4Layer, o) -> None:
         m.mm.linear_f32(r, ex.router, logits)
         moe_route(logits, k, True, experts, weights, s)
     expert_scale(experts, weights, ex.scale, s)
-    norm.rms_norm(x, ex.pre_norm, r, cfg.eps, s)
     slots = experts.reshape(T * k)
     y2 = a.get("moe_out", (T, D))
     if T <= GEMV_MAX_ROWS:
         act = a.get("moe_act", (T * k, F))
-        gemv_experts.gemv_experts(ex.gate_up, 2 * F, r, act, slots, k, s, glu=gemv.GELU)
-        experts_down_sum(ex.down, D, act, y2, slots, weights, s)
+        if ex.gate_up_dp4a:  # the experts' int8 input straight from x (the norm in quantize_x)
+            xq = m.mm.quantized(x, (ex.pre_norm, cfg.eps))
+            gemv_dp4a_experts(ex.gate_up, 2 * F, xq, act, slots, k, s, glu=gemv.GELU)
+        else:
+            norm.rms_norm(x, ex.pre_norm, r, cfg.eps, s)
+            gemv_experts.gemv_experts(ex.gate_up, 2 * F, r, act, slots, k, s, glu=gemv.GELU)
+        if ex.down_dp4a:
+            experts_down_sum_dp4a(ex.down, D, act, y2, slots, weights, s)
+        else:
+            experts_down_sum(ex.down, D, act, y2, slots, weights, s)
     else:
+        norm.rms_norm(x, ex.pre_norm, r, cfg.eps, s)
         _, y, rows = experts_prefill(m, m.mm.x16(r), (ex.gate_up,), ex.down, slots, k, E, act="gelu")
         moe_combine(y, rows, weights, y2, s)
     moe_layer_end(x, o, y2, ex.post_norm_mlp, ex.post_norm, lw.post_ffn, lw.end_scale, lw.next_norm, h, cfg.eps, s)

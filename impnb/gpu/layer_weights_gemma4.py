@@ -10,6 +10,8 @@ import numpy as np
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.weights import Linear
 from impnb.kernels.common.repack import PackedWeight
+from impnb.kernels.gemv import gemv_dp4a_units
+from impnb.kernels.moe import gemv_moe_dp4a
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,6 +28,8 @@ class Gemma4Experts:
     pre_norm: object  # pre_ffw_norm_2: the experts' input norm of the residual
     post_norm: object  # post_ffw_norm_2 on their output
     post_norm_mlp: object  # post_ffw_norm_1 on the dense MLP's
+    gate_up_dp4a: bool  # decode gate|up on gemv_dp4a_experts, x̂ = int8 RMSNorm(x) * pre_norm
+    down_dp4a: bool  # decode down on dp4a with act made int8 in the kernel (MOE_DOWN_DP4A)
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +54,7 @@ class Gemma4Layer:
     next_norm: object  # the norm the next layer's attention (or the logits) reads
 
 
-def gemma4_layers(cfg, w: dict, lin: dict, ctx) -> tuple[Gemma4Layer, ...]:
+def gemma4_layers(cfg, w: dict, lin: dict, ctx, tuning) -> tuple[Gemma4Layer, ...]:
     """Every layer's weights by role (w: tensors, lin: Linears; ctx uploads the folded router norm
     and the V norm's ones)."""
     ones = {}
@@ -73,7 +77,8 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx) -> tuple[Gemma4Layer, ...]:
                 router_norm=ctx.upload(router_norm.astype(np.float32)), router=lin[p + "ffn_gate_inp"],
                 gate_up=w[p + "ffn_gate_up_exps"], down=w[p + "ffn_down_exps"], scale=w[p + "ffn_down_exps.scale"],
                 pre_norm=w[p + "pre_ffw_norm_2"], post_norm=w[p + "post_ffw_norm_2"],
-                post_norm_mlp=w[p + "post_ffw_norm_1"])
+                post_norm_mlp=w[p + "post_ffw_norm_1"], **experts_dp4a(cfg, w[p + "ffn_gate_up_exps"],
+                                                                       w[p + "ffn_down_exps"], tuning))
         ffn = DenseFFN(norm=w[p + "ffn_norm"], gate_up=lin.get(p + "ffn_gate_up"), gate=lin.get(p + "ffn_gate"),
                        up=lin.get(p + "ffn_up"), down=lin[p + "ffn_down"],
                        post_norm=experts.post_norm_mlp if experts else w[p + "post_ffw_norm"])
@@ -86,3 +91,12 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx) -> tuple[Gemma4Layer, ...]:
         out.append(Gemma4Layer(attn, cfg.kv_layer(il), ones[dk], ffn, experts, w[p + "post_ffw_norm"], ple,
                                None if fold else scale, scale if fold else one, nxt))
     return tuple(out)
+
+
+def experts_dp4a(cfg, gate_up: PackedWeight, down: PackedWeight, tuning) -> dict:
+    """Which of the routed experts' decode GEMVs take dp4a: gate|up where its type has a dp4a dot
+    and its rows are at least DP4A_MIN_K long (the rule of gpu/weights.linear_of), down as
+    layer_weights' Experts decide it."""
+    return dict(gate_up_dp4a=gate_up.ggml_type in gemv_dp4a_units.DOTS and gate_up.cols >= tuning.dp4a_min_k,
+                down_dp4a=(tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a_units.DOTS
+                           and cfg.n_embd >= gemv_moe_dp4a.ROWS))

@@ -92,7 +92,7 @@ class DeviceModel:
         # under tensor parallelism (the fold routes on attn_output's partial sums)
         self.router_folds = ({} if self.stack or tp else
                              weights.router_folds(mf, cfg, self.ctx, self.lin, tuning))
-        self.blk = (gemma4_layers(cfg, self.w, self.lin, self.ctx) if self.stack is not None
+        self.blk = (gemma4_layers(cfg, self.w, self.lin, self.ctx, tuning) if self.stack is not None
                     else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(_inv_freq(mf, cfg, il)) for il in range(cfg.n_layer)]

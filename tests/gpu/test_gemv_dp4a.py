@@ -213,6 +213,8 @@ def test_gemv_dp4a_experts(ggml_type):
     check_experts(ggml_type, 8, 2 * 77, 2048, 1, 8, SILU, seed=[int(ggml_type), 1])
     check_experts(ggml_type, 16, 130, 768 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 1024, 3, 4, NO_GLU,
                   seed=[int(ggml_type), 2])
+    # Gemma-4-26B-A4B's: GELU, 704 rows an expert over 2816 columns, two tokens of 8 slots
+    check_experts(ggml_type, 12, 2 * 704, 2816, 2, 8, GELU, seed=[int(ggml_type), 3])
 
 
 def test_real_activation_outliers():

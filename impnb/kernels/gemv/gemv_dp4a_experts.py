@@ -9,7 +9,7 @@ from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_kernel, kernel_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_experts
-from impnb.kernels.gemv.gemv_units import NO_GLU, SILU
+from impnb.kernels.gemv.gemv_units import GELU, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import BLOCK, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX
 from impnb.launch import launch
@@ -43,4 +43,8 @@ def build_signatures() -> list:
         (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, SILU, True, v.unroll), types.void(*kernel_args(t, True)),
          {"max_registers": 128})
         for t in (T.Q4_K, T.Q8_0) for v in (choose_experts(t, 2048, SILU, 768),)
+    ] + [  # gemma4's (26B-A4B: 2816 columns, 704 rows an expert, GELU)
+        (gemv_dp4a_kernel(T.Q4_K, 2816, 1, v.span, v.rows, GELU, True, v.unroll),
+         types.void(*kernel_args(T.Q4_K, True)), {"max_registers": 128})
+        for v in (choose_experts(T.Q4_K, 2816, GELU, 704),)
     ]

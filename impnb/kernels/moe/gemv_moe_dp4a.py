@@ -178,4 +178,6 @@ def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
-                        for t in DOTS for F, bound in ((768, 192), (2304, 128))]
+                        for t in DOTS for F, bound in ((768, 192), (2304, 128))] + [
+        # Gemma-4-26B-A4B's experts (704 columns: Q5_0 and Q8_0, the K-quants' fallbacks)
+        (down_sum_dp4a_kernel(t, 704), types.void(*kernel_args(t)), {"max_registers": 192}) for t in (T.Q5_0, T.Q8_0)]
