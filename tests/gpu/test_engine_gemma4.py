@@ -7,7 +7,9 @@ double-wide MLP there), "moe" (26B-A4B-like: routed GELU experts beside the MLP,
 global layers with their own KV head count) and "wide" (26B-A4B's heads of 256 and 512, 128
 experts). Sliding windows 8 and 16, prompts of 96 tokens: teacher-forced decode on the short and
 the split-K attention kernels and on dp4a GEMVs, prefill in one chunk and in two, and graph
-replay equal to eager."""
+replay equal to eager. The engines keep the routed experts' down in fp32 (IMPNB_MOE_DOWN_DP4A=0)
+but where a test asks for dp4a: int8 activations move these models' logits by ~1e-2 of the
+largest (the dp4a test's bounds), past the fp32 tests' 1e-2 for half the tokens of "wide"."""
 
 import numpy as np
 import pytest
@@ -31,7 +33,16 @@ def case(request, tmp_path_factory):
     ids = np.random.default_rng(5).integers(0, ref.cfg.n_vocab, N_TOKENS).astype(np.int32)
     from impnb.engine_cuda import CudaEngine
 
-    return ids, ref.forward(ids, ref.new_cache(N_TOKENS + 8)), CudaEngine(mf, 256, graphs=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IMPNB_MOE_DOWN_DP4A", "0")
+        engine = CudaEngine(mf, 256, graphs=False)
+    return ids, ref.forward(ids, ref.new_cache(N_TOKENS + 8)), engine
+
+
+@pytest.fixture(autouse=True)
+def down_fp32(monkeypatch):
+    """The engines a test makes keep the experts' down in fp32, as the module's (see above)."""
+    monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "0")
 
 
 def teacher_forced(engine, ids) -> np.ndarray:
@@ -57,7 +68,8 @@ def test_decode_split_attention_matches_reference(case, monkeypatch):
 
 
 def test_decode_on_dp4a_matches_reference(case, monkeypatch):
-    """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x). Gemma's post-norms scale every
+    """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x), the routed experts' gate|up and
+    down included. Gemma's post-norms scale every
     sublayer's output to the residual's size, so int8 inputs move these models far more than
     qwen3's: the reference with every matmul's input rounded to int8 (32-blocks, max / 127) moved
     the logits by median 2e-2 (dense), 3e-2 (moe), 8e-2 (wide, where 128 experts' routers flip),
@@ -67,8 +79,11 @@ def test_decode_on_dp4a_matches_reference(case, monkeypatch):
     ids, ref, engine = case
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
+    monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "1")
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
     assert dp4a.m.dp4a_linears()
+    experts = [lw.experts for lw in dp4a.m.blk if lw.experts is not None]
+    assert all(ex.gate_up_dp4a and ex.down_dp4a for ex in experts), "the routed experts not on dp4a"
     out = teacher_forced(dp4a, ids)
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference", margin=3e-2,
           min_close=0.0, min_top1=0.97)
