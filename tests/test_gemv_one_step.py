@@ -10,7 +10,7 @@ from impnb.kernels.gemv.gemv_variants import Variant
 
 def _kernel(t, n_tok, v, one_step):
     # as variant_kernel calls it (lru_cache keys on the call's form)
-    return gemv_kernel(t, n_tok, v.span, NO_GLU, False, v.unroll, v.rows, False, 0, False, one_step, False)
+    return gemv_kernel(t, n_tok, v.span, NO_GLU, False, v.unroll, v.rows, False, 0, False, one_step, False, False)
 
 
 def _one_step(t, n_tok, v, cols) -> bool:

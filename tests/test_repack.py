@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from impnb import quant_fp4
-from impnb.kernels.common.repack import ALIGN, PACKED_TYPES, repack, unpack
+from impnb.kernels.common.repack import ALIGN, PACKED_TYPES, repack, rows_aligned, rows_of, unpack
 from impnb.quants import dequantize
 
 QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0)
@@ -73,6 +73,26 @@ def test_repack_is_lossless(ggml_type, rows, cols):
         # offsets in the buffer are aligned (a device allocation starts 256-byte aligned)
         assert (part.ctypes.data - packed.buffer.ctypes.data) % ALIGN == 0
         assert np.shares_memory(part, packed.buffer)
+
+
+@pytest.mark.parametrize("ggml_type", PACKED_TYPES, ids=lambda t: t.name)
+def test_rows_of_is_a_view_of_those_rows(ggml_type):
+    """rows_of's slices of every part hold exactly those rows' GGUF bytes, in the weight's buffer,
+    16-byte aligned; a row that starts off 16 bytes in some part is refused."""
+    rows, cols = 9, 512
+    raw = make_weight(ggml_type, rows, cols, np.random.default_rng(int(ggml_type)))
+    packed = repack(raw, ggml_type)
+    for start, stop in ((0, 8), (8, 9), (0, 9), (4, 6)):
+        view = rows_of(packed, start, stop)
+        assert (view.rows, view.cols, view.ggml_type) == (stop - start, cols, ggml_type)
+        assert np.array_equal(unpack(view), raw[start:stop])
+        for part in view.parts:
+            assert np.shares_memory(part, packed.buffer) and (part.ctypes.data - packed.buffer.ctypes.data) % 16 == 0
+    short = max(32, GGML_QUANT_SIZES[ggml_type][0])  # one block a row: e.g. Q8_0's d, 2 bytes a row
+    odd = next((r for r in range(1, rows) if not rows_aligned(ggml_type, short, r)), None)
+    if odd is not None:
+        with pytest.raises(AssertionError):
+            rows_of(repack(make_weight(ggml_type, rows, short, np.random.default_rng(1)), ggml_type), odd, odd + 1)
 
 
 def test_repack_takes_typed_f16_f32_rows():

@@ -28,7 +28,7 @@ def test_kernel_tables_read_tuning():
 
 
 def test_overrides_default(monkeypatch):
-    for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "GEMV_STREAM",
+    for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "SHARED_GATE_FOLD", "GEMV_STREAM",
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
                  "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
@@ -38,6 +38,7 @@ def test_overrides_default(monkeypatch):
 def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_GEMV_TAIL", "0")
     monkeypatch.setenv("IMPNB_ROUTER_FOLD", "1")
+    monkeypatch.setenv("IMPNB_SHARED_GATE_FOLD", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
@@ -47,7 +48,7 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
     o = tuning.Overrides.from_env()
     assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and o.moe_grouped_rows == 8
-    assert not o.gemv_tail and o.router_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
+    assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
 
 

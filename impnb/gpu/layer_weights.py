@@ -84,6 +84,9 @@ class Experts:
     post_norm: object | None
     shared: DenseFFN | None = None  # moe_shared: the shared expert, its output times
     shared_gate: Linear | None = None  # sigmoid(h · shared_gateᵀ) (ffn_gate_inp_shexp, one row)
+    # moe_shared: router's rows then shared_gate's (ffn_gate_inps; router and shared_gate are views
+    # of its rows), the decode router's weight; None where not stacked (weights.gate_inps)
+    gate_inps: Linear | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,7 +116,8 @@ def layer_weights(cfg: ModelConfig, specs: tuple[LayerSpec, ...], w: dict, lin: 
                            and cfg.n_embd >= gemv_moe_dp4a.ROWS),
                 fold=folds.get(p), post_norm=post_ffn,
                 shared=dense_ffn(lin, p, ffn_norm, None, "_shexp") if shared else None,
-                shared_gate=lin[p + "ffn_gate_inp_shexp"] if shared else None)
+                shared_gate=lin[p + "ffn_gate_inp_shexp"] if shared else None,
+                gate_inps=lin.get(p + "ffn_gate_inps") if shared else None)
         else:
             ffn = dense_ffn(lin, p, ffn_norm, post_ffn)
         nxt = w[f"blk.{il + 1}.attn_norm"] if il + 1 < cfg.n_layer else w["output_norm"]

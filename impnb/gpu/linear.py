@@ -3,10 +3,10 @@
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
 for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
 for the Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with
-the pre-norm, accumulation or a residual tail fused where asked). Past that a GEMM on the Linear's
-measured path: tensor-core tiles on the stored weight, or dequantization to fp16 and cuBLAS
-(the fallback). The stacked Q|K|V takes the split-K tiles where its table entry says so, else
-cuBLAS. Scratch buffers come from the arena.
+the pre-norm, accumulation, a residual tail or a per-token gate fused where asked). Past that a
+GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
+fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles where its table entry
+says so, else cuBLAS. Scratch buffers come from the arena.
 Legend: T tokens, K input width, N output rows.
 """
 
@@ -23,7 +23,7 @@ from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
-from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_residual, gemv_stacked, gemv_stream
+from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_gated, gemv_residual, gemv_stacked, gemv_stream
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
@@ -70,6 +70,16 @@ class MatMul:
             self.gemm(x, w, y, lin.gemm_path(x.shape[0]))
         if residual is not None:
             residual.unfused(y, s)
+
+    def takes_gated(self, lin: Linear, n_tok: int) -> bool:
+        """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has
+        a gated form (linear_gated); not gemv_dp4a, gemv_dp4a_multi or a GEMM."""
+        return n_tok <= GEMV_MAX_ROWS and not lin.multi.get(n_tok) and not lin.dp4a
+
+    def linear_gated(self, x, lin: Linear, y, gate, col: int) -> None:
+        """y (T, N) += sigmoid(gate[t, col]) * x[t] · Wᵀ for each row t, where takes_gated (gemv_gated)."""
+        assert self.takes_gated(lin, x.shape[0]), lin.name
+        gemv_gated.gemv_gated(lin.w, x, y, gate, col, self.ctx.nb_stream, accumulate=True)
 
     def linear_f32(self, x, lin: Linear, y) -> None:
         """Like linear, with fp32 operands throughout for an F32 weight (the MoE router: expert

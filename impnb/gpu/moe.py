@@ -21,9 +21,12 @@ Under tensor parallelism the experts are split by width, or by whole experts (m.
 the routed slots made local to the rank, kernels/moe/expert_shard.py); either way each rank's
 sum is partial and all-reduced after the down.
   moe_shared (Qwen3.5): a shared expert beside the routed ones, read from the same h,
-      act_sh = silu(gate_shexp h) * up_shexp h * sigmoid(h · ffn_gate_inp_shexp)  (before the routed
-      experts add into x at decode), x += down_shexp act_sh   (at decode the GEMV accumulates; at
-      prefill one more residual update after the routed one)
+      act_sh = silu(gate_shexp h) * up_shexp h       (before the routed experts add into x at decode)
+      x += sigmoid(h · ffn_gate_inp_shexp) * down_shexp act_sh
+      at prefill act_sh is times the sigmoid (sigmoid_gate) and one more residual update follows the
+      routed one; at decode the shared gate's row is stacked under the router's (ffn_gate_inps), so
+      the router GEMV writes its logit as logit E, and the down GEMV scales its dot products by the
+      sigmoid of that as it accumulates into x (gemv_gated; else the gate's GEMV and sigmoid_gate)
 Everything stays on the device: no host synchronization, so a step remains one CUDA graph.
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
@@ -81,21 +84,39 @@ def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     assert T <= GEMV_MAX_ROWS
-    shared = _shared_act(m, x, ex, norm) if ex.shared is not None else None  # reads x before the add
-    logits, experts, weights = _route_buffers(m, T)
+    folded = _gate_folded(m, ex, T)
+    shared = _shared_act(m, x, ex, norm, not folded) if ex.shared is not None else None  # reads x before the add
+    router, E = ex.gate_inps if folded else ex.router, ex.router.w.rows
+    logits, experts, weights = _route_buffers(m, T, router.w.rows)  # folded: logit E the shared gate's
     xq = m.mm.xq_buffers(T, D) if ex.gate_up_dp4a else None  # the router writes h in int8
-    gemv_route.gemv_route(ex.router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm,
-                    experts, weights, a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq)
-    if m.expert_range is not None:  # the rank's experts alone (expert parallelism)
+    gemv_route.gemv_route(router.w, x, logits, cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
+                          a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq, n_routed=E)
+    if m.expert_range is not None:  # the rank's experts alone (expert parallelism; the logits left alone)
         localize(experts, weights, *m.expert_range, s)
     _experts_decode(m, x, ex, norm, xq, experts, weights)
-    if shared is not None:
+    if shared is None:
+        return
+    if folded:  # x += sigmoid(logits[t, E]) * down act[t]
+        m.mm.linear_gated(shared, ex.shared.down, x, logits, E)
+    else:
         m.mm.linear(shared, ex.shared.down, x, accumulate=True)
 
 
-def _shared_act(m, h, ex: Experts, norm: tuple | None):
-    """The shared expert's act (T, F_sh) = silu(gate h) * up h * sigmoid(h · shared_gateᵀ), gate|up
-    one GEMV where stacked; norm (wn, eps): of RMSNorm(h) * wn."""
+# The shared gate's sigmoid goes into the shared down GEMV rather than the shared gate|up's GLU
+# epilogue: the down's width (F_sh, under DP4A_MIN_K) keeps it on gemv.py's kernel, one kernel to
+# give a gate, where the gate|up takes gemv_stacked's GLU, gemv_dp4a or gemv_dp4a_multi by shape
+# and T; the router already runs before the down (the GLU runs before the router: reordering
+# would be needed); and the numpy reference gates the shared expert's output, the same order.
+def _gate_folded(m, ex: Experts, n_tok: int) -> bool:
+    """Whether a decode step of n_tok rows folds the shared expert's gate: its row stacked under the
+    router's at load (ex.gate_inps) and the shared down on gemv.py's kernel at this T, whose gated
+    form applies the sigmoid (gemv_dp4a and gemv_dp4a_multi have none: the gate then runs apart)."""
+    return ex.gate_inps is not None and m.mm.takes_gated(ex.shared.down, n_tok)
+
+
+def _shared_act(m, h, ex: Experts, norm: tuple | None, gated: bool = True):
+    """The shared expert's act (T, F_sh) = silu(gate h) * up h, times sigmoid(h · shared_gateᵀ)
+    where gated, gate|up one GEMV where stacked; norm (wn, eps): of RMSNorm(h) * wn."""
     sh, a, s, T = ex.shared, m.arena, m.ctx.nb_stream, h.shape[0]
     F = sh.down.w.cols
     act = a.get("shexp_act", (T, F))
@@ -106,9 +127,10 @@ def _shared_act(m, h, ex: Experts, norm: tuple | None):
         m.mm.linear(h, sh.gate, act, norm)
         m.mm.linear(h, sh.up, up, norm)
         activations.swiglu(act, up, act, s)
-    gate = a.get("shexp_gate", (T, 1))
-    m.mm.linear(h, ex.shared_gate, gate, norm)
-    sigmoid_gate(act, gate, s)
+    if gated:
+        gate = a.get("shexp_gate", (T, 1))
+        m.mm.linear(h, ex.shared_gate, gate, norm)
+        sigmoid_gate(act, gate, s)
     return act
 
 
@@ -138,10 +160,10 @@ def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tu
     _experts_decode(m, out, ex, norm, xq, experts, weights)
 
 
-def _route_buffers(m, T: int) -> tuple:
-    """The decode router's logits (T, E), experts (T, k) int32 and weights (T, k)."""
+def _route_buffers(m, T: int, n_logits: int | None = None) -> tuple:
+    """The decode router's logits (T, n_logits) (default E), experts (T, k) int32 and weights (T, k)."""
     a, k = m.arena, m.cfg.n_expert_used
-    return (a.get("moe_logits", (T, m.cfg.n_expert)), a.get("moe_experts", (T, k), np.int32),
+    return (a.get("moe_logits", (T, n_logits or m.cfg.n_expert)), a.get("moe_experts", (T, k), np.int32),
             a.get("moe_weights", (T, k)))
 
 

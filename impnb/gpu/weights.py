@@ -1,6 +1,7 @@
 """The model's weights on the GPU: GGUF tensors uploaded (a layer's Q, K, V and gate, up stacked
-where one GEMV can read them), and a Linear for each matrix holding the kernels chosen for it at
-load. Legend: E experts, D model dim, H heads, Dv value head dim."""
+where one GEMV can read them; a Qwen3.5 MoE layer's router with its shared expert gate), and a
+Linear for each matrix holding the kernels chosen for it at load. Legend: E experts, D model dim,
+H heads, Dv value head dim."""
 
 import logging
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ STACKS = (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
           ("ssm_qkvz", ("attn_qkv", "attn_gate")),
           ("ssm_beta_alpha", ("ssm_beta", "ssm_alpha")),
           ("ffn_gate_up_shexp", ("ffn_gate_shexp", "ffn_up_shexp")))
+# the router's E rows, then the shared expert gate's one (moe_shared): gate_inps
+GATE_INPS = ("ffn_gate_inps", ("ffn_gate_inp", "ffn_gate_inp_shexp"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,7 +85,8 @@ def upload(mf: ModelFile, cfg: ModelConfig, ctx, tuning: Overrides) -> dict:
     """Every tensor by its GGUF name less ".weight": 1-D ones and the DeltaNet conv's float32,
     matrices repacked for the kernels; a layer's Q, K, V (and gate, up) of one type, or of types one holds exactly
     (quant_promote.common_type), stacked into one matrix, attn_qkv (ffn_gate_up), read by one GEMV;
-    else Q and K alone (attn_qk) where they can be. A gated attention's attn_q ([q, gate] a head)
+    else Q and K alone (attn_qk) where they can be; a Qwen3.5 MoE layer's router and shared expert
+    gate as gate_inps stacks them (SHARED_GATE_FOLD). A gated attention's attn_q ([q, gate] a head)
     is split into attn_q and attn_q_gate first (split_gated_q), qwen3next's fused DeltaNet
     projections into qwen35's (split_fused_ssm)."""
     tensors = {name.removesuffix(".weight"): t for name, t in mf.tensors.items() if not _mtp(name, cfg)}
@@ -106,10 +110,35 @@ def upload(mf: ModelFile, cfg: ModelConfig, ctx, tuning: Overrides) -> dict:
                 w[p + fused] = upload_matrix(ctx, p + fused, ts, common)
                 for n in parts:
                     del tensors[p + n]
+    if tuning.shared_gate_fold:
+        w.update(gate_inps(ctx, tensors, cfg))
     for name, t in tensors.items():
         plain = len(t.shape) == 1 or name.endswith(".ssm_conv1d")  # the conv kernel reads float32 (C, K)
         w[name] = ctx.upload(t.dequantize()) if plain else upload_matrix(ctx, name, [t])
     return w
+
+
+def gate_inps(ctx, tensors: dict, cfg: ModelConfig) -> dict:
+    """Each layer's router (E, D) and shared expert gate (1, D) stacked as ffn_gate_inps (E + 1, D),
+    the decode router GEMV's weight (its last logit the gate's: gpu/moe.py), where both are of one
+    type and width (no conversion: routing sees the file's values) and row E starts aligned;
+    ffn_gate_inp and ffn_gate_inp_shexp are then views of its rows (prefill reads them apart), so
+    nothing is held twice. The tensors stacked leave `tensors`."""
+    out = {}
+    fused, parts = GATE_INPS
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        router, gate = ts = [tensors.get(p + n) for n in parts]
+        if router is None or gate is None or len(router.shape) != 2 or router.ggml_type != gate.ggml_type \
+                or router.shape[1] != gate.shape[1] or router.ggml_type not in repack.PACKED_TYPES \
+                or not repack.rows_aligned(router.ggml_type, router.shape[1], router.shape[0]):
+            continue
+        E = router.shape[0]
+        out[p + fused] = stacked = upload_matrix(ctx, p + fused, ts)
+        out[p + parts[0]], out[p + parts[1]] = repack.rows_of(stacked, 0, E), repack.rows_of(stacked, E, E + 1)
+        for n in parts:
+            del tensors[p + n]
+    return out
 
 
 def _mtp(name: str, cfg: ModelConfig) -> bool:

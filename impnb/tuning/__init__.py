@@ -164,6 +164,7 @@ class Overrides:
     gemv_pair: bool = True  # Q|K and a V of another type with the pre-norm: one GEMV launch of two types
     attn_dp4a: bool = True  # short decode attention writes its output in int8 for attn_output's dp4a
     router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
+    shared_gate_fold: bool = True  # moe_shared: the shared gate's row under the router's, its sigmoid in the down
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
@@ -181,7 +182,8 @@ class Overrides:
         short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
-                   router_fold=switch("ROUTER_FOLD"), gemv_stream=switch("GEMV_STREAM"),
+                   router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
+                   gemv_stream=switch("GEMV_STREAM"),
                    moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
                    gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
                    moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),

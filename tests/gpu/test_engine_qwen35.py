@@ -71,11 +71,19 @@ def agree_prefill(out, ref, engine, what):
 
 
 def test_engine_runs_the_hybrid_on_the_gpu(case):
+    """The hybrid's layers, and on the MoE hybrids the shared expert gate folded into the decode
+    (its row under the router's, the shared down on the gated GEMV at T = 1), which the decode
+    tests below then run."""
     _, _, engine = case
     specs = {(s.mixer, s.ffn) for s in engine.m.layers}
     assert {mixer for mixer, _ in specs} == {"attention", "gated_deltanet"}
     assert engine.m.rec is not None and engine.lookahead
     assert all(lw.attn.q_gate is not None for s, lw in zip(engine.m.layers, engine.m.blk) if s.mixer == "attention")
+    for spec, lw in zip(engine.m.layers, engine.m.blk):
+        if spec.ffn == "moe_shared":
+            ex = lw.ffn
+            assert ex.gate_inps is not None and ex.gate_inps.w.rows == engine.cfg.n_expert + 1
+            assert engine.m.mm.takes_gated(ex.shared.down, 1)
 
 
 def test_decode_steps_match_reference(case):
@@ -84,6 +92,28 @@ def test_decode_steps_match_reference(case):
     out = np.concatenate([engine.logits([t]) for t in ids[:N_DECODE]])
     assert engine.last_step.n_tokens == 1
     agree(out, ref[:N_DECODE], "decode vs reference")
+
+
+def test_shared_gate_fold_matches_the_gate_apart(case, monkeypatch):
+    """Decode with the shared expert gate folded (the default: its logit from the router's GEMV,
+    its sigmoid in the shared down's) against the gate's own GEMV and sigmoid_gate
+    (IMPNB_SHARED_GATE_FOLD=0): 32 teacher-forced steps within agree's bounds of each other (the
+    two differ by fp32 rounding: a layer's routed logits are the same bits either way, but that
+    rounding may still send a later layer's router near a tie the other way)."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, _, folded = case
+    if folded.cfg.arch == "qwen35":
+        pytest.skip("no experts")
+    monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "0")
+    monkeypatch.setenv("IMPNB_SHARED_GATE_FOLD", "0")
+    apart = CudaEngine(folded.mf, N_CTX, graphs=False)
+    assert all(lw.ffn.gate_inps is None for lw in apart.m.blk)
+    runs = []
+    for engine in (folded, apart):
+        engine.reset(SamplingParams(temperature=0))
+        runs.append(np.concatenate([engine.logits([t]) for t in ids[:32]]))
+    agree(runs[0], runs[1], "shared gate folded vs apart")
 
 
 def test_prefill_over_two_chunks_matches_reference(case):

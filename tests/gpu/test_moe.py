@@ -1,5 +1,6 @@
 """MoE kernels on the GPU against their numpy references: the router (ties, k = 1, 2, 8) alone and
-as the router GEMV's tail (its input normed or not), grouping invariants, the routed-expert GEMV,
+as the router GEMV's tail (its input normed or not; with a shared expert gate's row stacked under
+the experts', routed among the experts' logits alone), grouping invariants, the routed-expert GEMV,
 the fused down projection with the weighted sum (stored or added), the grouped tensor-core GEMM and
 the weighted combine.
 
@@ -54,24 +55,37 @@ def check_route(rng, T_, E, k, normalize, std, ties=False):
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
 
 
-def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False, quant=False, ties=False):
+def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, normed=False, quant=False, ties=False,
+                     stacked=False):
     """The router GEMV with its routing tail: logits against the float64 GEMV (1e-4 of |W| @ |x|;
     normed: of RMSNorm(x) * wn, wn Gaussian about 1), then experts equal to route_ref of the
     kernel's own logits and weights to rtol 1e-5; `calls` runs on fresh x, the ticket counter back
     to zero after each. quant: the int8 form of its input it writes equals quantize_x's bit for bit
     (its buffers poisoned, a spare row left alone). ties: expert 2i + 1's row is expert 2i's, so
-    every logit has an equal twin (the lower expert goes first)."""
-    raw = make_weight(ggml_type, E, K, rng)
+    every logit has an equal twin (the lower expert goes first). stacked: W has a row past the E
+    experts' (Qwen3.5's shared expert gate, n_routed E): its logit is written too, and the experts
+    and weights come from the first E logits alone; in the float types that row is 64 times expert
+    0's and each token's x has the sign that makes logit 0 positive, so the extra logit leads most
+    rows (a route over all E + 1 would take it, and its exp would swamp the softmax)."""
+    N = E + 1 if stacked else E
+    raw = make_weight(ggml_type, N, K, rng)
     if ties:
-        raw[1::2] = raw[0:E - 1:2]
+        raw[1:E:2] = raw[0:E - 1:2]
+    lead = stacked and ggml_type in (T.F32, T.F16)
+    if lead:
+        rows = raw.view(np.float32 if ggml_type == T.F32 else np.float16)
+        rows[E] = rows[0] * 64
     w = repack(raw, ggml_type).to_device()
-    wabs = np.abs(dequantize(raw, ggml_type).reshape(E, K).astype(np.float64))
+    wd = dequantize(raw, ggml_type).reshape(N, K).astype(np.float64)
+    wabs = np.abs(wd)
     counter = cuda.to_device(np.zeros(1, np.uint32))
     wn = (1 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     for _ in range(calls):
         x = (rng.standard_normal((T_, K)) * std).astype(np.float32)
-        d_l = cuda.to_device(np.full((T_, E), np.nan, np.float32))
+        if lead:  # logit 0 > 0 (RMSNorm's scale is positive)
+            x *= np.where((x * (wn if normed else 1)) @ wd[0] < 0, -1, 1).astype(np.float32)[:, None]
+        d_l = cuda.to_device(np.full((T_, N), np.nan, np.float32))
         d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
         d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
         d_x, norm = cuda.to_device(x), (cuda.to_device(wn), eps) if normed else None
@@ -79,7 +93,7 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, norme
         for a in xq or ():
             a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
         gemv_route(w, d_x, d_l, k, normalize, d_e, d_w, counter, 0, norm=norm,
-                   xq=QuantX(*(a[:T_] for a in xq)) if quant else None)
+                   xq=QuantX(*(a[:T_] for a in xq)) if quant else None, n_routed=E if stacked else None)
         if quant:
             ref = quant_x_buffers(T_, K)
             quantize_x(d_x, ref, 0, norm)
@@ -93,7 +107,9 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, norme
             x = rms_norm_ref(x, wn, eps)
         bound = 1e-4 * np.abs(x.astype(np.float64)) @ wabs.T + 1e-30
         assert (np.abs(logits - gemv_ref(raw, ggml_type, x)) <= bound).all()
-        ref_e, ref_w = route_ref(logits, k, normalize)
+        if lead:
+            assert (logits.argmax(1) == E).any(), "the extra logit leads no row: the case tests nothing"
+        ref_e, ref_w = route_ref(logits[:, :E], k, normalize)
         assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
         np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
         assert counter.copy_to_host()[0] == 0
@@ -241,6 +257,20 @@ def test_gemv_route(ggml_type, T_, E, K, k, normalize, normed):
     rng = np.random.default_rng([int(ggml_type), T_, E, k, normed])
     for std in STDS:
         check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed, ties=std == 1.0)
+
+
+@pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("T_,E,K,k", [(1, 256, 2048, 8), (2, 256, 2048, 8), (8, 60, 512, 4), (3, 1023, 128, 2)])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("normed", [False, True])
+def test_gemv_route_stacked(ggml_type, T_, E, K, k, normalize, normed):
+    """The router with Qwen3.5's shared expert gate stacked under it (E + 1 rows, n_routed E):
+    Qwen3.6-35B-A3B's (256 experts, k 8, D 2048) at T 1 and 2, odd expert counts up to
+    MAX_EXPERTS - 1 (E + 1 rows fill MAX_EXPERTS), ties at std 1."""
+    rng = np.random.default_rng([int(ggml_type), T_, E, k, normed, 1])
+    for std in STDS:
+        check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, normed=normed, quant=normed,
+                         ties=std == 1.0, stacked=True)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_K, T.MXFP4, T.NVFP4,

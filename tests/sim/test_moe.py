@@ -23,6 +23,17 @@ def test_gemv_route():
     moe.check_gemv_route(rng, T.F32, 21, 64, 2, 8, False, 1.0, calls=1, ties=True)
 
 
+def test_gemv_route_stacked():
+    """A shared expert gate's row under the experts' (n_routed E): logit E written, the route
+    and its softmax over the first E alone (the extra logit made to lead in the float types)."""
+    rng = np.random.default_rng(8)
+    moe.check_gemv_route(rng, T.F32, 9, 64, 3, 2, False, 1.0, calls=1, stacked=True)
+    moe.check_gemv_route(rng, T.F32, 12, 64, 1, 4, True, 3.0, calls=1, normed=True, quant=True, stacked=True)
+    moe.check_gemv_route(rng, T.F16, 7, 64, 2, 3, False, 10.0, calls=1, normed=True, stacked=True)
+    moe.check_gemv_route(rng, T.Q8_0, 8, 32, 1, 2, True, 0.1, calls=1, stacked=True)
+    moe.check_gemv_route(rng, T.F32, 21, 64, 2, 8, False, 1.0, calls=1, ties=True, stacked=True)
+
+
 def test_down_sum():
     rng = np.random.default_rng(6)
     moe.check_down_sum(rng, T.Q8_0, 4, 8, 64, 2, 3, 1.0, accumulate=True)

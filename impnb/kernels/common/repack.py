@@ -90,6 +90,21 @@ class PackedWeight:
         return PackedWeight(self.ggml_type, self.rows, self.cols, dbuf, parts)
 
 
+def rows_aligned(ggml_type: T, cols: int, row: int) -> bool:
+    """Whether row `row` of a weight of ggml_type and cols columns starts 16-byte aligned in every
+    part (the kernels' vector loads; rows_of)."""
+    block = GGML_QUANT_SIZES[ggml_type][0]
+    return all(row * (cols // block) * (end - start) % 16 == 0 for _, start, end, _ in LAYOUTS[ggml_type])
+
+
+def rows_of(w: PackedWeight, start: int, stop: int) -> PackedWeight:
+    """Rows start..stop of w, its parts' slices (no copy: a part holds the rows one after another);
+    row `start` must be rows_aligned."""
+    assert 0 <= start < stop <= w.rows and rows_aligned(w.ggml_type, w.cols, start), (start, stop, w.rows)
+    parts = tuple(p[start * (p.shape[0] // w.rows):stop * (p.shape[0] // w.rows)] for p in w.parts)
+    return PackedWeight(w.ggml_type, stop - start, w.cols, w.buffer, parts)
+
+
 def _offsets(parts):
     offs, pos = [], 0
     for p in parts:

@@ -9,8 +9,10 @@ reference is gemv_ref of norm.rms_norm_ref(x, wn, eps). A `tail` kernel ends wit
 residual update (x += [RMSNorm](y), h = RMSNorm(x) * w_next), run by the grid's last block; a
 `route` kernel (the MoE router, normed at decode) ends with that block choosing each token's
 experts from y (moe.route_block; reference moe.route_ref), its blocks having written the int8 form
-of its input for the dp4a experts where asked (quant_x.make_quantize_block). Their launchers
-beside `gemv`: gemv_stacked.py (split, pair, GLU), gemv_residual.py, gemv_route.py, gemv_experts.py.
+of its input for the dp4a experts where asked (quant_x.make_quantize_block); a `gated` kernel
+scales each token's dot products by sigmoid of a logit read from a device buffer (Qwen3.5's shared
+expert gate, which the router GEMV writes beside its own logits). Their launchers beside `gemv`:
+gemv_stacked.py (split, pair, GLU), gemv_residual.py, gemv_route.py, gemv_experts.py, gemv_gated.py.
 """
 
 from functools import lru_cache
@@ -43,10 +45,10 @@ def gemv_ref(w: np.ndarray, ggml_type: T, x: np.ndarray) -> np.ndarray:
 
 
 def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed, tail, route, one_step,
-               block_fn=False):
+               block_fn=False, gated=False):
     # grid and block: gemv_rows.row_group's (G = 128 / span groups of R = `rows` rows a block)
     group_at, first_loads, rows_times_x = row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed,
-                                                    one_step)
+                                                    one_step, gated)
     groups = WARPS // (span // 32)
 
     if experts:
@@ -60,7 +62,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             s = cuda.blockIdx.y
             at = group_at(parts, n_rows, experts[s] * n_rows, x.shape[1], cuda.blockIdx.x)
             rows_times_x(at, first_loads(at), x, y, y, y, n_rows, 0, n_rows, accumulate, (s // x_div) * x.shape[1],
-                         s, x, float32(0))
+                         s, x, float32(0), x, 0)
 
         return _gemv_experts_kernel
 
@@ -74,7 +76,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0))
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, x, float32(0), x, 0)
             residual_tail(y, x_res, w_post, w_next, h, eps, counter)
 
         return _gemv_tail_kernel
@@ -82,20 +84,22 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
     if route:
         quantize_block = make_quantize_block(normed)
 
-        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the router logits (T, E) in its
-        # first ceil(E / rows a block) blocks; with quant, the blocks after those write the int8
+        # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the logits (T, n_rows) in its
+        # first ceil(n_rows / rows a block) blocks; with quant, the blocks after those write the int8
         # form of the same input into q, d, s as quantize_x's blocks (bx, t) would, beside the
         # GEMV rather than after it; then the grid's last block routes the T tokens (route_block)
+        # among the first n_routed logits of each row (the rest: rows stacked under the router's,
+        # Qwen3.5's shared expert gate)
         @cuda.jit
-        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, k, normalize, experts, weights, counter, q, d, s,
-                               quant):
+        def _gemv_route_kernel(parts, x, wn, eps, y, n_rows, n_routed, k, normalize, experts, weights, counter,
+                               q, d, s, quant):
             at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
             n_gemv = (n_rows + rows * groups - 1) // (rows * groups)
             if cuda.blockIdx.x < n_gemv:
-                rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps)
+                rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, 0, 0, 0, wn, eps, x, 0)
             elif quant:
                 gx = (d.shape[1] + QUANT_THREADS - 1) // QUANT_THREADS  # quantize_x's blocks a token
                 for item in range(cuda.blockIdx.x - n_gemv, gx * x.shape[0], cuda.gridDim.x - n_gemv):
@@ -105,7 +109,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                 keys = cuda.shared.array(MAX_EXPERTS, uint32)
                 vals = cuda.shared.array(MAX_K, float32)
                 for t in range(n_tok):
-                    route_block(y, t, k, normalize, experts, weights, keys, vals, 0)
+                    route_block(y, t, n_routed, k, normalize, experts, weights, keys, vals, 0)
 
         return _gemv_route_kernel
 
@@ -117,7 +121,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
             first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
-            rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, wn, eps)
+            rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, wn, eps, x, 0)
 
         if block_fn:
             return normed_block
@@ -128,13 +132,26 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
         return _gemv_norm_kernel
 
+    if gated:
+        # as _gemv_kernel, y one output, each token t's dot products times sigmoid(gate[t, gate_col])
+        # (the gate a column of another kernel's output: read after the wait)
+        @cuda.jit
+        def _gemv_gated_kernel(parts, x, y, n_rows, accumulate, gate, gate_col):
+            at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
+            first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(at, first, x, y, y, y, n_rows, 0, n_rows, accumulate, 0, 0, x, float32(0), gate, gate_col)
+
+        return _gemv_gated_kernel
+
     @cuda.jit
     def _gemv_kernel(parts, x, y0, y1, y2, n0, n1, n_rows, accumulate):
         at = group_at(parts, n_rows, 0, x.shape[1], cuda.blockIdx.x)
         first = first_loads(at)  # W is no kernel's output: one_step's loads go out before the wait
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, x, float32(0))
+        rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, 0, 0, x, float32(0), x, 0)
 
     return _gemv_kernel
 
@@ -142,13 +159,14 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 @lru_cache(maxsize=None)
 def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, experts: bool = False,
                 unroll: int = 1, rows: int | None = None, normed: bool = False, tail: int = 0,
-                route: bool = False, one_step: bool = False, block_fn: bool = False):
+                route: bool = False, one_step: bool = False, block_fn: bool = False, gated: bool = False):
     """The compiled-on-first-use kernel for one type, token count, row-group span and epilogue;
     `experts`: the routed-expert variant (one token per slot, see gemv_experts); `unroll`: chunks
     per row a thread loads before decoding; `rows` per group (default rows_per_block); `normed`:
     x is RMS-normalized on the way (extra arguments wn, eps after x); `tail` (gemv_tail.ADD,
     POST_ADD): one output, then the residual tail; `route`: one output, the router logits, then the
-    routing tail (gemv_route; arguments wn, eps after x, read where normed); `one_step`: for
+    routing tail (gemv_route; arguments wn, eps after x, read where normed); `gated`: one output,
+    each token's dot products times sigmoid(gate[t, gate_col]) (gemv_gated); `one_step`: for
     K <= 32 x span x unroll, a thread's one step of loads issued before griddepcontrol.wait (W is
     no kernel's output), so they overlap the kernel before; `block_fn` (normed only): the device
     function of one block instead, normed_block(parts, x, wn, eps, y0, y1, y2, n0, n1, n_rows,
@@ -163,8 +181,9 @@ def gemv_kernel(ggml_type: T, n_tok: int, span: int = BLOCK, glu: int = NO_GLU, 
     assert not experts or (n_tok == 1 and not normed)
     assert not (tail or route) or (glu == NO_GLU and not experts and not (tail and (normed or route)))
     assert not block_fn or (normed and not (tail or route or experts))
+    assert not gated or (glu == NO_GLU and not (experts or normed or tail or route or block_fn))
     return _make_gemv(*DECODERS[ggml_type], n_tok, span, unroll, rows, glu, experts, normed, tail, route,
-                      one_step, block_fn)
+                      one_step, block_fn, gated)
 
 
 WIDE_LOADS = (T.F16, T.F32)
@@ -172,12 +191,12 @@ WIDE_LOADS = (T.F16, T.F32)
 
 def variant_kernel(ggml_type: T, n_tok: int, v: Variant, glu: int = NO_GLU, experts: bool = False,
                    normed: bool = False, tail: int = 0, route: bool = False, cols: int = 0,
-                   block_fn: bool = False):
+                   block_fn: bool = False, gated: bool = False):
     """gemv_kernel in variant v; with cols (K), the one-step kernel where a thread's chunks fit one step
     (quantized types: F16 / F32 chunks would hold 64 / 128 bytes a row in registers across the wait)."""
     one_step = 0 < cols // 32 <= v.span * v.unroll and ggml_type not in WIDE_LOADS
     return gemv_kernel(ggml_type, n_tok, v.span, glu, experts, v.unroll, v.rows, normed, tail, route, one_step,
-                       block_fn)
+                       block_fn, gated)
 
 
 def out_per_block(v: Variant, glu: int) -> int:

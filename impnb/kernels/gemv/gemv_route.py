@@ -1,6 +1,7 @@
 """The MoE router as a decode GEMV: gemv_route's logits = W x, then the grid's last block chooses
-each token's experts (moe.route_block), its blocks having written the int8 input where asked; the
-kernel is gemv.py's."""
+each token's experts (moe.route_block) among the first n_routed logits (rows of W past those: a
+logit for another kernel, Qwen3.5's shared expert gate), its blocks having written the int8 input
+where asked; the kernel is gemv.py's."""
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -24,21 +25,24 @@ assert BLOCK == QUANT_THREADS, "the router's blocks run quantize_x's block funct
 
 
 def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, weights, counter, stream,
-               variant: Variant | None = None, norm: tuple | None = None, xq: QuantX | None = None):
-    """The MoE router: logits (T, E) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
+               variant: Variant | None = None, norm: tuple | None = None, xq: QuantX | None = None,
+               n_routed: int | None = None):
+    """The MoE router: logits (T, N) float32 = W x as gemv (norm (wn, eps): W RMSNorm(x) wn), then
     the grid's last block writes each token's top k experts (T, k) int32 and their softmax weights
-    (T, k) float32 (moe.route_ref of the logits, normalized to sum 1 with `normalize`); counter (1,)
-    uint32, zero between uses. With xq, the kernel also writes the int8 form of its input (x or
-    RMSNorm(x) wn) there, equal to quantize_x's (one kernel fewer before dp4a experts)."""
+    (T, k) float32 (moe.route_ref of the logits' first E = n_routed columns (default N: every row
+    of W an expert's), normalized to sum 1 with `normalize`); counter (1,) uint32, zero between
+    uses. With xq, the kernel also writes the int8 form of its input (x or RMSNorm(x) wn) there,
+    equal to quantize_x's (one kernel fewer before dp4a experts)."""
     n_tok, K = x.shape
-    E = w.rows
-    assert logits.shape == (n_tok, E) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= MAX_EXPERTS
+    N = w.rows
+    E = N if n_routed is None else n_routed
+    assert logits.shape == (n_tok, N) and w.cols == K and 1 <= k <= min(MAX_K, E) and E <= min(MAX_EXPERTS, N)
     assert x.dtype == np.float32 and x.is_c_contiguous() and aligned16(x)
     assert logits.dtype == np.float32 and logits.is_c_contiguous()
     assert experts.shape == weights.shape == (n_tok, k) and experts.dtype == np.int32 and weights.dtype == np.float32
     assert counter.dtype == np.uint32 and counter.shape == (1,)
     v = variant or ROUTER_VARIANT
-    grid = (E + out_per_block(v, NO_GLU) - 1) // out_per_block(v, NO_GLU)
+    grid = (N + out_per_block(v, NO_GLU) - 1) // out_per_block(v, NO_GLU)
     wn, eps = norm or (x[0], 0.0)
     assert wn.dtype == np.float32 and wn.shape == (K,) and aligned16(wn)
     if xq is not None:
@@ -47,8 +51,8 @@ def gemv_route(w: PackedWeight, x, logits, k: int, normalize: bool, experts, wei
     if xq is not None:  # quantize_x's blocks after the GEMV's
         grid += (K // GROUP + QUANT_THREADS - 1) // QUANT_THREADS * n_tok
     launch(variant_kernel(w.ggml_type, n_tok, v, normed=norm is not None, route=True, cols=K), grid, BLOCK,
-           stream, w.parts, x, wn, np.float32(eps), logits, np.int32(E), np.int32(k), np.int32(normalize),
-           experts, weights, counter, q, d, s, np.int32(xq is not None))
+           stream, w.parts, x, wn, np.float32(eps), logits, np.int32(N), np.int32(E), np.int32(k),
+           np.int32(normalize), experts, weights, counter, q, d, s, np.int32(xq is not None))
 
 
 def build_signatures() -> list:

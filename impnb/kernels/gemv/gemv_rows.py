@@ -1,6 +1,7 @@
 """A row group of the decode GEMV: the device functions gemv.py's kernels are made of (the
 group's rows of W times x, reduced and stored), for one weight type's chunk decoder
-(gemv_units.DECODERS), token count, span, unroll, rows per group, GLU and pre-norm."""
+(gemv_units.DECODERS), token count, span, unroll, rows per group, GLU, pre-norm and gate (each
+output row's dot products times sigmoid of a logit another kernel wrote)."""
 
 import math
 from typing import NamedTuple
@@ -39,13 +40,14 @@ def tuple_of(f, n):
 class RowGroup(NamedTuple):
     """row_group's device functions: group_at(parts, n_rows, w0, K, bx) -> at, the block's group;
     first_loads(at) -> first, one_step's loads (else 0); rows_times_x(at, first, x, y0, y1, y2,
-    n0, n1, n_rows, accumulate, xo, yo, wn, eps), the group's rows times x stored into y."""
+    n0, n1, n_rows, accumulate, xo, yo, wn, eps, gate, gate_col), the group's rows times x stored
+    into y (gate, gate_col read where gated alone)."""
     group_at: object
     first_loads: object
     rows_times_x: object
 
 
-def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step) -> RowGroup:
+def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step, gated=False) -> RowGroup:
     """The device functions of a row group for a decoder (load, unit, col) and these settings
     (gemv.gemv_kernel's)."""
     wpg = span // 32  # warps per row group
@@ -58,6 +60,14 @@ def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step)
         if normed:
             return float32(1.0) / math.sqrt(sq / float32(K) + eps)
         return float32(1.0)
+
+    @cuda.jit(device=True, inline=True)
+    def gate_scale(scale, gate, gate_col, t):
+        # -- gated: scale times sigmoid(gate[t, gate_col]), output row t's gate (as sigmoid_gate
+        # takes it: 1 / (1 + exp(-g))); else scale --
+        if gated:
+            return scale / (float32(1.0) + math.exp(-gate[t, gate_col]))
+        return scale
 
     # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128/span groups of `span`
     # threads, R = `rows` weight rows per group. Group gi = G*b + g owns rows R*gi .. +R-1 (past
@@ -222,9 +232,10 @@ def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step)
                 step_dots(step_loads(a, c0), c0, cpr, x, xo, K, acc, wa, wb, wn, ss)
 
     @cuda.jit(device=True, inline=True)
-    def rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, xo, yo, wn, eps):
+    def rows_times_x(at, first, x, y0, y1, y2, n0, n1, n_rows, accumulate, xo, yo, wn, eps, gate, gate_col):
         # -- the group's rows (at: group_at's; first: first_loads') times x (from flat offset xo)
-        # into y rows yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t] --
+        # into y rows yo + t; normed: times RMSNorm(x[t]) * wn, the group summing x[t]² into ss[t];
+        # gated: y row yo + t's dot products times sigmoid(gate[yo + t, gate_col]) --
         gi = at[0][2]
         K = x.shape[1]
         cpr = K // 32
@@ -259,7 +270,7 @@ def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step)
         if wpg == 1:
             if lane == 0:
                 for t in range(n_tok):
-                    scale = rms_scale(ss[t], K, eps)
+                    scale = gate_scale(rms_scale(ss[t], K, eps), gate, gate_col, yo + t)
                     for r in range(rows):
                         tot[r] = acc[r, t] * scale
                     store(y0, y1, y2, n0, n1, n_rows, gi, yo + t, tot, accumulate)
@@ -271,7 +282,7 @@ def row_group(load, unit, col, n_tok, span, unroll, rows, glu, normed, one_step)
                 sq = float32(0.0)
                 for i in range(wpg):
                     sq += red_ss[g * wpg + i, t]
-                scale = rms_scale(sq, K, eps)
+                scale = gate_scale(rms_scale(sq, K, eps), gate, gate_col, yo + t)
                 for r in range(rows):
                     s = float32(0.0)
                     for i in range(wpg):

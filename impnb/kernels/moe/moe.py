@@ -77,12 +77,13 @@ def lane_best(row, lane, E, taken):
 
 
 @cuda.jit(device=True, inline=True)
-def weigh(v, mx, t, k, normalize, logits, scale, weights):
+def weigh(v, mx, t, E, k, normalize, logits, scale, weights):
     """A warp: the softmax weights of token t's k choices into weights[t], lane j < k holding v,
     the j-th choice's logit, and mx the first's; without normalize the denominator sums over
-    every expert's logit (logits (T, E) through L2, each times scale first)."""
+    every expert's logit (the first E of each row of logits (T, >= E) through L2, each times
+    scale first)."""
     lane = cuda.threadIdx.x & 31
-    E = logits.shape[1]
+    stride = logits.shape[1]
     p = math.exp(v - mx) if lane < k else float32(0.0)
     if normalize:
         den = warp_sum(p)
@@ -91,7 +92,7 @@ def weigh(v, mx, t, k, normalize, logits, scale, weights):
         for i in range((E + 31) >> 5):
             e = lane + 32 * i
             if e < E:
-                den += math.exp(ptx.ld_global_cg_f32(logits, t * E + e) * scale - mx)
+                den += math.exp(ptx.ld_global_cg_f32(logits, t * stride + e) * scale - mx)
         den = warp_sum(den)
     if lane < k:
         weights[t, lane] = p / den
@@ -135,25 +136,26 @@ def route_token(logits, t, k, normalize, experts, weights, row):
             mine = val
         if lane == 0:
             experts[t, j] = win
-    weigh(mine, mx, t, k, normalize, logits, float32(1.0), weights)
+    weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
     warp_sync()  # row is free again
 
 
 @cuda.jit(device=True, inline=True)
-def route_block(logits, t, k, normalize, experts, weights, keys, vals, raw):
+def route_block(logits, t, E, k, normalize, experts, weights, keys, vals, raw):
     """Every thread of a block: route_token's experts and weights of token t into experts[t],
-    weights[t], bit for bit, by ranks rather than k rounds: thread i keeps the order keys
-    (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,) uint32, then counts
-    for each of them the experts ahead of it (a larger key, or an equal one at a lower index);
-    rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32). Warp 0 then
-    weighs the choices as route_token does (weigh), or with raw leaves the chosen logits in
-    weights[t] for a later weigh. The logits are read through L2 (ld.global.cg)."""
+    weights[t], bit for bit, from the first E logits of row t of logits (T, >= E) (any past them
+    are no expert's: Qwen3.5's shared expert gate), by ranks rather than k rounds: thread i
+    keeps the order keys (order_key) of experts i, i + blockDim, ... in shared keys (MAX_EXPERTS,)
+    uint32, then counts for each of them the experts ahead of it (a larger key, or an equal one at
+    a lower index); rank j < k is the j-th choice (its logit into shared vals (MAX_K,) float32).
+    Warp 0 then weighs the choices as route_token does (weigh), or with raw leaves the chosen
+    logits in weights[t] for a later weigh. The logits are read through L2 (ld.global.cg)."""
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
-    E = logits.shape[1]
+    stride = logits.shape[1]
     E4 = (E + 7) >> 3 << 3
     for e in range(tid, E4, n):  # keys past E are 0: at an index past every expert, never ahead
-        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * E + e)) if e < E else uint32(0)
+        keys[e] = order_key(ptx.ld_global_cg_f32(logits, t * stride + e)) if e < E else uint32(0)
     cuda.syncthreads()
     for e in range(tid, E, n):
         # -- eight keys a step into four counts: independent shared loads, not one a step (the
@@ -180,7 +182,7 @@ def route_block(logits, t, k, normalize, experts, weights, keys, vals, raw):
     if tid < k and raw:
         weights[t, tid] = vals[tid]
     elif tid < 32 and not raw:
-        weigh(vals[tid] if tid < k else float32(0.0), vals[0], t, k, normalize, logits, float32(1.0), weights)
+        weigh(vals[tid] if tid < k else float32(0.0), vals[0], t, E, k, normalize, logits, float32(1.0), weights)
     cuda.syncthreads()  # keys and vals are free again
 
 

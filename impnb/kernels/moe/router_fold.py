@@ -159,7 +159,7 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                 store_group(v, q, d, s, t, g)
             if tid < 32:
                 mine = mine * inv
-                weigh(mine, shfl_idx(mine, 0), t, k, normalize, z, inv, weights)
+                weigh(mine, shfl_idx(mine, 0), t, z.shape[1], k, normalize, z, inv, weights)
 
     # grid (GEMV blocks + E,), block BLOCK: the dp4a GEMV's blocks (y = x + W_o â), then a block
     # a router row, the last of those to finish choosing each token's experts on z (the order of
@@ -181,7 +181,7 @@ def fold_kernel(ggml_type: T, cols: int, n_tok: int, v: Variant):
                 keys = cuda.shared.array(MAX_EXPERTS, uint32)
                 vals = cuda.shared.array(MAX_K, float32)
                 for t in range(n_tok):
-                    route_block(z, t, k, normalize, experts, weights, keys, vals, 1)
+                    route_block(z, t, E, k, normalize, experts, weights, keys, vals, 1)
         if last_block(counter[:1]):
             fold_tail(y, wn, eps, z, k, normalize, weights, q, d, s)
 
