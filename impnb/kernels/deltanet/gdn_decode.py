@@ -24,17 +24,15 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import SIMULATOR, warp_sum
-from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, MAX_REGISTERS, QK_LANE, ROW_GROUPS, ROWS, block_kernel,
-                                             check_gdn_args, gated_norm, load_state, silu, softplus,
+from impnb.kernels.deltanet.gdn_step import (MAX_DK, MAX_DV, MAX_REGISTERS, ROW_GROUPS, ROWS, block_kernel,
+                                             check_gdn_args, gated_norm, inputs_of, load_state, silu,
                                              store_state, token_inputs, token_update)
 from impnb.kernels.deltanet.conv1d import WIDTH
-from impnb.models.deltanet import L2_EPS
 from impnb.kernels.deltanet.reference import gdn_ref  # noqa: F401  (the numpy twin, lengths None)
 from impnb.launch import launch
 
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
-_L2_EPS = np.float32(L2_EPS)
 
 
 @cuda.jit(device=True, inline=True)
@@ -53,36 +51,7 @@ def conv_channel(qkv, r, ch, conv_w, conv_state, src, dst, write):
     return y / (_ONE + math.exp(-y))
 
 
-@cuda.jit(device=True, inline=True)
-def token_inputs_conv(qkv, b, a, r, h, kh, n_qk, dk, A, dt_bias_h, q_scale, qs, ks, gates, conv_w,
-                      conv_state, src, dst, write_qk):
-    """gdn_step.token_inputs on the conv's output of the raw qkv (conv_channel; the q and k
-    channels' state moved on where write_qk)."""
-    tid = cuda.threadIdx.x
-    warp = tid // 32
-    lane = tid % 32
-    if warp < 2:
-        base = kh * dk + warp * n_qk
-        vals = cuda.local.array(QK_LANE, types.float32)
-        ss = _ZERO
-        for m in range(QK_LANE):
-            i = lane + 32 * m
-            x = conv_channel(qkv, r, base + i, conv_w, conv_state, src, dst, write_qk) if i < dk else _ZERO
-            vals[m] = x
-            ss += x * x
-        inv = _ONE / math.sqrt(warp_sum(ss) + _L2_EPS)
-        if warp == 0:
-            inv *= q_scale
-        for m in range(QK_LANE):
-            i = lane + 32 * m
-            if i < dk:
-                if warp == 0:
-                    qs[i] = vals[m] * inv
-                else:
-                    ks[i] = vals[m] * inv
-    elif warp == 2 and lane == 0:
-        gates[0] = math.exp(A * softplus(a[r, h] + dt_bias_h))
-        gates[1] = _ONE / (_ONE + math.exp(-b[r, h]))
+token_inputs_conv = inputs_of(conv_channel)  # gdn_step.token_inputs on the conv's output of the raw qkv
 
 
 # grid (Hv VS, B), block ROW_GROUPS * dv / VS: dv slice vs of V head h of row r (sequence r, its

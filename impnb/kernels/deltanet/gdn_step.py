@@ -61,34 +61,54 @@ def store_state(S, state, slot, h, r0, rows, j):
 
 
 @cuda.jit(device=True, inline=True)
+def raw_channel(qkv, r, ch, conv_w, conv_state, src, dst, write):
+    """qkv[r, ch] as it is (the conv already applied): a channel reader of inputs_of."""
+    return qkv[r, ch]
+
+
+def inputs_of(channel):
+    """token_inputs over the channels that channel(qkv, r, ch, conv_w, conv_state, src, dst,
+    write) reads (raw_channel; gdn_decode.conv_channel: the conv applied on the way, its state
+    moved on where write)."""
+    @cuda.jit(device=True, inline=True)
+    def inputs(qkv, b, a, r, h, kh, n_qk, dk, A, dt_bias_h, q_scale, qs, ks, gates, conv_w, conv_state,
+               src, dst, write_qk):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        if warp < 2:
+            base = kh * dk + warp * n_qk
+            vals = cuda.local.array(QK_LANE, types.float32)
+            ss = _ZERO
+            for m in range(QK_LANE):
+                i = lane + 32 * m
+                x = channel(qkv, r, base + i, conv_w, conv_state, src, dst, write_qk) if i < dk else _ZERO
+                vals[m] = x
+                ss += x * x
+            inv = _ONE / math.sqrt(warp_sum(ss) + _L2_EPS)
+            if warp == 0:
+                inv *= q_scale
+            for m in range(QK_LANE):
+                i = lane + 32 * m
+                if i < dk:
+                    if warp == 0:
+                        qs[i] = vals[m] * inv
+                    else:
+                        ks[i] = vals[m] * inv
+        elif warp == 2 and lane == 0:
+            gates[0] = math.exp(A * softplus(a[r, h] + dt_bias_h))
+            gates[1] = _ONE / (_ONE + math.exp(-b[r, h]))
+    return inputs
+
+
+_raw_inputs = inputs_of(raw_channel)
+
+
+@cuda.jit(device=True, inline=True)
 def token_inputs(qkv, b, a, r, h, kh, n_qk, dk, A, dt_bias_h, q_scale, qs, ks, gates):
     """Warp 0: q of row r, QK head kh, L2-normalised and times q_scale, into qs; warp 1: k
     normalised into ks; warp 2's lane 0: exp(g) and beta of V head h into gates. No barrier."""
-    tid = cuda.threadIdx.x
-    warp = tid // 32
-    lane = tid % 32
-    if warp < 2:
-        base = kh * dk + warp * n_qk
-        vals = cuda.local.array(QK_LANE, types.float32)
-        ss = _ZERO
-        for m in range(QK_LANE):
-            i = lane + 32 * m
-            x = qkv[r, base + i] if i < dk else _ZERO
-            vals[m] = x
-            ss += x * x
-        inv = _ONE / math.sqrt(warp_sum(ss) + _L2_EPS)
-        if warp == 0:
-            inv *= q_scale
-        for m in range(QK_LANE):
-            i = lane + 32 * m
-            if i < dk:
-                if warp == 0:
-                    qs[i] = vals[m] * inv
-                else:
-                    ks[i] = vals[m] * inv
-    elif warp == 2 and lane == 0:
-        gates[0] = math.exp(A * softplus(a[r, h] + dt_bias_h))
-        gates[1] = _ONE / (_ONE + math.exp(-b[r, h]))
+    _raw_inputs(qkv, b, a, r, h, kh, n_qk, dk, A, dt_bias_h, q_scale, qs, ks, gates, qkv, qkv, 0, 0, False)
 
 
 @cuda.jit(device=True, inline=True)
