@@ -112,8 +112,7 @@ def layer_weights(cfg: ModelConfig, specs: tuple[LayerSpec, ...], w: dict, lin: 
                 norm=ffn_norm, router=lin[p + "ffn_gate_inp"], gate_up=gate_up and gate_up.w,
                 gate=w.get(p + "ffn_gate_exps"), up=w.get(p + "ffn_up_exps"), down=down,
                 gate_up_dp4a=bool(gate_up and gate_up.dp4a),
-                down_dp4a=(tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a_units.DOTS
-                           and cfg.n_embd >= gemv_moe_dp4a.ROWS),
+                down_dp4a=experts_down_dp4a(cfg, down, tuning),
                 fold=folds.get(p), post_norm=post_ffn,
                 shared=dense_ffn(lin, p, ffn_norm, None, "_shexp") if shared else None,
                 shared_gate=lin[p + "ffn_gate_inp_shexp"] if shared else None,
@@ -151,3 +150,9 @@ def dense_ffn(lin: dict, p: str, norm, post_norm, suffix: str = "") -> DenseFFN:
     """down(act(gate x) * up x) of the layer with prefix p (suffix "_shexp": its shared expert)."""
     return DenseFFN(norm=norm, gate_up=lin.get(p + "ffn_gate_up" + suffix), gate=lin.get(p + "ffn_gate" + suffix),
                     up=lin.get(p + "ffn_up" + suffix), down=lin[p + "ffn_down" + suffix], post_norm=post_norm)
+
+
+def experts_down_dp4a(cfg: ModelConfig, down: PackedWeight, tuning: Overrides) -> bool:
+    """Whether the routed experts' down runs on dp4a at decode, act made int8 in the kernel
+    (MOE_DOWN_DP4A; a type with a dp4a dot, and the kernel's rows a block within the model dim)."""
+    return tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a_units.DOTS and cfg.n_embd >= gemv_moe_dp4a.ROWS

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from impnb.gpu.layer_weights import Attention, DenseFFN
+from impnb.gpu.layer_weights import Attention, DenseFFN, experts_down_dp4a
 from impnb.gpu.weights import Linear
 from impnb.kernels.common.repack import PackedWeight
-from impnb.kernels.gemv import gemv_dp4a_units
-from impnb.kernels.moe import gemv_moe_dp4a
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,8 +26,8 @@ class Gemma4Experts:
     pre_norm: object  # pre_ffw_norm_2: the experts' input norm of the residual
     post_norm: object  # post_ffw_norm_2 on their output
     post_norm_mlp: object  # post_ffw_norm_1 on the dense MLP's
-    gate_up_dp4a: bool  # decode gate|up on gemv_dp4a_experts, x̂ = int8 RMSNorm(x) * pre_norm
-    down_dp4a: bool  # decode down on dp4a with act made int8 in the kernel (MOE_DOWN_DP4A)
+    gate_up_dp4a: bool  # decode gate|up on gemv_dp4a_experts (its Linear's rule), x̂ = int8 RMSNorm(x) * pre_norm
+    down_dp4a: bool  # decode down on dp4a with act made int8 in the kernel (layer_weights.experts_down_dp4a)
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,8 +75,8 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx, tuning) -> tuple[Gemma4Layer, ..
                 router_norm=ctx.upload(router_norm.astype(np.float32)), router=lin[p + "ffn_gate_inp"],
                 gate_up=w[p + "ffn_gate_up_exps"], down=w[p + "ffn_down_exps"], scale=w[p + "ffn_down_exps.scale"],
                 pre_norm=w[p + "pre_ffw_norm_2"], post_norm=w[p + "post_ffw_norm_2"],
-                post_norm_mlp=w[p + "post_ffw_norm_1"], **experts_dp4a(cfg, w[p + "ffn_gate_up_exps"],
-                                                                       w[p + "ffn_down_exps"], tuning))
+                post_norm_mlp=w[p + "post_ffw_norm_1"], gate_up_dp4a=lin[p + "ffn_gate_up_exps"].dp4a,
+                down_dp4a=experts_down_dp4a(cfg, w[p + "ffn_down_exps"], tuning))
         ffn = DenseFFN(norm=w[p + "ffn_norm"], gate_up=lin.get(p + "ffn_gate_up"), gate=lin.get(p + "ffn_gate"),
                        up=lin.get(p + "ffn_up"), down=lin[p + "ffn_down"],
                        post_norm=experts.post_norm_mlp if experts else w[p + "post_ffw_norm"])
@@ -92,11 +90,3 @@ def gemma4_layers(cfg, w: dict, lin: dict, ctx, tuning) -> tuple[Gemma4Layer, ..
                                None if fold else scale, scale if fold else one, nxt))
     return tuple(out)
 
-
-def experts_dp4a(cfg, gate_up: PackedWeight, down: PackedWeight, tuning) -> dict:
-    """Which of the routed experts' decode GEMVs take dp4a: gate|up where its type has a dp4a dot
-    and its rows are at least DP4A_MIN_K long (the rule of gpu/weights.linear_of), down as
-    layer_weights' Experts decide it."""
-    return dict(gate_up_dp4a=gate_up.ggml_type in gemv_dp4a_units.DOTS and gate_up.cols >= tuning.dp4a_min_k,
-                down_dp4a=(tuning.moe_down_dp4a and down.ggml_type in gemv_dp4a_units.DOTS
-                           and cfg.n_embd >= gemv_moe_dp4a.ROWS))
