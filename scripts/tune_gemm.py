@@ -1,7 +1,8 @@
 """Measure the prefill GEMM paths on this GPU and write impnb/tuning/gemm_table.json.
 
 For each model's matrices as DeviceModel holds them (Q|K|V or its parts, attn_output, ffn_gate_up
-or ffn_gate / ffn_up, ffn_down; the stacked Q|K|V on cuBLAS and the split-K tiles only; one entry
+or ffn_gate / ffn_up, ffn_down, the output matrix; the stacked Q|K|V on cuBLAS, the split-K tiles
+and the few-row GEMM only; one entry
 per distinct type and shape, timed rotating over all layers' copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
 the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/linear.py, x cast included in
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
@@ -9,8 +10,8 @@ all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefil
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
 than 3%; a printed table gives every time and the speed-up. Shapes measured now replace their
 entries in the table at --out; the other entries (other models' shapes) stay, so models can be
-tuned a few at a time; --fresh writes only this run's.
-    python scripts/tune_gemm.py [-m smollm2-135m,gemma3-270m] [--reps 30] [--out PATH] [--json PATH]
+tuned a few at a time (and --buckets a few M buckets at a time); --fresh writes only this run's.
+    python scripts/tune_gemm.py [-m smollm2-135m,gemma3-270m] [--reps 30] [--buckets 16,32] [--out PATH] [--json PATH]
 """
 
 import argparse
@@ -29,6 +30,7 @@ from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
+from impnb.kernels.gemm import gemm_few  # noqa: E402
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
@@ -43,10 +45,10 @@ def weights_by_shape(m) -> tuple[dict, set]:
     """({(type, N, K): the layers' weights}, the keys whose weights are all stacked Q|K|V)."""
     groups, plain = defaultdict(list), set()
     for name, w in m.w.items():
-        if name.startswith("blk.") and name.split(".")[2] in NAMES and w.ggml_type in QUANT_TYPES \
+        if (name == "output" or name.startswith("blk.") and name.split(".")[2] in NAMES) and w.ggml_type in QUANT_TYPES \
                 and w.cols % GGML_QUANT_SIZES[w.ggml_type][0] == 0 and w.rows % 8 == 0:
             groups[(w.ggml_type, w.rows, w.cols)].append(w)
-            if name.split(".")[2] not in SPLIT:
+            if name == "output" or name.split(".")[2] not in SPLIT:
                 plain.add((w.ggml_type, w.rows, w.cols))
     return groups, set(groups) - plain
 
@@ -67,8 +69,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(gd.TABLE_PATH))
     ap.add_argument("--json", help="every measurement")
     ap.add_argument("--fresh", action="store_true", help="drop the table's entries for shapes not measured now")
+    ap.add_argument("--buckets", default=",".join(map(str, gd.M_BUCKETS)),
+                    help="M buckets to measure; the table keeps its entries for the others")
     args = ap.parse_args()
     choices, rows, measured = {}, [], set()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    assert set(buckets) <= set(gd.M_BUCKETS), f"buckets are among {gd.M_BUCKETS}"
     rng = np.random.default_rng(0)
     print(f"{'shape':<20} {'M':>4} " + " ".join(f"{p + ' µs':>13}" for p in gd.PATHS)
           + f" {'chosen':<12} {'speed-up':>8}")
@@ -78,11 +84,12 @@ def main() -> int:
         for (t, N, K), ws in groups.items():
             key = gd.shape_key(t, N, K)
             measured.add(key)
-            for M in gd.M_BUCKETS:
+            for M in buckets:
                 x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
                 ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
                 paths = [p for p in gd.PATHS if (p != "wgmma" or K % WG_BK == 0)
-                         and ((t, N, K) not in stacked or p in ("cublas", "splitk"))]
+                         and (p != "few" or gemm_few.supports(t, K))
+                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few"))]
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:
@@ -106,7 +113,11 @@ def main() -> int:
     models = args.models.split(",")
     old = {} if args.fresh or not Path(args.out).exists() else json.loads(Path(args.out).read_text())
     if old and old.get("gpu") == _gpu_name():
-        choices = {**{k: v for k, v in old["choices"].items() if k not in measured}, **choices}
+        kept = {k: {m: p for m, p in v.items() if k not in measured or int(m) not in buckets}
+                for k, v in old["choices"].items()}
+        for k, v in choices.items():
+            kept.setdefault(k, {}).update(v)
+        choices = {k: dict(sorted(v.items(), key=lambda e: int(e[0]))) for k, v in kept.items() if v}
         models = list(dict.fromkeys(old["models"].split(",") + models))
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_gemm.py on the GPU named",
                                           "gpu": _gpu_name(), "models": ",".join(models),

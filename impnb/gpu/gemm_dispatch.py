@@ -1,7 +1,8 @@
 """Which prefill GEMM runs a weight: cuBLAS on a dequantized fp16 copy (the fallback), the
 mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_quant.py, bm 64 or 128),
 the same tiles split along K for few rows (kernels/gemm/gemm_quant_splitk.py, "splitk": a batched
-decode step's 9..256) or the wgmma tiles that do the same on Hopper (kernels/gemm/gemm_wgmma_quant.py).
+decode step's 9..256), the few-row GEMM that decodes W into mma fragments with no tile in shared
+memory (kernels/gemm/gemm_few.py, "few") or the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
 impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the H100 (it lists only
@@ -20,7 +21,7 @@ from impnb import tuning
 
 TABLE_PATH = tuning.GEMM_TABLE
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
-PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk")
+PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk", "few")
 TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm
 log = logging.getLogger("impnb.gemm")
 _logged: set = set()

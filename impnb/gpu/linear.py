@@ -5,8 +5,8 @@ for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a 
 for the Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with
 the pre-norm, accumulation, a residual tail or a per-token gate fused where asked). Past that a
 GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
-fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles where its table entry
-says so, else cuBLAS. Scratch buffers come from the arena.
+fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles or the few-row GEMM
+where its table entry says so, else cuBLAS. Scratch buffers come from the arena.
 Legend: T tokens, K input width, N output rows.
 """
 
@@ -19,6 +19,7 @@ from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
+from impnb.kernels.gemm import gemm_few
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -92,8 +93,8 @@ class MatMul:
 
     def gemm(self, x, w, y, path: str) -> None:
         """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
-        along K into splits_for's parts on "splitk"); cuBLAS reads an fp16 copy dequantized into a
-        scratch buffer."""
+        along K into splits_for's parts on "splitk" and "few"); cuBLAS reads an fp16 copy dequantized
+        into a scratch buffer."""
         if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
         elif path == "wgmma":
@@ -102,6 +103,10 @@ class MatMul:
             M, N = y.shape
             S = splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
             gemm_splitk(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
+        elif path == "few":
+            M, N = y.shape
+            S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
@@ -122,10 +127,12 @@ class MatMul:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         assert norm is None, "GEMM: no fused norm"
-        if lin.gemm_path(x.shape[0]) == "splitk":
-            M = x.shape[0]
-            S = splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            gemm_splitk_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+        path, M = lin.gemm_path(x.shape[0]), x.shape[0]
+        if path in ("splitk", "few"):
+            few = path == "few"
+            S = (gemm_few.splits_for if few else splits_for)(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            (gemm_few.gemm_few_split if few else gemm_splitk_split)(
+                self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
         x16, w16, row = self.x16(x), self.w16(w), 0
         for y in ys:

@@ -77,3 +77,20 @@ def test_gemm_splitk_split_small():
     from tests.gpu.test_gemm_splitk import check_splitk_split
 
     check_splitk_split(T.Q8_0, 3, (8, 4, 4), 128, 2, seed=3)
+
+
+def test_gemm_few_small():
+    """The few-row GEMM: one m tile with a ragged edge (5 rows), W rows past N clamped, K in 2
+    splits of one group each, accumulate; Q4_K's chunk order (k4_k)."""
+    from tests.gpu.test_gemm_few import check_few
+
+    check_few(T.Q4_K, 5, 8, 256, 2, 1.0, seed=4, accumulate=True)
+
+
+def test_gemm_few_slabs_and_orders():
+    """Four m tiles and a second 64-row slab (70 rows); Q6_K's and Q8_0's chunk orders; stacked outputs."""
+    from tests.gpu.test_gemm_few import check_few, check_few_split
+
+    check_few(T.Q6_K, 70, 8, 256, 1, 10.0, seed=5)
+    check_few(T.Q8_0, 20, 16, 256, 1, 0.1, seed=6)
+    check_few_split(T.Q8_0, 3, (8, 4, 4), 128, 1, seed=7)
