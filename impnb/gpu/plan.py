@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
-from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides, fuses_post
+from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH, Overrides,
+                          fuses_post)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class LoadPlan:
         """A decode step of n_tokens rows a sequence for contexts up to ctx_bucket(length): the
         short kernel where the bucket is within short_max, else split. One sequence takes the
         short kernel's measured cluster (SHORT_DECODE_CLUSTER); a batch one block a row (its
-        sequences fill the GPU) and splits for its size."""
+        sequences fill the GPU) and splits for its size, and a batch of more than
+        SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel."""
         bucket = self.ctx_bucket(length)
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         t = self.tuning
@@ -86,7 +88,8 @@ class LoadPlan:
         cfg = self.cfg
         splits = attention_decode.num_splits(bucket, cfg.n_head, cfg.n_head_kv, n_tokens, batch,
                                              head_dim=self.head_dim)
-        return StepPlan(n_tokens, bucket, 1 if bucket <= self.short_max else 0, splits, batch)
+        short = bucket <= self.short_max and (batch <= SHORT_DECODE_MAX_BATCH or cfg.n_head == cfg.n_head_kv)
+        return StepPlan(n_tokens, bucket, 1 if short else 0, splits, batch)
 
     def prefill_step(self, n_tokens: int) -> StepPlan:
         """A prompt chunk: chunks of up to attention_decode.MAX_T rows take the split kernel at the

@@ -191,9 +191,11 @@ def mt_for(M: int) -> int:
 
 
 def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
-    """Splits that bring the grid to about three blocks an SM, each at least two groups deep."""
+    """Splits that bring the grid to about two blocks an SM, each at least two groups deep (three
+    an SM was 1.1-2.4x slower on the Qwen3-8B shapes at 16..128 rows: more partials to add, no
+    more W in flight; scripts/bench_gemm_few.py)."""
     blocks = -(-N // BN) * -(-M // (16 * mt_for(M)))
-    return max(1, min(-(-3 * sms // blocks), K // GROUP // 2))
+    return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
 
 
 def supports(ggml_type, K: int) -> bool:

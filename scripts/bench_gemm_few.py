@@ -1,0 +1,69 @@
+"""The few-row GEMM (kernels/gemm/gemm_few.py) at a model's shapes, over its variants: L2 prefetch
+distance and split count, against its defaults. µs per call (x cast and the split reduce
+included) rotating over all layers' copies in one CUDA graph (tune_gemm's timing), and the
+weight's GB/s at that time.
+    python scripts/bench_gemm_few.py -m MODEL [--rows 16,32,64,128] [--prefetch 0,2,4,8] [--split-scale 0.5,1,2]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.gpu.model import DeviceModel  # noqa: E402
+from impnb.graphs.timing import graph_us  # noqa: E402
+from impnb.kernels.gemm import gemm_few  # noqa: E402
+from impnb.kernels.gemv import gemv_stream  # noqa: E402
+from impnb.model_registry import resolve_model  # noqa: E402
+from scripts.tune_gemm import weights_by_shape  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--rows", default="16,32,64,128")
+    ap.add_argument("--prefetch", default="0,2,4,8")
+    ap.add_argument("--split-scale", default="0.5,1,2")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
+    rng = np.random.default_rng(0)
+    sms = gemv_stream.sm_count()
+    groups, _ = weights_by_shape(m)
+    for (t, N, K), ws in groups.items():
+        if not gemm_few.supports(t, K):
+            continue
+        for M in map(int, args.rows.split(",")):
+            x16 = m.ctx.upload((rng.standard_normal((M, K))).astype(np.float16))
+            y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
+            S0 = gemm_few.splits_for(M, N, K, sms=sms)
+            row = []
+            for scale in map(float, args.split_scale.split(",")):
+                S = max(1, min(K // gemm_few.GROUP, round(S0 * scale)))
+                part = m.ctx.upload(np.zeros((S, M, N), np.float32))
+                for pf in map(int, args.prefetch.split(",")):
+                    if pf and gemm_few.mt_for(M) == gemm_few.MAX_MT:
+                        continue
+
+                    def call(i, S=S, part=part, pf=pf):
+                        gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, prefetch=pf)
+                    for i in range(len(ws)):
+                        call(i)
+                    m.ctx.sync()
+                    us = graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps)
+                    row.append((us, S, pf))
+            best = min(row)
+            default = next(r for r in row if r[1] == S0 and r[2] == gemm_few.prefetch_for(gemm_few.mt_for(M)))
+            gbs = ws[0].nbytes / best[0] / 1e3
+            print(f"{t.name} {N}x{K} M={M:<4} default S={S0} pf={default[2]}: {default[0]:7.1f} µs | best S={best[1]} "
+                  f"pf={best[2]}: {best[0]:7.1f} µs {gbs:6.0f} GB/s | " + " ".join(f"S{s}/pf{p}={u:.1f}" for u, s, p in row),
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
