@@ -57,3 +57,23 @@ def test_splits_for():
     assert splits_for(16, 4096, 4096) == 9  # 32 tiles: splits for two blocks an SM of 132
     assert splits_for(256, 24576, 4096) == 1  # 768 tiles fill the GPU
     assert splits_for(16, 128, 512) == 2  # at least 8 chunks a split
+
+
+def test_few_only_where_its_k_granularity_holds():
+    """A table's "few" for a width that is not a multiple of gemm_few's groups falls back to cuBLAS."""
+    from impnb.kernels.gemm import gemm_few
+
+    table = {"Q8_0 1536x576": {"16": "few"}, "Q8_0 1536x640": {"16": "few"}}
+    assert gd.FEW_K == gemm_few.GROUP
+    assert gd.choose(T.Q8_0, 1536, 576, 16, table) == "cublas"
+    assert gd.choose(T.Q8_0, 1536, 640, 16, table) == "few"
+    assert gemm_few.supports(T.Q8_0, 640) and not gemm_few.supports(T.Q8_0, 576)
+
+
+def test_few_splits_for():
+    from impnb.kernels.gemm.gemm_few import mt_for, splits_for
+
+    assert [mt_for(M) for M in (9, 16, 17, 32, 33, 64, 65, 256)] == [1, 1, 2, 2, 4, 4, 4, 4]
+    assert splits_for(16, 4096, 4096) == 9  # 32 blocks of 128 rows: about two an SM of 132
+    assert splits_for(16, 151936, 4096) == 1  # 1187 blocks fill the GPU
+    assert splits_for(16, 1024, 4096) == 16  # at least two groups of 128 columns a split

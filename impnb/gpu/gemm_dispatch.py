@@ -66,8 +66,12 @@ def load_table(path: Path = TABLE_PATH) -> dict:
     return read_choices(path, PATHS)
 
 
+FEW_K = 128  # gemm_few's K granularity (its 4-chunk groups)
+
+
 def choose(ggml_type: T, N: int, K: int, M: int, table: dict | None = None) -> str:
-    """The path for C (M, N) = A (M, K) · W(N, K)ᵀ with W of ggml_type."""
+    """The path for C (M, N) = A (M, K) · W(N, K)ᵀ with W of ggml_type ("few" only where its K
+    granularity holds, else cuBLAS)."""
     key = shape_key(ggml_type, N, K)
-    return pick(load_table() if table is None else table, key, M, "cublas", _logged,
-                f"gemm {key} M<=%d")
+    path = pick(load_table() if table is None else table, key, M, "cublas", _logged, f"gemm {key} M<=%d")
+    return "cublas" if path == "few" and K % FEW_K else path

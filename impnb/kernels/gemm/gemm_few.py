@@ -166,10 +166,7 @@ def gemm_few_kernel(ggml_type, mt: int):
             cuda.syncthreads()
             multiply(base + cur * sbytes, grp, c + t, bregs, acc)
             cuda.syncthreads()  # the stage is rewritten at the next group's prefetch
-            x0 = y0
-            x1 = y1
-            x2 = y2
-            x3 = y3
+            x0, x1, x2, x3 = y0, y1, y2, y3
         # -- epilogue: lane holds rows g, g + 8 of each m tile at columns 2t, 2t + 1 of each n tile --
         col0 = nb - g + 2 * t
         for m in range(mt):
