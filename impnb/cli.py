@@ -89,6 +89,9 @@ def _add_warmup(sub):
     p.add_argument("--model", "-m", default=None, help="a .gguf path or a model name (default gemma3-270m)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length (capped at the model's)")
     p.add_argument("--jobs", "-j", type=int, default=None, help="compile processes (default: one a core)")
+    p.add_argument("--max-seqs", type=int, default=None,
+                   help="also build the batched decode steps of up to this many sequences, as `serve --max-seqs` "
+                        "runs them (default 64; 1: one sequence only)")
 
 
 def _add_serve(sub):

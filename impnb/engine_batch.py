@@ -80,7 +80,7 @@ class CudaBatchEngine(CudaEngine):
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
-                 tp=None, lookahead: bool = False):
+                 tp=None, lookahead: bool = False, tp_group=None):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
@@ -90,7 +90,7 @@ class CudaBatchEngine(CudaEngine):
             raise UnsupportedError(f"{cfg.arch} runs one sequence at a time on the GPU (per-layer or "
                                    f"shared K/V); no batched decode")
         super().__init__(mf, n_ctx, graphs, lookahead=False, kv_tokens=kv_tokens + PAGE_SIZE, max_seqs=max_batch,
-                         tp=tp)
+                         tp=tp, tp_group=tp_group)
         if self.m.rec is not None:
             raise UnsupportedError(f"{self.cfg.arch}: batched decode of a recurrent state has no GPU path "
                                    f"yet; serve one sequence at a time (max_num_seqs 1)")

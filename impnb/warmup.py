@@ -1,6 +1,7 @@
 """A model's GPU kernels built before its first token: on a start that finds them missing, a dry
 run of the CUDA engine (launches recorded, none made) lists every (kernel, signature) its load,
-prompt buckets, context buckets and sampler configurations need; launch/precompile.py compiles the
+prompt buckets, context buckets and sampler configurations need (and, for a batched engine of up
+to max_batch sequences, every batch bucket's decode step); launch/precompile.py compiles the
 ones the disk cache lacks across the host's cores. A manifest beside the cubins names the set,
 so a warm start checks files and runs nothing. `impnb warmup -m MODEL` does it ahead of time;
 IMPNB_PRECOMPILE=0 leaves every kernel to compile at its first launch.
@@ -42,17 +43,18 @@ def _cc() -> tuple:
     return arch_cc(cuda.current_context().device.compute_capability)
 
 
-def manifest_path(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1) -> Path:
-    """The manifest of this model file, context, target and tensor-parallel size (a rank's shapes)
-    under the toolchain and kernel sources in use; IMPNB_* settings are in the key, since some
-    choose kernels."""
+def manifest_path(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: int = 1) -> Path:
+    """The manifest of this model file, context, target, tensor-parallel size (a rank's shapes)
+    and batch under the toolchain and kernel sources in use; IMPNB_* settings are in the key,
+    since some choose kernels."""
     from impnb.launch.cache import cache_dir, kernels_digest, toolchain
 
     st = os.stat(mf.path)
     env = sorted((k, v) for k, v in os.environ.items()
                  if k.startswith("IMPNB_") and k not in ("IMPNB_CACHE_DIR", "IMPNB_MODELS_DIR", "IMPNB_PRECOMPILE"))
     parts = [MANIFEST_VERSION, os.path.abspath(mf.path), st.st_size, st.st_mtime_ns, n_ctx, cc,
-             toolchain(), kernels_digest(), env] + ([tp_world] if tp_world > 1 else [])
+             toolchain(), kernels_digest(), env] + ([tp_world] if tp_world > 1 else []) \
+        + ([("batch", max_batch)] if max_batch > 1 else [])
     return cache_dir() / f"manifest-{hashlib.sha256(repr(parts).encode()).hexdigest()[:32]}.json"
 
 
@@ -83,10 +85,11 @@ class _InertGroup:
         pass
 
 
-def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1):
+def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: int = 1):
     """The precompile.Recorder of a CUDA engine's load (a tensor-parallel rank's, for tp_world
     ranks), every prompt bucket and every context bucket's decode step under each sampler
-    configuration, none of it launched."""
+    configuration, and with max_batch > 1 the batched engine's decode step at every batch bucket
+    up to it, none of it launched."""
     from impnb.engine_cuda import CudaEngine
     from impnb.graphs import prefill as prefill_graphs
     from impnb.launch.precompile import record
@@ -114,18 +117,44 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1):
         finally:
             del engine
             gc.collect()
+        if max_batch > 1:
+            _dry_batch(mf, n_ctx, group, max_batch, positions)
     return rec
 
 
+def _dry_batch(mf: ModelFile, n_ctx: int, group, max_batch: int, positions: list) -> None:
+    """The batched engine's decode steps (the launches of a batch graph's body) at every batch
+    bucket up to max_batch, context bucket and sampler configuration, for a model it serves."""
+    from impnb.engine_batch import BATCH_BUCKETS, CudaBatchEngine
+    from impnb.tuning import PAGE_SIZE
+
+    try:
+        engine = CudaBatchEngine(mf, n_ctx, kv_tokens=PAGE_SIZE, max_batch=max_batch, graphs=False, tp_group=group)
+    except UnsupportedError:  # served one sequence at a time (recurrent state, per-layer K/V)
+        return
+    try:
+        if engine.m.cublas is not None:
+            engine.m.cublas.close()
+        engine.m.cublas = engine.m.mm.cublas = _InertCublas()
+        for Bb in (b for b in BATCH_BUCKETS if b <= max_batch):
+            for pos in positions:
+                plan = engine.m.plan.decode_step(pos + 2, 1, Bb)
+                for params in CONFIGS:
+                    engine._batch_launches(plan, Bb, params.greedy, params.penalized)
+    finally:
+        del engine
+        gc.collect()
+
+
 def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
-            stream=None, tp_world: int = 1) -> dict | None:
-    """Build what the model's GPU path needs unless the manifest says it is built (or `force`);
-    a dict of counts and seconds, or None when it is off or failed (kernels then compile at their
-    first launch, as without this)."""
+            stream=None, tp_world: int = 1, max_batch: int = 1) -> dict | None:
+    """Build what the model's GPU path needs (with max_batch > 1 the batched engine's too) unless
+    the manifest says it is built (or `force`); a dict of counts and seconds, or None when it is
+    off or failed (kernels then compile at their first launch, as without this)."""
     if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
         return None
     try:
-        return _prepare(mf, n_ctx, force, n_workers, stream, tp_world)
+        return _prepare(mf, n_ctx, force, n_workers, stream, tp_world, max_batch)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise
     except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
@@ -133,18 +162,19 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
         return None
 
 
-def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream, tp_world: int) -> dict | None:
+def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream, tp_world: int,
+             max_batch: int) -> dict | None:
     from numba import cuda
 
     from impnb.launch.precompile import compile_all
 
     start = time.perf_counter()
     cc = _cc()
-    path = manifest_path(mf, n_ctx, cc, tp_world)
+    path = manifest_path(mf, n_ctx, cc, tp_world, max_batch)
     if not force and _is_warm(path):
         return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
     try:
-        rec = dry_run(mf, n_ctx, cc, tp_world)
+        rec = dry_run(mf, n_ctx, cc, tp_world, max_batch)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise  # the user's model or parameters: the one error line the real load would give
     except Exception as e:  # noqa: BLE001 — any other failure only means compiling at first launch

@@ -81,6 +81,8 @@ def test_manifest_key_follows_context_and_settings(tmp_path, monkeypatch, cache_
     a = manifest_path(mf, 4096, CC)
     assert a.parent == cache_dir and a == manifest_path(mf, 4096, CC)
     assert manifest_path(mf, 2048, CC) != a
+    assert manifest_path(mf, 4096, CC, max_batch=64) not in (a, manifest_path(mf, 4096, CC, max_batch=16))
+    assert manifest_path(mf, 4096, CC, max_batch=1) == a  # one sequence: the single engine's set
     monkeypatch.setenv("IMPNB_GEMV_TAIL", "0")
     assert manifest_path(mf, 4096, CC) != a
 

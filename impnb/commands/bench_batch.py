@@ -59,7 +59,7 @@ def run_batched(args, batches: list[int], npp: int, ntg: int) -> int:
         raise ParameterError(f"--batch sizes must be at most {BATCH_BUCKETS[-1]}, got {max(batches)}")
     tp = getattr(args, "rank", None)  # tensor parallelism: every rank runs these same calls
     if tp is None or tp.leader:
-        prepare(mf, n_ctx, tp_world=tp.world if tp else 1)
+        prepare(mf, n_ctx, tp_world=tp.world if tp else 1, max_batch=max(batches))
     pages_each = -(-(npp + ntg) // PAGE_SIZE)
     engine = CudaBatchEngine(mf, n_ctx, kv_tokens=max(batches) * pages_each * PAGE_SIZE,
                              max_batch=max(batches), graphs=not args.no_graphs, tp=tp)

@@ -15,17 +15,24 @@ def run(args) -> int:
         raise ParameterError(f"--ctx must be > 0, got {args.ctx}")
     if args.jobs is not None and args.jobs <= 0:
         raise ParameterError(f"--jobs must be > 0, got {args.jobs}")
+    if args.max_seqs is not None and args.max_seqs <= 0:
+        raise ParameterError(f"--max-seqs must be > 0, got {args.max_seqs}")
     mf = open_model_file(resolve_model(args.model))
     cfg = model_config(mf)
     try:
         engine_class("cuda", cfg.arch)
     except DeviceError as e:
         raise DeviceError(f"warmup builds GPU kernels and needs a usable GPU: {e}") from None
+    from impnb.engine_batch import BATCH_BUCKETS
     from impnb.launch.cache import cache_dir
+    from impnb.models.paged_kv_cache import PagedKVPool
+    from impnb.serve.engine import DEFAULT_MAX_NUM_SEQS
     from impnb.warmup import prepare
 
     n_ctx = min(args.ctx, cfg.n_ctx)
-    info = prepare(mf, n_ctx, force=True, n_workers=args.jobs)
+    seqs = DEFAULT_MAX_NUM_SEQS if args.max_seqs is None else args.max_seqs
+    max_batch = min(seqs, BATCH_BUCKETS[-1]) if PagedKVPool.holds(cfg) else 1  # as serve's runner
+    info = prepare(mf, n_ctx, force=True, n_workers=args.jobs, max_batch=max_batch)
     name = mf.get("general.name", mf.arch)
     if info is None:
         print(f"impnb: warmup: the dry run of {name} failed (see the warning above); its kernels "

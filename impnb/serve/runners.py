@@ -33,9 +33,14 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
         from impnb.models.paged_kv_cache import PagedKVPool
         from impnb.warmup import prepare
 
+        single = max_num_seqs == 1 or not PagedKVPool.holds(cfg)  # recurrent state, per-layer or shared K/V
         if tp is None or tp.leader:  # rank 0 builds a rank's kernels; the others wait for it to join
-            prepare(mf, n_ctx, tp_world=tp.world if tp else 1)  # compiled across the cores at a first start
-        if max_num_seqs == 1 or not PagedKVPool.holds(cfg):  # recurrent state, per-layer or shared K/V
+            from impnb.engine_batch import BATCH_BUCKETS
+
+            max_batch = 1 if single else min(max_num_seqs or DEFAULT_MAX_NUM_SEQS, BATCH_BUCKETS[-1])
+            # compiled across the cores at a first start, the batch buckets' decode steps too
+            prepare(mf, n_ctx, tp_world=tp.world if tp else 1, max_batch=max_batch)
+        if single:
             from impnb.serve.single_runner import SingleSequenceRunner
 
             return SingleSequenceRunner(cls(mf, n_ctx, graphs=graphs, tp=tp), block_size)

@@ -81,3 +81,28 @@ def test_dry_run_of_gemma4(variant, tmp_path, monkeypatch):
         assert {"_expert_scale_kernel", "_route_kernel", "_combine_kernel", "_moe_layer_end_kernel"} <= names
     if variant == "wide":  # heads of 512: decode on attention_wide, prompt chunks on FA2's output slices
         assert "_attention_wide_d512_kernel" in names and any(n.startswith("_fa2_d512_v256") for n in names)
+
+
+def test_dry_run_records_the_batch_buckets(tmp_path, monkeypatch):
+    """With max_batch: the batched engine's decode step at every bucket up to it is recorded too
+    (the split attention kernel of a batch past SHORT_DECODE_MAX_BATCH, the batch sampler), none
+    launched; a model the batched engine refuses (recurrent state) records its single steps only."""
+    launched = []
+
+    def note(self, kernel, args):
+        launched.append(kernel.__name__)
+        self.jobs.setdefault(kernel.__name__, (kernel, None))
+
+    monkeypatch.setattr(precompile.Recorder, "__call__", note)
+    monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
+                        SimpleNamespace(compute_capability=(8, 0)), raising=False)
+    path = tmp_path / "qwen3.gguf"
+    write_full_gguf(path, SHAPES["qwen3"], "Q8_0")
+    single = set(warmup.dry_run(open_model_file(path), 1024, (8, 0, "")).jobs)
+    batched = set(warmup.dry_run(open_model_file(path), 1024, (8, 0, ""), max_batch=16).jobs)
+    assert single < batched
+    assert any(n.startswith("_decode_split") for n in batched)
+    path = tmp_path / "qwen35moe.gguf"
+    write_full_gguf(path, SHAPES["qwen35moe"], "Q8_0")
+    assert set(warmup.dry_run(open_model_file(path), 1024, (8, 0, ""), max_batch=16).jobs) \
+        == set(warmup.dry_run(open_model_file(path), 1024, (8, 0, "")).jobs)
