@@ -1,34 +1,24 @@
-"""The few-row quantized GEMM (kernels/gemm/gemm_few.py) on the GPU against gemm_ref (gemm_tc's
-harness and bounds): rows 2..256 (odd, each m-tile count, 64-row slabs), K split into 1..many
-parts (uneven shares), accumulate, stacked outputs, every type it takes; outputs and the partial
-scratch NaN-poisoned, A Gaussian at std 0.1, 1 and 10."""
+"""The few-row quantized GEMM (kernels/gemm/gemm_few.py) on the GPU against gemm_ref, through the
+split-K tiles' harness (test_gemm_splitk: gemm_tc's bounds): rows 2..256 (odd, each m-tile
+count, 64-row slabs), K split into 1..many parts (uneven shares), accumulate, stacked outputs,
+every type it takes; outputs and the partial scratch NaN-poisoned, A Gaussian at std 0.1, 1 and 10."""
 
-import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from numba import cuda
 
 from impnb.kernels.gemm.gemm_few import gemm_few, gemm_few_split, splits_for
-from impnb.kernels.gemm.gemm_tc import gemm_ref
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
-from tests.gpu import test_gemm_tc as gemm_tests
+from tests.gpu.test_gemm_splitk import check_splitk, check_splitk_split
 
 pytestmark = pytest.mark.gpu
 
 
 def check_few(ggml_type, M, N, K, splits, std, seed, accumulate=False):
-    raw, w16, w = gemm_tests.weight(ggml_type, N, K)
-    rng = np.random.default_rng(seed)
-    a = (rng.standard_normal((M, K)) * std).astype(np.float16)
-    c0 = rng.standard_normal((M, N)).astype(np.float32) if accumulate else None
-    part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
+    check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate, gemm=gemm_few)
 
-    def fn(a_, w_, c_, s, accumulate):
-        gemm_few(a_, w_, c_, part, s, splits, accumulate)
 
-    got = gemm_tests.run(fn, a, w, M, N, c0)
-    ref = gemm_ref(a, raw, ggml_type, c=None if c0 is None else c0.astype(np.float64))
-    gemm_tests.check(got, ref, a, w16, K, c0)
+def check_few_split(ggml_type, M, sizes, K, splits, seed):
+    check_splitk_split(ggml_type, M, sizes, K, splits, seed, gemm_split=gemm_few_split)
 
 
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES)
@@ -42,18 +32,6 @@ def test_few(ggml_type, M, splits):
 def test_few_accumulate_and_model_shapes(M):
     check_few(T.Q4_K, M, 4096, 4096, splits_for(M, 4096, 4096), 1.0, seed=M, accumulate=True)
     check_few(T.Q6_K, M, 1024, 12288, splits_for(M, 1024, 12288), 1.0, seed=M + 1)
-
-
-def check_few_split(ggml_type, M, sizes, K, splits, seed):
-    """Stacked rows (sum of sizes, K) into len(sizes) outputs, each its rows of gemm_ref."""
-    N = sum(sizes)
-    raw, w16, w = gemm_tests.weight(ggml_type, N, K)
-    a = (np.random.default_rng(seed).standard_normal((M, K))).astype(np.float16)
-    part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
-    ys = [cuda.to_device(np.full((M, n), np.nan, np.float32)) for n in sizes]
-    gemm_few_split(cuda.to_device(a), w, ys, part, 0, splits)
-    got = np.concatenate([y.copy_to_host() for y in ys], axis=1).astype(np.float64)
-    gemm_tests.check(got, gemm_ref(a, raw, ggml_type), a, w16, K)
 
 
 @pytest.mark.parametrize("M,sizes", [(17, (4096, 1024, 1024)), (64, (4096, 512)), (9, (136, 36, 36))])

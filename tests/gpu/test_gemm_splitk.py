@@ -14,7 +14,8 @@ from tests.gpu import test_gemm_tc as gemm_tests
 pytestmark = pytest.mark.gpu
 
 
-def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False):
+def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False, gemm=gemm_splitk):
+    """gemm (gemm_splitk's arguments) against gemm_ref, partials and output NaN-poisoned."""
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((M, K)) * std).astype(np.float16)
@@ -22,7 +23,7 @@ def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False):
     part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
 
     def fn(a_, w_, c_, s, accumulate):
-        gemm_splitk(a_, w_, c_, part, s, splits, accumulate)
+        gemm(a_, w_, c_, part, s, splits, accumulate)
 
     got = gemm_tests.run(fn, a, w, M, N, c0)
     ref = gemm_ref(a, raw, ggml_type, c=None if c0 is None else c0.astype(np.float64))
@@ -42,14 +43,14 @@ def test_splitk_accumulate_and_model_shapes(M):
 
 
 
-def check_splitk_split(ggml_type, M, sizes, K, splits, seed):
+def check_splitk_split(ggml_type, M, sizes, K, splits, seed, gemm_split=gemm_splitk_split):
     """Stacked rows (sum of sizes, K) into len(sizes) outputs, each its rows of gemm_ref."""
     N = sum(sizes)
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     a = (np.random.default_rng(seed).standard_normal((M, K))).astype(np.float16)
     part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
     ys = [cuda.to_device(np.full((M, n), np.nan, np.float32)) for n in sizes]
-    gemm_splitk_split(cuda.to_device(a), w, ys, part, 0, splits)
+    gemm_split(cuda.to_device(a), w, ys, part, 0, splits)
     got = np.concatenate([y.copy_to_host() for y in ys], axis=1).astype(np.float64)
     gemm_tests.check(got, gemm_ref(a, raw, ggml_type), a, w16, K)
 

@@ -34,7 +34,7 @@ from numba import cuda, float32, types, uint32
 from impnb.kernels.common import ptx
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.dequant import DECODERS
-from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, REDUCE_THREADS, _splitk_reduce_kernel
+from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemm.gemm_tc import F16_2D, check_shapes
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES, SMEM_ALIGN
 from impnb.kernels.gemv.gemv import parts_type
@@ -212,8 +212,7 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     mt = mt_for(M)
     launch(gemm_few_kernel(T(w.ggml_type), mt), (-(-N // BN), splits, -(-M // (16 * mt))), THREADS, stream,
            a, w.parts, part)
-    launch(_splitk_reduce_kernel, -(-(M * N) // (4 * REDUCE_THREADS)), REDUCE_THREADS, stream, part, *ys,
-           np.int32(n0), np.int32(n1), np.int32(accumulate))
+    reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
 def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False):

@@ -106,6 +106,14 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
     tiles = -(-M // bm) * -(-N // BN)
     launch(gemm_splitk_kernel(t, bm), (tiles, splits), THREADS, stream, a, w.parts, part)
+    reduce_parts(part, ys, n0, n1, accumulate, stream)
+
+
+def reduce_parts(part, ys, n0: int, n1: int, accumulate: bool, stream) -> None:
+    """The S partial tiles part (S, M, N) added in split order into ys = (y0, y1, y2): C's column j
+    to y0 below n0, y1 below n0 + n1, else y2 (one output: (c, c, c) with n0 = N); accumulate adds
+    y0's own values."""
+    M, N = part.shape[1], part.shape[2]
     launch(_splitk_reduce_kernel, -(-(M * N) // (4 * REDUCE_THREADS)), REDUCE_THREADS, stream, part, *ys,
            np.int32(n0), np.int32(n1), np.int32(accumulate))
 
