@@ -1,8 +1,7 @@
-"""The few-row GEMM (kernels/gemm/gemm_few.py) at a model's shapes, over its variants: L2 prefetch
-distance and split count, against its defaults. µs per call (x cast and the split reduce
-included) rotating over all layers' copies in one CUDA graph (tune_gemm's timing), and the
-weight's GB/s at that time.
-    python scripts/bench_gemm_few.py -m MODEL [--rows 16,32,64,128] [--prefetch 0,2,4,8] [--split-scale 0.5,1,2]
+"""The few-row GEMM (kernels/gemm/gemm_few.py) at a model's shapes over split counts (splits_for's
+times each scale): µs per call (the split reduce included) rotating over all layers' copies in
+one CUDA graph (tune_gemm's timing), and the weight's GB/s at the best.
+    python scripts/bench_gemm_few.py -m MODEL [--rows 16,32,64,128] [--split-scale 0.5,1,2]
 """
 
 import argparse
@@ -26,7 +25,6 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--rows", default="16,32,64,128")
-    ap.add_argument("--prefetch", default="0,2,4,8")
     ap.add_argument("--split-scale", default="0.5,1,2")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
@@ -38,30 +36,25 @@ def main() -> int:
         if not gemm_few.supports(t, K):
             continue
         for M in map(int, args.rows.split(",")):
-            x16 = m.ctx.upload((rng.standard_normal((M, K))).astype(np.float16))
+            x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
             y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
             S0 = gemm_few.splits_for(M, N, K, sms=sms)
             row = []
-            for scale in map(float, args.split_scale.split(",")):
-                S = max(1, min(K // gemm_few.GROUP, round(S0 * scale)))
+            for S in sorted({max(1, min(K // gemm_few.GROUP, round(S0 * float(f))))
+                             for f in args.split_scale.split(",")} | {S0}):
                 part = m.ctx.upload(np.zeros((S, M, N), np.float32))
-                for pf in map(int, args.prefetch.split(",")):
-                    if pf and gemm_few.mt_for(M) == gemm_few.MAX_MT:
-                        continue
 
-                    def call(i, S=S, part=part, pf=pf):
-                        gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, prefetch=pf)
-                    for i in range(len(ws)):
-                        call(i)
-                    m.ctx.sync()
-                    us = graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps)
-                    row.append((us, S, pf))
+                def call(i, S=S, part=part):
+                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
+                for i in range(len(ws)):
+                    call(i)
+                m.ctx.sync()
+                row.append((graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps), S))
             best = min(row)
-            default = next(r for r in row if r[1] == S0 and r[2] == gemm_few.prefetch_for(gemm_few.mt_for(M)))
-            gbs = ws[0].nbytes / best[0] / 1e3
-            print(f"{t.name} {N}x{K} M={M:<4} default S={S0} pf={default[2]}: {default[0]:7.1f} µs | best S={best[1]} "
-                  f"pf={best[2]}: {best[0]:7.1f} µs {gbs:6.0f} GB/s | " + " ".join(f"S{s}/pf{p}={u:.1f}" for u, s, p in row),
-                  flush=True)
+            default = next(us for us, S in row if S == S0)
+            print(f"{t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
+                  f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
+                  + " ".join(f"S{S}={us:.1f}" for us, S in row), flush=True)
     return 0
 
 
