@@ -8,7 +8,8 @@ each timed by its own pair of CUDA events; the median of --reps is reported.
                                  [--jobs N] [--json PATH]
 --read U:B:W also times a plain streaming read of the same bytes (U 16-byte loads in flight a
 thread, B blocks an SM of W threads) and a device-to-device copy of them: the ceiling at the shape.
---dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these; an empty name is that one)
+--dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these, each with an optional
+register cap, s64u2r4c80; an empty name is that one)
 and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_x"; their sum is
 what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ...").
 --jobs N compiles the GEMV and dp4a kernels the run launches first, in N processes, into the disk
@@ -157,8 +158,9 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
 
 
 def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,)):
-    """quantize_x, then gemv_dp4a in each variant (None: choose_capped's) and epilogue of glus
-    (SILU: the rows as gate|up, half as many outputs; rows "dp4a-glu"), on one Gaussian x."""
+    """quantize_x, then gemv_dp4a in each variant ((Variant, register cap or None), or None:
+    choose_capped's) and epilogue of glus (SILU: the rows as gate|up, half as many outputs; rows
+    "dp4a-glu"), on one Gaussian x."""
     rows, cols = weights[0].rows, weights[0].cols
     x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
     xq = quant_x_buffers(n_tok, cols)
@@ -166,13 +168,14 @@ def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,)):
     out = [result("quant_x", t, weights, n_tok, x.nbytes + sum(a.nbytes for a in xq), med, b2b)]
     for glu in glus:
         n_out = rows // 2 if glu else rows
-        for v in variants:
+        for vc in variants:
+            v, vcap = vc or (None, None)
             y = cuda.to_device(np.full((n_tok, n_out), np.nan, np.float32), stream=stream)
             med, b2b = time_launches(
-                lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v, glu=glu),
+                lambda i, s: gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v, glu=glu, cap=vcap),
                 len(weights), reps, stream)
             assert np.isfinite(y.copy_to_host()).all()
-            chosen, cap = (v, None) if v else choose_capped(t, n_tok, cols, glu, n_out)
+            chosen, cap = (v, vcap) if v else choose_capped(t, n_tok, cols, glu, n_out)
             name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
             op = f"dp4a{'-glu' if glu else ''} {name}"
             out.append(result(op, t, weights, n_tok, weights[0].nbytes, med, b2b))
@@ -215,7 +218,7 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
 
 def _compile(job):
     """Compile one kernel of the run into the disk cache: ("gemv", t, n_tok, K, rows, variant) or
-    ("dp4a", t, n_tok, K, rows, variant or None for choose_capped's)."""
+    ("dp4a", t, n_tok, K, rows, (variant, cap) or None for choose_capped's)."""
     from impnb.launch import cache
     from impnb.launch.cubin import arch_cc
 
@@ -223,7 +226,7 @@ def _compile(job):
     if kind == "gemv":
         kernel, sig = variant_kernel(t, n_tok, v or choose(t, n_tok, K, rows), NO_GLU, cols=K), kernel_args(t)
     else:
-        v, cap = (v, None) if v else choose_capped(t, n_tok, K, glu, rows // 2 if glu else rows)
+        v, cap = v or choose_capped(t, n_tok, K, glu, rows // 2 if glu else rows)
         kernel, sig = dp.gemv_dp4a_kernel(t, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap), dp.kernel_args(t)
     cache.get_cubin(kernel, sig, arch_cc(cc))
 
@@ -265,20 +268,22 @@ def main():
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shape.lower().split(",")]
     tokens = [int(v) for v in args.tokens.split(",")]
     rng = np.random.default_rng(0)
-    def parse_variants(text, flag):
+    def parse_variants(text, flag, caps=False):
         out = []
         for name in text.split(","):
             if not name:  # the rule's choice
                 out.append(None)
                 continue
-            m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)", name)
+            m = re.fullmatch(r"s(\d+)u(\d+)r(\d+)" + (r"(?:c(\d+))?" if caps else ""), name)
             if not m:
-                ap.error(f"{flag} {name!r}: expected s<span>u<unroll>r<rows>, e.g. s32u1r8")
-            out.append(Variant(*map(int, m.groups())))
+                ap.error(f"{flag} {name!r}: expected s<span>u<unroll>r<rows>{'[c<registers>]' if caps else ''}, "
+                         f"e.g. s32u1r8")
+            v = Variant(*map(int, m.groups()[:3]))
+            out.append((v, int(m[4]) if m[4] else None) if caps else v)
         return out
 
     variants = parse_variants(args.variant, "--variant") if args.variant else [None]
-    dp4a = () if args.dp4a is None else parse_variants(args.dp4a, "--dp4a") if args.dp4a else [None]
+    dp4a = () if args.dp4a is None else parse_variants(args.dp4a, "--dp4a", caps=True) if args.dp4a else [None]
     streams = [tuple(int(v) for v in rb.split(":")) for rb in args.stream.split(",")] if args.stream else ()
     reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
     glus = (NO_GLU, SILU) if args.glu else (NO_GLU,)

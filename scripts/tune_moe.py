@@ -1,16 +1,19 @@
 """Measure the MoE prefill expert GEMMs on this GPU and write impnb/tuning/moe_table.json.
 
-The synthetic Qwen3-30B-A3B's experts (impnb/synthetic_full.py: E = 128, k = 8, D = 2048,
-F = 768; Q4_K_M: gate|up Q4_K stacked per expert as DeviceModel stacks them, down Q6_K or Q4_K
-by layer), uniform random routing, and for each T bucket (16..512 tokens) and each distinct
-expert matrix: the grouped tiles (gemm_grouped, as the grouped layout runs it) against the cuBLAS
-fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the pointer arrays,
-one batched GEMM; gate|up's time includes the gather into the padded layout). --reps calls
-captured in a CUDA graph, warm-up first, median of 5 replays. cuBLAS counts only if its output
-matches the tiles' (max |diff| / max |ref| < 1e-2) and wins by more than 3%; the table records
-every measured bucket's choice. Not charged to cuBLAS: the padded layout's SwiGLU and fp16 cast
-over max_tiles * BM rows instead of T * k (at T = 512: 12288 rows for 4096, ~110 MB more traffic).
-    python scripts/tune_moe.py [--quant Q4_K_M] [--reps 10] [--out PATH] [--json PATH]
+A synthetic model's experts (impnb/synthetic_full.py, synthetic_full_gemma4.py; by default Qwen3-30B-A3B: E = 128, k = 8,
+D = 2048, F = 768; Q4_K_M: gate|up Q4_K stacked per expert as DeviceModel stacks them, down Q6_K
+or Q4_K by layer), uniform random routing, and for each T bucket (16..512 tokens) and each
+distinct expert matrix: the grouped tiles (gemm_grouped, as the grouped layout runs it), the same
+tiles on wgmma (gemm_grouped_wgmma, where it takes the weight) and the cuBLAS fallback
+(gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the pointer arrays, one batched
+GEMM; gate|up's time includes the gather into the padded layout). --reps calls captured in a
+CUDA graph, warm-up first, median of 5 replays. A path other than the tiles counts only if its
+output matches the tiles' (max |diff| / max |ref| < 1e-2) and beats the best so far by more than
+3%; the table records every measured bucket's choice, and runs on several models or quants merge
+into it (--merge). Not charged to cuBLAS: the padded layout's SwiGLU over max_tiles * BM rows
+instead of T * k (at T = 512: 12288 rows for 4096, ~110 MB more traffic).
+    python scripts/tune_moe.py [--model qwen3-30b-a3b] [--quant Q4_K_M] [--reps 10] [--buckets 512]
+                               [--merge] [--out PATH] [--json PATH]
 """
 
 import argparse
@@ -24,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from impnb import synthetic_full as sf  # noqa: E402
+from impnb import synthetic_full as sf, synthetic_full_gemma4 as sfg  # noqa: E402
 from impnb.gpu import moe_dispatch as md  # noqa: E402
 from impnb.gpu.buffers import Arena  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
@@ -34,23 +37,33 @@ from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels.common import repack  # noqa: E402
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped  # noqa: E402
+from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma, supports  # noqa: E402
 from impnb.kernels.moe.moe import max_tiles, moe_group  # noqa: E402
 from impnb.kernels.moe.moe_batched import moe_gather  # noqa: E402
 
 MODEL = "qwen3-30b-a3b"
+SHAPES = {name: (module, shape) for module in (sf, sfg) for name, shape in module.SHAPES.items()
+          if shape.num_experts}  # model -> (its synthetic writer, shape)
 MARGIN = 1.03
 
 
-def expert_matrices(dev, quant: str, seed: int = 0) -> dict:
+def top_k(shape) -> int:
+    """Experts a token (the qwen shapes' num_experts_per_tok, gemma4's top_k_experts)."""
+    return shape.top_k_experts if hasattr(shape, "top_k_experts") else shape.num_experts_per_tok
+
+
+def expert_matrices(dev, quant: str, seed: int = 0, model: str = MODEL) -> dict:
     """{(name, type, N, K): PackedWeight (E * N, K)} for each distinct expert matrix of the model's
-    layers: ffn_gate_up_exps (gate and up stacked per expert) and ffn_down_exps."""
-    shape = sf.SHAPES[MODEL]
-    specs = {s.name: (i, s) for i, s in enumerate(sf.tensor_specs(shape, quant))}
+    layers: ffn_gate_up_exps (gate and up stacked per expert, as gemma4's file holds them) and
+    ffn_down_exps."""
+    module, shape = SHAPES[model]
+    specs = {s.name: (i, s) for i, s in enumerate(module.tensor_specs(shape, quant))}
     E = shape.num_experts
     out = {}
     for il in range(shape.num_hidden_layers):
         p = f"blk.{il}."
-        for name, parts in (("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps")),
+        stacked = p + "ffn_gate_up_exps.weight" in specs
+        for name, parts in (("ffn_gate_up_exps", ("ffn_gate_up_exps",) if stacked else ("ffn_gate_exps", "ffn_up_exps")),
                             ("ffn_down_exps", ("ffn_down_exps",))):
             indexed = [specs[p + n + ".weight"] for n in parts]
             spec = indexed[0][1]
@@ -69,10 +82,10 @@ def time_calls(dev, fn, reps: int) -> float:
     return graph_us(dev.ctx, lambda: [fn() for _ in range(reps)], reps)
 
 
-def measure(dev, rng, mats: dict, T: int, reps: int) -> list[dict]:
-    """Per matrix at T tokens: µs of each path, the outputs' disagreement, the choice."""
-    shape = sf.SHAPES[MODEL]
-    E, k, D = shape.num_experts, shape.num_experts_per_tok, shape.hidden_size
+def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list[dict]:
+    """Per matrix at T tokens: µs of each path, the outputs' disagreement with the tiles', the choice."""
+    shape = SHAPES[model][1]
+    E, k, D = shape.num_experts, top_k(shape), shape.hidden_size
     S, n_max = T * k, max_tiles(T * k, E, BM)
     ctx, a, s = dev.ctx, dev.arena, dev.ctx.nb_stream
     slots = ctx.upload(np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32).reshape(-1))
@@ -97,50 +110,68 @@ def measure(dev, rng, mats: dict, T: int, reps: int) -> list[dict]:
             pad[rows_pad_h] = act
             a_grouped, a_padded, x_div, gather = ctx.upload(act[order_h]), ctx.upload(pad), 0, []
         c_tiles = ctx.upload(np.full((S, N), np.nan, np.float32))
+        c_wgmma = ctx.upload(np.full((S, N), np.nan, np.float32))
         c_cublas = ctx.upload(np.full((n_max * BM, N), np.nan, np.float32))
 
         def tiles_path():
             gemm_grouped(a_grouped, w, N, c_tiles, tiles, n_tiles, order, x_div, s)
+
+        def wgmma_path():
+            gemm_grouped_wgmma(a_grouped, w, N, c_wgmma, tiles, n_tiles, order, x_div, s)
 
         def cublas_path():
             for g in gather:
                 g()
             expert_gemm(dev, "cublas", a_padded, w, c_cublas, (tiles_pad, n_tiles, order), 0, w16)
 
-        us = {"tiles": time_calls(dev, tiles_path, reps), "cublas": time_calls(dev, cublas_path, reps)}
+        paths = {"tiles": tiles_path, "cublas": cublas_path}
+        if supports(t, K):
+            paths["wgmma"] = wgmma_path
+        us = {p: time_calls(dev, fn, reps) for p, fn in paths.items()}
         ctx.sync()
-        ref, got = c_tiles.copy_to_host()[slot_row_h], c_cublas.copy_to_host()[rows_pad_h]
-        rel = float(np.abs(got - ref).max() / np.abs(ref).max())
-        ok = np.isfinite(got).all() and np.isfinite(ref).all() and rel < 1e-2
-        chosen = "cublas" if ok and us["cublas"] * MARGIN < us["tiles"] else "tiles"
+        ref = c_tiles.copy_to_host()[slot_row_h]
+        outs = {"cublas": c_cublas.copy_to_host()[rows_pad_h], "wgmma": c_wgmma.copy_to_host()[slot_row_h]}
+        rel = {p: float(np.abs(outs[p] - ref).max() / np.abs(ref).max()) for p in us if p != "tiles"}
+        chosen = "tiles"
+        for p in rel:
+            if np.isfinite(outs[p]).all() and np.isfinite(ref).all() and rel[p] < 1e-2 \
+                    and us[p] * MARGIN < us[chosen]:
+                chosen = p
         out.append(dict(key=md.shape_key(t, N, K), T=T, us=us, rel=rel, chosen=chosen))
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=MODEL, choices=list(SHAPES))
     ap.add_argument("--quant", default="Q4_K_M", choices=list(sf.FILE_TYPES))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--buckets", help="T buckets to measure, comma-separated (default: all)")
+    ap.add_argument("--merge", action="store_true", help="keep the table's other shapes and buckets")
     ap.add_argument("--out", default=str(md.TABLE_PATH))
     ap.add_argument("--json", help="every measurement")
     args = ap.parse_args()
     start = time.perf_counter()
     ctx = GpuContext()
     dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=Cublas(ctx))
-    mats = expert_matrices(dev, args.quant)
-    print(f"{len(mats)} expert matrices of {MODEL} {args.quant} in {time.perf_counter() - start:.0f} s")
-    print(f"{'shape':<22} {'T':>4} {'tiles µs':>9} {'cublas µs':>10} {'rel diff':>9} {'chosen':<7} {'speed-up':>8}")
-    rng, rows, choices = np.random.default_rng(0), [], {}
-    for T in M_BUCKETS:
-        for r in measure(dev, rng, mats, T, args.reps):
+    mats = expert_matrices(dev, args.quant, model=args.model)
+    print(f"{len(mats)} expert matrices of {args.model} {args.quant} in {time.perf_counter() - start:.0f} s")
+    print(f"{'shape':<24} {'T':>4} {'tiles µs':>9} {'wgmma µs':>9} {'cublas µs':>10} {'chosen':<7} {'speed-up':>8}")
+    rng, rows = np.random.default_rng(0), []
+    old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}
+    choices, shapes = old.get("choices", {}), old.get("shapes", "").split("; ") if old else []
+    buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else M_BUCKETS
+    for T in buckets:
+        for r in measure(dev, rng, mats, T, args.reps, args.model):
             rows.append(r)
             choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
             us = r["us"]
-            print(f"{r['key']:<22} {T:>4} {us['tiles']:>9.1f} {us['cublas']:>10.1f} {r['rel']:>9.1e} "
-                  f"{r['chosen']:<7} {us['tiles'] / us[r['chosen']]:>8.2f}")
+            print(f"{r['key']:<24} {T:>4} {us['tiles']:>9.1f} {us.get('wgmma', float('nan')):>9.1f} "
+                  f"{us['cublas']:>10.1f} {r['chosen']:<7} {us['tiles'] / us[r['chosen']]:>8.2f}")
     ctx.sync()
+    shapes = [x for x in shapes if x] + [f"{args.model} {args.quant}"]
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_moe.py on the GPU named",
-                                          "gpu": _gpu_name(), "shapes": f"{MODEL} {args.quant}",
+                                          "gpu": _gpu_name(), "shapes": "; ".join(dict.fromkeys(shapes)),
                                           "choices": choices}, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

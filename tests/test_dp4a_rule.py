@@ -1,16 +1,16 @@
 """choose_dp4a, and choose_measured for the routed experts (choose_experts) and router_fold's GEMV
 (FOLD_T1): the measured T = 1 table covers every dp4a type, and a variant never asks for more rows
 a group than the weight's outputs, a wider span than a row's chunks, or an odd GLU row count (the
-kernel's last group starts R rows before the end)."""
+kernel's last group starts R rows before the end); choose_capped's register-capped FP4 entries."""
 
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
-from impnb.kernels.gemv.gemv_dp4a_variants import (EXPERTS_T1, LONG_K, T1_VARIANTS, choose_dp4a, choose_experts,
-                                                   choose_measured)
+from impnb.kernels.gemv.gemv_dp4a_variants import (EXPERTS_T1, LONG_K, T1_VARIANTS, choose_capped, choose_dp4a,
+                                                   choose_experts, choose_measured)
 from impnb.kernels.gemv.gemv_units import NO_GLU, SILU
-from impnb.kernels.gemv.gemv_variants import span_for
+from impnb.kernels.gemv.gemv_variants import Variant, span_for
 from impnb.kernels.moe.router_fold import FOLD_T1
 
 
@@ -77,3 +77,15 @@ def test_fold_choices():
     assert fold(T.Q4_K, 1, LONG_K, 2048) == choose_dp4a(T.Q4_K, 1, LONG_K, n_out=2048)
     assert fold(T.Q6_K, 1, 4096, 2048) == choose_dp4a(T.Q6_K, 1, 4096, n_out=2048)
     assert fold(T.Q4_K, 1, 4096, 3) == choose_dp4a(T.Q4_K, 1, 4096, n_out=3)
+
+
+def test_fp4_register_capped():
+    """FP4 at T = 1 without GLU from K = 4096: s128u1r8 at 80 registers, from LONG_K s128u1r4 at
+    64; below 4096, with GLU or at more tokens choose_dp4a's, uncapped."""
+    for t in (T.NVFP4, T.MXFP4):
+        assert choose_capped(t, 1, 4096, NO_GLU, 4096) == (Variant(128, 1, 8), 80)
+        assert choose_capped(t, 1, 14336, NO_GLU, 4096) == (Variant(128, 1, 4), 64)
+        assert choose_capped(t, 1, 12288, NO_GLU, 3) == (choose_dp4a(t, 1, 12288, NO_GLU, 3), None)
+        assert choose_capped(t, 1, 2048, NO_GLU, 4096) == (choose_dp4a(t, 1, 2048, NO_GLU, 4096), None)
+        assert choose_capped(t, 1, 4096, SILU, 4096) == (choose_dp4a(t, 1, 4096, SILU, 4096), None)
+        assert choose_capped(t, 2, 14336, NO_GLU, 4096) == (choose_dp4a(t, 2, 14336, NO_GLU, 4096), None)

@@ -62,3 +62,14 @@ def test_table_read_from_file(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"choices": TABLE}))
     assert md.choose(T.Q4_K, 1536, 2048, 256, md.load_table.__wrapped__(path)) == "cublas"
+
+
+def test_wgmma_only_where_it_takes_the_weight():
+    """A table's "wgmma" runs where gemm_grouped_wgmma takes the type and K (a quantized type, K a
+    multiple of 64 and of its block), else the tiles."""
+    table = {"moe MXFP4 1536x2048": {"512": "wgmma"}, "moe Q4_K 2048x704": {"512": "wgmma"},
+             "moe F16 1536x2048": {"512": "wgmma"}, "moe Q8_0 704x96": {"512": "wgmma"}}
+    assert md.choose(T.MXFP4, 1536, 2048, 512, table) == "wgmma"
+    assert md.choose(T.Q4_K, 2048, 704, 512, table) == "tiles"   # K not a multiple of 256
+    assert md.choose(T.F16, 1536, 2048, 512, table) == "tiles"   # not a quantized type
+    assert md.choose(T.Q8_0, 704, 96, 512, table) == "tiles"     # K not a multiple of 64

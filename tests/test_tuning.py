@@ -19,8 +19,10 @@ def test_kernel_tables_read_tuning():
         T.Q4_1: ("s128u1r4", "s64u3r2"), T.Q4_0: ("s128u1r4", "s128u1r4"), T.Q5_0: ("s128u1r4", "s128u1r4"),
         T.Q6_K: ("s64u1r8", "s128u1r8"), T.MXFP4: ("s128u1r8", "s64u1r4"), T.NVFP4: ("s128u1r8", "s64u1r4")}
     assert set(gemv_dp4a_variants.T1_VARIANTS) == set(gemv_dp4a_units.DP4A_TYPES)
-    assert gemv_dp4a_variants.T1_CAPPED == {(T.Q4_K, False): (Variant(128, 1, 4), 80, 8192),
-                                            (T.Q4_K, True): (Variant(64, 1, 4), 80, 1)}
+    assert gemv_dp4a_variants.T1_CAPPED == {
+        (T.Q4_K, False, False): (Variant(128, 1, 4), 80, 8192), (T.Q4_K, True, False): (Variant(64, 1, 4), 80, 1),
+        **{(t, False, long): v for t in (T.NVFP4, T.MXFP4)
+           for long, v in ((False, (Variant(128, 1, 8), 80, 1)), (True, (Variant(128, 1, 4), 64, 1)))}}
     assert gemv_dp4a_variants.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4)}
     assert router_fold.FOLD_T1 == {T.Q4_K: Variant(32, 2, 4)}
     assert (gemv_variants.WIDE_K, gemv_variants.WIDE_MIN_ROWS) == (4096, 4096)

@@ -1,10 +1,11 @@
-"""Which path runs a prefill expert GEMM of a qwen3moe layer: the grouped tensor-core tiles
-(kernels/moe/gemm_grouped.py) or the cuBLAS fallback, one batched GEMM over the tiles on the experts
-dequantized to fp16 (gpu/moe_prefill.py).
+"""Which path runs a prefill expert GEMM of a MoE layer: the grouped tensor-core tiles
+(kernels/moe/gemm_grouped.py, "tiles"), the same tiles on wgmma (gemm_grouped_wgmma.py, "wgmma"),
+or the cuBLAS fallback, one batched GEMM over the tiles on the experts dequantized to fp16
+(gpu/moe_prefill.py).
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
-data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes on the H100. Shapes or
-buckets not in the table take the tiles. Each distinct choice is logged once ("impnb.gemm", debug).
+data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes. Shapes or buckets not in
+the table take the tiles, and so does "wgmma" for a weight it does not take. Each distinct choice is logged once ("impnb.gemm", debug).
 """
 
 from functools import lru_cache
@@ -15,9 +16,10 @@ from gguf import GGMLQuantizationType as T
 from impnb import tuning
 
 from impnb.gpu.gemm_dispatch import pick, read_choices
+from impnb.kernels.moe import gemm_grouped_wgmma
 
 TABLE_PATH = tuning.MOE_TABLE
-PATHS = ("tiles", "cublas")
+PATHS = ("tiles", "cublas", "wgmma")
 DEFAULT = "tiles"
 _logged: set = set()
 
@@ -43,5 +45,5 @@ def load_table(path: Path = TABLE_PATH) -> dict:
 def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = None) -> str:
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
     key = shape_key(ggml_type, N, K)
-    return pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged,
-                f"{key} T<=%d")
+    path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d")
+    return DEFAULT if path == "wgmma" and not gemm_grouped_wgmma.supports(ggml_type, K) else path

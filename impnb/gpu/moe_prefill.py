@@ -1,11 +1,12 @@
 """The prefill expert GEMMs of a qwen3moe layer, each on the path gpu/moe_dispatch.py picks.
 
 Both layouts start from moe_group's tiles (e, r0, n) of at most BM rows, in expert order:
-  grouped, when every matrix takes the tiles: S rows in expert order; gemm_grouped gathers the
-      tokens' rows itself (x_div = k), then reads act in place (x_div = 0).
+  grouped, when every matrix takes the tiles (mma.sync or wgmma): S rows in expert order;
+      gemm_grouped (or gemm_grouped_wgmma) gathers the tokens' rows itself (x_div = k), then
+      reads act in place (x_div = 0).
   padded, when any takes cuBLAS: tile i owns rows i * BM .. i * BM + BM - 1 of every buffer
       (kernels/moe/moe_batched.py); moe_gather copies the tokens' fp16 rows there, zeros past n. A
-      matrix then runs as gemm_grouped over the padded tiles (x_div = 0) or as one
+      matrix then runs as either tile kernel over the padded tiles (x_div = 0) or as one
       cublasGemmBatchedEx of max_tiles entries of BM rows on all E experts dequantized to fp16
       (moe_pointers writes its pointer arrays on the device; entries past n_tiles multiply a zero
       scratch tile). Where cuBLAS can pay off (long chunks: at T >= 64 with E = 128, k = 8 an
@@ -21,15 +22,15 @@ import numpy as np
 
 from impnb.gpu import moe_dispatch
 from impnb.kernels.elementwise import activations
-from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
+from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
 from impnb.kernels.moe.moe import max_tiles, moe_group
 from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
 
 def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, paths=None, act: str = "silu") -> tuple:
-    """(act, y, rows) for the routed slots (S,) int32 of x16 (T, D) fp16. glu: (gate_up,) stacked
+    """(act, y, rows) for the routed slots (S,) int32 of x16 (T, D) fp16 (act in fp16). glu: (gate_up,) stacked
     per expert, or (gate, up); paths: one per matrix of (*glu, down), by default moe_dispatch's;
     act: the gate's activation, silu or gelu (gemma4's experts)."""
     a, s = m.arena, m.ctx.nb_stream
@@ -56,36 +57,34 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
 
 
 def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16, act_fn: str) -> tuple:
-    """act (R, F) and y (R, D) over the tiles of `grouped` (tiles, n_tiles, order); w16 as in
+    """act (R, F) fp16 and y (R, D) over the tiles of `grouped` (tiles, n_tiles, order); w16 as in
     expert_gemm; act_fn silu or gelu."""
     a, s = m.arena, m.ctx.nb_stream
     *glu, down = mats
     F, D = down.cols, x.shape[1]
-    act = a.get("moe_act", (R, F))
+    act16 = a.get("moe_act16", (R, F), np.float16)  # the GLU writes the down GEMM's fp16 A itself
     if len(glu) == 1:
         gate_up = a.get("moe_gate_up", (R, 2 * F))
         expert_gemm(m, paths[0], x, glu[0], gate_up, grouped, x_div, w16)
-        (activations.geglu_fused if act_fn == "gelu" else activations.swiglu_fused)(gate_up, act, s)
+        (activations.geglu_fused if act_fn == "gelu" else activations.swiglu_fused)(gate_up, act16, s)
     else:
-        up = a.get("moe_up", (R, F))
-        expert_gemm(m, paths[0], x, glu[0], act, grouped, x_div, w16)
+        gate, up = a.get("moe_gate", (R, F)), a.get("moe_up", (R, F))
+        expert_gemm(m, paths[0], x, glu[0], gate, grouped, x_div, w16)
         expert_gemm(m, paths[1], x, glu[1], up, grouped, x_div, w16)
-        (activations.geglu if act_fn == "gelu" else activations.swiglu)(act, up, act, s)
-    act16 = a.get("moe_act16", (R, F), np.float16)
-    cast_f16(act, act16, s)
+        (activations.geglu if act_fn == "gelu" else activations.swiglu)(gate, up, act16, s)
     y = a.get("moe_y", (R, D))
     expert_gemm(m, paths[-1], act16, down, y, grouped, 0, w16)
-    return act, y
+    return act16, y
 
 
 def expert_gemm(m, path: str, x, w, c, grouped, x_div: int, w16) -> None:
     """c (R, N) = each tile's rows of x (fp16) times its expert of w (E * N, K), by `path`:
-    "tiles", or "cublas" on the padded layout only (x (P, K), x_div = 0) with w dequantized into
+    "tiles" or "wgmma" (either layout), or "cublas" on the padded layout only (x (P, K), x_div = 0) with w dequantized into
     the front of w16, a flat fp16 scratch of at least E * N * K values."""
     tiles, n_tiles, order = grouped
     s, N, K = m.ctx.nb_stream, c.shape[1], x.shape[1]
-    if path == "tiles":
-        gemm_grouped(x, w, N, c, tiles, n_tiles, order, x_div, s)
+    if path in ("tiles", "wgmma"):
+        (gemm_grouped_wgmma if path == "wgmma" else gemm_grouped)(x, w, N, c, tiles, n_tiles, order, x_div, s)
         return
     assert path == "cublas" and x_div == 0 and x.shape[0] == tiles.shape[0] * BM, (path, x_div, x.shape)
     a = m.arena

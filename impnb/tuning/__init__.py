@@ -135,10 +135,15 @@ DP4A_T1_VARIANTS = {
 # at the 8B's shapes against the select form's 67-71%; IMPNB_FP4_SIGNED_T1 (type names,
 # comma-separated, or empty) overrides it, read at import.
 FP4_SIGNED_T1 = env_types("IMPNB_FP4_SIGNED_T1", "MXFP4,NVFP4")
-# gemv_dp4a at T = 1 and 4096 <= K < DP4A_LONG_K, (type, GLU): (variant, register cap, fewest
-# output rows): a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's Q4_K gate|up.
-DP4A_T1_CAPPED = {(T.Q4_K, False): ((128, 1, 4), 80, 8192),
-                  (T.Q4_K, True): ((64, 1, 4), 80, 1)}
+# gemv_dp4a at T = 1, (type, GLU, K >= DP4A_LONG_K): (variant, register cap, fewest output rows),
+# from K = 4096 on. Q4_K: a cap of 80 changed the schedule and gained tg128 on Qwen3-8B's gate|up.
+# FP4: at 64 registers s128u1r4's 8 blocks an SM hold every block of a 4096-row weight at once,
+# 92% of the copy rate back to back at 4096x14336 against s64u1r4's 76%; s128u1r8 at 80 was the
+# best compromise over 4096x4096 (+9%), 12288x4096 (-1%) and 14336x4096 (+3%) (bench_gemv, H200).
+DP4A_T1_CAPPED = {(T.Q4_K, False, False): ((128, 1, 4), 80, 8192),
+                  (T.Q4_K, True, False): ((64, 1, 4), 80, 1),
+                  **{(t, False, long): (v, cap, 1) for t in (T.NVFP4, T.MXFP4)
+                     for long, v, cap in ((False, (128, 1, 8), 80), (True, (128, 1, 4), 64))}}
 # The routed experts' gate|up on dp4a at K < DP4A_LONG_K, by type: two chunks a thread, the
 # second's loads out during the first's dots, beat choose_dp4a's. IMPNB_EXPERTS_T1=0: choose_dp4a's.
 EXPERTS_T1 = {T.Q4_K: (32, 2, 4)} if switch("EXPERTS_T1") else {}

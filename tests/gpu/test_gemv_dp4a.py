@@ -171,16 +171,18 @@ def test_gemv_dp4a_4096x14336(ggml_type, n_tok):
     check_case(ggml_type, 4096, 14336, n_tok, 1.0, seed=n_tok)
 
 
-@pytest.mark.parametrize("ggml_type,glu", list(T1_CAPPED), ids=str)
-def test_gemv_dp4a_register_capped(ggml_type, glu):
-    """The kernels choose_capped caps (T = 1, 4096 <= K < LONG_K), odd rows; plain: stored and added."""
-    rows = 1 + max(T1_CAPPED[ggml_type, glu][2], 1000)
-    assert choose_capped(ggml_type, 1, 4096, SILU if glu else NO_GLU, rows)[1]
+@pytest.mark.parametrize("ggml_type,glu,long", list(T1_CAPPED), ids=str)
+def test_gemv_dp4a_register_capped(ggml_type, glu, long):
+    """The kernels choose_capped caps (T = 1, K from 4096, or from LONG_K), odd rows; plain: stored
+    and added."""
+    rows = 1 + max(T1_CAPPED[ggml_type, glu, long][2], 1000)
+    cols = 14336 if long else 4096
+    assert choose_capped(ggml_type, 1, cols, SILU if glu else NO_GLU, rows)[1]
     for i, std in enumerate((0.1, 1.0, 10.0)):
         if glu:
-            check_glu(ggml_type, rows, 4096, 1, SILU, seed=[rows, i])
+            check_glu(ggml_type, rows, cols, 1, SILU, seed=[rows, i])
         else:
-            check_case(ggml_type, rows, 4096, 1, std, seed=[rows, i], accumulate=i == 1)
+            check_case(ggml_type, rows, cols, 1, std, seed=[rows, i], accumulate=i == 1)
 
 
 @pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)

@@ -17,6 +17,7 @@ from numba import cuda
 
 from impnb.kernels.gemm.dequant import dequant_ref
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped, grouped_ref
+from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
 from impnb.kernels.gemv.gemv import SILU, gemv_ref
 from impnb.kernels.gemv.gemv_experts import gemv_experts
 from impnb.kernels.gemv.gemv_route import gemv_route
@@ -201,7 +202,7 @@ def check_gemv_experts(rng, ggml_type, E, N, K, T_, k, glu, std, variant=None):
     assert (err <= bound).all(), f"max err/bound {np.max(err / bound):.3g}"
 
 
-def check_gemm_grouped(rng, ggml_type, E, N, K, T_, k, std, gathered=True):
+def check_gemm_grouped(rng, ggml_type, E, N, K, T_, k, std, gathered=True, gemm=gemm_grouped):
     raw = make_weight(ggml_type, E * N, K, rng)
     experts = routed(rng, T_, E, k).reshape(-1)
     S = experts.size
@@ -210,7 +211,7 @@ def check_gemm_grouped(rng, ggml_type, E, N, K, T_, k, std, gathered=True):
     x_div = k if gathered else 0
     d_c = cuda.to_device(np.full((S, N), np.nan, np.float32))
     d_tiles = cuda.to_device(np.concatenate([tiles, np.full((max_tiles(S, E, BM) - len(tiles), 3), -1, np.int32)]))
-    gemm_grouped(cuda.to_device(a), repack(raw, ggml_type).to_device(), N, d_c, d_tiles,
+    gemm(cuda.to_device(a), repack(raw, ggml_type).to_device(), N, d_c, d_tiles,
                  cuda.to_device(np.array([len(tiles)], np.int32)), cuda.to_device(order), x_div, 0)
     got = d_c.copy_to_host().astype(np.float64)
     ref = grouped_ref(a, raw, ggml_type, N, tiles, order, x_div, S)
@@ -321,6 +322,16 @@ def test_gemm_grouped(ggml_type, T_, E, k):
     rng = np.random.default_rng([int(ggml_type), T_, E])
     for std, gathered in zip(STDS, (True, False, True)):
         check_gemm_grouped(rng, ggml_type, E, 136, 512, T_, k, std, gathered)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.MXFP4, T.NVFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("T_,E,k", [(19, 8, 2), (111, 128, 8), (512, 60, 4)])
+def test_gemm_grouped_wgmma(ggml_type, T_, E, k):
+    """The wgmma grouped GEMM on gemm_grouped's checks (its tiles, gathered and in-place rows)."""
+    rng = np.random.default_rng([int(ggml_type), T_, E, 1])
+    for std, gathered in zip(STDS, (True, False, True)):
+        check_gemm_grouped(rng, ggml_type, E, 136, 512, T_, k, std, gathered, gemm=gemm_grouped_wgmma)
+    check_gemm_grouped(rng, ggml_type, 16, 2048, 768, 64, 8, 1.0, True, gemm=gemm_grouped_wgmma)
 
 
 @pytest.mark.parametrize("T_,k,D", [(1, 8, 2048), (19, 2, 640), (512, 8, 2048)])

@@ -9,7 +9,8 @@ Tolerances:
   rope         vs rope_ref (float64 angles): max |err| <= 2e-6 max|x| for positions up to 32768
                (the kernel's angle is exact to ~1e-7 rad; a plain float32 angle is off by 2e-3).
   swiglu/geglu vs *_ref: |err| <= 1e-5 |ref| + 1e-6 |gate * up|
-               (GELU's 1 + tanh cancels for negative gates: absolute, not relative, accuracy there).
+               (GELU's 1 + tanh cancels for negative gates: absolute, not relative, accuracy there);
+               with a float16 out, bit-equal to the float32 kernel's result through cast_f16_ref.
 """
 
 import numpy as np
@@ -18,6 +19,7 @@ from numba import cuda
 
 from impnb.kernels.elementwise.activations import (geglu, geglu_fused, geglu_ref, swiglu, swiglu_fused,
                                        swiglu_ref)
+from impnb.kernels.elementwise.cast import cast_f16_ref
 from impnb.kernels.elementwise.norm import rms_norm, rms_norm_add, rms_norm_post_add, rms_norm_ref
 from impnb.kernels.attention.rope import rope, rope_inv_freq, rope_ref
 
@@ -103,8 +105,18 @@ def check_glu(rng, T, F, std, act):
     out = np.full((T, F), np.nan, np.float32)
     _, _, got = run(lambda s, *a: plain(*a, s), gate, up, out)
     assert_close(got, ref, 1e-5, atol, f"{act} ({T}, {F}) std {std}")
-    _, got = run(lambda s, *a: fused(*a, s), np.concatenate([gate, up], axis=1), out)
-    assert_close(got, ref, 1e-5, atol, f"{act} fused ({T}, {F}) std {std}")
+    _, got_fused = run(lambda s, *a: fused(*a, s), np.concatenate([gate, up], axis=1), out)
+    assert_close(got_fused, ref, 1e-5, atol, f"{act} fused ({T}, {F}) std {std}")
+    # float16 out (the next GEMM's A operand): the float32 result as cast_f16 rounds it, and at
+    # 300x the scale (products past 65504) as it saturates it
+    out16 = np.full((T, F), np.nan, np.float16)
+    for scale in (1, 300):
+        g, u = gate, up * np.float32(scale)
+        _, _, f32 = run(lambda s, *a: plain(*a, s), g, u, out)
+        _, _, got16 = run(lambda s, *a: plain(*a, s), g, u, out16)
+        np.testing.assert_array_equal(got16, cast_f16_ref(f32), f"{act} f16 ({T}, {F}) x{scale}")
+        _, got16 = run(lambda s, *a: fused(*a, s), np.concatenate([g, u], axis=1), out16)
+        np.testing.assert_array_equal(got16, cast_f16_ref(f32), f"{act} fused f16 ({T}, {F}) x{scale}")
 
 
 # ---------------------------------------------------------------- GPU cases

@@ -9,6 +9,7 @@ from tests.gpu.test_qkv_post import check_qkv_post
 @pytest.mark.parametrize("T,H,Hkv,D,n_rot,neox,norm", [
     (1, 2, 1, 64, 64, True, True),
     (3, 2, 1, 64, 32, False, False),
+    (2, 3, 2, 64, 64, False, True),  # 7 heads: two blocks of 4 warps, the last one's fourth idle
 ])
 def test_qkv_post(T, H, Hkv, D, n_rot, neox, norm):
     check_qkv_post(np.random.default_rng(T), T, H, Hkv, D, n_rot, neox, norm, 1.0)

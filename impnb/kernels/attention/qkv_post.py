@@ -12,30 +12,35 @@ from numba import cuda, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
-from impnb.kernels.common.warp import warp_sum
+from impnb.kernels.common.warp import warp_sum, warp_sync
 from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin
 from impnb.launch import launch
 
 MAX_D = 256
 LANE_COLS = MAX_D // 32  # a lane's columns of a head (its kernel: one warp a head)
-LANE_PAIRS = MAX_D // 64  # and its rotation pairs
+HALF_D = MAX_D // 2
+HEADS = 4  # heads (warps) a block: the row's rotation is worked out once for them
 
 
-# grid (R, H + 2 Hkv), block 32 (one warp): head j of row t, a q head (j < H), a k head, or a
-# v head; row t is a token of sequence t // rows_per_seq, whose pages block_table's row lists. q and k heads are normalized when use_norm (x / rms(x) * w), rotated over their first
-# 2 * inv_freq.shape[1] dims (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written
-# back in place, k and v go to the cache as fp16. pos < 0 (padding) writes nothing.
-# Before griddepcontrol.wait the warp reads what the kernel before it cannot have written: pos
+# grid (R, ceil((H + 2 Hkv) / HEADS)), block (32, HEADS): warp y takes head j = HEADS x + y of
+# row t = blockIdx.x, a q head (j < H), a k head, or a v head (j >= H + 2 Hkv: none); row t is a
+# token of sequence t // rows_per_seq, whose pages block_table's row lists. q and k heads are
+# normalized when use_norm (x / rms(x) * w), rotated over their first 2 * inv_freq.shape[1] dims
+# (NeoX pairs (i, i + n_rot/2) or adjacent pairs), and q is written back in place, k and v go to
+# the cache as fp16. pos < 0 (padding) writes nothing.
+# Before griddepcontrol.wait the block reads what the kernel before it cannot have written: pos
 # and the block table (written before the step, or by kernels two launches back or more, which
 # completed before the kernel before this one passed its own wait and let this one start), the
-# norm weight, and works out the rotation; lane l keeps columns l + 32 m and pairs l + 32 m.
-# shared: xs f32[MAX_D] (the head, normalized).
+# norm weight, and works out the row's rotation once for its warps (a prompt chunk's row has
+# H + 2 Hkv heads); lane l keeps columns l + 32 m.
+# shared: cs, sn f32[MAX_D / 2] (the row's rotation), xs f32[HEADS, MAX_D] (a warp's head, normalized).
 @cuda.jit
 def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm, block_table,
                      rows_per_seq, k_pool, v_pool):
     t = cuda.blockIdx.x
-    j = cuda.blockIdx.y
     lane = cuda.threadIdx.x
+    y = cuda.threadIdx.y
+    j = cuda.blockIdx.y * HEADS + y
     H = q.shape[1]
     Hkv = k.shape[1]
     D = q.shape[2]
@@ -45,18 +50,20 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
     page = block_table[t // rows_per_seq, p // page_size] if p >= 0 else -1
     off = p % page_size
     is_q = j < H
+    cs = cuda.shared.array(HALF_D, types.float32)
+    sn = cuda.shared.array(HALF_D, types.float32)
+    for i in range(32 * y + lane, half, 32 * HEADS):
+        cs[i], sn[i] = cos_sin(p, inv_freq, i)
     wv = cuda.local.array(LANE_COLS, types.float32)
-    cs = cuda.local.array(LANE_PAIRS, types.float32)
-    sn = cuda.local.array(LANE_PAIRS, types.float32)
     if j < H + Hkv:
         for m in range(LANE_COLS):
             d = lane + 32 * m
             wv[m] = (q_norm[d] if is_q else k_norm[d]) if use_norm and d < D else np.float32(1)
-        for m in range(LANE_PAIRS):
-            cs[m], sn[m] = cos_sin(p, inv_freq, lane + 32 * m) if lane + 32 * m < half else (
-                np.float32(1), np.float32(0))
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
+    cuda.syncthreads()  # the rotation is in shared memory (every warp passes here)
+    if j >= H + 2 * Hkv:
+        return
     if j >= H + Hkv:  # a v head: straight to the cache
         h = j - H - Hkv
         if page >= 0:
@@ -64,36 +71,34 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
                 v_pool[page, off, h, d] = types.float16(v[t, h, d])
         return
     h = j if is_q else j - H
-    xs = cuda.shared.array(MAX_D, types.float32)
+    xs = cuda.shared.array((HEADS, MAX_D), types.float32)
     acc = np.float32(0)
     for m in range(LANE_COLS):
         d = lane + 32 * m
         if d < D:
             x = q[t, h, d] if is_q else k[t, h, d]
-            xs[d] = x
+            xs[y, d] = x
             acc += x * x
     if use_norm:
         inv = np.float32(1) / np.float32(math.sqrt(warp_sum(acc) / np.float32(D) + eps))
         for m in range(LANE_COLS):
             d = lane + 32 * m
             if d < D:
-                xs[d] = xs[d] * inv * wv[m]
-    cuda.syncthreads()
-    for m in range(LANE_PAIRS):
-        i = lane + 32 * m
-        if i < half:
-            i0 = i if neox else 2 * i
-            i1 = i + half if neox else 2 * i + 1
-            a = xs[i0]
-            b = xs[i1]
-            xs[i0] = a * cs[m] - b * sn[m]
-            xs[i1] = b * cs[m] + a * sn[m]
-    cuda.syncthreads()
+                xs[y, d] = xs[y, d] * inv * wv[m]
+    warp_sync()
+    for i in range(lane, half, 32):
+        i0 = i if neox else 2 * i
+        i1 = i + half if neox else 2 * i + 1
+        a = xs[y, i0]
+        b = xs[y, i1]
+        xs[y, i0] = a * cs[i] - b * sn[i]
+        xs[y, i1] = b * cs[i] + a * sn[i]
+    warp_sync()
     for d in range(lane, D, 32):
         if is_q:
-            q[t, h, d] = xs[d]
+            q[t, h, d] = xs[y, d]
         elif page >= 0:
-            k_pool[page, off, h, d] = types.float16(xs[d])
+            k_pool[page, off, h, d] = types.float16(xs[y, d])
 
 
 def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, block_table,
@@ -120,7 +125,7 @@ def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, blo
     else:
         q_norm = k_norm = inv_freq[0]  # unread
     if R:
-        launch(_qkv_post_kernel, (R, H + 2 * Hkv), 32, stream, q, k, v, pos, inv_freq,
+        launch(_qkv_post_kernel, (R, -(-(H + 2 * Hkv) // HEADS)), (32, HEADS), stream, q, k, v, pos, inv_freq,
                np.int32(bool(neox)), q_norm, k_norm, np.float32(eps), np.int32(use_norm),
                block_table, np.int32(R // block_table.shape[0]), k_pool, v_pool)
 

@@ -236,16 +236,17 @@ def dp4a_block_fns(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, de
 
 
 def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, variant: Variant | None = None,
-              glu: int = NO_GLU):
+              glu: int = NO_GLU, cap: int | None = None):
     """y (T, N) float32 = W x̂, or y += W x̂ with accumulate; x̂ (quant_x.quantize_x) of T in 1..8
     tokens (its first T rows, T = y's rows); glu (SILU, GELU): W is gate|up stacked (2F, K) and
-    y (T, F) = act(W[:F] x̂) * W[F:] x̂; `variant` overrides `choose_capped`."""
+    y (T, F) = act(W[:F] x̂) * W[F:] x̂; `variant` (and its register cap `cap`) overrides
+    `choose_capped`."""
     n_tok, N = y.shape
     K = w.cols
     assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and 1 <= n_tok <= MAX_T
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
-    v, cap = (variant, None) if variant else choose_capped(w.ggml_type, n_tok, K, glu, N)
+    v, cap = (variant, cap) if variant else choose_capped(w.ggml_type, n_tok, K, glu, N)
     out_rows = v.rows // (2 if glu else 1)  # outputs a group
     assert out_rows <= N, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // v.span)

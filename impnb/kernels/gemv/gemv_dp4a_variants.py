@@ -9,8 +9,8 @@ from impnb.kernels.gemv.gemv_variants import Variant, span_for
 
 
 # The measured T = 1 tables (impnb/tuning; the figures in docs/EXPERIMENTS.md): by type, the
-# variant for K < LONG_K and for K >= LONG_K; by (type, GLU), a variant with its register cap and
-# the fewest output rows it takes; the routed experts' gate|up by type.
+# variant for K < LONG_K and for K >= LONG_K; by (type, GLU, K >= LONG_K), a variant with its
+# register cap and the fewest output rows it takes; the routed experts' gate|up by type.
 LONG_K = tuning.DP4A_LONG_K
 T1_VARIANTS = {t: tuple(Variant(*v) for v in vs) for t, vs in tuning.DP4A_T1_VARIANTS.items()}
 T1_CAPPED = {key: (Variant(*v), cap, fewest) for key, (v, cap, fewest) in tuning.DP4A_T1_CAPPED.items()}
@@ -31,10 +31,11 @@ def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: i
 
 
 def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> tuple[Variant, int | None]:
-    """gemv_dp4a's variant and register cap: T1_CAPPED's where it has the entry and the weight
-    the K and output rows, else choose_dp4a's, uncapped."""
-    v, cap, fewest = T1_CAPPED.get((ggml_type, glu != NO_GLU), (None, None, 0))
-    if n_tok == 1 and 4096 <= cols < LONG_K and v and n_out >= max(fewest, v.rows // (2 if glu else 1)):
+    """gemv_dp4a's variant and register cap: T1_CAPPED's where it has the entry for the type, GLU
+    and K (4096 and more) and the weight the output rows, else choose_dp4a's, uncapped."""
+    v, cap, fewest = T1_CAPPED.get((ggml_type, glu != NO_GLU, cols >= LONG_K), (None, None, 0))
+    if n_tok == 1 and cols >= 4096 and v and n_out >= max(fewest, v.rows // (2 if glu else 1)) \
+            and span_for(cols) >= v.span:
         return v, cap
     return choose_dp4a(ggml_type, n_tok, cols, glu, n_out), None
 
