@@ -1,11 +1,12 @@
 """One qwen3moe layer's routed-expert FFN at decode (T = 1) on the GPU, piece by piece and whole.
 
-Shapes of the synthetic Qwen3-30B-A3B Q4_K_M (tune_moe.expert_matrices: E = 128, k = 8, D = 2048,
-F = 768; gate|up Q4_K stacked per expert, down Q6_K or Q4_K) and an F32 router (E, D). The decode
+Shapes of the synthetic Qwen3-30B-A3B in --quant (tune_moe.expert_matrices: E = 128, k = 8, D = 2048,
+F = 768; Q4_K_M: gate|up Q4_K stacked per expert, down Q6_K or Q4_K) and an F32 router (E, D). The decode
 path of gpu/moe.py's moe_ffn_decode, on x with ffn_norm fused into its readers. Rows:
   router   gemv_route normed (the GEMV's last block routes), per GEMV variant (span, unroll, rows);
            and writing h in int8 for dp4a as decode does (else quantize_x's work)
   gate|up  gemv_dp4a_experts with SiLU (what decode runs), and gemv_experts on float h, per variant
+           of each
   down     experts_down_sum adding into x, on float act and on dp4a (experts_down_sum_dp4a)
   layer    all of it in decode's order, the down on float act or on dp4a (what decode runs)
 Each call reads other expert weights: 2 copies of every matrix, 16 inputs x (so the router picks
@@ -13,7 +14,7 @@ other experts) and 16 fixed routings for the gate|up and down rows, taken in tur
 are captured into one CUDA graph (programmatic launches as in a decode step) and replayed, the
 median of 5 replays after a warm-up. GB/s counts the weight bytes a call reads (the router's and
 8 experts' gate|up and down) against the 2.97 TB/s copy rate.
-    python scripts/bench_moe_decode.py [--calls 32] [--json PATH]
+    python scripts/bench_moe_decode.py [--quant Q4_K_M] [--calls 32] [--json PATH]
 """
 
 import argparse
@@ -46,10 +47,13 @@ N_IN = 16
 ROUTER_VARIANTS = [None, Variant(128, 1, 1), Variant(64, 1, 1), Variant(128, 1, 2), Variant(32, 1, 1)]
 GLU_VARIANTS = [None, Variant(32, 2, 4), Variant(32, 1, 4), Variant(128, 1, 2), Variant(64, 1, 8),
                 Variant(32, 2, 2), Variant(64, 2, 4)]
+DP4A_GLU_VARIANTS = [None, Variant(32, 2, 4), Variant(32, 1, 4), Variant(64, 1, 4), Variant(64, 2, 4),
+                     Variant(32, 2, 2), Variant(64, 1, 2), Variant(128, 1, 2), Variant(32, 1, 8), Variant(64, 1, 8)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--quant", default="Q4_K_M", choices=list(sf.FILE_TYPES))
     ap.add_argument("--calls", type=int, default=32)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -58,10 +62,11 @@ def main() -> int:
     ctx = GpuContext()
     dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx))
     s, rng = ctx.nb_stream, np.random.default_rng(0)
-    copies = [expert_matrices(dev, "Q4_K_M", seed) for seed in (0, 1)]
+    copies = [expert_matrices(dev, args.quant, seed) for seed in (0, 1)]
     gate_up = [next(w for key, w in m.items() if key[0] == "ffn_gate_up_exps") for m in copies]
+    gt = T(gate_up[0].ggml_type).name
     downs = {t: [m[key] for m in copies for key in m if key[0] == "ffn_down_exps" and key[1] == t]
-             for t in (T.Q6_K, T.Q4_K)}
+             for t in dict.fromkeys(key[1] for key in copies[0] if key[0] == "ffn_down_exps")}
     routers = [repack.repack((rng.standard_normal((E, D)) * 0.05).astype(np.float32), T.F32).to_device(s)
                for _ in copies]
     xs = [ctx.upload(rng.standard_normal((1, D)).astype(np.float32)) for _ in range(N_IN)]
@@ -81,9 +86,9 @@ def main() -> int:
         gemv_route.gemv_route(routers[i % 2], xs[i % N_IN], logits, k, True, experts, weights, counter, s, variant=v,
                         norm=norm, xq=xq if quant else None)
 
-    def glu(i, slots=None):
+    def glu(i, slots=None, v=None):
         gemv_dp4a_experts(gate_up[i % 2], 2 * F, xq, act, routings[i % N_IN] if slots is None else slots, k, s,
-                          glu=gemv.SILU)
+                          glu=gemv.SILU, variant=v)
 
     def down(i, t, slots=None, dp4a=False):
         # adds into h, x's stand-in: what it holds is never read back in the timed calls
@@ -112,9 +117,10 @@ def main() -> int:
     timed("router: gemv_route normed default, h in int8", lambda i: router(i, quant=True), rb)
     timed("router: quantize_x normed alone (what that replaces)", lambda i: quantize_x(xs[i % N_IN], xq, s, norm), 0)
     gb = k * per_expert["gate_up"]
-    timed("gate|up Q4_K: gemv_dp4a_experts default", glu, gb)
+    for v in DP4A_GLU_VARIANTS:
+        timed(f"gate|up {gt}: gemv_dp4a_experts {v.name if v else 'default'}", lambda i, v=v: glu(i, v=v), gb)
     for v in GLU_VARIANTS:
-        timed(f"gate|up Q4_K: gemv_experts {v.name if v else 'default'}",
+        timed(f"gate|up {gt}: gemv_experts {v.name if v else 'default'}",
               lambda i, v=v: gemv_experts.gemv_experts(gate_up[i % 2], 2 * F, xs[i % N_IN], act, routings[i % N_IN],
                                                        k, s, glu=gemv.SILU, variant=v), gb)
     for t in downs:

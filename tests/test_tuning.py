@@ -23,7 +23,8 @@ def test_kernel_tables_read_tuning():
         (T.Q4_K, False, False): (Variant(128, 1, 4), 80, 8192), (T.Q4_K, True, False): (Variant(64, 1, 4), 80, 1),
         **{(t, False, long): v for t in (T.NVFP4, T.MXFP4)
            for long, v in ((False, (Variant(128, 1, 8), 80, 1)), (True, (Variant(128, 1, 4), 64, 1)))}}
-    assert gemv_dp4a_variants.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4)}
+    assert gemv_dp4a_variants.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4), T.NVFP4: Variant(64, 1, 4),
+                                             T.MXFP4: Variant(64, 1, 4)}
     assert router_fold.FOLD_T1 == {T.Q4_K: Variant(32, 2, 4)}
     assert (gemv_variants.WIDE_K, gemv_variants.WIDE_MIN_ROWS) == (4096, 4096)
     assert all(isinstance(v, Variant) for vs in gemv_dp4a_variants.T1_VARIANTS.values() for v in vs)

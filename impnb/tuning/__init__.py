@@ -146,7 +146,9 @@ DP4A_T1_CAPPED = {(T.Q4_K, False, False): ((128, 1, 4), 80, 8192),
                      for long, v, cap in ((False, (128, 1, 8), 80), (True, (128, 1, 4), 64))}}
 # The routed experts' gate|up on dp4a at K < DP4A_LONG_K, by type: two chunks a thread, the
 # second's loads out during the first's dots, beat choose_dp4a's. IMPNB_EXPERTS_T1=0: choose_dp4a's.
-EXPERTS_T1 = {T.Q4_K: (32, 2, 4)} if switch("EXPERTS_T1") else {}
+# NVFP4: s64u1r4 6.41 µs against choose_dp4a's s64u1r8 8.44 on the 30B-A3B's 8 experts
+# (bench_moe_decode.py --quant NVFP4, H200); MXFP4 shares its decoder and takes it, not measured.
+EXPERTS_T1 = {T.Q4_K: (32, 2, 4), T.NVFP4: (64, 1, 4), T.MXFP4: (64, 1, 4)} if switch("EXPERTS_T1") else {}
 # router_fold's attn_output GEMV at T = 1 and K < DP4A_LONG_K, by type (its loads after the wait,
 # not to crowd decode attention before it). IMPNB_FOLD_T1=0: choose_dp4a's.
 FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}

@@ -42,9 +42,10 @@ def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> 
 
 def choose_measured(table: dict, ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> Variant:
     """One use's measured variant (EXPERTS_T1, router_fold.FOLD_T1): table's entry for the type at
-    T = 1 and K < LONG_K where its group's outputs fit n_out, else choose_dp4a's."""
+    T = 1 and K < LONG_K where its group's outputs fit n_out and its span a row's chunks, else
+    choose_dp4a's."""
     v = table.get(ggml_type)
-    if v and n_tok == 1 and cols < LONG_K and v.rows // (2 if glu else 1) <= n_out:
+    if v and n_tok == 1 and cols < LONG_K and v.rows // (2 if glu else 1) <= n_out and v.span <= span_for(cols):
         return v
     return choose_dp4a(ggml_type, n_tok, cols, glu, n_out)
 
