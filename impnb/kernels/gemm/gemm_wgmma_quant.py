@@ -51,10 +51,45 @@ def q8_0_load_l1(parts, g):
 
 
 @lru_cache(maxsize=None)
-def gemm_wgmma_quant_kernel(ggml_type):
+def wgmma_w_ops(ggml_type):
+    """(load_raw, decode, col) of one weight type for a 128-row W tile of 64-deep steps, shared with
+    the grouped expert GEMM (moe/gemm_grouped_wgmma.py): load_raw(parts, n0, n_end, cpr, s) the raw
+    blocks of this thread's chunk of step s (rows from n_end on read row n_end - 1, never stored),
+    decode(raw, s, dst) them into the W tile at dst, col the type's column map."""
     load, run, col = DECODERS[T(ggml_type)]
     if ggml_type == T.Q8_0:
         load = q8_0_load_l1
+
+    @cuda.jit(device=True, inline=True)
+    def load_raw(parts, n0, n_end, cpr, s):
+        # -- raw blocks of this thread's chunk of step s --
+        t = cuda.threadIdx.x
+        return load(parts, min(n0 + (t >> 1), n_end - 1) * cpr + 2 * s + (t & 1))
+
+    @cuda.jit(device=True, inline=True)
+    def decode(raw, s, dst):
+        # -- both halves of this thread's chunk -> fp16 -> its W tile row, chunks 4u + 2h, + 1 --
+        t = cuda.threadIdx.x
+        n = t >> 1
+        u = t & 1
+        w = cuda.local.array(16, float32)
+        for h in range(2):
+            sc = run(raw, 2 * s + u, h, w)
+            p0 = 4 * u + 2 * h
+            base = dst + n * ROW
+            ptx.st_shared_v4_u32(base + ((p0 ^ (n & 7)) << 4),
+                                 ptx.pack_f16x2(w[0] * sc, w[1] * sc), ptx.pack_f16x2(w[2] * sc, w[3] * sc),
+                                 ptx.pack_f16x2(w[4] * sc, w[5] * sc), ptx.pack_f16x2(w[6] * sc, w[7] * sc))
+            ptx.st_shared_v4_u32(base + (((p0 + 1) ^ (n & 7)) << 4),
+                                 ptx.pack_f16x2(w[8] * sc, w[9] * sc), ptx.pack_f16x2(w[10] * sc, w[11] * sc),
+                                 ptx.pack_f16x2(w[12] * sc, w[13] * sc), ptx.pack_f16x2(w[14] * sc, w[15] * sc))
+
+    return load_raw, decode, col
+
+
+@lru_cache(maxsize=None)
+def gemm_wgmma_quant_kernel(ggml_type):
+    load_raw, decode, col = wgmma_w_ops(ggml_type)
     A_BYTES = BM * ROW
     W_BYTES = BN * ROW
     W_BASE = A_STAGES * A_BYTES
@@ -74,30 +109,6 @@ def gemm_wgmma_quant_kernel(ggml_type):
             k = col(2 * s + (p >> 2), (p >> 1) & 1) + 8 * (p & 1)
             ptx.cp_async_16_zfill(dst + r * ROW + ((p ^ (r & 7)) << 4), a, min(row, M - 1) * K + k,
                                   16 if row < M else 0)
-
-    @cuda.jit(device=True, inline=True)
-    def load_raw(parts, n0, N, cpr, s):
-        # -- raw blocks of this thread's chunk of step s (rows past N read row N - 1, never stored) --
-        t = cuda.threadIdx.x
-        return load(parts, min(n0 + (t >> 1), N - 1) * cpr + 2 * s + (t & 1))
-
-    @cuda.jit(device=True, inline=True)
-    def decode(raw, s, dst):
-        # -- both halves of this thread's chunk -> fp16 -> its W tile row, chunks 4u + 2h, + 1 --
-        t = cuda.threadIdx.x
-        n = t >> 1
-        u = t & 1
-        w = cuda.local.array(16, float32)
-        for h in range(2):
-            sc = run(raw, 2 * s + u, h, w)
-            p0 = 4 * u + 2 * h
-            base = dst + n * ROW
-            ptx.st_shared_v4_u32(base + ((p0 ^ (n & 7)) << 4),
-                                 ptx.pack_f16x2(w[0] * sc, w[1] * sc), ptx.pack_f16x2(w[2] * sc, w[3] * sc),
-                                 ptx.pack_f16x2(w[4] * sc, w[5] * sc), ptx.pack_f16x2(w[6] * sc, w[7] * sc))
-            ptx.st_shared_v4_u32(base + (((p0 + 1) ^ (n & 7)) << 4),
-                                 ptx.pack_f16x2(w[8] * sc, w[9] * sc), ptx.pack_f16x2(w[10] * sc, w[11] * sc),
-                                 ptx.pack_f16x2(w[12] * sc, w[13] * sc), ptx.pack_f16x2(w[14] * sc, w[15] * sc))
 
     # grid (tiles,), block 256: as gemm_wgmma's kernel at BN 128; parts: the PackedWeight's parts.
     @cuda.jit

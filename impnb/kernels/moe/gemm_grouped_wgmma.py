@@ -21,12 +21,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx, ptx_wgmma as wg
-from impnb.kernels.gemm.dequant import DECODERS
 from impnb.kernels.gemm.gemm_tc import aligned16
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
 from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, ROW, THREADS
+from impnb.kernels.gemm.gemm_wgmma_quant import wgmma_w_ops
 from impnb.kernels.gemv.gemv import parts_type
-from impnb.kernels.moe.gemm_grouped import BM
+from impnb.kernels.moe.gemm_grouped import BM, tile_rows
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
 
@@ -46,7 +46,7 @@ SMEM_ALIGN = ptx.SMEM_ALIGN
 
 @lru_cache(maxsize=None)
 def gemm_grouped_wgmma_kernel(ggml_type):
-    load, run, col = DECODERS[T(ggml_type)]
+    load_raw, decode, col = wgmma_w_ops(ggml_type)
     mma = wg.MMA["f16"][WG_COLS]
 
     @cuda.jit(device=True, inline=True)
@@ -63,30 +63,6 @@ def gemm_grouped_wgmma_kernel(ggml_type):
             ptx.cp_async_16_zfill(dst + r * ROW + ((p ^ (r & 7)) << 4), a, max(src, 0) * K + k,
                                   16 if src >= 0 else 0)
 
-    @cuda.jit(device=True, inline=True)
-    def load_raw(parts, n0, n_end, cpr, s):
-        # -- raw blocks of this thread's chunk of step s (rows past the expert's read its last) --
-        t = cuda.threadIdx.x
-        return load(parts, min(n0 + (t >> 1), n_end - 1) * cpr + 2 * s + (t & 1))
-
-    @cuda.jit(device=True, inline=True)
-    def decode(raw, s, dst):
-        # -- both halves of this thread's chunk -> fp16 -> its W tile row, chunks 4u + 2h, + 1 --
-        t = cuda.threadIdx.x
-        n = t >> 1
-        u = t & 1
-        w = cuda.local.array(16, float32)
-        for h in range(2):
-            sc = run(raw, 2 * s + u, h, w)
-            p0 = 4 * u + 2 * h
-            base = dst + n * ROW
-            ptx.st_shared_v4_u32(base + ((p0 ^ (n & 7)) << 4),
-                                 ptx.pack_f16x2(w[0] * sc, w[1] * sc), ptx.pack_f16x2(w[2] * sc, w[3] * sc),
-                                 ptx.pack_f16x2(w[4] * sc, w[5] * sc), ptx.pack_f16x2(w[6] * sc, w[7] * sc))
-            ptx.st_shared_v4_u32(base + (((p0 + 1) ^ (n & 7)) << 4),
-                                 ptx.pack_f16x2(w[8] * sc, w[9] * sc), ptx.pack_f16x2(w[10] * sc, w[11] * sc),
-                                 ptx.pack_f16x2(w[12] * sc, w[13] * sc), ptx.pack_f16x2(w[14] * sc, w[15] * sc))
-
     # grid (ceil(N / 128), max_tiles), block 256: block (x, y) owns columns 128x.. of tile y (if
     # y < n_tiles), warpgroup g its columns + 64g ..; warp w of it rows 16w.., lane (r, c) =
     # (lane >> 2, lane & 3) the accumulator fragment of ptx_wgmma. Shared: the tile's A source rows int32[64] (static), then
@@ -100,9 +76,9 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         ti = cuda.blockIdx.y
         if ti >= n_tiles[0]:
             return
-        e = tiles[ti, 0]
-        r0 = tiles[ti, 1]
-        n = tiles[ti, 2]
+        a_rows = cuda.shared.array(BM, int32)
+        e, r0, n = tile_rows(tiles, ti, order, x_div, a_rows)
+        cuda.syncthreads()
         N = c.shape[1]
         K = a.shape[1]
         cpr = K // 32      # W chunks per row
@@ -110,10 +86,6 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         n0 = e * N + cuda.blockIdx.x * BN
         n_end = (e + 1) * N
         tid = cuda.threadIdx.x
-        a_rows = cuda.shared.array(BM, int32)
-        if tid < BM:
-            a_rows[tid] = -1 if tid >= n else (order[r0 + tid] // x_div if x_div > 0 else r0 + tid)
-        cuda.syncthreads()
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         g = tid >> 7
