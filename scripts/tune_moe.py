@@ -1,17 +1,18 @@
 """Measure the MoE prefill expert GEMMs on this GPU and write impnb/tuning/moe_table.json.
 
-A synthetic model's experts (impnb/synthetic_full.py, synthetic_full_gemma4.py; by default Qwen3-30B-A3B: E = 128, k = 8,
-D = 2048, F = 768; Q4_K_M: gate|up Q4_K stacked per expert as DeviceModel stacks them, down Q6_K
-or Q4_K by layer), uniform random routing, and for each T bucket (16..512 tokens) and each
-distinct expert matrix: the grouped tiles (gemm_grouped, as the grouped layout runs it), the same
-tiles on wgmma (gemm_grouped_wgmma, where it takes the weight) and the cuBLAS fallback
-(gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the pointer arrays, one batched
-GEMM; gate|up's time includes the gather into the padded layout). --reps calls captured in a
-CUDA graph, warm-up first, median of 5 replays. A path other than the tiles counts only if its
-output matches the tiles' (max |diff| / max |ref| < 1e-2) and beats the best so far by more than
-3%; the table records every measured bucket's choice, and runs on several models or quants merge
-into it (--merge). Not charged to cuBLAS: the padded layout's SwiGLU over max_tiles * BM rows
-instead of T * k (at T = 512: 12288 rows for 4096, ~110 MB more traffic).
+A synthetic model's experts (impnb/synthetic_full.py, synthetic_full_gemma4.py; by default
+Qwen3-30B-A3B: E = 128, k = 8, D = 2048, F = 768; Q4_K_M: gate|up Q4_K stacked per expert as
+DeviceModel stacks them, down Q6_K or Q4_K by layer), uniform random routing, and for each T
+bucket (16..512 tokens) and each distinct expert matrix: the grouped tiles (gemm_grouped, as the
+grouped layout runs it), the same tiles on wgmma (gemm_grouped_wgmma, where it takes the weight)
+and the cuBLAS fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the
+pointer arrays, one batched GEMM; gate|up's time includes the gather into the padded layout).
+--reps calls captured in a CUDA graph, warm-up first, median of 5 replays. A path other than the
+tiles counts only if its output matches the tiles' (max |diff| / max |ref| < 1e-2) and beats the
+best so far by more than 3%; the table records every measured bucket's choice, and runs on
+several models or quants merge into it (--merge). Not charged to cuBLAS: the padded layout's
+SwiGLU over max_tiles * BM rows instead of T * k (at T = 512: 12288 rows for 4096, ~110 MB more
+traffic).
     python scripts/tune_moe.py [--model qwen3-30b-a3b] [--quant Q4_K_M] [--reps 10] [--buckets 512]
                                [--merge] [--out PATH] [--json PATH]
 """
@@ -63,8 +64,8 @@ def expert_matrices(dev, quant: str, seed: int = 0, model: str = MODEL) -> dict:
     for il in range(shape.num_hidden_layers):
         p = f"blk.{il}."
         stacked = p + "ffn_gate_up_exps.weight" in specs
-        for name, parts in (("ffn_gate_up_exps", ("ffn_gate_up_exps",) if stacked else ("ffn_gate_exps", "ffn_up_exps")),
-                            ("ffn_down_exps", ("ffn_down_exps",))):
+        gate_up = ("ffn_gate_up_exps",) if stacked else ("ffn_gate_exps", "ffn_up_exps")
+        for name, parts in (("ffn_gate_up_exps", gate_up), ("ffn_down_exps", ("ffn_down_exps",))):
             indexed = [specs[p + n + ".weight"] for n in parts]
             spec = indexed[0][1]
             key = (name, spec.ggml_type, spec.shape[1] * len(parts), spec.shape[2])  # per expert N, K

@@ -5,7 +5,8 @@ or the cuBLAS fallback, one batched GEMM over the tiles on the experts dequantiz
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
 data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes. Shapes or buckets not in
-the table take the tiles, and so does "wgmma" for a weight it does not take. Each distinct choice is logged once ("impnb.gemm", debug).
+the table take the tiles, and so does "wgmma" for a weight it does not take. Each distinct
+choice is logged once ("impnb.gemm", debug).
 """
 
 from functools import lru_cache

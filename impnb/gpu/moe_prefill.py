@@ -79,8 +79,8 @@ def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16, act_fn: str) 
 
 def expert_gemm(m, path: str, x, w, c, grouped, x_div: int, w16) -> None:
     """c (R, N) = each tile's rows of x (fp16) times its expert of w (E * N, K), by `path`:
-    "tiles" or "wgmma" (either layout), or "cublas" on the padded layout only (x (P, K), x_div = 0) with w dequantized into
-    the front of w16, a flat fp16 scratch of at least E * N * K values."""
+    "tiles" or "wgmma" (either layout), or "cublas" on the padded layout only (x (P, K), x_div =
+    0) with w dequantized into the front of w16, a flat fp16 scratch of at least E * N * K values."""
     tiles, n_tiles, order = grouped
     s, N, K = m.ctx.nb_stream, c.shape[1], x.shape[1]
     if path in ("tiles", "wgmma"):

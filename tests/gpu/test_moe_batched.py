@@ -6,8 +6,9 @@ against the grouped tiles, and a captured graph's replay equal to eager.
 check_gather / check_pointers run one case; tests/sim/test_moe_batched.py runs them in the simulator.
 Tolerances: each expert GEMM as tests/gpu/test_gemm_tc.py (fp32 accumulation of exact fp16
 products: (K/16 + 16) 2^-22 |A| @ |W|ᵀ per output), carried through silu(gate) * up as in
-tests/gpu/test_moe.py, plus the act's fp16 rounding; y against the fp16 act the device fed the down GEMM; fallback against
-tiles: both bounds plus |Δact16| @ |W_down|ᵀ for y.
+tests/gpu/test_moe.py, plus the act's fp16 rounding (the reference saturated at +-65504 as the
+device's act is); y against the fp16 act the device fed the down GEMM; fallback against tiles:
+both bounds plus |Δact16| @ |W_down|ᵀ for y.
 """
 
 from types import SimpleNamespace

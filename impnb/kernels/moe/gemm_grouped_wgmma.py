@@ -6,9 +6,9 @@ fp16 · dequant(W_e)ᵀ, A's rows gathered as gemm_grouped gathers them (order[r
 itself with x_div = 0). A block is gemm_wgmma_quant's (256 threads, 64-deep stages in the 128-byte
 swizzle, W decoded by all 256 threads into three buffers, A in a 4-stage cp.async ring) over a
 64 x 128 tile: warpgroup g multiplies the tile's 64 rows by W rows 64g .. 64g + 63 (m64n64k16, so
-neither warpgroup branches around a wgmma) while both decode the next stage's W. Against gemm_grouped's mma.sync tiles (32-deep stages, a barrier each,
-the decode after the mma) the multiply runs asynchronously beside the decode, and there is one
-barrier every 64 columns.
+neither warpgroup branches around a wgmma) while both decode the next stage's W. Against
+gemm_grouped's mma.sync tiles (32-deep stages, a barrier each, the decode after the mma) the
+multiply runs asynchronously beside the decode, and there is one barrier every 64 columns.
 
 Requirements (asserted): a quantized type of gemm_tc_quant.QUANT_TYPES, K a multiple of 64 and
 of the type's block, N % 8 == 0. Numpy reference: gemm_grouped.grouped_ref. No simulator twin.
@@ -65,10 +65,11 @@ def gemm_grouped_wgmma_kernel(ggml_type):
 
     # grid (ceil(N / 128), max_tiles), block 256: block (x, y) owns columns 128x.. of tile y (if
     # y < n_tiles), warpgroup g its columns + 64g ..; warp w of it rows 16w.., lane (r, c) =
-    # (lane >> 2, lane & 3) the accumulator fragment of ptx_wgmma. Shared: the tile's A source rows int32[64] (static), then
-    # (dynamic, 1024-aligned) the A ring and the W buffers. The W tile decoded at step k + 1 goes
-    # into the buffer step k - 2's wgmma groups read, retired by every thread's wgmma_wait(1) at
-    # the end of step k - 1, before the barrier of step k; likewise the A stage refilled at step k.
+    # (lane >> 2, lane & 3) the accumulator fragment of ptx_wgmma. Shared: the tile's A source
+    # rows int32[64] (static), then (dynamic, 1024-aligned) the A ring and the W buffers. The W
+    # tile decoded at step k + 1 goes into the buffer step k - 2's wgmma groups read, retired by
+    # every thread's wgmma_wait(1) at the end of step k - 1, before the barrier of step k;
+    # likewise the A stage refilled at step k.
     @cuda.jit
     def _gemm_grouped_wgmma_kernel(a, parts, c, tiles, n_tiles, order, x_div):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
