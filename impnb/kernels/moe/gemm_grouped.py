@@ -38,18 +38,6 @@ def grouped_ref(a, w, ggml_type, n_rows: int, tiles, order, x_div: int, n_out: i
     return c
 
 
-@cuda.jit(device=True, inline=True)
-def tile_rows(tiles, ti, order, x_div, a_rows):
-    """(e, r0, n) of tile ti; threads 0..BM-1 write a_rows[r], the A row of the tile's row r: order[r0
-    + r] // x_div (the token, x_div > 0) or r0 + r itself, -1 past n (a barrier before reading it)."""
-    r0 = tiles[ti, 1]
-    n = tiles[ti, 2]
-    t = cuda.threadIdx.x
-    if t < BM:
-        a_rows[t] = -1 if t >= n else (order[r0 + t] // x_div if x_div > 0 else r0 + t)
-    return tiles[ti, 0], r0, n
-
-
 @lru_cache(maxsize=None)
 def gemm_grouped_kernel(ggml_type):
     ops = tile_ops(BM, BN, 2, 4)
@@ -80,11 +68,18 @@ def gemm_grouped_kernel(ggml_type):
         ti = cuda.blockIdx.y
         if ti >= n_tiles[0]:
             return
-        a_rows = cuda.shared.array(BM, int32)
-        e, r0, n = tile_rows(tiles, ti, order, x_div, a_rows)
-        cuda.syncthreads()
+        e = tiles[ti, 0]
+        r0 = tiles[ti, 1]
+        n = tiles[ti, 2]
         N = c.shape[1]
         n0 = cuda.blockIdx.x * BN
+        # -- the tile's A rows --
+        a_rows = cuda.shared.array(BM, int32)
+        t = cuda.threadIdx.x
+        if t < BM:
+            r = r0 + t
+            a_rows[t] = -1 if t >= n else (order[r] // x_div if x_div > 0 else r)
+        cuda.syncthreads()
         smem = cuda.shared.array(smem_words, uint32, alignment=SMEM_ALIGN)
         acc = cuda.local.array(n_acc, float32)
         for i in range(n_acc):

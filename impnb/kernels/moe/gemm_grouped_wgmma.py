@@ -26,7 +26,7 @@ from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
 from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, ROW, THREADS
 from impnb.kernels.gemm.gemm_wgmma_quant import wgmma_w_ops
 from impnb.kernels.gemv.gemv import parts_type
-from impnb.kernels.moe.gemm_grouped import BM, tile_rows
+from impnb.kernels.moe.gemm_grouped import BM
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
 
@@ -77,9 +77,9 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         ti = cuda.blockIdx.y
         if ti >= n_tiles[0]:
             return
-        a_rows = cuda.shared.array(BM, int32)
-        e, r0, n = tile_rows(tiles, ti, order, x_div, a_rows)
-        cuda.syncthreads()
+        e = tiles[ti, 0]
+        r0 = tiles[ti, 1]
+        n = tiles[ti, 2]
         N = c.shape[1]
         K = a.shape[1]
         cpr = K // 32      # W chunks per row
@@ -87,6 +87,10 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         n0 = e * N + cuda.blockIdx.x * BN
         n_end = (e + 1) * N
         tid = cuda.threadIdx.x
+        a_rows = cuda.shared.array(BM, int32)
+        if tid < BM:
+            a_rows[tid] = -1 if tid >= n else (order[r0 + tid] // x_div if x_div > 0 else r0 + tid)
+        cuda.syncthreads()
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         g = tid >> 7
