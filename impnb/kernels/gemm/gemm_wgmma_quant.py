@@ -38,6 +38,7 @@ A_STAGES = 4
 AHEAD = A_STAGES - 2    # A tiles in flight beyond the one multiplied
 PENDING = AHEAD - 1     # cp.async groups left pending once step k's A tile has landed
 W_BUFS = 3
+W_BYTES = BN * ROW  # a W buffer: 128 rows of 64 columns
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
 
@@ -88,18 +89,62 @@ def wgmma_w_ops(ggml_type):
 
 
 @lru_cache(maxsize=None)
-def gemm_wgmma_quant_kernel(ggml_type):
-    load_raw, decode, col = wgmma_w_ops(ggml_type)
-    A_BYTES = BM * ROW
-    W_BYTES = BN * ROW
-    W_BASE = A_STAGES * A_BYTES
-    A_LOADS = BM * 8 // THREADS
-    NACC = BN // 2
-    mma = wg.MMA["f16"][BN]
+def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg: int, load_a):
+    """The K loop both wgmma GEMMs over quantized W run (this module's and the grouped experts'):
+    mainloop(a, a_src, parts, n0, n_end, cpr, KT, base, g, acc) fills acc (wg_cols / 2 floats a
+    thread) with warpgroup g's m64 x wg_cols accumulator over KT 64-deep steps: A stages of
+    a_bytes by load_a(dst, a, a_src, s) in the cp.async ring, W by wgmma_w_ops into three
+    buffers; warpgroup g's A rows start a_wg bytes into a stage, its W rows w_wg into a buffer."""
+    load_raw, decode, _ = wgmma_w_ops(ggml_type)
+    mma = wg.MMA["f16"][wg_cols]
+    nacc = wg_cols // 2
+    w_base = A_STAGES * a_bytes
 
     @cuda.jit(device=True, inline=True)
-    def load_a(dst, a, m0, M, K, s):
+    def mainloop(a, a_src, parts, n0, n_end, cpr, KT, base, g, acc):
+        for s in range(AHEAD):
+            if s < KT:
+                load_a(base + s * a_bytes, a, a_src, s)
+            ptx.cp_async_commit()
+        decode(load_raw(parts, n0, n_end, cpr, 0), 0, base + w_base)
+        raw = load_raw(parts, n0, n_end, cpr, min(1, KT - 1))
+        for i in range(nacc):
+            acc[i] = float32(0)
+        for kt in range(KT):
+            ptx.cp_async_wait_group(PENDING)
+            wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
+            cuda.syncthreads()
+            nk = kt + AHEAD
+            if nk < KT:
+                load_a(base + (nk % A_STAGES) * a_bytes, a, a_src, nk)
+            ptx.cp_async_commit()
+            sa = base + (kt % A_STAGES) * a_bytes
+            sw = base + w_base + (kt % W_BUFS) * W_BYTES
+            da = wg.desc_sw128(sa + g * a_wg)
+            db = wg.desc_sw128(sw + g * w_wg)
+            wg.wgmma_fence()
+            for kk in range(BK // 16):
+                mma(acc, da + 2 * kk, db + 2 * kk)
+            wg.wgmma_commit()
+            if kt + 1 < KT:
+                decode(raw, kt + 1, base + w_base + ((kt + 1) % W_BUFS) * W_BYTES)
+                raw = load_raw(parts, n0, n_end, cpr, min(kt + 2, KT - 1))
+            wg.wgmma_wait(1)
+        wg.wgmma_wait(0)
+
+    return mainloop
+
+
+@lru_cache(maxsize=None)
+def gemm_wgmma_quant_kernel(ggml_type):
+    _, _, col = wgmma_w_ops(ggml_type)
+    A_LOADS = BM * 8 // THREADS
+    NACC = BN // 2
+
+    @cuda.jit(device=True, inline=True)
+    def load_a(dst, a, a_src, s):
         # -- A rows m0.. (zero past M), the 64 columns of W chunks 2s, 2s+1 in their tile places --
+        m0, M, K = a_src
         tid = cuda.threadIdx.x
         for i in range(A_LOADS):
             idx = tid + THREADS * i
@@ -109,6 +154,8 @@ def gemm_wgmma_quant_kernel(ggml_type):
             k = col(2 * s + (p >> 2), (p >> 1) & 1) + 8 * (p & 1)
             ptx.cp_async_16_zfill(dst + r * ROW + ((p ^ (r & 7)) << 4), a, min(row, M - 1) * K + k,
                                   16 if row < M else 0)
+
+    mainloop = wgmma_quant_mainloop(ggml_type, BM * ROW, BN, 64 * ROW, 0, load_a)
 
     # grid (tiles,), block 256: as gemm_wgmma's kernel at BN 128; parts: the PackedWeight's parts.
     @cuda.jit
@@ -126,36 +173,8 @@ def gemm_wgmma_quant_kernel(ggml_type):
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         tid = cuda.threadIdx.x
         g = tid >> 7
-        for s in range(AHEAD):
-            if s < KT:
-                load_a(base + s * A_BYTES, a, m0, M, K, s)
-            ptx.cp_async_commit()
-        decode(load_raw(parts, n0, N, cpr, 0), 0, base + W_BASE)
-        raw = load_raw(parts, n0, N, cpr, min(1, KT - 1))
         acc = cuda.local.array(NACC, float32)
-        for i in range(NACC):
-            acc[i] = float32(0)
-        for kt in range(KT):
-            ptx.cp_async_wait_group(PENDING)
-            wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
-            cuda.syncthreads()
-            nk = kt + AHEAD
-            if nk < KT:
-                load_a(base + (nk % A_STAGES) * A_BYTES, a, m0, M, K, nk)
-            ptx.cp_async_commit()
-            sa = base + (kt % A_STAGES) * A_BYTES
-            sw = base + W_BASE + (kt % W_BUFS) * W_BYTES
-            da = wg.desc_sw128(sa + g * (64 * ROW))
-            db = wg.desc_sw128(sw)
-            wg.wgmma_fence()
-            for kk in range(BK // 16):
-                mma(acc, da + 2 * kk, db + 2 * kk)
-            wg.wgmma_commit()
-            if kt + 1 < KT:
-                decode(raw, kt + 1, base + W_BASE + ((kt + 1) % W_BUFS) * W_BYTES)
-                raw = load_raw(parts, n0, N, cpr, min(kt + 2, KT - 1))
-            wg.wgmma_wait(1)
-        wg.wgmma_wait(0)
+        mainloop(a, (m0, M, K), parts, n0, N, cpr, KT, base, g, acc)
 
         lane = tid & 31
         row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)

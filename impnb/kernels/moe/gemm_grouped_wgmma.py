@@ -24,20 +24,14 @@ from impnb.kernels.common import ptx, ptx_wgmma as wg
 from impnb.kernels.gemm.gemm_tc import aligned16
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
 from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, ROW, THREADS
-from impnb.kernels.gemm.gemm_wgmma_quant import wgmma_w_ops
+from impnb.kernels.gemm.gemm_wgmma_quant import A_STAGES, W_BUFS, W_BYTES, wgmma_quant_mainloop, wgmma_w_ops
 from impnb.kernels.gemv.gemv import parts_type
 from impnb.kernels.moe.gemm_grouped import BM
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
 
 BN = 128
-A_STAGES = 4
-AHEAD = A_STAGES - 2    # A tiles in flight beyond the one multiplied
-PENDING = AHEAD - 1     # cp.async groups left pending once step k's A tile has landed
-W_BUFS = 3
 A_BYTES = BM * ROW
-W_BYTES = BN * ROW
-W_BASE = A_STAGES * A_BYTES
 A_LOADS = BM * 8 // THREADS  # 16-byte A chunks a thread copies a stage
 WG_COLS = BN // 2  # W rows (C columns) a warpgroup
 NACC = WG_COLS // 2
@@ -46,13 +40,13 @@ SMEM_ALIGN = ptx.SMEM_ALIGN
 
 @lru_cache(maxsize=None)
 def gemm_grouped_wgmma_kernel(ggml_type):
-    load_raw, decode, col = wgmma_w_ops(ggml_type)
-    mma = wg.MMA["f16"][WG_COLS]
+    _, _, col = wgmma_w_ops(ggml_type)
 
     @cuda.jit(device=True, inline=True)
-    def load_a(dst, a, a_rows, K, s):
+    def load_a(dst, a, a_src, s):
         # -- the tile's gathered A rows (a_rows[r] < 0: zeros), the 64 columns of W chunks 2s,
         # 2s+1 in their tile places --
+        a_rows, K = a_src
         tid = cuda.threadIdx.x
         for i in range(A_LOADS):
             idx = tid + THREADS * i
@@ -62,6 +56,8 @@ def gemm_grouped_wgmma_kernel(ggml_type):
             k = col(2 * s + (p >> 2), (p >> 1) & 1) + 8 * (p & 1)
             ptx.cp_async_16_zfill(dst + r * ROW + ((p ^ (r & 7)) << 4), a, max(src, 0) * K + k,
                                   16 if src >= 0 else 0)
+
+    mainloop = wgmma_quant_mainloop(ggml_type, A_BYTES, WG_COLS, 0, WG_COLS * ROW, load_a)
 
     # grid (ceil(N / 128), max_tiles), block 256: block (x, y) owns columns 128x.. of tile y (if
     # y < n_tiles), warpgroup g its columns + 64g ..; warp w of it rows 16w.., lane (r, c) =
@@ -94,34 +90,8 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         g = tid >> 7
-        for s in range(AHEAD):
-            if s < KT:
-                load_a(base + s * A_BYTES, a, a_rows, K, s)
-            ptx.cp_async_commit()
-        decode(load_raw(parts, n0, n_end, cpr, 0), 0, base + W_BASE)
-        raw = load_raw(parts, n0, n_end, cpr, min(1, KT - 1))
         acc = cuda.local.array(NACC, float32)
-        for i in range(NACC):
-            acc[i] = float32(0)
-        for kt in range(KT):
-            ptx.cp_async_wait_group(PENDING)
-            wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
-            cuda.syncthreads()
-            nk = kt + AHEAD
-            if nk < KT:
-                load_a(base + (nk % A_STAGES) * A_BYTES, a, a_rows, K, nk)
-            ptx.cp_async_commit()
-            da = wg.desc_sw128(base + (kt % A_STAGES) * A_BYTES)
-            db = wg.desc_sw128(base + W_BASE + (kt % W_BUFS) * W_BYTES + g * (WG_COLS * ROW))
-            wg.wgmma_fence()
-            for kk in range(BK // 16):
-                mma(acc, da + 2 * kk, db + 2 * kk)
-            wg.wgmma_commit()
-            if kt + 1 < KT:
-                decode(raw, kt + 1, base + W_BASE + ((kt + 1) % W_BUFS) * W_BYTES)
-                raw = load_raw(parts, n0, n_end, cpr, min(kt + 2, KT - 1))
-            wg.wgmma_wait(1)
-        wg.wgmma_wait(0)
+        mainloop(a, (a_rows, K), parts, n0, n_end, cpr, KT, base, g, acc)
         # -- epilogue: rows r0 .. r0+n-1, columns of this block within the expert's N --
         lane = tid & 31
         row0 = 16 * ((tid >> 5) & 3) + (lane >> 2)
