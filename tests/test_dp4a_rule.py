@@ -81,11 +81,28 @@ def test_fold_choices():
 
 def test_fp4_register_capped():
     """FP4 at T = 1 without GLU from K = 4096: s128u1r8 at 80 registers, from LONG_K s128u1r4 at
-    64; below 4096, with GLU or at more tokens choose_dp4a's, uncapped."""
+    64; below 4096 T1_SHORT's s64u1r4 where its rows and span fit; with GLU or at more tokens
+    choose_dp4a's, uncapped."""
     for t in (T.NVFP4, T.MXFP4):
         assert choose_capped(t, 1, 4096, NO_GLU, 4096) == (Variant(128, 1, 8), 80)
         assert choose_capped(t, 1, 14336, NO_GLU, 4096) == (Variant(128, 1, 4), 64)
         assert choose_capped(t, 1, 12288, NO_GLU, 3) == (choose_dp4a(t, 1, 12288, NO_GLU, 3), None)
-        assert choose_capped(t, 1, 2048, NO_GLU, 4096) == (choose_dp4a(t, 1, 2048, NO_GLU, 4096), None)
+        assert choose_capped(t, 1, 2048, NO_GLU, 4096) == (Variant(64, 1, 4), None)  # T1_SHORT
+        assert choose_capped(t, 1, 2048, NO_GLU, 3) == (choose_dp4a(t, 1, 2048, NO_GLU, 3), None)
+        assert choose_capped(t, 1, 1024, NO_GLU, 4096) == (choose_dp4a(t, 1, 1024, NO_GLU, 4096), None)
+        assert choose_capped(t, 1, 2048, SILU, 4096) == (choose_dp4a(t, 1, 2048, SILU, 4096), None)
+        assert choose_capped(t, 2, 2048, NO_GLU, 4096) == (choose_dp4a(t, 2, 2048, NO_GLU, 4096), None)
         assert choose_capped(t, 1, 4096, SILU, 4096) == (choose_dp4a(t, 1, 4096, SILU, 4096), None)
         assert choose_capped(t, 2, 14336, NO_GLU, 4096) == (choose_dp4a(t, 2, 14336, NO_GLU, 4096), None)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("glu", [NO_GLU, SILU])
+def test_capped_variant_fits_the_weight(ggml_type, glu):
+    for n_tok in (1, 2, 8):
+        for cols in (256, 1024, 2048, 3072, 4096, LONG_K, 14336):
+            for n_out in (1, 2, 3, 5, 77, 4096):
+                v, cap = choose_capped(ggml_type, n_tok, cols, glu, n_out)
+                out_rows = v.rows // 2 if glu else v.rows
+                assert 1 <= out_rows <= n_out and v.span <= span_for(cols) and cap in (None, 64, 80)
+                assert not glu or v.rows % 2 == 0

@@ -60,3 +60,17 @@ def test_linear_takes_the_choice(monkeypatch):
     assert linear_of("blk.0.ffn_down", w, Overrides(gemv_rows=False, gemv_rows_force="s64u1r2")).multi == {}
     small_k = repack(make_weight(T.Q8_0, 16, 1024, np.random.default_rng(1)), T.Q8_0)
     assert linear_of("blk.0.ffn_down", small_k, Overrides(gemv_rows_force="s64u1r2")).multi == {}  # K < DP4A_MIN_K
+
+
+def test_dp4a_by_size_and_type():
+    """A small weight's decode GEMV stays on gemv.py but for DP4A_ANY_SIZE's types (FP4: gemv.py's
+    decoder costs more than quantize_x and dp4a together); K under DP4A_MIN_K never takes dp4a."""
+    rng = np.random.default_rng(2)
+    for t in (T.Q4_K, T.NVFP4, T.MXFP4):
+        w = repack(make_weight(t, 64, 2048, rng), t)
+        assert w.nbytes < Overrides().dp4a_min_mb * 1e6
+        assert linear_of("blk.0.attn_qkv", w, Overrides()).dp4a == (t != T.Q4_K)
+        assert not linear_of("blk.0.attn_qkv", w, Overrides(dp4a_any_size=())).dp4a
+        assert linear_of("blk.0.attn_qkv", w, Overrides(dp4a_min_mb=0)).dp4a
+        short = repack(make_weight(t, 64, 1024, rng), t)
+        assert not linear_of("blk.0.attn_qkv", short, Overrides()).dp4a

@@ -26,6 +26,7 @@ def test_kernel_tables_read_tuning():
     assert gemv_dp4a_variants.EXPERTS_T1 == {T.Q4_K: Variant(32, 2, 4), T.NVFP4: Variant(64, 1, 4),
                                              T.MXFP4: Variant(64, 1, 4)}
     assert router_fold.FOLD_T1 == {T.Q4_K: Variant(32, 2, 4)}
+    assert gemv_dp4a_variants.T1_SHORT == {T.NVFP4: Variant(64, 1, 4), T.MXFP4: Variant(64, 1, 4)}
     assert (gemv_variants.WIDE_K, gemv_variants.WIDE_MIN_ROWS) == (4096, 4096)
     assert all(isinstance(v, Variant) for vs in gemv_dp4a_variants.T1_VARIANTS.values() for v in vs)
 
@@ -33,7 +34,7 @@ def test_kernel_tables_read_tuning():
 def test_overrides_default(monkeypatch):
     for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "SHARED_GATE_FOLD", "GEMV_STREAM",
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
-                 "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS"):
+                 "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS", "DP4A_ANY_SIZE"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -49,14 +50,17 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_GEMV_ROWS", "0")
     monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "s64u2r4")
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
+    monkeypatch.setenv("IMPNB_DP4A_ANY_SIZE", "")
     o = tuning.Overrides.from_env()
+    assert o.dp4a_any_size == () and tuning.Overrides().dp4a_any_size == (T.NVFP4, T.MXFP4)
     assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and o.moe_grouped_rows == 8
     assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
 
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
-                                        ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4")])
+                                        ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4"),
+                                        ("IMPNB_DP4A_ANY_SIZE", "Q4_K,FP4")])
 def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ParameterError, match=name):
@@ -84,3 +88,20 @@ def test_fp4_signed_form_at_one_token(monkeypatch):
         monkeypatch.setattr(tuning, "FP4_SIGNED_T1", ())
         assert units.prepare_of(t, 1) is units.PREPARES[t] and units.dot_of(t, 1) is units.DOTS[t]
     assert units.prepare_of(T.Q4_K, 1) is units.as_loaded and units.dot_of(T.Q4_K, 1) is units.q4_k_dot
+
+
+def test_env_table(monkeypatch):
+    """A kernel table's override: unset or 1 the measured one, 0 none, else its entries alone."""
+    default = {T.Q4_K: (32, 2, 4)}
+    monkeypatch.delenv("IMPNB_X_T1", raising=False)
+    assert tuning.env_table("X_T1", default) is default
+    monkeypatch.setenv("IMPNB_X_T1", "1")
+    assert tuning.env_table("X_T1", default) is default
+    monkeypatch.setenv("IMPNB_X_T1", "0")
+    assert tuning.env_table("X_T1", default) == {}
+    monkeypatch.setenv("IMPNB_X_T1", "NVFP4=s32u2r4, MXFP4=s64u1r2")
+    assert tuning.env_table("X_T1", default) == {T.NVFP4: (32, 2, 4), T.MXFP4: (64, 1, 2)}
+    for bad in ("s32u2r4", "NVFP5=s32u2r4", "NVFP4=s48u1r4", "NVFP4=s32u2r3", "Q4_K=s32u2r4,0"):
+        monkeypatch.setenv("IMPNB_X_T1", bad)
+        with pytest.raises(ParameterError, match="IMPNB_X_T1"):
+            tuning.env_table("X_T1", default)

@@ -42,7 +42,7 @@ class Linear:
 
     name: str  # its GGUF name less ".weight", or the stacked name (STACKS)
     w: repack.PackedWeight
-    dp4a: bool  # decode GEMVs on gemv_dp4a (DP4A_MIN_MB, DP4A_MIN_K)
+    dp4a: bool  # decode GEMVs on gemv_dp4a (DP4A_MIN_MB or DP4A_ANY_SIZE, DP4A_MIN_K)
     stream: bool  # T = 1 GEMVs of plain x on gemv_stream (STREAM_MIN_ROWS)
     int8_x: bool  # a dp4a type at least DP4A_MIN_K wide: can read an int8 x another kernel wrote
     gemm_paths: dict  # gemm_dispatch.M_BUCKETS bucket -> prefill GEMM path
@@ -60,7 +60,7 @@ def linear_of(name: str, w: repack.PackedWeight, tuning: Overrides) -> Linear:
     """name's Linear, its kernels chosen by impnb/tuning's rules (the thresholds' reasons there)."""
     stream = tuning.gemv_stream and w.rows >= STREAM_MIN_ROWS and gemv_stream.fits(w, 1)
     int8_x = w.ggml_type in gemv_dp4a_units.DOTS and w.cols >= tuning.dp4a_min_k
-    dp4a = int8_x and w.nbytes >= tuning.dp4a_min_mb * 1e6 and not stream
+    dp4a = int8_x and (w.nbytes >= tuning.dp4a_min_mb * 1e6 or w.ggml_type in tuning.dp4a_any_size) and not stream
     paths = {b: gemm_dispatch.choose(w.ggml_type, w.rows, w.cols, b) for b in gemm_dispatch.M_BUCKETS}
     use = gemv_dispatch.use_of(name)
     n_out = w.rows // 2 if use == "glu" else w.rows

@@ -4,7 +4,8 @@ Each constant says in one line why it has its value; the measurements behind it 
 docs/EXPERIMENTS.md ("Decode and load-time choices"). Tables that scripts measure lie beside
 this file: gemm_table.json (scripts/tune_gemm.py), moe_table.json (scripts/tune_moe.py) and
 gemv_rows_table.json (scripts/bench_gemv_rows.py).
-Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else leaves it on);
+Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else leaves it on; the
+kernel tables also take entries, IMPNB_FOLD_T1=NVFP4=s32u2r4,Q4_K=s64u1r4, in place of theirs);
 integer ones are parsed by `env_ints` / `env_number`, a malformed value a ParameterError (one
 line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
 the kernel tables' (IMPNB_EXPERTS_T1, IMPNB_FOLD_T1) at import, as their builds need them.
@@ -74,6 +75,22 @@ def env_variant(name: str) -> str | None:
     return value
 
 
+def env_table(name: str, default: dict) -> dict:
+    """A measured per-type variant table with its A/B override: default where IMPNB_<name> is
+    unset or 1, {} where 0, else its comma-separated TYPE=s<span>u<unroll>r<rows> entries (those
+    types alone); ParameterError where malformed."""
+    value = os.environ.get(f"IMPNB_{name}", "1")
+    if value == "1":
+        return default
+    out = {}
+    for entry in (e.strip() for e in value.split(",") if e.strip() and value != "0"):
+        m = re.fullmatch(r"([A-Z0-9_]+)=s(32|64|128)u([123])r(1|2|4|8)", entry)
+        if not m or m.group(1) not in T.__members__:
+            raise ParameterError(f"IMPNB_{name}={value!r}: expected 0, 1 or TYPE=s32u2r4 entries separated by commas")
+        out[T[m.group(1)]] = tuple(int(g) for g in m.groups()[1:])
+    return out
+
+
 # -- shapes of a step ------------------------------------------------------------------------
 PAGE_SIZE = 32  # KV cache page (tokens): a size both decode kernels and the FA2 tiles take
 GEMV_MAX_ROWS = 8  # up to this many tokens a step runs GEMVs (decode), past it GEMMs (prefill)
@@ -105,6 +122,11 @@ WGMMA_HEAD_DIMS = (64, 128)
 # IMPNB_DP4A_MIN_MB / IMPNB_DP4A_MIN_K override them (a huge value: never).
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
+# Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
+# FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
+# together: the 30B-A3B's 5120x2048 Q|K|V took 16.2 µs on it; its NVFP4 tg128 471 -> 518 with
+# them on dp4a, where Q4_K_M's went 533 -> 509 (H200). IMPNB_DP4A_ANY_SIZE (type names) overrides.
+DP4A_ANY_SIZE = (T.NVFP4, T.MXFP4)
 # T = 1 plain GEMVs over at least this many rows take gemv_stream (K <= 1024): the big logits
 # GEMV reached 92% of HBM bandwidth against gemv's 65%; smaller ones were even.
 STREAM_MIN_ROWS = 131072
@@ -144,14 +166,18 @@ DP4A_T1_CAPPED = {(T.Q4_K, False, False): ((128, 1, 4), 80, 8192),
                   (T.Q4_K, True, False): ((64, 1, 4), 80, 1),
                   **{(t, False, long): (v, cap, 1) for t in (T.NVFP4, T.MXFP4)
                      for long, v, cap in ((False, (128, 1, 8), 80), (True, (128, 1, 4), 64))}}
+# gemv_dp4a at T = 1 on plain rows (no GLU) of fewer than 4096 columns, by type: FP4 s64u1r4,
+# at the 30B-A3B's 5120x2048 Q|K|V 2.89 µs back to back (6.69 alone) against T1_VARIANTS' s64u1r8
+# 3.21 (7.17); MXFP4 2.80 (6.62) against 3.15 (6.94) (bench_gemv.py --dp4a, H200).
+DP4A_T1_SHORT = {T.NVFP4: (64, 1, 4), T.MXFP4: (64, 1, 4)}
 # The routed experts' gate|up on dp4a at K < DP4A_LONG_K, by type: two chunks a thread, the
 # second's loads out during the first's dots, beat choose_dp4a's. IMPNB_EXPERTS_T1=0: choose_dp4a's.
 # NVFP4: s64u1r4 6.41 µs against choose_dp4a's s64u1r8 8.44 on the 30B-A3B's 8 experts
 # (bench_moe_decode.py --quant NVFP4, H200); MXFP4 shares its decoder and takes it, not measured.
-EXPERTS_T1 = {T.Q4_K: (32, 2, 4), T.NVFP4: (64, 1, 4), T.MXFP4: (64, 1, 4)} if switch("EXPERTS_T1") else {}
+EXPERTS_T1 = env_table("EXPERTS_T1", {T.Q4_K: (32, 2, 4), T.NVFP4: (64, 1, 4), T.MXFP4: (64, 1, 4)})
 # router_fold's attn_output GEMV at T = 1 and K < DP4A_LONG_K, by type (its loads after the wait,
 # not to crowd decode attention before it). IMPNB_FOLD_T1=0: choose_dp4a's.
-FOLD_T1 = {T.Q4_K: (32, 2, 4)} if switch("FOLD_T1") else {}
+FOLD_T1 = env_table("FOLD_T1", {T.Q4_K: (32, 2, 4)})
 
 
 # Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert as a
@@ -185,6 +211,7 @@ class Overrides:
     gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
+    dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
@@ -202,6 +229,7 @@ class Overrides:
                    gdn_chunked_min_rows=int(env_number("IMPNB_GDN_CHUNKED_MIN_ROWS", GDN_CHUNKED_MIN_ROWS)),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
+                   dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None,
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))

@@ -267,7 +267,7 @@ def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
 # Registers (compile_ptx + link): 55-96, 125-127 for the 5/6-bit K-quants at eight rows a group;
 # the LTO cubin that runs can take more (Q4_K s128u1r8 at K 14336: 127 against 96), and the
 # build test holds it to the same bounds. Built at K 4096 and 16384 in the variants
-# choose_capped picks (with its cap where it has one).
+# choose_capped picks (with its cap where it has one), and FP4's at K 2048.
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
@@ -281,4 +281,8 @@ def build_signatures() -> list:
         (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
          {"max_registers": cap or 128})
         for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
+    ] + [  # FP4's short rows (T1_SHORT: Qwen3-30B-A3B's Q|K|V, 5120 x 2048)
+        (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
+         {"max_registers": cap or 128})
+        for t in (T.NVFP4, T.MXFP4) for v, cap in (choose_capped(t, 1, 2048, NO_GLU, 5120),)
     ]

@@ -15,6 +15,8 @@ LONG_K = tuning.DP4A_LONG_K
 T1_VARIANTS = {t: tuple(Variant(*v) for v in vs) for t, vs in tuning.DP4A_T1_VARIANTS.items()}
 T1_CAPPED = {key: (Variant(*v), cap, fewest) for key, (v, cap, fewest) in tuning.DP4A_T1_CAPPED.items()}
 EXPERTS_T1 = {t: Variant(*v) for t, v in tuning.EXPERTS_T1.items()}
+T1_SHORT = {t: Variant(*v) for t, v in tuning.DP4A_T1_SHORT.items()}
+SHORT_K = 4096  # T1_SHORT's rows are shorter, T1_CAPPED's this long or longer
 
 
 def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: int = 8) -> Variant:
@@ -32,11 +34,16 @@ def choose_dp4a(ggml_type: T, n_tok: int, cols: int, glu: int = NO_GLU, n_out: i
 
 def choose_capped(ggml_type: T, n_tok: int, cols: int, glu: int, n_out: int) -> tuple[Variant, int | None]:
     """gemv_dp4a's variant and register cap: T1_CAPPED's where it has the entry for the type, GLU
-    and K (4096 and more) and the weight the output rows, else choose_dp4a's, uncapped."""
+    and K (SHORT_K and more) and the weight the output rows; on plain rows under SHORT_K, T1_SHORT's
+    where it fits them; else choose_dp4a's, uncapped."""
     v, cap, fewest = T1_CAPPED.get((ggml_type, glu != NO_GLU, cols >= LONG_K), (None, None, 0))
-    if n_tok == 1 and cols >= 4096 and v and n_out >= max(fewest, v.rows // (2 if glu else 1)) \
+    if n_tok == 1 and cols >= SHORT_K and v and n_out >= max(fewest, v.rows // (2 if glu else 1)) \
             and span_for(cols) >= v.span:
         return v, cap
+    short = T1_SHORT.get(ggml_type)
+    if n_tok == 1 and cols < SHORT_K and glu == NO_GLU and short and n_out >= short.rows \
+            and span_for(cols) >= short.span:
+        return short, None
     return choose_dp4a(ggml_type, n_tok, cols, glu, n_out), None
 
 
