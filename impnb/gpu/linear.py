@@ -2,7 +2,8 @@
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
 for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
-for the Linears whose `dp4a` is set, gemv_stream for `stream` ones at T = 1, else gemv.py (with
+for the Linears whose `dp4a` is set (a one-token pre-norm and int8 x made in the GEMV's blocks
+where DP4A_FUSED_NORM), gemv_stream for `stream` ones at T = 1, else gemv.py (with
 the pre-norm, accumulation, a residual tail or a per-token gate fused where asked). Past that a
 GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
 fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles or the few-row GEMM
@@ -63,7 +64,7 @@ class MatMul:
                 gemv_residual.gemv_residual(w, x, y, residual, s)
                 return
             if lin.dp4a:
-                gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, accumulate)
+                self.dp4a(x, lin, y, norm, accumulate)
             else:
                 gemv.gemv(w, x, y, s, accumulate, norm=norm)
         else:
@@ -71,6 +72,15 @@ class MatMul:
             self.gemm(x, w, y, lin.gemm_path(x.shape[0]))
         if residual is not None:
             residual.unfused(y, s)
+
+    def dp4a(self, x, lin: Linear, y, norm: tuple | None, accumulate: bool = False, glu: int = gemv.NO_GLU) -> None:
+        """gemv_dp4a of x (T <= GEMV_MAX_ROWS), or of RMSNorm(x) * wn with norm: one token's norm
+        and int8 form made in the GEMV's blocks where DP4A_FUSED_NORM, else by quantize_x first."""
+        s = self.ctx.nb_stream
+        if norm is not None and x.shape[0] == 1 and self.tuning.dp4a_fused_norm:
+            gemv_dp4a.gemv_dp4a_norm(lin.w, x, norm, y, s, accumulate, glu=glu)
+        else:
+            gemv_dp4a.gemv_dp4a(lin.w, self.quantized(x, norm), y, s, accumulate, glu=glu)
 
     def takes_gated(self, lin: Linear, n_tok: int) -> bool:
         """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has
@@ -121,7 +131,7 @@ class MatMul:
             return
         if joint is not None and x.shape[0] == 1 and lin.dp4a:
             assert joint.shape == (1, w.rows)
-            gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), joint, self.ctx.nb_stream)
+            self.dp4a(x, lin, joint, norm)
             return
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
@@ -161,7 +171,7 @@ class MatMul:
             gemv_dp4a_multi(w, self.quantized(x, norm), y, s, multi, glu=act_id)
             return
         if n_tok <= GEMV_MAX_ROWS and lin.dp4a:
-            gemv_dp4a.gemv_dp4a(w, self.quantized(x, norm), y, s, glu=act_id)
+            self.dp4a(x, lin, y, norm, glu=act_id)
             return
         if n_tok <= GEMV_MAX_ROWS and gemv_stacked.glu_fits(w, n_tok):
             gemv_stacked.gemv_glu(w, x, y, act_id, s, norm=norm)

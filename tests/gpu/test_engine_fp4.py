@@ -1,7 +1,7 @@
 """The GPU engine on tiny random qwen3 and qwen3moe whose layer matrices are MXFP4 or NVFP4
 (impnb/synthetic.py; token_embd, output and NVFP4's 32-wide expert down stay Q8_0), held in their
 GGUF blocks on the device: teacher-forced decode (float GEMV, and every GEMV on dp4a with the
-router fold), prefill on the default path and on each tensor-core tile, against the numpy
+router fold, its pre-norms fused or not), prefill on the default path and on each tensor-core tile, against the numpy
 reference reading the same file, top-1 >= 99% of 128 tokens; graph replay equal to eager."""
 
 import numpy as np
@@ -73,6 +73,22 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     # flipped near a tie moves 1-2% of the tokens past MAX_REL (2 of 128 on qwen3moe MXFP4).
     agree(np.concatenate([dp4a.logits([t]) for t in ids]), ref, "dp4a decode vs reference", margin=1e-2,
           min_close=0.97)
+
+
+def test_decode_with_fused_norm_equals_quantize_x_first(case, monkeypatch):
+    """DP4A_FUSED_NORM: every one-token dp4a GEMV with a pre-norm makes the norm and x's int8 form
+    in its blocks; they are quantize_x's bits, so each decode step's logits equal those of the
+    engine that launches quantize_x first, bit for bit."""
+    ids, _, engine, _ = case
+    logits = []
+    for fused in ("0", "1"):
+        monkeypatch.setenv("IMPNB_DP4A_FUSED_NORM", fused)
+        dp4a = dp4a_engine(engine.mf, monkeypatch, graphs=False)
+        assert dp4a.m.mm.tuning.dp4a_fused_norm == (fused == "1")
+        dp4a.reset(SamplingParams(temperature=0))
+        logits.append(np.concatenate([dp4a.logits([t]) for t in ids[:32]]))
+    assert np.isfinite(logits[0]).all()
+    assert np.array_equal(logits[1].view(np.uint32), logits[0].view(np.uint32))
 
 
 def test_prefill_matches_reference(case):

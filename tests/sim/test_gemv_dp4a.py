@@ -50,3 +50,11 @@ def test_quantize_x_norm_and_glu():
 def test_gemv_dp4a_experts():
     g.check_experts(T.Q4_K, 4, 10, 256, 1, 3, SILU, seed=6)
     g.check_experts(T.Q8_0, 3, 5, 64, 2, 2, NO_GLU, seed=7)
+
+
+def test_gemv_dp4a_norm():
+    """The pre-norm and quantization in each block: the bits of quantize_x with the norm, then
+    gemv_dp4a (two blocks of 128 threads each making the whole row's x̂; K past one group a thread)."""
+    g.check_norm_fused(T.Q4_K, 9, 2560, 1.0, seed=12)
+    g.check_norm_fused(T.NVFP4, 6, 256, 10.0, seed=13, glu=SILU, variant=Variant(32, 1, 2))
+    g.check_norm_fused(T.Q8_0, 5, 64, 0.1, seed=14, accumulate=True, variant=Variant(32, 1, 2))

@@ -14,6 +14,9 @@ next chunk's loads issued before this one's dots, or not), built on a `<type>_lo
 gemv_dp4a_variants.py). The routed experts' launcher is gemv_dp4a_experts.py's.
 The weights are no kernel's output, so a thread's first chunk is loaded before griddepcontrol.wait:
 under programmatic launch those loads overlap the kernel before (docs/EXPERIMENTS.md, 'dp4a GEMV').
+`gemv_dp4a_norm` takes one token's float x and its pre-norm instead of x̂: each block makes the
+whole x̂ in its shared memory after those loads went out (quant_x.quantize_norm_row, quantize_x's
+values), so the GEMV needs no quantize_x launch before it.
 """
 
 from functools import lru_cache
@@ -30,7 +33,8 @@ from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, dot_of,
                                                q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
-from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quantize_norm_row
+from impnb.kernels.gemv.quant_x import THREADS as X_THREADS
 from impnb.kernels.common.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 
@@ -42,7 +46,8 @@ def gemv_dp4a_ref(w: np.ndarray, ggml_type: T, xq: np.ndarray, xd: np.ndarray) -
     return gemv_ref(w, ggml_type, dequantize_x_ref(xq, xd))
 
 
-def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False):
+def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False,
+                    normed=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = dot_of(ggml_type, n_tok)
@@ -57,6 +62,12 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     out_rows = pairs if glu else rows
     cpr = cols // 32  # chunks a row
     K4 = cols // 4  # x̂ words a token
+    if normed:  # x̂ in the block's shared memory (quantize_norm_row)
+        @cuda.jit(device=True, inline=True)
+        def x_words(xq, i):
+            return xq[i], xq[i + 1], xq[i + 2], xq[i + 3]
+    else:
+        x_words = qi.ldg_u32x4_l1
 
     @cuda.jit(device=True, inline=True)
     def row_chunk(a, c, r):
@@ -115,8 +126,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
         k0 = col(c, 0)
         k1 = col(c, 1)
         for t in range(n_tok):
-            xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k0 >> 2))
-            xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k1 >> 2))
+            xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = x_words(xq, (xr + t) * K4 + (k0 >> 2))
+            xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = x_words(xq, (xr + t) * K4 + (k1 >> 2))
             xf[t, 0] = xd[xr + t, k0 >> 4]
             xf[t, 1] = xd[xr + t, k1 >> 4]
             xf[t, 2] = xs[xr + t, k0 >> 4]
@@ -197,6 +208,26 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
         return _gemv_dp4a_experts_kernel
 
+    if normed:
+        K16 = cols // GROUP
+
+        # one token: every block makes x̂ = int8(RMSNorm(x) * wn) of the whole row in its shared
+        # memory (quant_x.quantize_norm_row, the values quantize_x writes) after its first weight
+        # loads went out, then reads it as the plain kernel reads x̂ from global memory
+        @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
+        def _gemv_dp4a_norm_kernel(parts, x, wn, eps, y, n_rows, accumulate):
+            start = group_start(parts, n_rows, 0)
+            xq = cuda.shared.array(K4, uint32)
+            xd = cuda.shared.array((1, K16), float32)
+            xs = cuda.shared.array((1, K16), float32)
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            quantize_norm_row(x, wn, eps, xq, xd, xs)
+            cuda.syncthreads()
+            rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0, y)
+
+        return _gemv_dp4a_norm_kernel
+
     @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
     def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
         start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
@@ -209,20 +240,23 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                     experts: bool = False, depth: int = 1, max_registers: int | None = None):
+                     experts: bool = False, depth: int = 1, max_registers: int | None = None, normed: bool = False):
     """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
     row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
     stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
     `depth`: the loads of this many chunks a thread are in flight (a Variant's unroll, 1..4: each
     chunk's loads issued depth - 1 steps early); `max_registers`
-    caps the registers (T1_CAPPED; not the experts kernel's)."""
+    caps the registers (T1_CAPPED; not the experts kernel's); `normed`: one token's x (1, K) float32
+    in, its pre-norm and int8 form made in each block (gemv_dp4a_norm)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
     assert not experts or n_tok == 1
     assert not (experts and max_registers), "the routed-experts kernel takes no register cap"
     assert 1 <= depth <= 4
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers)
+    assert not normed or (n_tok == 1 and not experts and cols % GROUP == 0 and BLOCK == X_THREADS)
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers,
+                           normed=normed)
 
 
 @lru_cache(maxsize=None)
@@ -255,6 +289,36 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
            stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
 
 
+def gemv_dp4a_norm(w: PackedWeight, x, norm: tuple, y, stream, accumulate: bool = False,
+                   variant: Variant | None = None, glu: int = NO_GLU, cap: int | None = None):
+    """gemv_dp4a of one token's quantize_x(x, norm) in one launch: y (1, N) float32 = W x̂, or
+    y += W x̂ with accumulate, x̂ = int8(RMSNorm(x) * wn) made by each block in its shared memory
+    (the x̂ quantize_x writes); x (1, K) float32, norm (wn (K,) float32, eps); glu as gemv_dp4a's;
+    choose_capped's variant but not its register cap (the prologue's registers spill under the caps
+    set for the plain kernel), or `variant` with `cap`."""
+    n_tok, N = y.shape
+    K = w.cols
+    wn, eps = norm
+    assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and n_tok == 1
+    assert x.shape == (1, K) and x.dtype == np.float32 and x.is_c_contiguous()
+    assert wn.shape == (K,) and wn.dtype == np.float32
+    assert y.dtype == np.float32 and y.is_c_contiguous()
+    v = variant or choose_capped(w.ggml_type, 1, K, glu, N)[0]
+    out_rows = v.rows // (2 if glu else 1)
+    assert out_rows <= N, "more rows a group than the weight has"
+    per_block = out_rows * (BLOCK // v.span)
+    launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, False, v.unroll, cap, normed=True),
+           ((N + per_block - 1) // per_block,), BLOCK,
+           stream, w.parts, x, wn, np.float32(eps), y, np.int32(w.rows), np.int32(accumulate))
+
+
+def norm_kernel_args(ggml_type: T) -> tuple:
+    """Argument types of gemv_dp4a_norm's kernel: parts, x, wn, eps, y, W's rows, accumulate."""
+    f2 = types.Array(types.float32, 2, "C")
+    return (kernel_args(ggml_type)[0], f2, types.Array(types.float32, 1, "C"), types.float32, f2, types.int32,
+            types.int32)
+
+
 def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
     """Argument types of a gemv_dp4a kernel: parts, x̂ q, d, s, y, W's rows (an expert's with
     experts, then the slots' experts and x_div), accumulate."""
@@ -281,6 +345,14 @@ def build_signatures() -> list:
         (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
          {"max_registers": cap or 128})
         for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
+    ] + [  # the pre-norm fused (gemv_dp4a_norm): Q|K|V and gate|up of Qwen3-8B, Q|K|V of the 30B-A3B
+        (gemv_dp4a_kernel(t, K, 1, v.span, v.rows, glu, False, v.unroll, None, normed=True),
+         types.void(*norm_kernel_args(t)), {"max_registers": 160})
+        for t, K, N, glu in ((T.Q4_K, 4096, 6144, NO_GLU), (T.Q4_K, 4096, 12288, SILU), (T.Q8_0, 4096, 6144, NO_GLU),
+                             (T.Q6_K, 4096, 6144, NO_GLU), (T.NVFP4, 4096, 6144, NO_GLU),
+                             (T.NVFP4, 4096, 12288, SILU), (T.NVFP4, 2048, 5120, NO_GLU),
+                             (T.MXFP4, 2048, 5120, NO_GLU))
+        for v in (choose_capped(t, 1, K, glu, N)[0],)
     ] + [  # FP4's short rows (T1_SHORT: Qwen3-30B-A3B's Q|K|V, 5120 x 2048)
         (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
          {"max_registers": cap or 128})
