@@ -14,7 +14,7 @@ and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_
 what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ..."). With --norm at
 T = 1 also the pair with the pre-norm, quantize_x(x, norm) then gemv_dp4a launched together (rows
 "qx+dp4a ..."), against gemv_dp4a_norm, which makes the norm and x's int8 form in its blocks
-(rows "dp4a-norm ...", uncapped: DP4A_FUSED_NORM's choice).
+(rows "dp4a-norm ...", uncapped, as DP4A_FUSED_NORM_MAX_K's GEMVs run).
 --jobs N compiles the GEMV and dp4a kernels the run launches first, in N processes, into the disk
 cache (impnb.launch.cache), so the timed part compiles nothing.
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,

@@ -123,10 +123,12 @@ WGMMA_HEAD_DIMS = (64, 128)
 # IMPNB_DP4A_MIN_MB / IMPNB_DP4A_MIN_K override them (a huge value: never).
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
-# One-token dp4a GEMVs with a pre-norm make the norm and x's int8 form in each block
-# (gemv_dp4a.gemv_dp4a_norm) rather than in quantize_x's launch before: off until bench_gemv.py
-# --norm and a model's tg128 measure it faster; IMPNB_DP4A_FUSED_NORM=1 turns it on.
-DP4A_FUSED_NORM = False
+# One-token dp4a GEMVs with a pre-norm over at most this many columns make the norm and x's int8
+# form in each block (gemv_dp4a.gemv_dp4a_norm) rather than in quantize_x's launch before. Each
+# block rereads x and the norm weight from L2 (8 bytes a column): an earlier such kernel won at
+# K 2048 and lost at 4096 (docs/EXPERIMENTS.md, 'Decode GEMVs on dp4a'); 0 (never) until
+# bench_gemv.py --norm and a model's tg128 measure this one. IMPNB_DP4A_FUSED_NORM_MAX_K overrides.
+DP4A_FUSED_NORM_MAX_K = 0
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
 # together: the 30B-A3B's 5120x2048 Q|K|V took 16.2 µs on it; its NVFP4 tg128 471 -> 518 with
@@ -217,7 +219,7 @@ class Overrides:
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
-    dp4a_fused_norm: bool = DP4A_FUSED_NORM  # one-token dp4a GEMVs make their pre-norm's int8 x in each block
+    dp4a_fused_norm_max_k: int = DP4A_FUSED_NORM_MAX_K  # IMPNB_DP4A_FUSED_NORM_MAX_K
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
@@ -236,7 +238,7 @@ class Overrides:
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
-                   dp4a_fused_norm=switch("DP4A_FUSED_NORM", DP4A_FUSED_NORM),
+                   dp4a_fused_norm_max_k=int(env_number("IMPNB_DP4A_FUSED_NORM_MAX_K", DP4A_FUSED_NORM_MAX_K)),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None,
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))

@@ -251,7 +251,7 @@ def cases(tmp: Path) -> dict:
         out[f"gemma4-{v}-h100-graphs"] = (path, 64, {}, script_decode, (9, 0), True)
     for arch in ("qwen3", "qwen3moe"):  # the pre-norms made in the dp4a GEMVs' blocks
         out[f"{arch}-Q8_0-dp4a-fused-norm"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64,
-                                               {**DP4A, "IMPNB_DP4A_FUSED_NORM": "1"}, script_decode)
+                                               {**DP4A, "IMPNB_DP4A_FUSED_NORM_MAX_K": "65536"}, script_decode)
     for arch in ("qwen3", "qwen3moe"):
         out[f"{arch}-Q8_0-h100-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, {}, script_decode, (9, 0), True)
         out[f"{arch}-Q8_0-dp4a-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, DP4A, script_decode, (9, 0), True)
