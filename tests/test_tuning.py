@@ -109,11 +109,3 @@ def test_env_table(monkeypatch):
         with pytest.raises(ParameterError, match="IMPNB_X_T1"):
             tuning.env_table("X_T1", default)
 
-
-def test_switch_defaults(monkeypatch):
-    monkeypatch.delenv("IMPNB_X_ON", raising=False)
-    assert tuning.switch("X_ON") and not tuning.switch("X_ON", default=False)
-    monkeypatch.setenv("IMPNB_X_ON", "0")
-    assert not tuning.switch("X_ON") and not tuning.switch("X_ON", default=False)
-    monkeypatch.setenv("IMPNB_X_ON", "1")
-    assert tuning.switch("X_ON") and tuning.switch("X_ON", default=False)

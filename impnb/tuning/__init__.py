@@ -27,10 +27,9 @@ MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, 
 GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
 
 
-def switch(name: str, default: bool = True) -> bool:
-    """A choice on (or off) by default: False where the environment sets IMPNB_<name> to 0, True
-    where it sets anything else."""
-    return os.environ.get(f"IMPNB_{name}", "1" if default else "0") != "0"
+def switch(name: str) -> bool:
+    """An on-by-default choice: False where the environment sets IMPNB_<name> to 0."""
+    return os.environ.get(f"IMPNB_{name}", "1") != "0"
 
 
 def env_ints(name: str) -> tuple[int, ...] | None:
@@ -85,7 +84,7 @@ def env_table(name: str, default: dict) -> dict:
         return default
     out = {}
     for entry in (e.strip() for e in value.split(",") if e.strip() and value != "0"):
-        m = re.fullmatch(r"([A-Z0-9_]+)=s(32|64|128)u([123])r(1|2|4|8)", entry)
+        m = re.fullmatch(r"([A-Z0-9_]+)=s(32|64|128)u([1-4])r(1|2|4|8)", entry)
         if not m or m.group(1) not in T.__members__:
             raise ParameterError(f"IMPNB_{name}={value!r}: expected 0, 1 or TYPE=s32u2r4 entries separated by commas")
         out[T[m.group(1)]] = tuple(int(g) for g in m.groups()[1:])
