@@ -3,8 +3,9 @@
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
 for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
 for the Linears whose `dp4a` is set (a one-token pre-norm and int8 x made in the GEMV's blocks
-up to DP4A_FUSED_NORM_MAX_K columns), gemv_stream for `stream` ones at T = 1, else gemv.py (with
-the pre-norm, accumulation, a residual tail or a per-token gate fused where asked). Past that a
+up to DP4A_FUSED_NORM_MAX_K columns; a residual tail there where DP4A_TAIL), gemv_stream for
+`stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
+per-token gate fused where asked). Past that a
 GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
 fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles or the few-row GEMM
 where its table entry says so, else cuBLAS. Scratch buffers come from the arena.
@@ -61,7 +62,10 @@ class MatMul:
                 return
             if residual is not None and self.tuning.gemv_tail:
                 assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
-                gemv_residual.gemv_residual(w, x, y, residual, s)
+                if lin.dp4a and self.tuning.dp4a_tail:
+                    gemv_dp4a.gemv_dp4a_residual(w, self.quantized(x), y, residual, s)
+                else:
+                    gemv_residual.gemv_residual(w, x, y, residual, s)
                 return
             if lin.dp4a:
                 self.dp4a(x, lin, y, norm, accumulate)

@@ -27,9 +27,10 @@ MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, 
 GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
 
 
-def switch(name: str) -> bool:
-    """An on-by-default choice: False where the environment sets IMPNB_<name> to 0."""
-    return os.environ.get(f"IMPNB_{name}", "1") != "0"
+def switch(name: str, default: bool = True) -> bool:
+    """A choice on by default (or off, default False): False where the environment sets
+    IMPNB_<name> to 0, True where it sets anything else."""
+    return os.environ.get(f"IMPNB_{name}", "1" if default else "0") != "0"
 
 
 def env_ints(name: str) -> tuple[int, ...] | None:
@@ -128,6 +129,10 @@ DP4A_MIN_K = 2048
 # K 2048 and lost at 4096 (docs/EXPERIMENTS.md, 'Decode GEMVs on dp4a'); 0 (never) until
 # bench_gemv.py --norm and a model's tg128 measure this one. IMPNB_DP4A_FUSED_NORM_MAX_K overrides.
 DP4A_FUSED_NORM_MAX_K = 0
+# Decode GEMVs on dp4a with a residual tail (Gemma 4's attn_output and down) take gemv_dp4a's
+# tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off until a
+# gemma4 tg128 measures it faster; IMPNB_DP4A_TAIL=1 turns it on.
+DP4A_TAIL = False
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
 # together: the 30B-A3B's 5120x2048 Q|K|V took 16.2 µs on it; its NVFP4 tg128 471 -> 518 with
@@ -220,6 +225,7 @@ class Overrides:
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
     dp4a_fused_norm_max_k: int = DP4A_FUSED_NORM_MAX_K  # IMPNB_DP4A_FUSED_NORM_MAX_K
+    dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
@@ -239,6 +245,7 @@ class Overrides:
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
                    dp4a_fused_norm_max_k=int(env_number("IMPNB_DP4A_FUSED_NORM_MAX_K", DP4A_FUSED_NORM_MAX_K)),
+                   dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None,
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))

@@ -67,9 +67,11 @@ def test_decode_split_attention_matches_reference(case, monkeypatch):
     assert not split.last_step.short_blocks and split.last_step.splits
 
 
-def test_decode_on_dp4a_matches_reference(case, monkeypatch):
+@pytest.mark.parametrize("tail", ["0", "1"], ids=["tails-on-gemv", "tails-on-dp4a"])
+def test_decode_on_dp4a_matches_reference(case, monkeypatch, tail):
     """Every decode GEMV of a Q8_0 weight on gemv_dp4a (int8 x), the routed experts' gate|up and
-    down included. Gemma's post-norms scale every
+    down included, and with DP4A_TAIL the residual tails of attn_output and down (gemv_dp4a's tail
+    kernel; else gemv.py's on float x). Gemma's post-norms scale every
     sublayer's output to the residual's size, so int8 inputs move these models far more than
     qwen3's: the reference with every matmul's input rounded to int8 (32-blocks, max / 127) moved
     the logits by median 2e-2 (dense), 3e-2 (moe), 8e-2 (wide, where 128 experts' routers flip),
@@ -80,8 +82,9 @@ def test_decode_on_dp4a_matches_reference(case, monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     monkeypatch.setenv("IMPNB_MOE_DOWN_DP4A", "1")
+    monkeypatch.setenv("IMPNB_DP4A_TAIL", tail)
     dp4a = CudaEngine(engine.mf, 256, graphs=False)
-    assert dp4a.m.dp4a_linears()
+    assert dp4a.m.dp4a_linears() and dp4a.m.mm.tuning.dp4a_tail == (tail == "1")
     experts = [lw.experts for lw in dp4a.m.blk if lw.experts is not None]
     assert all(ex.gate_up_dp4a and ex.down_dp4a for ex in experts), "the routed experts not on dp4a"
     out = teacher_forced(dp4a, ids)

@@ -245,12 +245,27 @@ def test_gemv_experts_variant(ggml_type, variant):
 
 def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
     """The residual tail (gemv_tail.py): y = W x against the float64 GEMV, then x_res and h against
-    float64 math on the kernel's own y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res)
-    * w_next. Run `calls` times on fresh inputs: the ticket counter must come back to zero."""
+    float64 math on the kernel's own y (tail_calls)."""
     from impnb.kernels.gemv.gemv_residual import gemv_residual
-    from impnb.kernels.gemv.gemv_tail import Residual
 
     raw, wabs, w = weight(ggml_type, rows, cols)
+
+    def run(x, d_y, res, stream):
+        gemv_residual(w, cuda.to_device(x, stream=stream), d_y, res, stream)
+
+    def check_y(x, y):
+        assert (np.abs(y - gemv_ref(raw, ggml_type, x)) <= RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)).all()
+
+    tail_calls(run, check_y, rows, cols, n_tok, post, std, seed, calls)
+
+
+def tail_calls(run, check_y, rows, cols, n_tok, post, std, seed, calls):
+    """`calls` runs of a GEMV with the residual tail on fresh Gaussian inputs: run(x, d_y, res,
+    stream) launches it (x on the host), check_y(x, y) holds its y, then x_res and h against float64
+    math on that y: x_res += y (or RMSNorm(y) * w_post), h = RMSNorm(x_res) * w_next; the ticket
+    counter must come back to zero after each."""
+    from impnb.kernels.gemv.gemv_tail import Residual
+
     rng = np.random.default_rng(seed)
     stream = cuda.stream()
     eps = 1e-6
@@ -262,13 +277,13 @@ def check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2):
         xr = (rng.standard_normal((n_tok, rows)) * 3 * std).astype(np.float32)
         d_y, d_h = (cuda.to_device(np.full((n_tok, rows), np.nan, np.float32), stream=stream) for _ in range(2))
         d_xr = cuda.to_device(xr, stream=stream)
-        res = Residual(d_xr, d_h, d_wn, d_wp if post else None, eps, counter)
-        gemv_residual(w, cuda.to_device(x, stream=stream), d_y, res, stream)
-        y, x_new, h = (d.copy_to_host(stream=stream).astype(np.float64) for d in (d_y, d_xr, d_h))
+        run(x, d_y, Residual(d_xr, d_h, d_wn, d_wp if post else None, eps, counter), stream)
+        y, x_new, h = (d.copy_to_host(stream=stream) for d in (d_y, d_xr, d_h))
         stream.synchronize()
         assert np.isfinite(y).all() and np.isfinite(x_new).all() and np.isfinite(h).all()
-        assert (np.abs(y - gemv_ref(raw, ggml_type, x)) <= RTOL * (np.abs(x.astype(np.float64)) @ wabs.T)).all()
-        check_residual_update(xr, y, x_new, h, w_post if post else None, w_next, eps)
+        check_y(x, y)
+        check_residual_update(xr, y.astype(np.float64), x_new.astype(np.float64), h.astype(np.float64),
+                              w_post if post else None, w_next, eps)
         assert counter.copy_to_host()[0] == 0
 
 

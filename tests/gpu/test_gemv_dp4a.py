@@ -173,6 +173,30 @@ def check_norm_fused(ggml_type, rows, cols, std, seed, glu=NO_GLU, accumulate=Fa
         f"fused differs: max |diff| {np.nanmax(np.abs(ys[1] - ys[0])):.3g}"
 
 
+def check_dp4a_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2, variant=None):
+    """gemv_dp4a_residual: y bit-equal to gemv_dp4a's on the same x̂ (held to the references
+    above), then x_res and h as gemv_residual's test holds its tail (test_gemv.tail_calls)."""
+    from impnb.kernels.gemv.gemv_dp4a import gemv_dp4a_residual
+    from tests.gpu.test_gemv import tail_calls
+
+    _, _, w = weight(ggml_type, rows, cols)
+    plain = {}
+
+    def run(x, d_y, res, stream):
+        xq = quant_x_buffers(*x.shape)
+        quantize_x(cuda.to_device(x, stream=stream), xq, stream)
+        d_plain = cuda.to_device(np.full(d_y.shape, np.nan, np.float32), stream=stream)
+        gemv_dp4a(w, xq, d_plain, stream, variant=variant)
+        plain["y"] = d_plain
+        gemv_dp4a_residual(w, xq, d_y, res, stream, variant=variant)
+
+    def check_y(x, y):
+        want = plain["y"].copy_to_host()
+        assert np.isfinite(want).all() and np.array_equal(y.view(np.uint32), want.view(np.uint32))
+
+    tail_calls(run, check_y, rows, cols, n_tok, post, std, seed, calls)
+
+
 def check_case(ggml_type, rows, cols, n_tok, std, seed, **kw):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
@@ -263,6 +287,19 @@ def test_gemv_dp4a_norm(ggml_type):
     for v in (Variant(32, 2, 4), Variant(128, 1, 8), Variant(64, 1, 2)):
         check_norm_fused(ggml_type, 777, 2816 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 3072, 1.0,
                          seed=[int(ggml_type), v.span, v.unroll], variant=v)
+
+
+@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
+def test_gemv_dp4a_residual(ggml_type):
+    """The residual tail on the dp4a GEMV: Gemma 4's attn_output (2816 x 4096, post-norm) and a
+    down of 2112 columns (K-quants: 2304), a plain add at three tokens, odd rows, a grid of one
+    block; x at three magnitudes."""
+    down = 2112 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 2304
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_dp4a_residual(ggml_type, 2816, 4096, 1, True, std, seed=[int(ggml_type), i])
+    check_dp4a_residual(ggml_type, 2816, down, 1, True, 1.0, seed=[int(ggml_type), 3])
+    check_dp4a_residual(ggml_type, 777, 2048, 3, False, 1.0, seed=[int(ggml_type), 4])
+    check_dp4a_residual(ggml_type, 4, 2048, 1, True, 1.0, seed=[int(ggml_type), 5], variant=Variant(32, 1, 2))
 
 
 def test_real_activation_outliers():

@@ -32,6 +32,7 @@ from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, dot_of, prepare_of, q4_k_dot_w,
                                                q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
+from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quantize_norm_row
 from impnb.kernels.gemv.quant_x import THREADS as X_THREADS
@@ -47,7 +48,7 @@ def gemv_dp4a_ref(w: np.ndarray, ggml_type: T, xq: np.ndarray, xd: np.ndarray) -
 
 
 def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False,
-                    normed=False):
+                    normed=False, tail=0):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = dot_of(ggml_type, n_tok)
@@ -208,6 +209,20 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
         return _gemv_dp4a_experts_kernel
 
+    if tail:
+        residual_tail = make_tail(tail)
+
+        # as the plain kernel, y one output; then the residual tail (gemv_tail.py) on x_res, h
+        @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
+        def _gemv_dp4a_tail_kernel(parts, xq, xd, xs, y, n_rows, x_res, w_post, w_next, h, eps, counter):
+            start = group_start(parts, n_rows, 0)
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
+            rows_times_x(start, xq, xd, xs, y, n_rows, 0, 0, 0, y)
+            residual_tail(y, x_res, w_post, w_next, h, eps, counter)
+
+        return _gemv_dp4a_tail_kernel
+
     if normed:
         K16 = cols // GROUP
 
@@ -240,14 +255,16 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                     experts: bool = False, depth: int = 1, max_registers: int | None = None, normed: bool = False):
+                     experts: bool = False, depth: int = 1, max_registers: int | None = None, normed: bool = False,
+                     tail: int = 0):
     """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
     row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
     stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
     `depth`: the loads of this many chunks a thread are in flight (a Variant's unroll, 1..4: each
     chunk's loads issued depth - 1 steps early); `max_registers`
     caps the registers (T1_CAPPED; not the experts kernel's); `normed`: one token's x (1, K) float32
-    in, its pre-norm and int8 form made in each block (gemv_dp4a_norm)."""
+    in, its pre-norm and int8 form made in each block (gemv_dp4a_norm); `tail` (gemv_tail.ADD,
+    POST_ADD): plain rows, then the residual tail (gemv_dp4a_residual)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
@@ -255,8 +272,9 @@ def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, 
     assert not (experts and max_registers), "the routed-experts kernel takes no register cap"
     assert 1 <= depth <= 4
     assert not normed or (n_tok == 1 and not experts and cols % GROUP == 0 and BLOCK == X_THREADS)
+    assert not tail or (glu == NO_GLU and not experts and not normed)
     return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers,
-                           normed=normed)
+                           normed=normed, tail=tail)
 
 
 @lru_cache(maxsize=None)
@@ -312,6 +330,31 @@ def gemv_dp4a_norm(w: PackedWeight, x, norm: tuple, y, stream, accumulate: bool 
            stream, w.parts, x, wn, np.float32(eps), y, np.int32(w.rows), np.int32(accumulate))
 
 
+def gemv_dp4a_residual(w: PackedWeight, x: QuantX, y, res: Residual, stream, variant: Variant | None = None,
+                       cap: int | None = None):
+    """y (T, N) float32 = W x̂ as gemv_dp4a (T tokens of x̂), then the grid's last block applies
+    res to y: res.x += y (or RMSNorm(y) * res.w_post), res.h = RMSNorm(res.x) * res.w_next
+    (gemv_tail.py; gemv_residual's tail on the dp4a GEMV)."""
+    n_tok, N = y.shape
+    K = w.cols
+    assert w.ggml_type in DOTS and N == w.rows and 1 <= n_tok <= MAX_T
+    assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
+    assert y.dtype == np.float32 and y.is_c_contiguous()
+    v, cap = (variant, cap) if variant else choose_capped(w.ggml_type, n_tok, K, NO_GLU, N)
+    assert v.rows <= N, "more rows a group than the weight has"
+    per_block = v.rows * (BLOCK // v.span)
+    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, NO_GLU, False, v.unroll, cap, tail=res.mode),
+           ((N + per_block - 1) // per_block,), BLOCK,
+           stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), *res.args(y))
+
+
+def tail_kernel_args(ggml_type: T) -> tuple:
+    """Argument types of gemv_dp4a_residual's kernel: gemv_dp4a's but accumulate, then the tail's
+    x, w_post, w_next, h, eps, counter."""
+    f1, f2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
+    return (*kernel_args(ggml_type)[:6], f2, f1, f1, f2, types.float32, types.Array(types.uint32, 1, "C"))
+
+
 def norm_kernel_args(ggml_type: T) -> tuple:
     """Argument types of gemv_dp4a_norm's kernel: parts, x, wn, eps, y, W's rows, accumulate."""
     f2 = types.Array(types.float32, 2, "C")
@@ -353,6 +396,13 @@ def build_signatures() -> list:
                              (T.NVFP4, 4096, 12288, SILU), (T.NVFP4, 2048, 5120, NO_GLU),
                              (T.MXFP4, 2048, 5120, NO_GLU))
         for v in (choose_capped(t, 1, K, glu, N)[0],)
+    ] + [  # the residual tail (gemv_dp4a_residual): Gemma 4's attn_output (2816 x 4096 and 8192) and
+        # down (2816 x 2112) with their post-norms, a plain add at two tokens
+        (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll, cap, tail=mode),
+         types.void(*tail_kernel_args(t)), {"max_registers": cap or 128})
+        for t, n, K, mode in ((T.Q4_K, 1, 8192, POST_ADD), (T.Q8_0, 1, 2112, POST_ADD), (T.NVFP4, 1, 4096, POST_ADD),
+                              (T.NVFP4, 1, 2112, POST_ADD), (T.Q4_K, 2, 4096, ADD))
+        for v, cap in (choose_capped(t, n, K, NO_GLU, 2816),)
     ] + [  # FP4's short rows (T1_SHORT: Qwen3-30B-A3B's Q|K|V, 5120 x 2048)
         (gemv_dp4a_kernel(t, 2048, 1, v.span, v.rows, NO_GLU, False, v.unroll, cap), types.void(*kernel_args(t)),
          {"max_registers": cap or 128})
