@@ -8,10 +8,11 @@ order on the same buffers: what a restructuring of the GPU path must keep.
     python tests/sim/launch_trace.py --compare A.json B.json
 
 The cases (`cases`): tiny qwen3 / qwen3moe (impnb/synthetic.py) in Q8_0, Q8_0 with a Q4_1 V and
-F32, with every GEMV on dp4a (and their pre-norms fused in), qkv_post apart, split-K only, no GEMV tails; tiny gemma4 (dense,
-MoE, 26B-A4B-like heads; all-dp4a with the residual tails on dp4a); SmolLM2 and Gemma3 270M where installed, plain and all-dp4a; and, as on an H100 (compute capability 9.0) with CUDA
-graphs captured and replayed (lookahead, a forced token), tiny and real models again. Each runs a
-prompt, decode steps and teacher-forced logits (see the scripts). The launchers of kernels the
+F32, with every GEMV on dp4a (and their pre-norms fused in), qkv_post apart, split-K only, no GEMV
+tails; tiny gemma4 (dense, MoE, 26B-A4B-like heads; all-dp4a with the residual tails on dp4a);
+SmolLM2 and Gemma3 270M where installed, plain and all-dp4a; and, as on an H100 (compute
+capability 9.0) with CUDA graphs captured and replayed (lookahead, a forced token), tiny and real
+models again. Each runs a prompt, decode steps and teacher-forced logits (see the scripts). The launchers of kernels the
 simulator cannot build (wgmma attention, the GEMM tiles) are recorded as calls (WRAPPED).
 """
 

@@ -299,12 +299,17 @@ def gemv_dp4a(w: PackedWeight, x: QuantX, y, stream, accumulate: bool = False, v
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
     v, cap = (variant, cap) if variant else choose_capped(w.ggml_type, n_tok, K, glu, N)
-    out_rows = v.rows // (2 if glu else 1)  # outputs a group
+    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap), _grid(v, N, glu),
+           BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
+
+
+def _grid(v: Variant, N: int, glu: int) -> tuple:
+    """The 1-D grid of a dp4a GEMV of N outputs in variant v: BLOCK / v.span groups a block, each of
+    v.rows output rows (GLU: half as many, gate and up)."""
+    out_rows = v.rows // (2 if glu else 1)
     assert out_rows <= N, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // v.span)
-    launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap),
-           ((N + per_block - 1) // per_block,), BLOCK,
-           stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), np.int32(accumulate))
+    return ((N + per_block - 1) // per_block,)
 
 
 def gemv_dp4a_norm(w: PackedWeight, x, norm: tuple, y, stream, accumulate: bool = False,
@@ -322,12 +327,8 @@ def gemv_dp4a_norm(w: PackedWeight, x, norm: tuple, y, stream, accumulate: bool 
     assert wn.shape == (K,) and wn.dtype == np.float32
     assert y.dtype == np.float32 and y.is_c_contiguous()
     v = variant or choose_capped(w.ggml_type, 1, K, glu, N)[0]
-    out_rows = v.rows // (2 if glu else 1)
-    assert out_rows <= N, "more rows a group than the weight has"
-    per_block = out_rows * (BLOCK // v.span)
     launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, False, v.unroll, cap, normed=True),
-           ((N + per_block - 1) // per_block,), BLOCK,
-           stream, w.parts, x, wn, np.float32(eps), y, np.int32(w.rows), np.int32(accumulate))
+           _grid(v, N, glu), BLOCK, stream, w.parts, x, wn, np.float32(eps), y, np.int32(w.rows), np.int32(accumulate))
 
 
 def gemv_dp4a_residual(w: PackedWeight, x: QuantX, y, res: Residual, stream, variant: Variant | None = None,
@@ -341,11 +342,9 @@ def gemv_dp4a_residual(w: PackedWeight, x: QuantX, y, res: Residual, stream, var
     assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
     assert y.dtype == np.float32 and y.is_c_contiguous()
     v, cap = (variant, cap) if variant else choose_capped(w.ggml_type, n_tok, K, NO_GLU, N)
-    assert v.rows <= N, "more rows a group than the weight has"
-    per_block = v.rows * (BLOCK // v.span)
     launch(gemv_dp4a_kernel(w.ggml_type, K, n_tok, v.span, v.rows, NO_GLU, False, v.unroll, cap, tail=res.mode),
-           ((N + per_block - 1) // per_block,), BLOCK,
-           stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows), *res.args(y))
+           _grid(v, N, NO_GLU), BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok], x.s[:n_tok], y, np.int32(w.rows),
+           *res.args(y))
 
 
 def tail_kernel_args(ggml_type: T) -> tuple:
