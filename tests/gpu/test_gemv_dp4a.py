@@ -292,13 +292,13 @@ def test_gemv_dp4a_norm(ggml_type):
 @pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
 def test_gemv_dp4a_residual(ggml_type):
     """The residual tail on the dp4a GEMV: Gemma 4's attn_output (2816 x 4096, post-norm) and a
-    down of 2112 columns (K-quants: 2304), a plain add at three tokens, odd rows, a grid of one
-    block; x at three magnitudes."""
+    down of 2112 columns (K-quants: 2304), a plain add at three tokens on 780 rows (a multiple of
+    4, as the tail takes, and not of a block's rows), a grid of one block; x at three magnitudes."""
     down = 2112 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 2304
     for i, std in enumerate((0.1, 1.0, 10.0)):
         check_dp4a_residual(ggml_type, 2816, 4096, 1, True, std, seed=[int(ggml_type), i])
     check_dp4a_residual(ggml_type, 2816, down, 1, True, 1.0, seed=[int(ggml_type), 3])
-    check_dp4a_residual(ggml_type, 777, 2048, 3, False, 1.0, seed=[int(ggml_type), 4])
+    check_dp4a_residual(ggml_type, 780, 2048, 3, False, 1.0, seed=[int(ggml_type), 4])
     check_dp4a_residual(ggml_type, 4, 2048, 1, True, 1.0, seed=[int(ggml_type), 5], variant=Variant(32, 1, 2))
 
 
