@@ -7,12 +7,15 @@ L live keys / time. --torch times torch SDPA on contiguous fp16 K/V of the same 
 way (ratio = torch µs / impnb µs). --short also times attention_decode_short (its µs, and
 split µs / short µs), with --short-warps block sizes (default its own) and --short-clusters
 blocks a query row (thread-block clusters; default 1).
-Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256) and Qwen3-30B-A3B
-(H 32, Hkv 4, D 128); --row-tiles compares query rows per block of the split kernel.
+Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256), Qwen3-30B-A3B
+(H 32, Hkv 4, D 128), Gemma-4-26B-A4B's sliding layers (gemma4: H 16, Hkv 8, D 256; their
+1024-key window is --ctx 1024) and its global layers (gemma4-global: H 16, Hkv 2, D 512), which
+take attention_wide (its split count attention_wide.num_splits' or --splits; --wide times it at
+the other shapes too); --row-tiles compares query rows per block of the split kernel.
     python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
                                              [--row-tiles 4,8] [--split-keys 32,64] [--splits N,..]
                                              [--torch] [--short] [--short-warps 4,8]
-                                             [--short-clusters 1,2,4,8] [--json PATH]
+                                             [--short-clusters 1,2,4,8] [--wide] [--json PATH]
 """
 
 import argparse
@@ -31,17 +34,21 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.capture import Graph  # noqa: E402
 from impnb.kernels.attention import attention_decode as ad  # noqa: E402
 from impnb.kernels.attention import attention_decode_short as ads  # noqa: E402
+from impnb.kernels.attention import attention_wide as aw  # noqa: E402
 from impnb.kernels.attention.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
-SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "qwen3-30b-a3b": (32, 4, 128)}
+SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "qwen3-30b-a3b": (32, 4, 128), "gemma4": (16, 8, 256),
+          "gemma4-global": (16, 2, 512)}
 PAGE = 32
 CALLS = 50
 
 
 def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=None, warps=0,
-              short=False, cluster=1):
-    """(µs a call, split count, KV GB/s) of the split kernel, or (short) of attention_decode_short
-    with blocks of `warps` warps (0: its default), `cluster` blocks a row."""
+              short=False, cluster=1, wide=False):
+    """(µs a call, split count, KV GB/s) of the split kernel (attention_wide at its head dims or
+    with wide), or (short) of attention_decode_short with blocks of `warps` warps (0: its
+    default), `cluster` blocks a row."""
+    wide = wide or D in aw.HEAD_DIMS
     rng = np.random.default_rng(0)
     n_pages = pages_needed(n_ctx, PAGE)
     k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
@@ -50,12 +57,16 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=
     q = ctx.upload(rng.standard_normal((1, H, D)).astype(np.float32))
     pos = ctx.upload(np.array([L - 1], np.int32))
     out = ctx.empty((1, H, D), np.float32)
-    n_splits = splits or ad.num_splits(n_ctx, H, Hkv, head_dim=D)
-    partials = ctx.empty(ad.partials_shape(1, n_splits, 1, H, D), np.float32)
+    n_splits = splits or (aw.num_splits(n_ctx, Hkv, 1) if wide else ad.num_splits(n_ctx, H, Hkv, head_dim=D))
+    partials = ctx.empty(aw.partials_shape(n_splits, 1, H, D) if wide else ad.partials_shape(1, n_splits, 1, H, D),
+                         np.float32)
     counters = ctx.upload(np.zeros(ad.counters_shape(1, 1, H), np.int32))
 
     def call():
-        if short:
+        if wide:
+            aw.attention_wide(q, k_pool, v_pool, table, pos, out, partials, n_splits, D ** -0.5, None,
+                              ctx.nb_stream)
+        elif short:
             ads.attention_decode_short(q, k_pool, v_pool, table, pos, out, D ** -0.5, None, None,
                                        ctx.nb_stream, warps or None, splits=cluster)
         else:
@@ -110,6 +121,16 @@ def time_torch(H, Hkv, D, L):
     return statistics.median(times[3:])
 
 
+def wide_rows(ctx: GpuContext, args, model: str, rows: list) -> None:
+    """attention_wide's rows: each context and split count."""
+    H, Hkv, D = SHAPES[model]
+    for L in (int(v) for v in args.ctx.split(",")):
+        for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
+            us, n, gbs = time_case(ctx, H, Hkv, D, L, max(args.n_ctx, L), s, wide=True)
+            rows.append(dict(model=model, ctx=L, splits=n, wide=True, us=us, kv_gbs=gbs))
+            print(f"{model:<13} {L:>6} {n:>6} {'wide':>4} {'-':>5} {us:>8.2f} {gbs:>8.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", default="64,131,512,4096,16384,32768")
@@ -122,6 +143,7 @@ def main() -> int:
     ap.add_argument("--short", action="store_true", help="also time attention_decode_short")
     ap.add_argument("--short-warps", default="", help="its block sizes to try (default: its own)")
     ap.add_argument("--short-clusters", default="1", help="blocks a row of the short kernel to try")
+    ap.add_argument("--wide", action="store_true", help="time attention_wide at every shape")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
@@ -131,6 +153,9 @@ def main() -> int:
           + (f" {'warps':>5} {'clus':>4} {'short µs':>9} {'split/short':>11}" if args.short else ""))
     for model in args.models.split(","):
         H, Hkv, D = SHAPES[model]
+        if D in aw.HEAD_DIMS or args.wide:
+            wide_rows(ctx, args, model, rows)
+            continue
         for L in (int(v) for v in args.ctx.split(",")):
             n_ctx = max(args.n_ctx, L)
             for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):

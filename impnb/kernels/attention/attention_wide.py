@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 from numba.core import types
+from numba.types import uint64
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
@@ -35,23 +36,30 @@ def attention_kernel(D: int):
     """The split kernel for head dim D."""
     assert D % 64 == 0 and D <= 512, D
     WPL = D // 64  # u32 words (fp16 pairs) of K and of V a lane reads per key
-    DPL = 2 * WPL  # dims a lane owns: lane l the dims l * DPL .. l * DPL + DPL - 1
+    DPL = 2 * WPL  # dims a lane owns: lane l word l + 32 w of a row (w < WPL), dims 2 (l + 32 w) + 0, 1
+
+    @cuda.jit(device=True, inline=True)
+    def row_word(block_table, key, shift, mask, Hkv, kh, lane):
+        # -- the flat u32 index of lane's first word in key's row of KV head kh --
+        page = block_table[0, key >> shift]
+        return uint64(((page << shift) + (key & mask)) * Hkv + kh) * uint64(D // 2) + uint64(lane)
 
     # grid (S, T * Hkv), block (32, g): warp j of block (s, y = t * Hkv + kh) owns query row
     # (t, h = kh * g + j) and split s of its keys. Per key the lane dots its DPL dims of q (in
     # registers, pre-scaled by scale * log2 e) with K, the warp's butterfly sums the score into
-    # every lane, and an online softmax (base 2) weighs V into the lane's DPL accumulators. The g
-    # warps of a block read the same K/V rows (L1); a lane's K and V words of the next key are
-    # loaded before the current key's dot and update (one memory round trip a key otherwise).
-    # No shared memory.
+    # every lane, and an online softmax (base 2) weighs V into the lane's DPL accumulators. A
+    # warp's load of word w of a row takes 128 contiguous bytes (lane-strided words: one L1
+    # wavefront, where words of a lane side by side took 8). The g warps of a block read the
+    # same K/V rows (L1); a lane's K and V words of the next key are loaded before the current
+    # key's dot and update (one memory round trip a key otherwise). No shared memory.
     # S = 1: out[t, h] = acc / l; else partials[s, t, h] = (acc, m, l) for attention_merge.
-    # k_words, v_words: the pools as u32 (n_pages, page_size, Hkv, D / 2); page_size = 1 << shift.
-    def kernel(q, k_words, v_words, block_table, pos, out, partials, scale, window, shift):
+    # k_words, v_words: the pools (n_pages, page_size, Hkv, D / 2) as flat u32 (a row's words at
+    # an unsigned offset: no negative-index wrap in the address); page_size = 1 << shift.
+    def kernel(q, k_words, v_words, block_table, pos, out, partials, scale, window, shift, Hkv):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         split = cuda.blockIdx.x
         n_splits = cuda.gridDim.x
-        Hkv = k_words.shape[2]
         t = cuda.blockIdx.y // Hkv
         kh = cuda.blockIdx.y - t * Hkv
         lane = cuda.threadIdx.x
@@ -67,30 +75,31 @@ def attention_kernel(D: int):
         qr = cuda.local.array(DPL, types.float32)
         acc = cuda.local.array(DPL, types.float32)
         c = scale * LOG2E
+        for w in range(WPL):
+            qr[2 * w] = q[t, h, 2 * (lane + WARP * w)] * c
+            qr[2 * w + 1] = q[t, h, 2 * (lane + WARP * w) + 1] * c
         for i in range(DPL):
-            qr[i] = q[t, h, lane * DPL + i] * c
             acc[i] = _ZERO
         m = NEG
         l = _ZERO
-        w0 = lane * WPL
         kc = cuda.local.array(WPL, types.uint32)  # the current key's K, V words, then the next's
         vc = cuda.local.array(WPL, types.uint32)
         kn = cuda.local.array(WPL, types.uint32)
         vn = cuda.local.array(WPL, types.uint32)
         if k0 < k1:
-            page = block_table[0, k0 >> shift]
+            r = row_word(block_table, k0, shift, mask, Hkv, kh, lane)
             for w in range(WPL):
-                kn[w] = k_words[page, k0 & mask, kh, w0 + w]
-                vn[w] = v_words[page, k0 & mask, kh, w0 + w]
+                kn[w] = k_words[r + WARP * w]
+                vn[w] = v_words[r + WARP * w]
         for key in range(k0, k1):
             for w in range(WPL):
                 kc[w] = kn[w]
                 vc[w] = vn[w]
             if key + 1 < k1:  # -- the next key's words on their way --
-                page = block_table[0, (key + 1) >> shift]
+                r = row_word(block_table, key + 1, shift, mask, Hkv, kh, lane)
                 for w in range(WPL):
-                    kn[w] = k_words[page, (key + 1) & mask, kh, w0 + w]
-                    vn[w] = v_words[page, (key + 1) & mask, kh, w0 + w]
+                    kn[w] = k_words[r + WARP * w]
+                    vn[w] = v_words[r + WARP * w]
             # -- score: the lane's partial dot, summed over the warp --
             s = _ZERO
             for w in range(WPL):
@@ -107,11 +116,13 @@ def attention_kernel(D: int):
             m = m_new
         if n_splits == 1:
             inv = np.float32(1) / l if l > _ZERO else _ZERO
-            for i in range(DPL):
-                out[t, h, lane * DPL + i] = acc[i] * inv
+            for w in range(WPL):
+                out[t, h, 2 * (lane + WARP * w)] = acc[2 * w] * inv
+                out[t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1] * inv
             return
-        for i in range(DPL):
-            partials[split, t, h, lane * DPL + i] = acc[i]
+        for w in range(WPL):
+            partials[split, t, h, 2 * (lane + WARP * w)] = acc[2 * w]
+            partials[split, t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1]
         if lane == 0:
             partials[split, t, h, D] = m
             partials[split, t, h, D + 1] = l
@@ -213,20 +224,20 @@ def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits:
     assert n_splits == 1 or (partials.shape[0] >= n_splits and partials.shape[1:] == (T, H, D + 2)), partials.shape
     if T == 0:
         return
-    launch(attention_kernel(D), (n_splits, T * Hkv), (WARP, H // Hkv), stream, q, k_pool.view(np.uint32),
-           v_pool.view(np.uint32), block_table, pos, out, partials, np.float32(scale), np.int32(window or 0),
-           np.int32(k_pool.shape[1].bit_length() - 1))
+    launch(attention_kernel(D), (n_splits, T * Hkv), (WARP, H // Hkv), stream, q,
+           k_pool.view(np.uint32).reshape(-1), v_pool.view(np.uint32).reshape(-1), block_table, pos, out, partials,
+           np.float32(scale), np.int32(window or 0), np.int32(k_pool.shape[1].bit_length() - 1), np.int32(Hkv))
     if n_splits > 1:
         launch(_attention_merge_kernel, (T * H, D // WARP), (WARP, MERGE_WARPS), stream, partials[:n_splits], out)
 
 
 _Q = types.float32[:, :, ::1]
-_POOL = types.uint32[:, :, :, ::1]
+_POOL = types.uint32[::1]
 _PART = types.float32[:, :, :, ::1]
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
     return [
         (attention_kernel(D), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART, types.float32,
-                               types.int32, types.int32), {"max_registers": 128})
+                               types.int32, types.int32, types.int32), {"max_registers": 128})
         for D in HEAD_DIMS
     ] + [(_attention_merge_kernel, (_PART, _Q), {"max_registers": 64})]
