@@ -117,7 +117,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             m.all_reduce(x)
         else:
             # attention writes its output in int8 there too (not where a gate multiplies it first)
-            xq = m.mm.attn_xq(lw.attn.o, step) if lw.attn.q_gate is None else None
+            xq = m.mm.attn_xq(lw.attn.o, step, m.cfg.window(il)) if lw.attn.q_gate is None else None
             attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
             if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
                 attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
@@ -159,11 +159,12 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
     tables = m.kv.tables[:B]
-    if step.n_tokens <= attention_decode.MAX_T and step.short_blocks and m.plan.decode_post:  # qkv_post fused in
+    short = step.short_for(cfg.window(il))
+    if step.n_tokens <= attention_decode.MAX_T and short and m.plan.decode_post:  # qkv_post fused in
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(attn, B),
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
-                               splits=step.short_blocks, xq=xq)
+                               splits=short, xq=xq)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           tables, m.kv.k[il], m.kv.v[il], s)
@@ -252,10 +253,11 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
         if T <= attention_decode.MAX_T:
             _attention_wide(m, il, q, pos, out, step, window)
             return
-    assert xq is None or (T <= attention_decode.MAX_T and step.short_blocks), "xq: the short kernel's"
-    if T <= attention_decode.MAX_T and step.short_blocks:
+    short = step.short_for(window)
+    assert xq is None or (T <= attention_decode.MAX_T and short), "xq: the short kernel's"
+    if T <= attention_decode.MAX_T and short:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
-                               cfg.attn_scale, window, None, s, splits=step.short_blocks, xq=xq)
+                               cfg.attn_scale, window, None, s, splits=short, xq=xq)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(

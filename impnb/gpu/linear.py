@@ -185,10 +185,10 @@ class MatMul:
         self.linear(x, lin, gate_up, norm)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
 
-    def attn_xq(self, lin: Linear, step: StepPlan) -> QuantX | None:
-        """Where decode attention (the short kernel) writes its output's int8 form for lin
-        (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
-        if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T and step.short_blocks
+    def attn_xq(self, lin: Linear, step: StepPlan, window: int | None) -> QuantX | None:
+        """Where decode attention (the short kernel) of a layer of this window writes its output's
+        int8 form for lin (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
+        if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T and step.short_for(window)
                 and lin.int8_x and step.rows <= GEMV_MAX_ROWS):
             return self.xq_buffers(step.rows, lin.w.cols, "attn_xq")
         return None

@@ -11,22 +11,30 @@ from dataclasses import dataclass
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
-from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH, Overrides,
-                          fuses_post)
+from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH, Overrides, fuses_post,
+                          short_cluster)
 
 
 @dataclass(frozen=True)
 class StepPlan:
     """One forward call: n_tokens rows a sequence, batch sequences (decode steps only), and
     decode attention's kernel for contexts up to ctx_bucket keys: the short kernel with
-    short_blocks blocks a query row, or (short_blocks 0) the split kernel in `splits` splits.
-    Prefill steps (n_tokens > attention_decode.MAX_T) take neither."""
+    short_blocks blocks a query row, or (short_blocks 0) the split kernel in `splits` splits;
+    sliding-window layers, whose keys are at most their window's, the short kernel with
+    window_blocks blocks a row (0: the split kernel). Prefill steps (n_tokens >
+    attention_decode.MAX_T) take neither."""
 
     n_tokens: int
     ctx_bucket: int
     short_blocks: int
     splits: int
     batch: int = 1
+    window_blocks: int = 0
+
+    def short_for(self, window: int | None) -> int:
+        """The short kernel's blocks a query row for a layer of this window (None: the whole
+        context), 0 where it takes the split kernel."""
+        return self.short_blocks if window is None else self.window_blocks
 
     @property
     def rows(self) -> int:
@@ -74,22 +82,29 @@ class LoadPlan:
 
     def decode_step(self, length: int, n_tokens: int = 1, batch: int = 1) -> StepPlan:
         """A decode step of n_tokens rows a sequence for contexts up to ctx_bucket(length): the
-        short kernel where the bucket is within short_max, else split. One sequence takes the
-        short kernel's measured cluster (SHORT_DECODE_CLUSTER); a batch one block a row (its
-        sequences fill the GPU) and splits for its size, and a batch of more than
+        short kernel where the bucket is within short_max, else split; sliding-window layers by
+        the bucket of their window's keys where that is smaller (WINDOW_SHORT). One sequence
+        takes the short kernel's measured cluster (tuning.short_cluster); a batch one block a
+        row (its sequences fill the GPU) and splits for its size, and a batch of more than
         SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel."""
         bucket = self.ctx_bucket(length)
+        window = self.cfg.sliding_window
+        keys = (min(bucket, self.ctx_bucket(window + n_tokens - 1))
+                if window and self.tuning.window_short else bucket)
+        splits = self.splits_for(bucket) if batch == 1 else attention_decode.num_splits(
+            bucket, self.cfg.n_head, self.cfg.n_head_kv, n_tokens, batch, head_dim=self.head_dim)
+        return StepPlan(n_tokens, bucket, self._short_blocks(bucket, batch), splits, batch,
+                        self._short_blocks(keys, batch))
+
+    def _short_blocks(self, bucket: int, batch: int) -> int:
+        """The short kernel's blocks a query row for contexts up to bucket keys, 0: the split kernel."""
+        cfg, t = self.cfg, self.tuning
+        if batch > 1:
+            short = bucket <= self.short_max and (batch <= SHORT_DECODE_MAX_BATCH or cfg.n_head == cfg.n_head_kv)
+            return 1 if short else 0
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
-        t = self.tuning
-        blocks = (t.short_cluster if t.short_cluster is not None
-                  else SHORT_DECODE_CLUSTER.get((self.head_dim, row), 1))
-        if batch == 1:
-            return StepPlan(n_tokens, bucket, blocks if bucket <= self.short_max else 0, self.splits_for(bucket))
-        cfg = self.cfg
-        splits = attention_decode.num_splits(bucket, cfg.n_head, cfg.n_head_kv, n_tokens, batch,
-                                             head_dim=self.head_dim)
-        short = bucket <= self.short_max and (batch <= SHORT_DECODE_MAX_BATCH or cfg.n_head == cfg.n_head_kv)
-        return StepPlan(n_tokens, bucket, 1 if short else 0, splits, batch)
+        blocks = t.short_cluster if t.short_cluster is not None else short_cluster(self.head_dim, row, cfg.n_head)
+        return blocks if bucket <= self.short_max else 0
 
     def prefill_step(self, n_tokens: int) -> StepPlan:
         """A prompt chunk: chunks of up to attention_decode.MAX_T rows take the split kernel at the

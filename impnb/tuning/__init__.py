@@ -107,9 +107,22 @@ SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 # where the short kernel's one block a query row reads them once a head (on the synthetic
 # Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster).
 SHORT_DECODE_MAX_BATCH = 8
+# Sliding-window layers pick decode attention's kernel by the bucket of their window's keys (the
+# short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
+# window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
+WINDOW_SHORT = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
+# (head dim, bucket, query heads): where a model's head count measured another cluster than the
+# table's above. Gemma-4-26B-A4B's sliding layers (16 heads on 8 KV heads of 256, 1024 keys):
+# 10.45 µs a call on 4 blocks a row against 13.36 on 8 (Gemma3's 4 heads: 9.61 against 5.98).
+SHORT_DECODE_CLUSTER_HEADS = {(256, 1024, 16): 4}
+
+
+def short_cluster(head_dim: int, bucket: int, n_head: int) -> int:
+    """The short decode kernel's blocks a query row at this head dim, context bucket and head count."""
+    return SHORT_DECODE_CLUSTER_HEADS.get((head_dim, bucket, n_head), SHORT_DECODE_CLUSTER.get((head_dim, bucket), 1))
 # Head dim: the most query heads a KV head at which the short kernel takes qkv_post fused in
 # front (one launch a layer fewer); past it every block's norm and RoPE prologue costs more than
 # the launch. IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides it.
@@ -126,12 +139,14 @@ DP4A_MIN_K = 2048
 # One-token dp4a GEMVs with a pre-norm over at most this many columns make the norm and x's int8
 # form in each block (gemv_dp4a.gemv_dp4a_norm) rather than in quantize_x's launch before. Each
 # block rereads x and the norm weight from L2 (8 bytes a column): an earlier such kernel won at
-# K 2048 and lost at 4096 (docs/EXPERIMENTS.md, 'Decode GEMVs on dp4a'); 0 (never) until
-# bench_gemv.py --norm and a model's tg128 measure this one. IMPNB_DP4A_FUSED_NORM_MAX_K overrides.
+# K 2048 and lost at 4096 (docs/EXPERIMENTS.md, 'Decode GEMVs on dp4a'). This one at 2048 (the
+# 30B-A3B NVFP4's Q|K|V) made tg128 509.8 against 512.2 / 510.3 without: 0, never.
+# IMPNB_DP4A_FUSED_NORM_MAX_K overrides.
 DP4A_FUSED_NORM_MAX_K = 0
 # Decode GEMVs on dp4a with a residual tail (Gemma 4's attn_output and down) take gemv_dp4a's
-# tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off until a
-# gemma4 tg128 measures it faster; IMPNB_DP4A_TAIL=1 turns it on.
+# tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off, Gemma 4
+# Q4_K_M's tg128 at depth 4096 made 289.6 with it against 290.9 without (the NVFP4 model, whose
+# tails run on FP4's float decoder without it, not measured); IMPNB_DP4A_TAIL=1 turns it on.
 DP4A_TAIL = False
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
@@ -228,6 +243,7 @@ class Overrides:
     dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
+    window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
     @classmethod
@@ -247,7 +263,7 @@ class Overrides:
                    dp4a_fused_norm_max_k=int(env_number("IMPNB_DP4A_FUSED_NORM_MAX_K", DP4A_FUSED_NORM_MAX_K)),
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
-                   short_cluster=cluster[0] if cluster else None,
+                   short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))
 
 

@@ -138,7 +138,7 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
         pytest.skip("no expert weight of a dp4a type (F32 model)")
     dp4a.reset(SamplingParams(temperature=0))
     out = np.concatenate([dp4a.logits([t]) for t in ids])
-    assert dp4a.m.mm.attn_xq(dp4a.m.lin["blk.0.attn_output"], dp4a.last_step) is not None, "attn_output not on attention's int8 form"
+    assert dp4a.m.mm.attn_xq(dp4a.m.lin["blk.0.attn_output"], dp4a.last_step, None) is not None, "attn_output not on attention's int8 form"
     assert len(dp4a.m.router_folds) == dp4a.m.cfg.n_layer, "the router not folded into attn_output"
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference")
 

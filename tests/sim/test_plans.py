@@ -15,7 +15,7 @@ from impnb.kernels.moe import gemv_moe_dp4a
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
 from impnb.synthetic import tiny_gguf
-from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides
+from impnb.tuning import DECODE_CTX_BUCKETS, SHORT_DECODE_CLUSTER, SHORT_DECODE_MAX, Overrides, short_cluster
 
 PRE_NORM = (LayerSpec(),) * 2
 GEMMA = (LayerSpec(post_attn_norm="post_attention_norm", post_ffn_norm="post_ffw_norm"),) * 2
@@ -44,6 +44,32 @@ def test_decode_step_follows_the_tables(head_dim, n_ctx):
         assert step.splits == attention_decode.num_splits(bucket, 32, 8, head_dim=head_dim)
     chunk = plan.prefill_step(5)
     assert (chunk.short_blocks, chunk.splits, chunk.n_tokens) == (0, plan.max_decode_splits, 5)
+
+
+@pytest.mark.parametrize("window_short", [True, False])
+def test_window_layers_decode_by_their_windows_keys(window_short):
+    """Gemma-4-26B-A4B's sliding layers (1024 keys, heads of 256): past the short kernel's range the
+    context's layers take the split kernel and the window's the short kernel at the window's bucket
+    (WINDOW_SHORT; off: both the context's choice); within the window both are the same."""
+    from dataclasses import replace
+
+    cfg = replace(cfg_of(256, 16, 8), sliding_window=1024, swa_layers=(True, False))
+    plan = LoadPlan.make(cfg, 16384, Overrides(window_short=window_short), PRE_NORM)
+    for length, n_tok in ((8000, 1), (5000, 3), (4097, 8)):
+        step = plan.decode_step(length, n_tok)
+        assert step.short_blocks == 0 and step.short_for(None) == 0 and step.splits > 1
+        want = short_cluster(256, plan.ctx_bucket(1024 + n_tok - 1), 16) if window_short else 0  # T - 1 keys more
+        assert step.window_blocks == step.short_for(1024) == want
+    for length in (100, 1000):
+        step = plan.decode_step(length)
+        assert step.window_blocks == step.short_blocks > 0
+    step = plan.decode_step(3000)  # both short: the context's at 4096 keys, the window's at 1024
+    assert (step.short_blocks, step.window_blocks) == (
+        short_cluster(256, 4096, 16), short_cluster(256, 1024 if window_short else 4096, 16))
+    assert short_cluster(256, 1024, 16) != SHORT_DECODE_CLUSTER[256, 1024]  # the head count's own entry
+    batch = plan.decode_step(8000, 1, 4)
+    assert (batch.short_blocks, batch.window_blocks) == (0, 1 if window_short else 0)
+    assert plan.prefill_step(40).short_for(1024) == 0
 
 
 def test_step_plan_overrides():
