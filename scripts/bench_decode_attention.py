@@ -11,11 +11,12 @@ Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256), Qwen3-
 (H 32, Hkv 4, D 128), Gemma-4-26B-A4B's sliding layers (gemma4: H 16, Hkv 8, D 256; their
 1024-key window is --ctx 1024) and its global layers (gemma4-global: H 16, Hkv 2, D 512), which
 take attention_wide (its split count attention_wide.num_splits' or --splits; --wide times it at
-the other shapes too); --row-tiles compares query rows per block of the split kernel.
+the other shapes too, --wide-tiled its tiled kernel beside); --row-tiles compares query rows per block of the split kernel.
     python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
                                              [--row-tiles 4,8] [--split-keys 32,64] [--splits N,..]
                                              [--torch] [--short] [--short-warps 4,8]
-                                             [--short-clusters 1,2,4,8] [--wide] [--json PATH]
+                                             [--short-clusters 1,2,4,8] [--wide] [--wide-tiled]
+                                             [--json PATH]
 """
 
 import argparse
@@ -44,9 +45,9 @@ CALLS = 50
 
 
 def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=None, warps=0,
-              short=False, cluster=1, wide=False):
+              short=False, cluster=1, wide=False, tiled=False):
     """(µs a call, split count, KV GB/s) of the split kernel (attention_wide at its head dims or
-    with wide), or (short) of attention_decode_short with blocks of `warps` warps (0: its
+    with wide, on its tiled kernel with tiled), or (short) of attention_decode_short with blocks of `warps` warps (0: its
     default), `cluster` blocks a row."""
     wide = wide or D in aw.HEAD_DIMS
     rng = np.random.default_rng(0)
@@ -65,7 +66,7 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=
     def call():
         if wide:
             aw.attention_wide(q, k_pool, v_pool, table, pos, out, partials, n_splits, D ** -0.5, None,
-                              ctx.nb_stream)
+                              ctx.nb_stream, tiled)
         elif short:
             ads.attention_decode_short(q, k_pool, v_pool, table, pos, out, D ** -0.5, None, None,
                                        ctx.nb_stream, warps or None, splits=cluster)
@@ -122,13 +123,15 @@ def time_torch(H, Hkv, D, L):
 
 
 def wide_rows(ctx: GpuContext, args, model: str, rows: list) -> None:
-    """attention_wide's rows: each context and split count."""
+    """attention_wide's rows: each context and split count, its own kernel and (--wide-tiled) the
+    tiled one."""
     H, Hkv, D = SHAPES[model]
     for L in (int(v) for v in args.ctx.split(",")):
         for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
-            us, n, gbs = time_case(ctx, H, Hkv, D, L, max(args.n_ctx, L), s, wide=True)
-            rows.append(dict(model=model, ctx=L, splits=n, wide=True, us=us, kv_gbs=gbs))
-            print(f"{model:<13} {L:>6} {n:>6} {'wide':>4} {'-':>5} {us:>8.2f} {gbs:>8.1f}")
+            for tiled in (False, True) if args.wide_tiled else (False,):
+                us, n, gbs = time_case(ctx, H, Hkv, D, L, max(args.n_ctx, L), s, wide=True, tiled=tiled)
+                rows.append(dict(model=model, ctx=L, splits=n, wide=True, tiled=tiled, us=us, kv_gbs=gbs))
+                print(f"{model:<13} {L:>6} {n:>6} {'tile' if tiled else 'wide':>4} {'-':>5} {us:>8.2f} {gbs:>8.1f}")
 
 
 def main() -> int:
@@ -144,6 +147,7 @@ def main() -> int:
     ap.add_argument("--short-warps", default="", help="its block sizes to try (default: its own)")
     ap.add_argument("--short-clusters", default="1", help="blocks a row of the short kernel to try")
     ap.add_argument("--wide", action="store_true", help="time attention_wide at every shape")
+    ap.add_argument("--wide-tiled", action="store_true", help="attention_wide's tiled kernel too")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()

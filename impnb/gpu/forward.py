@@ -282,4 +282,4 @@ def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:
     splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
     partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
     attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out, partials, splits,
-                                  m.cfg.attn_scale, window, m.ctx.nb_stream)
+                                  m.cfg.attn_scale, window, m.ctx.nb_stream, m.tuning.wide_tiled)

@@ -111,6 +111,11 @@ SHORT_DECODE_MAX_BATCH = 8
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
 # window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
 WINDOW_SHORT = True
+# Decode attention at heads past the tiled kernels' (Gemma 4's 512) on attention_wide_tiled (K/V
+# widened to float32 once a block in shared memory) rather than attention_wide's kernel (each
+# warp widening them): off until bench_decode_attention.py --wide-tiled and a gemma4 tg128 at
+# depth measure it; IMPNB_WIDE_TILED=1 turns it on.
+WIDE_TILED = False
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
@@ -244,6 +249,7 @@ class Overrides:
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
+    wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
     @classmethod
@@ -264,6 +270,7 @@ class Overrides:
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
+                   wide_tiled=switch("WIDE_TILED", WIDE_TILED),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))
 
 

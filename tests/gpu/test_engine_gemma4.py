@@ -67,6 +67,17 @@ def test_decode_split_attention_matches_reference(case, monkeypatch):
     assert not split.last_step.short_blocks and split.last_step.splits
 
 
+def test_decode_wide_tiled_matches_reference(case, monkeypatch):
+    """Decode with the global heads of 512 ("wide") on attention_wide_tiled (IMPNB_WIDE_TILED)."""
+    from impnb.engine_cuda import CudaEngine
+
+    ids, ref, engine = case
+    monkeypatch.setenv("IMPNB_WIDE_TILED", "1")
+    tiled = CudaEngine(engine.mf, 256, graphs=False)
+    assert tiled.m.tuning.wide_tiled
+    agree(teacher_forced(tiled, ids), ref, "decode on attention_wide_tiled vs reference")
+
+
 @pytest.mark.parametrize("window_short", ["1", "0"], ids=["window-short", "window-split"])
 def test_decode_window_short_beside_split(case, monkeypatch, window_short, request):
     """Contexts past the short kernel's range (IMPNB_SHORT_DECODE_MAX 256, 300 tokens at n_ctx

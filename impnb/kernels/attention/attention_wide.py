@@ -17,6 +17,7 @@ from numba.types import uint64
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.attention import attention_wide_tiled
 from impnb.kernels.attention.attention_decode import LOG2E, NEG
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.common.warp import WARP, warp_max, warp_sum
@@ -204,11 +205,12 @@ def partials_shape(n_splits: int, T: int, n_head: int, head_dim: int) -> tuple:
 
 
 def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
-                   window: int | None, stream) -> None:
+                   window: int | None, stream, tiled: bool = False) -> None:
     """out (T, H, D) = attention of q (T, H, D) float32 at pos (T,) int32 over the paged fp16 cache
     k_pool, v_pool (n_pages, page_size, Hkv, D) through block_table (max_pages,) or (1, max_pages)
     int32, the queries' own K/V already written; partials (partials_shape, at least n_splits
-    splits) float32 scratch, unread when n_splits is 1."""
+    splits) float32 scratch, unread when n_splits is 1; tiled: the split kernel of
+    attention_wide_tiled (K/V widened once a block) where it takes the head grouping."""
     T, H, D = q.shape
     Hkv = k_pool.shape[2]
     if block_table.ndim == 1:
@@ -224,7 +226,9 @@ def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits:
     assert n_splits == 1 or (partials.shape[0] >= n_splits and partials.shape[1:] == (T, H, D + 2)), partials.shape
     if T == 0:
         return
-    launch(attention_kernel(D), (n_splits, T * Hkv), (WARP, H // Hkv), stream, q,
+    g = H // Hkv
+    kernel = attention_wide_tiled.tiled_kernel(D, g) if tiled and attention_wide_tiled.takes(g) else attention_kernel(D)
+    launch(kernel, (n_splits, T * Hkv), (WARP, g), stream, q,
            k_pool.view(np.uint32).reshape(-1), v_pool.view(np.uint32).reshape(-1), block_table, pos, out, partials,
            np.float32(scale), np.int32(window or 0), np.int32(k_pool.shape[1].bit_length() - 1), np.int32(Hkv))
     if n_splits > 1:
@@ -240,4 +244,9 @@ def build_signatures() -> list:
         (attention_kernel(D), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART, types.float32,
                                types.int32, types.int32, types.int32), {"max_registers": 128})
         for D in HEAD_DIMS
+    ] + [
+        (attention_wide_tiled.tiled_kernel(D, 8), (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[::1], _Q, _PART,
+                                                   types.float32, types.int32, types.int32, types.int32),
+         {"max_registers": 128})
+        for D in HEAD_DIMS  # Gemma 4's 16 heads on 2 KV heads
     ] + [(_attention_merge_kernel, (_PART, _Q), {"max_registers": 64})]
