@@ -82,8 +82,9 @@ def test_decode_wide_tiled_matches_reference(case, monkeypatch):
 def test_decode_window_short_beside_split(case, monkeypatch, window_short, request):
     """Contexts past the short kernel's range (IMPNB_SHORT_DECODE_MAX 256, 300 tokens at n_ctx
     1024): the global layers decode on the split kernel (or attention_wide), the sliding ones, whose
-    windows' keys are within it, on the short kernel (WINDOW_SHORT; off: the split kernel);
-    teacher-forced logits against the reference over the last 40 tokens."""
+    windows' keys are within it, on the short kernel (WINDOW_SHORT; off: the split kernel); the
+    prompt's logits (260 rows, one chunk) and teacher-forced ones over the last 40 tokens against
+    the reference."""
     from impnb.engine_cuda import CudaEngine
 
     if request.node.callspec.params["case"] == "wide":
@@ -99,7 +100,11 @@ def test_decode_window_short_beside_split(case, monkeypatch, window_short, reque
     monkeypatch.setenv("IMPNB_WINDOW_SHORT", window_short)
     mixed = CudaEngine(engine.mf, 1024, graphs=False)
     mixed.reset(SamplingParams(temperature=0))
-    mixed.logits(ids[:260])
+    pre = mixed.logits(ids[:260])
+    rel = np.abs(pre - want[:260]).max(-1) / np.abs(want[:260]).max()
+    print("prefill rows 0-95 / 96-255 / 256-259, max |dlogit| / max |logit|:",
+          *(f"{rel[a:b].max():.2e}" for a, b in ((0, 96), (96, 256), (256, 260))))
+    agree(pre, want[:260], "prefill of 260 vs reference")
     got = np.concatenate([mixed.logits([t]) for t in ids[260:]])
     agree(got, want[260:], "window short, context split vs reference")
     step = mixed.last_step
