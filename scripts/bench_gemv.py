@@ -11,10 +11,7 @@ thread, B blocks an SM of W threads) and a device-to-device copy of them: the ce
 --dp4a [V,...] also times gemv_dp4a (choose_capped's variant, or these, each with an optional
 register cap, s64u2r4c80; an empty name is that one)
 and quantize_x, which it needs first, on the same x (rows "dp4a ..." and "quant_x"; their sum is
-what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ..."). With --norm at
-T = 1 also the pair with the pre-norm, quantize_x(x, norm) then gemv_dp4a launched together (rows
-"qx+dp4a ..."), against gemv_dp4a_norm, which makes the norm and x's int8 form in its blocks
-(rows "dp4a-norm ...", uncapped, as DP4A_FUSED_NORM_MAX_K's GEMVs run).
+what a decode step pays); with --glu also as gate|up with SiLU (rows "dp4a-glu ...").
 --jobs N compiles the GEMV and dp4a kernels the run launches first, in N processes, into the disk
 cache (impnb.launch.cache), so the timed part compiles nothing.
 --sweep times every T = 1 kernel variant (gemv_variants.sweep) on the shapes of SWEEP_CASES instead,
@@ -43,7 +40,7 @@ from impnb.kernels.common import ptx, quant_intrinsics as qi  # noqa: E402
 from impnb.kernels.gemm.dequant import dequant  # noqa: E402
 from impnb.kernels.gemv.gemv import DECODERS, Variant, choose, gemv, kernel_args, variant_kernel  # noqa: E402
 from impnb.kernels.gemv import gemv_dp4a as dp  # noqa: E402
-from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, gemv_dp4a, gemv_dp4a_norm  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a import NO_GLU, SILU, gemv_dp4a  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped  # noqa: E402
 from impnb.kernels.gemv.gemv_stream import gemv_stream, sm_count  # noqa: E402
@@ -160,13 +157,12 @@ def result(op, t, weights, n_tok, nbytes, med_us, b2b_us):
             "pct_peak_b2b": 100 * nbytes / (b2b_us * 1e-6) / PEAK}
 
 
-def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,), norm=False):
+def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,)):
     """quantize_x, then gemv_dp4a in each variant ((Variant, register cap or None), or None:
     choose_capped's) and epilogue of glus (SILU: the rows as gate|up, half as many outputs; rows
-    "dp4a-glu"), on one Gaussian x; with norm at T = 1 also the pre-norm's pair and fused kernel."""
+    "dp4a-glu"), on one Gaussian x."""
     rows, cols = weights[0].rows, weights[0].cols
     x = cuda.to_device(rng.standard_normal((n_tok, cols)).astype(np.float32), stream=stream)
-    wn = cuda.to_device((1 + 0.3 * rng.standard_normal(cols)).astype(np.float32), stream=stream)
     xq = quant_x_buffers(n_tok, cols)
     med, b2b = time_launches(lambda i, s: quantize_x(x, xq, s), 1, reps, stream)
     out = [result("quant_x", t, weights, n_tok, x.nbytes + sum(a.nbytes for a in xq), med, b2b)]
@@ -183,27 +179,11 @@ def bench_dp4a(t, weights, n_tok, variants, reps, rng, stream, glus=(NO_GLU,), n
             name = chosen.name + (f"c{cap}" if cap else "")  # c: its register cap
             op = f"dp4a{'-glu' if glu else ''} {name}"
             out.append(result(op, t, weights, n_tok, weights[0].nbytes, med, b2b))
-            if not (norm and n_tok == 1):
-                continue
-
-            def pair(i, s):
-                quantize_x(x, xq, s, norm=(wn, 1e-6))
-                gemv_dp4a(weights[i % len(weights)], xq, y, s, variant=v, glu=glu, cap=vcap)
-
-            med, b2b = time_launches(pair, len(weights), reps, stream)
-            out.append(result(f"qx+{op}", t, weights, n_tok, weights[0].nbytes, med, b2b))
-            y.copy_to_device(np.full((n_tok, n_out), np.nan, np.float32), stream=stream)
-            med, b2b = time_launches(
-                lambda i, s: gemv_dp4a_norm(weights[i % len(weights)], x, (wn, 1e-6), y, s, variant=v, glu=glu),
-                len(weights), reps, stream)
-            assert np.isfinite(y.copy_to_host()).all()
-            out.append(result(f"dp4a{'-glu' if glu else ''}-norm {chosen.name}", t, weights, n_tok,
-                              weights[0].nbytes, med, b2b))
     return out
 
 
 def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False, variants=(None,), streams=(),
-               reads=(), dp4a=(), glus=(NO_GLU,), norm=False):
+               reads=(), dp4a=(), glus=(NO_GLU,)):
     weights = device_copies(t, rows, cols, rng, copies)
     stream = cuda.stream()
     out = []
@@ -227,7 +207,7 @@ def bench_type(t, rows, cols, tokens, reps, rng, copies=None, with_dequant=False
             assert np.isfinite(y.copy_to_host()).all()
             out.append(result(v.name if v else "gemv", t, weights, n_tok, weights[0].nbytes, med, b2b))
         if dp4a and t in DOTS:
-            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream, glus, norm)
+            out += bench_dp4a(t, weights, n_tok, dp4a, reps, rng, stream, glus)
     if with_dequant:
         w16 = cuda.device_array((rows, cols), np.float16, stream=stream)
         med, b2b = time_launches(lambda i, s: dequant(weights[i % len(weights)], w16, s),
@@ -245,26 +225,19 @@ def _compile(job):
     kind, t, n_tok, K, rows, v, glu, cc = job
     if kind == "gemv":
         kernel, sig = variant_kernel(t, n_tok, v or choose(t, n_tok, K, rows), NO_GLU, cols=K), kernel_args(t)
-    elif kind == "dp4a-norm":
-        v = v[0] if v else choose_capped(t, 1, K, glu, rows // 2 if glu else rows)[0]
-        kernel = dp.gemv_dp4a_kernel(t, K, 1, v.span, v.rows, glu, False, v.unroll, None, normed=True)
-        sig = dp.norm_kernel_args(t)
     else:
         v, cap = v or choose_capped(t, n_tok, K, glu, rows // 2 if glu else rows)
         kernel, sig = dp.gemv_dp4a_kernel(t, K, n_tok, v.span, v.rows, glu, False, v.unroll, cap), dp.kernel_args(t)
     cache.get_cubin(kernel, sig, arch_cc(cc))
 
 
-def precompile(type_names, shapes, tokens, variants, dp4a, glus, n_jobs, norm=False):
+def precompile(type_names, shapes, tokens, variants, dp4a, glus, n_jobs):
     """Every plain GEMV and dp4a kernel the timed run launches, compiled in n_jobs processes."""
     cc = cuda.get_current_device().compute_capability
     jobs = {("gemv", T[n], k, K, rows, v, NO_GLU, cc) for n in type_names for rows, K in shapes for k in tokens
             for v in variants}
     jobs |= {("dp4a", T[n], k, K, rows, v, glu, cc) for n in type_names if T[n] in DOTS for rows, K in shapes
              for k in tokens for v in dp4a for glu in glus}
-    if norm and 1 in tokens:
-        jobs |= {("dp4a-norm", T[n], 1, K, rows, v, glu, cc) for n in type_names if T[n] in DOTS
-                 for rows, K in shapes for v in dp4a for glu in glus}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(min(len(jobs), n_jobs, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         list(pool.map(_compile, sorted(jobs, key=str)))
@@ -287,8 +260,6 @@ def main():
     ap.add_argument("--stream", help="also time gemv_stream (T = 1), rows:blocks an SM each, e.g. 2:8,4:4")
     ap.add_argument("--jobs", type=int, default=0, help="compile the kernels first in this many processes")
     ap.add_argument("--glu", action="store_true", help="--dp4a also as gate|up with SiLU (the rows halves of W)")
-    ap.add_argument("--norm", action="store_true",
-                    help="--dp4a at T = 1 also with a pre-norm: quantize_x + gemv_dp4a against gemv_dp4a_norm")
     args = ap.parse_args()
     if args.sweep:
         from gemv_sweep import sweep_main
@@ -317,15 +288,15 @@ def main():
     reads = [tuple(int(v) for v in r.split(":")) for r in args.read.split(",")] if args.read else ()
     glus = (NO_GLU, SILU) if args.glu else (NO_GLU,)
     if args.jobs:
-        precompile(args.types.split(","), shapes, tokens, variants, dp4a, glus, args.jobs, args.norm)
+        precompile(args.types.split(","), shapes, tokens, variants, dp4a, glus, args.jobs)
     results = []
-    print(f"{'shape':>11} {'op':20} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
+    print(f"{'shape':>11} {'op':14} {'type':6} {'T':>2} {'MB':>7} {'median us':>10} {'b2b us':>8} {'GB/s':>7} "
           f"{'% 2.97TB/s':>10} {'b2b %':>6}")
     for (rows, cols), name in ((shape, name) for shape in shapes for name in args.types.split(",")):
         for r in bench_type(T[name], rows, cols, tokens, args.reps, rng, args.copies, args.dequant, variants,
-                            streams, reads, dp4a, glus, args.norm):
+                            streams, reads, dp4a, glus):
             results.append(r)
-            print(f"{f'{rows}x{cols}':>11} {r['op']:20} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
+            print(f"{f'{rows}x{cols}':>11} {r['op']:14} {r['type']:6} {r['tokens']:>2} {r['bytes'] / 1e6:7.1f} "
                   f"{r['median_us']:10.2f} {r['b2b_us']:8.2f} {r['bytes_per_s'] / 1e9:7.0f} "
                   f"{r['pct_peak']:9.1f}% {r['pct_peak_b2b']:5.1f}%", flush=True)
         if args.json:  # after every type: a run cut short keeps what it timed

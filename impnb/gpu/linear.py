@@ -2,8 +2,7 @@
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
 for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
-for the Linears whose `dp4a` is set (a one-token pre-norm and int8 x made in the GEMV's blocks
-up to DP4A_FUSED_NORM_MAX_K columns; a residual tail there where DP4A_TAIL), gemv_stream for
+for the Linears whose `dp4a` is set (a residual tail there where DP4A_TAIL), gemv_stream for
 `stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
 per-token gate fused where asked). Past that a
 GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
@@ -78,14 +77,9 @@ class MatMul:
             residual.unfused(y, s)
 
     def dp4a(self, x, lin: Linear, y, norm: tuple | None, accumulate: bool = False, glu: int = gemv.NO_GLU) -> None:
-        """gemv_dp4a of x (T <= GEMV_MAX_ROWS), or of RMSNorm(x) * wn with norm: one token's norm
-        and int8 form made in the GEMV's blocks up to DP4A_FUSED_NORM_MAX_K columns, else by
+        """gemv_dp4a of x (T <= GEMV_MAX_ROWS), or of RMSNorm(x) * wn with norm, made int8 by
         quantize_x first."""
-        s = self.ctx.nb_stream
-        if norm is not None and x.shape[0] == 1 and x.shape[1] <= self.tuning.dp4a_fused_norm_max_k:
-            gemv_dp4a.gemv_dp4a_norm(lin.w, x, norm, y, s, accumulate, glu=glu)
-        else:
-            gemv_dp4a.gemv_dp4a(lin.w, self.quantized(x, norm), y, s, accumulate, glu=glu)
+        gemv_dp4a.gemv_dp4a(lin.w, self.quantized(x, norm), y, self.ctx.nb_stream, accumulate, glu=glu)
 
     def takes_gated(self, lin: Linear, n_tok: int) -> bool:
         """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has

@@ -141,13 +141,6 @@ WGMMA_HEAD_DIMS = (64, 128)
 # IMPNB_DP4A_MIN_MB / IMPNB_DP4A_MIN_K override them (a huge value: never).
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
-# One-token dp4a GEMVs with a pre-norm over at most this many columns make the norm and x's int8
-# form in each block (gemv_dp4a.gemv_dp4a_norm) rather than in quantize_x's launch before. Each
-# block rereads x and the norm weight from L2 (8 bytes a column): an earlier such kernel won at
-# K 2048 and lost at 4096 (docs/EXPERIMENTS.md, 'Decode GEMVs on dp4a'). This one at 2048 (the
-# 30B-A3B NVFP4's Q|K|V) made tg128 509.8 against 512.2 / 510.3 without: 0, never.
-# IMPNB_DP4A_FUSED_NORM_MAX_K overrides.
-DP4A_FUSED_NORM_MAX_K = 0
 # Decode GEMVs on dp4a with a residual tail (Gemma 4's attn_output and down) take gemv_dp4a's
 # tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off, Gemma 4
 # Q4_K_M's tg128 at depth 4096 made 289.6 with it against 290.9 without (the NVFP4 model, whose
@@ -244,7 +237,6 @@ class Overrides:
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
-    dp4a_fused_norm_max_k: int = DP4A_FUSED_NORM_MAX_K  # IMPNB_DP4A_FUSED_NORM_MAX_K
     dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
@@ -266,7 +258,6 @@ class Overrides:
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
-                   dp4a_fused_norm_max_k=int(env_number("IMPNB_DP4A_FUSED_NORM_MAX_K", DP4A_FUSED_NORM_MAX_K)),
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),

@@ -75,22 +75,6 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
           min_close=0.97)
 
 
-def test_decode_with_fused_norm_equals_quantize_x_first(case, monkeypatch):
-    """DP4A_FUSED_NORM_MAX_K past every row: each one-token dp4a GEMV with a pre-norm makes the
-    norm and x's int8 form in its blocks; they are quantize_x's bits, so each decode step's logits
-    equal those of the engine that launches quantize_x first, bit for bit."""
-    ids, _, engine, _ = case
-    logits = []
-    for max_k in ("0", "65536"):
-        monkeypatch.setenv("IMPNB_DP4A_FUSED_NORM_MAX_K", max_k)
-        dp4a = dp4a_engine(engine.mf, monkeypatch, graphs=False)
-        assert dp4a.m.mm.tuning.dp4a_fused_norm_max_k == int(max_k)
-        dp4a.reset(SamplingParams(temperature=0))
-        logits.append(np.concatenate([dp4a.logits([t]) for t in ids[:32]]))
-    assert np.isfinite(logits[0]).all()
-    assert np.array_equal(logits[1].view(np.uint32), logits[0].view(np.uint32))
-
-
 def test_prefill_matches_reference(case):
     ids, ref, engine, _ = case
     engine.reset(SamplingParams(temperature=0))

@@ -6,10 +6,7 @@ quantize_x must equal quantize_x_ref bit for bit. The GEMV is checked twice per 
 - against the float64 product with x itself: the error may grow by at most |W| @ e, e[k] =
   amax of k's 16-column group / 254 (x̂'s rounding bound), so a wrong scale or group shows.
 The normed quantize_x (RMSNorm(x) * w fused) is held to x̂'s rounding bound around the float64
-norm; gate|up (GLU) to act(gate) * up of gemv_dp4a_ref's rows. gemv_dp4a_norm (the pre-norm and
-quantization in each block) must give the bits of quantize_x with the norm, then gemv_dp4a: the same
-device functions make the same x̂, and the same variant sums the same dots in the same order.
-Outputs are NaN-poisoned; x is Gaussian at std 0.1, 1, 10.
+norm; gate|up (GLU) to act(gate) * up of gemv_dp4a_ref's rows. Outputs are NaN-poisoned; x is Gaussian at std 0.1, 1, 10.
 """
 
 import numpy as np
@@ -19,7 +16,7 @@ from numba import cuda
 
 from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
 from impnb.kernels.gemv.gemv import gemv_ref
-from impnb.kernels.gemv.gemv_dp4a import GELU, NO_GLU, SILU, Variant, gemv_dp4a, gemv_dp4a_norm, gemv_dp4a_ref
+from impnb.kernels.gemv.gemv_dp4a import GELU, NO_GLU, SILU, Variant, gemv_dp4a, gemv_dp4a_ref
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
 from impnb.kernels.gemv.gemv_dp4a_variants import T1_CAPPED, choose_capped
@@ -144,35 +141,6 @@ def check_experts(ggml_type, E, n_rows, cols, n_tok, k, glu, seed):
             assert (np.abs(y[s_] - ref) <= bound).all(), f"slot {s_} (expert {e})"
 
 
-def check_norm_fused(ggml_type, rows, cols, std, seed, glu=NO_GLU, accumulate=False, variant=None):
-    """gemv_dp4a_norm on one token against quantize_x(x, norm) then gemv_dp4a on the same weight,
-    x, norm weight and y: equal bit for bit (NaN-poisoned outputs, or a Gaussian y to add to); the
-    separate pair is itself held to the references by the tests above."""
-    raw, _, w = weight(ggml_type, rows, cols)
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((1, cols)) * std).astype(np.float32)
-    x[0, rng.integers(cols)] = 40 * std  # one outlier column, as a residual stream has
-    wn = (1 + 0.3 * rng.standard_normal(cols)).astype(np.float32)
-    n_out = rows // 2 if glu else rows
-    y0 = (rng.standard_normal((1, n_out)) if accumulate else np.full((1, n_out), np.nan)).astype(np.float32)
-    stream = cuda.stream()
-    d_x, d_wn = cuda.to_device(x, stream=stream), cuda.to_device(wn, stream=stream)
-    ys = []
-    for fused in (False, True):
-        d_y = cuda.to_device(y0, stream=stream)
-        if fused:
-            gemv_dp4a_norm(w, d_x, (d_wn, 1e-6), d_y, stream, accumulate=accumulate, variant=variant, glu=glu)
-        else:
-            xq = quant_x_buffers(1, cols)
-            quantize_x(d_x, xq, stream, norm=(d_wn, 1e-6))
-            gemv_dp4a(w, xq, d_y, stream, accumulate=accumulate, variant=variant, glu=glu)
-        ys.append(d_y.copy_to_host(stream=stream))
-    stream.synchronize()
-    assert np.isfinite(ys[0]).all(), "non-finite output of the separate pair"
-    assert np.array_equal(ys[1].view(np.uint32), ys[0].view(np.uint32)), \
-        f"fused differs: max |diff| {np.nanmax(np.abs(ys[1] - ys[0])):.3g}"
-
-
 def check_dp4a_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2, variant=None):
     """gemv_dp4a_residual: y bit-equal to gemv_dp4a's on the same x̂ (held to the references
     above), then x_res and h as gemv_residual's test holds its tail (test_gemv.tail_calls)."""
@@ -272,21 +240,6 @@ def test_gemv_dp4a_experts(ggml_type):
                   seed=[int(ggml_type), 2])
     # Gemma-4-26B-A4B's: GELU, 704 rows an expert over 2816 columns, two tokens of 8 slots
     check_experts(ggml_type, 12, 2 * 704, 2816, 2, 8, GELU, seed=[int(ggml_type), 3])
-
-
-@pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)
-def test_gemv_dp4a_norm(ggml_type):
-    """The pre-norm fused, at Qwen3-8B's Q|K|V (6144 x 4096, in the 8B's choose_capped variant, or
-    T1_CAPPED's for FP4), its gate|up with SiLU, the 30B-A3B's Q|K|V (5120 x 2048, T1_SHORT's for
-    FP4), odd rows, other variants and accumulation."""
-    for i, std in enumerate((0.1, 1.0, 10.0)):
-        check_norm_fused(ggml_type, 6144, 4096, std, seed=[int(ggml_type), i])
-    check_norm_fused(ggml_type, 2 * 3001, 4096, 1.0, seed=[int(ggml_type), 3], glu=SILU)
-    check_norm_fused(ggml_type, 5120, 2048, 1.0, seed=[int(ggml_type), 4])
-    check_norm_fused(ggml_type, 989, 2048, 1.0, seed=[int(ggml_type), 5], accumulate=True)
-    for v in (Variant(32, 2, 4), Variant(128, 1, 8), Variant(64, 1, 2)):
-        check_norm_fused(ggml_type, 777, 2816 if ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K) else 3072, 1.0,
-                         seed=[int(ggml_type), v.span, v.unroll], variant=v)
 
 
 @pytest.mark.parametrize("ggml_type", DP4A_TYPES, ids=lambda t: t.name)

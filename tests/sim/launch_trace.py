@@ -8,7 +8,7 @@ order on the same buffers: what a restructuring of the GPU path must keep.
     python tests/sim/launch_trace.py --compare A.json B.json
 
 The cases (`cases`): tiny qwen3 / qwen3moe (impnb/synthetic.py) in Q8_0, Q8_0 with a Q4_1 V and
-F32, with every GEMV on dp4a (and their pre-norms fused in), qkv_post apart, split-K only, no GEMV
+F32, with every GEMV on dp4a, qkv_post apart, split-K only, no GEMV
 tails; tiny gemma4 (dense, MoE, 26B-A4B-like heads; all-dp4a with the residual tails on dp4a);
 SmolLM2 and Gemma3 270M where installed, plain and all-dp4a; and, as on an H100 (compute
 capability 9.0) with CUDA graphs captured and replayed (lookahead, a forced token), tiny and real
@@ -251,9 +251,6 @@ def cases(tmp: Path) -> dict:
         write_gemma4(path, TINY_SHAPES[v], seed=1, workers=1)
         out[f"gemma4-{v}-h100-graphs"] = (path, 64, {}, script_decode, (9, 0), True)
         out[f"gemma4-{v}-dp4a-tail"] = (path, 64, {**DP4A, "IMPNB_DP4A_TAIL": "1"}, script_decode)
-    for arch in ("qwen3", "qwen3moe"):  # the pre-norms made in the dp4a GEMVs' blocks
-        out[f"{arch}-Q8_0-dp4a-fused-norm"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64,
-                                               {**DP4A, "IMPNB_DP4A_FUSED_NORM_MAX_K": "65536"}, script_decode)
     for arch in ("qwen3", "qwen3moe"):
         out[f"{arch}-Q8_0-h100-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, {}, script_decode, (9, 0), True)
         out[f"{arch}-Q8_0-dp4a-graphs"] = (tmp / f"tiny-{arch}-q8_0-s1.gguf", 64, DP4A, script_decode, (9, 0), True)

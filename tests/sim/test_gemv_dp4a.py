@@ -52,14 +52,6 @@ def test_gemv_dp4a_experts():
     g.check_experts(T.Q8_0, 3, 5, 64, 2, 2, NO_GLU, seed=7)
 
 
-def test_gemv_dp4a_norm():
-    """The pre-norm and quantization in each block: the bits of quantize_x with the norm, then
-    gemv_dp4a (two blocks of 128 threads each making the whole row's x̂; K past one group a thread)."""
-    g.check_norm_fused(T.Q4_K, 9, 2560, 1.0, seed=12)
-    g.check_norm_fused(T.NVFP4, 6, 256, 10.0, seed=13, glu=SILU, variant=Variant(32, 1, 2))
-    g.check_norm_fused(T.Q8_0, 5, 64, 0.1, seed=14, accumulate=True, variant=Variant(32, 1, 2))
-
-
 def test_gemv_dp4a_residual():
     """The residual tail run by the dp4a grid's last block (grids of 1 and 5 blocks), twice each."""
     g.check_dp4a_residual(T.Q4_K, 12, 256, 1, True, 1.0, seed=15)

@@ -14,9 +14,6 @@ next chunk's loads issued before this one's dots, or not), built on a `<type>_lo
 gemv_dp4a_variants.py). The routed experts' launcher is gemv_dp4a_experts.py's.
 The weights are no kernel's output, so a thread's first chunk is loaded before griddepcontrol.wait:
 under programmatic launch those loads overlap the kernel before (docs/EXPERIMENTS.md, 'dp4a GEMV').
-`gemv_dp4a_norm` takes one token's float x and its pre-norm instead of x̂: each block makes the
-whole x̂ in its shared memory after those loads went out (quant_x.quantize_norm_row, quantize_x's
-values), so the GEMV needs no quantize_x launch before it.
 """
 
 from functools import lru_cache
@@ -34,8 +31,7 @@ from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, dot_of,
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
-from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quantize_norm_row
-from impnb.kernels.gemv.quant_x import THREADS as X_THREADS
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref
 from impnb.kernels.common.repack import LAYOUTS, PackedWeight
 from impnb.launch import launch
 
@@ -48,7 +44,7 @@ def gemv_dp4a_ref(w: np.ndarray, ggml_type: T, xq: np.ndarray, xd: np.ndarray) -
 
 
 def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max_registers, block_fns=False,
-                    normed=False, tail=0):
+                    tail=0):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = dot_of(ggml_type, n_tok)
@@ -63,12 +59,6 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     out_rows = pairs if glu else rows
     cpr = cols // 32  # chunks a row
     K4 = cols // 4  # x̂ words a token
-    if normed:  # x̂ in the block's shared memory (quantize_norm_row)
-        @cuda.jit(device=True, inline=True)
-        def x_words(xq, i):
-            return xq[i], xq[i + 1], xq[i + 2], xq[i + 3]
-    else:
-        x_words = qi.ldg_u32x4_l1
 
     @cuda.jit(device=True, inline=True)
     def row_chunk(a, c, r):
@@ -127,8 +117,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
         k0 = col(c, 0)
         k1 = col(c, 1)
         for t in range(n_tok):
-            xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = x_words(xq, (xr + t) * K4 + (k0 >> 2))
-            xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = x_words(xq, (xr + t) * K4 + (k1 >> 2))
+            xw[t, 0], xw[t, 1], xw[t, 2], xw[t, 3] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k0 >> 2))
+            xw[t, 4], xw[t, 5], xw[t, 6], xw[t, 7] = qi.ldg_u32x4_l1(xq, (xr + t) * K4 + (k1 >> 2))
             xf[t, 0] = xd[xr + t, k0 >> 4]
             xf[t, 1] = xd[xr + t, k1 >> 4]
             xf[t, 2] = xs[xr + t, k0 >> 4]
@@ -223,26 +213,6 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
         return _gemv_dp4a_tail_kernel
 
-    if normed:
-        K16 = cols // GROUP
-
-        # one token: every block makes x̂ = int8(RMSNorm(x) * wn) of the whole row in its shared
-        # memory (quant_x.quantize_norm_row, the values quantize_x writes) after its first weight
-        # loads went out, then reads it as the plain kernel reads x̂ from global memory
-        @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
-        def _gemv_dp4a_norm_kernel(parts, x, wn, eps, y, n_rows, accumulate):
-            start = group_start(parts, n_rows, 0)
-            xq = cuda.shared.array(K4, uint32)
-            xd = cuda.shared.array((1, K16), float32)
-            xs = cuda.shared.array((1, K16), float32)
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            ptx.grid_dep_launch()
-            quantize_norm_row(x, wn, eps, xq, xd, xs)
-            cuda.syncthreads()
-            rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, 0, 0, y)
-
-        return _gemv_dp4a_norm_kernel
-
     @cuda.jit(**({"max_registers": max_registers} if max_registers and not qi.SIM else {}))
     def _gemv_dp4a_kernel(parts, xq, xd, xs, y, n_rows, accumulate):
         start = group_start(parts, n_rows, 0)  # W is no kernel's output: its first loads go out early
@@ -255,26 +225,22 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                     experts: bool = False, depth: int = 1, max_registers: int | None = None, normed: bool = False,
-                     tail: int = 0):
+                     experts: bool = False, depth: int = 1, max_registers: int | None = None, tail: int = 0):
     """The compiled-on-first-use dp4a kernel for one type, row length (columns), token count,
     row-group span, rows a group and epilogue (NO_GLU, or SILU / GELU: act(gate) * up of gate|up
     stacked rows); `experts`: the routed-expert kernel (one token a slot, see gemv_dp4a_experts);
     `depth`: the loads of this many chunks a thread are in flight (a Variant's unroll, 1..4: each
-    chunk's loads issued depth - 1 steps early); `max_registers`
-    caps the registers (T1_CAPPED; not the experts kernel's); `normed`: one token's x (1, K) float32
-    in, its pre-norm and int8 form made in each block (gemv_dp4a_norm); `tail` (gemv_tail.ADD,
-    POST_ADD): plain rows, then the residual tail (gemv_dp4a_residual)."""
+    chunk's loads issued depth - 1 steps early); `max_registers` caps the registers (T1_CAPPED;
+    not the experts kernel's); `tail` (gemv_tail.ADD, POST_ADD): plain rows, then the residual
+    tail (gemv_dp4a_residual)."""
     assert ggml_type in DOTS and 1 <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in (1, 2, 4, 8)
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert glu == NO_GLU or rows % 2 == 0, "GLU needs an even number of rows a group"
     assert not experts or n_tok == 1
     assert not (experts and max_registers), "the routed-experts kernel takes no register cap"
     assert 1 <= depth <= 4
-    assert not normed or (n_tok == 1 and not experts and cols % GROUP == 0 and BLOCK == X_THREADS)
-    assert not tail or (glu == NO_GLU and not experts and not normed)
-    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers,
-                           normed=normed, tail=tail)
+    assert not tail or (glu == NO_GLU and not experts)
+    return _make_gemv_dp4a(T(ggml_type), n_tok, span, rows, glu, experts, cols, depth, max_registers, tail=tail)
 
 
 @lru_cache(maxsize=None)
@@ -312,25 +278,6 @@ def _grid(v: Variant, N: int, glu: int) -> tuple:
     return ((N + per_block - 1) // per_block,)
 
 
-def gemv_dp4a_norm(w: PackedWeight, x, norm: tuple, y, stream, accumulate: bool = False,
-                   variant: Variant | None = None, glu: int = NO_GLU, cap: int | None = None):
-    """gemv_dp4a of one token's quantize_x(x, norm) in one launch: y (1, N) float32 = W x̂, or
-    y += W x̂ with accumulate, x̂ = int8(RMSNorm(x) * wn) made by each block in its shared memory
-    (the x̂ quantize_x writes); x (1, K) float32, norm (wn (K,) float32, eps); glu as gemv_dp4a's;
-    choose_capped's variant but not its register cap (the prologue's registers spill under the caps
-    set for the plain kernel), or `variant` with `cap`."""
-    n_tok, N = y.shape
-    K = w.cols
-    wn, eps = norm
-    assert w.ggml_type in DOTS and N == (w.rows // 2 if glu else w.rows) and n_tok == 1
-    assert x.shape == (1, K) and x.dtype == np.float32 and x.is_c_contiguous()
-    assert wn.shape == (K,) and wn.dtype == np.float32
-    assert y.dtype == np.float32 and y.is_c_contiguous()
-    v = variant or choose_capped(w.ggml_type, 1, K, glu, N)[0]
-    launch(gemv_dp4a_kernel(w.ggml_type, K, 1, v.span, v.rows, glu, False, v.unroll, cap, normed=True),
-           _grid(v, N, glu), BLOCK, stream, w.parts, x, wn, np.float32(eps), y, np.int32(w.rows), np.int32(accumulate))
-
-
 def gemv_dp4a_residual(w: PackedWeight, x: QuantX, y, res: Residual, stream, variant: Variant | None = None,
                        cap: int | None = None):
     """y (T, N) float32 = W x̂ as gemv_dp4a (T tokens of x̂), then the grid's last block applies
@@ -352,13 +299,6 @@ def tail_kernel_args(ggml_type: T) -> tuple:
     x, w_post, w_next, h, eps, counter."""
     f1, f2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
     return (*kernel_args(ggml_type)[:6], f2, f1, f1, f2, types.float32, types.Array(types.uint32, 1, "C"))
-
-
-def norm_kernel_args(ggml_type: T) -> tuple:
-    """Argument types of gemv_dp4a_norm's kernel: parts, x, wn, eps, y, W's rows, accumulate."""
-    f2 = types.Array(types.float32, 2, "C")
-    return (kernel_args(ggml_type)[0], f2, types.Array(types.float32, 1, "C"), types.float32, f2, types.int32,
-            types.int32)
 
 
 def kernel_args(ggml_type: T, experts: bool = False) -> tuple:
@@ -387,14 +327,6 @@ def build_signatures() -> list:
         (gemv_dp4a_kernel(t, 4096, n, v.span, v.rows, SILU, False, v.unroll, cap), types.void(*kernel_args(t)),
          {"max_registers": cap or 128})
         for t in (T.Q4_K, T.Q8_0) for n in (1, 8) for v, cap in (choose_capped(t, n, 4096, SILU, 8192),)
-    ] + [  # the pre-norm fused (gemv_dp4a_norm): Q|K|V and gate|up of Qwen3-8B, Q|K|V of the 30B-A3B
-        (gemv_dp4a_kernel(t, K, 1, v.span, v.rows, glu, False, v.unroll, None, normed=True),
-         types.void(*norm_kernel_args(t)), {"max_registers": 160})
-        for t, K, N, glu in ((T.Q4_K, 4096, 6144, NO_GLU), (T.Q4_K, 4096, 12288, SILU), (T.Q8_0, 4096, 6144, NO_GLU),
-                             (T.Q6_K, 4096, 6144, NO_GLU), (T.NVFP4, 4096, 6144, NO_GLU),
-                             (T.NVFP4, 4096, 12288, SILU), (T.NVFP4, 2048, 5120, NO_GLU),
-                             (T.MXFP4, 2048, 5120, NO_GLU))
-        for v in (choose_capped(t, 1, K, glu, N)[0],)
     ] + [  # the residual tail (gemv_dp4a_residual): Gemma 4's attn_output (2816 x 4096 and 8192) and
         # down (2816 x 2112) with their post-norms, a plain add at two tokens
         (gemv_dp4a_kernel(t, K, n, v.span, v.rows, NO_GLU, False, v.unroll, cap, tail=mode),

@@ -132,40 +132,6 @@ def make_quantize_block(normed):
     return quantize_block
 
 
-@cuda.jit(device=True, inline=True)
-def _normed4(x, wn, rms, k):
-    """RMSNorm(x) * wn at columns k .. k + 3 as scale4 computes them."""
-    a0, a1, a2, a3 = qi.ldg_f32x4(x, k)
-    w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
-    return a0 * rms * w0, a1 * rms * w1, a2 * rms * w2, a3 * rms * w3
-
-
-@cuda.jit(device=True, inline=True)
-def quantize_norm_row(x, wn, eps, q, d, s):
-    """Row 0 of x (1, K) as RMSNorm(x) * wn in int8 into a block's own q (K/4 words), d, s (1, K/16),
-    its THREADS threads taking groups g, g + THREADS, ...: the values quantize_block's normed form
-    writes (the same norm sum, products and rounding), a group in two passes of four columns (its
-    amax, then its quants) rather than sixteen floats held, for the registers of the kernel it
-    opens; every thread of the block must call it."""
-    rms = _rms_scale(x, 0, wn, eps)
-    for g in range(cuda.threadIdx.x, d.shape[1], THREADS):
-        amax = float32(0.0)
-        for j in range(WORDS):
-            v0, v1, v2, v3 = _normed4(x, wn, rms, GROUP * g + 4 * j)
-            amax = max(max(max(max(amax, abs(v0)), abs(v1)), abs(v2)), abs(v3))
-        inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
-        total = int32(0)
-        for j in range(WORDS):
-            v0, v1, v2, v3 = _normed4(x, wn, rms, GROUP * g + 4 * j)
-            k0, k1, k2, k3 = qi.rint_s32(v0 * inv), qi.rint_s32(v1 * inv), qi.rint_s32(v2 * inv), qi.rint_s32(v3 * inv)
-            total += (k0 + k1) + (k2 + k3)
-            q[4 * g + j] = (uint32(k0 & 0xFF) | (uint32(k1 & 0xFF) << uint32(8)) | (uint32(k2 & 0xFF) << uint32(16))
-                            | (uint32(k3 & 0xFF) << uint32(24)))
-        scale = amax / float32(127.0)
-        d[0, g] = scale
-        s[0, g] = scale * float32(total)
-
-
 def _make_quantize_x(normed):
     # grid (ceil(K/16 / 128), T), block 128: a thread a group of 16 columns of token t = blockIdx.y
     quantize_block = make_quantize_block(normed)
