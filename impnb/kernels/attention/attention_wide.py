@@ -13,12 +13,12 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 from numba.core import types
-from numba.types import uint64
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.attention import attention_wide_tiled
-from impnb.kernels.attention.attention_decode import LOG2E, NEG
+from impnb.kernels.attention.attention_decode import NEG
+from impnb.kernels.attention.attention_wide_parts import wide_parts
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.common.warp import WARP, warp_max, warp_sum
 from impnb.launch import launch
@@ -37,13 +37,9 @@ def attention_kernel(D: int):
     """The split kernel for head dim D."""
     assert D % 64 == 0 and D <= 512, D
     WPL = D // 64  # u32 words (fp16 pairs) of K and of V a lane reads per key
-    DPL = 2 * WPL  # dims a lane owns: lane l word l + 32 w of a row (w < WPL), dims 2 (l + 32 w) + 0, 1
+    DPL = 2 * WPL  # dims a lane owns (attention_wide_parts)
 
-    @cuda.jit(device=True, inline=True)
-    def row_word(block_table, key, shift, mask, Hkv, kh, lane):
-        # -- the flat u32 index of lane's first word in key's row of KV head kh --
-        page = block_table[0, key >> shift]
-        return uint64(((page << shift) + (key & mask)) * Hkv + kh) * uint64(D // 2) + uint64(lane)
+    row_word, key_range, load_q, finish = wide_parts(D)
 
     # grid (S, T * Hkv), block (32, g): warp j of block (s, y = t * Hkv + kh) owns query row
     # (t, h = kh * g + j) and split s of its keys. Per key the lane dots its DPL dims of q (in
@@ -54,8 +50,7 @@ def attention_kernel(D: int):
     # same K/V rows (L1); a lane's K and V words of the next key are loaded before the current
     # key's dot and update (one memory round trip a key otherwise). No shared memory.
     # S = 1: out[t, h] = acc / l; else partials[s, t, h] = (acc, m, l) for attention_merge.
-    # k_words, v_words: the pools (n_pages, page_size, Hkv, D / 2) as flat u32 (a row's words at
-    # an unsigned offset: no negative-index wrap in the address); page_size = 1 << shift.
+    # k_words, v_words: the pools (n_pages, page_size, Hkv, D / 2) as flat u32; 1 << shift a page.
     def kernel(q, k_words, v_words, block_table, pos, out, partials, scale, window, shift, Hkv):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
@@ -65,22 +60,11 @@ def attention_kernel(D: int):
         kh = cuda.blockIdx.y - t * Hkv
         lane = cuda.threadIdx.x
         h = kh * cuda.blockDim.y + cuda.threadIdx.y
-        qp = pos[t]
-        lo = max(0, qp - window + 1) if window > 0 else 0
-        hi = qp + 1 if qp >= 0 else 0
-        chunk = (hi - lo + n_splits - 1) // n_splits
-        k0 = lo + split * chunk
-        k1 = min(hi, k0 + chunk)
+        k0, k1 = key_range(pos, t, window, split, n_splits)
         mask = (1 << shift) - 1
-        # -- this lane's dims of the query row, times scale * log2 e --
-        qr = cuda.local.array(DPL, types.float32)
+        qr = cuda.local.array(DPL, types.float32)  # this lane's dims of the query row, times scale * log2 e
         acc = cuda.local.array(DPL, types.float32)
-        c = scale * LOG2E
-        for w in range(WPL):
-            qr[2 * w] = q[t, h, 2 * (lane + WARP * w)] * c
-            qr[2 * w + 1] = q[t, h, 2 * (lane + WARP * w) + 1] * c
-        for i in range(DPL):
-            acc[i] = _ZERO
+        load_q(q, t, h, lane, scale, qr, acc)
         m = NEG
         l = _ZERO
         kc = cuda.local.array(WPL, types.uint32)  # the current key's K, V words, then the next's
@@ -115,18 +99,7 @@ def attention_kernel(D: int):
                 acc[2 * w] = acc[2 * w] * a + p * qi.f16_to_f32(vc[w] & qi.HALF)
                 acc[2 * w + 1] = acc[2 * w + 1] * a + p * qi.f16_to_f32(vc[w] >> 16)
             m = m_new
-        if n_splits == 1:
-            inv = np.float32(1) / l if l > _ZERO else _ZERO
-            for w in range(WPL):
-                out[t, h, 2 * (lane + WARP * w)] = acc[2 * w] * inv
-                out[t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1] * inv
-            return
-        for w in range(WPL):
-            partials[split, t, h, 2 * (lane + WARP * w)] = acc[2 * w]
-            partials[split, t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1]
-        if lane == 0:
-            partials[split, t, h, D] = m
-            partials[split, t, h, D + 1] = l
+        finish(out, partials, acc, m, l, split, n_splits, t, h, lane)
 
     kernel.__name__ = f"_attention_wide_d{D}_kernel"
     return cuda.jit(kernel)

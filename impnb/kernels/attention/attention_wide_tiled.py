@@ -16,9 +16,9 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 from numba.core import types
-from numba.types import uint64
 
-from impnb.kernels.attention.attention_decode import LOG2E, NEG
+from impnb.kernels.attention.attention_decode import NEG
+from impnb.kernels.attention.attention_wide_parts import wide_parts
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.warp import WARP, shfl_idx, shfl_xor
@@ -41,11 +41,7 @@ def tiled_kernel(D: int, g: int):
     KPW = max(1, TILE // g)  # keys of a tile a converting warp widens
     RAW = KPW * WPL  # raw words of K (and of V) a lane holds for the next tile
 
-    @cuda.jit(device=True, inline=True)
-    def row_word(block_table, key, shift, mask, Hkv, kh, lane):
-        # -- the flat u32 index of lane's first word in key's row of KV head kh --
-        page = block_table[0, key >> shift]
-        return uint64(((page << shift) + (key & mask)) * Hkv + kh) * uint64(D // 2) + uint64(lane)
+    row_word, key_range, load_q, finish = wide_parts(D)
 
     @cuda.jit(device=True, inline=True)
     def load_raw(kr, vr, k_words, v_words, block_table, key0, k1, shift, mask, Hkv, kh, warp, lane):
@@ -81,21 +77,11 @@ def tiled_kernel(D: int, g: int):
         lane = cuda.threadIdx.x
         warp = cuda.threadIdx.y
         h = kh * g + warp
-        qp = pos[t]
-        lo = max(0, qp - window + 1) if window > 0 else 0
-        hi = qp + 1 if qp >= 0 else 0
-        chunk = (hi - lo + n_splits - 1) // n_splits
-        k0 = lo + split * chunk
-        k1 = min(hi, k0 + chunk)
+        k0, k1 = key_range(pos, t, window, split, n_splits)
         mask = (1 << shift) - 1
         qr = cuda.local.array(DPL, types.float32)
         acc = cuda.local.array(DPL, types.float32)
-        c = scale * LOG2E
-        for w in range(WPL):
-            qr[2 * w] = q[t, h, 2 * (lane + WARP * w)] * c
-            qr[2 * w + 1] = q[t, h, 2 * (lane + WARP * w) + 1] * c
-        for i in range(DPL):
-            acc[i] = _ZERO
+        load_q(q, t, h, lane, scale, qr, acc)
         m = NEG
         l = _ZERO
         kr = cuda.local.array(RAW, types.uint32)
@@ -156,18 +142,7 @@ def tiled_kernel(D: int, g: int):
                     acc[2 * w] += p * vs[j, d]
                     acc[2 * w + 1] += p * vs[j, d + 1]
             m = m_new
-        if n_splits == 1:
-            inv = np.float32(1) / l if l > _ZERO else _ZERO
-            for w in range(WPL):
-                out[t, h, 2 * (lane + WARP * w)] = acc[2 * w] * inv
-                out[t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1] * inv
-            return
-        for w in range(WPL):
-            partials[split, t, h, 2 * (lane + WARP * w)] = acc[2 * w]
-            partials[split, t, h, 2 * (lane + WARP * w) + 1] = acc[2 * w + 1]
-        if lane == 0:
-            partials[split, t, h, D] = m
-            partials[split, t, h, D + 1] = l
+        finish(out, partials, acc, m, l, split, n_splits, t, h, lane)
 
     kernel.__name__ = f"_attention_wide_tiled_d{D}_g{g}_kernel"
     return cuda.jit(kernel)
