@@ -120,8 +120,8 @@ WIDE_TILED = False
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
 # (head dim, bucket, query heads): where a model's head count measured another cluster than the
-# table's above. Gemma-4-26B-A4B's sliding layers (16 heads on 8 KV heads of 256, 1024 keys):
-# 10.45 µs a call on 4 blocks a row against 13.36 on 8 (Gemma3's 4 heads: 9.61 against 5.98).
+# table's above: Gemma-4-26B-A4B's sliding layers (16 heads on 8 KV heads of 256) run faster on 4
+# blocks a row than on 8, Gemma3's 4 heads on 8 (docs/EXPERIMENTS.md, WINDOW_SHORT).
 SHORT_DECODE_CLUSTER_HEADS = {(256, 1024, 16): 4}
 
 
@@ -142,9 +142,9 @@ WGMMA_HEAD_DIMS = (64, 128)
 DP4A_MIN_MB = 8.0
 DP4A_MIN_K = 2048
 # Decode GEMVs on dp4a with a residual tail (Gemma 4's attn_output and down) take gemv_dp4a's
-# tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off, Gemma 4
-# Q4_K_M's tg128 at depth 4096 made 289.6 with it against 290.9 without (the NVFP4 model, whose
-# tails run on FP4's float decoder without it, not measured); IMPNB_DP4A_TAIL=1 turns it on.
+# tail kernel (gemv_dp4a.gemv_dp4a_residual) rather than gemv.py's (gemv_residual): off, no
+# faster on Gemma 4 Q4_K_M (docs/EXPERIMENTS.md; the NVFP4 model, whose tails run on FP4's float
+# decoder without it, not measured yet); IMPNB_DP4A_TAIL=1 turns it on.
 DP4A_TAIL = False
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
