@@ -79,6 +79,8 @@ class CudaBatchEngine(CudaEngine):
     n_pages - 1); max_batch sequences decode in one step at most.
     """
 
+    owns_pages = False  # the block manager's pages (shared prefixes, preemption): no window rings
+
     def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
                  tp=None, lookahead: bool = False, tp_group=None):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:

@@ -41,6 +41,7 @@ class CudaEngine:
     """prefill(prompt ids) -> first token; step(token) -> next token (same API as CpuEngine)."""
 
     device = "cuda"
+    owns_pages = True  # one sequence, every KV page in position order: sliding layers may keep a ring
 
     def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
                  kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None):
@@ -53,7 +54,8 @@ class CudaEngine:
         if tp is not None:
             ctx = GpuContext(tp.local_rank)
             group = TensorParallel.join(tp, ctx)
-        self.m = DeviceModel(mf, n_ctx, ctx=ctx, kv_tokens=kv_tokens, max_seqs=max_seqs, tp=group)
+        self.m = DeviceModel(mf, n_ctx, ctx=ctx, kv_tokens=kv_tokens, max_seqs=max_seqs, tp=group,
+                             window_ring=self.owns_pages)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk

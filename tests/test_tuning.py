@@ -35,7 +35,7 @@ def test_overrides_default(monkeypatch):
     for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "SHARED_GATE_FOLD", "GEMV_STREAM",
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
                  "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS", "DP4A_ANY_SIZE",
-                 "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED"):
+                 "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -55,7 +55,9 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_TAIL", "1")
     monkeypatch.setenv("IMPNB_WINDOW_SHORT", "0")
     monkeypatch.setenv("IMPNB_WIDE_TILED", "1")
+    monkeypatch.setenv("IMPNB_WINDOW_RING", "1")
     o = tuning.Overrides.from_env()
+    assert o.window_ring and not tuning.Overrides().window_ring
     assert not o.window_short and tuning.Overrides().window_short
     assert o.wide_tiled and not tuning.Overrides().wide_tiled
     assert o.dp4a_tail and not tuning.Overrides().dp4a_tail

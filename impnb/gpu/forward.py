@@ -158,7 +158,7 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
         m.mm.linear(h, att.q_gate, gate, norm_w)
     qk_norm = (att.q_norm, att.k_norm)
     attn = a.get("attn", (T, H, Dv))
-    tables = m.kv.tables[:B]
+    tables = m.kv.tables_of(il)[:B]
     short = step.short_for(cfg.window(il))
     if step.n_tokens <= attention_decode.MAX_T and short and m.plan.decode_post:  # qkv_post fused in
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(attn, B),
@@ -247,7 +247,7 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     wgmma or FA2); xq as in _attention_block."""
     cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
-    tables = m.kv.tables[:B]
+    tables = m.kv.tables_of(il)[:B]
     if q.shape[2] in attention_wide.HEAD_DIMS:  # past the decode kernels' head dims (gemma4's 512)
         assert B == 1 and xq is None, "wide heads: one sequence, no int8 output"
         if T <= attention_decode.MAX_T:
@@ -267,10 +267,10 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
                                           _seqs(out, B), partials, counters, step.splits,
                                           cfg.attn_scale, window, None, s)
     elif attention_dispatch.use_wgmma(q.shape[2], tuple(m.ctx.device.compute_capability)):
-        attention_wgmma.attention_wgmma(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
+        attention_wgmma.attention_wgmma(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out,
                                         cfg.attn_scale, window, None, s)
     else:
-        attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out,
+        attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out,
                                     cfg.attn_scale, window, None, s)
 
 
@@ -281,5 +281,5 @@ def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:
     Hkv = m.kv.k[il].shape[2]
     splits = attention_wide.num_splits(step.ctx_bucket, Hkv, T, window)
     partials = m.arena.get("partials_wide", attention_wide.partials_shape(attention_wide.MAX_SPLITS, T, H, D))
-    attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table, pos, out, partials, splits,
+    attention_wide.attention_wide(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out, partials, splits,
                                   m.cfg.attn_scale, window, m.ctx.nb_stream, m.tuning.wide_tiled)

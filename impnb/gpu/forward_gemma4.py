@@ -125,12 +125,12 @@ def _attention(m, il: int, lw: Gemma4Layer, h, pos, step: StepPlan):
         norm.rms_norm(v_in, lw.v_norm, v, cfg.eps, s)
         if Dh <= qkv_post.MAX_D:
             qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], True, att.q_norm, att.k_norm, cfg.eps,
-                              m.kv.tables[:1], m.kv.k[il], m.kv.v[il], s)
+                              m.kv.tables_of(il)[:1], m.kv.k[il], m.kv.v[il], s)
         else:  # heads past qkv_post's: its steps one kernel each
             norm.rms_norm(q, att.q_norm, q, cfg.eps, s)
             norm.rms_norm(k, att.k_norm, k, cfg.eps, s)
             rope(q, k, pos, m.inv_freq[il], True, s)
-            kv_write(k, v, pos, m.kv.block_table, m.kv.k[il], m.kv.v[il], s)
+            kv_write(k, v, pos, m.kv.block_table_of(il), m.kv.k[il], m.kv.v[il], s)
     out = a.get("attn", (T, H, Dh))
     attend(m, il, q, pos, out, step)
     return out.reshape(T, H * Dh)

@@ -44,7 +44,9 @@ class DeviceModel:
     mm: the Linears' launches; plan: the load-time choices.
 
     kv_tokens: the KV pools' size in tokens (default n_ctx: one sequence's whole context);
-    max_seqs: the sequences a step may take (the rows of kv.tables).
+    max_seqs: the sequences a step may take (the rows of kv.tables); window_ring: one sequence
+    owns the pages in position order (CudaEngine), so its sliding-window layers may keep only
+    their window's (WINDOW_RING; not under a block manager's pages).
 
     tp: the tensor-parallel group (impnb/parallel/group.TensorParallel) this rank runs in, or
     None: the rank then holds its slices of the weights (parallel/shard.py), cfg has its head and
@@ -54,7 +56,7 @@ class DeviceModel:
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
-                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None, window_ring: bool = False):
         arch = architecture(mf)
         if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
             raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
@@ -82,7 +84,9 @@ class DeviceModel:
         self.n_ctx = n_ctx
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
         kv_tokens = kv_tokens or n_ctx
-        need = (sum(t.data.nbytes for t in mf.tensors.values()) + PagedKV.nbytes(cfg, kv_tokens)
+        window_ring = window_ring and tuning.window_ring and max_seqs == 1
+        need = (sum(t.data.nbytes for t in mf.tensors.values())
+                + PagedKV.nbytes(cfg, kv_tokens, max_seqs, window_ring)
                 + RecurrentState.nbytes(cfg, max_seqs)
                 + (weights.fold_bytes(cfg, tuning) if self.stack is None else 0) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
@@ -96,7 +100,7 @@ class DeviceModel:
                     else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(_inv_freq(mf, cfg, il)) for il in range(cfg.n_layer)]
-        self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx))
+        self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx), window_ring)
         self.rec = RecurrentState(self.ctx, cfg, max_seqs) if cfg.deltanet is not None else None
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
         self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)

@@ -111,6 +111,9 @@ SHORT_DECODE_MAX_BATCH = 8
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
 # window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
 WINDOW_SHORT = True
+# One sequence's sliding-window layers keep only their window's KV pages (gpu/kv.PagedKV's ring):
+# off until the GPU tests of it have run; IMPNB_WINDOW_RING=1 turns it on.
+WINDOW_RING = False
 # Decode attention at heads past the tiled kernels' (Gemma 4's 512) on attention_wide_tiled (K/V
 # widened to float32 once a block in shared memory) rather than attention_wide's kernel (each
 # warp widening them): off until bench_decode_attention.py --wide-tiled and a gemma4 tg128 at
@@ -242,6 +245,7 @@ class Overrides:
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
+    window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
     @classmethod
@@ -261,7 +265,7 @@ class Overrides:
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
-                   wide_tiled=switch("WIDE_TILED", WIDE_TILED),
+                   wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))
 
 

@@ -78,6 +78,31 @@ def test_decode_wide_tiled_matches_reference(case, monkeypatch):
     agree(teacher_forced(tiled, ids), ref, "decode on attention_wide_tiled vs reference")
 
 
+def test_window_ring_equals_whole_pools(case, monkeypatch, request):
+    """One sequence's sliding layers on a ring of their window's pages (IMPNB_WINDOW_RING): a prompt
+    of 600 tokens in two chunks (512 and 88) and 20 decode steps wrap the ring (17 pages of 32 at
+    windows of 8 and 16) and give the logits of the engine with whole pools, bit for bit; dense and
+    moe also agree with the reference ('wide' is off it past 256 tokens either way)."""
+    from impnb.engine_cuda import CudaEngine
+
+    _, _, engine = case
+    ids = np.random.default_rng(9).integers(0, engine.m.cfg.n_vocab, 620).astype(np.int32)
+    outs = []
+    for ring in ("0", "1"):
+        monkeypatch.setenv("IMPNB_WINDOW_RING", ring)
+        e = CudaEngine(engine.mf, 1024, graphs=False)
+        assert any(e.m.kv.windowed) == (ring == "1")
+        e.reset(SamplingParams(temperature=0))
+        outs.append(np.concatenate([e.logits(ids[:512]), e.logits(ids[512:600])]
+                                   + [e.logits([t]) for t in ids[600:]]))
+        del e
+    assert np.isfinite(outs[0]).all()
+    assert np.array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32))
+    if request.node.callspec.params["case"] != "wide":
+        ref = load_reference(engine.mf)
+        agree(outs[1], ref.forward(ids, ref.new_cache(628)), "window ring vs reference")
+
+
 @pytest.mark.parametrize("window_short", ["1", "0"], ids=["window-short", "window-split"])
 def test_decode_window_short_beside_split(case, monkeypatch, window_short, request):
     """Contexts past the short kernel's range (IMPNB_SHORT_DECODE_MAX 256, 300 tokens at n_ctx
