@@ -124,3 +124,18 @@ def test_switch_defaults(monkeypatch):
     assert not tuning.switch("X_ON") and not tuning.switch("X_ON", default=False)
     monkeypatch.setenv("IMPNB_X_ON", "1")
     assert tuning.switch("X_ON") and tuning.switch("X_ON", default=False)
+
+
+@pytest.mark.parametrize("value,want", [("1024", "1024"), ("8", "ParameterError"), ("x", "ParameterError")])
+def test_max_prefill_chunk_from_env(value, want):
+    """IMPNB_MAX_PREFILL_CHUNK is read when impnb.tuning is imported: a size, or one clear error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from impnb.errors import ParameterError\ntry:\n    from impnb import tuning\n"
+            "    print(tuning.MAX_PREFILL_CHUNK)\nexcept ParameterError:\n    print('ParameterError')")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "IMPNB_MAX_PREFILL_CHUNK": value},
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == [want]

@@ -95,7 +95,13 @@ def env_table(name: str, default: dict) -> dict:
 # -- shapes of a step ------------------------------------------------------------------------
 PAGE_SIZE = 32  # KV cache page (tokens): a size both decode kernels and the FA2 tiles take
 GEMV_MAX_ROWS = 8  # up to this many tokens a step runs GEMVs (decode), past it GEMMs (prefill)
-MAX_PREFILL_CHUNK = 512  # prompt tokens a forward call takes at most (the largest prefill graph)
+# Prompt tokens a forward call takes at most (the largest prefill graph: longer chunks run
+# eagerly). IMPNB_MAX_PREFILL_CHUNK overrides it for a whole process (read at import): an A/B of
+# the MoE models' prefill, whose grouped expert GEMMs fill their 64-row tiles only where a chunk
+# routes 64 rows to an expert (512 tokens give 128 experts 32 each at top 8).
+MAX_PREFILL_CHUNK = int(env_number("IMPNB_MAX_PREFILL_CHUNK", 512))
+if MAX_PREFILL_CHUNK < 16:
+    raise ParameterError(f"IMPNB_MAX_PREFILL_CHUNK must be at least 16, got {MAX_PREFILL_CHUNK}")
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # a decode graph per bucket of keys
 
 # -- decode attention ------------------------------------------------------------------------
