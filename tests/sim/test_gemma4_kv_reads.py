@@ -8,6 +8,7 @@ into their own pools, before they attend."""
 
 import types as pytypes
 
+import numpy as np
 import pytest
 
 from impnb.gguf_file import open_model_file
@@ -99,3 +100,60 @@ def test_layers_read_their_kv_layers_pages_and_window(paths, monkeypatch, varian
     calls.clear()
     engine.logits([6, 7, 8])  # a decode step of three rows (look-ahead's shape)
     check_layers(m, calls, {"attention_decode_short" if short else "attention_decode"})
+
+
+@pytest.mark.parametrize("variant", ["dense", "wide"])
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "whole-pools"])
+def test_window_layers_decode_short_on_their_own_pages(paths, monkeypatch, variant, ring):
+    """Past the short kernel's range (IMPNB_SHORT_DECODE_MAX 256, a 300-token context at n_ctx
+    1024) the sliding layers decode on the short kernel over their window (WINDOW_SHORT) and the
+    global ones split (attention_wide at heads of 512); with IMPNB_WINDOW_RING every sliding
+    layer's K/V writes and reads go through the ring's block table (position p on page
+    (p // page) mod its pages) and its pools hold the ring's pages, the global layers' through the
+    whole pools' table."""
+    from impnb.engine_cuda import CudaEngine
+
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "256")
+    monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
+    engine = CudaEngine(open_model_file(paths[variant]), 1024, graphs=False)
+    m = engine.m
+    cfg = m.cfg
+    assert m.kv.windowed == [ring and cfg.window(il) is not None for il in range(cfg.n_layer)]
+    ring_pages = m.kv.window_pages(cfg, m.kv.n_pages, 1, True)
+    for il in range(cfg.n_layer):
+        assert m.kv.k[il].shape[0] == (ring_pages if m.kv.windowed[il] else m.kv.n_pages)
+    holder = [Recorder()]
+    record_launches(holder, monkeypatch)
+    m.cublas = m.mm.cublas = FakeCublas(holder[0])
+    m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
+    calls: list = []
+    record_calls(monkeypatch, calls)
+    engine.reset(SamplingParams(temperature=0))
+    engine.logits([1 + i % 50 for i in range(300)])
+    check_layers(m, calls, {"attention_wgmma", "attention_fa2"}, "attention_fa2")
+    check_tables(m, calls)
+    calls.clear()
+    engine.logits([5])
+    step = engine.last_step
+    assert step.ctx_bucket == 1024 and step.short_blocks == 0 and step.window_blocks > 0
+    check_layers(m, calls, {"attention_decode_short", "attention_decode"})
+    attends = [name for name, _ in calls if name in ATTENTION]
+    for il, name in enumerate(attends):
+        if cfg.head_dims(il)[0] != 512:
+            assert name == ("attention_decode_short" if cfg.window(il) else "attention_decode"), (il, name)
+    check_tables(m, calls)
+
+
+def check_tables(m, calls: list) -> None:
+    """Each layer's writes and attention read its layer's block table: the ring's (page j at j mod
+    its pages) for a windowed layer, else the whole pools' (page j at j)."""
+    cfg = m.cfg
+    attends = [args for name, args in calls if name in ATTENTION]
+    writes = [(name, args) for name, args in calls if name in WRITES]
+    owners = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il]
+    seen = [(il, args[3]) for il, args in enumerate(attends)] + \
+        [(il, args[WRITES[name] - 1]) for il, (name, args) in zip(owners, writes)]
+    for il, table in seen:
+        row = np.atleast_2d(table.copy_to_host())[0]
+        pages = m.kv.k[cfg.kv_layer(il)].shape[0]
+        assert np.array_equal(row, np.arange(row.size) % pages), (il, row[:40], pages)
