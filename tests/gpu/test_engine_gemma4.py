@@ -113,9 +113,9 @@ def test_decode_window_short_beside_split(case, monkeypatch, window_short, reque
     from impnb.engine_cuda import CudaEngine
 
     if request.node.callspec.params["case"] == "wide":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "'wide' past 256 tokens: logits 9.5e-2 (median 8e-3) of the largest off the reference "
-            "whichever kernels the sliding layers and attention_wide take; not yet found")))
+        pytest.skip("'wide' past 256 tokens: rounding the numpy reference's own K/V to fp16 moves its logits "
+                    "by up to 1.2e-1 of the largest (median 7.5e-3), past the agreement bounds; the GPU's "
+                    "9.5e-2 / 8e-3 is that (docs/EXPERIMENTS.md, 'Test models')")
 
     _, _, engine = case
     ref = load_reference(engine.mf)
