@@ -19,3 +19,11 @@ from tests.gpu.test_attention_wide import check_wide
 ], ids=str)
 def test_wide(L, T, H, Hkv, D, window, n_splits, std, pad, tiled):
     check_wide(np.random.default_rng([L, T, D]), L, T, H, Hkv, D, window, n_splits, std, pad=pad, tiled=tiled)
+
+
+def test_tiled_groupings_taken():
+    """The tiled kernel takes groups that split a tile of 8 keys evenly and fit an SM's registers;
+    attention_wide's own kernel takes the rest (3 heads a KV head, 32)."""
+    from impnb.kernels.attention.attention_wide_tiled import takes
+
+    assert all(takes(g) for g in (1, 2, 4, 8, 16)) and not any(takes(g) for g in (0, 3, 6, 12, 24, 32))

@@ -27,9 +27,13 @@ TILE = 8  # keys a tile: the transposing butterfly leaves lane l with key (l >> 
 _ZERO = np.float32(0)
 
 
+MAX_WARPS = 16  # a block's warps at most: at 128 registers a thread, 16 warps fill an SM's 64K
+
+
 def takes(g: int) -> bool:
-    """Whether a block of g warps (query heads a KV head) splits a tile's keys evenly."""
-    return 1 <= g <= 32 and (TILE % g == 0 or g % TILE == 0)
+    """Whether a block of g warps (query heads a KV head) splits a tile's keys evenly and fits an
+    SM's registers (attention_wide falls back to its own kernel otherwise)."""
+    return 1 <= g <= MAX_WARPS and (TILE % g == 0 or g % TILE == 0)
 
 
 @lru_cache(maxsize=None)
