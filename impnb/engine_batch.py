@@ -36,7 +36,7 @@ from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.models import model_config
 from impnb.models.paged_kv_cache import PagedKVPool
 from impnb.sampling import SamplingParams
-from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
+from impnb.tuning import PAGE_SIZE
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PADDING = SamplingParams(temperature=0.0)  # a padding row's sampling: greedy, its id dropped
@@ -140,8 +140,9 @@ class CudaBatchEngine(CudaEngine):
         self.reset(params)
         self.pos = start
         logits = None
-        for at in range(0, len(ids), MAX_PREFILL_CHUNK):
-            logits = self._prefill_chunk(ids[at:at + MAX_PREFILL_CHUNK])
+        chunk = self.m.chunk
+        for at in range(0, len(ids), chunk):
+            logits = self._prefill_chunk(ids[at:at + chunk])
         self.raw_logits = {}
         if not sample:
             return None

@@ -31,7 +31,6 @@ from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.parallel.group import TensorParallel
 from impnb.parallel.ranks import Rank
 from impnb.sampling import SamplingParams
-from impnb.tuning import MAX_PREFILL_CHUNK
 
 HISTORY = 64  # repetition-penalty window, tokens
 log = logging.getLogger("impnb.engine")
@@ -44,18 +43,20 @@ class CudaEngine:
     owns_pages = True  # one sequence, every KV page in position order: sliding layers may keep a ring
 
     def __init__(self, mf: ModelFile, n_ctx: int, graphs: bool = True, lookahead: bool = True,
-                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp: Rank | None = None, tp_group=None,
+                 chunk: int | None = None):
         """tp: this process's tensor-parallel rank (impnb/parallel/ranks.py): the engine then runs
         on GPU tp.local_rank with the rank's slices of the model, every rank in step (the same
         calls on each), and rank 0's sampled ids broadcast to the others. tp_group: a group
-        already formed instead (the warm-up's dry run)."""
+        already formed instead (the warm-up's dry run). chunk: the prompt tokens a forward call
+        takes at most (default tuning.prefill_chunk's for the model)."""
         self.mf = mf
         ctx, group = None, tp_group
         if tp is not None:
             ctx = GpuContext(tp.local_rank)
             group = TensorParallel.join(tp, ctx)
         self.m = DeviceModel(mf, n_ctx, ctx=ctx, kv_tokens=kv_tokens, max_seqs=max_seqs, tp=group,
-                             window_ring=self.owns_pages)
+                             window_ring=self.owns_pages, chunk=chunk)
         self.use_graphs = graphs and not self.m.ctx.simulator
         self.graphs = {}  # (greedy, penalty, context bucket) -> Graph of one decode step
         self.prefill_graphs = {}  # bucket B -> Graph of one padded prompt chunk
@@ -63,8 +64,8 @@ class CudaEngine:
         self.cfg, self.n_ctx = self.m.cfg, n_ctx
         ctx = self.m.ctx
         cuda = ctx.cuda
-        self.host_ids = cuda.pinned_array(MAX_PREFILL_CHUNK, np.int32)
-        self.host_pos = cuda.pinned_array(MAX_PREFILL_CHUNK, np.int32)
+        self.host_ids = cuda.pinned_array(len(self.m.ids), np.int32)
+        self.host_pos = cuda.pinned_array(len(self.m.ids), np.int32)
         self.host_out = cuda.pinned_array(1, np.int32)
         self.host_step = cuda.pinned_array(1, np.int32)
         self.host_last = cuda.pinned_array(1, np.int32)
@@ -104,8 +105,9 @@ class CudaEngine:
         if self.pos + len(ids) > self.n_ctx:
             raise ParameterError(f"{self.pos + len(ids)} tokens exceed the context of {self.n_ctx}")
         logits = None
-        for start in range(0, len(ids), MAX_PREFILL_CHUNK):
-            logits = self._prefill_chunk(ids[start:start + MAX_PREFILL_CHUNK])
+        chunk = self.m.chunk
+        for start in range(0, len(ids), chunk):
+            logits = self._prefill_chunk(ids[start:start + chunk])
         if self.p.penalized:  # the prompt's tail into the ring, mirrored, one copy
             for t in ids[-HISTORY:]:
                 self._sampled(int(t))
@@ -227,6 +229,10 @@ class CudaEngine:
         self._drain()
         ids = np.asarray(ids, np.int32)
         T, plan = len(ids), self.m.plan
+        if not 0 < T <= self.m.chunk:
+            raise ParameterError(f"logits takes 1 to {self.m.chunk} tokens at once, got {T}")
+        if self.pos + T > self.n_ctx:
+            raise ParameterError(f"{self.pos + T} tokens exceed the context of {self.n_ctx}")
         step = plan.decode_step(self.pos + T, T) if T <= attention_decode.MAX_T else plan.prefill_step(T)
         return self._run(ids, step, last_only=False).copy_to_host()
 

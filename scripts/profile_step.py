@@ -37,7 +37,6 @@ from impnb.engine_cuda import CudaEngine  # noqa: E402
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from impnb.sampling import SamplingParams  # noqa: E402
-from impnb.tuning import MAX_PREFILL_CHUNK  # noqa: E402
 from impnb.warmup import prepare  # noqa: E402
 
 
@@ -141,8 +140,8 @@ def main() -> int:
     ap.add_argument("--in-situ", action="store_true",
                     help="time each kernel in place between events (not alone in a chain of copies)")
     args = ap.parse_args()
-    if args.prefill is not None and (args.prefill <= 0 or args.prefill % MAX_PREFILL_CHUNK):
-        ap.error(f"--prefill takes a multiple of {MAX_PREFILL_CHUNK} (whole prompt chunks), got {args.prefill}")
+    if args.prefill is not None and args.prefill <= 0:
+        ap.error(f"--prefill takes a positive number of tokens, got {args.prefill}")
 
     mf = open_model_file(resolve_model(args.model))
     rng = np.random.default_rng(0)
@@ -150,13 +149,16 @@ def main() -> int:
     n_ctx = max(1024, n_prompt + args.tokens + 8)
     prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
     eng = CudaEngine(mf, n_ctx)
+    chunk = eng.m.chunk
+    if args.prefill and args.prefill % chunk:
+        ap.error(f"--prefill takes a multiple of the model's prompt chunk {chunk}, got {args.prefill}")
     eng.reset(SamplingParams(temperature=0))
     vocab = eng.cfg.n_vocab
     tok = eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
     if args.prefill:  # again: the first run captured the chunk's graph after running it eagerly
         eng.reset(SamplingParams(temperature=0))
         eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
-        graph = eng.prefill_graphs[MAX_PREFILL_CHUNK]
+        graph = eng.prefill_graphs[chunk]
     else:
         for _ in range(3):  # eager step, capture, one replay
             tok = eng.step(tok)
@@ -205,7 +207,7 @@ def main() -> int:
         by_name[name].append(costs[i] if args.in_situ else node_cost(node, params, stream, args.reps))
     rows = sorted(((k, len(v), sum(v)) for k, v in by_name.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    what = f"prefill chunk at {args.prefill - MAX_PREFILL_CHUNK}" if args.prefill else f"decode at depth {args.depth}"
+    what = f"prefill chunk at {args.prefill - chunk}" if args.prefill else f"decode at depth {args.depth}"
     print(f"{args.model} ({what}): {len(nodes)} nodes ({others} not kernels); graph replay {replay:.1f} µs; "
           f"step() wall {wall:.1f} µs, of it Python {host:.1f} µs; "
           f"sum of nodes {'in place' if args.in_situ else 'alone'} {total:.1f} µs")

@@ -54,12 +54,12 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_ANY_SIZE", "")
     monkeypatch.setenv("IMPNB_DP4A_TAIL", "1")
     monkeypatch.setenv("IMPNB_WINDOW_SHORT", "0")
-    monkeypatch.setenv("IMPNB_WIDE_TILED", "1")
-    monkeypatch.setenv("IMPNB_WINDOW_RING", "1")
+    monkeypatch.setenv("IMPNB_WIDE_TILED", "0")
+    monkeypatch.setenv("IMPNB_WINDOW_RING", "0")
     o = tuning.Overrides.from_env()
-    assert o.window_ring and not tuning.Overrides().window_ring
+    assert not o.window_ring and tuning.Overrides().window_ring
     assert not o.window_short and tuning.Overrides().window_short
-    assert o.wide_tiled and not tuning.Overrides().wide_tiled
+    assert not o.wide_tiled and tuning.Overrides().wide_tiled
     assert o.dp4a_tail and not tuning.Overrides().dp4a_tail
     assert o.dp4a_any_size == () and tuning.Overrides().dp4a_any_size == (T.NVFP4, T.MXFP4)
     assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and o.moe_grouped_rows == 8
@@ -128,14 +128,30 @@ def test_switch_defaults(monkeypatch):
 
 @pytest.mark.parametrize("value,want", [("1024", "1024"), ("8", "ParameterError"), ("x", "ParameterError")])
 def test_max_prefill_chunk_from_env(value, want):
-    """IMPNB_MAX_PREFILL_CHUNK is read when impnb.tuning is imported: a size, or one clear error."""
+    """IMPNB_MAX_PREFILL_CHUNK is read when impnb.tuning is imported: every model's prompt chunk,
+    or one clear error."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     code = ("from impnb.errors import ParameterError\ntry:\n    from impnb import tuning\n"
-            "    print(tuning.MAX_PREFILL_CHUNK)\nexcept ParameterError:\n    print('ParameterError')")
+            "    from types import SimpleNamespace as N\n"
+            "    print(*{tuning.prefill_chunk(N(n_expert=n)) for n in (0, 128)})\n"
+            "except ParameterError:\n    print('ParameterError')")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "IMPNB_MAX_PREFILL_CHUNK": value},
                          capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
     assert out.stdout.split() == [want]
+
+
+def test_prefill_chunk_by_kind_of_model(monkeypatch):
+    """Mixtures of experts take larger prompt chunks than dense models (their grouped expert
+    GEMMs' tiles fill at more rows an expert); both chunks have prefill graphs."""
+    from types import SimpleNamespace
+
+    from impnb.graphs.prefill import BUCKETS
+
+    monkeypatch.setattr(tuning, "_PREFILL_CHUNK_ENV", 0)
+    dense, moe = (tuning.prefill_chunk(SimpleNamespace(n_expert=n)) for n in (0, 128))
+    assert (dense, moe) == (tuning.PREFILL_CHUNK, tuning.PREFILL_CHUNK_MOE)
+    assert dense < moe and {dense, moe} <= set(BUCKETS)

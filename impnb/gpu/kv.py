@@ -10,7 +10,7 @@ import numpy as np
 
 from impnb.kernels.attention import kv_cache
 from impnb.models.config import ModelConfig
-from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
+from impnb.tuning import PAGE_SIZE, prefill_chunk
 
 
 class PagedKV:
@@ -21,13 +21,14 @@ class PagedKV:
 
     One sequence with `window_ring` (WINDOW_RING): its sliding-window layers keep only their
     window's pages, a ring of window_pages(...) pages: position p on page (p // PAGE_SIZE) mod
-    that, through window_tables. A step writes at most MAX_PREFILL_CHUNK rows, so the keys any of
+    that, through window_tables. A step writes at most `chunk` rows (tuning.prefill_chunk's where
+    not given), so the keys any of
     its rows sees and the rows it writes span fewer pages than the ring holds."""
 
     def __init__(self, ctx, cfg: ModelConfig, n_pages: int, max_seqs: int = 1, max_pages: int | None = None,
-                 window_ring: bool = False):
+                 window_ring: bool = False, chunk: int | None = None):
         self.n_pages = n_pages
-        ring = self.window_pages(cfg, n_pages, max_seqs, window_ring)
+        ring = self.window_pages(cfg, n_pages, max_seqs, window_ring, chunk)
         self.windowed = [bool(ring) and cfg.window(il) is not None for il in range(cfg.n_layer)]
         self.k, self.v = [], []
         for il in range(cfg.n_layer):
@@ -60,14 +61,15 @@ class PagedKV:
         return self.tables_of(il)[0]
 
     @staticmethod
-    def window_pages(cfg: ModelConfig, n_pages: int, max_seqs: int = 1, window_ring: bool = False) -> int:
+    def window_pages(cfg: ModelConfig, n_pages: int, max_seqs: int = 1, window_ring: bool = False,
+                     chunk: int | None = None) -> int:
         """The ring's pages for cfg's sliding-window layers: room for the window's keys and a
         step's rows past them (two positions share a slot only when a multiple of the ring's
         tokens apart); 0 (whole pools) for several sequences, no window, or where the ring would
         not be smaller."""
         if not (window_ring and max_seqs == 1 and cfg.sliding_window):
             return 0
-        ring = PagedKV.pages(cfg.sliding_window + MAX_PREFILL_CHUNK - 1)
+        ring = PagedKV.pages(cfg.sliding_window + (chunk or prefill_chunk(cfg)) - 1)
         return ring if ring < n_pages else 0
 
     @staticmethod
@@ -75,11 +77,12 @@ class PagedKV:
         return kv_cache.pages_needed(n_tokens, PAGE_SIZE)
 
     @staticmethod
-    def nbytes(cfg: ModelConfig, n_tokens: int, max_seqs: int = 1, window_ring: bool = False) -> int:
+    def nbytes(cfg: ModelConfig, n_tokens: int, max_seqs: int = 1, window_ring: bool = False,
+               chunk: int | None = None) -> int:
         """The pools' bytes for n_tokens tokens (fp16 K and V of every layer with its own, whole
         pages; the sliding-window layers' rings where they have them)."""
         n_pages = PagedKV.pages(n_tokens)
-        ring = PagedKV.window_pages(cfg, n_pages, max_seqs, window_ring)
+        ring = PagedKV.window_pages(cfg, n_pages, max_seqs, window_ring, chunk)
         return 2 * PAGE_SIZE * sum(cfg.kv_heads(il) * sum(cfg.head_dims(il))
                                    * (ring if ring and cfg.window(il) is not None else n_pages)
                                    for il in range(cfg.n_layer) if cfg.kv_layer(il) == il)

@@ -28,7 +28,7 @@ from impnb.kernels.moe.moe import check_experts
 from impnb.models import architecture
 from impnb.models.validate import validate_model
 from impnb.parallel.shard import RankFile, rank_config, splits_vocab
-from impnb.tuning import MAX_PREFILL_CHUNK, Overrides
+from impnb.tuning import Overrides, prefill_chunk
 
 HEADROOM = 64 << 20  # bytes kept free past the weights and cache: cuBLAS workspace, scratch
 
@@ -40,7 +40,8 @@ class DeviceModel:
     weights.STACKS' names); lin: the Linear of every matrix in w; router_folds: router_fold's
     weights by layer prefix; blk: each layer's weights by role (gpu/layer_weights.py); kv: the
     paged cache; rec: the Gated DeltaNet layers' states (None without such layers); inv_freq:
-    RoPE's per layer; ids, pos: a step's inputs (MAX_PREFILL_CHUNK rows, or max_seqs if more);
+    RoPE's per layer; ids, pos: a step's inputs (chunk rows, or max_seqs if more); chunk: the
+    prompt tokens a forward call takes at most (tuning.prefill_chunk, or the caller's `chunk`);
     mm: the Linears' launches; plan: the load-time choices.
 
     kv_tokens: the KV pools' size in tokens (default n_ctx: one sequence's whole context);
@@ -56,7 +57,8 @@ class DeviceModel:
     """
 
     def __init__(self, mf: ModelFile, n_ctx: int, ctx: GpuContext | None = None,
-                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None, window_ring: bool = False):
+                 kv_tokens: int | None = None, max_seqs: int = 1, tp=None, window_ring: bool = False,
+                 chunk: int | None = None):
         arch = architecture(mf)
         if mf.arch not in GPU_ARCHS:  # before validation, whose GPU shape checks would say less
             raise UnsupportedError(f"architecture {mf.arch} has no GPU path yet "
@@ -85,8 +87,9 @@ class DeviceModel:
         self.tuning = tuning = Overrides.from_env()  # the environment's A/B overrides, read once
         kv_tokens = kv_tokens or n_ctx
         window_ring = window_ring and tuning.window_ring and max_seqs == 1
+        self.chunk = chunk or prefill_chunk(cfg)
         need = (sum(t.data.nbytes for t in mf.tensors.values())
-                + PagedKV.nbytes(cfg, kv_tokens, max_seqs, window_ring)
+                + PagedKV.nbytes(cfg, kv_tokens, max_seqs, window_ring, self.chunk)
                 + RecurrentState.nbytes(cfg, max_seqs)
                 + (weights.fold_bytes(cfg, tuning) if self.stack is None else 0) + HEADROOM)
         self.ctx.check_fits(need, "the weights and KV cache")
@@ -100,11 +103,12 @@ class DeviceModel:
                     else layer_weights(cfg, self.layers, self.w, self.lin, self.router_folds, tuning))
         self.output = self.lin.get("output") or self.lin["token_embd"]  # the logits' Linear (tied or not)
         self.inv_freq = [self.ctx.upload(_inv_freq(mf, cfg, il)) for il in range(cfg.n_layer)]
-        self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx), window_ring)
+        self.kv = PagedKV(self.ctx, cfg, PagedKV.pages(kv_tokens), max_seqs, PagedKV.pages(n_ctx), window_ring,
+                          self.chunk)
         self.rec = RecurrentState(self.ctx, cfg, max_seqs) if cfg.deltanet is not None else None
         self.plan = LoadPlan.make(cfg, n_ctx, tuning, self.layers)
-        self.ids = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
-        self.pos = self.ctx.empty(max(MAX_PREFILL_CHUNK, max_seqs), np.int32)
+        self.ids = self.ctx.empty(max(self.chunk, max_seqs), np.int32)
+        self.pos = self.ctx.empty(max(self.chunk, max_seqs), np.int32)
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)

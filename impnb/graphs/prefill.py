@@ -10,7 +10,7 @@ Each bucket's graph is captured after its first (eager) run, which is also a war
 
 import numpy as np
 
-BUCKETS = (16, 32, 64, 128, 256, 512)
+BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # up to tuning.PREFILL_CHUNK_MOE's chunk
 
 
 def bucket(n: int, pos: int, n_ctx: int) -> int | None:

@@ -95,13 +95,24 @@ def env_table(name: str, default: dict) -> dict:
 # -- shapes of a step ------------------------------------------------------------------------
 PAGE_SIZE = 32  # KV cache page (tokens): a size both decode kernels and the FA2 tiles take
 GEMV_MAX_ROWS = 8  # up to this many tokens a step runs GEMVs (decode), past it GEMMs (prefill)
-# Prompt tokens a forward call takes at most (the largest prefill graph: longer chunks run
-# eagerly). IMPNB_MAX_PREFILL_CHUNK overrides it for a whole process (read at import): an A/B of
-# the MoE models' prefill, whose grouped expert GEMMs fill their 64-row tiles only where a chunk
-# routes 64 rows to an expert (512 tokens give 128 experts 32 each at top 8).
-MAX_PREFILL_CHUNK = int(env_number("IMPNB_MAX_PREFILL_CHUNK", 512))
-if MAX_PREFILL_CHUNK < 16:
-    raise ParameterError(f"IMPNB_MAX_PREFILL_CHUNK must be at least 16, got {MAX_PREFILL_CHUNK}")
+# Prompt tokens a forward call takes at most (prefill_chunk). Long prompts prefilled faster in
+# larger chunks (bench -p 4096 by IMPNB_MAX_PREFILL_CHUNK): a dense model's GEMMs run more rows a
+# launch, and a mixture of experts' chunk routes more rows to each expert, whose grouped GEMMs fill
+# their 64-row tiles only past 64 rows (512 tokens give 128 experts 32 each at top 8); the MoE
+# models gained up to their largest chunk measured. IMPNB_MAX_PREFILL_CHUNK sets every model's for
+# a whole process (read at import).
+PREFILL_CHUNK = 2048
+PREFILL_CHUNK_MOE = 4096
+_PREFILL_CHUNK_ENV = int(env_number("IMPNB_MAX_PREFILL_CHUNK", 0))
+if os.environ.get("IMPNB_MAX_PREFILL_CHUNK") is not None and _PREFILL_CHUNK_ENV < 16:
+    raise ParameterError(f"IMPNB_MAX_PREFILL_CHUNK must be at least 16, got {_PREFILL_CHUNK_ENV}")
+
+
+def prefill_chunk(cfg) -> int:
+    """The prompt tokens one forward call of cfg's model takes at most."""
+    return _PREFILL_CHUNK_ENV or (PREFILL_CHUNK_MOE if cfg.n_expert else PREFILL_CHUNK)
+
+
 DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # a decode graph per bucket of keys
 
 # -- decode attention ------------------------------------------------------------------------
@@ -117,14 +128,14 @@ SHORT_DECODE_MAX_BATCH = 8
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
 # window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
 WINDOW_SHORT = True
-# One sequence's sliding-window layers keep only their window's KV pages (gpu/kv.PagedKV's ring):
-# off until the GPU tests of it have run; IMPNB_WINDOW_RING=1 turns it on.
-WINDOW_RING = False
+# One sequence's sliding-window layers keep only their window's KV pages (gpu/kv.PagedKV's ring),
+# decoding as fast as with whole pools; IMPNB_WINDOW_RING=0 gives them every position's pages.
+WINDOW_RING = True
 # Decode attention at heads past the tiled kernels' (Gemma 4's 512) on attention_wide_tiled (K/V
 # widened to float32 once a block in shared memory) rather than attention_wide's kernel (each
-# warp widening them): off until bench_decode_attention.py --wide-tiled and a gemma4 tg128 at
-# depth measure it; IMPNB_WIDE_TILED=1 turns it on.
-WIDE_TILED = False
+# warp widening them): faster at every context and split count bench_decode_attention.py
+# --wide-tiled measured; IMPNB_WIDE_TILED=0 turns it off.
+WIDE_TILED = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}

@@ -72,6 +72,21 @@ def test_decode_steps_match_reference(case):
     agree(out, ref, "decode vs reference")
 
 
+def test_prefill_chunk_past_the_graphs(case):
+    """A mixture of experts' prompt chunk passes the largest prefill graph's rows
+    (tuning.prefill_chunk): 1500 tokens in one forward call (GEMMs, routing, grouped expert GEMMs
+    and attention on 1500 rows) agree with the reference."""
+    from impnb.engine_cuda import CudaEngine
+
+    _, _, _, engine = case
+    e = CudaEngine(engine.mf, 2048, graphs=False)
+    assert e.m.chunk >= 1500
+    ids = np.random.default_rng(6).integers(0, e.cfg.n_vocab, 1500).astype(np.int32)
+    ref = load_reference(engine.mf)
+    e.reset(SamplingParams(temperature=0))
+    agree(e.logits(ids), ref.forward(ids, ref.new_cache(1508)), "one chunk of 1500 vs reference")
+
+
 def test_prefill_matches_reference_and_hf(case):
     import torch
 

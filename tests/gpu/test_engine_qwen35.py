@@ -31,12 +31,12 @@ from impnb.gguf_file import open_model_file
 from impnb.models import load_reference
 from impnb.sampling import SamplingParams
 from impnb.synthetic_qwen35 import tiny_gguf
-from impnb.tuning import MAX_PREFILL_CHUNK
 from tests.gpu.test_engine_moe import agree
 
 pytestmark = pytest.mark.gpu
 N_DECODE = 96  # teacher-forced decode steps
-N_PROMPT = MAX_PREFILL_CHUNK + 77  # two prompt chunks
+SPLIT = 512  # a prompt split in two chunks here (the DeltaNet's tensor-core kernel takes 512 rows)
+N_PROMPT = SPLIT + 77
 N_CTX = 1024
 LOOSE = (0.975, 3e-2, 0.97, 5e-3)  # top-1 agreement, per-token bound, share of tokens within it, median
 
@@ -121,8 +121,18 @@ def test_prefill_over_two_chunks_matches_reference(case):
     DeltaNet kernel, the second chunk starting from the first's states."""
     ids, ref, engine = case
     engine.reset(SamplingParams(temperature=0))
-    out = np.concatenate([engine.logits(ids[:MAX_PREFILL_CHUNK]), engine.logits(ids[MAX_PREFILL_CHUNK:])])
+    out = np.concatenate([engine.logits(ids[:SPLIT]), engine.logits(ids[SPLIT:])])
     agree_prefill(out, ref, engine, "prefill (two chunks) vs reference")
+
+
+def test_prefill_in_one_chunk_past_the_graphs_matches_reference(case):
+    """The MoE hybrids' prompt chunk passes the largest graph's rows (tuning.prefill_chunk): the
+    whole prompt in one forward call (GEMMs, grouped expert GEMMs and the DeltaNet on 589 rows)."""
+    ids, ref, engine = case
+    if engine.m.chunk < len(ids):
+        pytest.skip(f"a prompt chunk of {engine.m.chunk} rows (a dense model)")
+    engine.reset(SamplingParams(temperature=0))
+    agree_prefill(engine.logits(ids), ref, engine, "prefill (one chunk) vs reference")
 
 
 def test_prefill_split_does_not_matter(case, monkeypatch):
@@ -142,11 +152,11 @@ def test_prefill_split_does_not_matter(case, monkeypatch):
     engine = CudaEngine(eager.mf, N_CTX, graphs=False)
     assert engine.m.tuning.gdn_chunked_min_rows == 0
     runs = []
-    for split in (MAX_PREFILL_CHUNK, 300):
+    for split in (SPLIT, 300):
         engine.reset(SamplingParams(temperature=0))
         runs.append(np.concatenate([engine.logits(ids[:split]), engine.logits(ids[split:])]))
     rel = np.abs(runs[0] - runs[1]).max(-1) / np.abs(runs[0]).max()
-    after = np.r_[300:308, MAX_PREFILL_CHUNK:MAX_PREFILL_CHUNK + 8]
+    after = np.r_[300:308, SPLIT:SPLIT + 8]
     print(f"split 512 vs 300: max {rel.max():.2e}, median {np.median(rel):.2e}, after the splits "
           f"{rel[after].max():.2e}")
     assert np.mean(rel < 1e-3) >= 0.98 and rel[after].max() < 1e-2, np.flatnonzero(rel >= 1e-3)
@@ -294,7 +304,7 @@ def test_chunked_prefill_matches_reference(case, monkeypatch):
     engine = CudaEngine(eager.mf, N_CTX, graphs=False)
     assert engine.m.tuning.gdn_chunked_min_rows == 16
     engine.reset(SamplingParams(temperature=0))
-    out = np.concatenate([engine.logits(ids[:MAX_PREFILL_CHUNK]), engine.logits(ids[MAX_PREFILL_CHUNK:])])
+    out = np.concatenate([engine.logits(ids[:SPLIT]), engine.logits(ids[SPLIT:])])
     loose(out, ref, "chunked prefill (two chunks) vs reference")
     n = 300
     engine.reset(SamplingParams(temperature=0))

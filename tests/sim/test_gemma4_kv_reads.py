@@ -115,11 +115,12 @@ def test_window_layers_decode_short_on_their_own_pages(paths, monkeypatch, varia
 
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "256")
     monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
-    engine = CudaEngine(open_model_file(paths[variant]), 1024, graphs=False)
+    # prompt chunks of 512 for both (the MoE's own 2048 would need a ring past 1024 positions)
+    engine = CudaEngine(open_model_file(paths[variant]), 1024, graphs=False, chunk=512)
     m = engine.m
     cfg = m.cfg
     assert m.kv.windowed == [ring and cfg.window(il) is not None for il in range(cfg.n_layer)]
-    ring_pages = m.kv.window_pages(cfg, m.kv.n_pages, 1, True)
+    ring_pages = m.kv.window_pages(cfg, m.kv.n_pages, 1, True, 512)
     for il in range(cfg.n_layer):
         assert m.kv.k[il].shape[0] == (ring_pages if m.kv.windowed[il] else m.kv.n_pages)
     holder = [Recorder()]

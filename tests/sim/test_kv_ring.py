@@ -9,10 +9,11 @@ import pytest
 
 from impnb.gpu.context import GpuContext
 from impnb.gpu.kv import PagedKV
-from impnb.tuning import MAX_PREFILL_CHUNK, PAGE_SIZE
+from impnb.tuning import PAGE_SIZE, PREFILL_CHUNK, PREFILL_CHUNK_MOE, prefill_chunk
 from tests.sim.test_plans import cfg_of
 
 WINDOW = 64
+TOKENS = 16384  # a context past the rings of either kind of model's chunk
 
 
 def gemma_like(n_layer: int = 6):
@@ -23,10 +24,12 @@ def gemma_like(n_layer: int = 6):
 
 def test_window_layers_keep_a_ring():
     cfg = gemma_like()
-    n_pages = PagedKV.pages(4096)
+    n_pages = PagedKV.pages(TOKENS)
     kv = PagedKV(GpuContext(), cfg, n_pages, 1, n_pages, window_ring=True)
     ring = PagedKV.window_pages(cfg, n_pages, 1, True)
-    assert ring == PagedKV.pages(WINDOW + MAX_PREFILL_CHUNK - 1) < n_pages
+    assert ring == PagedKV.pages(WINDOW + prefill_chunk(cfg) - 1) < n_pages
+    moe = replace(cfg, n_expert=8, n_expert_used=2)
+    assert PagedKV.window_pages(moe, n_pages, 1, True) == PagedKV.pages(WINDOW + prefill_chunk(moe) - 1) > ring
     for il in range(cfg.n_layer):
         windowed = cfg.window(il) is not None
         assert kv.windowed[il] == windowed
@@ -35,19 +38,21 @@ def test_window_layers_keep_a_ring():
         want = np.arange(n_pages) % ring if windowed else np.arange(n_pages)
         assert np.array_equal(table, want), il
     held = sum(kv.k[il].nbytes + kv.v[il].nbytes for il in range(cfg.n_layer))
-    assert PagedKV.nbytes(cfg, 4096, 1, True) == held < PagedKV.nbytes(cfg, 4096)
+    assert PagedKV.nbytes(cfg, TOKENS, 1, True) == held < PagedKV.nbytes(cfg, TOKENS)
 
 
-@pytest.mark.parametrize("T", [1, 3, 8, 100, MAX_PREFILL_CHUNK])
-def test_a_steps_positions_never_share_a_slot(T):
+@pytest.mark.parametrize("chunk", [PREFILL_CHUNK, PREFILL_CHUNK_MOE, 48])
+@pytest.mark.parametrize("T", [1, 3, 8, 100, "chunk"])
+def test_a_steps_positions_never_share_a_slot(T, chunk):
     """Every chunk start: the keys its first row sees from (p0 - WINDOW + 1) and the rows it
     writes (to p0 + T - 1) land on distinct (page, offset) slots of the ring; a page fewer would
     not hold a whole prompt chunk's."""
     cfg = gemma_like()
+    T = chunk if T == "chunk" else min(T, chunk)
     n_pages = PagedKV.pages(8192)
-    ring = PagedKV.window_pages(cfg, n_pages, 1, True)
+    ring = PagedKV.window_pages(cfg, n_pages, 1, True, chunk)
     table = np.arange(n_pages) % ring
-    assert not distinct(np.arange(n_pages) % (ring - 1), 8192 - MAX_PREFILL_CHUNK - 1, MAX_PREFILL_CHUNK)
+    assert not distinct(np.arange(n_pages) % (ring - 1), 8192 - chunk - 1, chunk)
     for p0 in range(0, 8192 - T, 7):
         assert distinct(table, p0, T), (p0, T)
 
