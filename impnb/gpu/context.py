@@ -5,6 +5,8 @@ import numpy as np
 from impnb.cuda_support import cuda_unavailable_reason
 from impnb.errors import DeviceError
 
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
 
 class GpuContext:
     """The primary context of GPU device_id, one non-blocking stream, and numba's view of it."""
@@ -46,11 +48,32 @@ class GpuContext:
                               f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB are free")
 
     def empty(self, shape, dtype):
-        """An uninitialised device array (allocated at load time only)."""
-        return self.cuda.device_array(shape, dtype=np.dtype(dtype), stream=self.nb_stream)
+        """An uninitialised device array (at load, or a step's buffers at its first run)."""
+        dtype = np.dtype(dtype)
+        try:
+            return self.cuda.device_array(shape, dtype=dtype, stream=self.nb_stream)
+        except Exception as e:
+            raise self._no_room(e, int(np.prod(shape)) * dtype.itemsize) from None
 
     def upload(self, array: np.ndarray):
-        return self.cuda.to_device(np.ascontiguousarray(array), stream=self.nb_stream)
+        array = np.ascontiguousarray(array)
+        try:
+            return self.cuda.to_device(array, stream=self.nb_stream)
+        except Exception as e:
+            raise self._no_room(e, array.nbytes) from None
+
+    def _no_room(self, error: Exception, nbytes: int) -> Exception:
+        """DeviceError for an allocation the GPU had no room for (numba's CudaAPIError of
+        CUDA_ERROR_OUT_OF_MEMORY), else the error itself."""
+        code = getattr(error, "code", error.args[0] if error.args else None)
+        try:
+            if int(code) != CUDA_ERROR_OUT_OF_MEMORY:
+                return error
+        except (TypeError, ValueError):
+            return error
+        free, total = self.mem_free()
+        return DeviceError(f"out of GPU memory: {nbytes / 2**20:.0f} MiB more did not fit ({free / 2**20:.0f} "
+                           f"MiB of {total / 2**20:.0f} MiB free); a shorter context (--ctx) needs less")
 
     def sync(self) -> None:
         self.nb_stream.synchronize() if self.simulator else self.stream.sync()
