@@ -104,6 +104,8 @@ def _add_serve(sub):
                    help="auto: the GPU when one is usable, else the CPU reference")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length of a request (capped at the model's)")
     p.add_argument("--max-seqs", type=int, default=None, help="sequences a step runs at most (default 64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens a step runs at most, decode rows first, then prompt chunks (default 256)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory the weights and the KV pool may take")
     p.add_argument("--kv-cache-tokens", type=int, default=None,

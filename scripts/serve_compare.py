@@ -94,8 +94,10 @@ def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | Non
 def server_cmd(server: str, path: str, args, port: int) -> list[str]:
     top = max(int(c) for c in args.concurrency.split(","))
     if server == "impnb":
+        step = getattr(args, "batched_tokens", None)
         return [sys.executable, "-m", "impnb", "serve", "-m", path, "--device", args.device, "--port", str(port),
-                "--max-seqs", str(top), "--ctx", str(args.ctx), "--log-level", "warning"]
+                "--max-seqs", str(top), "--ctx", str(args.ctx), "--log-level", "warning"] + (
+                    ["--max-num-batched-tokens", str(step)] if step else [])
     return [args.llama_server, "-m", path, "--port", str(port), "-np", str(top), "-cb", "-fa", "on",
             "-ngl", "999", "-c", str(args.ctx * top), "--no-webui"]
 
@@ -135,6 +137,8 @@ def main() -> int:
     p.add_argument("--warmup-len", type=int, default=16, help="tokens a warm-up request generates")
     p.add_argument("--ctx", type=int, default=1024, help="context a sequence (a slot) holds, both servers")
     p.add_argument("--device", default="cuda", help="impnb's device")
+    p.add_argument("--batched-tokens", type=int, default=None,
+                   help="impnb serve's --max-num-batched-tokens (default: its own; llama-server's batch is 2048)")
     p.add_argument("--logs", default=".", help="directory for the servers' logs")
     p.add_argument("--json", default=None, help="write every row here")
     args = p.parse_args()

@@ -101,3 +101,11 @@ class _Text:
 
     def flush(self):
         return ""
+
+
+@pytest.mark.parametrize("flag, value", [("--max-num-batched-tokens", "0"), ("--max-seqs", "-3")])
+def test_serve_bad_sizes_exit_2_with_one_line(flag, value, capsys):
+    """Checked before the model or the port is touched: one line on stderr, exit 2."""
+    assert main(["serve", "-m", "no-such-model", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"impnb: error: {flag} must be a positive integer")

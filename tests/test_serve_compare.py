@@ -26,6 +26,10 @@ def test_server_commands():
     impnb = serve_compare.server_cmd("impnb", "/m.gguf", args, 9001)
     i = impnb.index("--max-seqs")
     assert impnb[i + 1] == "128" and impnb[impnb.index("--device") + 1] == "cuda"
+    assert "--max-num-batched-tokens" not in impnb
+    args.batched_tokens = 2048
+    impnb = serve_compare.server_cmd("impnb", "/m.gguf", args, 9001)
+    assert impnb[impnb.index("--max-num-batched-tokens") + 1] == "2048"
 
 
 def test_table_ratios_and_missing_rows(capsys):

@@ -20,7 +20,7 @@ from impnb.serve.pool_size import check_fraction
 def _check(args) -> None:
     if not 0 <= args.port < 65536:
         raise ParameterError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_seqs", "ctx", "kv_cache_tokens"):
+    for name in ("max_seqs", "max_num_batched_tokens", "ctx", "kv_cache_tokens"):
         value = getattr(args, name)
         if value is not None:
             check_positive(f"--{name.replace('_', '-')}", value)
@@ -61,7 +61,7 @@ def _follow(path, args) -> int:
     rank = args.rank
     llm = LLM(str(path), device="cuda", n_ctx=args.ctx, kv_cache_tokens=args.kv_cache_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_seqs,
-              graphs=not args.no_graphs, tp=rank)
+              max_num_batched_tokens=args.max_num_batched_tokens, graphs=not args.no_graphs, tp=rank)
     n = follow(llm.engine.runner, connect_leader(rank.rank, rank.addr, rank.port + 1, rank.timeout))
     print(f"impnb: tensor-parallel rank {rank.rank}: {n} calls followed", file=sys.stderr)
     return 0
@@ -103,7 +103,7 @@ def run(args) -> int:
 
         llm = LLM(str(path), device=args.device, n_ctx=args.ctx, kv_cache_tokens=args.kv_cache_tokens,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_seqs,
-                  graphs=not args.no_graphs, tp=rank)
+                  max_num_batched_tokens=args.max_num_batched_tokens, graphs=not args.no_graphs, tp=rank)
         if rank is not None:
             from impnb.parallel.mirror import MirroredRunner, accept_followers
 
@@ -111,7 +111,8 @@ def run(args) -> int:
             llm.engine.runner = MirroredRunner(llm.engine.runner, conns)
             mirrors.append(llm.engine.runner)
         print(f"impnb: serving {name} ({llm.device}, context {llm.engine.n_ctx}, "
-              f"{llm.engine.scheduler.config.max_num_seqs} sequences, {len(llm.engine.blocks.blocks)} KV blocks) "
+              f"{llm.engine.scheduler.config.max_num_seqs} sequences, "
+              f"{llm.engine.scheduler.config.max_num_batched_tokens} tokens a step, {len(llm.engine.blocks.blocks)} KV blocks) "
               f"on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         return llm
 
