@@ -38,6 +38,7 @@ from impnb.gpu import attention_dispatch
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
+from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, attention_wide, qkv_post
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
@@ -110,7 +111,9 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     grouped = 2 <= T <= m.tuning.moe_grouped_rows  # a batch's routed experts grouped as at prefill
+    xin = None  # this layer's Q|K|V input in int8, where the layer before wrote it
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        nxt = None if grouped else _next_input(m, il, T)
         if spec.mixer == "gated_deltanet":
             y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
             m.mm.linear(y, lw.attn.o, x, accumulate=m.reduce_leader)
@@ -118,34 +121,53 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
         else:
             # attention writes its output in int8 there too (not where a gate multiplies it first)
             xq = m.mm.attn_xq(lw.attn.o, step, m.cfg.window(il)) if lw.attn.q_gate is None else None
-            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq)
+            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq, xin)
             if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
-                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps))  # one launch
+                attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps), nxt)  # one launch
                 x, spare = spare, x
+                xin = nxt and nxt.xq
                 continue
             m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
             m.all_reduce(x)
         if spec.ffn == "moe" and grouped:
             moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         elif spec.ffn in ("moe", "moe_shared"):
-            moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
+            moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps), nxt)
         else:
             dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
             m.all_reduce(x)
+        xin = nxt and nxt.xq
     return logits_of(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
 
 
-def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None):
+def _next_input(m, il: int, T: int):
+    """gemv_moe_dp4a.NextInput where layer il's routed experts' down (on dp4a, no shared expert
+    after it, one rank) may write layer il + 1's Q|K|V input, RMSNorm(x) * its norm, in int8 for
+    that stacked dp4a GEMV (DOWN_QUANT_TAIL), else None."""
+    if not m.tuning.down_quant_tail or m.tp is not None or il + 1 >= len(m.layers):
+        return None
+    ffn, nxt, spec = m.blk[il].ffn, m.blk[il + 1].attn, m.layers[il + 1]
+    if (m.layers[il].ffn != "moe" or not getattr(ffn, "down_dp4a", False) or ffn.shared is not None
+            or spec.mixer == "gated_deltanet" or nxt.qkv is None or nxt.q_gate is not None
+            or not m.mm.takes_int8(nxt.qkv, T)):
+        return None
+    D = m.cfg.n_embd
+    return NextInput(nxt.norm, m.cfg.eps, m.mm.xq_buffers(T, D, "next_xq"),
+                     m.arena.zeros("next_xq_counter", (1,), np.uint32))
+
+
+def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
     times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the short decode kernel
-    writes the output's int8 form there too (ungated only)."""
+    writes the output's int8 form there too (ungated only); xin: the stacked Q|K|V's input in
+    int8, written by the layer before (_next_input)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
     qkv, joint = m.mm.stacked_outputs("qkv_out", T, (H * Dh, Hkv * Dh, Hkv * Dv))
     q, k, v = qkv[0].reshape(T, H, Dh), qkv[1].reshape(T, Hkv, Dh), qkv[2].reshape(T, Hkv, Dv)
     if att.qkv is not None:
-        m.mm.split(h, att.qkv, qkv, norm_w, joint)
+        m.mm.split(h, att.qkv, qkv, norm_w, joint, xin)
     elif att.qk is not None:
         m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair)
     else:

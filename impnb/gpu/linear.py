@@ -81,6 +81,11 @@ class MatMul:
         quantize_x first."""
         gemv_dp4a.gemv_dp4a(lin.w, self.quantized(x, norm), y, self.ctx.nb_stream, accumulate, glu=glu)
 
+    def takes_int8(self, lin: Linear, n_tok: int) -> bool:
+        """Whether split(x, lin, ...) of n_tok rows reads x's int8 form (gemv_dp4a_multi, or gemv_dp4a
+        at one token), so that it may take one written before (split's xin)."""
+        return bool(lin.multi.get(n_tok)) or (n_tok == 1 and lin.dp4a)
+
     def takes_gated(self, lin: Linear, n_tok: int) -> bool:
         """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has
         a gated form (linear_gated); not gemv_dp4a, gemv_dp4a_multi or a GEMM."""
@@ -119,19 +124,24 @@ class MatMul:
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
-    def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None) -> None:
+    def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
         joint: ys as one (1, sum N_i) array where stacked_outputs made them (one token): a dp4a
-        Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone."""
+        Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone. xin: the
+        input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T)."""
         w = lin.w
         multi = lin.multi.get(x.shape[0])
         if multi:
-            gemv_dp4a_multi_split(w, self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
+            gemv_dp4a_multi_split(w, xin if xin is not None else self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
             return
         if joint is not None and x.shape[0] == 1 and lin.dp4a:
             assert joint.shape == (1, w.rows)
-            self.dp4a(x, lin, joint, norm)
+            if xin is not None:
+                gemv_dp4a.gemv_dp4a(w, xin, joint, self.ctx.nb_stream)
+            else:
+                self.dp4a(x, lin, joint, norm)
             return
+        assert xin is None, "an int8 input for a GEMV that reads floats"
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return

@@ -78,9 +78,11 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
         residual.unfused(shared, s)
 
 
-def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
+def moe_ffn_decode(m, x, ex: Experts, norm: tuple, next_input=None) -> None:
     """Decode (T <= GEMV_MAX_ROWS): x (T, D) float32 += the routed experts' SwiGLU FFN of
-    h = RMSNorm(x) * wn, norm = (wn, eps), and the shared expert's where the layer has one."""
+    h = RMSNorm(x) * wn, norm = (wn, eps), and the shared expert's where the layer has one;
+    next_input (gemv_moe_dp4a.NextInput, no shared expert): the down's last block writes the next
+    layer's int8 input there."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     assert T <= GEMV_MAX_ROWS
@@ -93,7 +95,8 @@ def moe_ffn_decode(m, x, ex: Experts, norm: tuple) -> None:
                           a.zeros("route_counter", (1,), np.uint32), s, norm=norm, xq=xq, n_routed=E)
     if m.expert_range is not None:  # the rank's experts alone (expert parallelism; the logits left alone)
         localize(experts, weights, *m.expert_range, s)
-    _experts_decode(m, x, ex, norm, xq, experts, weights)
+    assert next_input is None or shared is None, "the shared expert adds into x after the routed down"
+    _experts_decode(m, x, ex, norm, xq, experts, weights, next_input)
     if shared is None:
         return
     if folded:  # x += sigmoid(logits[t, E]) * down act[t]
@@ -145,11 +148,11 @@ def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
     moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
 
 
-def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple) -> None:
+def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple, next_input=None) -> None:
     """Decode, the router folded into attn_output's (o's) launch (kernels/moe/router_fold.py, for
     the layers with ex.fold): out (T, D) = x + W_o â (aq: â, the int8 form of attn (T, H Dv)
     that decode attention wrote), then out += the routed experts' SwiGLU FFN of
-    RMSNorm(out) * wn, norm = (wn, eps)."""
+    RMSNorm(out) * wn, norm = (wn, eps); next_input as in moe_ffn_decode."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     logits, experts, weights = _route_buffers(m, T)
@@ -157,7 +160,7 @@ def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tu
     router_fold(o.w, aq, attn, x, out, ex.fold, norm, logits,
                 cfg.n_expert_used, cfg.expert_weights_norm, experts, weights,
                 a.zeros("fold_counter", (2,), np.uint32), xq, s)
-    _experts_decode(m, out, ex, norm, xq, experts, weights)
+    _experts_decode(m, out, ex, norm, xq, experts, weights, next_input)
 
 
 def _route_buffers(m, T: int, n_logits: int | None = None) -> tuple:
@@ -167,9 +170,10 @@ def _route_buffers(m, T: int, n_logits: int | None = None) -> tuple:
             a.get("moe_weights", (T, k)))
 
 
-def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> None:
+def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights, next_input=None) -> None:
     """x (T, D) += sum_j weights[t, j] down_e act[t * k + j], act = silu(gate_e h) * up_e h of
-    the chosen experts e = experts[t, j]; h = RMSNorm(x) * wn in int8 in xq (dp4a), or None."""
+    the chosen experts e = experts[t, j]; h = RMSNorm(x) * wn in int8 in xq (dp4a), or None;
+    next_input: the dp4a down's tail writes the next layer's int8 input (one rank, x final)."""
     cfg, s = m.cfg, m.ctx.nb_stream
     T, D = x.shape
     k, F = cfg.n_expert_used, cfg.n_ff_exp
@@ -181,8 +185,11 @@ def _experts_decode(m, x, ex: Experts, norm: tuple, xq, experts, weights) -> Non
         _experts_glu_gemv(m, x, norm, ex, slots, k, act)
     # under tensor parallelism rank 0 adds its partial sum into x, the others write theirs there
     if ex.down_dp4a:
-        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
+        assert next_input is None or m.tp is None
+        down_dp4a.experts_down_sum_dp4a(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader,
+                                        next_input=next_input)
     else:
+        assert next_input is None, "the next layer's int8 input comes from the dp4a down's tail"
         experts_down_sum(ex.down, D, act, x, slots, weights, s, accumulate=m.reduce_leader)
     m.all_reduce(x)
 

@@ -166,6 +166,11 @@ DP4A_MIN_K = 2048
 # faster on Gemma 4 Q4_K_M (docs/EXPERIMENTS.md; the NVFP4 model, whose tails run on FP4's float
 # decoder without it, not measured yet); IMPNB_DP4A_TAIL=1 turns it on.
 DP4A_TAIL = False
+# A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
+# norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
+# no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): off until a GPU run
+# of its tests and the 30B NVFP4 tg128 measure it; IMPNB_DOWN_QUANT_TAIL=1 turns it on.
+DOWN_QUANT_TAIL = False
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
 # together: the 30B-A3B's 5120x2048 Q|K|V took 16.2 µs on it; its NVFP4 tg128 471 -> 518 with
@@ -258,6 +263,7 @@ class Overrides:
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
     dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
+    down_quant_tail: bool = DOWN_QUANT_TAIL  # the experts' dp4a down writes the next Q|K|V's int8 input
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
@@ -280,6 +286,7 @@ class Overrides:
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
+                   down_quant_tail=switch("DOWN_QUANT_TAIL", DOWN_QUANT_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),

@@ -158,6 +158,27 @@ def test_decode_steps_on_dp4a_match_reference(case, monkeypatch):
     agree(out, ref, f"dp4a decode ({len(dp4a.m.dp4a_linears())} weights) vs reference")
 
 
+def test_decode_with_the_down_writing_the_next_input(case, monkeypatch):
+    """IMPNB_DOWN_QUANT_TAIL with every decode GEMV on dp4a: each layer's routed experts' down
+    writes the next layer's Q|K|V input in int8 from its last block (no quantize_x between):
+    teacher-forced decode agrees with the reference, and 32 greedy graph steps (programmatic
+    launches, the grid's ticket counter) equal eager ones bit for bit."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.gpu.forward import _next_input
+
+    ids, ref, _, engine = case
+    for name, value in (("IMPNB_DP4A_MIN_MB", "0"), ("IMPNB_DP4A_MIN_K", "0"), ("IMPNB_DOWN_QUANT_TAIL", "1")):
+        monkeypatch.setenv(name, value)
+    tail = CudaEngine(engine.mf, 256, graphs=False)
+    if not tail.m.blk[0].ffn.down_dp4a:
+        pytest.skip("no expert weight of a dp4a type (F32 model)")
+    assert all(_next_input(tail.m, il, 1) is not None for il in range(tail.m.cfg.n_layer - 1))
+    tail.reset(SamplingParams(temperature=0))
+    out = np.concatenate([tail.logits([t]) for t in ids])
+    agree(out, ref, "dp4a decode, the down writing the next input, vs reference")
+    assert_graph_equals_eager(tail, ids)
+
+
 def test_decode_with_separate_qkv_post(case, monkeypatch):
     """Decode with qkv_post as its own kernel after the Q|K|V GEMVs (as Qwen3-30B-A3B runs it: 8
     query heads a KV head; the tiny model's head dim 64 otherwise fuses it into attention). The

@@ -22,11 +22,11 @@ from impnb.kernels.gemv.gemv import SILU, gemv_ref
 from impnb.kernels.gemv.gemv_experts import gemv_experts
 from impnb.kernels.gemv.gemv_route import gemv_route
 from impnb.kernels.moe.gemv_moe import experts_down_sum
-from impnb.kernels.moe.gemv_moe_dp4a import down_sum_dp4a_ref, experts_down_sum_dp4a
+from impnb.kernels.moe.gemv_moe_dp4a import NextInput, down_sum_dp4a_ref, experts_down_sum_dp4a
 from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.elementwise.norm import rms_norm_ref
-from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
@@ -146,6 +146,41 @@ def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False, dp4a=F
     out = d_out.copy_to_host().astype(np.float64)
     assert np.isfinite(out).all(), "non-finite outputs (poison left?)"
     assert (np.abs(out - ref) <= bound).all(), f"max err/bound {np.max(np.abs(out - ref) / bound):.3g}"
+
+
+def check_down_next_input(rng, ggml_type, E, D, F, T_, k, std, eps=1e-6):
+    """experts_down_sum_dp4a with next_input (its last block's quant_tail) adds into x the bits the
+    kernel without it adds, and writes RMSNorm(x) * w_next in int8 as the normed quantize_x does
+    (check_quantize_x_norm's bound: each x̂ within half its group's step, s = d * sum(q) exactly),
+    poisoned first; twice, so the grid's ticket counter is back at zero after a launch."""
+    raw = make_weight(ggml_type, E * D, F, rng)
+    w = repack(raw, ggml_type).to_device()
+    slots = cuda.to_device(routed(rng, T_, E, k).reshape(-1))
+    act = cuda.to_device((rng.standard_normal((T_ * k, F)) * std).astype(np.float32))
+    wts = rng.random((T_, k)).astype(np.float32)
+    wts = cuda.to_device(wts / wts.sum(axis=1, keepdims=True))
+    start = (rng.standard_normal((T_, D)) * 3 * std).astype(np.float32)
+    w_next = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32)
+    plain = cuda.to_device(start)
+    experts_down_sum_dp4a(w, D, act, plain, slots, wts, 0, accumulate=True)
+    want = plain.copy_to_host()
+    xq = quant_x_buffers(T_, D)
+    counter = cuda.to_device(np.zeros(1, np.uint32))
+    for _ in range(2):
+        for a in xq:
+            a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
+        x = cuda.to_device(start)
+        experts_down_sum_dp4a(w, D, act, x, slots, wts, 0, accumulate=True,
+                              next_input=NextInput(cuda.to_device(w_next), eps, xq, counter))
+        assert np.array_equal(x.copy_to_host().view(np.uint32), want.view(np.uint32))
+        assert counter.copy_to_host()[0] == 0
+        q, d, s_ = (a.copy_to_host() for a in xq)
+        assert np.isfinite(d).all() and np.isfinite(s_).all()
+        qv = q.view(np.int8).reshape(T_, -1, GROUP)
+        assert np.array_equal(s_, d * qv.astype(np.int32).sum(axis=2).astype(np.float32))
+        xn = rms_norm_ref(want, w_next, eps).astype(np.float64).reshape(T_, -1, GROUP)
+        err = np.abs(qv * d[:, :, None].astype(np.float64) - xn)
+        assert (err <= d[:, :, None] / 2 * 1.001 + 1e-5 * np.abs(xn)).all(), f"max err {err.max():.3g}"
 
 
 def group(experts_flat, E, tm):
@@ -297,6 +332,17 @@ def test_down_sum_dp4a(ggml_type, accumulate):
              (6, 20, 7168, 1, 5)]
     for (E, D, F, T_, k), std in zip(cases, STDS + (1.0, 0.3)):
         check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate, dp4a=True)
+
+
+@pytest.mark.parametrize("ggml_type", [T.NVFP4, T.MXFP4, T.Q8_0, T.Q6_K, T.Q4_K], ids=lambda t: t.name)
+def test_down_sum_dp4a_next_input(ggml_type):
+    """The down's tail writing the next layer's int8 input (DOWN_QUANT_TAIL): Qwen3-30B-A3B's
+    shape at T 1 and 3, a grid of 2 blocks, the tail's groups past the block's threads (D 4096 on
+    F 256's 64-thread blocks)."""
+    rng = np.random.default_rng([int(ggml_type), 2])
+    for (E, D, F, T_, k), std in zip([(128, 2048, 768, 1, 8), (128, 2048, 768, 3, 8), (4, 16, 256, 1, 2),
+                                      (8, 4096, 256, 2, 2)], STDS + (1.0,)):
+        check_down_next_input(rng, ggml_type, E, D, F, T_, k, std)
 
 
 @pytest.mark.parametrize("T_,E,k", [(1, 128, 8), (19, 8, 2), (512, 128, 8), (111, 60, 4), (3, 256, 1)])

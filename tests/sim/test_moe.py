@@ -48,6 +48,13 @@ def test_down_sum_dp4a():
     moe.check_down_sum(rng, T.Q4_0, 3, 9, 1280, 1, 2, 1.0, dp4a=True)  # F past the early builds'
 
 
+def test_down_sum_dp4a_next_input():
+    """The tail writing the next layer's int8 input: one block; 4 blocks a token, 2 tokens."""
+    rng = np.random.default_rng(8)
+    moe.check_down_next_input(rng, T.Q8_0, 3, 16, 64, 1, 2, 1.0)
+    moe.check_down_next_input(rng, T.NVFP4, 4, 32, 128, 2, 2, 3.0)
+
+
 def test_group_invariants():
     rng = np.random.default_rng(1)
     moe.check_group(rng, 5, 8, 2, 3)

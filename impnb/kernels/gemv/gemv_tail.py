@@ -5,6 +5,9 @@ norm.rms_norm_post_add) are its reference:
   x[t] += y[t]                      (ADD)
   x[t] += RMSNorm(y[t]) * w_post    (POST_ADD, Gemma's post-norms)
   h[t]  = RMSNorm(x[t]) * w_next
+quant_tail, after a kernel that adds its rows into x itself (the routed experts' down): the last
+block writes the next layer's input in quantize_x's int8 form, RMSNorm(x[t]) * w_next, for the
+dp4a GEMV that takes it (no quantize_x launch between).
 Every block publishes its rows of y (a threadfence) and takes a ticket from `counter` (an atomic
 increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
 block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
@@ -19,6 +22,8 @@ from numba import cuda, float32, int32, uint32
 from impnb.kernels.common.warp import block_sum
 from impnb.kernels.elementwise import norm
 from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.gemv.quant_x import GROUP, quantize16
 
 ADD = 1
 POST_ADD = 2
@@ -124,3 +129,30 @@ def make_tail(mode: int):
 
     return tail
 
+
+@cuda.jit(device=True, inline=True)
+def quant_tail(x, w_next, eps, q, d, s, counter):
+    """For every block of a 1-D grid of 32k threads a block, after the block's stores into x:
+    the last block writes RMSNorm(x[t]) * w_next in int8 into q, d, s (quant_x.QuantX's arrays,
+    quantize16's rounding) for each row t, reading x through L2."""
+    if last_block(counter) == 0:
+        return
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    red = cuda.shared.array(32, float32)
+    v = cuda.local.array(GROUP, float32)
+    D = x.shape[1]
+    for t in range(x.shape[0]):
+        ss = float32(0.0)
+        for i in range(4 * tid, D, 4 * nt):
+            x0, x1, x2, x3 = ptx.ld_global_cg_v4_f32(x, t * D + i)
+            ss += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+        inv = float32(1.0) / math.sqrt(block_sum(ss, red) / float32(D) + eps)
+        for g in range(tid, D // GROUP, nt):
+            for j in range(GROUP // 4):
+                c = GROUP * g + 4 * j
+                x0, x1, x2, x3 = ptx.ld_global_cg_v4_f32(x, t * D + c)
+                w0, w1, w2, w3 = qi.ldg_f32x4(w_next, c)
+                v[4 * j], v[4 * j + 1] = x0 * inv * w0, x1 * inv * w1
+                v[4 * j + 2], v[4 * j + 3] = x2 * inv * w2, x3 * inv * w3
+            q[t, 4 * g], q[t, 4 * g + 1], q[t, 4 * g + 2], q[t, 4 * g + 3], d[t, g], s[t, g] = quantize16(v)

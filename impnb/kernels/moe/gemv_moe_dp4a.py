@@ -5,11 +5,14 @@ dp4a twin of gemv_moe.py):
 
 x̂ the int8 form of act's rows (quant_x.py's groups of 16 columns), made by the kernel itself: a
 thread quantizes the 32 columns of the chunk it multiplies, so no quantize_x launch comes first.
+With a tail (gemv_tail.quant_tail; out is the residual stream, added into) the grid's last block
+then writes the next layer's input, RMSNorm(out) * w_next, in int8 for its dp4a Q|K|V.
 Reference: `down_sum_dp4a_ref` (gemv_moe's of the dequantized x̂).
 Legend: T tokens, k experts a token, D output rows of an expert, F its input width (cols).
 """
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -20,9 +23,10 @@ from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, dot_of, prepare_of, x_order_of
+from impnb.kernels.gemv.gemv_tail import quant_tail
 from impnb.kernels.gemv.gemv_units import DECODERS
 from impnb.kernels.moe.moe import MAX_K
-from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize16, quantize_x_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quantize16, quantize_x_ref
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
 
@@ -54,9 +58,10 @@ def _quantize16(act, i, xw, xf, o):
 
 
 @lru_cache(maxsize=None)
-def down_sum_dp4a_kernel(ggml_type: T, cols: int):
+def down_sum_dp4a_kernel(ggml_type: T, cols: int, tail: bool = False):
     """The kernel for one weight type and expert input width F = cols (built in: a row's chunks
-    and a row's distance are constants)."""
+    and a row's distance are constants); tail: then gemv_tail.quant_tail (its arguments after the
+    kernel's own)."""
     load, dot, prepare = LOADS[T(ggml_type)], dot_of(T(ggml_type), 1), prepare_of(T(ggml_type), 1)  # a token a slot
     x_order = x_order_of(T(ggml_type))
     col = DECODERS[T(ggml_type)][2]
@@ -83,8 +88,8 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
     # griddepcontrol.wait, overlapping the gate|up GEMV's tail. Those registers held across the
     # wait (up to 168) are why early builds are bounded to 256 threads. With those loads after the
     # wait instead, Qwen3-30B-A3B decoded 2.8% slower (docs/EXPERIMENTS.md, 'MoE decode').
-    @cuda.jit
-    def _down_sum_dp4a_kernel(parts, act, out, experts, weights, accumulate):
+    @cuda.jit(device=True, inline=True)
+    def down_sum(parts, act, out, experts, weights, accumulate):
         D = out.shape[1]
         k = weights.shape[1]
         nb = (D + ROWS - 1) // ROWS
@@ -143,21 +148,49 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int):
                 tot += out[t, row0 + tid]
             out[t, row0 + tid] = tot
 
+    if tail:
+        @cuda.jit
+        def _down_sum_dp4a_tail_kernel(parts, act, out, experts, weights, accumulate, w_next, eps, q, d, s,
+                                       counter):
+            down_sum(parts, act, out, experts, weights, accumulate)
+            quant_tail(out, w_next, eps, q, d, s, counter)
+
+        return _down_sum_dp4a_tail_kernel
+
+    @cuda.jit
+    def _down_sum_dp4a_kernel(parts, act, out, experts, weights, accumulate):
+        down_sum(parts, act, out, experts, weights, accumulate)
+
     return _down_sum_dp4a_kernel
 
 
-def kernel_args(ggml_type: T) -> tuple:
-    """parts, act, out, experts, weights, accumulate."""
-    return (dp4a_args(ggml_type)[0], F32_2D, F32_2D, types.Array(types.int32, 1, "C"), F32_2D, types.int32)
+def kernel_args(ggml_type: T, tail: bool = False) -> tuple:
+    """parts, act, out, experts, weights, accumulate; with tail then w_next, eps, q, d, s, counter."""
+    own = (dp4a_args(ggml_type)[0], F32_2D, F32_2D, types.Array(types.int32, 1, "C"), F32_2D, types.int32)
+    if not tail:
+        return own
+    return own + (types.Array(types.float32, 1, "C"), types.float32, types.Array(types.uint32, 2, "C"),
+                  F32_2D, F32_2D, types.Array(types.uint32, 1, "C"))
+
+
+class NextInput(NamedTuple):
+    """What experts_down_sum_dp4a's tail writes: RMSNorm(out) * w_next (w_next (D,) float32) in
+    int8 into xq; counter (1,) uint32, zero between uses."""
+    w_next: object
+    eps: float
+    xq: QuantX
+    counter: object
 
 
 def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weights, stream,
-                          accumulate: bool = False):
+                          accumulate: bool = False, next_input: NextInput | None = None):
     """As gemv_moe.experts_down_sum, on dp4a (w of a gemv_dp4a type, D >= ROWS, F a multiple of 32
     (256 for K-quants)): out (T, D) float32 = sum_j weights[t, j] W_e x̂[t * k + j], or out += that
     with accumulate; w: E experts of n_rows = D rows stacked, (E * D, F); act (T * k, F) float32;
     experts (T * k,) int32; weights (T, k) float32. Under programmatic launch, with F <= 1024,
-    experts and weights are read before the wait: they must not come from the kernel just before."""
+    experts and weights are read before the wait: they must not come from the kernel just before.
+    next_input (out the residual stream, accumulate on): the last block also writes the next
+    layer's int8 input there (gemv_tail.quant_tail)."""
     n_tok, D = out.shape
     k = weights.shape[1]
     S, F = act.shape
@@ -168,8 +201,17 @@ def experts_down_sum_dp4a(w: PackedWeight, n_rows: int, act, out, experts, weigh
     assert out.dtype == np.float32 and out.is_c_contiguous()
     assert experts.dtype == np.int32 and weights.dtype == np.float32 and weights.is_c_contiguous()
     block = min(32 * -(-(k * (F // 32)) // 32), MAX_BLOCK)
-    launch(down_sum_dp4a_kernel(w.ggml_type, F), n_tok * -(-D // ROWS), block, stream, w.parts, act, out,
-           experts, weights, np.int32(accumulate))
+    grid = n_tok * -(-D // ROWS)
+    if next_input is None:
+        launch(down_sum_dp4a_kernel(w.ggml_type, F), grid, block, stream, w.parts, act, out, experts, weights,
+               np.int32(accumulate))
+        return
+    xq = next_input.xq
+    assert accumulate and D % GROUP == 0 and next_input.w_next.shape == (D,) and next_input.w_next.dtype == np.float32
+    assert xq.q.shape == (n_tok, D // 4) and xq.d.shape == xq.s.shape == (n_tok, D // GROUP)
+    assert next_input.counter.dtype == np.uint32 and next_input.counter.shape == (1,)
+    launch(down_sum_dp4a_kernel(w.ggml_type, F, True), grid, block, stream, w.parts, act, out, experts, weights,
+           np.int32(accumulate), next_input.w_next, np.float32(next_input.eps), xq.q, xq.d, xq.s, next_input.counter)
 
 
 # Registers (sm_90a): see tests/test_kernel_build.py. Built at Qwen3-30B-A3B's F 768 (early, blocks
@@ -180,4 +222,7 @@ def build_signatures() -> list:
     return [(down_sum_dp4a_kernel(t, F), types.void(*kernel_args(t)), {"max_registers": bound})
                         for t in DOTS for F, bound in ((768, 192), (2304, 128))] + [
         # Gemma-4-26B-A4B's experts (704 columns: Q5_0 and Q8_0, the K-quants' fallbacks)
-        (down_sum_dp4a_kernel(t, 704), types.void(*kernel_args(t)), {"max_registers": 192}) for t in (T.Q5_0, T.Q8_0)]
+        (down_sum_dp4a_kernel(t, 704), types.void(*kernel_args(t)), {"max_registers": 192}) for t in (T.Q5_0, T.Q8_0)] + [
+        # with the next layer's int8 input written by the last block (DOWN_QUANT_TAIL), Qwen3-30B-A3B's
+        (down_sum_dp4a_kernel(t, 768, True), types.void(*kernel_args(t, True)), {"max_registers": 192})
+        for t in (T.NVFP4, T.MXFP4, T.Q8_0, T.Q6_K, T.Q4_K)]
