@@ -85,7 +85,14 @@ def check_quantize_x_norm(x, wn, eps):
     for a in out:
         a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
     quantize_x(cuda.to_device(x), out, 0, norm=(cuda.to_device(wn), eps))
-    q, d, s = (a.copy_to_host() for a in out)
+    assert_normed_int8(out, x, wn, eps)
+
+
+def assert_normed_int8(xq, x, wn, eps):
+    """xq (QuantX on the device) is RMSNorm(x) * wn in int8: every x̂ within half its group's step
+    (plus the norm's float32 rounding), s = d * sum(q) exactly, nothing poisoned left."""
+    n_tok = x.shape[0]
+    q, d, s = (a.copy_to_host() for a in xq)
     assert np.isfinite(d).all() and np.isfinite(s).all()
     qv = q.view(np.int8).reshape(n_tok, -1, GROUP)
     assert np.array_equal(s, d * qv.astype(np.int32).sum(axis=2).astype(np.float32))

@@ -26,10 +26,11 @@ from impnb.kernels.moe.gemv_moe_dp4a import NextInput, down_sum_dp4a_ref, expert
 from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.elementwise.norm import rms_norm_ref
-from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
+from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
+from tests.gpu.test_gemv_dp4a import assert_normed_int8
 from tests.test_repack import make_weight
 
 pytestmark = pytest.mark.gpu
@@ -151,8 +152,8 @@ def check_down_sum(rng, ggml_type, E, D, F, T_, k, std, accumulate=False, dp4a=F
 def check_down_next_input(rng, ggml_type, E, D, F, T_, k, std, eps=1e-6):
     """experts_down_sum_dp4a with next_input (its last block's quant_tail) adds into x the bits the
     kernel without it adds, and writes RMSNorm(x) * w_next in int8 as the normed quantize_x does
-    (check_quantize_x_norm's bound: each x̂ within half its group's step, s = d * sum(q) exactly),
-    poisoned first; twice, so the grid's ticket counter is back at zero after a launch."""
+    (assert_normed_int8), poisoned first; twice, so the grid's ticket counter is back at zero
+    after a launch."""
     raw = make_weight(ggml_type, E * D, F, rng)
     w = repack(raw, ggml_type).to_device()
     slots = cuda.to_device(routed(rng, T_, E, k).reshape(-1))
@@ -174,13 +175,7 @@ def check_down_next_input(rng, ggml_type, E, D, F, T_, k, std, eps=1e-6):
                               next_input=NextInput(cuda.to_device(w_next), eps, xq, counter))
         assert np.array_equal(x.copy_to_host().view(np.uint32), want.view(np.uint32))
         assert counter.copy_to_host()[0] == 0
-        q, d, s_ = (a.copy_to_host() for a in xq)
-        assert np.isfinite(d).all() and np.isfinite(s_).all()
-        qv = q.view(np.int8).reshape(T_, -1, GROUP)
-        assert np.array_equal(s_, d * qv.astype(np.int32).sum(axis=2).astype(np.float32))
-        xn = rms_norm_ref(want, w_next, eps).astype(np.float64).reshape(T_, -1, GROUP)
-        err = np.abs(qv * d[:, :, None].astype(np.float64) - xn)
-        assert (err <= d[:, :, None] / 2 * 1.001 + 1e-5 * np.abs(xn)).all(), f"max err {err.max():.3g}"
+        assert_normed_int8(xq, want, w_next, eps)
 
 
 def group(experts_flat, E, tm):
