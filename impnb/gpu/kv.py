@@ -22,8 +22,8 @@ class PagedKV:
     One sequence with `window_ring` (WINDOW_RING): its sliding-window layers keep only their
     window's pages, a ring of window_pages(...) pages: position p on page (p // PAGE_SIZE) mod
     that, through window_tables. A step writes at most `chunk` rows (tuning.prefill_chunk's where
-    not given), so the keys any of
-    its rows sees and the rows it writes span fewer pages than the ring holds."""
+    not given), so the keys any of its rows sees and the rows it writes span fewer pages than the
+    ring holds."""
 
     def __init__(self, ctx, cfg: ModelConfig, n_pages: int, max_seqs: int = 1, max_pages: int | None = None,
                  window_ring: bool = False, chunk: int | None = None):

@@ -48,5 +48,5 @@ def test_the_down_writes_what_the_next_qkv_reads(tmp_path, monkeypatch):
     for i, (name, args) in enumerate(tailed):
         if name != "_down_sum_dp4a_tail_kernel":
             continue
-        qkv_name, qkv_args = next(c for c in tailed[i + 1:] if c[0].startswith("_gemv_dp4a"))
+        _, qkv_args = next(c for c in tailed[i + 1:] if c[0].startswith("_gemv_dp4a"))
         assert qkv_args[1:4] == args[8:11], "the next Q|K|V GEMV reads other int8 buffers than the tail wrote"
