@@ -1,6 +1,6 @@
 """Start-up in one call: `impnb info`, and `impnb generate` from process start to its first token
 and to its last, with the kernel cache warm and cold (a fresh IMPNB_CACHE_DIR, so kernels and
-tokenizer merges are built again), beside llama.cpp's process start to one token on the same GGUF
+tokenizer merges are built again; the first cold run fills the cache the warm runs then use), beside llama.cpp's process start to one token on the same GGUF
 (llama-bench -p 0 -n 1 -r 1) when a llama-bench binary is given. Prints a markdown table.
 
     python scripts/bench_startup.py [-m gemma3-270m,smollm2-135m] [-n 32] [--warm-runs 3]
@@ -85,20 +85,24 @@ def measure(model: str, args) -> dict:
 
     gguf = str(resolve_model(model))
     row = dict(model=model, gguf=gguf)
-    # warm: one run fills the caches, then the timed runs
-    time_generate(model, args.n, args.device, None)
-    warm = [time_generate(model, args.n, args.device, None) for _ in range(args.warm_runs)]
-    row["info_s"] = _median([time_info(model, None) for _ in range(args.info_runs)])
+    # The first run in a fresh cache is the first cold run; the warm runs reuse that cache (with
+    # no cold run, the first run only fills it), and each further cold run has a fresh one.
+    home = tempfile.mkdtemp(prefix="impnb-startup-")
+    caches = [str(Path(home) / "kernels")]
+    try:
+        cold = [time_generate(model, args.n, args.device, caches[0])]
+        warm = [time_generate(model, args.n, args.device, caches[0]) for _ in range(args.warm_runs)]
+        row["info_s"] = _median([time_info(model, caches[0]) for _ in range(args.info_runs)])
+        for _ in range(args.cold_runs - 1):
+            caches.append(str(Path(tempfile.mkdtemp(prefix="impnb-cold-")) / "kernels"))
+            cold.append(time_generate(model, args.n, args.device, caches[-1]))
+    finally:
+        for c in caches:
+            shutil.rmtree(Path(c).parent, ignore_errors=True)
+    cold = cold if args.cold_runs else []
     row["warm_first_s"] = _median([w[0] for w in warm])
     row["warm_total_s"] = _median([w[1] for w in warm])
     row["warm_stats"] = warm[-1][2] if warm else ""
-    cold = []
-    for _ in range(args.cold_runs):
-        cache = tempfile.mkdtemp(prefix="impnb-cold-")
-        try:
-            cold.append(time_generate(model, args.n, args.device, str(Path(cache) / "kernels")))
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
     row["cold_first_s"] = _median([c[0] for c in cold])
     row["cold_total_s"] = _median([c[1] for c in cold])
     if args.llama_bench:
