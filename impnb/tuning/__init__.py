@@ -25,6 +25,14 @@ TABLE_DIR = Path(__file__).parent
 GEMM_TABLE = TABLE_DIR / "gemm_table.json"  # prefill GEMM path per (type, N x K, M bucket)
 MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, N x K, T bucket)
 GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
+# What scripts/tune_gemm.py writes into GEMM_TABLE (gpu/gemm_dispatch.table_choice): an impnb path
+# where it beats cuBLAS by more than GEMM_MARGIN; and at prompt chunks of up to GEMM_SHORT_ROWS rows
+# the fastest impnb path within GEMM_SHORT_FACTOR of cuBLAS's time, so that a short prompt needs no
+# cuBLAS handle: nvmath's import and cublasCreate take half a second of a process's first prompt,
+# while such a chunk's GEMMs lose microseconds (tens of µs a prompt on the small models).
+GEMM_MARGIN = 1.03
+GEMM_SHORT_ROWS = 32
+GEMM_SHORT_FACTOR = 1.6
 
 
 def switch(name: str, default: bool = True) -> bool:
@@ -168,9 +176,9 @@ DP4A_MIN_K = 2048
 DP4A_TAIL = False
 # A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
 # norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
-# no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): off until a GPU run
-# of its tests and the 30B NVFP4 tg128 measure it; IMPNB_DOWN_QUANT_TAIL=1 turns it on.
-DOWN_QUANT_TAIL = False
+# no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): the 30B NVFP4's
+# decode 7% faster (docs/EXPERIMENTS.md); IMPNB_DOWN_QUANT_TAIL=0 turns it off.
+DOWN_QUANT_TAIL = True
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
 # together: the 30B-A3B's 5120x2048 Q|K|V took 16.2 µs on it; its NVFP4 tg128 471 -> 518 with
