@@ -8,7 +8,9 @@ the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/line
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
 (max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
-than 3%; a printed table gives every time and the speed-up. Shapes measured now replace their
+than 3%, and at up to 32 rows those where one came within 1.6x of cuBLAS (a short prompt then
+makes no cuBLAS handle: gemm_dispatch.table_choice); a printed table gives every time and the
+speed-up. --from-json rebuilds the choices from an earlier run's --json file, without a GPU. Shapes measured now replace their
 entries in the table at --out; the other entries (other models' shapes) stay, so models can be
 tuned a few at a time (and --buckets a few M buckets at a time); --fresh writes only this run's.
     python scripts/tune_gemm.py [-m smollm2-135m,gemma3-270m] [--reps 30] [--buckets 16,32] [--out PATH] [--json PATH]
@@ -38,7 +40,6 @@ from impnb.model_registry import resolve_model  # noqa: E402
 NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_qk", "attn_q",
          "attn_k", "attn_v")
 SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS or the split-K tiles only
-MARGIN = 1.03
 
 
 def weights_by_shape(m) -> tuple[dict, set]:
@@ -71,7 +72,21 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="drop the table's entries for shapes not measured now")
     ap.add_argument("--buckets", default=",".join(map(str, gd.M_BUCKETS)),
                     help="M buckets to measure; the table keeps its entries for the others")
+    ap.add_argument("--from-json", help="no GPU: the choices from a --json file of an earlier run (measured on "
+                    "the GPU --gpu names), merged into --out as a run would")
+    ap.add_argument("--gpu", help="with --from-json: the GPU that file was measured on")
     args = ap.parse_args()
+    if args.from_json:
+        if not args.gpu:
+            ap.error("--from-json needs --gpu")
+        rows = json.loads(Path(args.from_json).read_text())
+        choices = {}
+        for r in rows:
+            r["chosen"] = gd.table_choice(r["us"], r["M"])
+            if r["chosen"] != "cublas":
+                choices.setdefault(r["shape"], {})[str(r["M"])] = r["chosen"]
+        return write(args, choices, rows, {r["shape"] for r in rows}, sorted({r["M"] for r in rows}),
+                     list(dict.fromkeys(r["model"] for r in rows)), args.gpu)
     choices, rows, measured = {}, [], set()
     buckets = [int(b) for b in args.buckets.split(",")]
     assert set(buckets) <= set(gd.M_BUCKETS), f"buckets are among {gd.M_BUCKETS}"
@@ -101,18 +116,21 @@ def main() -> int:
                     if not (np.isfinite(got).all() and rel < 1e-2):
                         print(f"{key} M={M} {p}: disagrees with cuBLAS ({rel:.2e}); not used")
                         us[p] = float("inf")
-                best = min(us, key=us.get)
-                if best != "cublas" and us[best] * MARGIN < us["cublas"]:
+                best = gd.table_choice(us, M)
+                if best != "cublas":
                     choices.setdefault(key, {})[str(M)] = best
-                else:
-                    best = "cublas"
                 rows.append(dict(model=model, shape=key, M=M, us=us, chosen=best))
                 print(f"{key:<20} {M:>4} " + " ".join(f"{us[p]:>13.1f}" for p in gd.PATHS)
                       + f" {best:<12} {us['cublas'] / us[best]:>8.2f}")
         m.ctx.sync()
-    models = args.models.split(",")
+    return write(args, choices, rows, measured, buckets, args.models.split(","), _gpu_name())
+
+
+def write(args, choices: dict, rows: list, measured: set, buckets: list, models: list, gpu: str) -> int:
+    """The table at --out: its entries for the shapes and buckets measured now replaced by
+    choices (the others kept where the table is of the same GPU), and rows at --json."""
     old = {} if args.fresh or not Path(args.out).exists() else json.loads(Path(args.out).read_text())
-    if old and old.get("gpu") == _gpu_name():
+    if old and old.get("gpu") == gpu:
         kept = {k: {m: p for m, p in v.items() if k not in measured or int(m) not in buckets}
                 for k, v in old["choices"].items()}
         for k, v in choices.items():
@@ -120,7 +138,7 @@ def main() -> int:
         choices = {k: dict(sorted(v.items(), key=lambda e: int(e[0]))) for k, v in kept.items() if v}
         models = list(dict.fromkeys(old["models"].split(",") + models))
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_gemm.py on the GPU named",
-                                          "gpu": _gpu_name(), "models": ",".join(models),
+                                          "gpu": gpu, "models": ",".join(models),
                                           "choices": choices}, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -77,3 +77,48 @@ def test_few_splits_for():
     assert splits_for(16, 4096, 4096) == 9  # 32 blocks of 128 rows: about two an SM of 132
     assert splits_for(16, 151936, 4096) == 1  # 1187 blocks fill the GPU
     assert splits_for(16, 1024, 4096) == 16  # at least two groups of 128 columns a split
+
+
+INF = float("inf")
+
+
+def _times(cublas, **own):
+    return {p: own.get(p, INF) for p in gd.PATHS} | {"cublas": cublas}
+
+
+@pytest.mark.parametrize("us,M,want", [
+    (_times(10.0, few=9.0), 512, "few"),              # wins by more than the margin
+    (_times(10.0, few=9.8), 512, "cublas"),           # within the margin: cuBLAS
+    (_times(10.0, few=9.8, splitk=9.5), 512, "splitk"),  # the fastest of impnb's paths
+    (_times(10.0, few=15.0), 32, "few"),              # a short chunk: within GEMM_SHORT_FACTOR
+    (_times(10.0, few=15.0), 64, "cublas"),           # past GEMM_SHORT_ROWS
+    (_times(10.0, few=17.0), 16, "cublas"),           # short, but too slow
+    (_times(10.0), 16, "cublas"),                     # no path of impnb's runs the shape
+])
+def test_table_choice(us, M, want):
+    """What tune_gemm writes for one (shape, bucket) from its times."""
+    assert gd.table_choice(us, M) == want
+
+
+def test_tune_gemm_from_json(tmp_path):
+    """tune_gemm --from-json rebuilds an earlier run's choices with no GPU and merges them into the
+    table: the measured shapes' buckets replaced, another shape's entries kept."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    out, rows = tmp_path / "table.json", tmp_path / "rows.json"
+    out.write_text(json.dumps({"note": "", "gpu": "GPU X", "models": "a",
+                               "choices": {"Q4_K 640x1024": {"16": "wgmma", "64": "few"},
+                                           "Q8_0 8x32": {"16": "splitk"}}}))
+    rows.write_text(json.dumps([
+        dict(model="b", shape="Q4_K 640x1024", M=16, us=_times(6.9, few=8.7, wgmma=18.5), chosen="cublas"),
+        dict(model="b", shape="Q4_1 960x576", M=16, us=_times(6.1, splitk=12.6), chosen="cublas"),
+    ]))
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "tune_gemm.py"), "--from-json", str(rows),
+                           "--gpu", "GPU X", "--out", str(out)], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(out.read_text())
+    assert table["models"] == "a,b"
+    assert table["choices"] == {"Q4_K 640x1024": {"16": "few", "64": "few"}, "Q8_0 8x32": {"16": "splitk"}}

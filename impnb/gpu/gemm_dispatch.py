@@ -60,6 +60,19 @@ def pick(table: dict, key: str, rows: int, default: str, logged: set, what: str)
     return choice or default
 
 
+def table_choice(us: dict, M: int) -> str:
+    """The path tune_gemm writes for one (shape, M bucket) from its times in µs ({path: µs}, inf
+    where a path cannot run it): the fastest path where it beats cuBLAS by more than
+    tuning.GEMM_MARGIN; at M up to tuning.GEMM_SHORT_ROWS, also the fastest of impnb's own paths
+    within tuning.GEMM_SHORT_FACTOR of cuBLAS's time, so a short prompt's prefill needs no cuBLAS
+    handle; else cuBLAS."""
+    own = min((p for p in PATHS if p != "cublas"), key=lambda p: us.get(p, float("inf")))
+    t, ref = us.get(own, float("inf")), us["cublas"]
+    if t * tuning.GEMM_MARGIN < ref or (M <= tuning.GEMM_SHORT_ROWS and t <= ref * tuning.GEMM_SHORT_FACTOR):
+        return own
+    return "cublas"
+
+
 @lru_cache(maxsize=1)
 def load_table(path: Path = TABLE_PATH) -> dict:
     """{shape_key: {str(M bucket): path}}; validated."""
