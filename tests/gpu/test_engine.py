@@ -95,3 +95,28 @@ def test_seeded_sampling_is_reproducible(case):
     a, _ = generate(engine, tok, list(ids[:12]), 16, p, lambda s: None)
     b, _ = generate(engine, tok, list(ids[:12]), 16, p, lambda s: None)
     assert a == b and len(set(a)) > 3
+
+
+def test_short_prompt_prefill(case):
+    """A prompt of 20 tokens (the GEMM table's 32-row bucket): in a fresh engine, where the table
+    names an impnb path for every one of the model's prefill GEMMs at that bucket (Gemma3), prefill
+    as generate runs it (the last row's logits) makes no cuBLAS handle and samples the reference's
+    greedy token; the 20 rows' logits, poisoned first, agree with the reference."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.gpu import gemm_dispatch as gd
+
+    name, mf, _, ids, ref, _ = case
+    engine = CudaEngine(mf, 1024)
+    engine.reset(SamplingParams(temperature=0))
+    token = engine.prefill(ids[:20])
+    assert token == int(ref[19].argmax()) or ref[19].max() - ref[19][token] < 1e-2 * np.abs(ref[19]).max()
+    table = gd.load_table()
+    shapes = {gd.shape_key(lin.w.ggml_type, lin.w.rows, lin.w.cols) for lin in engine.m.lin.values()
+              if not lin.name.startswith(("token_embd", "output"))}
+    if all(table.get(s, {}).get("32") for s in shapes):
+        assert not engine.m.cublas.handle, "a cuBLAS handle for a prefill the table keeps off cuBLAS"
+    engine.reset(SamplingParams(temperature=0))
+    engine.m.arena.get("logits", (20, engine.cfg.n_vocab)).copy_to_device(
+        np.full((20, engine.cfg.n_vocab), np.nan, np.float32))
+    out = engine.logits(ids[:20])
+    assert _agreement(name, out, ref[:20], "20-row prefill") < 5e-2
