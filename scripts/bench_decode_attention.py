@@ -11,12 +11,13 @@ Shapes: SmolLM2-135M (H 9, Hkv 3, D 64), Gemma3-270M (H 4, Hkv 1, D 256), Qwen3-
 (H 32, Hkv 4, D 128), Gemma-4-26B-A4B's sliding layers (gemma4: H 16, Hkv 8, D 256; their
 1024-key window is --ctx 1024) and its global layers (gemma4-global: H 16, Hkv 2, D 512), which
 take attention_wide (its split count attention_wide.num_splits' or --splits; --wide times it at
-the other shapes too, --wide-tiled its tiled kernel beside); --row-tiles compares query rows per block of the split kernel.
+the other shapes too, --wide-tiled its tiled kernel beside); --row-tiles compares query rows per block of the split kernel;
+--fa2-decode times attention_fa2_decode (FA2's tensor-core tiles, a block's rows a KV head's query heads) first.
     python scripts/bench_decode_attention.py [--ctx 131,4096,16384,32768] [--n-ctx N] [--models gemma3]
                                              [--row-tiles 4,8] [--split-keys 32,64] [--splits N,..]
                                              [--torch] [--short] [--short-warps 4,8]
                                              [--short-clusters 1,2,4,8] [--wide] [--wide-tiled]
-                                             [--json PATH]
+                                             [--fa2-decode] [--json PATH]
 """
 
 import argparse
@@ -35,6 +36,7 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.capture import Graph  # noqa: E402
 from impnb.kernels.attention import attention_decode as ad  # noqa: E402
 from impnb.kernels.attention import attention_decode_short as ads  # noqa: E402
+from impnb.kernels.attention import attention_fa2 as fa2m  # noqa: E402
 from impnb.kernels.attention import attention_wide as aw  # noqa: E402
 from impnb.kernels.attention.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 
@@ -45,11 +47,12 @@ CALLS = 50
 
 
 def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=None, warps=0,
-              short=False, cluster=1, wide=False, tiled=False):
+              short=False, cluster=1, wide=False, tiled=False, fa2=False):
     """(µs a call, split count, KV GB/s) of the split kernel (attention_wide at its head dims or
     with wide, on its tiled kernel with tiled), or (short) of attention_decode_short with blocks of `warps` warps (0: its
-    default), `cluster` blocks a row."""
-    wide = wide or D in aw.HEAD_DIMS
+    default), `cluster` blocks a row, or (fa2) of attention_fa2_decode (its split count
+    decode_splits' for the bucket n_ctx, or splits)."""
+    wide = (wide or D in aw.HEAD_DIMS) and not fa2
     rng = np.random.default_rng(0)
     n_pages = pages_needed(n_ctx, PAGE)
     k_pool = ctx.upload(rng.standard_normal((n_pages, PAGE, Hkv, D)).astype(np.float16))
@@ -58,13 +61,19 @@ def time_case(ctx: GpuContext, H, Hkv, D, L, n_ctx, splits, rm=None, split_keys=
     q = ctx.upload(rng.standard_normal((1, H, D)).astype(np.float32))
     pos = ctx.upload(np.array([L - 1], np.int32))
     out = ctx.empty((1, H, D), np.float32)
-    n_splits = splits or (aw.num_splits(n_ctx, Hkv, 1) if wide else ad.num_splits(n_ctx, H, Hkv, head_dim=D))
-    partials = ctx.empty(aw.partials_shape(n_splits, 1, H, D) if wide else ad.partials_shape(1, n_splits, 1, H, D),
-                         np.float32)
+    if fa2:
+        n_splits = splits or fa2m.decode_splits(n_ctx, Hkv, D)
+    else:
+        n_splits = splits or (aw.num_splits(n_ctx, Hkv, 1) if wide else ad.num_splits(n_ctx, H, Hkv, head_dim=D))
+    partials = ctx.empty(aw.partials_shape(n_splits, 1, H, D) if wide or fa2
+                         else ad.partials_shape(1, n_splits, 1, H, D), np.float32)
     counters = ctx.upload(np.zeros(ad.counters_shape(1, 1, H), np.int32))
 
     def call():
-        if wide:
+        if fa2:
+            fa2m.attention_fa2_decode(q, k_pool, v_pool, table, pos, out, partials, n_splits, D ** -0.5, None, None,
+                                      ctx.nb_stream)
+        elif wide:
             aw.attention_wide(q, k_pool, v_pool, table, pos, out, partials, n_splits, D ** -0.5, None,
                               ctx.nb_stream, tiled)
         elif short:
@@ -148,6 +157,8 @@ def main() -> int:
     ap.add_argument("--short-clusters", default="1", help="blocks a row of the short kernel to try")
     ap.add_argument("--wide", action="store_true", help="time attention_wide at every shape")
     ap.add_argument("--wide-tiled", action="store_true", help="attention_wide's tiled kernel too")
+    ap.add_argument("--fa2-decode", action="store_true",
+                    help="attention_fa2_decode at every shape, its split count for the context (--n-ctx ignored)")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = GpuContext()
@@ -155,6 +166,13 @@ def main() -> int:
     print(f"{'model':<13} {'ctx':>6} {'splits':>6} {'rows':>4} {'keys':>5} {'µs':>8} {'KV GB/s':>8}"
           + (f" {'torch µs':>9} {'ratio':>6}" if args.torch else "")
           + (f" {'warps':>5} {'clus':>4} {'short µs':>9} {'split/short':>11}" if args.short else ""))
+    for model in args.models.split(",") if args.fa2_decode else ():
+        H, Hkv, D = SHAPES[model]
+        for L in (int(v) for v in args.ctx.split(",")):
+            for s in ([int(v) for v in args.splits.split(",")] if args.splits else [0]):
+                us, n, gbs = time_case(ctx, H, Hkv, D, L, L, s, fa2=True)
+                rows.append(dict(model=model, ctx=L, splits=n, fa2_decode=True, us=us, kv_gbs=gbs))
+                print(f"{model:<13} {L:>6} {n:>6} {'fa2d':>4} {'-':>5} {us:>8.2f} {gbs:>8.1f}")
     for model in args.models.split(","):
         H, Hkv, D = SHAPES[model]
         if D in aw.HEAD_DIMS or args.wide:

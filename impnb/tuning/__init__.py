@@ -144,6 +144,12 @@ WINDOW_RING = True
 # warp widening them): faster at every context and split count bench_decode_attention.py
 # --wide-tiled measured; IMPNB_WIDE_TILED=0 turns it off.
 WIDE_TILED = True
+# Head dims whose one-sequence decode attention (a token a step) runs on FA2's tensor-core tiles in
+# their decode form (attention_fa2.attention_fa2_decode: a block's tile rows the query heads of one
+# KV head, the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels
+# above: none until bench_decode_attention.py --fa2-decode and a tg128 at depth have measured it;
+# IMPNB_DECODE_TC=256,512 picks head dims.
+DECODE_TC: tuple[int, ...] = ()
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
@@ -276,6 +282,7 @@ class Overrides:
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
+    decode_tc: tuple[int, ...] = DECODE_TC  # head dims of one sequence's decode attention on FA2's decode form
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
@@ -298,7 +305,8 @@ class Overrides:
                    short_decode_max=short_max[0] if short_max else None,
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
-                   fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"))
+                   fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),
+                   decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC)
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

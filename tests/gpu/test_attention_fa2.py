@@ -18,7 +18,8 @@ from numba import cuda
 
 from impnb.kernels.attention import attention_wgmma
 from impnb.kernels.attention.attention import attention_ref
-from impnb.kernels.attention.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
+from impnb.kernels.attention.attention_fa2 import (DEFAULT_TILING, TILINGS, attention_fa2, attention_fa2_decode,
+                                                   decode_splits)
 from impnb.kernels.attention.kv_cache import bf16_bits, bf16_values, kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
 
@@ -28,10 +29,11 @@ TOL = {"f16": (4e-3, 8e-3), "bf16": (3.2e-2, 6.4e-2)}  # (vs the cached K/V, vs 
 
 
 def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size=32, causal=True,
-              tiling=DEFAULT_TILING, kv="f16"):
+              tiling=DEFAULT_TILING, kv="f16", splits=None):
     """T queries at pos0 .. pos0 + T - 1 over keys 0 .. pos0 + T - 1 from the cache; causal=False
     puts every query at the last position (each sees all pos0 + T keys). tiling: a TILINGS key
-    of attention_fa2, or "wg" for attention_wgmma; kv: the cache's type, f16 or bf16."""
+    of attention_fa2, or "wg" for attention_wgmma; kv: the cache's type, f16 or bf16; splits: the
+    decode form (attention_fa2_decode, T = 1) in that many splits, its partials poisoned too."""
     L = pos0 + T
     k_pool, v_pool, block_table, ks, vs = paged_cache(rng, [L], Hkv, D, page_size, std)
     if kv == "bf16":  # the same NaN-poisoned pages, the live rows rounded from float32 to bf16
@@ -45,13 +47,17 @@ def check_fa2(rng, pos0, T, H, Hkv, D, std, window=None, softcap=None, page_size
     out = np.full(q.shape, np.nan, np.float32)
     stream = cuda.stream()
     dev = [cuda.to_device(a, stream=stream) for a in (q, k_pool, v_pool, block_table[0], pos, out)]
-    if tiling == "wg":
+    if splits is not None:
+        assert T == 1
+        partials = cuda.to_device(np.full((splits + 1, 1, H, D + 2), np.nan, np.float32), stream=stream)
+        attention_fa2_decode(*dev, partials, splits, scale, window, softcap, stream, tiling)
+    elif tiling == "wg":
         attention_wgmma.attention_wgmma(*dev, scale, window, softcap, stream)
     else:
         attention_fa2(*dev, scale, window, softcap, stream, tiling)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
-    what = f"{kv} fa2[{tiling}] pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
+    what = f"{kv} fa2[{tiling}{'' if splits is None else f' decode/{splits}'}] pos0={pos0} T={T} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap}"
     assert np.isfinite(got).all(), f"{what}: non-finite output"
     k16, v16 = kv_gather_ref(k_pool, block_table[0], L), kv_gather_ref(v_pool, block_table[0], L)
     if kv == "bf16":
@@ -180,3 +186,29 @@ def test_bf16_long_softcap_not_causal(D, tiling):
     check_fa2(_seed(D, 4097, 16), 0, 4097, 8, 2, D, 1.0, 512 if D == 256 else None, tiling=tiling, kv="bf16")
     check_fa2(_seed(D, 100, 16), 300, 140, 4, 1, D, 3.0, 100, softcap=20.0, tiling=tiling, kv="bf16")
     check_fa2(_seed(D, 7, 16), 0, 333, 4, 4, D, 1.0, causal=False, tiling=tiling, kv="bf16")
+
+
+# -- the decode form (attention_fa2_decode): one token, a block's rows the query heads of a KV head,
+# the keys in splits merged by attention_wide's merge kernel. Gemma 4's sliding layers (16 heads on
+# 8 KV heads of 256, window 1024) and global ones (16 on 2 of 512); Gemma3's (4 on 1, window 512) --
+DECODE_SHAPES = [(16, 8, 256, 1024), (16, 2, 512, None), (4, 1, 256, 512), (8, 8, 256, None)]
+
+
+@pytest.mark.parametrize("std", STDS)
+@pytest.mark.parametrize("L", (1, 31, 33, 700, 1025, 4097))
+@pytest.mark.parametrize("H,Hkv,D,window", DECODE_SHAPES)
+def test_fa2_decode(H, Hkv, D, window, L, std):
+    """A token at position L - 1 in the split count decode_splits gives its context bucket, one
+    split, and more splits than the tiles (empty splits)."""
+    keys = min(L, window or L)
+    for splits in sorted({decode_splits(max(keys, 256), Hkv, D), 1, -(-keys // 32) + 2}):
+        check_fa2(_seed(H, D, L, std, splits), L - 1, 1, H, Hkv, D, std, window, page_size=16 + 16 * (L % 2),
+                  splits=min(splits, 128))
+
+
+@pytest.mark.parametrize("kv", ("f16", "bf16"))
+@pytest.mark.parametrize("D", (256, 512))
+def test_fa2_decode_softcap_long(D, kv):
+    """Softcap with and without a window, a bf16 cache, 9000 keys."""
+    check_fa2(_seed(D, 9000), 8999, 1, 16, 2, D, 1.0, None, softcap=20.0, kv=kv, splits=33)
+    check_fa2(_seed(D, 300), 2999, 1, 8, 1, D, 3.0, 1000, softcap=20.0, kv=kv, splits=17)

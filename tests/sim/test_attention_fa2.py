@@ -39,3 +39,13 @@ def test_fa2_m16(pos0, T, window, softcap, page_size, D):
 def test_fa2_bf16(pos0, T, window, softcap, D):
     """A bf16 cache: Q and P packed to bf16, S and O on mma.sync's bf16 form."""
     check_fa2(_seed(pos0, T, D, 16), pos0, T, 2, 1, D, 1.0, window, softcap, 32, True, kv="bf16")
+
+
+@pytest.mark.parametrize("L,H,Hkv,D,window,splits,page_size", [
+    (70, 4, 2, 256, 40, 2, 32),     # GQA 2, two KV heads; window: keys 30..69 over two tiles, two splits
+    (70, 2, 1, 256, None, 5, 16),   # five splits of three tiles: two empty ones
+    (40, 4, 1, 512, 30, 2, 32),     # D 512: two output slices a KV head, GQA 4, keys 10..39
+])
+def test_fa2_decode(L, H, Hkv, D, window, splits, page_size):
+    """The decode form: the query heads of a KV head as tile rows, splits, their partials merged."""
+    check_fa2(_seed(L, H, splits), L - 1, 1, H, Hkv, D, 1.0, window, None, page_size, True, splits=splits)

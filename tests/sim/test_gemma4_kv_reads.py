@@ -23,7 +23,8 @@ ATTENTION = {"attention_decode_short": ("impnb.gpu.forward", 6, 7),
              "attention_decode": ("impnb.kernels.attention.attention_decode", 9, 10),
              "attention_fa2": ("impnb.kernels.attention.attention_fa2", 6, 7),
              "attention_wgmma": ("impnb.kernels.attention.attention_wgmma", 6, 7),
-             "attention_wide": ("impnb.kernels.attention.attention_wide", 8, 9)}
+             "attention_wide": ("impnb.kernels.attention.attention_wide", 8, 9),
+             "attention_fa2_decode": ("impnb.kernels.attention.attention_fa2", 8, 9)}
 WRITES = {"qkv_post": -3, "kv_write": -3}  # forward_gemma4's K/V writes: K pool at this position, V after it
 PROMPT = 20  # past every tiny model's window (8, 16)
 
@@ -158,3 +159,40 @@ def check_tables(m, calls: list) -> None:
         row = np.atleast_2d(table.copy_to_host())[0]
         pages = m.kv.k[cfg.kv_layer(il)].shape[0]
         assert np.array_equal(row, np.arange(row.size) % pages), (il, row[:40], pages)
+
+
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "whole-pools"])
+def test_decode_on_fa2s_decode_form(paths, monkeypatch, ring):
+    """IMPNB_DECODE_TC=256,512 (26B-A4B's head dims): a one-token decode step's every layer attends
+    on attention_fa2_decode, over its kv_layer's pools and block table (the ring's for a windowed
+    layer), with its window, in decode_splits' splits for its keys (the window's, or the context
+    bucket's); a step of three rows keeps the other kernels."""
+    from impnb.engine_cuda import CudaEngine
+    from impnb.kernels.attention.attention_fa2 import decode_splits
+    from impnb.kernels.gemv import gemv_stream
+
+    monkeypatch.setenv("IMPNB_DECODE_TC", "256,512")
+    monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
+    engine = CudaEngine(open_model_file(paths["wide"]), 1024, graphs=False, chunk=512)
+    m = engine.m
+    cfg = m.cfg
+    holder = [Recorder()]
+    record_launches(holder, monkeypatch)
+    m.cublas = m.mm.cublas = FakeCublas(holder[0])
+    m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
+    calls: list = []
+    record_calls(monkeypatch, calls)
+    engine.reset(SamplingParams(temperature=0))
+    engine.logits([1 + i % 50 for i in range(300)])
+    calls.clear()
+    engine.logits([5])
+    check_layers(m, calls, {"attention_fa2_decode"}, "attention_fa2_decode")
+    check_tables(m, calls)
+    bucket = engine.last_step.ctx_bucket
+    for il, (name, args) in enumerate(calls[i] for i in range(len(calls)) if calls[i][0] in ATTENTION):
+        window, Hkv, D = cfg.window(il), m.kv.k[il].shape[2], cfg.head_dims(il)[0]
+        assert args[7] == decode_splits(min(bucket, window) if window else bucket, Hkv, D, gemv_stream.sm_count())
+        assert args[0].shape == (1, cfg.n_head, D) and args[6].shape[1:] == (1, cfg.n_head, D + 2)
+    calls.clear()
+    engine.logits([6, 7, 8])
+    assert not any(name == "attention_fa2_decode" for name, _ in calls)

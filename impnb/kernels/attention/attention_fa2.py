@@ -35,6 +35,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
+from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.kv_cache import BF16, PAGE_SIZES
 from impnb.kernels.common.warp import quad_max, quad_sum, warp_any
 from impnb.launch import launch
@@ -79,11 +80,12 @@ def swz(r, ch, row_bytes):
 
 
 @lru_cache(maxsize=None)
-def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False):
+def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False, group: bool = False):
     """A device function q_tile(q, sq, t0, h, qscale): Q rows t0 .. t0 + BM - 1 of head h (q (T, H,
     D) float32) times qscale, to fp16 (bf16) in shared memory, 16-byte chunk ch of tile row r at
     sq + offset(r, ch); a block of `threads` loads QB chunks of 8 values a thread (16-byte loads)
-    before converting any; rows past T are zeros."""
+    before converting any; rows past T are zeros. group: q_tile(q, sq, h0, G, qscale) loads heads
+    h0 .. h0 + G - 1 of row 0 as the tile's rows (rows past G are zeros)."""
     CH = D // 8
     Q_CHUNKS = BM * CH // threads  # 16-byte fp16 chunks of the Q tile per thread
     QB = min(Q_CHUNKS, 8)          # ... loaded per round
@@ -101,14 +103,17 @@ def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False):
             for u in range(QB):
                 idx = tid + threads * (QB * b + u)
                 r = idx // CH
-                base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
+                if group:  # t0: the first head, h: the heads
+                    base = (t0 + min(r, h - 1)) * D + 8 * (idx - r * CH)
+                else:
+                    base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
                 for v in range(2):
                     qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
                         ptx.ld_global_cg_v4_f32(q, base + 4 * v)
             for u in range(QB):
                 idx = tid + threads * (QB * b + u)
                 r = idx // CH
-                live = t0 + r < T
+                live = r < h if group else t0 + r < T
                 w = cuda.local.array(4, uint32)
                 for i in range(4):
                     w[i] = pack(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
@@ -118,7 +123,8 @@ def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False):
 
 
 @lru_cache(maxsize=None)
-def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool = False):
+def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool = False, decode: bool = False):
+    """The FA2 kernel of these tiles; decode: its decode form (see the grid's comment)."""
     DV = V_SLICE.get(D, D)       # output dims per block
     BM = 16 * MT * WARPS         # query rows per block
     WM = 16 * MT                 # query rows per warp
@@ -174,6 +180,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         return swz(r, ch, ROWB)
 
     q_tile = q_tile_loader(D, BM, THREADS, q_offset, bf16)
+    q_group = q_tile_loader(D, BM, THREADS, q_offset, bf16, group=True)
 
     @cuda.jit(device=True, inline=True)
     def q_frags(sq, row0, kk, qf, o):
@@ -195,20 +202,30 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
     # 2 mt + half (half 0: row g, 1: row g + 8). Shared (dynamic, shared_bytes): Q tile BM x D
     # fp16 (scale·log2 e folded in), then 2 stages of [K tile BN x D | V tile BN x DV] fp16; rows
     # swizzled by swz. Scores are kept in log2 units throughout (exp2 softmax).
-    def fa2(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
+    # Decode form (one token, T = 1): grid (Hkv D / DV, S), block (x, y) owns the G = H / Hkv query
+    # heads of KV head x // (D / DV) as its tile's rows (rows past G repeat row G - 1, never
+    # stored) and split y of the key tiles the token sees (S even shares; one of no tiles writes
+    # an empty part): with S = 1 it writes out, else its unnormalised O, its rows' max m and sum l
+    # to partials (S, 1, H, D + 2) for attention_wide's merge kernel.
+    def body(q, k_pool, v_pool, block_table, pos, out, partials, qscale, window, softcap):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         T = q.shape[0]
         H = q.shape[1]
         Hkv = k_pool.shape[2]
+        G = H // Hkv
         if NSL == 1:
             h = cuda.blockIdx.x
             v_off = 0
         else:
             h = cuda.blockIdx.x // NSL
             v_off = (cuda.blockIdx.x - h * NSL) * DV  # the block's first output dim
-        kh = h // (H // Hkv)
-        t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
+        if decode:
+            kh = h  # the grid's x runs over KV heads
+            t0 = 0
+        else:
+            kh = h // G
+            t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
         t_last = min(t0 + BM, T) - 1
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -225,6 +242,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         lo = int32(max(0, first - window + 1) if window > 0 else 0)
         j0 = lo // BN
         j1 = hi // BN
+        if decode:  # this split's share of the tiles
+            per = (j1 - j0 + cuda.gridDim.y) // cuda.gridDim.y
+            j0 += cuda.blockIdx.y * per
+            j1 = min(j1, j0 + per - 1)
         r0 = tid >> 3                                    # this thread's first K/V tile row
         c8 = tid & 7                                     # its first chunk
         col = kh * D + 8 * c8                            # its element offset within a cache row
@@ -233,7 +254,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
         load_kv(skv, k_pool, v_pool, block_table, j0 * BN, lo, hi, r0, c8, col, v_off, row_elems, page_elems)
         ptx.cp_async_commit()
 
-        q_tile(q, sq, t0, h, qscale)
+        if decode:
+            q_group(q, sq, kh * G, G, qscale)
+        else:
+            q_tile(q, sq, t0, h, qscale)
         cuda.syncthreads()
         qf = cuda.local.array(NQF, uint32)
         if q_in_regs:
@@ -368,18 +392,43 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
                                 pa[4 * mt], pa[4 * mt + 1], pa[4 * mt + 2], pa[4 * mt + 3], bx, by,
                                 o[f], o[f + 1], o[f + 2], o[f + 3])
 
-        # -- epilogue: out = O / l, rows t < T --
+        # -- epilogue: out = O / l, rows t < T (decode: rows r < G, or their parts) --
         for rh in range(NR):
-            inv = float32(1) / quad_sum(lsum[rh])  # every lane: a quad shuffle
+            lrow = quad_sum(lsum[rh])  # every lane: a quad shuffle
             t = t0 + WM * warp + 8 * rh + g
-            if t < T:
+            if decode:
+                if t < G:
+                    hq = kh * G + t
+                    if cuda.gridDim.y == 1:
+                        inv = float32(1) / lrow
+                        base = hq * D + v_off + 2 * c
+                        for n in range(NO):
+                            f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
+                            ptx.st_global_v2_f32(out, base + 8 * n, o[f] * inv, o[f + 1] * inv)
+                    else:
+                        base = (cuda.blockIdx.y * H + hq) * (D + 2)
+                        for n in range(NO):
+                            f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
+                            ptx.st_global_v2_f32(partials, base + v_off + 2 * c + 8 * n, o[f], o[f + 1])
+                        if c == 0 and v_off == 0:
+                            ptx.st_global_v2_f32(partials, base + D, m[rh], lrow)
+            elif t < T:
+                inv = float32(1) / lrow
                 base = (t * H + h) * D + v_off + 2 * c
                 for n in range(NO):
                     f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
                     ptx.st_global_v2_f32(out, base + 8 * n, o[f] * inv, o[f + 1] * inv)
 
+    body = cuda.jit(device=True, inline=True)(body)
+    if decode:
+        def fa2(q, k_pool, v_pool, block_table, pos, out, partials, qscale, window, softcap):
+            body(q, k_pool, v_pool, block_table, pos, out, partials, qscale, window, softcap)
+    else:
+        def fa2(q, k_pool, v_pool, block_table, pos, out, qscale, window, softcap):
+            body(q, k_pool, v_pool, block_table, pos, out, out, qscale, window, softcap)
+
     tiles = (f"_v{DV}" if DV < D else "") + f"_n{BN}_m{WM}" + ("_qr" if q_in_regs else "")
-    fa2.__name__ = f"_fa2_d{D}{tiles}_p{PAGE}{'_bf16' if bf16 else ''}_kernel"
+    fa2.__name__ = f"_fa2{'_decode' if decode else ''}_d{D}{tiles}_p{PAGE}{'_bf16' if bf16 else ''}_kernel"
     return cuda.jit(fa2)
 
 
@@ -431,12 +480,49 @@ def attention_fa2(q, k_pool, v_pool, block_table, pos, out, scale: float,
                shared_bytes=shared_bytes(D, BN, MT))
 
 
-def kernel_sig(bf16: bool = False):
+def kernel_sig(bf16: bool = False, decode: bool = False):
     """The kernels' argument types: q, the pools (float16, or uint16 bf16 bits), block_table, pos,
-    out, qscale, window, softcap."""
+    out, (decode: partials,) qscale, window, softcap."""
     kv = types.uint16 if bf16 else types.float16
+    parts = (types.float32[:, :, :, ::1],) if decode else ()
     return types.void(types.float32[:, :, ::1], kv[:, :, :, ::1], kv[:, :, :, ::1], types.int32[::1],
-                      types.int32[::1], types.float32[:, :, ::1], types.float32, types.int32, types.float32)
+                      types.int32[::1], types.float32[:, :, ::1], *parts, types.float32, types.int32, types.float32)
+
+
+DECODE_HEAD_DIMS = (256, 512)  # head dims attention_fa2_decode is built and tested for
+SMEM_PER_SM = 228 << 10        # shared memory of an sm_90 SM
+
+
+def decode_splits(keys: int, n_head_kv: int, D: int, n_sm: int = 132, tiling: str = DEFAULT_TILING) -> int:
+    """attention_fa2_decode's splits for up to `keys` keys: a block for each place the SMs' shared
+    memory holds, at least one key tile a split, at most attention_wide.MAX_SPLITS."""
+    BN, MT, _ = TILINGS[tiling][D]
+    per_sm = max(1, SMEM_PER_SM // shared_bytes(D, BN, MT))
+    blocks = n_head_kv * (D // V_SLICE.get(D, D))
+    return max(1, min(n_sm * per_sm // blocks, -(-keys // BN), attention_wide.MAX_SPLITS))
+
+
+def attention_fa2_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
+                         window: int | None, softcap: float | None, stream, tiling: str = DEFAULT_TILING) -> None:
+    """out (1, H, D) = attention of one token's q (1, H, D) float32 at pos (1,) over the paged cache
+    (as attention_fa2), on FA2's tensor-core tiles in their decode form: a block's tile rows are the
+    query heads of one KV head, its keys one of n_splits shares of the token's, the shares merged
+    by attention_wide.merge_splits; partials (at least n_splits, 1, H, D + 2) float32 scratch,
+    unread at n_splits 1. The key range is read from pos on the device: a captured graph stays
+    valid as the context grows."""
+    bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
+    T, H, D = q.shape
+    Hkv, P = k_pool.shape[2], k_pool.shape[1]
+    BN, MT, q_in_regs = TILINGS[tiling][D]
+    assert T == 1 and D in HEAD_DIMS and H // Hkv <= 16 * MT * WARPS, (q.shape, Hkv)
+    assert 1 <= n_splits <= attention_wide.MAX_SPLITS
+    assert n_splits == 1 or (partials.dtype == np.float32 and partials.shape[0] >= n_splits
+                             and partials.shape[1:] == (1, H, D + 2) and partials.is_c_contiguous()), partials.shape
+    launch(fa2_kernel(D, BN, MT, q_in_regs, P, bf16, decode=True), (Hkv * (D // V_SLICE.get(D, D)), n_splits),
+           THREADS, stream, q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E),
+           np.int32(window or 0), np.float32(softcap or 0.0), shared_bytes=shared_bytes(D, BN, MT))
+    if n_splits > 1:
+        attention_wide.merge_splits(partials, out, n_splits, stream)
 
 
 FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
@@ -453,4 +539,7 @@ def build_signatures() -> list:
         (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
          {"max_registers": 255,
           "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
-        for D in HEAD_DIMS]
+        for D in HEAD_DIMS] + [
+        (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, False, True), kernel_sig(decode=True),
+         {"max_registers": 255, "ptx_contains": FA2_PTX})
+        for D in DECODE_HEAD_DIMS]

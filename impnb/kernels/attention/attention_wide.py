@@ -205,7 +205,14 @@ def attention_wide(q, k_pool, v_pool, block_table, pos, out, partials, n_splits:
            k_pool.view(np.uint32).reshape(-1), v_pool.view(np.uint32).reshape(-1), block_table, pos, out, partials,
            np.float32(scale), np.int32(window or 0), np.int32(k_pool.shape[1].bit_length() - 1), np.int32(Hkv))
     if n_splits > 1:
-        launch(_attention_merge_kernel, (T * H, D // WARP), (WARP, MERGE_WARPS), stream, partials[:n_splits], out)
+        merge_splits(partials, out, n_splits, stream)
+
+
+def merge_splits(partials, out, n_splits: int, stream) -> None:
+    """out (T, H, D) = the merge of the first n_splits parts of partials (S, T, H, D + 2): each
+    split's unnormalised output, then its rows' max m (log2 units) and sum l."""
+    T, H, D = out.shape
+    launch(_attention_merge_kernel, (T * H, D // WARP), (WARP, MERGE_WARPS), stream, partials[:n_splits], out)
 
 
 _Q = types.float32[:, :, ::1]
