@@ -107,9 +107,10 @@ def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False, gro
                     base = (t0 + min(r, h - 1)) * D + 8 * (idx - r * CH)
                 else:
                     base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
-                for v in range(2):
-                    qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
-                        ptx.ld_global_cg_v4_f32(q, base + 4 * v)
+                if not group or r < h:  # a group's rows past its heads are zeros: nothing to read
+                    for v in range(2):
+                        qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
+                            ptx.ld_global_cg_v4_f32(q, base + 4 * v)
             for u in range(QB):
                 idx = tid + threads * (QB * b + u)
                 r = idx // CH
