@@ -302,8 +302,9 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             k_lane = cur + k_rel   # loop-variant on purpose: per-step addresses are not hoisted into registers
             v_lane = cur + v_rel
             cur = STAGE - cur
-            # the warp's rows see none of these keys: nothing to add (warp-uniform)
-            if k0 > w_last or k0 + BN <= w_lo:
+            # the warp's rows see none of these keys, or (decode) are all past the group's heads:
+            # nothing to add (warp-uniform)
+            if k0 > w_last or k0 + BN <= w_lo or (decode and WM * warp >= G):
                 continue
 
             # -- S = Q·Kᵀ: K rows (keys) are B's columns, so ldmatrix without .trans --
