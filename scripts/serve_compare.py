@@ -57,11 +57,11 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def bench(port: int, args, output_len: int, rounds: int = 4) -> list[dict] | None:
-    """bench-serve's rows at every concurrency (failed requests counted in them), `rounds` requests
-    a client; None when it gave none."""
+def bench(port: int, args, output_len: int, rounds: int = 4, concurrency: str | None = None) -> list[dict] | None:
+    """bench-serve's rows at every concurrency of `concurrency` (default: --concurrency's; failed
+    requests counted in them), `rounds` requests a client; None when it gave none."""
     cmd = [sys.executable, "-m", "impnb", "bench-serve", "--url", f"http://127.0.0.1:{port}", "--concurrency",
-           args.concurrency, "--input-len", str(args.input_len), "--output-len", str(output_len),
+           concurrency or args.concurrency, "--input-len", str(args.input_len), "--output-len", str(output_len),
            "--rounds", str(rounds), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(proc.stderr)
@@ -71,7 +71,9 @@ def bench(port: int, args, output_len: int, rounds: int = 4) -> list[dict] | Non
         return None
 
 
-def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | None:
+def measure(name: str, cmd: list[str], port: int, args, log, keep) -> list[dict] | None:
+    """The server's rows, one bench-serve a concurrency, each handed to keep(rows so far) as it
+    comes (a run cut short keeps what it measured)."""
     t0 = time.perf_counter()
     proc = start(cmd, port, log)
     if proc is None:
@@ -81,11 +83,17 @@ def measure(name: str, cmd: list[str], port: int, args, log) -> list[dict] | Non
         print(f"serve-compare: {name} up in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if bench(port, args, args.warmup_len, rounds=1) is None:  # every concurrency: every batch bucket
             return None
-        rows = bench(port, args, args.output_len, rounds=args.rounds)
-        for r in rows or ():  # as measured: a run cut short keeps what it had
-            print(f"serve-compare: {name} concurrency {r['concurrency']}: {r['output_throughput']:.0f} tok/s, "
-                  f"TTFT p50 {r['ttft_p50_ms']:.1f} ms, TPOT p50 {r['tpot_p50_ms']:.2f} ms, "
-                  f"{r['failed']} failed", file=sys.stderr, flush=True)
+        rows = []
+        for c in args.concurrency.split(","):
+            got = bench(port, args, args.output_len, rounds=args.rounds, concurrency=c)
+            if got is None:
+                return rows or None
+            for r in got:
+                print(f"serve-compare: {name} concurrency {r['concurrency']}: {r['output_throughput']:.0f} tok/s, "
+                      f"TTFT p50 {r['ttft_p50_ms']:.1f} ms, TPOT p50 {r['tpot_p50_ms']:.2f} ms, "
+                      f"{r['failed']} failed", file=sys.stderr, flush=True)
+            rows += got
+            keep(rows)
         return rows
     finally:
         stop(proc)
@@ -150,13 +158,15 @@ def main() -> int:
         results[name] = {}
         for server in ("impnb", "llama.cpp") if args.llama_server else ("impnb",):
             port = free_port()
+            def keep(rows, name=name, server=server):  # after each concurrency: a run cut short keeps what it had
+                results[name][server] = rows
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(results, f, indent=1)
             with open(os.path.join(args.logs, f"serve-{server}-{name}.log"), "w") as log:
-                rows = measure(f"{server} on {name}", server_cmd(server, path, args, port), port, args, log)
+                rows = measure(f"{server} on {name}", server_cmd(server, path, args, port), port, args, log, keep)
             failed |= rows is None or any(r["failed"] for r in rows)
-            results[name][server] = rows
-            if args.json:  # after each server: a run cut short keeps what it had
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=1)
+            keep(rows)
     table(results)
     return 1 if failed else 0
 

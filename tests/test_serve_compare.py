@@ -42,3 +42,24 @@ def test_table_ratios_and_missing_rows(capsys):
                                       ["n", "1", "100", "-", "-"]]
     assert cells[1][5:8] == ["20.0", "40.0", "0.50x"] and cells[1][8:10] == ["40.0", "80.0"]
     assert cells[1][10:13] == ["3.00", "3.00", "1.00x"] and cells[0][7] == "-"
+
+
+def test_rows_kept_after_each_concurrency(monkeypatch):
+    """measure runs bench-serve once a concurrency and hands keep the rows so far after each: a
+    bench that gives nothing (a run cut short) leaves the levels measured before it."""
+    calls, kept = [], []
+
+    def fake_bench(port, args, output_len, rounds=4, concurrency=None):
+        calls.append((concurrency, rounds))
+        if concurrency is None:  # the warm-up, every level at once
+            return [row(int(c), 1.0, 1.0) for c in args.concurrency.split(",")]
+        return None if concurrency == "64" else [row(int(concurrency), 100.0 * int(concurrency), 5.0)]
+
+    monkeypatch.setattr(serve_compare, "start", lambda cmd, port, log: object())
+    monkeypatch.setattr(serve_compare, "stop", lambda proc: None)
+    monkeypatch.setattr(serve_compare, "bench", fake_bench)
+    args = argparse.Namespace(concurrency="1,8,64,128", warmup_len=16, output_len=128, rounds=4)
+    rows = serve_compare.measure("impnb", [], 9000, args, None, lambda r: kept.append([x["concurrency"] for x in r]))
+    assert [r["concurrency"] for r in rows] == [1, 8]
+    assert kept == [[1], [1, 8]]
+    assert calls == [(None, 1), ("1", 4), ("8", 4), ("64", 4)]
