@@ -147,8 +147,8 @@ WIDE_TILED = True
 # Head dims whose one-sequence decode attention (a token a step) runs on FA2's tensor-core tiles in
 # their decode form (attention_fa2.attention_fa2_decode: a block's tile rows the query heads of one
 # KV head, the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels
-# above: none until bench_decode_attention.py --fa2-decode and a tg128 at depth have measured it;
-# IMPNB_DECODE_TC=256,512 picks head dims.
+# above: none, as at Gemma 4's sliding shape (1024 keys) it is slower than the short kernel
+# (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims.
 DECODE_TC: tuple[int, ...] = ()
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
@@ -182,8 +182,8 @@ DP4A_MIN_K = 2048
 DP4A_TAIL = False
 # A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
 # norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
-# no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): the 30B NVFP4's
-# decode 7% faster (docs/EXPERIMENTS.md); IMPNB_DOWN_QUANT_TAIL=0 turns it off.
+# no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): faster decode on
+# the 30B NVFP4 and MXFP4 (docs/EXPERIMENTS.md); IMPNB_DOWN_QUANT_TAIL=0 turns it off.
 DOWN_QUANT_TAIL = True
 # Types whose decode GEMVs take dp4a whatever the weight's size (K >= DP4A_MIN_K still): gemv.py's
 # FP4 decoder (a table lookup and a byte widening a weight) is slower than quantize_x and dp4a
