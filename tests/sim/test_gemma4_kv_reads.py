@@ -112,26 +112,15 @@ def test_window_layers_decode_short_on_their_own_pages(paths, monkeypatch, varia
     layer's K/V writes and reads go through the ring's block table (position p on page
     (p // page) mod its pages) and its pools hold the ring's pages, the global layers' through the
     whole pools' table."""
-    from impnb.engine_cuda import CudaEngine
-
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "256")
     monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
-    # prompt chunks of 512 for both (the MoE's own 2048 would need a ring past 1024 positions)
-    engine = CudaEngine(open_model_file(paths[variant]), 1024, graphs=False, chunk=512)
+    engine, calls = prefilled(paths[variant], monkeypatch)
     m = engine.m
     cfg = m.cfg
     assert m.kv.windowed == [ring and cfg.window(il) is not None for il in range(cfg.n_layer)]
     ring_pages = m.kv.window_pages(cfg, m.kv.n_pages, 1, True, 512)
     for il in range(cfg.n_layer):
         assert m.kv.k[il].shape[0] == (ring_pages if m.kv.windowed[il] else m.kv.n_pages)
-    holder = [Recorder()]
-    record_launches(holder, monkeypatch)
-    m.cublas = m.mm.cublas = FakeCublas(holder[0])
-    m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
-    calls: list = []
-    record_calls(monkeypatch, calls)
-    engine.reset(SamplingParams(temperature=0))
-    engine.logits([1 + i % 50 for i in range(300)])
     check_layers(m, calls, {"attention_wgmma", "attention_fa2"}, "attention_fa2")
     check_tables(m, calls)
     calls.clear()
@@ -144,6 +133,24 @@ def test_window_layers_decode_short_on_their_own_pages(paths, monkeypatch, varia
         if cfg.head_dims(il)[0] != 512:
             assert name == ("attention_decode_short" if cfg.window(il) else "attention_decode"), (il, name)
     check_tables(m, calls)
+
+
+def prefilled(path, monkeypatch) -> tuple:
+    """(engine, calls): a CudaEngine of context 1024 with every launch recorded and none run (prompt
+    chunks of 512: the MoE's own 2048 would need a ring past 1024 positions) after a 300-token
+    prompt, and record_calls' list holding that prompt's calls."""
+    from impnb.engine_cuda import CudaEngine
+
+    engine = CudaEngine(open_model_file(path), 1024, graphs=False, chunk=512)
+    holder = [Recorder()]
+    record_launches(holder, monkeypatch)
+    engine.m.cublas = engine.m.mm.cublas = FakeCublas(holder[0])
+    engine.m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
+    calls: list = []
+    record_calls(monkeypatch, calls)
+    engine.reset(SamplingParams(temperature=0))
+    engine.logits([1 + i % 50 for i in range(300)])
+    return engine, calls
 
 
 def check_tables(m, calls: list) -> None:
@@ -167,23 +174,14 @@ def test_decode_on_fa2s_decode_form(paths, monkeypatch, ring):
     on attention_fa2_decode, over its kv_layer's pools and block table (the ring's for a windowed
     layer), with its window, in decode_splits' splits for its keys (the window's, or the context
     bucket's); a step of three rows keeps the other kernels."""
-    from impnb.engine_cuda import CudaEngine
     from impnb.kernels.attention.attention_fa2 import decode_splits
     from impnb.kernels.gemv import gemv_stream
 
     monkeypatch.setenv("IMPNB_DECODE_TC", "256,512")
     monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
-    engine = CudaEngine(open_model_file(paths["wide"]), 1024, graphs=False, chunk=512)
+    engine, calls = prefilled(paths["wide"], monkeypatch)
     m = engine.m
     cfg = m.cfg
-    holder = [Recorder()]
-    record_launches(holder, monkeypatch)
-    m.cublas = m.mm.cublas = FakeCublas(holder[0])
-    m.ctx.device = pytypes.SimpleNamespace(compute_capability=(9, 0))
-    calls: list = []
-    record_calls(monkeypatch, calls)
-    engine.reset(SamplingParams(temperature=0))
-    engine.logits([1 + i % 50 for i in range(300)])
     calls.clear()
     engine.logits([5])
     check_layers(m, calls, {"attention_fa2_decode"}, "attention_fa2_decode")
