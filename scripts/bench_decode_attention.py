@@ -36,7 +36,7 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.graphs.capture import Graph  # noqa: E402
 from impnb.kernels.attention import attention_decode as ad  # noqa: E402
 from impnb.kernels.attention import attention_decode_short as ads  # noqa: E402
-from impnb.kernels.attention import attention_fa2 as fa2m  # noqa: E402
+from impnb.kernels.attention import attention_fa2_decode as fa2m  # noqa: E402
 from impnb.kernels.attention import attention_wide as aw  # noqa: E402
 from impnb.kernels.attention.kv_cache import contiguous_block_table, pages_needed  # noqa: E402
 

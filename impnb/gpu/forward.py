@@ -40,7 +40,8 @@ from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
-from impnb.kernels.attention import attention_decode, attention_fa2, attention_wgmma, attention_wide, qkv_post
+from impnb.kernels.attention import (attention_decode, attention_fa2, attention_fa2_decode, attention_wgmma, attention_wide,
+                                    qkv_post)
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv import gemv_stream
@@ -272,13 +273,13 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     window = cfg.window(il)
     tables = m.kv.tables_of(il)[:B]
     D = q.shape[2]
-    if B == 1 and T == 1 and xq is None and D in m.tuning.decode_tc and D in attention_fa2.DECODE_HEAD_DIMS:
+    if B == 1 and T == 1 and xq is None and D in m.tuning.decode_tc and D in attention_fa2_decode.DECODE_HEAD_DIMS:
         Hkv = m.kv.k[il].shape[2]
-        splits = attention_fa2.decode_splits(min(step.ctx_bucket, window) if window else step.ctx_bucket, Hkv, D,
-                                             gemv_stream.sm_count())
+        splits = attention_fa2_decode.decode_splits(min(step.ctx_bucket, window) if window else step.ctx_bucket,
+                                                    Hkv, D, gemv_stream.sm_count())
         partials = m.arena.get("partials_tc", attention_wide.partials_shape(attention_wide.MAX_SPLITS, 1, cfg.n_head, D))
-        attention_fa2.attention_fa2_decode(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out, partials,
-                                           splits, cfg.attn_scale, window, None, s)
+        attention_fa2_decode.attention_fa2_decode(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out,
+                                                  partials, splits, cfg.attn_scale, window, None, s)
         return
     if q.shape[2] in attention_wide.HEAD_DIMS:  # past the decode kernels' head dims (gemma4's 512)
         assert B == 1 and xq is None, "wide heads: one sequence, no int8 output"

@@ -145,9 +145,9 @@ WINDOW_RING = True
 # --wide-tiled measured; IMPNB_WIDE_TILED=0 turns it off.
 WIDE_TILED = True
 # Head dims whose one-sequence decode attention (a token a step) runs on FA2's tensor-core tiles in
-# their decode form (attention_fa2.attention_fa2_decode: a block's tile rows the query heads of one
-# KV head, the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels
-# above: none, as at Gemma 4's sliding shape (1024 keys) it is slower than the short kernel
+# their decode form (attention_fa2_decode.py: a block's tile rows the query heads of one KV head,
+# the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels above:
+# none, as at Gemma 4's sliding shape (1024 keys) it is slower than the short kernel
 # (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims.
 DECODE_TC: tuple[int, ...] = ()
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the

@@ -18,8 +18,8 @@ from numba import cuda
 
 from impnb.kernels.attention import attention_wgmma
 from impnb.kernels.attention.attention import attention_ref
-from impnb.kernels.attention.attention_fa2 import (DEFAULT_TILING, TILINGS, attention_fa2, attention_fa2_decode,
-                                                   decode_splits)
+from impnb.kernels.attention.attention_fa2 import DEFAULT_TILING, TILINGS, attention_fa2
+from impnb.kernels.attention.attention_fa2_decode import attention_fa2_decode, decode_splits
 from impnb.kernels.attention.kv_cache import bf16_bits, bf16_values, kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
 

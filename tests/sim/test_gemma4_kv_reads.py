@@ -24,7 +24,7 @@ ATTENTION = {"attention_decode_short": ("impnb.gpu.forward", 6, 7),
              "attention_fa2": ("impnb.kernels.attention.attention_fa2", 6, 7),
              "attention_wgmma": ("impnb.kernels.attention.attention_wgmma", 6, 7),
              "attention_wide": ("impnb.kernels.attention.attention_wide", 8, 9),
-             "attention_fa2_decode": ("impnb.kernels.attention.attention_fa2", 8, 9)}
+             "attention_fa2_decode": ("impnb.kernels.attention.attention_fa2_decode", 8, 9)}
 WRITES = {"qkv_post": -3, "kv_write": -3}  # forward_gemma4's K/V writes: K pool at this position, V after it
 PROMPT = 20  # past every tiny model's window (8, 16)
 
@@ -174,7 +174,7 @@ def test_decode_on_fa2s_decode_form(paths, monkeypatch, ring):
     on attention_fa2_decode, over its kv_layer's pools and block table (the ring's for a windowed
     layer), with its window, in decode_splits' splits for its keys (the window's, or the context
     bucket's); a step of three rows keeps the other kernels."""
-    from impnb.kernels.attention.attention_fa2 import decode_splits
+    from impnb.kernels.attention.attention_fa2_decode import decode_splits
     from impnb.kernels.gemv import gemv_stream
 
     monkeypatch.setenv("IMPNB_DECODE_TC", "256,512")

@@ -35,8 +35,8 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
-from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.kv_cache import BF16, PAGE_SIZES
+from impnb.kernels.attention.q_tile import q_tile_loader
 from impnb.kernels.common.warp import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
@@ -77,50 +77,6 @@ def swz(r, ch, row_bytes):
     """Byte offset of 16-byte chunk ch of tile row r: chunks XOR-swizzled by r & 7, so the 8 rows an
     ldmatrix phase reads at one chunk (and cp.async's 16-byte writes) hit 8 distinct bank groups."""
     return r * row_bytes + ((ch ^ (r & 7)) << 4)
-
-
-@lru_cache(maxsize=None)
-def q_tile_loader(D: int, BM: int, threads: int, offset, bf16: bool = False, group: bool = False):
-    """A device function q_tile(q, sq, t0, h, qscale): Q rows t0 .. t0 + BM - 1 of head h (q (T, H,
-    D) float32) times qscale, to fp16 (bf16) in shared memory, 16-byte chunk ch of tile row r at
-    sq + offset(r, ch); a block of `threads` loads QB chunks of 8 values a thread (16-byte loads)
-    before converting any; rows past T are zeros. group: q_tile(q, sq, h0, G, qscale) loads heads
-    h0 .. h0 + G - 1 of row 0 as the tile's rows (rows past G are zeros)."""
-    CH = D // 8
-    Q_CHUNKS = BM * CH // threads  # 16-byte fp16 chunks of the Q tile per thread
-    QB = min(Q_CHUNKS, 8)          # ... loaded per round
-    QV = 8 * QB                    # their float32 values
-    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_f16x2
-    assert Q_CHUNKS % QB == 0
-
-    @cuda.jit(device=True, inline=True)
-    def q_tile(q, sq, t0, h, qscale):
-        T = q.shape[0]
-        H = q.shape[1]
-        tid = cuda.threadIdx.x
-        for b in range(Q_CHUNKS // QB):
-            qv = cuda.local.array(QV, float32)
-            for u in range(QB):
-                idx = tid + threads * (QB * b + u)
-                r = idx // CH
-                if group:  # t0: the first head, h: the heads
-                    base = (t0 + min(r, h - 1)) * D + 8 * (idx - r * CH)
-                else:
-                    base = (min(t0 + r, T - 1) * H + h) * D + 8 * (idx - r * CH)
-                if not group or r < h:  # a group's rows past its heads are zeros: nothing to read
-                    for v in range(2):
-                        qv[8 * u + 4 * v], qv[8 * u + 4 * v + 1], qv[8 * u + 4 * v + 2], qv[8 * u + 4 * v + 3] = \
-                            ptx.ld_global_cg_v4_f32(q, base + 4 * v)
-            for u in range(QB):
-                idx = tid + threads * (QB * b + u)
-                r = idx // CH
-                live = r < h if group else t0 + r < T
-                w = cuda.local.array(4, uint32)
-                for i in range(4):
-                    w[i] = pack(qv[8 * u + 2 * i] * qscale, qv[8 * u + 2 * i + 1] * qscale) if live else 0
-                ptx.st_shared_v4_u32(sq + offset(r, idx - r * CH), w[0], w[1], w[2], w[3])
-
-    return q_tile
 
 
 @lru_cache(maxsize=None)
@@ -225,7 +181,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             kh = h  # the grid's x runs over KV heads
             t0 = 0
         else:
-            kh = h // G
+            kh = h // (H // Hkv)
             t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
         t_last = min(t0 + BM, T) - 1
         tid = cuda.threadIdx.x
@@ -302,9 +258,8 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             k_lane = cur + k_rel   # loop-variant on purpose: per-step addresses are not hoisted into registers
             v_lane = cur + v_rel
             cur = STAGE - cur
-            # the warp's rows see none of these keys, or (decode) are all past the group's heads:
-            # nothing to add (warp-uniform)
-            if k0 > w_last or k0 + BN <= w_lo or (decode and WM * warp >= G):
+            # the warp's rows see none of these keys: nothing to add (warp-uniform)
+            if k0 > w_last or k0 + BN <= w_lo:
                 continue
 
             # -- S = Q·Kᵀ: K rows (keys) are B's columns, so ldmatrix without .trans --
@@ -396,9 +351,9 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
 
         # -- epilogue: out = O / l, rows t < T (decode: rows r < G, or their parts) --
         for rh in range(NR):
-            lrow = quad_sum(lsum[rh])  # every lane: a quad shuffle
-            t = t0 + WM * warp + 8 * rh + g
             if decode:
+                lrow = quad_sum(lsum[rh])  # every lane: a quad shuffle
+                t = t0 + WM * warp + 8 * rh + g
                 if t < G:
                     hq = kh * G + t
                     if cuda.gridDim.y == 1:
@@ -414,8 +369,10 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
                             ptx.st_global_v2_f32(partials, base + v_off + 2 * c + 8 * n, o[f], o[f + 1])
                         if c == 0 and v_off == 0:
                             ptx.st_global_v2_f32(partials, base + D, m[rh], lrow)
-            elif t < T:
-                inv = float32(1) / lrow
+                continue
+            inv = float32(1) / quad_sum(lsum[rh])  # every lane: a quad shuffle
+            t = t0 + WM * warp + 8 * rh + g
+            if t < T:
                 base = (t * H + h) * D + v_off + 2 * c
                 for n in range(NO):
                     f = O1 * (rh >> 1) + 4 * n + 2 * (rh & 1)
@@ -491,42 +448,6 @@ def kernel_sig(bf16: bool = False, decode: bool = False):
                       types.int32[::1], types.float32[:, :, ::1], *parts, types.float32, types.int32, types.float32)
 
 
-DECODE_HEAD_DIMS = (256, 512)  # head dims attention_fa2_decode is built and tested for
-SMEM_PER_SM = 228 << 10        # shared memory of an sm_90 SM
-
-
-def decode_splits(keys: int, n_head_kv: int, D: int, n_sm: int = 132, tiling: str = DEFAULT_TILING) -> int:
-    """attention_fa2_decode's splits for up to `keys` keys: a block for each place the SMs' shared
-    memory holds, at least one key tile a split, at most attention_wide.MAX_SPLITS."""
-    BN, MT, _ = TILINGS[tiling][D]
-    per_sm = max(1, SMEM_PER_SM // shared_bytes(D, BN, MT))
-    blocks = n_head_kv * (D // V_SLICE.get(D, D))
-    return max(1, min(n_sm * per_sm // blocks, -(-keys // BN), attention_wide.MAX_SPLITS))
-
-
-def attention_fa2_decode(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
-                         window: int | None, softcap: float | None, stream, tiling: str = DEFAULT_TILING) -> None:
-    """out (1, H, D) = attention of one token's q (1, H, D) float32 at pos (1,) over the paged cache
-    (as attention_fa2), on FA2's tensor-core tiles in their decode form: a block's tile rows are the
-    query heads of one KV head, its keys one of n_splits shares of the token's, the shares merged
-    by attention_wide.merge_splits; partials (at least n_splits, 1, H, D + 2) float32 scratch,
-    unread at n_splits 1. The key range is read from pos on the device: a captured graph stays
-    valid as the context grows."""
-    bf16 = check_args(q, k_pool, v_pool, block_table, pos, out, window, softcap)
-    T, H, D = q.shape
-    Hkv, P = k_pool.shape[2], k_pool.shape[1]
-    BN, MT, q_in_regs = TILINGS[tiling][D]
-    assert T == 1 and D in HEAD_DIMS and H // Hkv <= 16 * MT * WARPS, (q.shape, Hkv)
-    assert 1 <= n_splits <= attention_wide.MAX_SPLITS
-    assert n_splits == 1 or (partials.dtype == np.float32 and partials.shape[0] >= n_splits
-                             and partials.shape[1:] == (1, H, D + 2) and partials.is_c_contiguous()), partials.shape
-    launch(fa2_kernel(D, BN, MT, q_in_regs, P, bf16, decode=True), (Hkv * (D // V_SLICE.get(D, D)), n_splits),
-           THREADS, stream, q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E),
-           np.int32(window or 0), np.float32(softcap or 0.0), shared_bytes=shared_bytes(D, BN, MT))
-    if n_splits > 1:
-        attention_wide.merge_splits(partials, out, n_splits, stream)
-
-
 FA2_PTX = ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"]
 
@@ -541,7 +462,4 @@ def build_signatures() -> list:
         (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, True), kernel_sig(True),
          {"max_registers": 255,
           "ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"]})
-        for D in HEAD_DIMS] + [
-        (fa2_kernel(D, *TILINGS[DEFAULT_TILING][D], 32, False, True), kernel_sig(decode=True),
-         {"max_registers": 255, "ptx_contains": FA2_PTX})
-        for D in DECODE_HEAD_DIMS]
+        for D in HEAD_DIMS]

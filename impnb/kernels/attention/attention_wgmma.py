@@ -22,7 +22,8 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from impnb.kernels.common import ptx, ptx_wgmma as wg
-from impnb.kernels.attention.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, check_args, kernel_sig, q_tile_loader
+from impnb.kernels.attention.attention_fa2 import FA2_PTX, LAZY, LOG2E, NEG, check_args, kernel_sig
+from impnb.kernels.attention.q_tile import q_tile_loader
 from impnb.kernels.common.warp import quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
