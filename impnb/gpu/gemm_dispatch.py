@@ -5,8 +5,9 @@ decode step's 9..256), the few-row GEMM that decodes W into mma fragments with n
 memory (kernels/gemm/gemm_few.py, "few") or the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
-impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the H100 (it lists only
-shapes where a tile beat cuBLAS there). Shapes not in the table take cuBLAS. Each distinct
+impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the GPU the table names by
+table_choice's rule (a tile that beat cuBLAS there; at a short prompt's buckets, also one close
+enough to it that the prompt needs no cuBLAS handle). Shapes not in the table take cuBLAS. Each distinct
 choice is logged once ("impnb.gemm", debug).
 """
 
