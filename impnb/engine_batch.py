@@ -12,10 +12,19 @@ A decode step pads B to a bucket (BATCH_BUCKETS) and replays that bucket's graph
 longest sequence's context bucket: the step's ids, positions, block tables, sampling rows and
 step counters are copied into fixed device buffers first (one pinned staging copy each), so any
 mix of sequences replays one graph. Padding rows decode token 0 at position 0 into a scratch
-page no sequence owns; their sampled ids are dropped. With lookahead on, a step of one sequence
-(no penalty, no logprobs) takes CudaEngine's single-sequence step instead, with its look-ahead
-(the next step queued on the device's own token before the host reads this one); it is off by
-default until its tokens equal CudaEngine's on the GPU.
+page no sequence owns, their step counter -1; their sampled ids are dropped.
+
+Look-ahead (on by default, tuning.BATCH_LOOKAHEAD): the graph's last kernel (step_state.
+advance_rows) makes each live row's sampled id, position + 1 and step + 1 the next step's input
+on the device, so right after a step the engine queues the next replay before the host reads
+this step's tokens. The next decode() takes that queued step where its rows continue these
+exactly (the same rows in the same order, each with the token sampled, the next position and
+counter, the same parameters and the pages the device's table holds up to that position) and
+queues the one after; otherwise the queued step is dropped (its K/V rows are rewritten before
+anything reads them) and the rows are staged as usual. Rows with a repeat penalty or logprobs,
+graphs off, tensor parallelism, and a step whose next position needs another context bucket or
+a page the row's table does not yet list, queue nothing. The scheduler lists a decode row's next
+page one step early (SchedulerConfig.lookahead) so page boundaries do not break the chain.
 
 A row that asks for logprobs gets its raw logits (before any penalty, which rewrites them in
 place: the step's graph then keeps a copy first) copied to the host, that row alone, in
@@ -27,11 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from impnb.engine_cuda import HISTORY, CudaEngine
+from impnb.graphs.replays import Replays, Ticket
 from impnb.errors import NumericalError, ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.kv import PagedKV
 from impnb.kernels.sample import argmax, sample_penalty
 from impnb.kernels.sample import sample as sample_kernels
+from impnb.kernels.sample import step_state
 from impnb.kernels.sample.nonfinite import NONFINITE_BIT, flag_nonfinite
 from impnb.models import model_config
 from impnb.models.paged_kv_cache import PagedKVPool
@@ -63,6 +74,38 @@ class DecodeRow:
     logprobs: bool = False
 
 
+@dataclass
+class Queued:
+    """A decode step queued on the device's own inputs: the graph it replays and its plan, the rows
+    it continues (the tokens they sampled, the positions and counters it runs at, their
+    parameters, the pages the device's table held for each) and the ticket of its sampled ids."""
+
+    key: tuple
+    plan: object
+    Bb: int
+    ticket: Ticket
+    tokens: np.ndarray
+    pos: list
+    n_sampled: list
+    params: list
+    pages: list
+    dirty: bool = False  # a prompt chunk ran since: the device's inputs are no longer this step's advanced
+
+    def continued_by(self, rows: list[DecodeRow]) -> bool:
+        """Whether rows are exactly the step this one runs."""
+        if len(rows) != len(self.pos):
+            return False
+        for b, r in enumerate(rows):
+            if (r.token != self.tokens[b] or r.pos != self.pos[b] or r.n_sampled != self.n_sampled[b]
+                    or r.logprobs or (r.params is not self.params[b] and r.params != self.params[b])):
+                return False
+            n = r.pos // PAGE_SIZE + 1  # the pages the step reads and writes
+            held = self.pages[b]
+            if len(held) < n or len(r.pages) < n or not np.array_equal(held[:n], np.asarray(r.pages[:n])):
+                return False
+        return True
+
+
 def _ring(history) -> np.ndarray:
     """A repeat-penalty ring (HISTORY,) of the last HISTORY tokens, -1 where fewer (the penalty
     reads the ring as a set: order does not matter)."""
@@ -82,7 +125,7 @@ class CudaBatchEngine(CudaEngine):
     owns_pages = False  # the block manager's pages (shared prefixes, preemption): no window rings
 
     def __init__(self, mf: ModelFile, n_ctx: int, kv_tokens: int, max_batch: int, graphs: bool = True,
-                 tp=None, lookahead: bool = False, tp_group=None):
+                 tp=None, lookahead: bool | None = None, tp_group=None):
         if max_batch < 1 or max_batch > BATCH_BUCKETS[-1]:
             raise ParameterError(f"max batch must be in [1, {BATCH_BUCKETS[-1]}], got {max_batch}")
         if kv_tokens < PAGE_SIZE:
@@ -107,6 +150,7 @@ class CudaBatchEngine(CudaEngine):
         self.host_steps = cuda.pinned_array(max_batch, np.int32)
         self.host_hist = cuda.pinned_array((max_batch, HISTORY), np.int32)
         self.host_outs = cuda.pinned_array(max_batch, np.int32)
+        self.host_tables_ahead = [cuda.pinned_array(self.m.kv.tables.shape, np.int32) for _ in range(2)]
         self.b_params = ctx.empty((max_batch, sample_kernels.NPARAM), np.float64)
         self.b_steps = ctx.empty(max_batch, np.int32)
         self.b_hist = ctx.empty((max_batch, HISTORY), np.int32)
@@ -115,10 +159,15 @@ class CudaBatchEngine(CudaEngine):
         self.b_argmax = argmax.argmax_scratch(max_batch)
         self.batch_graphs = {}  # (bucket, context bucket, all greedy, any penalty, keep raw) -> Graph
         self.raw_logits: dict[int, np.ndarray] = {}  # the last call's rows that asked -> (V,) float32
-        # one-sequence steps through CudaEngine.step and its look-ahead; off by default: on the GPU
-        # its tokens left CudaEngine's after the second step (test_one_sequence_steps_equal_the_single_engine)
-        self.lookahead = lookahead
-        self.single = None  # (table row bytes, params) the single-sequence step's state was set for
+        # look-ahead: the next step queued on the device's own inputs (None: graphs off, the
+        # simulator, tensor parallelism)
+        if lookahead is None:
+            lookahead = self.m.tuning.batch_lookahead
+        self.lookahead = lookahead and self.use_graphs and tp is None and tp_group is None
+        self.batch_replays = None if ctx.simulator else Replays(ctx, self.b_outs, max_batch)
+        self.queued: Queued | None = None
+        self.table_flip = 0  # which of host_tables_ahead the next table update writes
+        self.ahead_taken = self.ahead_dropped = 0  # queued steps run as queued, and dropped
         self.param_rows: dict[SamplingParams, np.ndarray] = {}  # -> (NPARAM,) float64, _param_row
 
     # ------------------------------------------------------------ one sequence's prompt
@@ -133,7 +182,8 @@ class CudaBatchEngine(CudaEngine):
         ids = np.asarray(ids, np.int32)
         if not len(ids):
             raise ParameterError("the prompt chunk is empty")
-        self._leave_single()
+        if self.queued is not None:  # it runs first (stream order); nothing is queued after it
+            self.queued.dirty = True
         if start + len(ids) > self.n_ctx:
             raise ParameterError(f"{start + len(ids)} tokens exceed the context of {self.n_ctx}")
         self._set_table_row0(pages)
@@ -181,9 +231,13 @@ class CudaBatchEngine(CudaEngine):
         longest = max(r.pos for r in rows) + 1
         if longest > self.n_ctx:
             raise ParameterError(f"position {longest - 1} is past the context of {self.n_ctx}")
-        if B == 1 and self.lookahead and not rows[0].params.penalized and not rows[0].logprobs:
-            return self._decode_one(rows[0])
-        self._leave_single()
+        queued, self.queued = self.queued, None
+        if queued is not None:
+            if queued.continued_by(rows):
+                self.ahead_taken += 1
+                return self._take_queued(queued, rows)
+            self.ahead_dropped += 1
+            self.batch_replays.wait(queued.ticket)  # dropped: its K/V rows are rewritten before they are read
         greedy = all(r.params.greedy for r in rows)
         penalty = any(r.params.penalized for r in rows)
         want = [b for b, r in enumerate(rows) if r.logprobs]
@@ -199,16 +253,69 @@ class CudaBatchEngine(CudaEngine):
             if self.use_graphs and self.graph_disabled is None:
                 self._capture_batch(key, plan, Bb, greedy, penalty, keep)
         s = self.m.ctx.nb_stream
+        self.last_step = plan
+        if self.lookahead and not (penalty or want) and self.graph_disabled is None:
+            ticket = self.batch_replays.fetch(None, B)
+            self._queue_next(key, plan, Bb, rows, [np.asarray(r.pages) for r in rows])
+            return self._collected(ticket, B)
         self.b_outs[:Bb].copy_to_host(self.host_outs[:Bb], stream=s)
         raw = self.m.arena.get("raw_logits" if keep else "logits", (Bb, self.cfg.n_vocab))
         self.raw_logits = {b: raw[b].copy_to_host(stream=s) for b in want}
         self.m.ctx.sync()
-        out = np.array(self.host_outs[:B])
+        return self._checked_rows(np.array(self.host_outs[:B]))
+
+    def _take_queued(self, q: Queued, rows: list[DecodeRow]) -> np.ndarray:
+        """rows' step, already queued: unless a prompt chunk ran since, the pages listed since go
+        into the device's tables (after the queued step, in stream order) and the step after it
+        is queued; then the queued step's ids are read."""
+        self.last_step = q.plan
+        if not q.dirty:
+            pages = q.pages
+            if any(len(r.pages) != len(p) or not np.array_equal(r.pages, p) for r, p in zip(rows, pages)):
+                self._check_tables(rows)
+                pages = [np.asarray(r.pages) for r in rows]
+                host = self.host_tables_ahead[self.table_flip]  # the other one may still feed a copy
+                self.table_flip ^= 1
+                host[:q.Bb] = self.scratch_page
+                for b, p in enumerate(pages):
+                    host[b, :len(p)] = p
+                self.m.kv.tables[:q.Bb].copy_to_device(host[:q.Bb], stream=self.m.ctx.nb_stream)
+            self._queue_next(q.key, q.plan, q.Bb, rows, pages)
+        return self._collected(q.ticket, len(rows))
+
+    def _queue_next(self, key, plan, Bb: int, rows: list[DecodeRow], pages: list) -> None:
+        """Queue the step after rows' (the graph of key again, on the device's advanced inputs)
+        where it is likely to run as queued: its longest position keeps the context bucket, every
+        row's table (pages: what the device holds) lists the page its next position writes, and
+        no row samples its last token (params.max_tokens) in rows' step."""
+        longest = max(r.pos for r in rows) + 2
+        graph = self.batch_graphs.get(key)
+        if (graph is None or longest > self.n_ctx or self.m.plan.decode_step(longest, 1, Bb).ctx_bucket != key[1]
+                or any(len(p) * PAGE_SIZE <= r.pos + 1 or r.n_sampled + 1 >= r.params.max_tokens
+                       for r, p in zip(rows, pages))):
+            return
+        ticket = self.batch_replays.launch(graph, None, len(rows))
+        # its rows' tokens are rows' step's ids, set when the host reads them (_collected)
+        self.queued = Queued(key, plan, Bb, ticket, None, [r.pos + 1 for r in rows],
+                             [r.n_sampled + 1 for r in rows], [r.params for r in rows], pages)
+
+    def _collected(self, ticket: Ticket, B: int) -> np.ndarray:
+        """The step's sampled ids from its ticket (checked); they are what the queued step continues."""
+        try:
+            out = self._checked_rows(self.batch_replays.collect_rows(ticket, B))
+        except NumericalError:
+            self._drop_queued()
+            raise
+        if self.queued is not None:
+            self.queued.tokens = out
+        self.raw_logits = {}
+        return out
+
+    def _checked_rows(self, out: np.ndarray) -> np.ndarray:
         bad = np.flatnonzero(out & NONFINITE_BIT)
         if len(bad):
-            raise NumericalError(f"the model produced NaN or inf logits for {len(bad)} of {B} sequences "
+            raise NumericalError(f"the model produced NaN or inf logits for {len(bad)} of {len(out)} sequences "
                                  f"in a decode step on the GPU; its weights are broken or its numerics overflowed")
-        self.last_step = plan
         return out
 
     def decode_logits(self, rows: list[DecodeRow]) -> np.ndarray:
@@ -218,36 +325,19 @@ class CudaBatchEngine(CudaEngine):
         if not 1 <= B <= self.max_batch:
             raise ParameterError(f"a decode step takes 1 to {self.max_batch} sequences, got {B}")
         Bb = batch_bucket(B, self.max_batch)
-        self._leave_single()
+        self._drop_queued()
         self._stage(rows, Bb, False)
         plan = self.m.plan.decode_step(max(r.pos for r in rows) + 1, 1, Bb)
         logits = self._forward(plan, last_only=True).copy_to_host(stream=self.m.ctx.nb_stream)
         self.m.ctx.sync()
         return logits[:B]
 
-    def _decode_one(self, r: DecodeRow) -> np.ndarray:
-        """One sequence's step through CudaEngine.step (its decode graph and look-ahead). The
-        engine's state (table row 0, sampling parameters, position, draw counter) is set again
-        where the row does not continue the last one: another sequence, a page added to its
-        table (a queued step may have needed it) or another position; a queued step is then
-        dropped (its KV row is rewritten before it is read)."""
-        row = self._table_row(r.pages)
-        key = (row.tobytes(), r.params)
-        if self.single != key or self.pos != r.pos or self.n_sampled != r.n_sampled:
-            self._leave_single()
-            self._set_table_row0(r.pages)
-            self.reset(r.params)
-            self.pos, self.n_sampled, self.single = r.pos, r.n_sampled, key
-        token = self.step(r.token)
-        self.raw_logits = {}
-        self.last_step = self.m.plan.decode_step(self.m.plan.ctx_bucket(r.pos + 2))
-        return np.array([token], np.int32)
-
-    def _leave_single(self) -> None:
-        """Drop a single-sequence step queued ahead before the shared buffers change."""
-        if self.single is not None:
-            self._drain()
-            self.single = None
+    def _drop_queued(self) -> None:
+        """Let a queued step finish and forget it, before the shared buffers change."""
+        if self.queued is not None:
+            self.ahead_dropped += 1
+            self.batch_replays.wait(self.queued.ticket)
+            self.queued = None
 
     def _stage(self, rows: list[DecodeRow], Bb: int, penalty: bool) -> None:
         """The step's inputs into the pinned staging buffers, then one copy each to the device."""
@@ -261,7 +351,8 @@ class CudaBatchEngine(CudaEngine):
             ids[b], pos[b], steps[b] = r.token, r.pos, r.n_sampled
             tables[b, :len(r.pages)] = r.pages
             params[b] = self._param_row(r.params)
-        ids[B:Bb] = pos[B:Bb] = steps[B:Bb] = 0  # padding rows: token 0 at position 0, greedy
+        ids[B:Bb] = pos[B:Bb] = 0  # padding rows: token 0 at position 0, greedy, not advanced
+        steps[B:Bb] = -1
         params[B:Bb] = self._param_row(PADDING)
         s, m = self.m.ctx.nb_stream, self.m
         m.ids[:Bb].copy_to_device(ids[:Bb], stream=s)
@@ -310,6 +401,8 @@ class CudaBatchEngine(CudaEngine):
             sample_kernels.sample(logits, params, steps, outs, self.b_scratch, s)
         if self.m.tp is not None:  # every rank goes on with rank 0's ids
             self.m.tp.broadcast(outs)
+        # the live rows' ids, positions and counters advanced: the next step's input (look-ahead)
+        step_state.advance_rows(outs, self.m.ids[:Bb], self.m.pos[:Bb], steps, s)
         flag_nonfinite(logits, outs, s)
 
     def _capture_batch(self, key, plan, Bb: int, greedy: bool, penalty: bool, keep: bool) -> None:

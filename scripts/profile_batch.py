@@ -160,9 +160,10 @@ def profile(args) -> dict:
             ok(driver.cuProfilerStop())
             continue
         seqs.step()
+        engine.lookahead = False  # each step staged and waited for
         host = host_times(engine, seqs, STEPS)
-        engine.lookahead = B == 1  # B = 1 also through CudaEngine.step and its look-ahead
-        ahead = host_times(engine, seqs, STEPS)["wall"] if B == 1 else None
+        engine.lookahead = True  # the next step queued before the host reads this one's tokens
+        ahead = host_times(engine, seqs, STEPS)["wall"]
         engine.lookahead = False
         replay = time_graph(graph.exec, graph.stream, 30)
         nodes, _ = ok(driver.cuGraphGetNodes(graph.graph, graph.n_nodes))

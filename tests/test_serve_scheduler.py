@@ -60,9 +60,10 @@ class EOG:
         return ""
 
 
-def make_engine(kv_tokens, block_size, budget, max_seqs, prefix_caching=True):
+def make_engine(kv_tokens, block_size, budget, max_seqs, prefix_caching=True, lookahead=0):
     ref = []
     runner = ReadBackRunner(-(-kv_tokens // block_size), block_size, ref)
+    runner.lookahead_tokens = lookahead  # decodes list their next position's block early where free
     engine = LLMEngine(runner, EOG(), N_CTX, max_seqs, budget, prefix_caching)
     ref.append(engine)
     return engine
@@ -106,12 +107,13 @@ def alone(prompt, max_tokens):
     return result.token_ids, result.finish_reason
 
 
+@pytest.mark.parametrize("lookahead", [0, 1])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_traffic_gives_each_request_its_own_output(seed):
+def test_random_traffic_gives_each_request_its_own_output(seed, lookahead):
     rng = random.Random(100 + seed)
     block_size = rng.choice([1, 2, 4, 8])
     engine = make_engine(N_CTX + rng.randrange(0, 3 * N_CTX), block_size, rng.randrange(4, 80),
-                         rng.randrange(1, 10), prefix_caching=seed % 3 != 2)
+                         rng.randrange(1, 10), prefix_caching=seed % 3 != 2, lookahead=lookahead)
     requests = traffic(seed)
     ids, step = {}, 0
     while step < 60 or engine.has_unfinished_requests():
@@ -168,6 +170,37 @@ def test_decodes_go_first_and_the_newest_is_preempted():
     assert [(s.request_id, n) for s, n in step.work] == [("0", 1), ("1", 1)] and step.preempted == [c]
     assert c.status is Status.WAITING and c.n_computed == 0 and not c.block_table
     assert sched.waiting[0] is c
+
+
+def test_a_decode_lists_its_next_block_early_where_the_pool_spares_it():
+    """lookahead 1: a decode whose next position starts a block takes that block too, unless the
+    pool would then hold fewer free blocks than running sequences, or the context ends first."""
+    from impnb.serve.block_manager import BlockManager
+    from impnb.serve.scheduler import Scheduler, SchedulerConfig
+    from impnb.serve.sequence import Sequence
+
+    blocks = BlockManager(5, 4, prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, lookahead=1, max_len=12), blocks)
+    a = Sequence([2] * 6, SamplingParams(), "a")
+    sched.add(a)
+    computed(sched.schedule())  # the prompt: 2 blocks; a's decode at position 6 needs no new block
+    computed(sched.schedule())  # position 6 (block 1); the next, 7, is in block 1 too
+    assert len(a.block_table) == 2
+    step = sched.schedule()  # position 7: the next one, 8, starts block 2, taken now
+    assert [n for _, n in step.work] == [1] and len(a.block_table) == 3 and blocks.n_free == 2
+    computed(step)
+    for _ in range(3):  # positions 8..10 in block 2; at 11 the next would be 12, past max_len
+        computed(sched.schedule())
+    assert len(a.block_table) == 3
+    sched.finish(a, "length")
+    b, c = Sequence([2] * 7, SamplingParams(), "b"), Sequence([2] * 11, SamplingParams(), "c")
+    sched.add(b)
+    sched.add(c)
+    computed(sched.schedule())  # the prompts: 2 + 3 blocks, none free left
+    assert (len(b.block_table), len(c.block_table), blocks.n_free) == (2, 3, 0)
+    step = sched.schedule()  # b at position 7 would take block 2 early: none is free, nothing preempted
+    assert [s.request_id for s, _ in step.work] == ["b", "c"] and not step.preempted
+    assert len(b.block_table) == 2 and not sched.waiting
 
 
 def test_an_older_sequence_takes_the_blocks_of_the_newest():

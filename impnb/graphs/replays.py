@@ -1,5 +1,6 @@
-"""Decode-graph replays queued ahead of the host: each copies its sampled id into a pinned slot
-and records an event, so the host reads token n while the device already runs step n + 1."""
+"""Decode-graph replays queued ahead of the host: each copies its sampled ids (one, or a batched
+step's rows) into a pinned slot and records an event, so the host reads step n's tokens while
+the device already runs step n + 1."""
 
 from dataclasses import dataclass
 
@@ -17,29 +18,46 @@ class Ticket:
 
 
 class Replays:
-    """Launch a decode graph and fetch its 4-byte result without stalling the stream."""
+    """Launch a decode graph and fetch its sampled ids (int32: one, or up to width rows) without
+    stalling the stream."""
 
-    def __init__(self, ctx, out_ids):
+    def __init__(self, ctx, out_ids, width: int = 1):
         from cuda.bindings import driver
 
         self._driver = driver
         self._stream = driver.CUstream(ctx.handle)
-        self._host = ctx.cuda.pinned_array(SLOTS, np.int32)
+        self.width = width
+        self._host = ctx.cuda.pinned_array((SLOTS, width), np.int32)
         self._src = out_ids.device_ctypes_pointer.value
         flags = driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._events = [check(driver.cuEventCreate(flags), "cuEventCreate") for _ in range(SLOTS)]
         self._next = 0
 
-    def launch(self, graph, token: int | None) -> Ticket:
+    def launch(self, graph, token: int | None, n: int = 1) -> Ticket:
+        """Replay graph (None: the step's launches were just queued) and fetch its first n ids."""
+        if graph is not None:
+            graph.replay()
+        return self.fetch(token, n)
+
+    def fetch(self, token: int | None = None, n: int = 1) -> Ticket:
+        """Queue the copy of the first n sampled ids into the next slot and its event."""
+        assert 1 <= n <= self.width
         d, slot = self._driver, self._next
         self._next = (slot + 1) % SLOTS
-        graph.replay()
-        check(d.cuMemcpyDtoHAsync(self._host.ctypes.data + 4 * slot, self._src, 4, self._stream),
+        check(d.cuMemcpyDtoHAsync(self._host[slot].ctypes.data, self._src, 4 * n, self._stream),
                "cuMemcpyDtoHAsync")
         check(d.cuEventRecord(self._events[slot], self._stream), "cuEventRecord")
         return Ticket(slot, token)
 
     def collect(self, ticket: Ticket) -> int:
-        """Wait for the ticket's replay; its sampled token id."""
+        """Wait for the ticket's replay; its (first) sampled token id."""
+        self.wait(ticket)
+        return int(self._host[ticket.slot, 0])
+
+    def collect_rows(self, ticket: Ticket, n: int) -> np.ndarray:
+        """Wait for the ticket's replay; its first n sampled ids (a copy)."""
+        self.wait(ticket)
+        return np.array(self._host[ticket.slot, :n])
+
+    def wait(self, ticket: Ticket) -> None:
         check(self._driver.cuEventSynchronize(self._events[ticket.slot]), "cuEventSynchronize")
-        return int(self._host[ticket.slot])

@@ -1,7 +1,9 @@
 """The batched CUDA engine (engine_batch.CudaBatchEngine) as a model runner: a step's decode rows
 (one token each) run as one batched decode step sampled on the GPU, its prompt chunks one
 sequence at a time into that sequence's pages. The scheduler's blocks are the engine's pages
-(block_size = PAGE_SIZE). Rows that ask for logprobs get their raw logits back with the token."""
+(block_size = PAGE_SIZE). Rows that ask for logprobs get their raw logits back with the token.
+With the engine's look-ahead, the scheduler lists each decode row's next page a step early
+(lookahead_tokens), so the step the engine queues ahead has the page it writes."""
 
 from impnb.engine_batch import CudaBatchEngine, DecodeRow
 from impnb.serve.runner import ModelRunner, StepInput, StepOutput
@@ -18,6 +20,7 @@ class CudaBatchRunner(ModelRunner):
         self.block_size = engine.m.kv.k[0].shape[1]
         self.n_blocks = engine.n_pages
         self.max_num_seqs = engine.max_batch
+        self.lookahead_tokens = 1 if engine.lookahead else 0  # the queued step's position
 
     def execute(self, step: StepInput) -> StepOutput:
         """Tokens of the sampled rows in step order: prompt chunks first as they come, then one

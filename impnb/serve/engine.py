@@ -64,8 +64,8 @@ class LLMEngine:
         self.runner, self.tokenizer, self.n_ctx = runner, tokenizer, n_ctx
         self.blocks = BlockManager(runner.n_blocks, runner.block_size,
                                    prefix_caching and runner.prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, runner.chunked_prefill),
-                                   self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, runner.chunked_prefill,
+                                                   runner.lookahead_tokens, n_ctx), self.blocks)
         self.requests: dict[str, Request] = {}
         self.ended: list[Delta] = []  # aborts, reported by the next step
         self._ids = itertools.count()

@@ -91,6 +91,7 @@ class ModelRunner:
     prefix_caching = True  # blocks may be shared between sequences
     returns_logits = False  # execute returns the sampled rows' logits (the engine samples on the host)
     logits_on_request = False  # it samples, and returns the raw logits of rows that ask (logprob_logits)
+    lookahead_tokens = 0  # positions past a decode row's that its block table lists early (a step queued ahead)
 
     def execute(self, step: StepInput) -> StepOutput:
         raise NotImplementedError

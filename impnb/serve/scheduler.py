@@ -5,7 +5,8 @@ Every step first gives each running sequence its pending tokens (one for a decod
 chunk of a prompt), decodes first, each kind oldest first; when the pool cannot hold a
 sequence's new K/V, the newest running sequence not yet in this step is preempted (its blocks
 freed, its tokens recomputed when it is admitted again) -- in the last resort the sequence
-itself. What the budget leaves goes to waiting sequences, oldest first, each taking its cached
+itself. With lookahead, a decode also takes the block of its next position where the pool
+spares it (the runner queues the following step before this one's tokens are read). What the budget leaves goes to waiting sequences, oldest first, each taking its cached
 prefix and then blocks for the chunk it gets; a sequence that does not fit waits (nothing
 behind it overtakes it).
 """
@@ -22,6 +23,8 @@ class SchedulerConfig:
     max_num_seqs: int  # sequences in one step at most
     max_num_batched_tokens: int  # the token budget of one step
     chunked_prefill: bool = True  # a prompt may be split over steps (else it needs the budget at once)
+    lookahead: int = 0  # positions past a decode's token whose blocks it also takes, where free (a step queued ahead)
+    max_len: int | None = None  # a sequence's tokens at most (the context): no block past it
 
 
 @dataclass
@@ -79,12 +82,24 @@ class Scheduler:
                     break
             else:
                 self.blocks.grow(seq, seq.n_computed + n)
+                if n == 1 and self.config.lookahead:
+                    self._reserve(seq)
                 step.work.append((seq, n))
                 budget -= n
         self.running = [s for s in self.running if s.status is Status.RUNNING]
         if not step.preempted:
             self._admit(step, budget)
         return step
+
+    def _reserve(self, seq: Sequence) -> None:
+        """A decode's blocks for the lookahead positions after it, where the pool has a block for
+        every running sequence besides and the context goes that far (never a preemption)."""
+        ahead = seq.n_computed + 1 + self.config.lookahead
+        if self.config.max_len is not None:
+            ahead = min(ahead, self.config.max_len)
+        need = self.blocks.blocks_needed(seq, ahead)
+        if need and self.blocks.n_free - need >= len(self.running):
+            self.blocks.grow(seq, ahead)
 
     def _admit(self, step: ScheduledStep, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

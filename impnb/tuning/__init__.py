@@ -150,6 +150,10 @@ WIDE_TILED = True
 # none, as at Gemma 4's sliding shape (1024 keys) it is slower than the short kernel
 # (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims.
 DECODE_TC: tuple[int, ...] = ()
+# The batched engine queues its next decode step on the device's own inputs before the host reads
+# a step's tokens (engine_batch.py, "Look-ahead"): the host's work on a step (scheduler, stops,
+# streams) then runs beside the GPU's next one; IMPNB_BATCH_LOOKAHEAD=0 turns it off.
+BATCH_LOOKAHEAD = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
@@ -283,6 +287,7 @@ class Overrides:
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
     decode_tc: tuple[int, ...] = DECODE_TC  # head dims of one sequence's decode attention on FA2's decode form
+    batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
@@ -306,7 +311,8 @@ class Overrides:
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),
-                   decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC)
+                   decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
+                   batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD))
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

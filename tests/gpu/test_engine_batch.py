@@ -206,38 +206,46 @@ def test_real_models_batch_equals_alone(name, request):
         assert np.array_equal(got[i].argmax(-1)[clear], alone[i].argmax(-1)[clear])
 
 
-@pytest.mark.xfail(strict=True, reason="the B = 1 look-ahead route's tokens leave CudaEngine's at the third "
-                   "(H200); the route is off by default (CudaBatchEngine lookahead=False)")
-@pytest.mark.parametrize("graphs", [False, True])
-def test_one_sequence_steps_equal_the_single_engine(case, graphs):
-    """B = 1 steps take CudaEngine's step with its look-ahead: greedy and seeded tokens equal a
-    CudaEngine's alone, through a page added mid-stream, another sequence's steps in between (alone,
-    and beside a third: each drops the queued step) and a prompt prefilled between two steps."""
-    from impnb.engine_cuda import CudaEngine
+def lookahead_script(engine, seqs, params):
+    """Three sequences through decode(): the first alone, its pages listed one position early (the
+    block of its next position with the step before); the second joining with its pages listed
+    only when reached; a third prefilled between two steps of the same rows, joining a step later;
+    the second leaving.
+    -> each sequence's tokens."""
+    pages = page_sets(3, 3, engine.n_pages, 7)
+    n = (28, 29, 9)
+    toks = [[int(engine.prefill_seq(seqs[i][:n[i]], 0, pages[i][:1 + n[i] // PAGE_SIZE], params[i]))] for i in (0, 1)]
+    toks.append([])
+    for j in range(16):
+        if j == 8:
+            toks[2].append(int(engine.prefill_seq(seqs[2][:n[2]], 0, pages[2][:1], params[2])))
+        live = [0] + ([1] if 3 <= j < 12 else []) + ([2] if j >= 9 else [])
+        rows = []
+        for i in live:
+            pos = n[i] + len(toks[i]) - 1
+            early = 1 if i == 0 else 0
+            rows.append(DecodeRow(toks[i][-1], pos, pages[i][:1 + (pos + early) // PAGE_SIZE], params[i], len(toks[i])))
+        for i, t in zip(live, engine.decode(rows)):
+            toks[i].append(int(t))
+    return toks
 
+
+def test_lookahead_steps_equal_staged_steps(case):
+    """With look-ahead each step queues the next on the device's own inputs; every sequence's
+    tokens (greedy, and seeded draws) equal those of the same engine staging every step, through
+    page boundaries (a block listed early keeps the chain, one listed late breaks it), rows joining
+    and leaving, and a prompt prefilled between steps; and queued steps do run as queued."""
     mf, seqs, _ = case
     seeded = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, seed=5)
-    for params in (GREEDY, seeded):
-        n, steps = 28, 12  # positions 28..39 cross the page boundary at 32
-        single = CudaEngine(mf, N_CTX, graphs=graphs)
-        single.reset(params)
-        want = [single.prefill(seqs[0][:n])]
-        want += [single.step(want[-1]) for _ in range(steps)]
-        del single
-        engine = CudaBatchEngine(mf, N_CTX, kv_tokens=8 * PAGE_SIZE, max_batch=4, graphs=graphs, lookahead=True)
-        pages = page_sets(3, 2, engine.n_pages, 6)
-        got = [int(engine.prefill_seq(seqs[0][:n], 0, pages[0][:1], params, 0))]
-        other = [int(engine.prefill_seq(seqs[1][:5], 0, pages[1], GREEDY))]
-        third = []
-        for j in range(steps):
-            pos = n + j
-            mine = DecodeRow(got[-1], pos, pages[0][:1 + pos // PAGE_SIZE], params, len(got))
-            got.append(int(engine.decode([mine])[0]))
-            if j == 3:  # the other sequence alone
-                other.append(int(engine.decode([DecodeRow(other[-1], 5, pages[1], GREEDY, 1)])[0]))
-            if j == 5:
-                third.append(int(engine.prefill_seq(seqs[2][:9], 0, pages[2], GREEDY)))
-            if j == 7:  # the other two together
-                rows = [DecodeRow(other[-1], 6, pages[1], GREEDY, 2), DecodeRow(third[-1], 9, pages[2], GREEDY, 1)]
-                engine.decode(rows)
-        assert got == want, (params, got, want)
+    for params in ((GREEDY,) * 3, (seeded, GREEDY, SamplingParams(temperature=1.1, seed=9))):
+        out = {}
+        for lookahead in (False, True):
+            engine = CudaBatchEngine(mf, N_CTX, kv_tokens=10 * PAGE_SIZE, max_batch=4, lookahead=lookahead)
+            out[lookahead] = lookahead_script(engine, seqs, params)
+            print(f"lookahead {lookahead}: queued steps taken {engine.ahead_taken}, dropped {engine.ahead_dropped}")
+            if lookahead:
+                assert engine.ahead_taken >= 8
+            else:
+                assert engine.ahead_taken == engine.ahead_dropped == 0
+            del engine
+        assert out[True] == out[False], params

@@ -47,7 +47,7 @@ def test_stage_rows_and_padding(engine):
         m = engine.m
         assert m.ids.copy_to_host()[:4].tolist() == [r.token for r in rows] + [0]
         assert m.pos.copy_to_host()[:4].tolist() == [r.pos for r in rows] + [0]
-        assert engine.b_steps.copy_to_host()[:4].tolist() == [4, 5, 6, 0]
+        assert engine.b_steps.copy_to_host()[:4].tolist() == [4, 5, 6, -1]  # padding: not advanced
         tables = m.kv.tables.copy_to_host()[:4]
         for b in range(4):
             listed = pages[b] if b < 3 else np.zeros(0, np.int32)  # the padding row: none
@@ -69,3 +69,25 @@ def test_bad_block_table_is_a_parameter_error(engine):
         bad = DecodeRow(3, 4, np.array(pages, np.int32), SamplingParams(temperature=0.0), 1)
         with pytest.raises(ParameterError, match="block table"):
             engine._stage([good, bad], 2, penalty=False)
+
+
+def test_advance_rows_moves_the_live_rows_alone():
+    """The batched step's last kernel: each live row's sampled id, position + 1 and counter + 1 become
+    its next input; padding rows (counter -1) keep what was staged; against advance_rows_ref."""
+    from numba import cuda
+
+    from impnb.kernels.sample import step_state
+
+    rng = np.random.default_rng(5)
+    B = 7
+    outs = rng.integers(0, 50000, B).astype(np.int32)
+    ids = rng.integers(0, 50000, B).astype(np.int32)
+    pos = rng.integers(0, 4000, B).astype(np.int32)
+    steps = rng.integers(0, 300, B).astype(np.int32)
+    steps[[2, 5, 6]] = -1
+    d = [cuda.to_device(a) for a in (outs, ids, pos, steps)]
+    step_state.advance_rows(*d, 0)
+    step_state.advance_rows_ref(outs, ids, pos, steps)
+    for got, want in zip(d[1:], (ids, pos, steps)):
+        assert np.array_equal(got.copy_to_host(), want)
+    assert ids[2] != outs[2] and steps[5] == -1
