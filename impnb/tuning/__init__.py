@@ -147,9 +147,10 @@ WIDE_TILED = True
 # Head dims whose one-sequence decode attention (a token a step) runs on FA2's tensor-core tiles in
 # their decode form (attention_fa2_decode.py: a block's tile rows the query heads of one KV head,
 # the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels above:
-# none, as at Gemma 4's sliding shape (1024 keys) it is slower than the short kernel
-# (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims.
-DECODE_TC: tuple[int, ...] = ()
+# Gemma 4's global heads of 512, where it made tg128 at depth 4096 faster than attention_wide_tiled;
+# not 256, where Gemma 4's sliding layers (1024 keys) run faster on the short kernel
+# (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims, IMPNB_DECODE_TC=0 none.
+DECODE_TC: tuple[int, ...] = (512,)
 # The batched engine queues its next decode step on the device's own inputs before the host reads
 # a step's tokens (engine_batch.py, "Look-ahead"): the host's work on a step (scheduler, stops,
 # streams) then runs beside the GPU's next one; IMPNB_BATCH_LOOKAHEAD=0 turns it off.

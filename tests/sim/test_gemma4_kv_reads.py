@@ -3,7 +3,8 @@ launch recorded and none run (launch_trace): tiny models of impnb/synthetic_full
 after a prompt chunk past the sliding window, on prefill and on the short and split decode
 kernels. Every layer attends over its kv_layer's pools (a KV-shared layer over its source's
 pages, the same arrays), with its own window (the sliding layers') and scale 1, heads of 512 on
-attention_wide at decode and on FA2 in prefill; only the layers that own their K/V write them,
+FA2's decode form at a one-token step (DECODE_TC; attention_wide with IMPNB_DECODE_TC=0 and at
+steps of more rows) and on FA2 in prefill; only the layers that own their K/V write them,
 into their own pools, before they attend."""
 
 import types as pytypes
@@ -81,6 +82,7 @@ def test_layers_read_their_kv_layers_pages_and_window(paths, monkeypatch, varian
 
     if not short:
         monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    monkeypatch.setenv("IMPNB_DECODE_TC", "0")  # heads of 512 on attention_wide (FA2's decode form: below)
     engine = CudaEngine(open_model_file(paths[variant]), 64, graphs=False)
     m = engine.m
     cfg = m.cfg
@@ -114,6 +116,7 @@ def test_window_layers_decode_short_on_their_own_pages(paths, monkeypatch, varia
     whole pools' table."""
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "256")
     monkeypatch.setenv("IMPNB_WINDOW_RING", "1" if ring else "0")
+    monkeypatch.setenv("IMPNB_DECODE_TC", "0")  # heads of 512 on attention_wide (FA2's decode form: below)
     engine, calls = prefilled(paths[variant], monkeypatch)
     m = engine.m
     cfg = m.cfg
