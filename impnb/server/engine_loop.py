@@ -6,10 +6,12 @@ A request that a step cannot serve (an error inside the engine) fails with the o
 step, and the engine is left with no sequence: the server keeps answering."""
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
 import traceback
+import weakref
 from dataclasses import dataclass
 
 from impnb.errors import ImpnbError
@@ -18,6 +20,45 @@ from impnb.server.metrics import Metrics
 
 log = logging.getLogger("impnb.server")
 IDLE_WAIT_S = 0.5  # how long the idle loop sleeps between looks at the stop flag
+
+
+class Mailbox:
+    """What the engine thread hands to one event loop's queues. A wake-up of the loop drains
+    everything posted since, so a step of B requests (or several steps while the loop is busy)
+    costs one write to the loop's self-pipe, not one an item: those writes had been the engine
+    thread's largest cost after the step itself."""
+
+    _of_loop: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.items: collections.deque = collections.deque()
+        self.pending = False  # a drain is scheduled and has not begun
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> "Mailbox":
+        box = cls._of_loop.get(loop)
+        if box is None:
+            box = cls._of_loop[loop] = cls(loop)
+        return box
+
+    def post(self, out: asyncio.Queue, item) -> None:
+        """Queue item for out (from any thread); FIFO across every queue of the loop."""
+        self.items.append((out, item))
+        if not self.pending:
+            self.pending = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # its event loop has closed (the server is stopping): nobody listens
+                self.items.clear()
+
+    def _drain(self) -> None:
+        # the flag first: an item posted while this runs schedules another drain, never waits
+        self.pending = False
+        items = self.items
+        while items:
+            out, item = items.popleft()
+            out.put_nowait(item)
 
 
 @dataclass
@@ -30,10 +71,7 @@ class Job:
     out: asyncio.Queue
 
     def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-        except RuntimeError:  # its event loop has closed (the server is stopping): nobody listens
-            pass
+        Mailbox.of(self.loop).post(self.out, item)
 
 
 @dataclass
