@@ -36,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from impnb.engine_cuda import HISTORY, CudaEngine
-from impnb.graphs.replays import Replays, Ticket
 from impnb.errors import NumericalError, ParameterError, UnsupportedError
 from impnb.gguf_file import ModelFile
 from impnb.gpu.kv import PagedKV
+from impnb.graphs.replays import Replays, Ticket
 from impnb.kernels.sample import argmax, sample_penalty
 from impnb.kernels.sample import sample as sample_kernels
 from impnb.kernels.sample import step_state
@@ -84,7 +84,7 @@ class Queued:
     plan: object
     Bb: int
     ticket: Ticket
-    tokens: np.ndarray
+    tokens: np.ndarray | None  # None until the host reads the step it continues
     pos: list
     n_sampled: list
     params: list
@@ -182,10 +182,10 @@ class CudaBatchEngine(CudaEngine):
         ids = np.asarray(ids, np.int32)
         if not len(ids):
             raise ParameterError("the prompt chunk is empty")
-        if self.queued is not None:  # it runs first (stream order); nothing is queued after it
-            self.queued.dirty = True
         if start + len(ids) > self.n_ctx:
             raise ParameterError(f"{start + len(ids)} tokens exceed the context of {self.n_ctx}")
+        if self.queued is not None:  # it runs first (stream order); nothing is queued after it
+            self.queued.dirty = True
         self._set_table_row0(pages)
         self.reset(params)
         self.pos = start
@@ -276,9 +276,7 @@ class CudaBatchEngine(CudaEngine):
                 pages = [np.asarray(r.pages) for r in rows]
                 host = self.host_tables_ahead[self.table_flip]  # the other one may still feed a copy
                 self.table_flip ^= 1
-                host[:q.Bb] = self.scratch_page
-                for b, p in enumerate(pages):
-                    host[b, :len(p)] = p
+                self._fill_tables(host, pages, q.Bb)
                 self.m.kv.tables[:q.Bb].copy_to_device(host[:q.Bb], stream=self.m.ctx.nb_stream)
             self._queue_next(q.key, q.plan, q.Bb, rows, pages)
         return self._collected(q.ticket, len(rows))
@@ -346,10 +344,9 @@ class CudaBatchEngine(CudaEngine):
         ids, pos, steps, tables, params = (self.host_ids, self.host_pos, self.host_steps, self.host_tables,
                                            self.host_params)
         self._check_tables(rows)
-        tables[:Bb] = self.scratch_page
+        self._fill_tables(tables, [r.pages for r in rows], Bb)
         for b, r in enumerate(rows):
             ids[b], pos[b], steps[b] = r.token, r.pos, r.n_sampled
-            tables[b, :len(r.pages)] = r.pages
             params[b] = self._param_row(r.params)
         ids[B:Bb] = pos[B:Bb] = 0  # padding rows: token 0 at position 0, greedy, not advanced
         steps[B:Bb] = -1
@@ -366,6 +363,12 @@ class CudaBatchEngine(CudaEngine):
                 if r.history is not None:
                     self.host_hist[b] = _ring(r.history)
             self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
+
+    def _fill_tables(self, host: np.ndarray, pages: list, Bb: int) -> None:
+        """host[:Bb] = each row's pages, the scratch page past them and on padding rows."""
+        host[:Bb] = self.scratch_page
+        for b, p in enumerate(pages):
+            host[b, :len(p)] = p
 
     def _check_tables(self, rows: list[DecodeRow]) -> None:
         """ParameterError unless every row's block table lists at most max_pages pages in

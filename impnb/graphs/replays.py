@@ -34,9 +34,8 @@ class Replays:
         self._next = 0
 
     def launch(self, graph, token: int | None, n: int = 1) -> Ticket:
-        """Replay graph (None: the step's launches were just queued) and fetch its first n ids."""
-        if graph is not None:
-            graph.replay()
+        """Replay graph and fetch its first n sampled ids."""
+        graph.replay()
         return self.fetch(token, n)
 
     def fetch(self, token: int | None = None, n: int = 1) -> Ticket:

@@ -6,9 +6,10 @@ chunk of a prompt), decodes first, each kind oldest first; when the pool cannot 
 sequence's new K/V, the newest running sequence not yet in this step is preempted (its blocks
 freed, its tokens recomputed when it is admitted again) -- in the last resort the sequence
 itself. With lookahead, a decode also takes the block of its next position where the pool
-spares it (the runner queues the following step before this one's tokens are read). What the budget leaves goes to waiting sequences, oldest first, each taking its cached
-prefix and then blocks for the chunk it gets; a sequence that does not fit waits (nothing
-behind it overtakes it).
+spares it (the runner queues the following step before this one's tokens are read). What the
+budget leaves goes to waiting sequences, oldest first, each taking its cached prefix and then
+blocks for the chunk it gets; a sequence that does not fit waits (nothing behind it overtakes
+it).
 """
 
 from collections import deque

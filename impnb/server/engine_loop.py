@@ -70,8 +70,11 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
 
+    def __post_init__(self):
+        self.box = Mailbox.of(self.loop)  # made on the loop's own thread, where the request arrives
+
     def put(self, item) -> None:
-        Mailbox.of(self.loop).post(self.out, item)
+        self.box.post(self.out, item)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 After it, replaying the graph again runs the following step with no host copy in between, so
 the host can queue step n + 1 before it reads token n. One sequence: `advance`; the batched
-engine's B rows: `advance_rows` (its padding rows, step counter -1, stay as staged). Numpy twins: `advance_ref`,
-`advance_rows_ref`.
+engine's B rows: `advance_rows` (its padding rows, step counter -1, stay as staged). Numpy
+twins: `advance_ref`, `advance_rows_ref`.
 """
 
 import numpy as np
