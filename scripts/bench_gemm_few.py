@@ -1,7 +1,8 @@
-"""The few-row GEMM (kernels/gemm/gemm_few.py) at a model's shapes over split counts (splits_for's
-times each scale): µs per call (the split reduce included) rotating over all layers' copies in
-one CUDA graph (tune_gemm's timing), and the weight's GB/s at the best.
-    python scripts/bench_gemm_few.py -m MODEL [--rows 16,32,64,128] [--split-scale 0.5,1,2]
+"""The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
+quantization included) at a model's shapes over split counts (splits_for's times each scale): µs
+per call (the split reduce included) rotating over all layers' copies in one CUDA graph
+(tune_gemm's timing), and the weight's GB/s at the best.
+    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq]
 """
 
 import argparse
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq  # noqa: E402
 from impnb.kernels.gemv import gemv_stream  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from scripts.tune_gemm import weights_by_shape  # noqa: E402
@@ -27,35 +28,59 @@ def main() -> int:
     ap.add_argument("--rows", default="16,32,64,128")
     ap.add_argument("--split-scale", default="0.5,1,2")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--kernels", default="few,mmq")
+    ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168",
+                    help="the int8 GEMM's token tiles a block[:register cap, 0 none; default REGS's] to time")
+    ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
     rng = np.random.default_rng(0)
     sms = gemv_stream.sm_count()
     groups, _ = weights_by_shape(m)
     for (t, N, K), ws in groups.items():
-        if not gemm_few.supports(t, K):
+        if args.shapes and f"{t.name} {N}x{K}" not in args.shapes.split(","):
             continue
-        for M in map(int, args.rows.split(",")):
-            x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
-            y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-            S0 = gemm_few.splits_for(M, N, K, sms=sms)
-            row = []
-            for S in sorted({max(1, min(K // gemm_few.GROUP, round(S0 * float(f))))
-                             for f in args.split_scale.split(",")} | {S0}):
-                part = m.ctx.upload(np.zeros((S, M, N), np.float32))
-
-                def call(i, S=S, part=part):
-                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
-                for i in range(len(ws)):
-                    call(i)
-                m.ctx.sync()
-                row.append((graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps), S))
-            best = min(row)
-            default = next(us for us, S in row if S == S0)
-            print(f"{t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
-                  f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
-                  + " ".join(f"S{S}={us:.1f}" for us, S in row), flush=True)
+        for name in args.kernels.split(","):
+            mod = {"few": gemm_few, "mmq": gemm_mmq}[name]
+            if not mod.supports(t, K):
+                continue
+            for M in map(int, args.rows.split(",")):
+                bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args)
     return 0
+
+
+def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
+    x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
+    x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
+    xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
+    y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
+    S0 = mod.splits_for(M, N, K, sms=sms)
+    variants = [(None, 0)] if name == "few" else [
+        tuple(int(f) for f in (v + ":-1").split(":")[:2]) for v in args.mmq_variants.split(",")]
+    for ni, regs in variants:
+        if ni is not None and ni > -(-M // 8):
+            continue
+        row = []
+        for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
+                         for f in args.split_scale.split(",")} | {S0}):
+            part = m.ctx.upload(np.zeros((S, M, N), np.float32))
+
+            def call(i, S=S, part=part):
+                if name == "few":
+                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
+                else:
+                    gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
+                                      regs=None if regs < 0 else regs)
+            for i in range(len(ws)):
+                call(i)
+            m.ctx.sync()
+            row.append((graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps), S))
+        best = min(row)
+        default = next(us for us, S in row if S == S0)
+        tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "")
+        print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
+              f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
+              + " ".join(f"S{S}={us:.1f}" for us, S in row), flush=True)
 
 
 if __name__ == "__main__":

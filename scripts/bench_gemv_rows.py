@@ -5,12 +5,15 @@ For each model's matrices as DeviceModel holds them (Q|K|V or Q|K stacked, V, at
 gate|up, down, the logits; one entry per distinct type, shape and use, timed rotating over every
 layer's copy so that the weights come from HBM as in a step) and each T: the path MatMul takes
 today (gemv_dp4a / gemv / gemv_stacked up to 8 rows, the GEMM path past that), and at T = 2..8
-gemv_dp4a_multi in each of --variants (int8 x's quantize_x launch included in both dp4a paths),
+gemv_dp4a_multi in each of --variants (int8 x's quantize_x launch included in both dp4a paths)
+and the int8 GEMM gemm_mmq ("mmq": its x quantization, split reduce and, for gate|up, the
+activation kernel included),
 past 8 the split-K tiles (informational: tune_gemm.py's table chooses GEMM paths).
 --reps calls captured in a CUDA graph, median of 5 replays; a variant's output must match the
 default path's within 2e-2 of its largest value to count (int8 x against a float-x default). The table keeps, per T bucket
 (gemv_dispatch.T_BUCKETS), the fastest variant where it beat the default path by more than 3%
-at that bucket's T; a printed table gives every time.
+at that bucket's T; a printed table gives every time. The table's entries for shapes not measured
+now stay where it is of the same GPU.
     python scripts/bench_gemv_rows.py -m a.gguf,b.gguf [--tokens 1,2,4,8,16,32,64] [--variants ...]
         [--reps 20] [--out PATH] [--json PATH]
 """
@@ -33,6 +36,7 @@ from impnb.gpu import gemm_dispatch  # noqa: E402
 from impnb.gpu import gemv_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
+from impnb.kernels.gemm import gemm_mmq  # noqa: E402
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_multi import MAX_T, MIN_T  # noqa: E402
 from impnb.launch.cubin import arch_cc  # noqa: E402
@@ -85,7 +89,7 @@ def output(m, use, y, sizes):
     return y.copy_to_host()
 
 
-def cases(m, tokens, variants, rng) -> list:
+def cases(m, tokens, variants, rng, mmq: bool = True) -> list:
     """(key, T, use, x, y, sizes, {run name: Linears to rotate over}) of every shape and T."""
     out = []
     for (t, N, K, use), lins in groups_of(m).items():
@@ -99,6 +103,8 @@ def cases(m, tokens, variants, rng) -> list:
                 for v in variants:
                     if v.rows // (2 if use == "glu" else 1) <= N and v.span <= K // 32:
                         runs[v.name] = [dataclasses.replace(lin, multi={n_tok: v}) for lin in lins]
+                if mmq and gemm_mmq.supports(t, K):
+                    runs[gd.MMQ] = [dataclasses.replace(lin, multi={n_tok: gd.MMQ}) for lin in lins]
             elif n_tok > MAX_T and use != "split" and t in QUANT_TYPES:  # the split-K tiles beside the table's path
                 paths = {b: "splitk" for b in gemm_dispatch.M_BUCKETS}
                 runs["splitk"] = [dataclasses.replace(lin, gemm_paths=paths) for lin in lins]
@@ -152,8 +158,14 @@ def main() -> int:
             if best and n_tok in gd.T_BUCKETS and us[best] * MARGIN < us["default"]:
                 choices.setdefault(key, {})[str(n_tok)] = best
         del m, todo
+    models = args.models
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    if old.get("gpu") == gpu_name():  # other models' shapes stay; this run's shapes are replaced
+        measured = {r["key"] for r in rows}
+        choices = {**{k: v for k, v in old["choices"].items() if k not in measured}, **choices}
+        models = ",".join(dict.fromkeys(old["models"].split(",") + args.models.split(",")))
     table = {"note": "written by scripts/bench_gemv_rows.py on the GPU named", "gpu": gpu_name(),
-             "models": args.models, "choices": choices}
+             "models": models, "choices": choices}
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {args.out}: {sum(len(v) for v in choices.values())} (shape, T) entries")
     if args.json:

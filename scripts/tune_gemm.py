@@ -2,12 +2,12 @@
 
 For each model's matrices as DeviceModel holds them (Q|K|V or its parts, attn_output, ffn_gate_up
 or ffn_gate / ffn_up, ffn_down, the output matrix; the stacked Q|K|V on cuBLAS, the split-K tiles
-and the few-row GEMM only; one entry
+and the few-row GEMMs only; one entry
 per distinct type and shape, timed rotating over all layers' copies, as a prefill chunk reads them) and each M bucket: cuBLAS on a dequantized copy against
 the mma.sync tiles at bm 64 and 128 and the wgmma tiles (MatMul.gemm in gpu/linear.py, x cast included in
 all). --reps calls captured in a CUDA graph (no host launch cost, as in a prefill graph), warm-up first, median of
 5 replays; a tile's output must match cuBLAS's
-(max |diff| / max |ref| < 1e-2) to count. The table keeps the shapes where a tile won by more
+(max |diff| / max |ref| < 1e-2; x's int8 rounding on "mmq" is well inside it) to count. The table keeps the shapes where a tile won by more
 than 3%, and at up to 32 rows those where one came within 1.6x of cuBLAS (a short prompt then
 makes no cuBLAS handle: gemm_dispatch.table_choice); a printed table gives every time and the
 speed-up. --from-json rebuilds the choices from an earlier run's --json file, without a GPU. Shapes measured now replace their
@@ -32,14 +32,14 @@ from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq  # noqa: E402
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
 NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_qk", "attn_q",
          "attn_k", "attn_v")
-SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS or the split-K tiles only
+SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS, the split-K tiles or the few-row GEMMs
 
 
 def weights_by_shape(m) -> tuple[dict, set]:
@@ -104,7 +104,8 @@ def main() -> int:
                 ys = {p: m.ctx.upload(np.full((M, N), np.nan, np.float32)) for p in gd.PATHS}
                 paths = [p for p in gd.PATHS if (p != "wgmma" or K % WG_BK == 0)
                          and (p != "few" or gemm_few.supports(t, K))
-                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few"))]
+                         and (p != "mmq" or gemm_mmq.supports(t, K))
+                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few", "mmq"))]
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:

@@ -1,6 +1,7 @@
 """Which decode GEMV runs a weight at T = 2..8 rows (a batched decode step): the multi-token dp4a
-kernel (kernels/gemv/gemv_dp4a_multi.py) in a measured variant, or, where the table has no entry,
-the path MatMul takes otherwise (gemv_dp4a's T-token kernel, gemv.py, gemv_stacked).
+kernel (kernels/gemv/gemv_dp4a_multi.py) in a measured variant, the int8 tensor-core GEMM
+(kernels/gemm/gemm_mmq.py: the entry "mmq", MMQ), or, where the table has no entry, the path
+MatMul takes otherwise (gemv_dp4a's T-token kernel, gemv.py, gemv_stacked).
 
 A measured choice per (weight type, N x K, use, T bucket), kept as data in
 impnb/tuning/gemv_rows_table.json, which scripts/bench_gemv_rows.py writes on the GPU (it lists
@@ -17,6 +18,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as T
 
 from impnb import tuning
+from impnb.kernels.gemm import gemm_mmq
 from impnb.kernels.gemv.gemv_dp4a_multi import MAX_T, MIN_T, VARIANT_ROWS
 from impnb.kernels.gemv.gemv_variants import Variant
 
@@ -42,8 +44,14 @@ def shape_key(ggml_type: T, N: int, K: int, use: str) -> str:
     return f"{T(ggml_type).name} {N}x{K} {use}"
 
 
-def parse_variant(name: str) -> Variant:
-    """'s32u1r4' -> Variant(32, 1, 4) (Variant.name's inverse); ValueError where malformed."""
+MMQ = "mmq"  # a table entry (and Linear.multi value) naming gemm_mmq in place of a GEMV
+
+
+def parse_variant(name: str) -> Variant | str:
+    """'s32u1r4' -> Variant(32, 1, 4) (Variant.name's inverse), 'mmq' -> MMQ; ValueError where
+    malformed."""
+    if name == MMQ:
+        return MMQ
     try:
         span, rest = name[1:].split("u")
         unroll, rows = rest.split("r")
@@ -78,10 +86,13 @@ def choose(ggml_type: T, N: int, K: int, use: str, table: dict | None = None, fo
     force (a variant's name: IMPNB_GEMV_ROWS_FORCE), that variant at every T where it fits N."""
     if force:
         v = parse_variant(force)
+        if v == MMQ:
+            return {n: MMQ for n in range(MIN_T, MAX_T + 1)} if gemm_mmq.supports(ggml_type, K) else {}
         fits = v.rows // (2 if use == "glu" else 1) <= N and (use != "glu" or v.rows % 2 == 0)
         return {n: v for n in range(MIN_T, MAX_T + 1)} if fits else {}
     by_t = (load_table() if table is None else table).get(shape_key(ggml_type, N, K, use), {})
-    out = {n: by_t[t_bucket(n)] for n in range(MIN_T, MAX_T + 1) if t_bucket(n) in by_t}
+    out = {n: by_t[t_bucket(n)] for n in range(MIN_T, MAX_T + 1) if t_bucket(n) in by_t
+           and (by_t[t_bucket(n)] != MMQ or gemm_mmq.supports(ggml_type, K))}
     if out:
         log.debug("gemv %s: gemv_dp4a_multi at T %s", shape_key(ggml_type, N, K, use), sorted(out))
     return out

@@ -1,13 +1,14 @@
 """Running a Linear (gpu/weights.py) on the kernels chosen for it: y = x · Wᵀ, float32 in and out.
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
-for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py); on dp4a with x in int8
+for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py), or on the int8 GEMM
+gemm_mmq where it lists MMQ (x's pre-norm in its quantization, a residual and GLU unfused); on dp4a with x in int8
 for the Linears whose `dp4a` is set (a residual tail there where DP4A_TAIL), gemv_stream for
 `stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
 per-token gate fused where asked). Past that a
-GEMM on the Linear's measured path: tensor-core tiles on the stored weight, or dequantization to
-fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the split-K tiles or the few-row GEMM
-where its table entry says so, else cuBLAS. Scratch buffers come from the arena.
+GEMM on the Linear's measured path: tensor-core tiles on the stored weight (fp16 x, or x in int8
+on "mmq"), or dequantization to fp16 and cuBLAS (the fallback). The stacked Q|K|V takes the
+split-K tiles or the few-row GEMMs where its table entry says so, else cuBLAS. Scratch buffers come from the arena.
 Legend: T tokens, K input width, N output rows.
 """
 
@@ -15,12 +16,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from impnb.gpu import gemm_dispatch
+from impnb.gpu.gemv_dispatch import MMQ
 from impnb.gpu.plan import StepPlan
 from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm import gemm_few
+from impnb.kernels.gemm import gemm_few, gemm_mmq
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -46,6 +48,12 @@ class MatMul:
         GEMV's tail (GEMV_TAIL), else a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
         multi = lin.multi.get(x.shape[0])
+        if multi == MMQ:
+            assert xq is None, "gemm_mmq quantizes its own x"
+            self.mmq(x, lin, y, norm, accumulate)
+            if residual is not None:
+                residual.unfused(y, s)
+            return
         if multi and (residual is None or not self.tuning.gemv_tail):
             gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
             if residual is not None:
@@ -76,6 +84,13 @@ class MatMul:
         if residual is not None:
             residual.unfused(y, s)
 
+    def mmq(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False) -> None:
+        """gemm_mmq of x (or of RMSNorm(x) * wn with norm) into y (y += with accumulate)."""
+        w, (M, N) = lin.w, y.shape
+        S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+        gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
+                          self.ctx.nb_stream, S, accumulate, norm=norm)
+
     def dp4a(self, x, lin: Linear, y, norm: tuple | None, accumulate: bool = False, glu: int = gemv.NO_GLU) -> None:
         """gemv_dp4a of x (T <= GEMV_MAX_ROWS), or of RMSNorm(x) * wn with norm, made int8 by
         quantize_x first."""
@@ -84,7 +99,8 @@ class MatMul:
     def takes_int8(self, lin: Linear, n_tok: int) -> bool:
         """Whether split(x, lin, ...) of n_tok rows reads x's int8 form (gemv_dp4a_multi, or gemv_dp4a
         at one token), so that it may take one written before (split's xin)."""
-        return bool(lin.multi.get(n_tok)) or (n_tok == 1 and lin.dp4a)
+        multi = lin.multi.get(n_tok)
+        return (bool(multi) and multi != MMQ) or (n_tok == 1 and lin.dp4a)
 
     def takes_gated(self, lin: Linear, n_tok: int) -> bool:
         """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has
@@ -107,7 +123,7 @@ class MatMul:
 
     def gemm(self, x, w, y, path: str) -> None:
         """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
-        along K into splits_for's parts on "splitk" and "few"); cuBLAS reads an fp16 copy dequantized
+        along K into splits_for's parts on "splitk", "few" and "mmq"); cuBLAS reads an fp16 copy dequantized
         into a scratch buffer."""
         if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
@@ -121,6 +137,11 @@ class MatMul:
             M, N = y.shape
             S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
             gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
+        elif path == "mmq":
+            M, N = y.shape
+            S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
+                              self.ctx.nb_stream, S)
         else:
             gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
 
@@ -131,6 +152,13 @@ class MatMul:
         input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T)."""
         w = lin.w
         multi = lin.multi.get(x.shape[0])
+        if multi == MMQ:
+            assert xin is None, "gemm_mmq quantizes its own x"
+            M = x.shape[0]
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
+                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
+            return
         if multi:
             gemv_dp4a_multi_split(w, xin if xin is not None else self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
             return
@@ -147,6 +175,11 @@ class MatMul:
             return
         assert norm is None, "GEMM: no fused norm"
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
+        if path == "mmq":
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
+                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+            return
         if path in ("splitk", "few"):
             few = path == "few"
             S = (gemm_few.splits_for if few else splits_for)(M, w.rows, w.cols, sms=gemv_stream.sm_count())
@@ -176,6 +209,11 @@ class MatMul:
         w, n_tok, s = lin.w, x.shape[0], self.ctx.nb_stream
         act_id = gemv.GELU if act == "gelu" else gemv.SILU
         multi = lin.multi.get(n_tok)
+        if multi == MMQ:
+            gate_up = self.arena.get("gate_up", (n_tok, w.rows))
+            self.mmq(x, lin, gate_up, norm)
+            (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
+            return
         if multi:
             gemv_dp4a_multi(w, self.quantized(x, norm), y, s, multi, glu=act_id)
             return
@@ -193,7 +231,7 @@ class MatMul:
         """Where decode attention (the short kernel) of a layer of this window writes its output's
         int8 form for lin (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
         if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T and step.short_for(window)
-                and lin.int8_x and step.rows <= GEMV_MAX_ROWS):
+                and lin.int8_x and step.rows <= GEMV_MAX_ROWS and lin.multi.get(step.rows) != MMQ):
             return self.xq_buffers(step.rows, lin.w.cols, "attn_xq")
         return None
 
@@ -219,6 +257,12 @@ class MatMul:
         a = self.arena
         return QuantX(a.get(name, (n_tok, K // 4), np.uint32), a.get(name + "_d", (n_tok, K // GROUP)),
                       a.get(name + "_s", (n_tok, K // GROUP)))
+
+    def x32_buffers(self, n_tok: int, K: int) -> gemm_mmq.QuantX32:
+        """The buffers of gemm_mmq's int8 form of a (T, K) input (rows up to its token slabs)."""
+        MP = gemm_mmq.slab_rows(n_tok)
+        return gemm_mmq.QuantX32(self.arena.get("xq32", (MP, K // 4), np.uint32),
+                                 self.arena.get("xq32_ds", (K // gemm_mmq.XGROUP, MP, 2)))
 
     def x16(self, x):
         """x cast to fp16 into a scratch buffer (a GEMM's A operand)."""

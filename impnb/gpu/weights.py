@@ -46,7 +46,7 @@ class Linear:
     stream: bool  # T = 1 GEMVs of plain x on gemv_stream (STREAM_MIN_ROWS)
     int8_x: bool  # a dp4a type at least DP4A_MIN_K wide: can read an int8 x another kernel wrote
     gemm_paths: dict  # gemm_dispatch.M_BUCKETS bucket -> prefill GEMM path
-    multi: dict  # T in 2..8 -> gemv_dp4a_multi's variant (gemv_dispatch's table); T not in it: the default
+    multi: dict  # T in 2..8 -> gemv_dp4a_multi's variant or gemv_dispatch.MMQ (its table); T not in it: the default
 
     @property
     def ggml_type(self) -> T:

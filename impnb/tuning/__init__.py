@@ -76,11 +76,11 @@ def env_types(name: str, default: str) -> tuple:
 
 
 def env_variant(name: str) -> str | None:
-    """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>),
-    None where unset or empty; ParameterError where it is not one."""
+    """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>) or
+    "mmq" (the int8 GEMM), None where unset or empty; ParameterError where it is neither."""
     value = os.environ.get(name) or None
-    if value is not None and not re.fullmatch(r"s(32|64|128)u[12]r[248]", value):
-        raise ParameterError(f"{name}={value!r}: expected a variant such as s32u1r4")
+    if value is not None and value != "mmq" and not re.fullmatch(r"s(32|64|128)u[12]r[248]", value):
+        raise ParameterError(f"{name}={value!r}: expected a variant such as s32u1r4, or mmq")
     return value
 
 
@@ -277,7 +277,7 @@ class Overrides:
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
     moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
     gdn_chunked_min_rows: int = GDN_CHUNKED_MIN_ROWS  # IMPNB_GDN_CHUNKED_MIN_ROWS
-    gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4: that variant for every int8-x weight (tests, A/B)
+    gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4 (or mmq): that path for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names

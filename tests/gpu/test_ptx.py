@@ -41,6 +41,19 @@ def c_frag(lane):
     return [(i, 0, g + (8 if i >= 2 else 0), 2 * t + (i & 1)) for i in range(4)]
 
 
+def a_frag_s8(lane, k):
+    """m16n8k32 / m16n8k16 A (16 x k, row-major), .s8: (register, byte, row, col), four a register;
+    register r holds row g (+8 for odd r), columns 4t .. 4t + 3 (+16 for r >= 2)."""
+    g, t = lane >> 2, lane & 3
+    return [(r, b, g + 8 * (r & 1), 4 * t + 16 * (r >> 1) + b) for r in range(k // 8) for b in range(4)]
+
+
+def b_frag_s8(lane, k):
+    """m16n8k32 / m16n8k16 B (k x 8), .s8: register r holds k = 4t .. 4t + 3 (+16 for r = 1), n = g."""
+    g, t = lane >> 2, lane & 3
+    return [(r, b, 4 * t + 16 * r + b, g) for r in range(k // 16) for b in range(4)]
+
+
 def ldmatrix_frag(lane, trans):
     """ldmatrix m8n8 .b16, per matrix: the lane's register holds (row, col), (row, col + 1) of the
     8 x 8 matrix, row = lane / 4, col = 2 * (lane % 4); with .trans the transposed elements."""
@@ -86,8 +99,11 @@ def run_mma(dtype, A, B, C):
     d = cuda.to_device(np.full((32, 4), np.nan, np.float32))
     kernel = probe.mma_f16_probe if dtype == "f16" else probe.mma_bf16_probe
     kernel[1, 32](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
-    regs = d.copy_to_host()
-    D = np.full((16, 8), np.nan)
+    return c_matrix(d.copy_to_host(), np.full((16, 8), np.nan))
+
+
+def c_matrix(regs, D):
+    """D (16, 8) filled from the lanes' C/D registers regs (32, 4) by the table."""
     for lane in LANES:
         for reg, _, r, col in c_frag(lane):
             D[r, col] = regs[lane, reg]
@@ -319,3 +335,39 @@ def test_tile_fragments(geometry):
                             errors.append(f"W warp {warp} kk {kk} n-tile {j} lane {lane} b{2 * reg + half}: "
                                           f"got (n {got >> 5}, k {got & 31}), want (n {want >> 5}, k {want & 31})")
     assert not errors, f"{len(errors)} wrong fragment elements: " + "; ".join(errors[:6])
+
+
+# -- int8 mma.sync m16n8k32 / m16n8k16 --
+
+def run_mma_s8(k, A, B, C):
+    """D = A·B + C (int32) through the int8 mma probe, registers built from the tables; D (16, 8)."""
+    a = np.zeros((32, k // 8), np.uint32)
+    b = np.zeros((32, 2), np.uint32)
+    c = np.zeros((32, 4), np.int32)
+    for lane in LANES:
+        for reg, byte, r, col in a_frag_s8(lane, k):
+            a[lane, reg] |= np.uint32(np.uint8(np.int8(A[r, col]))) << np.uint32(8 * byte)
+        for reg, byte, r, col in b_frag_s8(lane, k):
+            b[lane, reg] |= np.uint32(np.uint8(np.int8(B[r, col]))) << np.uint32(8 * byte)
+        for reg, _, r, col in c_frag(lane):
+            c[lane, reg] = C[r, col]
+    if k == 16:
+        a = np.concatenate([a, np.zeros((32, 2), np.uint32)], axis=1)
+    d = cuda.to_device(np.full((32, 4), -7, np.int32))
+    kernel = probe.mma_s8_k32_probe if k == 32 else probe.mma_s8_k16_probe
+    kernel[1, 32](cuda.to_device(np.ascontiguousarray(a)), cuda.to_device(b), cuda.to_device(c), d)
+    return c_matrix(d.copy_to_host(), np.zeros((16, 8), np.int64))
+
+
+@pytest.mark.parametrize("k", [32, 16])
+def test_mma_s8(k):
+    """Random int8 A, B over the whole range and int32 C: D exactly A·B + C, so every lane's
+    registers sit where the tables say (a misplaced byte changes some sum)."""
+    rng = np.random.default_rng(k)
+    for _ in range(3):
+        A = rng.integers(-128, 128, (16, k))
+        B = rng.integers(-128, 128, (k, 8))
+        C = rng.integers(-2 ** 20, 2 ** 20, (16, 8))
+        D = run_mma_s8(k, A, B, C)
+        bad = np.argwhere(D != A @ B + C)
+        assert not len(bad), f"{len(bad)} of 128 wrong, first at {bad[0]}"

@@ -42,6 +42,21 @@ mma_f16_probe = _mma_probe(ptx.mma_f16)
 mma_bf16_probe = _mma_probe(ptx.mma_bf16)
 
 
+# grid 1, block 32: lane l runs the int8 mma on its registers a[l], b[l], c[l] -> d[l, 0:4] (int32)
+@cuda.jit
+def mma_s8_k32_probe(a, b, c, d):
+    l = cuda.threadIdx.x
+    d[l, 0], d[l, 1], d[l, 2], d[l, 3] = ptx.mma_s8_k32(a[l, 0], a[l, 1], a[l, 2], a[l, 3], b[l, 0], b[l, 1],
+                                                        c[l, 0], c[l, 1], c[l, 2], c[l, 3])
+
+
+@cuda.jit
+def mma_s8_k16_probe(a, b, c, d):
+    l = cuda.threadIdx.x
+    d[l, 0], d[l, 1], d[l, 2], d[l, 3] = ptx.mma_s8_k16(a[l, 0], a[l, 1], b[l, 0], c[l, 0], c[l, 1], c[l, 2],
+                                                        c[l, 3])
+
+
 @lru_cache(maxsize=None)
 def ldmatrix_probe(n, trans):
     """grid 1, block 32: rows (16 bytes = 4 words of src each) are stored at shared row slots[r];
@@ -244,6 +259,7 @@ def _quant_sigs():
 
 
 _MMA_SIG = types.void(_U32_2D, _U32_2D, F32_2D, F32_2D)
+_MMA_S8_SIG = types.void(_U32_2D, _U32_2D, types.Array(types.int32, 2, "C"), types.Array(types.int32, 2, "C"))
 
 
 def build_signatures() -> list:
@@ -252,6 +268,8 @@ def build_signatures() -> list:
     return [
         (mma_f16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]}),
         (mma_bf16_probe, _MMA_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]}),
+        (mma_s8_k32_probe, _MMA_S8_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"]}),
+        (mma_s8_k16_probe, _MMA_S8_SIG, {"ptx_contains": ["mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"]}),
         *[(ldmatrix_probe(n, tr), types.void(_U32_1D, _I32_1D, _U32_2D),
            {"ptx_contains": [f"ldmatrix.sync.aligned.m8n8.x{n}{'.trans' if tr else ''}.shared.b16"]})
           for n in (1, 2, 4) for tr in (False, True)],

@@ -28,6 +28,8 @@ def test_intrinsic_probes():
             probes.test_ldmatrix(n, trans)
     probes.test_cp_async()
     probes.test_global_v4_and_v2()
+    for k in (32, 16):
+        probes.test_mma_s8(k)
     probes.test_shared_addresses_and_v4()
     probes.test_pack_f16x2_bf16x2()
 
@@ -94,3 +96,28 @@ def test_gemm_few_slabs_and_orders():
     check_few(T.Q6_K, 70, 8, 256, 1, 10.0, seed=5)
     check_few(T.Q8_0, 20, 16, 256, 1, 0.1, seed=6)
     check_few_split(T.Q8_0, 3, (8, 4, 4), 128, 1, seed=7)
+
+
+def test_gemm_mmq_small():
+    """The int8 few-row GEMM: one token tile with a ragged edge (5 tokens), W rows past N clamped,
+    K in 2 splits of one group each, accumulate; x̂ bit for bit; each type's lane addressing."""
+    from tests.gpu.test_gemm_mmq import check_mmq
+
+    check_mmq(T.Q4_K, 5, 8, 256, 2, 1.0, seed=4, accumulate=True)
+    check_mmq(T.Q6_K, 3, 16, 256, 1, 10.0, seed=5)
+    check_mmq(T.Q8_0, 6, 8, 256, 2, 0.1, seed=6)
+
+
+def test_gemm_mmq_slabs_and_split():
+    """Two token tiles (12 tokens) and stacked outputs."""
+    from tests.gpu.test_gemm_mmq import check_mmq, check_mmq_split
+
+    check_mmq(T.Q4_K, 12, 8, 256, 1, 1.0, seed=7)
+    check_mmq_split(T.Q8_0, 3, (8, 4, 4), 128, 1, seed=8)
+
+
+def test_gemm_mmq_normed():
+    """x's pre-norm fused into its int8 quantization (the block's row sum), then the product."""
+    from tests.gpu.test_gemm_mmq import check_mmq_normed
+
+    check_mmq_normed(T.Q8_0, 3, 8, 256, seed=9)

@@ -24,7 +24,7 @@ if SIM:
         cp_async_wait_group, cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait,
         ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_v4_u32,
         ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans,
-        mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
+        mma_bf16, mma_f16, mma_s8_k16, mma_s8_k32, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
         st_shared_v4_u32)
 else:
     from llvmlite import ir
@@ -83,6 +83,43 @@ else:
     # D = A·B + C; A 16x16 row-major in a0..a3, B 16x8 col-major in b0, b1, C/D 16x8 f32.
     mma_f16 = _mma("f16")    # mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
     mma_bf16 = _mma("bf16")  # mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+
+    # -- int8 mma.sync: A m16 x k row-major (4 int8 a b32), B k x n8 col-major, C/D 16x8 s32 --
+
+    def _mma_s8_text(k):
+        na, nb = k // 8, k // 16  # A and B registers
+        return (f"mma.sync.aligned.m16n8k{k}.row.col.s32.s8.s8.s32 "
+                + "{$0, $1, $2, $3}, {" + ", ".join(f"${4 + j}" for j in range(na)) + "}, {"
+                + ", ".join(f"${4 + na + j}" for j in range(nb)) + "}, {"
+                + ", ".join(f"${4 + na + nb + j}" for j in range(4)) + "};")
+
+    def _mma_s8_codegen(text, n_in):
+        def codegen(context, builder, sig, args):
+            res = inline_asm(builder, ir.LiteralStructType([_I32] * 4), [as_i32(builder, v) for v in args],
+                             text, ",".join(["=r"] * 4 + ["r"] * n_in))
+            return _tuple(context, builder, sig, res, 4)
+        return codegen
+
+    _MMA_S8_K32 = _mma_s8_text(32)
+    _MMA_S8_K16 = _mma_s8_text(16)
+
+    @intrinsic
+    def mma_s8_k32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A·B + C in int32, A 16x32 s8 in a0..a3, B 32x8 s8 in b0, b1:
+        mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32."""
+        args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if not _ints(*args):
+            return None
+        return types.UniTuple(types.int32, 4)(*args), _mma_s8_codegen(_MMA_S8_K32, 10)
+
+    @intrinsic
+    def mma_s8_k16(typingctx, a0, a1, b0, c0, c1, c2, c3):
+        """D = A·B + C in int32, A 16x16 s8 in a0, a1, B 16x8 s8 in b0:
+        mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32."""
+        args = (a0, a1, b0, c0, c1, c2, c3)
+        if not _ints(*args):
+            return None
+        return types.UniTuple(types.int32, 4)(*args), _mma_s8_codegen(_MMA_S8_K16, 7)
 
     # -- ldmatrix: n 8x8 b16 matrices from shared memory, lanes 8i..8i+7 give matrix i's row addresses --
 

@@ -243,6 +243,39 @@ def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _collective(_MMA["bf16"], ((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3)))
 
 
+def _s8(reg):
+    return [b - 256 if b > 127 else b for b in ((int(reg) >> (8 * i)) & 0xFF for i in range(4))]
+
+
+def _mma_s8_all(k):
+    def compute(slots):
+        A, B, C = np.zeros((16, k), np.int64), np.zeros((k, 8), np.int64), np.zeros((16, 8), np.int64)
+        for lane, (a, b, c) in enumerate(slots):
+            g, t = _lanes(lane)
+            for r, reg in enumerate(a):  # a_r: row g (+8 for odd r), cols 4t.. (+16 for r >= 2)
+                A[g + 8 * (r & 1), 4 * t + 16 * (r >> 1):4 * t + 16 * (r >> 1) + 4] = _s8(reg)
+            for r, reg in enumerate(b):  # b_r: k = 4t.. (+16 for r = 1), n = g
+                B[4 * t + 16 * r:4 * t + 16 * r + 4, g] = _s8(reg)
+            for i in range(4):  # c_i: rows g / g+8, cols 2t + (i & 1)
+                C[g + (8 if i >= 2 else 0), 2 * t + (i & 1)] = int(c[i])
+        D = A @ B + C
+        assert np.abs(D).max() < 2 ** 31, "int32 overflow"
+        return [tuple(np.int32(D[(lane >> 2) + (8 if i >= 2 else 0), 2 * (lane & 3) + (i & 1)]) for i in range(4))
+                for lane in range(32)]
+    return compute
+
+
+_MMA_S8 = {32: _mma_s8_all(32), 16: _mma_s8_all(16)}
+
+
+def mma_s8_k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return _collective(_MMA_S8[32], ((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3)))
+
+
+def mma_s8_k16(a0, a1, b0, c0, c1, c2, c3):
+    return _collective(_MMA_S8[16], ((a0, a1), (b0,), (c0, c1, c2, c3)))
+
+
 def _ldmatrix_all(n, trans):
     def compute(addrs):
         mats = [np.stack([_shared_bytes(addrs[8 * i + r], 16).view(np.uint16) for r in range(8)])

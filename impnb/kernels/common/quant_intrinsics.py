@@ -41,6 +41,21 @@ if SIM:
 
     ldg_u32x4_l1 = ldg_f32x4  # four 32-bit words through the read-only L1 path
 
+    def _words(a, i, n):
+        from impnb.kernels.common.ptx_sim import _global_bytes
+
+        return tuple(np.uint32(w) for w in _global_bytes(a, i, 4 * n).view(np.uint32))
+
+    def ldg_u32x2(a, i):
+        """Two 32-bit words from element i of any array (8-byte aligned), streamed past L1."""
+        return _words(a, i, 2)
+
+    ldg_u32x2_l1 = ldg_u32x2  # the same through the read-only L1 path
+
+    def ldg_u32_l1(a, i):
+        """One 32-bit word from element i of any array (4-byte aligned) through the L1 path."""
+        return _words(a, i, 1)[0]
+
     def rint_s32(v):
         """float32 v rounded to the nearest int32, ties to even (cvt.rni)."""
         return np.int32(np.rint(np.float32(v)))
@@ -137,6 +152,35 @@ else:
     ldg_u32x4 = _ld4("ld.global.nc.L1::no_allocate.v4.u32", "r")
     ldg_f32x4 = _ld4("ld.global.nc.v4.f32", "f")
     ldg_u32x4_l1 = _ld4("ld.global.nc.v4.u32", "r")  # x words: kept in L1, shared by the rows
+
+    def _ld_words(ptx, n, doc):
+        # n 32-bit words from element i of an array of any type (the address aligned to 4n bytes)
+        @intrinsic
+        def ld(typingctx, a, i):
+            if not (isinstance(a, types.Array) and isinstance(i, types.Integer)):
+                return None
+            sig = (types.uint32 if n == 1 else types.UniTuple(types.uint32, n))(a, i)
+
+            def codegen(context, builder, sig, args):
+                ptr = element_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                i32 = ir.IntType(32)
+                ret = i32 if n == 1 else ir.LiteralStructType([i32] * n)
+                outs = ", ".join(f"${j}" for j in range(n))
+                asm = ir.InlineAsm(ir.FunctionType(ret, [ptr.type]),
+                                   f"{ptx} {{{outs}}}, [${n}];" if n > 1 else f"{ptx} $0, [$1];",
+                                   ",".join(["=r"] * n) + ",l")
+                res = builder.call(asm, [ptr])
+                return res if n == 1 else context.make_tuple(builder, sig.return_type,
+                                                             [builder.extract_value(res, j) for j in range(n)])
+            return sig, codegen
+        ld.__doc__ = doc
+        return ld
+
+    ldg_u32x2 = _ld_words("ld.global.nc.L1::no_allocate.v2.u32", 2,
+                          "Two 32-bit words from element i of any array (8-byte aligned), streamed past L1.")
+    ldg_u32x2_l1 = _ld_words("ld.global.nc.v2.u32", 2, "The same through the read-only L1 path.")
+    ldg_u32_l1 = _ld_words("ld.global.nc.u32", 1,
+                           "One 32-bit word from element i of any array (4-byte aligned) through the L1 path.")
 
     @intrinsic
     def rint_s32(typingctx, v):

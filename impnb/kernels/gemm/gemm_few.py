@@ -53,6 +53,17 @@ def stage_bytes(mt: int) -> int:
     return 16 * mt * ROW_STRIDE
 
 
+@cuda.jit(device=True, inline=True)
+def block_split(n_grp, bm):
+    """A split-K block's share and lane: (its first and past-last K group of n_grp, its first row
+    of A, warp, g = lane >> 2, t = lane & 3) in grid (·, S splits, row slabs of bm)."""
+    S = cuda.gridDim.y
+    s = cuda.blockIdx.y
+    lane = cuda.threadIdx.x & 31
+    return (s * n_grp // S, (s + 1) * n_grp // S, cuda.blockIdx.z * bm, cuda.threadIdx.x >> 5, lane >> 2,
+            lane & 3)
+
+
 @lru_cache(maxsize=None)
 def gemm_few_kernel(ggml_type, mt: int):
     """The split-K kernel of one weight type and mt m16 tiles (16 mt rows of A a block)."""
@@ -115,20 +126,12 @@ def gemm_few_kernel(ggml_type, mt: int):
     # A rows bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
     @cuda.jit
     def _gemm_few_kernel(a, parts, part):
-        S = cuda.gridDim.y
         s = cuda.blockIdx.y
         M = part.shape[1]
         N = part.shape[2]
         K = a.shape[1]
         cpr = K // 32
-        n_grp = K // GROUP
-        g0 = s * n_grp // S
-        g1 = (s + 1) * n_grp // S
-        m0 = cuda.blockIdx.z * bm
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.threadIdx.x >> 5
-        g = lane >> 2
-        t = lane & 3
+        g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
         nb = cuda.blockIdx.x * BN + warp * (8 * NT) + g  # this lane's row of tile 0
         w0 = min(nb, N - 1) * cpr + t
         w1 = min(nb + 8, N - 1) * cpr + t

@@ -71,25 +71,42 @@ def _rms_scale(x, t, wn, eps):
     return float32(1.0) / math.sqrt(total / float32(K) + eps)
 
 
+def make_quantize_words(n: int):
+    """quantize(v, words): the n floats of local array v in int8, round(v * 127 / amax) ties to
+    even, into words[0 .. n/4) (4 int8 a word in column order); returns (the scale amax / 127,
+    the scale times the int8 values' sum)."""
+    n_words = n // 4
+
+    @cuda.jit(device=True, inline=True)
+    def quantize(v, words):
+        amax = float32(0.0)
+        for j in range(n):
+            amax = max(amax, abs(v[j]))
+        inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+        total = int32(0)
+        for j in range(n_words):
+            w = uint32(0)
+            for b in range(4):
+                k = qi.rint_s32(v[4 * j + b] * inv)
+                total += k
+                w |= uint32(k & 0xFF) << uint32(8 * b)
+            words[j] = w
+        scale = amax / float32(127.0)
+        return scale, scale * float32(total)
+
+    return quantize
+
+
+_quantize_words16 = make_quantize_words(GROUP)
+
+
 @cuda.jit(device=True, inline=True)
 def quantize16(v):
     """The GROUP floats of local array v in int8: (4 words of 4 int8 each, round(v * 127 / amax)
     ties to even; the scale amax / 127; the scale times the int8 values' sum)."""
-    amax = float32(0.0)
-    for j in range(GROUP):
-        amax = max(amax, abs(v[j]))
-    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
-    total = int32(0)
     words = cuda.local.array(WORDS, uint32)
-    for j in range(WORDS):
-        w = uint32(0)
-        for b in range(4):
-            k = qi.rint_s32(v[4 * j + b] * inv)
-            total += k
-            w |= uint32(k & 0xFF) << uint32(8 * b)
-        words[j] = w
-    scale = amax / float32(127.0)
-    return words[0], words[1], words[2], words[3], scale, scale * float32(total)
+    scale, total = _quantize_words16(v, words)
+    return words[0], words[1], words[2], words[3], scale, total
 
 
 @cuda.jit(device=True, inline=True)

@@ -1,0 +1,444 @@
+"""Int8 tensor-core GEMM over quantized weights for a batched decode step's rows (the idea of
+llama.cpp's MMQ): C (M, N) float32 [+]= x̂ (M, K) · dequant(W)ᵀ, x̂ the activations in int8 with a
+scale every 32 columns (quantize_x32), W read as stored.
+
+gemm_few decodes each weight to fp16 for mma m16n8k16 (a few ALU operations a weight, again for
+every 64 rows of A). Here the quants go to the tensor cores as stored bytes: Q4_K's nibbles are
+int8 after one mask a 4 weights, Q6_K's 6-bit values after two more operations, Q8_0's bytes as
+they are, and the block scales multiply each 32 columns' int32 sums (mma.sync m16n8k32, s8; Q6_K's
+16-column scales: two m16n8k16 sums joined in int32 by their int8 scales first).
+
+Operands: W is the m16 operand, the tokens the n8 one. Lane (g, t) = (lane >> 2, lane & 3) holds
+W rows g and g + 8 of a tile; of each 32-column group (an x̂ group) it holds columns 8t .. 8t + 7
+of those rows (k labels 4t..4t+3 <- columns 8t..8t+3, 16+4t..16+4t+3 <- 8t+4..8t+7), so one 8-byte
+load of a W row and one of a token's x̂ give its fragments (Q6_K's k16 steps: columns 16 s + 4t
+.. + 3 of sub-block s). C: rows g, g + 8 at tokens 2t, 2t + 1, so the lane's own rows' scales
+and its tokens' (d, s) finish its sums:
+
+    Q4_K: acc += float(Σ q x̂) · (d sc_j · dx) - dmin m_j · sx     (sx = dx · Σ x̂ of the group)
+    Q6_K: acc += float(sc_a Σ_a + sc_b Σ_b) · (d · dx)           (q - 32 made int8 exactly)
+    Q8_0: acc += float(Σ q x̂) · (d · dx)
+
+Work: a warp owns 32 W rows (two m16 tiles), a block 4 warps (BN = 128 rows) and NI n8 tiles of
+tokens (8 NI, at most 32; more in 32-token slabs), split-K over 128-column groups: grid
+(ceil(N / BN), S, ceil(M / (8 NI))), NI <= 4; partial tiles to part[s], added in split order by
+gemm_quant_splitk's reduce (deterministic). The next group's raw W words are in flight while
+this one multiplies; x̂ (a few KB, written by quantize_x32 just before) is read through L1.
+
+    QuantX32: q (MP, K/4) uint32, 4 int8 a word in column order; ds (K/32, MP, 2) float32: each
+    group's scale d = amax / 127 and s = d · Σ q; MP >= the tokens rounded up to the block's
+    slab, rows past M zero.
+
+Requirements (asserted): K a multiple of 256 (Q4_K, Q6_K) or 128 (Q8_0); N % 8 == 0.
+Numpy reference: gemm_mmq_ref.
+"""
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from numba import cuda, float32, int32, types, uint32
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.quant_blocks_k import k_scales
+from impnb.kernels.common.repack import PackedWeight
+from impnb.kernels.gemm.gemm_few import block_split
+from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
+from impnb.kernels.gemv.gemv import parts_type
+from impnb.kernels.gemv.quant_x import _rms_scale, make_quantize_words, scale4
+from impnb.launch import launch
+from impnb.quants import dequantize
+
+XGROUP = 32                 # x̂ columns a scale
+XWORDS = XGROUP // 4        # int8 words a group
+WARPS = 4
+THREADS = 32 * WARPS
+GROUP = 128                 # K columns an iteration (the split-K unit)
+BN = 32 * WARPS             # W rows a block
+MAX_NI = 4                  # n8 token tiles a block at most (32 tokens; more: grid.z, W again from L2)
+# (type, ni) -> register cap: two token tiles of Q4_K / Q6_K at 168 (3 blocks an SM, not 2: 1.0-1.5x
+# at the 8B's shapes, 16 rows); Q8_0 spills there
+REGS = {(T.Q4_K, 2): 168, (T.Q6_K, 2): 168}
+TYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
+QUANT_THREADS = 128
+LO4 = qi.LO4
+LO2 = qi.LO2
+S6_BIAS = np.uint32(0x60606060)   # (q + 96) ^ 128 = q - 32 in int8, byte-wise for q < 64
+SIGN8 = qi.SIGN8
+
+
+class QuantX32(NamedTuple):
+    q: object   # (MP, K/4) uint32
+    ds: object  # (K/32, MP, 2) float32
+
+
+# -- x̂: activations to int8 in groups of 32 columns --
+
+def quantize_x32_ref(x: np.ndarray, rows: int | None = None) -> tuple:
+    """x (M, K) float32 -> (q (MP, K/4) uint32, ds (K/32, MP, 2) float32) as quantize_x32 writes
+    them, MP = rows (default M), rows past M zero."""
+    x = np.asarray(x, np.float32)
+    M, K = x.shape
+    MP = M if rows is None else rows
+    g = np.zeros((MP, K // XGROUP, XGROUP), np.float32)
+    g[:M] = x.reshape(M, K // XGROUP, XGROUP)
+    amax = np.abs(g).max(axis=2)
+    d = amax / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(g * inv[:, :, None]).astype(np.int32)
+    s = d * q.sum(axis=2).astype(np.float32)
+    words = q.astype(np.int8).view(np.uint8).reshape(MP, K // 4, 4).copy().view(np.uint32).reshape(MP, K // 4)
+    return words, np.ascontiguousarray(np.stack([d, s], axis=2).transpose(1, 0, 2)).astype(np.float32)
+
+
+def dequantize_x32_ref(q: np.ndarray, ds: np.ndarray) -> np.ndarray:
+    """The values the kernel multiplies: q · d, (MP, K) float64."""
+    MP = q.shape[0]
+    vals = q.view(np.int8).reshape(MP, -1, XGROUP).astype(np.float64)
+    return (vals * ds[:, :, 0].T.astype(np.float64)[:, :, None]).reshape(MP, -1)
+
+
+def gemm_mmq_ref(x: np.ndarray, raw: np.ndarray, ggml_type, c: np.ndarray | None = None) -> np.ndarray:
+    """float64 x̂ · dequant(raw)ᵀ (+ c): what gemm_mmq computes up to float32 summation."""
+    M = x.shape[0]
+    q, ds = quantize_x32_ref(x)
+    w = dequantize(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1), T(ggml_type))
+    y = dequantize_x32_ref(q, ds)[:M] @ w.reshape(raw.shape[0], -1).astype(np.float64).T
+    return y if c is None else y + c
+
+
+_quantize_words32 = make_quantize_words(XGROUP)
+
+
+def _make_quantize_x32(normed):
+    # grid (ceil(K/32 / 128), MP), block 128: a thread a group of 32 columns of token blockIdx.y
+    # (normed: of RMSNorm(x[t]) * wn, the row's scale summed by the block)
+    @cuda.jit
+    def _quantize_x32_kernel(x, wn, eps, q, ds):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        t = cuda.blockIdx.y
+        grp = cuda.blockIdx.x * QUANT_THREADS + cuda.threadIdx.x
+        K = q.shape[1] * 4
+        live = t < x.shape[0]
+        rms = _rms_scale(x, t, wn, eps) if normed and live else float32(1.0)
+        if grp >= K // XGROUP:
+            return
+        v = cuda.local.array(XGROUP, float32)
+        if live:
+            for j in range(XGROUP // 4):
+                k = XGROUP * grp + 4 * j
+                v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * K + k)
+                if normed:
+                    scale4(v, j, rms, wn, k)
+        else:
+            for j in range(XGROUP):
+                v[j] = float32(0.0)
+        words = cuda.local.array(XWORDS, uint32)
+        scale, total = _quantize_words32(v, words)
+        base = t * (K // 4) + 8 * grp
+        qi.stg_x4(q, base, words[0], words[1], words[2], words[3])
+        qi.stg_x4(q, base + 4, words[4], words[5], words[6], words[7])
+        ds[grp, t, 0] = scale
+        ds[grp, t, 1] = total
+
+    return _quantize_x32_kernel
+
+
+_quantize_x32_kernel = _make_quantize_x32(False)
+_quantize_x32_norm_kernel = _make_quantize_x32(True)
+
+
+def quant_x32_buffers(rows: int, K: int) -> QuantX32:
+    """Device buffers for the int8 form of up to `rows` tokens (a multiple of the slab, slab_rows)."""
+    return QuantX32(cuda.device_array((rows, K // 4), np.uint32),
+                    cuda.device_array((K // XGROUP, rows, 2), np.float32))
+
+
+def slab_rows(M: int) -> int:
+    """x̂ rows a launch of M tokens reads: M rounded up to its blocks' token slabs."""
+    bm = 8 * ni_for(M)
+    return -(-M // bm) * bm
+
+
+def quantize_x32(x, out: QuantX32, stream, norm: tuple | None = None) -> None:
+    """out = the int8 form of x (M, K) float32, or with norm (wn (K,) float32, eps) of
+    RMSNorm(x) * wn; K a multiple of 32, out's rows past M zero."""
+    M, K = x.shape
+    MP = out.q.shape[0]
+    assert x.dtype == np.float32 and x.is_c_contiguous() and K % XGROUP == 0 and MP >= M
+    assert out.q.shape == (MP, K // 4) and out.ds.shape == (K // XGROUP, MP, 2)
+    grid = (-(-(K // XGROUP) // QUANT_THREADS), MP)
+    if norm is None:
+        launch(_quantize_x32_kernel, grid, QUANT_THREADS, stream, x, x[0], np.float32(0), out.q, out.ds)
+        return
+    wn, eps = norm
+    assert wn.dtype == np.float32 and wn.shape == (K,)
+    launch(_quantize_x32_norm_kernel, grid, QUANT_THREADS, stream, x, wn, np.float32(eps), out.q, out.ds)
+
+
+# -- the GEMM --
+
+@cuda.jit(device=True, inline=True)
+def _s8(word, b):
+    # byte b of word as a signed int32
+    v = int32(qi.shr32(word, 8 * b) & 0xFF)
+    return int32(v - 256) if v > 127 else v
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_row(parts, r, K, grp, t):
+    # row r's group grp: qs words (pair 0: w0, w1; pair 1: w2, w3) at columns 8t.., its superblock's header
+    qs, hdr = parts
+    base = r * (K // 8) + 16 * grp + 2 * t
+    w0, w1 = qi.ldg_u32x2(qs, base)
+    w2, w3 = qi.ldg_u32x2(qs, base + 8)
+    h0, h1, h2, h3 = qi.ldg_u32x4_l1(hdr, 4 * (r * (K // 256) + (grp >> 1)))
+    return (w0, w1, w2, w3), (h0, h1, h2, h3)
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_scales(raw, P):
+    # (d sc, dmin m) of sub-blocks 2P and 2P + 1 of the row's superblock
+    hdr = raw[1]
+    sc0, mn0, sc1, mn1 = k_scales(hdr, 2 * P)
+    d = qi.f16_to_f32(hdr[0] & qi.HALF)
+    dm = qi.f16_to_f32(hdr[0] >> 16)
+    return d * sc0, dm * mn0, d * sc1, dm * mn1
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_k_row(parts, r, K, grp, t):
+    # row r's half-superblock grp: ql words (columns 16m + 4t.., m < 4), qh words, 8 int8 scales, d
+    ql, qh, sc, d = parts
+    lb = r * (K // 8) + 16 * grp + t
+    hb = r * (K // 16) + 8 * grp + t
+    s0, s1 = qi.ldg_u32x2_l1(sc, r * (K // 16) + 8 * grp)
+    return ((qi.ldg_u32_l1(ql, lb), qi.ldg_u32_l1(ql, lb + 4), qi.ldg_u32_l1(ql, lb + 8), qi.ldg_u32_l1(ql, lb + 12)),
+            (qi.ldg_u32_l1(qh, hb), qi.ldg_u32_l1(qh, hb + 4)), (s0, s1), float32(d[r * (K // 256) + (grp >> 1)]))
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_k_quants(raw, i):
+    # sub-block i's 4 values of this lane (columns 16 i + 4t ..) as int8 q - 32
+    q = (qi.shr32(raw[0][i & 3], 4 * (i >> 2)) & LO4) | ((qi.shr32(raw[1][i & 1], 2 * (i >> 1)) & LO2) << 4)
+    return (q + S6_BIAS) ^ SIGN8
+
+
+@cuda.jit(device=True, inline=True)
+def _q8_0_row(parts, r, K, grp, t):
+    # row r's group grp: 4 blocks' words at columns 8t.. (w[2j], w[2j + 1] of block j) and their scales
+    qs, d = parts
+    base = r * (K // 4) + 32 * grp + 2 * t
+    w0, w1 = qi.ldg_u32x2(qs, base)
+    w2, w3 = qi.ldg_u32x2(qs, base + 8)
+    w4, w5 = qi.ldg_u32x2(qs, base + 16)
+    w6, w7 = qi.ldg_u32x2(qs, base + 24)
+    db = r * (K // 32) + 4 * grp
+    return (w0, w1, w2, w3, w4, w5, w6, w7), (float32(d[db]), float32(d[db + 1]), float32(d[db + 2]),
+                                              float32(d[db + 3]))
+
+
+# -- each type's step over one group, generated as straight-line code (loops over constants stay
+#    rolled in numba, and the loads, mma and epilogue of a chain then serialize) --
+
+_STEP_ARGS = "rows, grp, xq, xds, acc, m0, MP, KW, t, g"
+
+
+def _x_loads(L, n, xg, both):
+    # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in group xg
+    if both:
+        L.append(f"    b0, b1 = qi.ldg_u32x2_l1(xq, xr{n} + 8 * ({xg}))")
+    else:
+        L.append(f"    be = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}))")
+        L.append(f"    bo = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}) + 4)")
+    L.append(f"    dx0, sx0, dx1, sx1 = qi.ldg_f32x4(xds, 2 * (({xg}) * MP + dt{n}))")
+
+
+def _acc(L, o, c, f, mins=None):
+    # acc[o + i] += float(c_i) * (f_row * dx_tok) (- m_row * sx_tok): i = 0, 1 row g; 2, 3 row g + 8
+    for i in range(4):
+        fr, tok = f[i >> 1], i & 1
+        L.append(f"    acc[{o + i}] += float32({c[i]}) * ({fr} * dx{tok})")
+        if mins:
+            L.append(f"    acc[{o + i}] -= {mins[i >> 1]} * sx{tok}")
+
+
+def _step_source(ggml_type, ni: int) -> str:
+    L = [f"def step({_STEP_ARGS}):"]
+    L += [f"    x{i} = rows[{i}]" for i in range(4)]
+    for n in range(ni):
+        L.append(f"    xr{n} = (m0 + {8 * n} + g) * KW + {1 if ggml_type == T.Q6_K else 2} * t")
+        L.append(f"    dt{n} = m0 + {8 * n} + 2 * t")
+    if ggml_type == T.Q4_K:
+        for p in range(2):
+            L += [f"    s{i} = _q4_k_scales(x{i}, 2 * (grp & 1) + {p})" for i in range(4)]
+            for hi in range(2):
+                L += [f"    a{i}{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
+                      for i in range(2) for j in range(4)]
+                for n in range(ni):
+                    _x_loads(L, n, f"4 * grp + {2 * p + hi}", True)
+                    for i in range(2):
+                        L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}0, a{i}1, a{i}2, a{i}3, b0, b1, 0, 0, 0, 0)")
+                        _acc(L, 8 * n + 4 * i, ("c0", "c1", "c2", "c3"),
+                             (f"s{2 * i}[{2 * hi}]", f"s{2 * i + 1}[{2 * hi}]"),
+                             (f"s{2 * i}[{2 * hi + 1}]", f"s{2 * i + 1}[{2 * hi + 1}]"))
+    elif ggml_type == T.Q6_K:
+        for pr in range(4):
+            L += [f"    e{i} = _q6_k_quants(x{i}, {2 * pr})" for i in range(4)]
+            L += [f"    o{i} = _q6_k_quants(x{i}, {2 * pr + 1})" for i in range(4)]
+            L += [f"    se{i} = _s8(x{i}[2][{pr >> 1}], {2 * (pr & 1)})" for i in range(4)]
+            L += [f"    so{i} = _s8(x{i}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for i in range(4)]
+            for n in range(ni):
+                _x_loads(L, n, f"4 * grp + {pr}", False)
+                for i in range(2):
+                    r0, r1 = 2 * i, 2 * i + 1
+                    L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k16(e{r0}, e{r1}, be, 0, 0, 0, 0)")
+                    L.append(f"    f0, f1, f2, f3 = ptx.mma_s8_k16(o{r0}, o{r1}, bo, 0, 0, 0, 0)")
+                    sums = [f"int32(se{r0 if k < 2 else r1} * c{k} + so{r0 if k < 2 else r1} * f{k})" for k in range(4)]
+                    _acc(L, 8 * n + 4 * i, sums, (f"x{r0}[3]", f"x{r1}[3]"))
+    else:
+        for j in range(4):
+            for n in range(ni):
+                _x_loads(L, n, f"4 * grp + {j}", True)
+                for i in range(2):
+                    r0, r1 = 2 * i, 2 * i + 1
+                    L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(x{r0}[0][{2 * j}], x{r1}[0][{2 * j}], "
+                             f"x{r0}[0][{2 * j + 1}], x{r1}[0][{2 * j + 1}], b0, b1, 0, 0, 0, 0)")
+                    _acc(L, 8 * n + 4 * i, ("c0", "c1", "c2", "c3"), (f"x{r0}[1][{j}]", f"x{r1}[1][{j}]"))
+    return "\n".join(L) + "\n"
+
+
+def _make_step(ggml_type, ni: int):
+    scope = {"qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4, "_q4_k_scales": _q4_k_scales,
+             "_q6_k_quants": _q6_k_quants, "_s8": _s8}
+    exec(_step_source(T(ggml_type), ni), scope)
+    return cuda.jit(device=True, inline=True)(scope["step"])
+
+
+_ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}
+
+
+
+@lru_cache(maxsize=None)
+def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0):
+    """The split-K kernel of one weight type and ni n8 token tiles a block, capped at `regs`
+    registers a thread where given."""
+    load_row = _ROWS[T(ggml_type)]
+    step = _make_step(ggml_type, ni)
+    bm = 8 * ni
+    n_acc = 8 * ni
+
+    # grid (ceil(N / BN), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows BN x ..
+    # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
+    def _gemm_mmq_kernel(xq, xds, parts, part):
+        s = cuda.blockIdx.y
+        M = part.shape[1]
+        N = part.shape[2]
+        KW = xq.shape[1]
+        K = 4 * KW
+        MP = xq.shape[0]
+        g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
+        nb = cuda.blockIdx.x * BN + warp * 32 + g  # this lane's rows: nb, nb + 8 (tile 0), nb + 16, nb + 24
+        r0 = min(nb, N - 1)
+        r1 = min(nb + 8, N - 1)
+        r2 = min(nb + 16, N - 1)
+        r3 = min(nb + 24, N - 1)
+        acc = cuda.local.array(n_acc, float32)
+        for i in range(n_acc):
+            acc[i] = float32(0.0)
+        x0 = load_row(parts, r0, K, g0, t)
+        x1 = load_row(parts, r1, K, g0, t)
+        x2 = load_row(parts, r2, K, g0, t)
+        x3 = load_row(parts, r3, K, g0, t)
+        for grp in range(g0, g1):
+            gn = min(grp + 1, g1 - 1)
+            y0 = load_row(parts, r0, K, gn, t)
+            y1 = load_row(parts, r1, K, gn, t)
+            y2 = load_row(parts, r2, K, gn, t)
+            y3 = load_row(parts, r3, K, gn, t)
+            step((x0, x1, x2, x3), grp, xq, xds, acc, m0, MP, KW, t, g)
+            x0, x1, x2, x3 = y0, y1, y2, y3
+        # -- epilogue: acc[8 n + 4 i + j]: tile i's row g (j < 2) or g + 8, token 8 n + 2t + (j & 1) --
+        for n in range(ni):
+            for j in range(2):
+                tok = m0 + 8 * n + 2 * t + j
+                if tok < M:
+                    for i in range(4):
+                        row = nb + 8 * i
+                        if row < N:
+                            part[s, tok, row] = acc[8 * n + 2 * i + j]
+
+    return cuda.jit(_gemm_mmq_kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(_gemm_mmq_kernel)
+
+
+def ni_for(M: int) -> int:
+    """n8 token tiles a block for M tokens: 1, 2 or 4 (M > 32 in 32-token slabs)."""
+    return 1 if M <= 8 else 2 if M <= 16 else MAX_NI
+
+
+def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
+    """Splits that bring the grid to about two blocks an SM, each at least two groups deep."""
+    blocks = -(-N // BN) * -(-M // (8 * ni_for(M)))
+    return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
+
+
+def supports(ggml_type, K: int) -> bool:
+    t = T(ggml_type)
+    return t in TYPES and K % max(GROUP, GGML_QUANT_SIZES[t][0]) == 0
+
+
+def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
+            accumulate: bool, ni: int | None = None, regs: int | None = None):
+    N, K = w.rows, w.cols
+    ni = ni or ni_for(M)
+    regs = REGS.get((T(w.ggml_type), ni), 0) if regs is None else regs
+    assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= -(-M // (8 * ni)) * 8 * ni and N % 8 == 0
+    for y in ys:
+        assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == M
+    assert supports(w.ggml_type, K), f"no int8 GEMM for {T(w.ggml_type).name} at K={K}"
+    assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
+    assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
+    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs), (-(-N // BN), splits, -(-M // (8 * ni))), THREADS, stream,
+           xq.q, xq.ds, w.parts, part)
+    reduce_parts(part, ys, n0, n1, accumulate, stream)
+
+
+def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
+             ni: int | None = None, regs: int | None = None, norm: tuple | None = None):
+    """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
+    xq first (of RMSNorm(x) * wn with norm (wn, eps)); part: a float32 scratch (splits, M, N). ni (token tiles a block, ni_for's by
+    default) and regs (a register cap, REGS's by default) are for scripts/bench_gemm_few.py."""
+    M = x.shape[0]
+    assert x.shape[1] == w.cols and c.shape == (M, w.rows)
+    quantize_x32(x, xq, stream, norm)
+    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs)
+
+
+def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None):
+    """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = x̂ · dequant(W rows of
+    i)ᵀ, each N_i a multiple of 4; xq, part as in gemm_mmq."""
+    M = x.shape[0]
+    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
+    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
+    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
+    quantize_x32(x, xq, stream, norm)
+    _launch(xq, M, w, (y0, y1, y2), n0, n1, part, stream, splits, False)
+
+
+F32_2D = types.Array(types.float32, 2, "C")
+U32_2D = types.Array(types.uint32, 2, "C")
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    qsig = types.void(F32_2D, types.Array(types.float32, 1, "C"), types.float32, U32_2D, F32_3D)
+    return [(_quantize_x32_kernel, qsig, {"max_registers": 64}), (_quantize_x32_norm_kernel, qsig, {"max_registers": 64})] + [
+        (gemm_mmq_kernel(t, ni, REGS.get((t, ni), 0)), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
+         {"max_registers": REGS.get((t, ni), 255)})
+        for t in TYPES for ni in (1, 2, 4)
+    ]
