@@ -47,7 +47,7 @@ from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.gemm_few import block_split
 from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemv.gemv import parts_type
-from impnb.kernels.gemv.quant_x import _rms_scale, make_quantize_words, scale4
+from impnb.kernels.gemv.quant_x import _rms_scale, make_quantize_words, quantize_groups_ref, scale4
 from impnb.launch import launch
 from impnb.quants import dequantize
 
@@ -81,17 +81,10 @@ def quantize_x32_ref(x: np.ndarray, rows: int | None = None) -> tuple:
     them, MP = rows (default M), rows past M zero."""
     x = np.asarray(x, np.float32)
     M, K = x.shape
-    MP = M if rows is None else rows
-    g = np.zeros((MP, K // XGROUP, XGROUP), np.float32)
-    g[:M] = x.reshape(M, K // XGROUP, XGROUP)
-    amax = np.abs(g).max(axis=2)
-    d = amax / np.float32(127.0)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    q = np.rint(g * inv[:, :, None]).astype(np.int32)
-    s = d * q.sum(axis=2).astype(np.float32)
-    words = q.astype(np.int8).view(np.uint8).reshape(MP, K // 4, 4).copy().view(np.uint32).reshape(MP, K // 4)
-    return words, np.ascontiguousarray(np.stack([d, s], axis=2).transpose(1, 0, 2)).astype(np.float32)
+    padded = np.zeros((M if rows is None else rows, K), np.float32)
+    padded[:M] = x
+    words, d, s = quantize_groups_ref(padded, XGROUP)
+    return words, np.ascontiguousarray(np.stack([d, s], axis=2).transpose(1, 0, 2))
 
 
 def dequantize_x32_ref(q: np.ndarray, ds: np.ndarray) -> np.ndarray:

@@ -29,11 +29,12 @@ class QuantX(NamedTuple):
     s: object  # (T, K/16) float32
 
 
-def quantize_x_ref(x: np.ndarray) -> tuple:
-    """x (T, K) float32 -> (q (T, K/4) uint32, d (T, K/16), s (T, K/16)) as the kernel computes them."""
+def quantize_groups_ref(x: np.ndarray, group: int) -> tuple:
+    """x (T, K) float32 in int8 groups of `group` columns as the kernels compute them: (q (T, K/4)
+    uint32, 4 int8 a word in column order; d, s (T, K/group) float32)."""
     x = np.asarray(x, np.float32)
     n_tok, K = x.shape
-    g = x.reshape(n_tok, K // GROUP, GROUP)
+    g = x.reshape(n_tok, K // group, group)
     amax = np.abs(g).max(axis=2)
     d = amax / np.float32(127.0)
     with np.errstate(divide="ignore"):
@@ -42,6 +43,11 @@ def quantize_x_ref(x: np.ndarray) -> tuple:
     s = d * q.sum(axis=2).astype(np.float32)
     words = q.astype(np.int8).view(np.uint8).reshape(n_tok, K // 4, 4).copy().view(np.uint32)
     return words.reshape(n_tok, K // 4), d.astype(np.float32), s.astype(np.float32)
+
+
+def quantize_x_ref(x: np.ndarray) -> tuple:
+    """x (T, K) float32 -> (q (T, K/4) uint32, d (T, K/16), s (T, K/16)) as the kernel computes them."""
+    return quantize_groups_ref(x, GROUP)
 
 
 def dequantize_x_ref(q: np.ndarray, d: np.ndarray) -> np.ndarray:
