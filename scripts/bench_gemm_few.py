@@ -29,8 +29,9 @@ def main() -> int:
     ap.add_argument("--split-scale", default="0.5,1,2")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--kernels", default="few,mmq")
-    ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168",
-                    help="the int8 GEMM's token tiles a block[:register cap, 0 none; default REGS's] to time")
+    ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168,1:-1:4",
+                    help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
+                         "a warp]] to time")
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
@@ -54,12 +55,12 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
     xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    S0 = mod.splits_for(M, N, K, sms=sms)
-    variants = [(None, 0)] if name == "few" else [
-        tuple(int(f) for f in (v + ":-1").split(":")[:2]) for v in args.mmq_variants.split(",")]
-    for ni, regs in variants:
+    variants = [(None, 0, 2)] if name == "few" else [
+        tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
+    for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
+        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
         row = []
         for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
                          for f in args.split_scale.split(",")} | {S0}):
@@ -70,14 +71,15 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                     gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
-                                      regs=None if regs < 0 else regs)
+                                      regs=None if regs < 0 else regs, mt=mt)
             for i in range(len(ws)):
                 call(i)
             m.ctx.sync()
             row.append((graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps), S))
         best = min(row)
         default = next(us for us, S in row if S == S0)
-        tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "")
+        tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
+            f" mt={mt}" if mt != gemm_mmq.MT else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
               + " ".join(f"S{S}={us:.1f}" for us, S in row), flush=True)

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm.gemm_mmq import (QuantX32, TYPES, dequantize_x32_ref, gemm_mmq, gemm_mmq_ref,
+from impnb.kernels.gemm.gemm_mmq import (MT, QuantX32, TYPES, dequantize_x32_ref, gemm_mmq, gemm_mmq_ref,
                                          gemm_mmq_split, quantize_x32, quantize_x32_ref, slab_rows, splits_for)
 from impnb.quants import dequantize
 from tests.gpu import test_gemm_tc as gemm_tests
@@ -43,7 +43,7 @@ def check_bound(got, x, raw, w16, ggml_type, c0=None):
                                   f"err {err[worst]:.3e} > {bound[worst]:.3e}")
 
 
-def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False):
+def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=MT):
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     x = activations(M, K, std, seed)
     c0 = np.random.default_rng(seed + 1).standard_normal((M, N)).astype(np.float32) if accumulate else None
@@ -51,7 +51,7 @@ def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False):
     xq = poisoned_xq(MP, K)
     part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
     c = cuda.to_device(c0 if accumulate else np.full((M, N), np.nan, np.float32))
-    gemm_mmq(cuda.to_device(x), xq, w, c, part, 0, splits, accumulate)
+    gemm_mmq(cuda.to_device(x), xq, w, c, part, 0, splits, accumulate, mt=mt)
     got = c.copy_to_host().astype(np.float64)
     q, ds = quantize_x32_ref(x, MP)
     assert (xq.q.copy_to_host() == q).all(), "x̂'s int8 words differ from quantize_x32_ref"
@@ -74,6 +74,12 @@ def check_mmq_split(ggml_type, M, sizes, K, splits, seed):
 @pytest.mark.parametrize("M,splits", [(2, 3), (8, 1), (9, 5), (19, 3), (32, 2), (64, 1), (111, 4), (256, 2)])
 def test_mmq(ggml_type, M, splits):
     check_mmq(ggml_type, M, 264, 1024, splits, (0.1, 1.0, 10.0)[M % 3], seed=M)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
+def test_mmq_four_w_tiles(ggml_type):
+    """The bench's variant of four m16 tiles of W a warp (256 rows a block; N past them clamped)."""
+    check_mmq(ggml_type, 7, 264, 1024, 3, 1.0, seed=5, mt=4)
 
 
 @pytest.mark.parametrize("M", [3, 16, 33, 100])

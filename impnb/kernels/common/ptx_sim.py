@@ -26,7 +26,7 @@ def _host(a):
     return item._ary if item is not None else a._ary
 
 
-def _global_bytes(a, i, n):
+def global_bytes(a, i, n):
     """n bytes from element i (flat, C order) of array a, as a writable uint8 view."""
     h = _host(a)
     off = int(i) * h.itemsize
@@ -62,23 +62,23 @@ def _u32(v):
 # -- 16-byte moves --
 
 def ld_global_cg_f32(a, i):
-    return np.float32(_global_bytes(a, i, 4).view(np.float32)[0])
+    return np.float32(global_bytes(a, i, 4).view(np.float32)[0])
 
 
 def ld_global_cg_v4_f32(a, i):
-    return tuple(np.float32(v) for v in _global_bytes(a, i, 16).view(np.float32))
+    return tuple(np.float32(v) for v in global_bytes(a, i, 16).view(np.float32))
 
 
 def ld_global_v4_u32(a, i):
-    return tuple(np.uint32(w) for w in _global_bytes(a, i, 16).view(np.uint32))
+    return tuple(np.uint32(w) for w in global_bytes(a, i, 16).view(np.uint32))
 
 
 def st_global_v4_u32(a, i, v0, v1, v2, v3):
-    _global_bytes(a, i, 16).view(np.uint32)[:] = [_u32(v) for v in (v0, v1, v2, v3)]
+    global_bytes(a, i, 16).view(np.uint32)[:] = [_u32(v) for v in (v0, v1, v2, v3)]
 
 
 def st_global_v2_f32(a, i, v0, v1):
-    _global_bytes(a, i, 8).view(np.float32)[:] = [np.float32(v0), np.float32(v1)]
+    global_bytes(a, i, 8).view(np.float32)[:] = [np.float32(v0), np.float32(v1)]
 
 
 def ld_shared_v4_u32(saddr):
@@ -102,7 +102,7 @@ def cp_async_16_zfill(saddr, a, i, src_bytes):
     n = int(src_bytes)
     data = np.zeros(16, np.uint8)
     if n:
-        data[:n] = _global_bytes(a, i, n)
+        data[:n] = global_bytes(a, i, n)
     _cp_thread()._cp_open.append((int(saddr), data))
 
 

@@ -42,9 +42,9 @@ if SIM:
     ldg_u32x4_l1 = ldg_f32x4  # four 32-bit words through the read-only L1 path
 
     def _words(a, i, n):
-        from impnb.kernels.common.ptx_sim import _global_bytes
+        from impnb.kernels.common.ptx_sim import global_bytes
 
-        return tuple(np.uint32(w) for w in _global_bytes(a, i, 4 * n).view(np.uint32))
+        return tuple(np.uint32(w) for w in global_bytes(a, i, 4 * n).view(np.uint32))
 
     def ldg_u32x2(a, i):
         """Two 32-bit words from element i of any array (8-byte aligned), streamed past L1."""

@@ -19,9 +19,9 @@ and its tokens' (d, s) finish its sums:
     Q6_K: acc += float(sc_a Σ_a + sc_b Σ_b) · (d · dx)           (q - 32 made int8 exactly)
     Q8_0: acc += float(Σ q x̂) · (d · dx)
 
-Work: a warp owns 32 W rows (two m16 tiles), a block 4 warps (BN = 128 rows) and NI n8 tiles of
+Work: a warp owns 16 MT W rows (MT m16 tiles: 2, or 4 to try), a block 4 warps and NI n8 tiles of
 tokens (8 NI, at most 32; more in 32-token slabs), split-K over 128-column groups: grid
-(ceil(N / BN), S, ceil(M / (8 NI))), NI <= 4; partial tiles to part[s], added in split order by
+(ceil(N / 64 MT), S, ceil(M / (8 NI))), NI <= 4; partial tiles to part[s], added in split order by
 gemm_quant_splitk's reduce (deterministic). The next group's raw W words are in flight while
 this one multiplies; x̂ (a few KB, written by quantize_x32 just before) is read through L1.
 
@@ -47,7 +47,7 @@ from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.gemm_few import block_split
 from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemv.gemv import parts_type
-from impnb.kernels.gemv.quant_x import _rms_scale, make_quantize_words, quantize_groups_ref, scale4
+from impnb.kernels.gemv.quant_x import make_quantize_words, quantize_groups_ref, rms_scale, scale4
 from impnb.launch import launch
 from impnb.quants import dequantize
 
@@ -56,7 +56,7 @@ XWORDS = XGROUP // 4        # int8 words a group
 WARPS = 4
 THREADS = 32 * WARPS
 GROUP = 128                 # K columns an iteration (the split-K unit)
-BN = 32 * WARPS             # W rows a block
+MT = 2                      # m16 tiles of W a warp (a lane holds 2 MT rows)
 MAX_NI = 4                  # n8 token tiles a block at most (32 tokens; more: grid.z, W again from L2)
 # (type, ni) -> register cap: two token tiles of Q4_K / Q6_K at 168 (3 blocks an SM, not 2: 1.0-1.5x
 # at the 8B's shapes, 16 rows); Q8_0 spills there
@@ -117,7 +117,7 @@ def _make_quantize_x32(normed):
         grp = cuda.blockIdx.x * QUANT_THREADS + cuda.threadIdx.x
         K = q.shape[1] * 4
         live = t < x.shape[0]
-        rms = _rms_scale(x, t, wn, eps) if normed and live else float32(1.0)
+        rms = rms_scale(x, t, wn, eps) if normed and live else float32(1.0)
         if grp >= K // XGROUP:
             return
         v = cuda.local.array(XGROUP, float32)
@@ -260,55 +260,58 @@ def _acc(L, o, c, f, mins=None):
             L.append(f"    acc[{o + i}] -= {mins[i >> 1]} * sx{tok}")
 
 
-def _step_source(ggml_type, ni: int) -> str:
+def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
+    # lane rows x0 .. x{2 mt - 1}: tile i holds rows 2i (g) and 2i + 1 (g + 8); acc[4 mt n + 4 i ..]
+    rows, tiles = range(2 * mt), range(mt)
     L = [f"def step({_STEP_ARGS}):"]
-    L += [f"    x{i} = rows[{i}]" for i in range(4)]
+    L += [f"    x{r} = rows[{r}]" for r in rows]
     for n in range(ni):
         L.append(f"    xr{n} = (m0 + {8 * n} + g) * KW + {1 if ggml_type == T.Q6_K else 2} * t")
         L.append(f"    dt{n} = m0 + {8 * n} + 2 * t")
     if ggml_type == T.Q4_K:
         for p in range(2):
-            L += [f"    s{i} = _q4_k_scales(x{i}, 2 * (grp & 1) + {p})" for i in range(4)]
+            L += [f"    s{r} = _q4_k_scales(x{r}, 2 * (grp & 1) + {p})" for r in rows]
             for hi in range(2):
-                L += [f"    a{i}{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
-                      for i in range(2) for j in range(4)]
+                L += [f"    a{i}_{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
+                      for i in tiles for j in range(4)]
                 for n in range(ni):
                     _x_loads(L, n, f"4 * grp + {2 * p + hi}", True)
-                    for i in range(2):
-                        L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}0, a{i}1, a{i}2, a{i}3, b0, b1, 0, 0, 0, 0)")
-                        _acc(L, 8 * n + 4 * i, ("c0", "c1", "c2", "c3"),
+                    for i in tiles:
+                        L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}_0, a{i}_1, a{i}_2, a{i}_3, b0, b1, "
+                                 "0, 0, 0, 0)")
+                        _acc(L, 4 * mt * n + 4 * i, ("c0", "c1", "c2", "c3"),
                              (f"s{2 * i}[{2 * hi}]", f"s{2 * i + 1}[{2 * hi}]"),
                              (f"s{2 * i}[{2 * hi + 1}]", f"s{2 * i + 1}[{2 * hi + 1}]"))
     elif ggml_type == T.Q6_K:
         for pr in range(4):
-            L += [f"    e{i} = _q6_k_quants(x{i}, {2 * pr})" for i in range(4)]
-            L += [f"    o{i} = _q6_k_quants(x{i}, {2 * pr + 1})" for i in range(4)]
-            L += [f"    se{i} = _s8(x{i}[2][{pr >> 1}], {2 * (pr & 1)})" for i in range(4)]
-            L += [f"    so{i} = _s8(x{i}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for i in range(4)]
+            L += [f"    e{r} = _q6_k_quants(x{r}, {2 * pr})" for r in rows]
+            L += [f"    o{r} = _q6_k_quants(x{r}, {2 * pr + 1})" for r in rows]
+            L += [f"    se{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1)})" for r in rows]
+            L += [f"    so{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for r in rows]
             for n in range(ni):
                 _x_loads(L, n, f"4 * grp + {pr}", False)
-                for i in range(2):
+                for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k16(e{r0}, e{r1}, be, 0, 0, 0, 0)")
                     L.append(f"    f0, f1, f2, f3 = ptx.mma_s8_k16(o{r0}, o{r1}, bo, 0, 0, 0, 0)")
                     sums = [f"int32(se{r0 if k < 2 else r1} * c{k} + so{r0 if k < 2 else r1} * f{k})" for k in range(4)]
-                    _acc(L, 8 * n + 4 * i, sums, (f"x{r0}[3]", f"x{r1}[3]"))
+                    _acc(L, 4 * mt * n + 4 * i, sums, (f"x{r0}[3]", f"x{r1}[3]"))
     else:
         for j in range(4):
             for n in range(ni):
                 _x_loads(L, n, f"4 * grp + {j}", True)
-                for i in range(2):
+                for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(x{r0}[0][{2 * j}], x{r1}[0][{2 * j}], "
                              f"x{r0}[0][{2 * j + 1}], x{r1}[0][{2 * j + 1}], b0, b1, 0, 0, 0, 0)")
-                    _acc(L, 8 * n + 4 * i, ("c0", "c1", "c2", "c3"), (f"x{r0}[1][{j}]", f"x{r1}[1][{j}]"))
+                    _acc(L, 4 * mt * n + 4 * i, ("c0", "c1", "c2", "c3"), (f"x{r0}[1][{j}]", f"x{r1}[1][{j}]"))
     return "\n".join(L) + "\n"
 
 
-def _make_step(ggml_type, ni: int):
+def _make_step(ggml_type, ni: int, mt: int = MT):
     scope = {"qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4, "_q4_k_scales": _q4_k_scales,
              "_q6_k_quants": _q6_k_quants, "_s8": _s8}
-    exec(_step_source(T(ggml_type), ni), scope)
+    exec(_step_source(T(ggml_type), ni, mt), scope)
     return cuda.jit(device=True, inline=True)(scope["step"])
 
 
@@ -316,56 +319,62 @@ _ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}
 
 
 
+_KERNEL = """
+def _gemm_mmq_kernel(xq, xds, parts, part):
+    s = cuda.blockIdx.y
+    M = part.shape[1]
+    N = part.shape[2]
+    KW = xq.shape[1]
+    K = 4 * KW
+    MP = xq.shape[0]
+    g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
+    nb = cuda.blockIdx.x * bn + warp * {warp_rows} + g  # this lane's rows: nb + 8 i (tile i // 2)
+{rows}
+    acc = cuda.local.array(n_acc, float32)
+    for i in range(n_acc):
+        acc[i] = float32(0.0)
+{first}
+    for grp in range(g0, g1):
+        gn = min(grp + 1, g1 - 1)
+{next}
+        step(({xs},), grp, xq, xds, acc, m0, MP, KW, t, g)
+        {xs} = {ys}
+    # -- epilogue: acc[4 mt n + 2 i + j]: row nb + 8 i, token 8 n + 2t + j --
+    for n in range(ni):
+        for j in range(2):
+            tok = m0 + 8 * n + 2 * t + j
+            if tok < M:
+                for i in range({lane_rows}):
+                    row = nb + 8 * i
+                    if row < N:
+                        part[s, tok, row] = acc[{lane_rows} * 2 * n + 2 * i + j]
+"""
+
+
 @lru_cache(maxsize=None)
-def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0):
-    """The split-K kernel of one weight type and ni n8 token tiles a block, capped at `regs`
-    registers a thread where given."""
-    load_row = _ROWS[T(ggml_type)]
-    step = _make_step(ggml_type, ni)
-    bm = 8 * ni
-    n_acc = 8 * ni
-
-    # grid (ceil(N / BN), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows BN x ..
+def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
+    """The split-K kernel of one weight type, ni n8 token tiles a block and mt m16 tiles of W a
+    warp, capped at `regs` registers a thread where given."""
+    lane_rows = 2 * mt
+    src = _KERNEL.format(
+        warp_rows=16 * mt, lane_rows=lane_rows,
+        rows="\n".join(f"    r{i} = min(nb + {8 * i}, N - 1)" for i in range(lane_rows)),
+        first="\n".join(f"    x{i} = load_row(parts, r{i}, K, g0, t)" for i in range(lane_rows)),
+        next="\n".join(f"        y{i} = load_row(parts, r{i}, K, gn, t)" for i in range(lane_rows)),
+        xs=", ".join(f"x{i}" for i in range(lane_rows)), ys=", ".join(f"y{i}" for i in range(lane_rows)))
+    # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
-    def _gemm_mmq_kernel(xq, xds, parts, part):
-        s = cuda.blockIdx.y
-        M = part.shape[1]
-        N = part.shape[2]
-        KW = xq.shape[1]
-        K = 4 * KW
-        MP = xq.shape[0]
-        g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
-        nb = cuda.blockIdx.x * BN + warp * 32 + g  # this lane's rows: nb, nb + 8 (tile 0), nb + 16, nb + 24
-        r0 = min(nb, N - 1)
-        r1 = min(nb + 8, N - 1)
-        r2 = min(nb + 16, N - 1)
-        r3 = min(nb + 24, N - 1)
-        acc = cuda.local.array(n_acc, float32)
-        for i in range(n_acc):
-            acc[i] = float32(0.0)
-        x0 = load_row(parts, r0, K, g0, t)
-        x1 = load_row(parts, r1, K, g0, t)
-        x2 = load_row(parts, r2, K, g0, t)
-        x3 = load_row(parts, r3, K, g0, t)
-        for grp in range(g0, g1):
-            gn = min(grp + 1, g1 - 1)
-            y0 = load_row(parts, r0, K, gn, t)
-            y1 = load_row(parts, r1, K, gn, t)
-            y2 = load_row(parts, r2, K, gn, t)
-            y3 = load_row(parts, r3, K, gn, t)
-            step((x0, x1, x2, x3), grp, xq, xds, acc, m0, MP, KW, t, g)
-            x0, x1, x2, x3 = y0, y1, y2, y3
-        # -- epilogue: acc[8 n + 4 i + j]: tile i's row g (j < 2) or g + 8, token 8 n + 2t + (j & 1) --
-        for n in range(ni):
-            for j in range(2):
-                tok = m0 + 8 * n + 2 * t + j
-                if tok < M:
-                    for i in range(4):
-                        row = nb + 8 * i
-                        if row < N:
-                            part[s, tok, row] = acc[8 * n + 2 * i + j]
+    scope = {"cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
+             "load_row": _ROWS[T(ggml_type)], "step": _make_step(ggml_type, ni, mt), "bm": 8 * ni,
+             "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni}
+    exec(src, scope)
+    kernel = scope["_gemm_mmq_kernel"]
+    return cuda.jit(kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(kernel)
 
-    return cuda.jit(_gemm_mmq_kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(_gemm_mmq_kernel)
+
+def block_rows(mt: int = MT) -> int:
+    """W rows a block of mt m16 tiles a warp."""
+    return 16 * mt * WARPS
 
 
 def ni_for(M: int) -> int:
@@ -373,9 +382,9 @@ def ni_for(M: int) -> int:
     return 1 if M <= 8 else 2 if M <= 16 else MAX_NI
 
 
-def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
+def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int = MT) -> int:
     """Splits that bring the grid to about two blocks an SM, each at least two groups deep."""
-    blocks = -(-N // BN) * -(-M // (8 * ni_for(M)))
+    blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni_for(M)))
     return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
 
 
@@ -385,7 +394,7 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
-            accumulate: bool, ni: int | None = None, regs: int | None = None):
+            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int = MT):
     N, K = w.rows, w.cols
     ni = ni or ni_for(M)
     regs = REGS.get((T(w.ggml_type), ni), 0) if regs is None else regs
@@ -395,20 +404,22 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
     assert supports(w.ggml_type, K), f"no int8 GEMM for {T(w.ggml_type).name} at K={K}"
     assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
-    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs), (-(-N // BN), splits, -(-M // (8 * ni))), THREADS, stream,
+    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
+           THREADS, stream,
            xq.q, xq.ds, w.parts, part)
     reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
 def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-             ni: int | None = None, regs: int | None = None, norm: tuple | None = None):
+             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int = MT):
     """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
     xq first (of RMSNorm(x) * wn with norm (wn, eps)); part: a float32 scratch (splits, M, N). ni (token tiles a block, ni_for's by
-    default) and regs (a register cap, REGS's by default) are for scripts/bench_gemm_few.py."""
+    default), regs (a register cap, REGS's by default) and mt (m16 tiles of W a warp) are for
+    scripts/bench_gemm_few.py."""
     M = x.shape[0]
     assert x.shape[1] == w.cols and c.shape == (M, w.rows)
     quantize_x32(x, xq, stream, norm)
-    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs)
+    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs, mt)
 
 
 def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None):
@@ -434,4 +445,5 @@ def build_signatures() -> list:
         (gemm_mmq_kernel(t, ni, REGS.get((t, ni), 0)), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
          {"max_registers": REGS.get((t, ni), 255)})
         for t in TYPES for ni in (1, 2, 4)
-    ]
+    ] + [(gemm_mmq_kernel(t, 1, 0, 4), types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": 255})
+         for t in (T.Q4_K, T.Q6_K)]  # four W tiles a warp at one token tile: the bench's variant

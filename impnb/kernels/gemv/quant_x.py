@@ -58,7 +58,7 @@ def dequantize_x_ref(q: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 @cuda.jit(device=True, inline=True)
-def _rms_scale(x, t, wn, eps):
+def rms_scale(x, t, wn, eps):
     # -- 1 / sqrt(mean of x[t]² + eps): the block sums the whole row (it is in L2) --
     K = x.shape[1]
     sq = float32(0.0)
@@ -141,7 +141,7 @@ def make_quantize_block(normed):
     @cuda.jit(device=True, inline=True)
     def quantize_block(x, wn, eps, q, d, s, bx, t):
         g = bx * THREADS + cuda.threadIdx.x
-        rms = _rms_scale(x, t, wn, eps) if normed else float32(1.0)
+        rms = rms_scale(x, t, wn, eps) if normed else float32(1.0)
         if g >= d.shape[1]:
             return
         v = cuda.local.array(GROUP, float32)
