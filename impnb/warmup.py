@@ -89,7 +89,7 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: 
     """The precompile.Recorder of a CUDA engine's load (a tensor-parallel rank's, for tp_world
     ranks), every prompt bucket and every context bucket's decode step under each sampler
     configuration, and with max_batch > 1 the batched engine's decode step at every batch bucket
-    up to it, none of it launched."""
+    up to it, none of it launched; marked (Recorder.mark) after the load and the prompts."""
     from impnb.engine_cuda import CudaEngine
     from impnb.graphs import prefill as prefill_graphs
     from impnb.launch.precompile import record
@@ -109,6 +109,9 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: 
                 for B in (b for b in prefill_graphs.BUCKETS if b <= n_ctx):
                     engine.pos = 0
                     engine.prefill(np.ones(B, np.int32))
+            rec.mark()  # the load and the prompt's kernels: what the first token needs
+            for params in CONFIGS:
+                engine.reset(params)
                 for pos in positions:
                     engine.pos = pos
                     engine.step(1)  # eager: the step's launches
@@ -146,15 +149,21 @@ def _dry_batch(mf: ModelFile, n_ctx: int, group, max_batch: int, positions: list
         gc.collect()
 
 
+_background = None  # (precompile.Background, manifest path, its names) of a prepare(first_token=True)
+
+
 def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
-            stream=None, tp_world: int = 1, max_batch: int = 1) -> dict | None:
+            stream=None, tp_world: int = 1, max_batch: int = 1, first_token: bool = False) -> dict | None:
     """Build what the model's GPU path needs (with max_batch > 1 the batched engine's too) unless
     the manifest says it is built (or `force`); a dict of counts and seconds, or None when it is
-    off or failed (kernels then compile at their first launch, as without this)."""
+    off or failed (kernels then compile at their first launch, as without this). first_token:
+    return once the load's and the prompts' kernels are built and leave the rest compiling in
+    the background (a launch that needs one waits for it); finish() waits for them and writes
+    the manifest."""
     if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
         return None
     try:
-        return _prepare(mf, n_ctx, force, n_workers, stream, tp_world, max_batch)
+        return _prepare(mf, n_ctx, force, n_workers, stream, tp_world, max_batch, first_token)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise
     except Exception as e:  # noqa: BLE001 — any failure only means compiling at first launch
@@ -163,10 +172,10 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
 
 
 def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream, tp_world: int,
-             max_batch: int) -> dict | None:
+             max_batch: int, first_token: bool) -> dict | None:
     from numba import cuda
 
-    from impnb.launch.precompile import compile_all
+    from impnb.launch.precompile import compile_all, compile_first
 
     start = time.perf_counter()
     cc = _cc()
@@ -183,12 +192,43 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
         return None
     finally:
         cuda.current_context().deallocations.clear()  # the dry engine's memory, before the real one
-    missing = rec.missing()
-    failed = compile_all(missing, n_workers, stream)
+    if first_token:
+        first, rest = rec.missing_split()
+        failed, background = compile_first(first, rest, n_workers, stream)
+        if background is not None:
+            global _background
+            _background = (background, path, rec.paths(), failed)
+            return dict(warm=False, kernels=len(rec.jobs), compiled=len(first) - failed, failed=failed,
+                        background=len(rest), seconds=time.perf_counter() - start)
+        missing = first + rest
+    else:
+        missing = rec.missing()
+        failed = compile_all(missing, n_workers, stream)
     if not failed:
         _write_manifest(path, rec.paths())
     return dict(warm=False, kernels=len(rec.jobs), compiled=len(missing) - failed, failed=failed,
-                seconds=time.perf_counter() - start)
+                background=0, seconds=time.perf_counter() - start)
+
+
+def finish(stream=None, abandon: bool = False) -> None:
+    """Wait for the kernels a prepare(first_token=True) left compiling and write the manifest
+    when all of them built (abandon: stop their workers instead, leaving them to a later start).
+    Nothing to do when there are none."""
+    global _background
+    if _background is None:
+        return
+    background, path, names, failed = _background
+    _background = None
+    if abandon:
+        background.abandon()
+        return
+    try:
+        failed += background.finish(stream)
+    except Exception as e:  # noqa: BLE001 — a stuck or broken pool: a later start compiles the rest
+        log.warning("kernel warm-up did not finish (%s: %s)", type(e).__name__, e)
+        return
+    if not failed:
+        _write_manifest(path, names)
 
 
 def _write_manifest(path: Path, names: list[str]) -> None:

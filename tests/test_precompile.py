@@ -104,3 +104,61 @@ def test_a_stuck_pool_is_killed_and_the_jobs_compile_here(cache_dir, monkeypatch
     assert precompile.compile_all(JOBS[:2], n_workers=2, stream=io.StringIO()) == 0
     assert time.perf_counter() - start < 30
     assert here == [JOBS[0][0], JOBS[1][0]]
+
+
+def test_first_jobs_compile_now_and_the_rest_behind_them(cache_dir):
+    """compile_first: the first part on disk when it returns; a launch needing one of the rest
+    waits for its worker and reads its file (compiles nothing itself); finish waits for the rest."""
+    out = io.StringIO()
+    failed, background = precompile.compile_first(JOBS[:1], JOBS[1:], n_workers=2, stream=out)
+    assert failed == 0 and background is not None
+    assert out.getvalue().splitlines()[0] == "impnb: compiling kernels 0/1"
+    assert cache.cubin_path(JOBS[0][0], cache.cache_key(*JOBS[0])).is_file()
+    assert set(cache.pending) == {cache.cache_key(*job) for job in JOBS[1:]}
+    before = dict(cache.stats)
+    assert cache.get_cubin(*JOBS[1])[:4] == b"\x7fELF"
+    assert cache.stats["compiled"] == before.get("compiled", 0)  # the worker's file, read back
+    assert cache.stats["disk"] == before.get("disk", 0) + 1
+    assert background.finish(io.StringIO()) == 0
+    assert not cache.pending
+    for job in JOBS:
+        assert cache.cubin_path(job[0], cache.cache_key(*job)).is_file()
+
+
+def test_abandoned_background_leaves_its_kernels_to_their_launch(cache_dir, monkeypatch):
+    import os
+    import time
+
+    parent = os.getpid()
+    real = cache.get_cubin
+
+    def slow_in_workers(kernel, sig, cc):
+        if os.getpid() != parent and kernel is not JOBS[0][0]:
+            time.sleep(60)
+        return real(kernel, sig, cc)
+
+    monkeypatch.setattr(cache, "get_cubin", slow_in_workers)
+    failed, background = precompile.compile_first(JOBS[:1], JOBS[1:], n_workers=2, stream=io.StringIO())
+    assert failed == 0
+    start = time.perf_counter()
+    background.abandon()
+    assert not cache.pending and time.perf_counter() - start < 10
+    monkeypatch.setattr(cache, "get_cubin", real)
+    before = dict(cache.stats)
+    assert cache.get_cubin(*JOBS[2])[:4] == b"\x7fELF"  # compiled here: no worker is left to wait for
+    assert cache.stats["compiled"] == before.get("compiled", 0) + 1
+
+
+def test_recorder_splits_missing_jobs_at_its_mark(cache_dir, monkeypatch):
+    sigs = iter([JOBS[0][1], JOBS[1][1], JOBS[0][1], JOBS[2][1]])
+    monkeypatch.setattr(precompile, "signature", lambda args: next(sigs))
+    x = np.zeros(4, np.float32)
+    with precompile.record(CC) as rec:
+        launcher.launch(JOBS[0][0], 1, 32, 0, x, x)
+        launcher.launch(JOBS[1][0], 1, 32, 0, x, x)
+        rec.mark()
+        launcher.launch(JOBS[0][0], 1, 32, 0, x, x)  # already in the first part
+        launcher.launch(JOBS[2][0], 1, 32, 0, x, x)
+    first, rest = rec.missing_split()
+    assert first == JOBS[:2] and rest == JOBS[2:]
+    assert rec.missing() == first + rest

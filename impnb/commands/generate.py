@@ -89,17 +89,33 @@ def run(args) -> int:
         raise ParameterError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
     # the engine every caller shares; one sequence: on the GPU the single-sequence CUDA engine as a
     # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
+    # a first start on the GPU builds the prompt's kernels, then the decode step's behind the prompt
     runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
-                         max_num_seqs=1, tp=args.rank)
-    engine = LLMEngine(runner, tokenizer, n_ctx)
-    request = engine.add_request(ids, params)
-    while engine.has_unfinished_requests():
-        for delta in engine.step():
-            sys.stdout.write(delta.text)
-            sys.stdout.flush()
-    result = engine.completion(request)
+                         max_num_seqs=1, tp=args.rank, first_token=True)
+    try:
+        engine = LLMEngine(runner, tokenizer, n_ctx)
+        request = engine.add_request(ids, params)
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+        result = engine.completion(request)
+    except BaseException:
+        _finish_kernels(runner, abandon=True)
+        raise
     stats = Stats(len(ids), result.timing.prefill_s, len(result.token_ids), result.timing.decode_s,
                   result.finish_reason)
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    _finish_kernels(runner)
     print(f"impnb: {runner.device}: {stats.line()}", file=sys.stderr)
     return 0
+
+
+def _finish_kernels(runner, abandon: bool = False) -> None:
+    """The kernels a first start left compiling: waited for (so the next start is warm), or on an
+    error stopped."""
+    if runner.device == "cuda":
+        from impnb.warmup import finish
+
+        finish(abandon=abandon)

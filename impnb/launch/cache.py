@@ -15,6 +15,7 @@ import logging
 import os
 import types as pytypes
 from collections import Counter
+from concurrent.futures import wait
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +31,7 @@ MAGIC = b"impnb-cubin-1\n"
 KERNELS_DIR = Path(__file__).parents[1] / "kernels"
 stats = Counter()  # "compiled", "disk", "memory": where this process found each cubin
 _memory: dict[str, bytes] = {}
+pending: dict = {}  # key -> Future of a worker compiling it (precompile.Background): waited for, not redone
 
 
 class UnstableValue(TypeError):
@@ -142,6 +144,9 @@ def get_cubin(kernel, sig: tuple, cc: tuple) -> bytes:
         stats["memory"] += 1
         return _memory[key]
     path = cubin_path(kernel, key)
+    future = pending.pop(key, None)
+    if future is not None:  # a worker is writing it: wait (a failure there is compiled here below)
+        wait([future])
     cubin = _read(path)
     if cubin is None:
         cubin = compile_cubin(kernel, sig, cc)

@@ -3,6 +3,10 @@ pairs its launches need, then the cubins the disk cache lacks compile in worker 
 from this one (so they inherit every kernel, factory closures included), one a core, with a
 progress line on stderr. Anything that fails here only leaves that kernel to compile at its first
 launch, as it would without this.
+
+compile_first compiles only the jobs a first result needs (a prompt's) before it returns and
+leaves the rest compiling in the same workers (Background): a launch that needs one of those
+waits for its worker (cache.pending), and Background.finish waits for the rest.
 """
 
 import contextlib
@@ -32,7 +36,8 @@ class Recorder:
 
     def __init__(self, cc: tuple):
         self.cc = cc
-        self.jobs: dict[str, tuple] = {}
+        self.jobs: dict[str, tuple] = {}  # in the order of their first launch
+        self.first: int | None = None  # how many of them came before mark()
 
     def __call__(self, kernel, args) -> None:
         sig = signature(args)
@@ -40,10 +45,23 @@ class Recorder:
         if key is not None:
             self.jobs.setdefault(key, (kernel, sig))
 
+    def mark(self) -> None:
+        """The pairs recorded so far are what a first result needs (compile_first's first part)."""
+        self.first = len(self.jobs)
+
     def missing(self) -> list[tuple]:
         """(kernel, sig, cc) of the recorded pairs whose cubin is not on disk."""
         return [(k, sig, self.cc) for key, (k, sig) in self.jobs.items()
                 if not cache.cubin_path(k, key).is_file()]
+
+    def missing_split(self) -> tuple[list[tuple], list[tuple]]:
+        """missing(), as (those recorded before mark(), those after); all first without a mark."""
+        first = len(self.jobs) if self.first is None else self.first
+        parts = ([], [])
+        for i, (key, (k, sig)) in enumerate(self.jobs.items()):
+            if not cache.cubin_path(k, key).is_file():
+                parts[i >= first].append((k, sig, self.cc))
+        return parts
 
     def paths(self) -> list[str]:
         return sorted(cache.cubin_path(k, key).name for key, (k, _) in self.jobs.items())
@@ -67,11 +85,11 @@ def record(cc: tuple):
 
 
 class Progress:
-    """`impnb: compiling kernels i/n` on stderr: rewritten in place on a terminal, else a line at
-    most every few seconds and at the end."""
+    """`impnb: compiling kernels i/n` (or another `what`) on stderr: rewritten in place on a
+    terminal, else a line at most every few seconds and at the end."""
 
-    def __init__(self, total: int, stream=None):
-        self.total, self.done, self.stream = total, 0, stream or sys.stderr
+    def __init__(self, total: int, stream=None, what: str = "compiling kernels"):
+        self.total, self.done, self.stream, self.what = total, 0, stream or sys.stderr, what
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.last = 0.0
         self._show()
@@ -85,7 +103,7 @@ class Progress:
     def _show(self) -> None:
         self.last = time.monotonic()
         end = "\n" if self.done == self.total or not self.tty else ""
-        self.stream.write(f"{chr(13) if self.tty else ''}impnb: compiling kernels {self.done}/{self.total}{end}")
+        self.stream.write(f"{chr(13) if self.tty else ''}impnb: {self.what} {self.done}/{self.total}{end}")
         self.stream.flush()
 
 
@@ -95,28 +113,43 @@ def _compile_one(i: int) -> int:
     return i
 
 
+def _fork_pool(n_workers: int) -> ProcessPoolExecutor:
+    with warnings.catch_warnings():  # fork in a threaded process: the workers only compile
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork"))
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _wait_all(futures, progress: Progress) -> int:
+    """Wait for futures, a progress step each; how many failed. TimeoutError when none finishes
+    for STALL_S."""
+    failed = 0
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=STALL_S, return_when=FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError(f"no kernel finished compiling in {STALL_S} s")
+        for future in done:
+            if future.cancelled() or future.exception() is not None:
+                failed += 1
+                log.info("precompile: %s", "cancelled" if future.cancelled() else future.exception())
+            progress.step()
+    return failed
+
+
 def _compile_forked(n: int, n_workers: int, progress: Progress) -> int:
     """_jobs[0..n) compiled by n_workers forked processes; how many failed. TimeoutError when
     none finishes for STALL_S (the workers are then killed)."""
-    failed = 0
-    with warnings.catch_warnings():  # fork in a threaded process: the workers only compile
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork"))
+    pool = _fork_pool(n_workers)
     try:
-        pending = {pool.submit(_compile_one, i) for i in range(n)}
-        while pending:
-            done, pending = wait(pending, timeout=STALL_S, return_when=FIRST_COMPLETED)
-            if not done:
-                raise TimeoutError(f"no kernel finished compiling in {STALL_S} s")
-            for future in done:
-                if future.exception() is not None:
-                    failed += 1
-                    log.info("precompile: %s", future.exception())
-                progress.step()
+        failed = _wait_all([pool.submit(_compile_one, i) for i in range(n)], progress)
     except BaseException:
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        _kill(pool)
         raise
     pool.shutdown()
     return failed
@@ -158,3 +191,75 @@ def compile_all(jobs: list[tuple], n_workers: int | None = None, stream=None) ->
             log.info("precompile: %s", e)
         progress.step()
     return failed
+
+
+class Background:
+    """Jobs compiling in a pool's forked workers while this process goes on: a launch that needs
+    one waits for its worker (cache.pending); finish() waits for the rest."""
+
+    def __init__(self, pool: ProcessPoolExecutor, futures: dict):
+        self.pool, self.futures = pool, futures  # cache key -> Future
+        cache.pending.update(futures)
+
+    def finish(self, stream=None) -> int:
+        """Wait for every job, with `impnb: finishing the kernel cache i/n` on stderr while any
+        is left; how many failed. The workers are killed if the wait is interrupted or stuck."""
+        global _jobs
+        try:
+            left = [f for f in self.futures.values() if not f.done()]
+            failed = sum(1 for f in self.futures.values()
+                         if f.done() and (f.cancelled() or f.exception() is not None))
+            if left:
+                progress = Progress(len(self.futures), stream, "finishing the kernel cache")
+                progress.done = len(self.futures) - len(left)
+                failed += _wait_all(left, progress)
+            self.pool.shutdown()
+            return failed
+        except BaseException:
+            _kill(self.pool)
+            raise
+        finally:
+            self._forget()
+            _jobs = []
+
+    def abandon(self) -> None:
+        """Stop the workers; what they had not compiled is left to its first launch."""
+        global _jobs
+        _kill(self.pool)
+        self._forget()
+        _jobs = []
+
+    def _forget(self) -> None:
+        for key in self.futures:
+            cache.pending.pop(key, None)
+
+
+def compile_first(first: list[tuple], rest: list[tuple], n_workers: int | None = None,
+                  stream=None) -> tuple[int, Background | None]:
+    """Compile the `first` jobs before returning and leave the `rest` compiling in the same forked
+    workers: (how many of `first` failed, the Background of the rest, or None when nothing is
+    left: without fork or a second core, or when the pool broke, everything compiled here)."""
+    global _jobs
+    if not rest:
+        return compile_all(first, n_workers, stream), None
+    n_workers = min(n_workers or workers(), len(first) + len(rest))
+    if n_workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return compile_all(first, n_workers, stream) + compile_all(rest, n_workers, stream), None
+    _jobs = list(first) + list(rest)  # the workers fork at the first submit and keep their copy
+    pool = _fork_pool(n_workers)
+    try:
+        futures = [pool.submit(_compile_one, i) for i in range(len(first))]
+        later = {cache.cache_key(*job): pool.submit(_compile_one, len(first) + i) for i, job in enumerate(rest)}
+        failed = _wait_all(futures, Progress(len(first), stream)) if first else 0
+    except Exception as e:  # a broken or stuck pool: what is missing compiles here, one by one
+        _kill(pool)
+        _jobs = []
+        log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, e)
+        todo = [j for j in list(first) + list(rest)
+                if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()]
+        return compile_all(todo, 1, stream), None
+    except BaseException:
+        _kill(pool)
+        _jobs = []
+        raise
+    return failed, Background(pool, later)
