@@ -85,11 +85,18 @@ class _InertGroup:
         pass
 
 
-def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: int = 1):
+def _same_config(a: SamplingParams, b: SamplingParams) -> bool:
+    """Whether the decode graphs key a and b alike (so they launch the same sampling kernels)."""
+    return (a.greedy, a.penalized) == (b.greedy, b.penalized)
+
+
+def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: int = 1,
+            first: SamplingParams | None = None):
     """The precompile.Recorder of a CUDA engine's load (a tensor-parallel rank's, for tp_world
     ranks), every prompt bucket and every context bucket's decode step under each sampler
     configuration, and with max_batch > 1 the batched engine's decode step at every batch bucket
-    up to it, none of it launched; marked (Recorder.mark) after the load and the prompts."""
+    up to it, none of it launched; marked (Recorder.mark) after the load and the prompts (under
+    `first`'s sampler configuration alone where given)."""
     from impnb.engine_cuda import CudaEngine
     from impnb.graphs import prefill as prefill_graphs
     from impnb.launch.precompile import record
@@ -104,12 +111,14 @@ def dry_run(mf: ModelFile, n_ctx: int, cc: tuple, tp_world: int = 1, max_batch: 
             engine.m.cublas = engine.m.mm.cublas = _InertCublas()
             engine._checked = lambda token: 0  # nothing ran: the sampled ids are whatever memory held
             positions = sorted({min(b, n_ctx) - 2 for b in DECODE_CTX_BUCKETS if min(b, n_ctx) >= 3})
-            for params in CONFIGS:
+            firsts = [c for c in CONFIGS if first is not None and _same_config(c, first)] or CONFIGS
+            for params in firsts + [c for c in CONFIGS if c not in firsts]:
                 engine.reset(params)
                 for B in (b for b in prefill_graphs.BUCKETS if b <= n_ctx):
                     engine.pos = 0
                     engine.prefill(np.ones(B, np.int32))
-            rec.mark()  # the load and the prompt's kernels: what the first token needs
+                if params is firsts[-1]:
+                    rec.mark()  # the load and the prompt's kernels: what the first token needs
             for params in CONFIGS:
                 engine.reset(params)
                 for pos in positions:
@@ -149,17 +158,18 @@ def _dry_batch(mf: ModelFile, n_ctx: int, group, max_batch: int, positions: list
         gc.collect()
 
 
-_background = None  # (precompile.Background, manifest path, its names) of a prepare(first_token=True)
+_background = None  # (precompile.Background, manifest path, its names) of a prepare(first_token=params)
 
 
 def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | None = None,
-            stream=None, tp_world: int = 1, max_batch: int = 1, first_token: bool = False) -> dict | None:
+            stream=None, tp_world: int = 1, max_batch: int = 1,
+            first_token: SamplingParams | None = None) -> dict | None:
     """Build what the model's GPU path needs (with max_batch > 1 the batched engine's too) unless
     the manifest says it is built (or `force`); a dict of counts and seconds, or None when it is
     off or failed (kernels then compile at their first launch, as without this). first_token:
-    return once the load's and the prompts' kernels are built and leave the rest compiling in
-    the background (a launch that needs one waits for it); finish() waits for them and writes
-    the manifest."""
+    return once the load's kernels and the prompts' under these sampling parameters are built,
+    and leave the rest compiling in the background (a launch that needs one waits for it);
+    finish() waits for them and writes the manifest."""
     if os.environ.get("IMPNB_PRECOMPILE", "1") == "0":
         return None
     try:
@@ -172,7 +182,7 @@ def prepare(mf: ModelFile, n_ctx: int, force: bool = False, n_workers: int | Non
 
 
 def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stream, tp_world: int,
-             max_batch: int, first_token: bool) -> dict | None:
+             max_batch: int, first_token: SamplingParams | None) -> dict | None:
     from numba import cuda
 
     from impnb.launch.precompile import compile_all, compile_first
@@ -183,7 +193,7 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
     if not force and _is_warm(path):
         return dict(warm=True, kernels=None, compiled=0, failed=0, seconds=time.perf_counter() - start)
     try:
-        rec = dry_run(mf, n_ctx, cc, tp_world, max_batch)
+        rec = dry_run(mf, n_ctx, cc, tp_world, max_batch, first_token)
     except (GGUFError, UnsupportedError, ParameterError, DeviceError):
         raise  # the user's model or parameters: the one error line the real load would give
     except Exception as e:  # noqa: BLE001 — any other failure only means compiling at first launch
@@ -192,7 +202,7 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
         return None
     finally:
         cuda.current_context().deallocations.clear()  # the dry engine's memory, before the real one
-    if first_token:
+    if first_token is not None:
         first, rest = rec.missing_split()
         failed, background = compile_first(first, rest, n_workers, stream)
         if background is not None:
@@ -211,7 +221,7 @@ def _prepare(mf: ModelFile, n_ctx: int, force: bool, n_workers: int | None, stre
 
 
 def finish(stream=None, abandon: bool = False) -> None:
-    """Wait for the kernels a prepare(first_token=True) left compiling and write the manifest
+    """Wait for the kernels a prepare(first_token=params) left compiling and write the manifest
     when all of them built (abandon: stop their workers instead, leaving them to a later start).
     Nothing to do when there are none."""
     global _background

@@ -60,7 +60,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
+        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, (ni or gemm_mmq.ni_for(M), mt))
         row = []
         for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
                          for f in args.split_scale.split(",")} | {S0}):

@@ -50,8 +50,8 @@ def gemma3_path() -> Path:
 @pytest.fixture
 def numba_without_spare_copies():
     """Kernel builds for the compile checks without the IR copies numba's inliner discards
-    (tests/numba_inlining.py): the same code in about half the CPU time."""
-    from tests.numba_inlining import without_spare_copies
+    (impnb/launch/inlining.py): the same code in about half the CPU time."""
+    from impnb.launch.inlining import without_spare_copies
 
     with without_spare_copies():
         yield

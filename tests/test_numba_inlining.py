@@ -1,4 +1,4 @@
-"""tests/numba_inlining.py: kernels compiled without the inliner's spare copies are the ones numba
+"""impnb/launch/inlining.py: kernels compiled without the inliner's spare copies are the ones numba
 compiles as it is (PTX equal but for the per-process ids in mangled names)."""
 
 import re
@@ -9,9 +9,9 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, int32, types
 
 from impnb.kernels.elementwise import embedding
-from tests.numba_inlining import applies, without_spare_copies
+from impnb.launch.inlining import applies, without_spare_copies
 
-pytestmark = pytest.mark.skipif(not applies(), reason="numba-cuda's inliner is not the one tests/numba_inlining.py "
+pytestmark = pytest.mark.skipif(not applies(), reason="numba-cuda's inliner is not the one impnb/launch/inlining.py "
                                                       "was read from: kernel builds run without its saving")
 
 

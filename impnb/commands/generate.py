@@ -91,7 +91,7 @@ def run(args) -> int:
     # runner (the same reset / prefill / step calls as a loop of its own), on the CPU the reference
     # a first start on the GPU builds the prompt's kernels, then the decode step's behind the prompt
     runner = make_runner(mf, n_ctx, args.device, kv_cache_tokens=n_ctx, graphs=not args.no_graphs,
-                         max_num_seqs=1, tp=args.rank, first_token=True)
+                         max_num_seqs=1, tp=args.rank, first_token=params)
     try:
         engine = LLMEngine(runner, tokenizer, n_ctx)
         request = engine.add_request(ids, params)

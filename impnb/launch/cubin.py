@@ -1,10 +1,13 @@
 """Compile a @cuda.jit kernel for one signature to a cubin the way numba's dispatcher does, without
 a GPU: the same NVVM options and output (LTO-IR when the kernel has lto=True, numba's default
-with nvJitLink, else PTX), linked by cuda.core's Linker with the same arch and register cap."""
+with nvJitLink, else PTX), linked by cuda.core's Linker with the same arch and register cap;
+numba's inliner without its spare IR copies (inlining.py)."""
 
 import struct
 
 from numba import cuda
+
+from impnb.launch.inlining import without_spare_copies
 
 # Options numba honours at launch or link time that this path does not reproduce.
 UNSUPPORTED_OPTIONS = ("debug", "link", "extensions", "forceinline", "shared_memory_carveout")
@@ -28,10 +31,11 @@ def compile_code(kernel, sig: tuple, cc: tuple[int, int, str]) -> tuple[bytes | 
         raise NotImplementedError(f"launch: {kernel.__name__} is jitted with {bad}; "
                                   "launch it through numba's dispatcher")
     lto = bool(opts.get("lto"))
-    code, _ = cuda.compile(kernel.py_func, sig, device=False, abi="numba", cc=cc,
-                           output="ltoir" if lto else "ptx", debug=False,
-                           lineinfo=opts.get("lineinfo", False), fastmath=opts.get("fastmath", False),
-                           opt=opts.get("opt"), launch_bounds=opts.get("launch_bounds"))
+    with without_spare_copies():
+        code, _ = cuda.compile(kernel.py_func, sig, device=False, abi="numba", cc=cc,
+                               output="ltoir" if lto else "ptx", debug=False,
+                               lineinfo=opts.get("lineinfo", False), fastmath=opts.get("fastmath", False),
+                               opt=opts.get("opt"), launch_bounds=opts.get("launch_bounds"))
     return code, lto
 
 

@@ -23,11 +23,12 @@ CPU_POOL_CONTEXTS = 2  # the CPU pool's default size, in contexts
 def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens: int | None = None,
                 block_size: int = DEFAULT_BLOCK_SIZE, graphs: bool = True,
                 gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None, tp=None,
-                first_token: bool = False) -> ModelRunner:
+                first_token=None) -> ModelRunner:
     """The runner for device; block_size is the CPU pool's (the GPU's pages are PAGE_SIZE); tp:
     this process's tensor-parallel rank (impnb/parallel/ranks.Rank; one sequence on the GPU);
-    first_token: a first start builds the kernels a prompt needs and leaves the decode step's
-    compiling in the background (the caller then calls warmup.finish)."""
+    first_token (the SamplingParams of the one sequence): a first start builds the kernels its
+    prompt needs and leaves the rest compiling in the background (the caller then calls
+    warmup.finish)."""
     cfg = validate_model(mf)
     cls = engine_class(device, cfg.arch, cfg)
     if tp is not None and cls.device != "cuda":
@@ -43,7 +44,7 @@ def make_runner(mf: ModelFile, n_ctx: int, device: str = "auto", kv_cache_tokens
             max_batch = 1 if single else min(max_num_seqs or DEFAULT_MAX_NUM_SEQS, BATCH_BUCKETS[-1])
             # compiled across the cores at a first start, the batch buckets' decode steps too
             prepare(mf, n_ctx, tp_world=tp.world if tp else 1, max_batch=max_batch,
-                    first_token=first_token and single and tp is None)
+                    first_token=first_token if single and tp is None else None)
         if single:
             from impnb.serve.single_runner import SingleSequenceRunner
             from impnb.warmup import finish

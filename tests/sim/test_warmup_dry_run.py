@@ -106,3 +106,31 @@ def test_dry_run_records_the_batch_buckets(tmp_path, monkeypatch):
     write_full_gguf(path, SHAPES["qwen35moe"], "Q8_0")
     assert set(warmup.dry_run(open_model_file(path), 1024, (8, 0, ""), max_batch=16).jobs) \
         == set(warmup.dry_run(open_model_file(path), 1024, (8, 0, "")).jobs)
+
+
+def test_dry_run_marks_the_first_tokens_kernels(tmp_path, monkeypatch):
+    """With a sampler configuration given, the pairs before the mark are the load's and the
+    prompt's under that configuration: a greedy first token needs no sampling kernel, and the
+    decode graph's body comes after the mark."""
+    from impnb.sampling import SamplingParams
+
+    path = tmp_path / "qwen3.gguf"
+    write_full_gguf(path, SHAPES["qwen3"], "Q8_0")
+    monkeypatch.setattr("impnb.gpu.context.GpuContext.device",
+                        SimpleNamespace(compute_capability=(8, 0)), raising=False)
+
+    def note(self, kernel, args):
+        self.jobs.setdefault(kernel.__name__, (kernel, None))
+
+    monkeypatch.setattr(precompile.Recorder, "__call__", note)
+    greedy = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), first=SamplingParams(temperature=0))
+    sampled = warmup.dry_run(open_model_file(path), 2048, (8, 0, ""), first=SamplingParams(temperature=0.8))
+    for rec in (greedy, sampled):
+        names = list(rec.jobs)
+        first, rest = set(names[:rec.first]), set(names[rec.first:])
+        assert "_embedding_kernel" in first and any("fa2" in n for n in first)
+        assert "_advance_kernel" in rest  # the decode graph's device-side advance
+    greedy_first, sampled_first = set(list(greedy.jobs)[:greedy.first]), set(list(sampled.jobs)[:sampled.first])
+    assert "_argmax_kernel" in greedy_first and "_pick_kernel" not in greedy_first
+    assert "_pick_kernel" in sampled_first
+    assert set(greedy.jobs) == set(sampled.jobs)

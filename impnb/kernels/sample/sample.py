@@ -272,9 +272,6 @@ def sample(logits, params, step, out_ids, scratch: SampleScratch, stream):
 _f32_2d, _i32_2d, _f64_2d = float32[:, ::1], int32[:, ::1], float64[:, ::1]
 _i32_3d, _f64_3d = int32[:, :, ::1], float64[:, :, ::1]
 
-_f32_2d, _i32_2d, _f64_2d = float32[:, ::1], int32[:, ::1], float64[:, ::1]
-_i32_3d, _f64_3d = int32[:, :, ::1], float64[:, :, ::1]
-
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the

@@ -1,4 +1,5 @@
-"""Kernel builds without the IR copies numba's inliner throws away, for the build checks' CPU time.
+"""Kernel builds without the IR copies numba's inliner throws away: about half a build's CPU time
+(a first start's compile, the build checks).
 
 numba-cuda inlines an `inline=True` device function (most of a kernel build's CPU time goes to
 this) by running the callee's untyped passes to a fresh IR in `InlineWorker.inline_function`,
@@ -7,7 +8,8 @@ copy of the untouched IR returned to callers that all discard it. On that untype
 IR has no other owner, so it is spliced in as it is and neither copy is made; where inline_ir is
 called with an IR that may be kept (the typed inliner), only the discarded copy is skipped.
 The code compiled is the same (tests/test_numba_inlining.py). Applied only where numba-cuda's
-inliner is the one this was read from; any other version compiles as it is.
+inliner is the one this was read from; any other version compiles as it is. The patch holds numba's
+compiler lock, so no compile of another thread runs while it is in place.
 """
 
 import contextlib
@@ -16,6 +18,7 @@ import hashlib
 import inspect
 
 from numba.cuda.core import inline_closurecall
+from numba.cuda.core.compiler_lock import global_compiler_lock
 
 # sha1 of the two methods' source in numba-cuda 0.30.x
 KNOWN_SOURCES = {"inline_ir": "90871d54ab2f45e587233a9c57373feadd7d40ea",
@@ -43,6 +46,9 @@ class _Copier:
         return copy.deepcopy(x, memo)
 
 
+_active = False  # the patch is in place (on the thread that holds the compiler lock)
+
+
 def source_hash(fn) -> str:
     return hashlib.sha1(inspect.getsource(fn).encode()).hexdigest()
 
@@ -57,6 +63,10 @@ def applies() -> bool:
 def without_spare_copies():
     """Within the block numba's inliner splices in a callee's fresh IR without copying it; yields
     whether it does (False: numba-cuda is another version, left as it is)."""
+    global _active
+    if _active:  # already in place (a build check's compile_cubin)
+        yield True
+        return
     if not applies():
         yield False
         return
@@ -77,9 +87,12 @@ def without_spare_copies():
         return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars,
                               arg_typs=arg_typs)
 
-    saved = worker.inline_ir, worker.inline_function
-    worker.inline_ir, worker.inline_function, inline_closurecall.copy = spliced, inline_function, copier
-    try:
-        yield True
-    finally:
-        (worker.inline_ir, worker.inline_function), inline_closurecall.copy = saved, saved_copy
+    with global_compiler_lock:
+        saved = worker.inline_ir, worker.inline_function
+        worker.inline_ir, worker.inline_function, inline_closurecall.copy = spliced, inline_function, copier
+        _active = True
+        try:
+            yield True
+        finally:
+            _active = False
+            (worker.inline_ir, worker.inline_function), inline_closurecall.copy = saved, saved_copy
