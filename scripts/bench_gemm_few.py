@@ -1,7 +1,8 @@
 """The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
 quantization included) at a model's shapes over split counts (splits_for's times each scale): µs
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
-(tune_gemm's timing), and the weight's GB/s at the best.
+(tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
+shape's first variant's is flagged.
     python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq]
 """
 
@@ -57,10 +58,11 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
     variants = [(None, 0, 2)] if name == "few" else [
         tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
+    first = None  # the first variant's output: every other must match it
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, (ni or gemm_mmq.ni_for(M), mt))
+        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
         row = []
         for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
                          for f in args.split_scale.split(",")} | {S0}):
@@ -78,11 +80,17 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
             row.append((graph_us(m.ctx, lambda: [call(i) for i in range(args.reps)], args.reps), S))
         best = min(row)
         default = next(us for us, S in row if S == S0)
+        y.copy_to_device(np.full((M, N), np.nan, np.float32))
+        call(0)
+        out = y.copy_to_host()
+        first = out if first is None else first
+        bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
         tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
             f" mt={mt}" if mt != gemm_mmq.MT else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
-              + " ".join(f"S{S}={us:.1f}" for us, S in row), flush=True)
+              + " ".join(f"S{S}={us:.1f}" for us, S in row) + ("  MISMATCH with the first variant" if bad else ""),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,33 @@ def test_key_changes_with_closure_signature_options_and_target():
     assert same == cache.cache_key(_scale_kernel, _SCALE_SIG, CC)
 
 
+def _from_string(value: int, body: str = "y[0] = V"):
+    scope = {"V": value}
+    exec(f"def k(y):\n    {body}\n", scope)
+    return cuda.jit(scope["k"])
+
+
+def test_key_of_a_kernel_made_from_a_string_follows_its_code_and_globals():
+    """No file holds an exec'd kernel's source (gemm_mmq generates its kernels): its bytecode and
+    the globals it reads make its key, so variants of one name and signature never share a cubin."""
+    base = cache.cache_key(_from_string(1), (F32,), CC)
+    assert base is not None and base == cache.cache_key(_from_string(1), (F32,), CC)
+    assert cache.cache_key(_from_string(2), (F32,), CC) != base  # a global's value
+    assert cache.cache_key(_from_string(1, "y[1] = V"), (F32,), CC) != base  # the code
+    from impnb.kernels.gemm import gemm_mmq
+
+    sig = types.void(gemm_mmq.U32_2D, gemm_mmq.F32_3D, gemm_mmq.parts_type(T.Q4_K), gemm_mmq.F32_3D).args
+    keys = {cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, ni, 0, mt), sig, CC) for ni in (1, 2, 4) for mt in (2, 4)}
+    assert len(keys) == 6 and None not in keys
+    code = ("from gguf import GGMLQuantizationType as T; from numba.cuda import types; "
+            "from impnb.kernels.gemm import gemm_mmq as g; from impnb.launch.cache import cache_key; "
+            "print(cache_key(g.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), types.void(g.U32_2D, g.F32_3D, "
+            "g.parts_type(T.Q4_K), g.F32_3D).args, (9, 0, 'a')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()[-1]
+    assert out == cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), sig, CC)
+
+
 def test_key_changes_with_the_source(tmp_path, monkeypatch):
     src = tmp_path / "kernel_src.py"
     src.write_text("from numba import cuda\n\n@cuda.jit\ndef k(y):\n    y[0] = 1.0\n")

@@ -87,7 +87,7 @@ class MatMul:
     def mmq(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False) -> None:
         """gemm_mmq of x (or of RMSNorm(x) * wn with norm) into y (y += with accumulate)."""
         w, (M, N) = lin.w, y.shape
-        S = gemm_mmq.splits_for(M, N, w.cols, gemv_stream.sm_count(), gemm_mmq.tiles_for(w.ggml_type, M))
+        S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
         gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
                           self.ctx.nb_stream, S, accumulate, norm=norm)
 
@@ -139,7 +139,7 @@ class MatMul:
             gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
         elif path == "mmq":
             M, N = y.shape
-            S = gemm_mmq.splits_for(M, N, w.cols, gemv_stream.sm_count(), gemm_mmq.tiles_for(w.ggml_type, M))
+            S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
             gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
                               self.ctx.nb_stream, S)
         else:
@@ -155,7 +155,7 @@ class MatMul:
         if multi == MMQ:
             assert xin is None, "gemm_mmq quantizes its own x"
             M = x.shape[0]
-            S = gemm_mmq.splits_for(M, w.rows, w.cols, gemv_stream.sm_count(), gemm_mmq.tiles_for(w.ggml_type, M))
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
             return
@@ -176,7 +176,7 @@ class MatMul:
         assert norm is None, "GEMM: no fused norm"
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
         if path == "mmq":
-            S = gemm_mmq.splits_for(M, w.rows, w.cols, gemv_stream.sm_count(), gemm_mmq.tiles_for(w.ggml_type, M))
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return

@@ -43,8 +43,9 @@ def cache_dir() -> Path:
 
 
 def stable_repr(v, depth: int = 0) -> str:
-    """A repr of `v` equal across processes: scalars, tuples, dtypes, numba types, enums, and
-    functions, dispatchers and intrinsics (module.qualname and, recursively, their closure)."""
+    """A repr of `v` equal across processes: scalars, tuples, dtypes, numba types, enums, modules,
+    and functions, dispatchers and intrinsics (module.qualname and, recursively, their closure;
+    one made from a string, as gemm_mmq's kernels are, by its bytecode and the globals it reads)."""
     if depth > 16:
         raise UnstableValue("closure nesting too deep")
     if isinstance(v, enum.Enum):
@@ -59,10 +60,42 @@ def stable_repr(v, depth: int = 0) -> str:
         return stable_repr(sorted(v.items()), depth + 1)
     if isinstance(v, (np.dtype, types.Type)):
         return f"{type(v).__name__}({v})"
+    if isinstance(v, pytypes.ModuleType):
+        return f"module {v.__name__}"
     fn = getattr(v, "py_func", None) or getattr(v, "_defn", v)  # a dispatcher's or @intrinsic's
     if isinstance(fn, pytypes.FunctionType):
+        if not os.path.isfile(fn.__code__.co_filename):  # made from a string (exec): no file names it
+            return (f"<{fn.__qualname__} {_code_repr(fn.__code__)} {stable_repr(_named_globals(fn), depth + 1)}"
+                    f"{stable_repr(_closure(fn), depth + 1)}>")
         return f"{fn.__module__}.{fn.__qualname__}{stable_repr(_closure(fn), depth + 1)}"
     raise UnstableValue(f"no stable repr for a {type(v).__name__}")
+
+
+def _code_repr(code: pytypes.CodeType) -> str:
+    """The bytecode of a code object and of those it holds, with its constants and names."""
+    consts = []
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            consts.append(_code_repr(c))
+        elif isinstance(c, frozenset):
+            consts.append(repr(sorted(map(repr, c))))
+        else:
+            consts.append(repr(c))
+    return repr((code.co_code.hex(), tuple(consts), code.co_names, code.co_varnames, code.co_argcount,
+                 code.co_freevars))
+
+
+def _code_names(code: pytypes.CodeType) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _named_globals(fn) -> tuple:
+    """(name, value) of the globals a function made from a string reads: what its file would hold."""
+    return tuple((n, fn.__globals__[n]) for n in sorted(_code_names(fn.__code__)) if n in fn.__globals__)
 
 
 def _closure(fn) -> tuple:
@@ -108,7 +141,7 @@ def cache_key(kernel, sig: tuple, cc: tuple) -> str | None:
     """The hex key of (kernel, sig, cc); None when its closure has no stable repr."""
     fn = kernel.py_func
     try:
-        parts = [f"{fn.__module__}.{fn.__qualname__}", stable_repr(_closure(fn)), str(sig),
+        parts = [stable_repr(fn), str(sig),
                  stable_repr(kernel.targetoptions), sources_digest(fn), toolchain(), str(cc)]
     except UnstableValue as e:
         log.info("not caching %s on disk: %s", fn.__qualname__, e)

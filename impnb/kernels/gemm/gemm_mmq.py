@@ -61,7 +61,6 @@ MAX_NI = 4                  # n8 token tiles a block at most (32 tokens; more: g
 # (type, ni) -> register cap: two token tiles of Q4_K / Q6_K at 168 (3 blocks an SM, not 2: 1.0-1.5x
 # at the 8B's shapes, 16 rows); Q8_0 spills there
 REGS = {(T.Q4_K, 2): 168, (T.Q6_K, 2): 168}
-WIDE = (T.Q4_K, T.Q6_K)     # types whose four W tiles a warp build without spills at one token tile
 TYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
 QUANT_THREADS = 128
 LO4 = qi.LO4
@@ -383,21 +382,9 @@ def ni_for(M: int) -> int:
     return 1 if M <= 8 else 2 if M <= 16 else MAX_NI
 
 
-def tiles_for(ggml_type, M: int) -> tuple[int, int]:
-    """(n8 token tiles a block, m16 W tiles a warp) for M tokens of a weight type. Up to 16 tokens
-    of Q4_K and Q6_K: one token tile (two blocks along z at 16) and four W tiles, 8 rows a lane
-    in flight, which measured faster than two W tiles at one or two token tiles (and than four
-    at two, which spills); else ni_for's tiles and MT."""
-    if M <= 16 and T(ggml_type) in WIDE:
-        return 1, 4
-    return ni_for(M), MT
-
-
-def splits_for(M: int, N: int, K: int, sms: int = 132, tiles: tuple[int, int] | None = None) -> int:
-    """Splits that bring the grid to about two blocks an SM, each at least two groups deep, for
-    blocks of `tiles` (ni, mt) (default: ni_for's, MT)."""
-    ni, mt = tiles or (ni_for(M), MT)
-    blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni))
+def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int = MT) -> int:
+    """Splits that bring the grid to about two blocks an SM, each at least two groups deep."""
+    blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni_for(M)))
     return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
 
 
@@ -407,11 +394,9 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
-            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int | None = None):
+            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int = MT):
     N, K = w.rows, w.cols
-    if ni is None and mt is None:
-        ni, mt = tiles_for(w.ggml_type, M)
-    ni, mt = ni or ni_for(M), mt or MT
+    ni = ni or ni_for(M)
     regs = REGS.get((T(w.ggml_type), ni), 0) if regs is None else regs
     assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= -(-M // (8 * ni)) * 8 * ni and N % 8 == 0
     for y in ys:
@@ -426,11 +411,11 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
 
 
 def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int | None = None):
+             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int = MT):
     """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
-    xq first (of RMSNorm(x) * wn with norm (wn, eps)); part: a float32 scratch (splits, M, N). ni (token
-    tiles a block), mt (m16 tiles of W a warp; both tiles_for's by default) and regs (a register
-    cap, REGS's by default) are for scripts/bench_gemm_few.py."""
+    xq first (of RMSNorm(x) * wn with norm (wn, eps)); part: a float32 scratch (splits, M, N). ni (token tiles a block, ni_for's by
+    default), regs (a register cap, REGS's by default) and mt (m16 tiles of W a warp) are for
+    scripts/bench_gemm_few.py."""
     M = x.shape[0]
     assert x.shape[1] == w.cols and c.shape == (M, w.rows)
     quantize_x32(x, xq, stream, norm)
@@ -461,4 +446,4 @@ def build_signatures() -> list:
          {"max_registers": REGS.get((t, ni), 255)})
         for t in TYPES for ni in (1, 2, 4)
     ] + [(gemm_mmq_kernel(t, 1, 0, 4), types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": 255})
-         for t in WIDE]  # four W tiles a warp at one token tile (tiles_for's up to 16 tokens)
+         for t in (T.Q4_K, T.Q6_K)]  # four W tiles a warp at one token tile: the bench's variant
