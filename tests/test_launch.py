@@ -46,13 +46,17 @@ def gemv_q8(n_tok=1, span=128):
 
 # ---------------------------------------------------------------- cache keys
 
+def key_in_another_process(imports: str, call: str) -> str:
+    """cache_key(call) (a Python expression), printed by a new interpreter after `imports`."""
+    code = (f"from gguf import GGMLQuantizationType as T; from impnb.launch.cache import cache_key; {imports}; "
+            f"print(cache_key({call}, (9, 0, 'a')))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split()[-1]
+
+
 def test_key_is_the_same_in_another_process():
-    code = ("from gguf import GGMLQuantizationType as T; from impnb.kernels.gemv import gemv; "
-            "from impnb.launch.cache import cache_key; "
-            "print(cache_key(gemv.gemv_kernel(T.Q8_0, 1, 128), gemv.build_signatures()[0][1].args, "
-            "(9, 0, 'a')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()[-1]
+    out = key_in_another_process("from impnb.kernels.gemv import gemv",
+                                 "gemv.gemv_kernel(T.Q8_0, 1, 128), gemv.build_signatures()[0][1].args")
     assert out == cache.cache_key(gemv_q8(), _GEMV_SIG, CC)
 
 
@@ -91,12 +95,9 @@ def test_key_of_a_kernel_made_from_a_string_follows_its_code_and_globals():
     sig = types.void(gemm_mmq.U32_2D, gemm_mmq.F32_3D, gemm_mmq.parts_type(T.Q4_K), gemm_mmq.F32_3D).args
     keys = {cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, ni, 0, mt), sig, CC) for ni in (1, 2, 4) for mt in (2, 4)}
     assert len(keys) == 6 and None not in keys
-    code = ("from gguf import GGMLQuantizationType as T; from numba.cuda import types; "
-            "from impnb.kernels.gemm import gemm_mmq as g; from impnb.launch.cache import cache_key; "
-            "print(cache_key(g.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), types.void(g.U32_2D, g.F32_3D, "
-            "g.parts_type(T.Q4_K), g.F32_3D).args, (9, 0, 'a')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()[-1]
+    out = key_in_another_process("from numba.cuda import types; from impnb.kernels.gemm import gemm_mmq as g",
+                                 "g.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), "
+                                 "types.void(g.U32_2D, g.F32_3D, g.parts_type(T.Q4_K), g.F32_3D).args")
     assert out == cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), sig, CC)
 
 
