@@ -162,3 +162,19 @@ def test_recorder_splits_missing_jobs_at_its_mark(cache_dir, monkeypatch):
     first, rest = rec.missing_split()
     assert first == JOBS[:2] and rest == JOBS[2:]
     assert rec.missing() == first + rest
+
+
+@pytest.mark.parametrize("abandon", [False, True], ids=["finish", "abandon"])
+def test_warmup_finish_writes_the_manifest_only_when_everything_built(cache_dir, tmp_path, abandon):
+    """warmup.finish after a first-token prepare: waits for the background jobs and writes the
+    manifest (a later start is warm); abandoned (an error), it writes none."""
+    from impnb import warmup
+
+    failed, background = precompile.compile_first(JOBS[:1], JOBS[1:], n_workers=2, stream=io.StringIO())
+    names = [cache.cubin_path(k, cache.cache_key(k, sig, cc)).name for k, sig, cc in JOBS]
+    path = cache_dir / "manifest-test.json"
+    warmup._background = (background, path, names, failed)
+    warmup.finish(io.StringIO(), abandon=abandon)
+    assert warmup._background is None and not cache.pending
+    assert warmup._is_warm(path) is (not abandon)
+    warmup.finish()  # nothing left: a no-op
