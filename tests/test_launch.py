@@ -353,3 +353,13 @@ def test_launch_configs():
     dim = c.attrs[1].value.clusterDim
     assert (dim.x, dim.y, dim.z) == (1, 1, 4)
     assert _config(False, (2, 1, 1)).numAttrs == 1
+
+
+def test_every_built_kernel_has_a_disk_key():
+    """A kernel without a stable key compiles again in every process: each kernel the build
+    checks list (tests/test_kernel_build.py) gets one."""
+    from tests.test_kernel_build import _cases
+
+    missing = {c.values[0].py_func.__qualname__ for c in _cases()
+               if cache.cache_key(c.values[0], getattr(c.values[1], "args", c.values[1]), CC) is None}
+    assert not missing

@@ -46,7 +46,7 @@ def stable_repr(v, depth: int = 0) -> str:
     """A repr of `v` equal across processes: scalars, tuples, dtypes, numba types, enums, modules,
     and functions, dispatchers and intrinsics (module.qualname and, recursively, their closure;
     one made from a string, as gemm_mmq's kernels are, by its bytecode and the globals it reads)."""
-    if depth > 16:
+    if depth > 32:  # a guard against a cycle: the fused-norm GEMV nests 18 deep
         raise UnstableValue("closure nesting too deep")
     if isinstance(v, enum.Enum):
         return f"{type(v).__module__}.{type(v).__qualname__}.{v.name}"
