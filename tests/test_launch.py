@@ -355,6 +355,18 @@ def test_launch_configs():
     assert _config(False, (2, 1, 1)).numAttrs == 1
 
 
+def test_a_closure_that_holds_itself_has_no_disk_key():
+    """A cycle (a list that holds itself, in a kernel's closure) has no stable repr: compiled in
+    each process, never a wrong key or an endless recursion."""
+    box = []
+    box.append(box)
+
+    def k(y):
+        y[0] = len(box)
+
+    assert cache.cache_key(cuda.jit(k), (F32,), CC) is None
+
+
 def test_every_built_kernel_has_a_disk_key():
     """A kernel without a stable key compiles again in every process: each kernel the build
     checks list (tests/test_kernel_build.py) gets one."""

@@ -42,32 +42,35 @@ def cache_dir() -> Path:
     return Path(os.environ.get("IMPNB_CACHE_DIR") or Path.home() / ".cache" / "impnb" / "kernels")
 
 
-def stable_repr(v, depth: int = 0) -> str:
+def stable_repr(v, within: frozenset = frozenset()) -> str:
     """A repr of `v` equal across processes: scalars, tuples, dtypes, numba types, enums, modules,
     and functions, dispatchers and intrinsics (module.qualname and, recursively, their closure;
-    one made from a string, as gemm_mmq's kernels are, by its bytecode and the globals it reads)."""
-    if depth > 32:  # a guard against a cycle: the fused-norm GEMV nests 18 deep
-        raise UnstableValue("closure nesting too deep")
+    one made from a string, as gemm_mmq's kernels are, by its bytecode and the globals it reads).
+    within: the ids of the lists, dicts and functions being expanded; reaching one again is a
+    cycle, which has no such repr."""
     if isinstance(v, enum.Enum):
         return f"{type(v).__module__}.{type(v).__qualname__}.{v.name}"
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return repr(v)
     if isinstance(v, np.generic):
         return f"np.{type(v).__name__}({v.item()!r})"
-    if isinstance(v, (tuple, list)):
-        return "(" + ",".join(stable_repr(x, depth + 1) for x in v) + ")"
-    if isinstance(v, dict):
-        return stable_repr(sorted(v.items()), depth + 1)
     if isinstance(v, (np.dtype, types.Type)):
         return f"{type(v).__name__}({v})"
     if isinstance(v, pytypes.ModuleType):
         return f"module {v.__name__}"
+    if id(v) in within:
+        raise UnstableValue(f"a {type(v).__name__} that holds itself")
+    inner = within | {id(v)}
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(stable_repr(x, inner) for x in v) + ")"
+    if isinstance(v, dict):
+        return stable_repr(sorted(v.items()), inner)
     fn = getattr(v, "py_func", None) or getattr(v, "_defn", v)  # a dispatcher's or @intrinsic's
     if isinstance(fn, pytypes.FunctionType):
         if not os.path.isfile(fn.__code__.co_filename):  # made from a string (exec): no file names it
-            return (f"<{fn.__qualname__} {_code_repr(fn.__code__)} {stable_repr(_named_globals(fn), depth + 1)}"
-                    f"{stable_repr(_closure(fn), depth + 1)}>")
-        return f"{fn.__module__}.{fn.__qualname__}{stable_repr(_closure(fn), depth + 1)}"
+            return (f"<{fn.__qualname__} {_code_repr(fn.__code__)} {stable_repr(_named_globals(fn), inner)}"
+                    f"{stable_repr(_closure(fn), inner)}>")
+        return f"{fn.__module__}.{fn.__qualname__}{stable_repr(_closure(fn), inner)}"
     raise UnstableValue(f"no stable repr for a {type(v).__name__}")
 
 

@@ -151,19 +151,6 @@ def _wait_all(futures, progress: Progress) -> int:
     return failed
 
 
-def _compile_forked(n: int, n_workers: int, progress: Progress) -> int:
-    """_jobs[0..n) compiled by n_workers forked processes; how many failed. TimeoutError when
-    none finishes for STALL_S (the workers are then killed)."""
-    pool = _fork_pool(n_workers)
-    try:
-        failed = _wait_all([pool.submit(_compile_one, i) for i in range(n)], progress)
-    except BaseException:
-        _kill(pool)
-        raise
-    pool.shutdown()
-    return failed
-
-
 def workers() -> int:
     """Cores this process may run on."""
     try:
@@ -175,23 +162,12 @@ def workers() -> int:
 def compile_all(jobs: list[tuple], n_workers: int | None = None, stream=None) -> int:
     """Compile (kernel, sig, cc) jobs into the disk cache, in parallel where fork and more than
     one core allow; returns how many failed (left to their first launch)."""
-    global _jobs
-    if not jobs:
-        return 0
-    n_workers = min(n_workers or workers(), len(jobs))
-    progress = Progress(len(jobs), stream)
-    failed = 0
-    if n_workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        _jobs = list(jobs)
-        try:
-            failed = _compile_forked(len(jobs), n_workers, progress)
-            return failed
-        except Exception as e:  # a broken or stuck pool: what is missing compiles here, one by one
-            log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, e)
-            jobs = [j for j in jobs if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()]
-            progress, failed = Progress(len(jobs), stream), 0
-        finally:
-            _jobs = []
+    return compile_first(jobs, [], n_workers, stream)[0]
+
+
+def _compile_here(jobs: list[tuple], stream) -> int:
+    """jobs compiled one by one in this process; how many failed."""
+    progress, failed = Progress(len(jobs), stream), 0
     for kernel, sig, cc in jobs:
         try:
             cache.get_cubin(kernel, sig, cc)
@@ -247,14 +223,16 @@ def compile_first(first: list[tuple], rest: list[tuple], n_workers: int | None =
                   stream=None) -> tuple[int, Background | None]:
     """Compile the `first` jobs before returning and leave the `rest` compiling in the same forked
     workers: (how many of `first` failed, the Background of the rest, or None when nothing is
-    left: without fork or a second core, or when the pool broke, everything compiled here)."""
+    left: no rest, or, without fork or a second core or when the pool broke, everything compiled
+    here)."""
     global _jobs
-    if not rest:
-        return compile_all(first, n_workers, stream), None
-    n_workers = min(n_workers or workers(), len(first) + len(rest))
+    jobs = list(first) + list(rest)
+    if not jobs:
+        return 0, None
+    n_workers = min(n_workers or workers(), len(jobs))
     if n_workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return compile_all(first, n_workers, stream) + compile_all(rest, n_workers, stream), None
-    _jobs = list(first) + list(rest)  # the workers fork at the first submit and keep their copy
+        return _compile_here(jobs, stream), None
+    _jobs = jobs  # the workers fork at the first submit and keep their copy
     pool = _fork_pool(n_workers)
     try:
         futures = [pool.submit(_compile_one, i) for i in range(len(first))]
@@ -264,11 +242,14 @@ def compile_first(first: list[tuple], rest: list[tuple], n_workers: int | None =
         _kill(pool)
         _jobs = []
         log.warning("parallel compile failed (%s: %s); compiling in this process", type(e).__name__, e)
-        todo = [j for j in list(first) + list(rest)
-                if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()]
-        return compile_all(todo, 1, stream), None
+        return _compile_here([j for j in jobs if not cache.cubin_path(j[0], cache.cache_key(*j) or "").is_file()],
+                             stream), None
     except BaseException:
         _kill(pool)
         _jobs = []
         raise
+    if not later:
+        pool.shutdown()
+        _jobs = []
+        return failed, None
     return failed, Background(pool, later)
