@@ -1,5 +1,5 @@
 """`python -m impnb` entry point."""
 
-from impnb.cli import main
+from impnb.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -172,9 +172,33 @@ def _tp_rank(args, argv: list):
     return rank
 
 
+QUICK_EXIT = ("generate", "info")  # commands that leave nothing behind once their output is out
+
+
+def entry() -> None:
+    """`python -m impnb` and the `impnb` console script: main(), then exit. After generate or info
+    (not a tensor-parallel rank) the process ends at once, its output flushed: Python's teardown
+    would unload every module and destroy the CUDA context allocation by allocation, which the
+    OS does for a fraction of the time."""
+    argv = sys.argv[1:]
+    args = build_parser().parse_args(argv)
+    code = _main(args, argv)
+    if args.command in QUICK_EXIT and getattr(args, "rank", None) is None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # a closed pipe: what was written is all the reader takes
+            pass
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    return _main(build_parser().parse_args(argv), argv)
+
+
+def _main(args, argv: list) -> int:
     if args.command in ("generate", "bench", "serve", "warmup") and getattr(args, "device", "cuda") != "cpu":
         from impnb.cuda_support import open_driver_early
 

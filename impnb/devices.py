@@ -14,6 +14,10 @@ def engine_class(device: str, arch: str, cfg=None):
 
         return CpuEngine
     reason = cuda_unavailable_reason()
+    if reason is None:  # the GPU path's kernels import numba next
+        from impnb.numba_import import import_numba
+
+        import_numba()
     if reason is None and arch not in GPU_ARCHS:
         reason = f"architecture {arch} has no GPU path yet"
     if reason is None and cfg is not None and device == "auto":

@@ -71,6 +71,53 @@ def test_chat_without_a_template_names_the_fallback(gemma3_path):
     assert "no chat template" in proc.stderr and "Gemma 3 template" in proc.stderr
 
 
+_ENTRY = """
+import atexit, sys
+atexit.register(lambda: print("teardown ran", file=sys.stderr, flush=True))
+sys.argv = ["impnb", *sys.argv[1:]]
+from impnb.cli import entry
+entry()
+"""
+
+
+def test_info_ends_without_the_teardown_and_other_commands_with_it(smollm2_path):
+    """entry() ends `info` and `generate` at once (no atexit handler, no module teardown) with
+    their output flushed and their exit status; the others, and a usage error, exit normally."""
+    def run(*argv):
+        return subprocess.run([sys.executable, "-c", _ENTRY, *map(str, argv)], capture_output=True, text=True,
+                              timeout=600)
+
+    info = run("info", smollm2_path)
+    assert info.returncode == 0 and "llama" in info.stdout and "teardown ran" not in info.stderr, info.stderr
+    missing = run("info", "/nonexistent/model.gguf")
+    assert missing.returncode == 2 and "teardown ran" not in missing.stderr
+    assert [line for line in missing.stderr.splitlines() if line.startswith("impnb: error:")], missing.stderr
+    other = run("bench-serve", "--url", "http://127.0.0.1:9", "--concurrency", "x")
+    assert other.returncode == 2 and "teardown ran" in other.stderr, other.stderr
+
+
+_HIDDEN = """
+import json, sys
+from impnb.numba_import import import_numba
+import_numba()
+seen = [m for m in ("coverage", "scipy") if m in sys.modules]
+import coverage, scipy  # afterwards they import as usual
+print(json.dumps([seen, "numba.cuda" in sys.modules, coverage.MARK, scipy.MARK]))
+"""
+
+
+def test_numba_is_imported_without_coverage_and_scipy(tmp_path):
+    """numba imports coverage and scipy when installed; import_numba hides them while it loads
+    and leaves them importable after (stand-in packages here record whether they loaded)."""
+    for name in ("coverage", "scipy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"MARK = {name!r}\n__version__ = '9.0'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _HIDDEN], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[], True, "coverage", "scipy"]
+
+
 def test_dispatcher_signatures_shared_per_code_object_only_where_equal():
     import inspect
 
