@@ -124,3 +124,18 @@ def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(loop, monkeypatc
         return await drain(loop, submits(1, prefix="e"))
 
     assert any(isinstance(i, tuple) and i[0] == "done" for i in asyncio.run(again()))
+
+
+def test_freeze_heap_leaves_the_objects_alive_now_out_of_collections():
+    import gc
+
+    from impnb.server.engine_loop import freeze_heap
+
+    before = gc.get_freeze_count()
+    kept = [[i] for i in range(1000)]
+    try:
+        freeze_heap()
+        assert gc.get_freeze_count() >= before + len(kept)
+        assert not any(gc.is_tracked(x) and x in gc.get_objects(generation=2) for x in kept[:3])
+    finally:
+        gc.unfreeze()

@@ -95,7 +95,7 @@ def run(args) -> int:
     _prepare_device(path, args)
     mirrors = []  # rank 0's runner sending its steps to the other ranks (tensor parallelism)
     from impnb.server.app import Server, ServerConfig, build_app
-    from impnb.server.engine_loop import EngineLoop
+    from impnb.server.engine_loop import EngineLoop, freeze_heap
     from impnb.server.metrics import Metrics
 
     def load():
@@ -110,6 +110,7 @@ def run(args) -> int:
             conns = accept_followers(rank.world, rank.addr, rank.port + 1, rank.timeout)
             llm.engine.runner = MirroredRunner(llm.engine.runner, conns)
             mirrors.append(llm.engine.runner)
+        freeze_heap()
         print(f"impnb: serving {name} ({llm.device}, context {llm.engine.n_ctx}, "
               f"{llm.engine.scheduler.config.max_num_seqs} sequences, "
               f"{llm.engine.scheduler.config.max_num_batched_tokens} tokens a step, {len(llm.engine.blocks.blocks)} KV blocks) "

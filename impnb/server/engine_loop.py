@@ -7,6 +7,7 @@ step, and the engine is left with no sequence: the server keeps answering."""
 
 import asyncio
 import collections
+import gc
 import logging
 import queue
 import threading
@@ -20,6 +21,14 @@ from impnb.server.metrics import Metrics
 
 log = logging.getLogger("impnb.server")
 IDLE_WAIT_S = 0.5  # how long the idle loop sleeps between looks at the stop flag
+
+
+def freeze_heap() -> None:
+    """Leave every object alive now (the model's, numba's, the modules') out of the garbage
+    collector's scans from here on: they live as long as the server, and a full collection that
+    walks them all stalls the engine thread and every stream at once."""
+    gc.collect()
+    gc.freeze()
 
 
 class Mailbox:
