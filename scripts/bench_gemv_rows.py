@@ -51,11 +51,11 @@ ROTATE_BYTES = 400e6  # at least this many weight bytes a graph's calls rotate o
 
 
 def groups_of(m) -> dict:
-    """{(type, N out, K, use): [Linear of each layer]} for the dp4a-type matrices of a step."""
+    """{(type, N out, K, use): [Linear of each layer]} for the matrices of a step gemv_dp4a_multi takes."""
     groups = defaultdict(list)
     for name, lin in m.lin.items():
         role = name.split(".")[-1]
-        if not lin.int8_x or not (name == "output" or name.startswith("blk.") and role in ROLES):
+        if not gd.takes(lin.ggml_type, lin.w.cols) or not (name == "output" or name.startswith("blk.") and role in ROLES):
             continue
         use = gd.use_of(name)
         n_out = lin.w.rows // 2 if use == "glu" else lin.w.rows
@@ -101,7 +101,7 @@ def cases(m, tokens, variants, rng, mmq: bool = True) -> list:
             runs = {"default": lins}
             if MIN_T <= n_tok <= MAX_T:
                 for v in variants:
-                    if v.rows // (2 if use == "glu" else 1) <= N and v.span <= K // 32:
+                    if v.rows // (2 if use == "glu" else 1) <= N and (v.span == 32 or v.span <= K // 32):
                         runs[v.name] = [dataclasses.replace(lin, multi={n_tok: v}) for lin in lins]
                 if mmq and gemm_mmq.supports(t, K):
                     runs[gd.MMQ] = [dataclasses.replace(lin, multi={n_tok: gd.MMQ}) for lin in lins]

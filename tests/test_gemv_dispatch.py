@@ -58,8 +58,17 @@ def test_linear_takes_the_choice(monkeypatch):
     forced = linear_of("blk.0.ffn_down", w, Overrides(gemv_rows_force="s64u1r2")).multi
     assert forced == {n: Variant(64, 1, 2) for n in range(2, 9)}
     assert linear_of("blk.0.ffn_down", w, Overrides(gemv_rows=False, gemv_rows_force="s64u1r2")).multi == {}
-    small_k = repack(make_weight(T.Q8_0, 16, 1024, np.random.default_rng(1)), T.Q8_0)
-    assert linear_of("blk.0.ffn_down", small_k, Overrides(gemv_rows_force="s64u1r2")).multi == {}  # K < DP4A_MIN_K
+    narrow = repack(make_weight(T.Q4_1, 16, 576, np.random.default_rng(1)), T.Q4_1)
+    lin = linear_of("blk.0.ffn_down", narrow, Overrides(gemv_rows_force="s32u1r2"))
+    assert lin.multi == {n: Variant(32, 1, 2) for n in range(2, 9)} and not lin.int8_x  # T = 1 stays float x
+
+
+def test_which_weights_the_multi_token_gemv_takes():
+    """Any dp4a type in rows of whole blocks and x̂ groups, narrow ones too; not a float type,
+    nor a row length that splits a block."""
+    assert gd.takes(T.Q4_1, 576) and gd.takes(T.Q8_0, 576) and gd.takes(T.Q4_K, 2048) and gd.takes(T.Q6_K, 768)
+    assert not gd.takes(T.Q4_K, 576) and not gd.takes(T.Q8_0, 48) and not gd.takes(T.F16, 4096)
+    assert not gd.takes(T.F32, 576)
 
 
 def test_dp4a_by_size_and_type():

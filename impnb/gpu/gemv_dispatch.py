@@ -15,11 +15,13 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from impnb import tuning
 from impnb.kernels.gemm import gemm_mmq
 from impnb.kernels.gemv.gemv_dp4a_multi import MAX_T, MIN_T, VARIANT_ROWS
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS
+from impnb.kernels.gemv.quant_x import GROUP
 from impnb.kernels.gemv.gemv_variants import Variant
 
 TABLE_PATH = tuning.GEMV_ROWS_TABLE
@@ -38,6 +40,12 @@ def use_of(name: str) -> str:
     if name.endswith(("attn_qkv", "attn_qk")):
         return "split"
     return "glu" if name.endswith("ffn_gate_up") else "plain"
+
+
+def takes(ggml_type: T, K: int) -> bool:
+    """Whether gemv_dp4a_multi takes a weight of this type and row length (any length of whole
+    blocks and x̂ scale groups: narrow rows too, where T = 1 keeps the float-x GEMV)."""
+    return ggml_type in DOTS and K % max(GROUP, GGML_QUANT_SIZES[T(ggml_type)][0]) == 0
 
 
 def shape_key(ggml_type: T, N: int, K: int, use: str) -> str:

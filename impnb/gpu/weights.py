@@ -65,7 +65,7 @@ def linear_of(name: str, w: repack.PackedWeight, tuning: Overrides) -> Linear:
     use = gemv_dispatch.use_of(name)
     n_out = w.rows // 2 if use == "glu" else w.rows
     multi = (gemv_dispatch.choose(w.ggml_type, n_out, w.cols, use, force=tuning.gemv_rows_force)
-             if int8_x and tuning.gemv_rows else {})
+             if gemv_dispatch.takes(w.ggml_type, w.cols) and tuning.gemv_rows else {})
     return Linear(name, w, dp4a, stream, int8_x, paths, multi)
 
 

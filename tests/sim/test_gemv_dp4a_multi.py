@@ -13,6 +13,9 @@ def test_plain_and_accumulate():
     m.check_case(T.Q4_K, 5, 256, 3, 10.0, seed=1, variant=Variant(32, 1, 4))
     m.check_case(T.Q8_0, 3, 64, 2, 0.1, seed=2, variant=Variant(32, 2, 2), accumulate=True)
     m.check_case(T.NVFP4, 5, 128, 3, 1.0, seed=5, variant=Variant(32, 1, 4))  # x̂ permuted for its words
+    # rows narrower than a warp's chunks (SmolLM2's 576 columns: 18 of 32 lanes work), T = 8
+    m.check_case(T.Q4_1, 7, 96, 8, 3.0, seed=6, variant=Variant(32, 1, 2))
+    m.check_case(T.Q8_0, 5, 160, 6, 0.5, seed=7, variant=Variant(32, 2, 4))
 
 
 def test_split_and_glu():
