@@ -175,12 +175,12 @@ def test_bad_steps_raise(case):
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_real_models_batch_equals_alone(name, request):
     """SmolLM2 and Gemma3 (sliding window of 512: the prompts pass it): three sequences decoded
-    together give each one's logits alone (CudaEngine, its own contiguous cache) to the
-    single-sequence tolerance, and the same greedy tokens where its top two are not a near-tie."""
-    from impnb.engine_cuda import CudaEngine
-
+    together give each one's logits alone (CudaEngine, its own contiguous cache) within 3e-2 of
+    the largest (their GEMVs take int8 activations in the batch, gemv_dp4a_multi, and float ones
+    alone; test_engine.py holds either to 5e-2 of the reference), and the same greedy tokens
+    where its top two are not a near-tie."""
     mf = open_model_file(request.getfixturevalue(f"{name}_path"))
-    check_batch_equals_alone(mf, 1024, (600, 37, 530), 12, 9, 1e-2, name)
+    check_batch_equals_alone(mf, 1024, (600, 37, 530), 12, 9, 3e-2, name)
 
 
 def check_batch_equals_alone(mf, n_ctx, lengths, steps, seed, tol, name, before_batch=lambda: None):
