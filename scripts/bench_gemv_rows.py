@@ -55,7 +55,8 @@ def groups_of(m) -> dict:
     groups = defaultdict(list)
     for name, lin in m.lin.items():
         role = name.split(".")[-1]
-        if not gd.takes(lin.ggml_type, lin.w.cols) or not (name == "output" or name.startswith("blk.") and role in ROLES):
+        logits = lin is m.output  # "output", or token_embd where the file ties them
+        if not gd.takes(lin.ggml_type, lin.w.cols) or not (logits or name.startswith("blk.") and role in ROLES):
             continue
         use = gd.use_of(name)
         n_out = lin.w.rows // 2 if use == "glu" else lin.w.rows
