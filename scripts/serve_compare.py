@@ -81,7 +81,9 @@ def measure(name: str, cmd: list[str], port: int, args, log, keep) -> list[dict]
         return None
     try:
         print(f"serve-compare: {name} up in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if bench(port, args, args.warmup_len, rounds=1) is None:  # every concurrency: every batch bucket
+        # every concurrency (every batch bucket) at the measured lengths (every context bucket a
+        # measured request reaches), as vLLM's bench warms up with the first request's lengths
+        if bench(port, args, args.warmup_len or args.output_len, rounds=1) is None:
             return None
         rows = []
         for c in args.concurrency.split(","):
@@ -142,7 +144,7 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4, help="requests a client at each concurrency")
-    p.add_argument("--warmup-len", type=int, default=16, help="tokens a warm-up request generates")
+    p.add_argument("--warmup-len", type=int, default=None, help="tokens a warm-up request generates (default --output-len)")
     p.add_argument("--ctx", type=int, default=1024, help="context a sequence (a slot) holds, both servers")
     p.add_argument("--device", default="cuda", help="impnb's device")
     p.add_argument("--batched-tokens", type=int, default=None,
