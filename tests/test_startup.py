@@ -96,6 +96,16 @@ def test_info_ends_without_the_teardown_and_other_commands_with_it(smollm2_path)
     assert other.returncode == 2 and "teardown ran" in other.stderr, other.stderr
 
 
+
+@pytest.mark.slow
+def test_generate_ends_without_the_teardown_its_text_and_stats_out(smollm2_path):
+    """generate's tokens (stdout) and its stats line (stderr) are flushed before the quick exit."""
+    proc = subprocess.run([sys.executable, "-c", _ENTRY, "generate", "The capital of France is", "-m",
+                           str(smollm2_path), "-n", "3", "--temperature", "0", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and "generated 3 tokens" in proc.stderr and "teardown ran" not in proc.stderr
+
 _HIDDEN = """
 import json, sys
 from impnb.numba_import import import_numba
