@@ -54,7 +54,7 @@ def launch_labels(callers=("forward", "moe", "engine_batch", "engine_cuda")):
                 found["op"] = f"{stem}.{frame.f_code.co_name}:{frame.f_lineno}"
             frame = frame.f_back
         op = " ".join(found[k] for k in ("op", "mm", "launcher") if k in found)
-        module = kernel.py_func.__module__.removeprefix("impnb.kernels.")
+        module = (kernel.py_func.__module__ or "?").removeprefix("impnb.kernels.")
         labels.append((module, op or "?"))
         return original(kernel, *args, **kwargs)
 

@@ -38,6 +38,16 @@ def test_batch_decode_step(head_dim, batch):
         assert many.splits == attention_decode.num_splits(one.ctx_bucket, 32, 8, 1, batch, head_dim=head_dim)
         assert many.splits <= one.splits
         assert plan.decode_step(length, 1, 1) == one
+        # the split kernel's layers of a batch on attention_decode_mma at its head dims, not one
+        # sequence's, nor a batch of several tokens a sequence
+        assert many.mma == (head_dim in (64, 128)) and not one.mma and not plan.decode_step(length, 2, batch).mma
+        assert many.split_on_mma(None) == (many.mma and not many.short_blocks)
+
+
+def test_batch_mma_attention_override():
+    """IMPNB_BATCH_MMA_ATTENTION=0 (Overrides.batch_mma_attention) keeps the split kernel."""
+    plan = LoadPlan.make(cfg_of(128), 8192, Overrides(batch_mma_attention=False), LAYERS)
+    assert not plan.decode_step(300, 1, 64).mma
 
 
 def test_large_batch_without_gqa_keeps_the_short_kernel():

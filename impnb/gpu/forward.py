@@ -40,8 +40,8 @@ from impnb.gpu.plan import StepPlan
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
-from impnb.kernels.attention import (attention_decode, attention_fa2, attention_fa2_decode, attention_wgmma, attention_wide,
-                                    qkv_post)
+from impnb.kernels.attention import (attention_decode, attention_decode_mma, attention_fa2, attention_fa2_decode,
+                                    attention_wgmma, attention_wide, qkv_post)
 from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv import gemv_stream
@@ -267,7 +267,8 @@ def residual_update(m, x, h, post_norm, next_norm) -> Residual:
 
 def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     """Attention of q (R, H, D) at pos over layer il's cache -> out (R, H, D), on the kernel the
-    step plan says (decode: short or split-K, or attention_wide at heads past theirs; prefill:
+    step plan says (decode: short or split-K, a batch's split-K on tensor cores where the plan has
+    them, or attention_wide at heads past theirs; prefill:
     wgmma or FA2); xq as in _attention_block."""
     cfg, s, T, B = m.cfg, m.ctx.nb_stream, step.n_tokens, step.batch
     window = cfg.window(il)
@@ -291,6 +292,13 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     if T <= attention_decode.MAX_T and short:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
+    elif (T == 1 and B > 1 and step.split_on_mma(window)
+          and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv)):
+        Hkv = m.kv.k[il].shape[2]
+        splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, B, window, gemv_stream.sm_count())
+        partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
+        attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
+                                                  _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(

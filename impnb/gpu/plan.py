@@ -8,7 +8,7 @@ about a step is written onto the model.
 
 from dataclasses import dataclass
 
-from impnb.kernels.attention import attention_decode
+from impnb.kernels.attention import attention_decode, attention_decode_mma
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
 from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH, Overrides, fuses_post,
@@ -30,6 +30,11 @@ class StepPlan:
     splits: int
     batch: int = 1
     window_blocks: int = 0
+    mma: bool = False  # a batch's split-kernel attention on attention_decode_mma instead
+
+    def split_on_mma(self, window: int | None) -> bool:
+        """Whether a layer of this window that takes the split kernel takes attention_decode_mma."""
+        return self.mma and not self.short_for(window)
 
     def short_for(self, window: int | None) -> int:
         """The short kernel's blocks a query row for a layer of this window (None: the whole
@@ -93,8 +98,10 @@ class LoadPlan:
                 if window and self.tuning.window_short else bucket)
         splits = self.splits_for(bucket) if batch == 1 else attention_decode.num_splits(
             bucket, self.cfg.n_head, self.cfg.n_head_kv, n_tokens, batch, head_dim=self.head_dim)
+        mma = (batch > 1 and n_tokens == 1 and self.tuning.batch_mma_attention
+               and attention_decode_mma.supports(self.head_dim, self.cfg.n_head, self.cfg.n_head_kv))
         return StepPlan(n_tokens, bucket, self._short_blocks(bucket, batch), splits, batch,
-                        self._short_blocks(keys, batch))
+                        self._short_blocks(keys, batch), mma)
 
     def _short_blocks(self, bucket: int, batch: int) -> int:
         """The short kernel's blocks a query row for contexts up to bucket keys, 0: the split kernel."""

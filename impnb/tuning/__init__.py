@@ -155,6 +155,11 @@ DECODE_TC: tuple[int, ...] = (512,)
 # a step's tokens (engine_batch.py, "Look-ahead"): the host's work on a step (scheduler, stops,
 # streams) then runs beside the GPU's next one; IMPNB_BATCH_LOOKAHEAD=0 turns it off.
 BATCH_LOOKAHEAD = True
+# A batched decode step's attention, where it would take the split kernel (more sequences than
+# SHORT_DECODE_MAX_BATCH with shared KV heads, or past SHORT_DECODE_MAX), on the tensor-core kernel
+# (attention_decode_mma.py: a block a sequence's KV head, its query heads one m16 tile's rows);
+# IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
+BATCH_MMA_ATTENTION = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
 SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
@@ -289,6 +294,7 @@ class Overrides:
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
     decode_tc: tuple[int, ...] = DECODE_TC  # head dims of one sequence's decode attention on FA2's decode form
     batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
+    batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
 
@@ -313,7 +319,8 @@ class Overrides:
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
-                   batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD))
+                   batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
+                   batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION))
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

@@ -309,7 +309,8 @@ def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
 
 
 def _make_step(ggml_type, ni: int, mt: int = MT):
-    scope = {"qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4, "_q4_k_scales": _q4_k_scales,
+    scope = {"__name__": __name__, "qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4,
+             "_q4_k_scales": _q4_k_scales,
              "_q6_k_quants": _q6_k_quants, "_s8": _s8}
     exec(_step_source(T(ggml_type), ni, mt), scope)
     return cuda.jit(device=True, inline=True)(scope["step"])
@@ -364,7 +365,7 @@ def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
         xs=", ".join(f"x{i}" for i in range(lane_rows)), ys=", ".join(f"y{i}" for i in range(lane_rows)))
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
-    scope = {"cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
+    scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
              "load_row": _ROWS[T(ggml_type)], "step": _make_step(ggml_type, ni, mt), "bm": 8 * ni,
              "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni}
     exec(src, scope)

@@ -1,0 +1,312 @@
+"""Batched decode attention on tensor cores: one query token of each of B sequences over the paged
+fp16 KV cache, the G = H / Hkv query heads of a KV head as the rows of one m16 tile, S = Q·Kᵀ and
+O += P·V on mma.sync m16n8k16 (Q and P rounded to fp16, fp32 sums), the softmax online in fp32.
+
+The split kernel (attention_decode) forms each score on the FMA units, a key's dims spread over a
+lane group and summed by shuffles, row by row; here a warp's 16-key tile takes 2 D / 8 mma for
+all G rows at once, and the step is a stream of K and V tiles.
+
+Work: grid (S, Hkv, B), block 4 warps. Block (s, kh, b) owns query heads kh G .. kh G + G - 1 of
+sequence b and split s of the 16-key tiles its token sees (keys lo .. hi: hi = pos[b, 0], lo = hi
+- window + 1 or 0; S even shares of the tiles), warp w every fourth tile of the share, each
+through its own STAGES-deep cp.async ring in shared memory, so no block barrier runs in the loop;
+keys outside lo .. hi are zero-filled and their scores masked. The warps' (m, l, O) merge through
+shared memory at the end: with S = 1 the rows go to out, else each split's unnormalised O, its
+rows' max m (log2 units) and sum l to partials (S, B, H, D + 2), which attention_wide.merge_splits
+adds (an empty split writes m = NEG, l = 0, weight 0).
+
+Fragment layouts as attention_fa2's (lane (g, c) = (lane >> 2, lane & 3)): Q's A fragments built
+from global memory once (rows past G zero), K's B fragments by ldmatrix from the swizzled tile
+rows, P's A fragments straight from the S accumulators, V's B fragments by ldmatrix .trans.
+Numpy reference: attention.attention_ref.
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, types, uint32
+
+from impnb.kernels.attention import attention_wide
+from impnb.kernels.attention.attention_fa2 import swz
+from impnb.kernels.attention.kv_cache import PAGE_SIZES
+from impnb.kernels.common import ptx
+from impnb.kernels.common.warp import quad_max, quad_sum, warp_sync
+from impnb.launch import launch
+
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 16            # query heads a KV head (one m16 tile)
+WARPS = 4
+THREADS = 32 * WARPS
+BN = 16                   # keys a warp's tile
+STAGES = {64: 4, 128: 2}  # a warp's ring depth
+MAX_SPLITS = attention_wide.MAX_SPLITS
+LOG2E = math.log2(math.e)
+NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weight 0
+SMEM_ALIGN = ptx.SMEM_ALIGN
+
+
+def ring_bytes(D: int) -> int:
+    """Dynamic shared memory of a block: each warp's ring of K and V tiles (fp16), which the merge
+    reuses for the warps' rows."""
+    return WARPS * STAGES[D] * 2 * BN * 2 * D
+
+
+@lru_cache(maxsize=None)
+def mma_kernel(D: int, page: int, capped: bool):
+    """The kernel of head dim D and page size `page`; capped: scores through softcap · tanh(s / softcap)."""
+    ROWB = 2 * D               # bytes of a K or V row
+    TILE = BN * ROWB           # bytes of a K (or V) tile
+    STAGE = 2 * TILE           # K tile, then V tile
+    NST = STAGES[D]
+    PENDING = NST - 2          # groups left in flight when a tile is read
+    CH = D // 8                # 16-byte chunks of a row
+    LOADS = BN * CH // 32      # chunks a lane issues a tile, of K and of V each
+    KK = D // 16               # k steps of S = Q·Kᵀ
+    NO = D // 8                # O n-tiles
+    NQF = 4 * KK               # Q's A fragment registers a lane
+    N_O = 4 * NO               # O accumulators a lane
+    PSH = page.bit_length() - 1
+    MERGE = WARPS * 16 * D     # float32 words of the warps' O rows in the merge (then m, l)
+    assert BN <= page and page == 1 << PSH and MERGE + 2 * WARPS * 16 <= ring_bytes(D) // 4
+
+    @cuda.jit(device=True, inline=True)
+    def issue(ring, k_pool, v_pool, table, b, kh, Hkv, k0, lo, hi, stage, lane):
+        # keys k0 .. k0 + 15 (K and V of head kh) -> stage `stage` of this warp's ring at `ring`;
+        # a key outside lo .. hi reads nothing (zeros) from a live key's row
+        for i in range(LOADS):
+            idx = lane + 32 * i
+            r = idx // CH
+            ch = idx - r * CH
+            key = k0 + r
+            live = min(max(key, lo), hi)
+            n = 16 if lo <= key and key <= hi else 0
+            src = ((table[b, live >> PSH] * page + (live & (page - 1))) * Hkv + kh) * D + 8 * ch
+            dst = ring + stage * STAGE + swz(r, ch, ROWB)
+            ptx.cp_async_16_zfill(dst, k_pool, src, n)
+            ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
+        ptx.cp_async_commit()
+
+    # grid (S, Hkv, B), block THREADS (4 warps); see the module's docstring
+    def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        split = cuda.blockIdx.x
+        kh = cuda.blockIdx.y
+        b = cuda.blockIdx.z
+        S = cuda.gridDim.x
+        H = q.shape[2]
+        Hkv = k_pool.shape[2]
+        G = H // Hkv
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        c = lane & 3
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
+        ring = ptx.smem_addr(smem, 0) + warp * (NST * STAGE)
+
+        # -- the keys, this split's tiles and this warp's: tiles t0 + warp + 4 i, i < n_mine --
+        hi = int32(pos[b, 0])
+        lo = int32(max(0, hi - window + 1) if window > 0 else 0)
+        j0 = lo // BN
+        n_tiles = hi // BN - j0 + 1
+        per = (n_tiles + S - 1) // S
+        t0 = j0 + split * per
+        n_split = max(0, min(per, n_tiles - split * per))
+        n_mine = (n_split - warp + WARPS - 1) // WARPS if n_split > warp else 0
+        for i in range(NST - 1):  # a group each, empty past n_mine: wait_group counts groups
+            if i < n_mine:
+                issue(ring, k_pool, v_pool, table, b, kh, Hkv, (t0 + warp + WARPS * i) * BN, lo, hi, i, lane)
+            else:
+                ptx.cp_async_commit()
+
+        # -- Q's A fragments (rows g, g + 8: heads kh G + row; rows past G zero), times qscale --
+        qf = cuda.local.array(NQF, uint32)
+        for kk in range(KK):
+            for u in range(4):
+                row = g + 8 * (u & 1)
+                d = 16 * kk + 8 * (u >> 1) + 2 * c
+                qf[4 * kk + u] = 0
+                if row < G:
+                    qf[4 * kk + u] = ptx.pack_f16x2(q[b, 0, kh * G + row, d] * qscale,
+                                                    q[b, 0, kh * G + row, d + 1] * qscale)
+
+        m = cuda.local.array(2, float32)
+        lsum = cuda.local.array(2, float32)
+        s = cuda.local.array(8, float32)
+        o = cuda.local.array(N_O, float32)
+        for rh in range(2):
+            m[rh] = NEG
+            lsum[rh] = float32(0)
+        for i in range(N_O):
+            o[i] = float32(0)
+        # ldmatrix lane offsets within a stage (attention_fa2's): K for k step 0, V for dims 0..15;
+        # k step kk (dims 16 dp) XORs kk << 5 (dp << 5) into the chunk bits
+        kb = lane & 7
+        k_rel = (kb + ((lane >> 4) << 3)) * ROWB + ((((lane >> 3) & 1) ^ kb) << 4)
+        v_rel = TILE + (kb + (((lane >> 3) & 1) << 3)) * ROWB + (((lane >> 4) ^ kb) << 4)
+
+        for i in range(n_mine):
+            ptx.cp_async_wait_group(PENDING)
+            warp_sync()  # every lane's copies of tile i have landed; tile i - 1's stage is free
+            if i + NST - 1 < n_mine:
+                issue(ring, k_pool, v_pool, table, b, kh, Hkv, (t0 + warp + WARPS * (i + NST - 1)) * BN, lo, hi,
+                      (i + NST - 1) % NST, lane)
+            else:
+                ptx.cp_async_commit()  # an empty group keeps wait_group's count
+            base = ring + (i % NST) * STAGE
+            k0 = (t0 + warp + WARPS * i) * BN
+
+            # -- S = Q·Kᵀ over the tile's 16 keys: two n8 tiles --
+            for e in range(8):
+                s[e] = float32(0)
+            for kk in range(KK):
+                b0, b1, b2, b3 = ptx.ldmatrix_x4(base + (k_rel ^ (kk << 5)))
+                s[0], s[1], s[2], s[3] = ptx.mma_f16(qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3],
+                                                     b0, b1, s[0], s[1], s[2], s[3])
+                s[4], s[5], s[6], s[7] = ptx.mma_f16(qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3],
+                                                     b2, b3, s[4], s[5], s[6], s[7])
+            if capped:
+                cap_out = float32(softcap * LOG2E)
+                cap_in = float32(1) / cap_out
+                for e in range(8):
+                    s[e] = cap_out * math.tanh(s[e] * cap_in)
+            # s[4 n + 2 rh + e]: row g + 8 rh, key k0 + 8 n + 2 c + e
+            if k0 < lo or k0 + BN - 1 > hi:
+                for e in range(8):
+                    key = k0 + 8 * (e >> 2) + 2 * c + (e & 1)
+                    if key < lo or key > hi:
+                        s[e] = NEG
+
+            # -- online softmax of rows g and g + 8 --
+            for rh in range(2):
+                mx = max(max(s[2 * rh], s[2 * rh + 1]), max(s[4 + 2 * rh], s[5 + 2 * rh]))
+                mx = max(quad_max(mx), m[rh])
+                a = ptx.ex2_approx_ftz(m[rh] - mx)
+                m[rh] = mx
+                p0 = ptx.ex2_approx_ftz(s[2 * rh] - mx)
+                p1 = ptx.ex2_approx_ftz(s[2 * rh + 1] - mx)
+                p2 = ptx.ex2_approx_ftz(s[4 + 2 * rh] - mx)
+                p3 = ptx.ex2_approx_ftz(s[5 + 2 * rh] - mx)
+                s[2 * rh] = p0
+                s[2 * rh + 1] = p1
+                s[4 + 2 * rh] = p2
+                s[5 + 2 * rh] = p3
+                lsum[rh] = lsum[rh] * a + (p0 + p1) + (p2 + p3)
+                for n in range(NO):
+                    o[4 * n + 2 * rh] *= a
+                    o[4 * n + 2 * rh + 1] *= a
+
+            # -- O += P·V: P's A fragment from s, V's rows (keys) by ldmatrix .trans --
+            pa0 = ptx.pack_f16x2(s[0], s[1])
+            pa1 = ptx.pack_f16x2(s[2], s[3])
+            pa2 = ptx.pack_f16x2(s[4], s[5])
+            pa3 = ptx.pack_f16x2(s[6], s[7])
+            for dp in range(NO // 2):
+                b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(base + (v_rel ^ (dp << 5)))
+                f = 8 * dp
+                o[f], o[f + 1], o[f + 2], o[f + 3] = ptx.mma_f16(pa0, pa1, pa2, pa3, b0, b1,
+                                                                 o[f], o[f + 1], o[f + 2], o[f + 3])
+                o[f + 4], o[f + 5], o[f + 6], o[f + 7] = ptx.mma_f16(pa0, pa1, pa2, pa3, b2, b3,
+                                                                     o[f + 4], o[f + 5], o[f + 6], o[f + 7])
+        ptx.cp_async_wait_all()
+
+        # -- the warps' rows through shared memory: O[w][row][d], then m[w][row], l[w][row] --
+        red = cuda.shared.array(0, float32, alignment=SMEM_ALIGN)
+        cuda.syncthreads()  # every warp is done with its ring
+        for rh in range(2):
+            row = g + 8 * rh
+            lrow = quad_sum(lsum[rh])
+            if row < G:
+                for n in range(NO):
+                    red[(warp * 16 + row) * D + 8 * n + 2 * c] = o[4 * n + 2 * rh]
+                    red[(warp * 16 + row) * D + 8 * n + 2 * c + 1] = o[4 * n + 2 * rh + 1]
+                if c == 0:
+                    red[MERGE + warp * 16 + row] = m[rh]
+                    red[MERGE + WARPS * 16 + warp * 16 + row] = lrow
+        cuda.syncthreads()
+        for idx in range(tid, G * D, THREADS):
+            row = idx // D
+            d = idx - row * D
+            mx = NEG
+            for w in range(WARPS):
+                mx = max(mx, red[MERGE + w * 16 + row])
+            num = float32(0)
+            den = float32(0)
+            for w in range(WARPS):
+                e = ptx.ex2_approx_ftz(red[MERGE + w * 16 + row] - mx)
+                num += e * red[(w * 16 + row) * D + d]
+                den += e * red[MERGE + WARPS * 16 + w * 16 + row]
+            h = kh * G + row
+            if S == 1:
+                out[b, 0, h, d] = num / den
+            else:
+                partials[split, b, h, d] = num
+                if d == 0:
+                    partials[split, b, h, D] = mx
+                    partials[split, b, h, D + 1] = den
+
+    kernel.__name__ = f"_decode_mma_d{D}_p{page}{'_softcap' if capped else ''}_kernel"
+    return cuda.jit(kernel)
+
+
+# ---------------------------------------------------------------- host side
+
+def supports(head_dim: int, n_head: int, n_head_kv: int) -> bool:
+    """Whether this kernel takes a model of these heads (fp16 pools, one token a sequence)."""
+    return head_dim in HEAD_DIMS and n_head % n_head_kv == 0 and n_head // n_head_kv <= MAX_GROUP
+
+
+def num_splits(ctx_bucket: int, n_head_kv: int, batch: int, window: int | None = None, n_sm: int = 132) -> int:
+    """Splits for a graph serving contexts up to ctx_bucket keys (or its window): about three blocks
+    an SM (the rings of D 128 allow three), at least a tile a warp, at most MAX_SPLITS."""
+    keys = min(ctx_bucket, window) if window else ctx_bucket
+    blocks = batch * n_head_kv
+    want = -(-3 * n_sm // blocks)
+    return max(1, min(want, keys // (WARPS * BN), MAX_SPLITS))
+
+
+def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tuple:
+    """(S, B, H, D + 2) float32: each split's unnormalised rows, their max m and sum l."""
+    return n_splits, batch, n_head, head_dim + 2
+
+
+def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
+                         window: int | None, softcap: float | None, stream) -> None:
+    """out (B, 1, H, D) = attention of q (B, 1, H, D) float32, sequence b's token at pos[b, 0], over
+    the paged fp16 cache: k_pool, v_pool (n_pages, page_size, Hkv, D) float16 already holding keys
+    0 .. pos[b, 0]; block_table (B, max_pages) int32. partials (partials_shape with >= n_splits
+    splits and B) float32 scratch, unread at n_splits 1. The key range is read from pos on the
+    device: a captured graph stays valid as the context grows. window None or > 0; softcap None
+    or > 0."""
+    B, T, H, D = q.shape
+    P, Hkv = k_pool.shape[1], k_pool.shape[2]
+    for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"), (k_pool, np.float16, 4, "k_pool"),
+                            (v_pool, np.float16, 4, "v_pool"), (block_table, np.int32, 2, "block_table"),
+                            (pos, np.int32, 2, "pos"), (partials, np.float32, 4, "partials")):
+        assert a.dtype == dt and a.ndim == nd and a.is_c_contiguous(), \
+            f"{name}: C-contiguous {np.dtype(dt)} with {nd} dims expected, got {a.dtype} {a.shape}"
+    assert T == 1 and out.shape == q.shape and pos.shape == (B, 1) and block_table.shape[0] == B, "shapes"
+    assert supports(D, H, Hkv) and k_pool.shape[3] == D and v_pool.shape == k_pool.shape, "heads"
+    assert P in PAGE_SIZES and 1 <= n_splits <= MAX_SPLITS, f"page {P}, splits {n_splits}"
+    assert partials.shape[0] >= n_splits and partials.shape[1:] == (B, H, D + 2), "partials shape"
+    assert window is None or window > 0, "window must be None or positive"
+    assert softcap is None or softcap > 0, "softcap must be None or positive"
+    launch(mma_kernel(D, P, bool(softcap)), (n_splits, Hkv, B), THREADS, stream,
+           q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E), np.int32(window or 0),
+           np.float32(softcap or 0.0), shared_bytes=ring_bytes(D))
+    if n_splits > 1:
+        attention_wide.merge_splits(partials[:n_splits], out.reshape(B, H, D), n_splits, stream)
+
+
+_Q = types.float32[:, :, :, ::1]
+_POOL = types.float16[:, :, :, ::1]
+_SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.float32[:, :, :, ::1],
+        types.float32, types.int32, types.float32)
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    return [(mma_kernel(D, P, capped), _SIG, {"max_registers": 255})
+            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True)]

@@ -1,0 +1,17 @@
+"""Batched decode attention on tensor cores in the CUDA simulator: the GPU test's check on tiny
+shapes (two to three sequences, tiles partly live at both ends, a window, splits with nothing to
+do, softcap, both page sizes, D 64 and 128)."""
+
+import pytest
+
+from tests.gpu.test_attention_decode_mma import _seed, check_mma
+
+
+@pytest.mark.parametrize("lengths,H,Hkv,D,window,softcap,page_size,n_splits,std", [
+    ([1, 20], 4, 1, 64, None, None, 16, 1, 1.0),          # a single key; one tile, part live
+    ([70, 33], 6, 2, 64, None, None, 32, 1, 3.0),         # GQA 3, two KV heads, five tiles over four warps
+    ([50, 9, 100], 2, 1, 128, 30, None, 16, 2, 1.0),      # D 128, window: first tile partly left of it, two splits
+    ([40], 3, 3, 64, None, 5.0, 32, 4, 1.0),              # softcap; four splits of three tiles, one empty
+])
+def test_mma(lengths, H, Hkv, D, window, softcap, page_size, n_splits, std):
+    check_mma(_seed(len(lengths), H, D), lengths, H, Hkv, D, std, window, softcap, page_size, n_splits)
