@@ -33,8 +33,6 @@ def main() -> int:
     ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168,1:-1:4",
                     help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
                          "a warp]] to time")
-    ap.add_argument("--few-variants", default="4,2",
-                    help="the few-row GEMM's n8 W tiles a warp[:m16 A tiles a block, 0 mt_for's] to time")
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
@@ -58,16 +56,13 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
     xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    # few: (None, nt, mt or 0); mmq: (ni, regs, mt)
-    variants = [(None, *(int(f) for f in (v + ":0").split(":")[:2])) for v in args.few_variants.split(",")] \
-        if name == "few" else [tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
+    variants = [(None, 0, 2)] if name == "few" else [
+        tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
     first = None  # the first variant's output: every other must match it
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        if name == "few" and mt and 16 * mt > 2 * M:
-            continue
-        S0 = gemm_few.splits_for(M, N, K, sms=sms, nt=regs) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
+        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
         row = []
         for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
                          for f in args.split_scale.split(",")} | {S0}):
@@ -75,7 +70,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
 
             def call(i, S=S, part=part):
                 if name == "few":
-                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, nt=regs, mt=mt or None)
+                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
                                       regs=None if regs < 0 else regs, mt=mt)
@@ -90,8 +85,8 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
         out = y.copy_to_host()
         first = out if first is None else first
         bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
-        tag = (f"{name} nt={regs}" + (f" mt={mt}" if mt else "")) if ni is None else f"{name} ni={ni}" + (
-            f" r{regs}" if regs >= 0 else "") + (f" mt={mt}" if mt != gemm_mmq.MT else "")
+        tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
+            f" mt={mt}" if mt != gemm_mmq.MT else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
               + " ".join(f"S{S}={us:.1f}" for us, S in row) + ("  MISMATCH with the first variant" if bad else ""),

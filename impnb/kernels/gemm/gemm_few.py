@@ -44,14 +44,8 @@ WARPS = 4
 THREADS = 32 * WARPS
 GROUP = 128                   # K columns a stage (4 chunks of 32)
 ROW_STRIDE = 2 * GROUP + 16   # bytes of an A stage row in shared memory (16 bytes of padding)
-NT = 4                        # n8 tiles a warp (NARROW: 2, half the registers, twice the blocks)
-NARROW = 2
+NT = 4                        # n8 tiles a warp
 BN = 8 * NT * WARPS           # W rows a block
-
-
-def block_rows(nt: int = NT) -> int:
-    """W rows a block of nt n8 tiles a warp."""
-    return 8 * nt * WARPS
 MAX_MT = 4                    # m16 tiles a block at most (64 rows of A; more rows: grid.z)
 
 
@@ -71,19 +65,15 @@ def block_split(n_grp, bm):
 
 
 @lru_cache(maxsize=None)
-def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
-    """The split-K kernel of one weight type, mt m16 tiles (16 mt rows of A a block) and nt n8
-    tiles of W a warp (NT or NARROW)."""
+def gemm_few_kernel(ggml_type, mt: int):
+    """The split-K kernel of one weight type and mt m16 tiles (16 mt rows of A a block)."""
     load, run, col = DECODERS[T(ggml_type)]
-    assert nt in (NT, NARROW)
-    wide = nt == NT
     bm = 16 * mt
-    bn = block_rows(nt)
     a_units = bm * (GROUP // 8) // THREADS  # 16-byte cp.async units a thread a stage
     sbytes = stage_bytes(mt)
     smem_words = 2 * sbytes // 4
-    n_acc = 4 * mt * nt
-    n_b = 16 * nt
+    n_acc = 4 * mt * NT
+    n_b = 16 * NT
 
     @cuda.jit(device=True, inline=True)
     def load_a(sbase, a, m0, grp):
@@ -121,9 +111,9 @@ def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
             for m in range(mt):
                 r0, r1, r2, r3 = ptx.ld_shared_v4_u32(sbase + (16 * m + g) * ROW_STRIDE + off)
                 s0, s1, s2, s3 = ptx.ld_shared_v4_u32(sbase + (16 * m + g + 8) * ROW_STRIDE + off)
-                for i in range(nt):
+                for i in range(NT):
                     b = 16 * i + 8 * h + 2 * q0
-                    o = 4 * (m * nt + i)
+                    o = 4 * (m * NT + i)
                     d0, d1, d2, d3 = ptx.mma_f16(r0, s0, r1, s1, bregs[b], bregs[b + 1],
                                                  acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
                     d0, d1, d2, d3 = ptx.mma_f16(r2, s2, r3, s3, bregs[b + 2], bregs[b + 3], d0, d1, d2, d3)
@@ -132,9 +122,8 @@ def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
                     acc[o + 2] = d2
                     acc[o + 3] = d3
 
-    # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x .. and
+    # grid (ceil(N / BN), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows BN x .. and
     # A rows bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
-    # (wide: a lane's rows of tiles 2 and 3 too; a constant, so the narrow kernel has no code for them)
     @cuda.jit
     def _gemm_few_kernel(a, parts, part):
         s = cuda.blockIdx.y
@@ -143,12 +132,11 @@ def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
         K = a.shape[1]
         cpr = K // 32
         g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
-        nb = cuda.blockIdx.x * bn + warp * (8 * nt) + g  # this lane's row of tile 0
+        nb = cuda.blockIdx.x * BN + warp * (8 * NT) + g  # this lane's row of tile 0
         w0 = min(nb, N - 1) * cpr + t
         w1 = min(nb + 8, N - 1) * cpr + t
-        if wide:
-            w2 = min(nb + 16, N - 1) * cpr + t
-            w3 = min(nb + 24, N - 1) * cpr + t
+        w2 = min(nb + 16, N - 1) * cpr + t
+        w3 = min(nb + 24, N - 1) * cpr + t
         smem = cuda.shared.array(smem_words, uint32, alignment=SMEM_ALIGN)
         base = ptx.smem_addr(smem, 0)
         acc = cuda.local.array(n_acc, float32)
@@ -160,9 +148,8 @@ def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
         c = 4 * g0
         x0 = load(parts, w0 + c)
         x1 = load(parts, w1 + c)
-        if wide:
-            x2 = load(parts, w2 + c)
-            x3 = load(parts, w3 + c)
+        x2 = load(parts, w2 + c)
+        x3 = load(parts, w3 + c)
         for grp in range(g0, g1):
             cur = (grp - g0) & 1
             c = 4 * grp
@@ -172,31 +159,27 @@ def gemm_few_kernel(ggml_type, mt: int, nt: int = NT):
             ptx.cp_async_commit()
             y0 = load(parts, w0 + cn)
             y1 = load(parts, w1 + cn)
-            if wide:
-                y2 = load(parts, w2 + cn)
-                y3 = load(parts, w3 + cn)
+            y2 = load(parts, w2 + cn)
+            y3 = load(parts, w3 + cn)
             decode(x0, c + t, bregs, 0)
             decode(x1, c + t, bregs, 16)
-            if wide:
-                decode(x2, c + t, bregs, 32)
-                decode(x3, c + t, bregs, 48)
+            decode(x2, c + t, bregs, 32)
+            decode(x3, c + t, bregs, 48)
             ptx.cp_async_wait_group(1)
             cuda.syncthreads()
             multiply(base + cur * sbytes, grp, c + t, bregs, acc)
             cuda.syncthreads()  # the stage is rewritten at the next group's prefetch
-            x0, x1 = y0, y1
-            if wide:
-                x2, x3 = y2, y3
+            x0, x1, x2, x3 = y0, y1, y2, y3
         # -- epilogue: lane holds rows g, g + 8 of each m tile at columns 2t, 2t + 1 of each n tile --
         col0 = nb - g + 2 * t
         for m in range(mt):
             for half in range(2):
                 row = m0 + 16 * m + g + 8 * half
                 if row < M:
-                    for i in range(nt):
+                    for i in range(NT):
                         n = col0 + 8 * i
                         if n < N:
-                            o = 4 * (m * nt + i) + 2 * half
+                            o = 4 * (m * NT + i) + 2 * half
                             ptx.st_global_v2_f32(part, (s * M + row) * N + n, acc[o], acc[o + 1])
 
     return _gemm_few_kernel
@@ -207,11 +190,11 @@ def mt_for(M: int) -> int:
     return 1 if M <= 16 else 2 if M <= 32 else MAX_MT
 
 
-def splits_for(M: int, N: int, K: int, sms: int = 132, nt: int = NT) -> int:
+def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
     """Splits that bring the grid to about two blocks an SM, each at least two groups deep (three
     an SM was 1.1-2.4x slower on the Qwen3-8B shapes at 16..128 rows: more partials to add, no
     more W in flight; scripts/bench_gemm_few.py)."""
-    blocks = -(-N // block_rows(nt)) * -(-M // (16 * mt_for(M)))
+    blocks = -(-N // BN) * -(-M // (16 * mt_for(M)))
     return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
 
 
@@ -220,8 +203,7 @@ def supports(ggml_type, K: int) -> bool:
     return t in QUANT_TYPES and K % max(GROUP, GGML_QUANT_SIZES[t][0]) == 0
 
 
-def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool, nt: int = NT,
-            mt: int | None = None):
+def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool):
     N, K = w.rows, w.cols
     M = a.shape[0]
     assert a.dtype == np.float16 and a.shape == (M, K) and a.is_c_contiguous() and N % 8 == 0
@@ -230,34 +212,32 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     assert supports(w.ggml_type, K), f"no few-row GEMM for {T(w.ggml_type).name} at K={K}"
     assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
-    mt = mt or mt_for(M)
-    launch(gemm_few_kernel(T(w.ggml_type), mt, nt), (-(-N // block_rows(nt)), splits, -(-M // (16 * mt))), THREADS,
-           stream, a, w.parts, part)
+    mt = mt_for(M)
+    launch(gemm_few_kernel(T(w.ggml_type), mt), (-(-N // BN), splits, -(-M // (16 * mt))), THREADS, stream,
+           a, w.parts, part)
     reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
-def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False, nt: int = NT,
-             mt: int | None = None):
+def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K parts;
-    part: a float32 scratch (splits, M, N); nt: n8 tiles of W a warp (NT or NARROW); mt: m16
-    tiles of A a block (default mt_for's; for scripts/bench_gemm_few.py)."""
+    part: a float32 scratch (splits, M, N)."""
     check_shapes(a, c, w.rows, w.cols)
-    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, nt, mt)
+    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate)
 
 
-def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int, nt: int = NT):
+def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of i)ᵀ,
-    each N_i a multiple of 4; part and nt as in gemm_few."""
+    each N_i a multiple of 4; part as in gemm_few."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False, nt)
+    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False)
 
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
-        (gemm_few_kernel(t, mt, nt), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 255})
-        for t in QUANT_TYPES for mt in (1, 2, 4) for nt in (NT, NARROW)
+        (gemm_few_kernel(t, mt), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 255})
+        for t in QUANT_TYPES for mt in (1, 2, 4)
     ]
