@@ -66,7 +66,7 @@ def build_app(server: Server) -> FastAPI:
     app.state.server = server
     _errors(app, server)
 
-    def check_key(request: Request) -> None:
+    async def check_key(request: Request) -> None:  # async: FastAPI runs a plain def in its thread pool
         key = server.config.api_key
         if key is None:
             return
