@@ -93,6 +93,19 @@ def test_accumulate_shapes(ggml_type, rows, cols):
     check_case(ggml_type, rows, cols, 6, 1.0, seed=3, variant=Variant(32, 2, 8), accumulate=True)
 
 
+@pytest.mark.parametrize("variant", [Variant(32, 1, 4), Variant(32, 1, 8), Variant(32, 2, 4)], ids=lambda v: v.name)
+@pytest.mark.parametrize("ggml_type,rows,cols,n_tok", [
+    (T.Q4_1, 1536, 576, 8),     # SmolLM2's gate|up rows: 18 of a warp's 32 chunks
+    (T.Q4_1, 577, 1536, 5),     # its down's width, odd rows
+    (T.Q8_0, 4099, 576, 8),     # its tied logits' width
+    (T.Q8_0, 2051, 640, 4),     # Gemma3's logits' width (20 chunks)
+    (T.Q4_K, 333, 768, 7),      # a K-quant of 24 chunks
+])
+def test_narrow_rows(ggml_type, rows, cols, n_tok, variant):
+    """Rows of fewer 32-column chunks than a row group's lanes (the real models' widths)."""
+    check_case(ggml_type, rows, cols, n_tok, 1.0, seed=rows + n_tok, variant=variant)
+
+
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0])
 @pytest.mark.parametrize("variant", [Variant(32, 1, 4), Variant(64, 2, 8)], ids=lambda v: v.name)
 def test_split_qkv(ggml_type, variant):
