@@ -31,7 +31,7 @@ from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.common import ptx
-from impnb.kernels.common.warp import quad_max, quad_sum, warp_sync
+from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sync
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
@@ -98,11 +98,7 @@ def mma_kernel(D: int, page: int, capped: bool):
         H = q.shape[2]
         Hkv = k_pool.shape[2]
         G = H // Hkv
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        g = lane >> 2
-        c = lane & 3
+        tid, lane, warp, g, c = mma_lane()
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         ring = ptx.smem_addr(smem, 0) + warp * (NST * STAGE)
 

@@ -37,7 +37,7 @@ from numba import cuda, float32, int32, types, uint32
 from impnb.kernels.common import ptx
 from impnb.kernels.attention.kv_cache import BF16, PAGE_SIZES
 from impnb.kernels.attention.q_tile import q_tile_loader
-from impnb.kernels.common.warp import quad_max, quad_sum, warp_any
+from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_any
 from impnb.launch import launch
 
 WARPS = 4
@@ -184,11 +184,7 @@ def fa2_kernel(D: int, BN: int, MT: int, q_in_regs: bool, PAGE: int, bf16: bool 
             kh = h // (H // Hkv)
             t0 = (cuda.gridDim.y - 1 - cuda.blockIdx.y) * BM
         t_last = min(t0 + BM, T) - 1
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        g = lane >> 2
-        c = lane & 3
+        tid, lane, warp, g, c = mma_lane()
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         sq = ptx.smem_addr(smem, 0)
         skv = sq + Q_BYTES

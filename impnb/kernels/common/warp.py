@@ -140,3 +140,12 @@ def block_sum(v, red):
     v = warp_sum(v)
     cuda.syncthreads()  # red may be reused
     return v
+
+
+@cuda.jit(device=True, inline=True)
+def mma_lane():
+    """(thread index, lane, warp, g = lane >> 2, c = lane & 3): a thread's place in a 1-D block and
+    in an mma.sync fragment (row group g, column pair c)."""
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    return tid, lane, tid >> 5, lane >> 2, lane & 3
