@@ -38,9 +38,10 @@ def test_batch_decode_step(head_dim, batch):
         assert many.splits == attention_decode.num_splits(one.ctx_bucket, 32, 8, 1, batch, head_dim=head_dim)
         assert many.splits <= one.splits
         assert plan.decode_step(length, 1, 1) == one
-        # the split kernel's layers of a batch on attention_decode_mma at its head dims, not one
-        # sequence's, nor a batch of several tokens a sequence
-        assert many.mma == (head_dim in (64, 128)) and not one.mma and not plan.decode_step(length, 2, batch).mma
+        # the split kernel's layers of a batch past SHORT_DECODE_MAX_BATCH on attention_decode_mma at
+        # its head dims; not one sequence's, nor a batch of several tokens a sequence
+        assert many.mma == (head_dim in (64, 128) and batch > SHORT_DECODE_MAX_BATCH)
+        assert not one.mma and not plan.decode_step(length, 2, batch).mma
         assert many.split_on_mma(None) == (many.mma and not many.short_blocks)
 
 

@@ -98,7 +98,7 @@ class LoadPlan:
                 if window and self.tuning.window_short else bucket)
         splits = self.splits_for(bucket) if batch == 1 else attention_decode.num_splits(
             bucket, self.cfg.n_head, self.cfg.n_head_kv, n_tokens, batch, head_dim=self.head_dim)
-        mma = (batch > 1 and n_tokens == 1 and self.tuning.batch_mma_attention
+        mma = (batch > SHORT_DECODE_MAX_BATCH and n_tokens == 1 and self.tuning.batch_mma_attention
                and attention_decode_mma.supports(self.head_dim, self.cfg.n_head, self.cfg.n_head_kv))
         return StepPlan(n_tokens, bucket, self._short_blocks(bucket, batch), splits, batch,
                         self._short_blocks(keys, batch), mma)

@@ -155,9 +155,10 @@ DECODE_TC: tuple[int, ...] = (512,)
 # a step's tokens (engine_batch.py, "Look-ahead"): the host's work on a step (scheduler, stops,
 # streams) then runs beside the GPU's next one; IMPNB_BATCH_LOOKAHEAD=0 turns it off.
 BATCH_LOOKAHEAD = True
-# A batched decode step's attention, where it would take the split kernel (more sequences than
-# SHORT_DECODE_MAX_BATCH with shared KV heads, or past SHORT_DECODE_MAX), on the tensor-core kernel
-# (attention_decode_mma.py: a block a sequence's KV head, its query heads one m16 tile's rows);
+# A batched decode step of more than SHORT_DECODE_MAX_BATCH sequences, where it would take the split
+# kernel, on the tensor-core kernel (attention_decode_mma.py: a block a sequence's KV head, its query
+# heads one m16 tile's rows): faster on the synthetic Qwen3-8B's batches of 16, 64 and 128 at 256
+# keys, even at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
 # IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
 BATCH_MMA_ATTENTION = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
