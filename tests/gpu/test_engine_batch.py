@@ -76,8 +76,9 @@ def test_teacher_forced_batch_matches_reference(case):
 
 def test_teacher_forced_large_batch_matches_reference(case):
     """A batch past SHORT_DECODE_MAX_BATCH (12 sequences: bucket 16, GEMMs of 16 rows) takes the
-    split attention kernel, a KV head's query rows a block; every sequence's teacher-forced logits
-    within the single-sequence tolerance of the reference."""
+    batch attention on tensor cores (attention_decode_mma: head dim 64), a KV head's query rows a
+    block; every sequence's teacher-forced logits within the single-sequence tolerance of the
+    reference."""
     mf, seqs, refs = case
     seqs, refs, prompts = seqs * 2, refs * 2, PROMPTS * 2
     engine = CudaBatchEngine(mf, N_CTX, kv_tokens=len(seqs) * 4 * PAGE_SIZE, max_batch=16, graphs=False)
@@ -91,7 +92,7 @@ def test_teacher_forced_large_batch_matches_reference(case):
         for i, row in enumerate(engine.decode_logits(rows)):
             got[i].append(row)
             pos[i] += 1
-        assert engine.last_step.batch == 16 and engine.last_step.short_blocks == 0
+        assert engine.last_step.batch == 16 and engine.last_step.short_blocks == 0 and engine.last_step.mma
     for i, (n, ref) in enumerate(zip(prompts, refs)):
         out = np.stack(got[i])
         want = ref[n:n + len(out)]
