@@ -85,7 +85,7 @@ def test_dry_run_of_gemma4(variant, tmp_path, monkeypatch):
 
 def test_dry_run_records_the_batch_buckets(tmp_path, monkeypatch):
     """With max_batch: the batched engine's decode step at every bucket up to it is recorded too
-    (the split attention kernel of a batch past SHORT_DECODE_MAX_BATCH, the batch sampler), none
+    (the tensor-core attention of a batch past SHORT_DECODE_MAX_BATCH, the batch sampler), none
     launched; a model the batched engine refuses (recurrent state) records its single steps only."""
     launched = []
 
@@ -101,7 +101,7 @@ def test_dry_run_records_the_batch_buckets(tmp_path, monkeypatch):
     single = set(warmup.dry_run(open_model_file(path), 1024, (8, 0, "")).jobs)
     batched = set(warmup.dry_run(open_model_file(path), 1024, (8, 0, ""), max_batch=16).jobs)
     assert single < batched
-    assert any(n.startswith("_decode_split") for n in batched)
+    assert any(n.startswith("_decode_mma") for n in batched)
     path = tmp_path / "qwen35moe.gguf"
     write_full_gguf(path, SHAPES["qwen35moe"], "Q8_0")
     assert set(warmup.dry_run(open_model_file(path), 1024, (8, 0, ""), max_batch=16).jobs) \
