@@ -82,12 +82,13 @@ def trace(url: str, model: str, args, rng) -> list[dict] | None:
 
 
 def tg128(args) -> float | None:
-    """`impnb bench -p 128 -n 128 -r 3`'s tg128 tok/s on the model."""
+    """`impnb bench -p 128 -n 128 -r 3`'s tg128 tok/s on the model (None when it gives none)."""
     proc = subprocess.run([sys.executable, "-m", "impnb", "bench", "-m", args.model, "-p", "128", "-n", "128", "-r",
-                           "3", "--device", args.device], capture_output=True, text=True)
-    line = next((ln for ln in proc.stdout.splitlines() if "tg128" in ln), "")
-    m = re.search(r"tg128 \|\s+([\d.]+)", line)
-    return float(m[1]) if m else None
+                           "3", "--device", args.device, "--json"], capture_output=True, text=True)
+    try:
+        return next(r["tok_s"] for r in json.loads(proc.stdout) if r["test"] == "tg128")
+    except (ValueError, StopIteration, KeyError, TypeError):
+        return None
 
 
 def main() -> int:
