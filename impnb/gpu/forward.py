@@ -292,8 +292,7 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     if T <= attention_decode.MAX_T and short:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
-    elif (T == 1 and B > 1 and step.split_on_mma(window)
-          and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv)):
+    elif step.split_on_mma(window) and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv):
         Hkv = m.kv.k[il].shape[2]
         splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, B, window, gemv_stream.sm_count())
         partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))

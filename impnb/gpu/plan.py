@@ -30,7 +30,7 @@ class StepPlan:
     splits: int
     batch: int = 1
     window_blocks: int = 0
-    mma: bool = False  # a batch's split-kernel attention on attention_decode_mma instead
+    mma: bool = False  # a batch past SHORT_DECODE_MAX_BATCH: its split-kernel layers on attention_decode_mma
 
     def split_on_mma(self, window: int | None) -> bool:
         """Whether a layer of this window that takes the split kernel takes attention_decode_mma."""

@@ -158,7 +158,7 @@ BATCH_LOOKAHEAD = True
 # A batched decode step of more than SHORT_DECODE_MAX_BATCH sequences, where it would take the split
 # kernel, on the tensor-core kernel (attention_decode_mma.py: a block a sequence's KV head, its query
 # heads one m16 tile's rows): faster on the synthetic Qwen3-8B's batches of 16, 64 and 128 at 256
-# keys, even at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
+# keys, level at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
 # IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
 BATCH_MMA_ATTENTION = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
