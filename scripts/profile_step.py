@@ -5,10 +5,10 @@ replayed; its in-graph cost is the replay time / REPS. Rows are grouped by kerne
 printed: the whole graph's replay time, engine.step()'s wall time and the Python time in it
 (step() less the wait for the device's token).
     python scripts/profile_step.py MODEL [--tokens 64] [--reps 50] [--depth D] [--prefill N] [--json PATH]
---depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N (a
-multiple of the 512-row prompt chunk) profiles the graph of the last chunk of an N-token prompt
-(its attention reads the N - 512 positions before it) instead of a decode step, and reports no
-host time.
+--depth D decodes after a prompt of D tokens (attention's cost grows with it); --prefill N
+profiles the graph of the last prompt chunk of an N-token prompt (its bucket's graph: a served
+128-token prompt is one chunk in the 128-row graph; its attention reads the positions of the
+chunks before it) instead of a decode step, and reports no host time.
 --in-situ times each kernel where it runs instead: the graph's kernels re-made as a chain with an
 event between each two, so each reads what its predecessors wrote and finds the caches they left
 (alone, a kernel repeated finds its own data in L2, and one whose work follows data made by
@@ -35,6 +35,7 @@ from cuda.bindings import driver  # noqa: E402
 
 from impnb.engine_cuda import CudaEngine  # noqa: E402
 from impnb.gguf_file import open_model_file  # noqa: E402
+from impnb.graphs import prefill as prefill_graphs  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from impnb.sampling import SamplingParams  # noqa: E402
 from impnb.warmup import prepare  # noqa: E402
@@ -145,20 +146,23 @@ def main() -> int:
 
     mf = open_model_file(resolve_model(args.model))
     rng = np.random.default_rng(0)
-    n_prompt = args.prefill or args.depth
+    if args.depth < 0:
+        ap.error(f"--depth takes a non-negative number of tokens, got {args.depth}")
+    n_prompt = args.prefill or max(args.depth, 1)  # a decode step needs one token before it
     n_ctx = max(1024, n_prompt + args.tokens + 8)
     prepare(mf, n_ctx)  # a first start compiles the model's kernels across the cores
     eng = CudaEngine(mf, n_ctx)
     chunk = eng.m.chunk
-    if args.prefill and args.prefill % chunk:
-        ap.error(f"--prefill takes a multiple of the model's prompt chunk {chunk}, got {args.prefill}")
+    last = (args.prefill - 1) % chunk + 1 if args.prefill else 0  # the last chunk's tokens
+    if args.prefill and prefill_graphs.bucket(last, args.prefill - last, n_ctx) is None:
+        ap.error(f"--prefill {args.prefill}: its last chunk of {last} tokens has no graph bucket")
     eng.reset(SamplingParams(temperature=0))
     vocab = eng.cfg.n_vocab
     tok = eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
     if args.prefill:  # again: the first run captured the chunk's graph after running it eagerly
         eng.reset(SamplingParams(temperature=0))
         eng.prefill(rng.integers(10, vocab, n_prompt).tolist())
-        graph = eng.prefill_graphs[chunk]
+        graph = eng.prefill_graphs[prefill_graphs.bucket(last, args.prefill - last, n_ctx)]
     else:
         for _ in range(3):  # eager step, capture, one replay
             tok = eng.step(tok)

@@ -65,6 +65,7 @@ def test_decode_growing_context():
 @pytest.mark.parametrize("H_,Hkv,D_,L,T,window,warps,std", [
     (4, 2, 64, 1, 1, None, 4, 1.0),       # a single key
     (4, 2, 64, 150, 1, None, 4, 3.0),     # three turns of 64 keys, four key slots a warp
+    (4, 2, 64, 100, 3, None, 4, 1.0),     # two turns: the step's three keys in the second
     (3, 1, 64, 40, 3, 7, 8, 1.0),         # 3 queries in a window: 9 rows, a block each
     (8, 1, 128, 70, 1, None, 4, 0.1),     # three turns of 32, two key slots a warp
     (4, 1, 256, 70, 2, 40, 8, 1.0),       # two turns of 32 in a window, one key slot a warp
@@ -86,10 +87,12 @@ def test_decode_short_batch_softcap_growing():
     (1, 1, None, True, True, 64),     # the step's key alone
     (40, 2, 7, False, False, 64),     # two tokens in a window, adjacent pairs, no QK-norm
     (20, 1, None, True, True, 256),   # D 256: eight lanes a key
+    (150, 1, None, True, True, 64),   # three turns of 64 keys (4 warps): two read before the wait
+    (70, 2, None, False, True, 64),   # the step's two keys in the second turn
 ])
 def test_decode_short_post(L, T, window, neox, norm, D_):
     check_decode_post(np.random.default_rng([L, T, D_]), L, T, H, HKV, D_, 1.0, window, neox, norm,
-                      warps=8)
+                      warps=4 if L > 64 else 8)
 
 
 def test_decode_short_quant():
