@@ -39,6 +39,22 @@ class MatMul:
 
     def __init__(self, ctx, arena, cublas, tuning: Overrides):
         self.ctx, self.arena, self.cublas, self.tuning = ctx, arena, cublas, tuning
+        self.resident: dict[int, object] = {}  # id(PackedWeight) -> its fp16 copy (keep_w16)
+
+    def keep_w16(self, linears, room: int) -> int:
+        """Dequantize once, and keep, the fp16 copies that cuBLAS reads of the Linears whose GEMM
+        takes it at some row bucket, where they all fit in tuning.w16_resident_mb and in `room`
+        bytes; -> the bytes kept (0: none, w16 then dequantizes into scratch at each use)."""
+        ws = {id(lin.w): lin.w for lin in linears if "cublas" in lin.gemm_paths.values()}
+        total = sum(2 * w.rows * w.cols for w in ws.values())
+        if not ws or total > min(self.tuning.w16_resident_mb * 2 ** 20, room):
+            return 0
+        for key, w in ws.items():
+            w16 = self.ctx.empty((w.rows, w.cols), np.float16)
+            dequant(w, w16, self.ctx.nb_stream)
+            self.resident[key] = w16
+        self.ctx.sync()
+        return total
 
     def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
                residual: Residual | None = None, xq: QuantX | None = None) -> None:
@@ -271,7 +287,11 @@ class MatMul:
         return x16
 
     def w16(self, w):
-        """The weight dequantized to fp16 into a scratch buffer (the prefill fallback)."""
+        """The weight in fp16 for cuBLAS: its kept copy (keep_w16), else dequantized into a scratch
+        buffer (the prefill fallback)."""
+        kept = self.resident.get(id(w))
+        if kept is not None:
+            return kept
         w16 = self.arena.get("w16", (w.rows, w.cols), np.float16)
         dequant(w, w16, self.ctx.nb_stream)
         return w16

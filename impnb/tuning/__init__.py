@@ -268,6 +268,13 @@ MOE_GROUPED_ROWS = 0
 GDN_CHUNKED_MIN_ROWS = 512
 
 
+# Bytes of fp16 copies of the weights that a GEMM reads through cuBLAS (the table's "cublas" at
+# some row bucket), dequantized once at load and kept, so that a prompt chunk reads them instead
+# of dequantizing each one again: where all of a model's fit in this (a small model's), and the
+# device has room for them past the cache. IMPNB_W16_RESIDENT_MB overrides (0: never).
+W16_RESIDENT_MB = 1024
+
+
 @dataclass(frozen=True)
 class Overrides:
     """The model-level choices as the environment leaves them, read once when a model loads."""
@@ -298,6 +305,7 @@ class Overrides:
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
+    w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
 
     @classmethod
     def from_env(cls) -> "Overrides":
@@ -321,7 +329,8 @@ class Overrides:
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
-                   batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION))
+                   batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
+                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

@@ -47,3 +47,27 @@ def test_paths_agree_with_cublas(model, name):
             for path, got in out.items():
                 rel = np.abs(got - ref).max() / np.abs(ref).max()
                 assert np.isfinite(got).all() and rel < 1e-2, f"{name} M={M} {path}: {rel:.2e}"
+
+
+def test_kept_fp16_copies(model):
+    """keep_w16 kept, at load, the fp16 copy of every Linear whose GEMM takes cuBLAS at some row
+    bucket (all of a small model's fit), bit-equal to the weight dequantized now; with no budget
+    (IMPNB_W16_RESIDENT_MB=0) or no room it keeps none and w16 dequantizes into scratch."""
+    from dataclasses import replace
+
+    from impnb.gpu.linear import MatMul
+    from impnb.kernels.gemm.dequant import dequant
+
+    takes = {id(lin.w): lin.w for lin in model.lin.values() if "cublas" in lin.gemm_paths.values()}
+    assert takes and set(model.mm.resident) == set(takes)
+    assert model.w16_bytes == sum(2 * w.rows * w.cols for w in takes.values())
+    for w in list(takes.values())[:4]:
+        fresh = model.ctx.upload(np.full((w.rows, w.cols), np.nan, np.float16))
+        dequant(w, fresh, model.ctx.nb_stream)
+        model.ctx.sync()
+        assert np.array_equal(model.mm.w16(w).copy_to_host().view(np.uint16), fresh.copy_to_host().view(np.uint16))
+    for tuning, room in ((replace(model.tuning, w16_resident_mb=0), 1 << 40), (model.tuning, model.w16_bytes - 1)):
+        mm = MatMul(model.ctx, model.arena, model.cublas, tuning)
+        assert mm.keep_w16(model.lin.values(), room) == 0 and not mm.resident
+        w = next(iter(takes.values()))
+        assert mm.w16(w) is not model.mm.resident[id(w)]

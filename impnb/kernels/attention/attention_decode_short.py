@@ -167,15 +167,14 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
     # kk < KI: lane (kk, dl) scores its 32 dims of key kk (q pre-scaled in shared), reduced
     # over the key's LPK lanes; the warp's running max m and the lane's share of the sum l are
     # rescaled; lane (slot, dv) adds p * V for its 8 dims over its slot's KPS keys, p fetched from
-    # the key's lanes by shuffle. K and V of the next turn load into registers meanwhile (the first
-    # two turns' before the wait for the previous kernel). At the end slots merge by shuffles and
-    # warps through shared memory.
+    # the key's lanes by shuffle. K and V of the next turn load into registers meanwhile. At the
+    # end slots merge by shuffles and warps through shared memory.
     # S > 1: a cluster of S blocks (grid z) shares the row, block z taking the z-th of S equal
     # parts of [lo, hi); each leaves its (max, sum, unnormalized row) in shared memory and the
     # cluster's block 0 merges them through distributed shared memory (ld.shared::cluster).
     # Before griddepcontrol.wait only what no kernel of the step writes is read: pos, block_table
-    # and the first two turns' cache rows of the keys before the step's (pos[b, 0] on); without
-    # post the step's rows of those turns are read after it.
+    # and the first turn's cache rows of the keys before the step's (pos[b, 0] on); without post
+    # the step's rows of that turn are read after it.
     # post: the kernel also does qkv_post's work for the step (see post_rows): q, k_new, v_new
     # come raw from the Q|K|V GEMV, the step's keys are read from shared memory, and the block of
     # row 0 writes them to the cache.
@@ -228,16 +227,10 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
         vf = cuda.local.array(8, types.float32)
         acc = cuda.local.array(8, types.float32)
         key0 = lo + warp * KI
-        n_turns = (hi - lo + BK - 1) // BK
-        # the cache rows before the step's are no kernel's of the step: the first two turns'
-        # are read before the wait, so neither turn waits on memory after it
+        # the cache rows before the step's are no kernel's of the step: read them early
         load_k(kr, k_words, kfw, pages, key0 + kk, min(hi, fresh), fresh, p0, shift, Hkv, kh, dl)
         load_v(vr, v_words, vfw, pages, key0 + slot * KPS, min(hi, fresh), fresh, p0, shift,
                Hkv, kh, dv)
-        if n_turns > 1:
-            load_k(kn, k_words, kfw, pages, key0 + BK + kk, min(hi, fresh), fresh, p0, shift, Hkv, kh, dl)
-            load_v(vn, v_words, vfw, pages, key0 + BK + slot * KPS, min(hi, fresh), fresh, p0, shift,
-                   Hkv, kh, dv)
         ptx.grid_dep_wait()  # programmatic launch: q and the newest K/V are the last kernels'
         ptx.grid_dep_launch()
         if post:
@@ -248,30 +241,21 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
                             q.shape[1], tid)
             fresh_k(kr, kfw, key0 + kk, hi, fresh, dl)
             fresh_v(vr, vfw, key0 + slot * KPS, hi, fresh, dv)
-            if n_turns > 1:
-                fresh_k(kn, kfw, key0 + BK + kk, hi, fresh, dl)
-                fresh_v(vn, vfw, key0 + BK + slot * KPS, hi, fresh, dv)
         else:
             if tid < D:  # the query row, pre-scaled, as 32-dim slices padded to QS floats
                 qs[(tid // 32) * QS + tid % 32] = q[b, t, h, tid] * scale
             cuda.syncthreads()
-            # the step's rows, written by the kernel just before
-            if key0 + kk >= fresh:
+            if key0 + kk >= fresh:  # the step's rows, written by the kernel just before
                 load_k(kr, k_words, kfw, pages, key0 + kk, hi, fresh, p0, shift, Hkv, kh, dl)
             if key0 + slot * KPS + KPS > fresh:
                 load_v(vr, v_words, vfw, pages, key0 + slot * KPS, hi, fresh, p0, shift, Hkv, kh, dv)
-            if n_turns > 1:
-                if key0 + BK + kk >= fresh:
-                    load_k(kn, k_words, kfw, pages, key0 + BK + kk, hi, fresh, p0, shift, Hkv, kh, dl)
-                if key0 + BK + slot * KPS + KPS > fresh:
-                    load_v(vn, v_words, vfw, pages, key0 + BK + slot * KPS, hi, fresh, p0, shift, Hkv,
-                           kh, dv)
         for i in range(8):
             acc[i] = _ZERO
         m = NEG
         l = _ZERO
+        n_turns = (hi - lo + BK - 1) // BK
         for n in range(n_turns):
-            if n > 0 and n + 1 < n_turns:  # turn 1's are in kn, vn already
+            if n + 1 < n_turns:
                 load_k(kn, k_words, kfw, pages, key0 + BK + kk, hi, fresh, p0, shift, Hkv, kh, dl)
                 load_v(vn, v_words, vfw, pages, key0 + BK + slot * KPS, hi, fresh, p0, shift, Hkv,
                        kh, dv)
