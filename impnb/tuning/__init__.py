@@ -177,6 +177,9 @@ def short_cluster(head_dim: int, bucket: int, n_head: int) -> int:
 # front (one launch a layer fewer); past it every block's norm and RoPE prologue costs more than
 # the launch. IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides it.
 FUSED_POST = {64: 32, 128: 4}
+# Head dim: the warps a block of the short kernel with qkv_post fused takes (8 where not listed);
+# IMPNB_SHORT_POST_WARPS overrides every head dim's (8 or 16; 16 builds at head dim 64 only).
+SHORT_POST_WARPS: dict[int, int] = {}
 # Prefill attention head dims on the wgmma kernel (sm_90 only): it beat FA2 at every length.
 WGMMA_HEAD_DIMS = (64, 128)
 
@@ -306,10 +309,12 @@ class Overrides:
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
+    short_post_warps: int | None = None  # IMPNB_SHORT_POST_WARPS
 
     @classmethod
     def from_env(cls) -> "Overrides":
         short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
+        post_warps = env_ints("IMPNB_SHORT_POST_WARPS")
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
@@ -330,7 +335,8 @@ class Overrides:
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
-                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
+                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB),
+                   short_post_warps=post_warps[0] if post_warps else None)
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

@@ -22,10 +22,11 @@ def model(request):
 
 def runs(path: str, w) -> bool:
     """Whether a GEMM path takes this weight's type and width (as scripts/tune_gemm.py asks)."""
-    from impnb.kernels.gemm import gemm_few
+    from impnb.kernels.gemm import gemm_few, gemm_mmq
     from impnb.kernels.gemm.gemm_wgmma import BK
 
-    return (path != "few" or gemm_few.supports(w.ggml_type, w.cols)) and (path != "wgmma" or w.cols % BK == 0)
+    return ((path != "few" or gemm_few.supports(w.ggml_type, w.cols)) and (path != "wgmma" or w.cols % BK == 0)
+            and (path != "mmq" or gemm_mmq.supports(w.ggml_type, w.cols)))
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_output", "blk.0.ffn_gate_up", "blk.0.ffn_down"])
