@@ -200,7 +200,7 @@ class CudaBatchEngine(CudaEngine):
             self.raw_logits[0] = logits[0].copy_to_host(stream=self.m.ctx.nb_stream)
         if params.penalized and history is not None:
             self.host_history[0] = _ring(history)
-            self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
+            self.m.ctx.h2d(self.history, self.host_history)
         self.n_sampled = n_sampled
         return self._sample(logits)
 
@@ -208,7 +208,7 @@ class CudaBatchEngine(CudaEngine):
         row = self._table_row(pages)
         self.m.ctx.sync()  # the staging row may still feed the last step's copy
         self.host_tables[0] = row
-        self.m.kv.tables[:1].copy_to_device(self.host_tables[:1], stream=self.m.ctx.nb_stream)
+        self.m.ctx.h2d(self.m.kv.tables, self.host_tables, 1)
 
     def _table_row(self, pages) -> np.ndarray:
         pages = np.asarray(pages, np.int32)
@@ -258,7 +258,7 @@ class CudaBatchEngine(CudaEngine):
             ticket = self.batch_replays.fetch(None, B)
             self._queue_next(key, plan, Bb, rows, [np.asarray(r.pages) for r in rows])
             return self._collected(ticket, B)
-        self.b_outs[:Bb].copy_to_host(self.host_outs[:Bb], stream=s)
+        self.m.ctx.d2h(self.host_outs, self.b_outs, Bb)
         raw = self.m.arena.get("raw_logits" if keep else "logits", (Bb, self.cfg.n_vocab))
         self.raw_logits = {b: raw[b].copy_to_host(stream=s) for b in want}
         self.m.ctx.sync()
@@ -277,7 +277,7 @@ class CudaBatchEngine(CudaEngine):
                 host = self.host_tables_ahead[self.table_flip]  # the other one may still feed a copy
                 self.table_flip ^= 1
                 self._fill_tables(host, pages, q.Bb)
-                self.m.kv.tables[:q.Bb].copy_to_device(host[:q.Bb], stream=self.m.ctx.nb_stream)
+                self.m.ctx.h2d(self.m.kv.tables, host, q.Bb)
             self._queue_next(q.key, q.plan, q.Bb, rows, pages)
         return self._collected(q.ticket, len(rows))
 
@@ -351,18 +351,18 @@ class CudaBatchEngine(CudaEngine):
         ids[B:Bb] = pos[B:Bb] = 0  # padding rows: token 0 at position 0, greedy, not advanced
         steps[B:Bb] = -1
         params[B:Bb] = self._param_row(PADDING)
-        s, m = self.m.ctx.nb_stream, self.m
-        m.ids[:Bb].copy_to_device(ids[:Bb], stream=s)
-        m.pos[:Bb].copy_to_device(pos[:Bb], stream=s)
-        m.kv.tables[:Bb].copy_to_device(tables[:Bb], stream=s)
-        self.b_params[:Bb].copy_to_device(params[:Bb], stream=s)
-        self.b_steps[:Bb].copy_to_device(steps[:Bb], stream=s)
+        m, h2d = self.m, self.m.ctx.h2d
+        h2d(m.ids, ids, Bb)
+        h2d(m.pos, pos, Bb)
+        h2d(m.kv.tables, tables, Bb)
+        h2d(self.b_params, params, Bb)
+        h2d(self.b_steps, steps, Bb)
         if penalty:
             self.host_hist[:Bb] = -1
             for b, r in enumerate(rows):
                 if r.history is not None:
                     self.host_hist[b] = _ring(r.history)
-            self.b_hist[:Bb].copy_to_device(self.host_hist[:Bb], stream=s)
+            h2d(self.b_hist, self.host_hist, Bb)
 
     def _fill_tables(self, host: np.ndarray, pages: list, Bb: int) -> None:
         """host[:Bb] = each row's pages, the scratch page past them and on padding rows."""

@@ -90,9 +90,9 @@ class CudaEngine:
     def reset(self, params: SamplingParams) -> None:
         self._drain()
         self.p = params
-        self.params.copy_to_device(sample_kernels.sample_params([params]), stream=self.m.ctx.nb_stream)
+        self.m.ctx.h2d(self.params, sample_kernels.sample_params([params]))
         self.host_history = np.full((1, HISTORY), -1, np.int32)  # mirror of the device ring
-        self.history.copy_to_device(self.host_history, stream=self.m.ctx.nb_stream)
+        self.m.ctx.h2d(self.history, self.host_history)
         if self.m.rec is not None:  # a new sequence's recurrent state starts at zero
             self.m.rec.zero(self.m.ctx.nb_stream)
         self.pos = 0
@@ -176,16 +176,16 @@ class CudaEngine:
         B = prefill_graphs.bucket(len(chunk), self.pos, self.n_ctx)
         if B is None:  # chunks of <= 8 rows take decode attention's split kernel, at any context
             return self._run(chunk, self.m.plan.prefill_step(len(chunk)))
-        s = self.m.ctx.nb_stream
         self.m.ctx.sync()  # the pinned staging buffers may still feed the last chunk's copies
         ids, pos = prefill_graphs.padded(chunk, self.pos, B)
         self.host_ids[:B], self.host_pos[:B], self.host_last[0] = ids, pos, len(chunk) - 1
-        self.m.ids[:B].copy_to_device(self.host_ids[:B], stream=s)
-        self.m.pos[:B].copy_to_device(self.host_pos[:B], stream=s)
-        self.last_row.copy_to_device(self.host_last, stream=s)
+        h2d = self.m.ctx.h2d
+        h2d(self.m.ids, self.host_ids, B)
+        h2d(self.m.pos, self.host_pos, B)
+        h2d(self.last_row, self.host_last)
         if self.m.rec is not None:  # the recurrent layers' real rows: the padding leaves the state alone
             self.host_len[0] = len(chunk)
-            self.m.rec.lengths.copy_to_device(self.host_len, stream=s)
+            h2d(self.m.rec.lengths, self.host_len)
         self.pos += len(chunk)
         graph = self.prefill_graphs.get(B)
         if graph is not None:
@@ -256,10 +256,10 @@ class CudaEngine:
     def _sample(self, logits) -> int:
         s = self.m.ctx.nb_stream
         self.host_step[0] = self.n_sampled
-        self.step_no.copy_to_device(self.host_step, stream=s)
+        self.m.ctx.h2d(self.step_no, self.host_step)
         self._sample_launches(logits)
         flag_nonfinite(logits, self.out_ids, s)
-        self.out_ids.copy_to_host(self.host_out, stream=s)
+        self.m.ctx.d2h(self.host_out, self.out_ids)
         self.m.ctx.sync()
         return self._sampled(self._checked(int(self.host_out[0])))
 

@@ -42,14 +42,14 @@ from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import (attention_decode, attention_decode_mma, attention_fa2, attention_fa2_decode,
                                     attention_wgmma, attention_wide, qkv_post)
-from impnb.kernels.attention.attention_decode_short import KERNEL_KEYS as SHORT_KEYS, attention_decode_short
+from impnb.kernels.attention.attention_decode_short import attention_decode_short
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv import gemv_stream
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.elementwise.rows import gather_row
 from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.models.config import ModelConfig
-from impnb.tuning import GEMV_MAX_ROWS, SHORT_POST_WARPS
+from impnb.tuning import GEMV_MAX_ROWS
 
 MIXERS = ("attention", "gated_deltanet")  # the LayerSpec.mixer kinds this stack runs
 FFNS = ("gated", "moe", "moe_shared")  # the LayerSpec.ffn kinds it runs
@@ -158,13 +158,6 @@ def _next_input(m, il: int, T: int):
                      m.arena.zeros("next_xq_counter", (1,), np.uint32))
 
 
-def post_warps(tuning, head_dim: int, splits: int) -> int | None:
-    """The block size of the short kernel with qkv_post fused, one block a row: SHORT_POST_WARPS
-    or the override where that variant is built; None (the kernel's default) otherwise."""
-    warps = tuning.short_post_warps or SHORT_POST_WARPS.get(head_dim)
-    return warps if splits == 1 and (head_dim, warps, False, True, 1, False) in SHORT_KEYS else None
-
-
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
     times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the short decode kernel
@@ -194,7 +187,6 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     if step.n_tokens <= attention_decode.MAX_T and short and m.plan.decode_post:  # qkv_post fused in
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(attn, B),
                                cfg.attn_scale, cfg.window(il), None, s,
-                               warps=post_warps(m.tuning, cfg.head_dim, short),
                                post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=short, xq=xq)
     else:

@@ -121,7 +121,10 @@ def prefill_chunk(cfg) -> int:
     return _PREFILL_CHUNK_ENV or (PREFILL_CHUNK_MOE if cfg.n_expert else PREFILL_CHUNK)
 
 
-DECODE_CTX_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)  # a decode graph per bucket of keys
+# A decode graph per bucket of keys. 128 apart from 256: a chat turn's reply past a 128-token
+# prompt decodes at 129..256 keys, where head dim 64's short kernel runs faster on two blocks a
+# row and 1..128 on one (SHORT_DECODE_CLUSTER).
+DECODE_CTX_BUCKETS = (128, 256, 1024, 4096, 16384, 65536, 262144)
 
 # -- decode attention ------------------------------------------------------------------------
 # Head dim: the largest context bucket whose decode attention takes the one-block-a-row short
@@ -162,8 +165,10 @@ BATCH_LOOKAHEAD = True
 # IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
 BATCH_MMA_ATTENTION = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
-# keys), 1 where not listed: clusters won at 1024-4096 keys and lost at 256; IMPNB_SHORT_CLUSTER.
-SHORT_DECODE_CLUSTER = {(64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8, (256, 4096): 8}
+# keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
+# 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
+SHORT_DECODE_CLUSTER = {(64, 256): 2, (64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8,
+                        (256, 4096): 8}
 # (head dim, bucket, query heads): where a model's head count measured another cluster than the
 # table's above: Gemma-4-26B-A4B's sliding layers (16 heads on 8 KV heads of 256) run faster on 4
 # blocks a row than on 8, Gemma3's 4 heads on 8 (docs/EXPERIMENTS.md, WINDOW_SHORT).
@@ -177,9 +182,6 @@ def short_cluster(head_dim: int, bucket: int, n_head: int) -> int:
 # front (one launch a layer fewer); past it every block's norm and RoPE prologue costs more than
 # the launch. IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides it.
 FUSED_POST = {64: 32, 128: 4}
-# Head dim: the warps a block of the short kernel with qkv_post fused takes (8 where not listed);
-# IMPNB_SHORT_POST_WARPS overrides every head dim's (8 or 16; 16 builds at head dim 64 only).
-SHORT_POST_WARPS: dict[int, int] = {}
 # Prefill attention head dims on the wgmma kernel (sm_90 only): it beat FA2 at every length.
 WGMMA_HEAD_DIMS = (64, 128)
 
@@ -309,12 +311,10 @@ class Overrides:
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
-    short_post_warps: int | None = None  # IMPNB_SHORT_POST_WARPS
 
     @classmethod
     def from_env(cls) -> "Overrides":
         short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
-        post_warps = env_ints("IMPNB_SHORT_POST_WARPS")
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
@@ -335,8 +335,7 @@ class Overrides:
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
-                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB),
-                   short_post_warps=post_warps[0] if post_warps else None)
+                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

@@ -315,15 +315,6 @@ def test_decode_short_post_variants(H, Hkv, D, window, T, neox, norm, warps):
                       n_rot=D // 2 if T == 8 else D, warps=warps)
 
 
-@pytest.mark.parametrize("std", STDS)
-@pytest.mark.parametrize("T,L", ((1, 1), (1, 131), (2, 255), (1, 700)))
-@pytest.mark.parametrize("quant", (False, True))
-def test_decode_short_post_16_warps(T, L, std, quant):
-    """qkv_post fused at 16 warps (head dim 64, SmolLM2's 9 heads over 3): one turn of 256 keys,
-    the warps past the keys merging empty parts; its int8 output form too."""
-    check_decode_post(_seed(T, L, std, quant, 9), L, T, 9, 3, 64, std, warps=16, quant=quant)
-
-
 @pytest.mark.parametrize("post", (False, True))
 @pytest.mark.parametrize("cluster,T,L", ((1, 1, 131), (2, 1, 1000), (8, 3, 300), (1, 8, 700)))
 def test_decode_short_quant(post, cluster, T, L):

@@ -363,13 +363,12 @@ def _make_kernel(D: int, NW: int, capped: bool, post: bool, S: int, quant: bool 
 
 
 # qkv_post fused (post) without softcap, as decode runs it; softcap and post variants up to 8
-# warps (at 16 the 128-register cap makes them spill), post at 16 at head dim 64; clusters of S blocks a row without softcap;
+# warps: at 16 the 128-register cap makes them spill; clusters of S blocks a row without softcap;
 # the output's int8 form (quant) without softcap
 KERNEL_KEYS = tuple(
     (D, NW, capped, post, S, quant)
     for D in HEAD_DIMS for NW in WARPS if NW * 32 >= D
-    for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8
-                         else ((False, False), (False, True)) if D == 64 else ((False, False),))
+    for capped, post in (((False, False), (True, False), (False, True)) if NW <= 8 else ((False, False),))
     for S in (SPLITS if not capped else (1,))
     for quant in ((False,) if capped else (False, True)))
 
@@ -461,7 +460,7 @@ _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.
 
 # Clusters in the build checks: 8 blocks (the most partials to merge) at each head dim, post and
 # quant; 2 blocks at each head dim, with and without post and quant (not every product).
-CLUSTER_2 = ((64, False, False), (128, True, True), (256, True, False))
+CLUSTER_2 = ((64, False, False), (64, True, False), (128, True, True), (256, True, False))
 
 
 def build_signatures() -> list:
@@ -473,4 +472,4 @@ def build_signatures() -> list:
               "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
             for key in KERNEL_KEYS for d, nw, _, post, S, quant in (key,)
             if (S == 1 or (nw == 8 and (S == 8 or (S == 2 and (d, post, quant) in CLUSTER_2))))
-            and (not quant or (d == 128 and nw in (8, 16)) or (d == 64 and nw == 16 and post and S == 1))]
+            and (not quant or (d == 128 and nw in (8, 16)))]
