@@ -3,7 +3,7 @@ quantization included) at a model's shapes over split counts (splits_for's times
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
 (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
 shape's first variant's is flagged.
-    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq] [--few-ring 0]
+    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq]
 """
 
 import argparse
@@ -34,8 +34,6 @@ def main() -> int:
                     help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
                          "a warp]] to time")
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
-    ap.add_argument("--few-ring", type=int, default=1, help="0: the few-row GEMM's W a group ahead in registers "
-                    "for every type, not through its cp.async ring")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
     rng = np.random.default_rng(0)
@@ -72,7 +70,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
 
             def call(i, S=S, part=part):
                 if name == "few":
-                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ring=bool(args.few_ring))
+                    gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
                                       regs=None if regs < 0 else regs, mt=mt)
