@@ -152,8 +152,7 @@ class MatMul:
         elif path == "few":
             M, N = y.shape
             S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S,
-                              ring=self.tuning.few_ring)
+            gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
         elif path == "mmq":
             M, N = y.shape
             S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
@@ -200,12 +199,8 @@ class MatMul:
         if path in ("splitk", "few"):
             few = path == "few"
             S = (gemm_few.splits_for if few else splits_for)(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            if few:
-                gemm_few.gemm_few_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)),
-                                        self.ctx.nb_stream, S, ring=self.tuning.few_ring)
-            else:
-                gemm_splitk_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)),
-                                  self.ctx.nb_stream, S)
+            (gemm_few.gemm_few_split if few else gemm_splitk_split)(
+                self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
         x16, w16, row = self.x16(x), self.w16(w), 0
         for y in ys:

@@ -273,9 +273,6 @@ MOE_GROUPED_ROWS = 0
 GDN_CHUNKED_MIN_ROWS = 512
 
 
-# The few-row GEMM (kernels/gemm/gemm_few.py) streams W through its cp.async ring where the type
-# has one; IMPNB_GEMM_FEW_RING=0 keeps W a group ahead in registers.
-GEMM_FEW_RING = True
 # Bytes of fp16 copies of the weights that a GEMM reads through cuBLAS (the table's "cublas" at
 # some row bucket), dequantized once at load and kept, so that a prompt chunk reads them instead
 # of dequantizing each one again: where all of a model's fit in this (a small model's), and the
@@ -314,7 +311,6 @@ class Overrides:
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
-    few_ring: bool = GEMM_FEW_RING  # IMPNB_GEMM_FEW_RING
 
     @classmethod
     def from_env(cls) -> "Overrides":
@@ -339,8 +335,7 @@ class Overrides:
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
-                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB),
-                   few_ring=switch("GEMM_FEW_RING", GEMM_FEW_RING))
+                   w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 
 def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:

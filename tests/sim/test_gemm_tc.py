@@ -89,26 +89,6 @@ def test_gemm_few_small():
     check_few(T.Q4_K, 5, 8, 256, 2, 1.0, seed=4, accumulate=True)
 
 
-def test_gemm_few_ring():
-    """W through the cp.async ring (Q4_K): 37 rows (four m tiles, a ragged edge), 10 groups in 3
-    uneven splits (the ring wraps), W rows past N clamped; and bit-equal to the register path."""
-    from functools import partial
-
-    from impnb.kernels.gemm.gemm_few import gemm_few
-    from tests.gpu.test_gemm_few import check_few
-
-    check_few(T.Q4_K, 37, 16, 1280, 3, 1.0, seed=8)
-    check_few(T.Q4_K, 9, 8, 512, 1, 10.0, seed=9, accumulate=True)
-    raw, _, w = gemm_tests.weight(T.Q4_K, 24, 768)
-    a = cuda.to_device((np.random.default_rng(10).standard_normal((20, 768))).astype(np.float16))
-    out = []
-    for ring in (True, False):
-        c = cuda.to_device(np.full((20, 24), np.nan, np.float32))
-        partial(gemm_few, ring=ring)(a, w, c, cuda.to_device(np.full((2, 20, 24), np.nan, np.float32)), 0, 2)
-        out.append(c.copy_to_host())
-    assert np.isfinite(out[0]).all() and np.array_equal(out[0], out[1])
-
-
 def test_gemm_few_slabs_and_orders():
     """Four m tiles and a second 64-row slab (70 rows); Q6_K's and Q8_0's chunk orders; stacked outputs."""
     from tests.gpu.test_gemm_few import check_few, check_few_split

@@ -185,166 +185,6 @@ def gemm_few_kernel(ggml_type, mt: int):
     return _gemm_few_kernel
 
 
-# -- the W ring: each thread's raw W chunks copied by cp.async into its own shared-memory slots,
-# RING_STAGES groups deep, A's stages in the same ring: W's bytes in flight no longer wait in
-# registers, and one barrier a group. A slot plane holds one 16-byte piece of a chunk for every
-# thread of the block (consecutive threads, consecutive 16 bytes: no bank conflict on the read).
-
-RING_STAGES = 3
-RING_PENDING = RING_STAGES - 2  # cp.async groups left in flight when a group's stage is read
-PLANE = 16 * THREADS  # bytes of one piece of one W row-tile's chunk for the block's threads
-
-
-@cuda.jit(device=True, inline=True)
-def q4_k_issue(parts, g, saddr):
-    # chunk g's quants and its superblock's header -> planes at saddr, saddr + PLANE
-    qs, hdr = parts
-    ptx.cp_async_16(saddr, qs, 4 * g)
-    ptx.cp_async_16(saddr + PLANE, hdr, 4 * (g >> 3))
-
-
-@cuda.jit(device=True, inline=True)
-def q4_k_read(saddr):
-    return ptx.ld_shared_v4_u32(saddr), ptx.ld_shared_v4_u32(saddr + PLANE)
-
-
-# type -> (issue, read, 16-byte planes a chunk): q4_k_load's raw chunk through the ring
-RING = {T.Q4_K: (q4_k_issue, q4_k_read, 2)}
-
-
-def ring_plane_bytes(ggml_type) -> int:
-    """Dynamic shared memory of one ring stage's W slots."""
-    return NT * RING[T(ggml_type)][2] * PLANE
-
-
-def ring_shared_bytes(ggml_type, mt: int) -> int:
-    return RING_STAGES * (stage_bytes(mt) + ring_plane_bytes(ggml_type))
-
-
-@lru_cache(maxsize=None)
-def gemm_few_ring_kernel(ggml_type, mt: int):
-    """gemm_few_kernel's split-K GEMM with W through the ring (RING's types); same grid and output."""
-    _, run, col = DECODERS[T(ggml_type)]
-    issue, read, planes = RING[T(ggml_type)]
-    bm = 16 * mt
-    a_units = bm * (GROUP // 8) // THREADS
-    sbytes = stage_bytes(mt)
-    wbytes = NT * planes * PLANE  # a stage's W slots
-    STAGES = RING_STAGES
-    n_acc = 4 * mt * NT
-    n_b = 16 * NT
-
-    @cuda.jit(device=True, inline=True)
-    def load_a(sbase, a, m0, grp):
-        t = cuda.threadIdx.x
-        M = a.shape[0]
-        K = a.shape[1]
-        for i in range(a_units):
-            idx = t + THREADS * i
-            r = idx >> 4
-            u = idx & 15
-            row = m0 + r
-            ok = row < M
-            ptx.cp_async_16_zfill(sbase + r * ROW_STRIDE + 16 * u, a, (row if ok else m0) * K + GROUP * grp + 8 * u,
-                                  16 if ok else 0)
-
-    @cuda.jit(device=True, inline=True)
-    def decode(raw, c, bregs, o):
-        w = cuda.local.array(16, float32)
-        for h in range(2):
-            s = run(raw, c, h, w)
-            for j in range(8):
-                bregs[o + 8 * h + j] = ptx.pack_f16x2(w[2 * j] * s, w[2 * j + 1] * s)
-
-    @cuda.jit(device=True, inline=True)
-    def multiply(sbase, grp, c, bregs, acc):
-        lane = cuda.threadIdx.x & 31
-        g = lane >> 2
-        for jp in range(4):
-            h = jp >> 1
-            q0 = 2 * (jp & 1)
-            off = 2 * (col(c, h) - GROUP * grp + 4 * q0)
-            for m in range(mt):
-                r0, r1, r2, r3 = ptx.ld_shared_v4_u32(sbase + (16 * m + g) * ROW_STRIDE + off)
-                s0, s1, s2, s3 = ptx.ld_shared_v4_u32(sbase + (16 * m + g + 8) * ROW_STRIDE + off)
-                for i in range(NT):
-                    b = 16 * i + 8 * h + 2 * q0
-                    o = 4 * (m * NT + i)
-                    d0, d1, d2, d3 = ptx.mma_f16(r0, s0, r1, s1, bregs[b], bregs[b + 1],
-                                                 acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                    d0, d1, d2, d3 = ptx.mma_f16(r2, s2, r3, s3, bregs[b + 2], bregs[b + 3], d0, d1, d2, d3)
-                    acc[o] = d0
-                    acc[o + 1] = d1
-                    acc[o + 2] = d2
-                    acc[o + 3] = d3
-
-    @cuda.jit(device=True, inline=True)
-    def load_stage(abase, wslot, a, parts, m0, grp, w0, w1, w2, w3, t):
-        # group grp's A stage and this thread's four W chunks (rows w_i, chunk 4 grp + t)
-        load_a(abase, a, m0, grp)
-        c = 4 * grp
-        issue(parts, w0 + c, wslot)
-        issue(parts, w1 + c, wslot + planes * PLANE)
-        issue(parts, w2 + c, wslot + 2 * planes * PLANE)
-        issue(parts, w3 + c, wslot + 3 * planes * PLANE)
-
-    # grid, block and output as gemm_few_kernel's. Dynamic shared memory: STAGES A stages, then
-    # STAGES W stages of NT row-tiles x planes x PLANE bytes (this thread's 16 at 16 threadIdx.x).
-    @cuda.jit
-    def _gemm_few_ring_kernel(a, parts, part):
-        s = cuda.blockIdx.y
-        M = part.shape[1]
-        N = part.shape[2]
-        K = a.shape[1]
-        cpr = K // 32
-        g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
-        nb = cuda.blockIdx.x * BN + warp * (8 * NT) + g
-        w0 = min(nb, N - 1) * cpr + t
-        w1 = min(nb + 8, N - 1) * cpr + t
-        w2 = min(nb + 16, N - 1) * cpr + t
-        w3 = min(nb + 24, N - 1) * cpr + t
-        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        base = ptx.smem_addr(smem, 0)
-        wring = base + STAGES * sbytes + 16 * cuda.threadIdx.x
-        acc = cuda.local.array(n_acc, float32)
-        for i in range(n_acc):
-            acc[i] = float32(0.0)
-        bregs = cuda.local.array(n_b, uint32)
-        for j in range(STAGES - 1):  # the first STAGES - 1 groups in flight (a group each, empty past g1)
-            if g0 + j < g1:
-                load_stage(base + j * sbytes, wring + j * wbytes, a, parts, m0, g0 + j, w0, w1, w2, w3, t)
-            ptx.cp_async_commit()
-        for grp in range(g0, g1):
-            cur = (grp - g0) % STAGES
-            ptx.cp_async_wait_group(RING_PENDING)  # this group's stage has landed (this thread's part)
-            cuda.syncthreads()  # ... every thread's; and the stage refilled below is read by none
-            nxt = grp + STAGES - 1
-            if nxt < g1:
-                st = (cur + STAGES - 1) % STAGES
-                load_stage(base + st * sbytes, wring + st * wbytes, a, parts, m0, nxt, w0, w1, w2, w3, t)
-            ptx.cp_async_commit()
-            c = 4 * grp + t
-            wslot = wring + cur * wbytes
-            decode(read(wslot), c, bregs, 0)
-            decode(read(wslot + planes * PLANE), c, bregs, 16)
-            decode(read(wslot + 2 * planes * PLANE), c, bregs, 32)
-            decode(read(wslot + 3 * planes * PLANE), c, bregs, 48)
-            multiply(base + cur * sbytes, grp, c, bregs, acc)
-        ptx.cp_async_wait_group(0)
-        col0 = nb - g + 2 * t
-        for m in range(mt):
-            for half in range(2):
-                row = m0 + 16 * m + g + 8 * half
-                if row < M:
-                    for i in range(NT):
-                        n = col0 + 8 * i
-                        if n < N:
-                            o = 4 * (m * NT + i) + 2 * half
-                            ptx.st_global_v2_f32(part, (s * M + row) * N + n, acc[o], acc[o + 1])
-
-    return _gemm_few_ring_kernel
-
-
 def mt_for(M: int) -> int:
     """m16 tiles a block for M rows: 1, 2 or 4 (M > 64 in 64-row slabs)."""
     return 1 if M <= 16 else 2 if M <= 32 else MAX_MT
@@ -363,8 +203,7 @@ def supports(ggml_type, K: int) -> bool:
     return t in QUANT_TYPES and K % max(GROUP, GGML_QUANT_SIZES[t][0]) == 0
 
 
-def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool,
-            ring: bool = True):
+def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool):
     N, K = w.rows, w.cols
     M = a.shape[0]
     assert a.dtype == np.float16 and a.shape == (M, K) and a.is_c_contiguous() and N % 8 == 0
@@ -374,37 +213,31 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
     mt = mt_for(M)
-    grid = (-(-N // BN), splits, -(-M // (16 * mt)))
-    if ring and T(w.ggml_type) in RING:
-        launch(gemm_few_ring_kernel(T(w.ggml_type), mt), grid, THREADS, stream, a, w.parts, part,
-               shared_bytes=ring_shared_bytes(w.ggml_type, mt))
-    else:
-        launch(gemm_few_kernel(T(w.ggml_type), mt), grid, THREADS, stream, a, w.parts, part)
+    launch(gemm_few_kernel(T(w.ggml_type), mt), (-(-N // BN), splits, -(-M // (16 * mt))), THREADS, stream,
+           a, w.parts, part)
     reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
-def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False, ring: bool = True):
+def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K parts;
-    part: a float32 scratch (splits, M, N). ring: W through the cp.async ring where its type has
-    one (RING), else held a group ahead in registers."""
+    part: a float32 scratch (splits, M, N)."""
     check_shapes(a, c, w.rows, w.cols)
-    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ring)
+    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate)
 
 
-def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int, ring: bool = True):
+def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of i)ᵀ,
     each N_i a multiple of 4; part as in gemm_few."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False, ring)
+    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False)
 
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
-        (kernel(t, mt), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 255})
-        for kernel, ts in ((gemm_few_kernel, QUANT_TYPES), (gemm_few_ring_kernel, tuple(RING)))
-        for t in ts for mt in (1, 2, 4)
+        (gemm_few_kernel(t, mt), types.void(F16_2D, parts_type(t), F32_3D), {"max_registers": 255})
+        for t in QUANT_TYPES for mt in (1, 2, 4)
     ]
