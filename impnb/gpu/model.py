@@ -112,8 +112,9 @@ class DeviceModel:
         self.arena = Arena(self.ctx)
         self.cublas = None if self.ctx.simulator else Cublas(self.ctx)
         self.mm = MatMul(self.ctx, self.arena, self.cublas, tuning)
-        if self.cublas is not None:  # room: what is free past the headroom and a batch's scratch
-            self.w16_bytes = self.mm.keep_w16(self.lin.values(), self.ctx.mem_free()[0] - 4 * HEADROOM)
+        # fp16 copies for cuBLAS kept (bytes; room: what is free past the headroom and a batch's scratch)
+        self.w16_bytes = (0 if self.cublas is None else
+                          self.mm.keep_w16(self.lin.values(), self.ctx.mem_free()[0] - 4 * HEADROOM))
 
     def all_reduce(self, buf) -> None:
         """buf = its sum over the tensor-parallel ranks (in place, on the model's stream); nothing
