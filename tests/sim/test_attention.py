@@ -87,7 +87,7 @@ def test_decode_short_batch_softcap_growing():
     (1, 1, None, True, True, 64),     # the step's key alone
     (40, 2, 7, False, False, 64),     # two tokens in a window, adjacent pairs, no QK-norm
     (20, 1, None, True, True, 256),   # D 256: eight lanes a key
-    (150, 1, None, True, True, 64),   # three turns of 64 keys (4 warps): two read before the wait
+    (150, 1, None, True, True, 64),   # three turns of 64 keys (4 warps)
     (70, 2, None, False, True, 64),   # the step's two keys in the second turn
 ])
 def test_decode_short_post(L, T, window, neox, norm, D_):
