@@ -1,9 +1,9 @@
 """The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
-quantization included) at a model's shapes over split counts (splits_for's times each scale): µs
+quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead) at a model's shapes over split counts (splits_for's times each scale): µs
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
 (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
 shape's first variant's is flagged.
-    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq]
+    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq,wgf] [--ahead 1,6]
 """
 
 import argparse
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few, gemm_mmq  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few  # noqa: E402
 from impnb.kernels.gemv import gemv_stream  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from scripts.tune_gemm import weights_by_shape  # noqa: E402
@@ -29,7 +29,8 @@ def main() -> int:
     ap.add_argument("--rows", default="16,32,64,128")
     ap.add_argument("--split-scale", default="0.5,1,2")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--kernels", default="few,mmq")
+    ap.add_argument("--kernels", default="few,mmq,wgf")
+    ap.add_argument("--ahead", default="0", help="wgf: raw W steps in flight to time (1, 4; 0 the kernel's rule)")
     ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168,1:-1:4",
                     help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
                          "a warp]] to time")
@@ -43,7 +44,7 @@ def main() -> int:
         if args.shapes and f"{t.name} {N}x{K}" not in args.shapes.split(","):
             continue
         for name in args.kernels.split(","):
-            mod = {"few": gemm_few, "mmq": gemm_mmq}[name]
+            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few}[name]
             if not mod.supports(t, K):
                 continue
             for M in map(int, args.rows.split(",")):
@@ -56,21 +57,25 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
     xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    variants = [(None, 0, 2)] if name == "few" else [
+    variants = [(None, 0, 2)] if name == "few" else [(None, int(d), 0) for d in args.ahead.split(",")] \
+        if name == "wgf" else [
         tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
     first = None  # the first variant's output: every other must match it
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_few.splits_for(M, N, K, sms=sms) if name == "few" else gemm_mmq.splits_for(M, N, K, sms, mt)
+        S0 = gemm_mmq.splits_for(M, N, K, sms, mt) if name == "mmq" else mod.splits_for(M, N, K, sms=sms)
+        unit = gemm_wgmma_few.BK if name == "wgf" else mod.GROUP
         row = []
-        for S in sorted({max(1, min(K // mod.GROUP, round(S0 * float(f))))
+        for S in sorted({max(1, min(K // unit, round(S0 * float(f))))
                          for f in args.split_scale.split(",")} | {S0}):
             part = m.ctx.upload(np.zeros((S, M, N), np.float32))
 
             def call(i, S=S, part=part):
                 if name == "few":
                     gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
+                elif name == "wgf":
+                    gemm_wgmma_few.gemm_wgmma_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, w_ahead=regs)
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
                                       regs=None if regs < 0 else regs, mt=mt)
@@ -85,7 +90,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
         out = y.copy_to_host()
         first = out if first is None else first
         bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
-        tag = name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
+        tag = f"{name} ahead={regs}" if name == "wgf" else name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
             f" mt={mt}" if mt != gemm_mmq.MT else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "

@@ -32,14 +32,14 @@ from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few, gemm_mmq  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few  # noqa: E402
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 
 NAMES = ("attn_output", "ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_qk", "attn_q",
          "attn_k", "attn_v")
-SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS, the split-K tiles or the few-row GEMMs
+SPLIT = ("attn_qkv", "attn_qk")  # stacked: MatMul.split takes cuBLAS or the split-K GEMMs
 
 
 def weights_by_shape(m) -> tuple[dict, set]:
@@ -105,7 +105,8 @@ def main() -> int:
                 paths = [p for p in gd.PATHS if (p != "wgmma" or K % WG_BK == 0)
                          and (p != "few" or gemm_few.supports(t, K))
                          and (p != "mmq" or gemm_mmq.supports(t, K))
-                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few", "mmq"))]
+                         and (p != "wgmma_few" or gemm_wgmma_few.supports(t, K))
+                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few", "mmq", "wgmma_few"))]
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:

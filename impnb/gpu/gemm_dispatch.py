@@ -3,7 +3,9 @@ mma.sync tiles that decode the weight in shared memory (kernels/gemm/gemm_tc_qua
 the same tiles split along K for few rows (kernels/gemm/gemm_quant_splitk.py, "splitk": a batched
 decode step's 9..256), the few-row GEMM that decodes W into mma fragments with no tile in shared
 memory (kernels/gemm/gemm_few.py, "few"), the int8 one on x quantized to int8 and W's stored
-quants (kernels/gemm/gemm_mmq.py, "mmq") or the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py).
+quants (kernels/gemm/gemm_mmq.py, "mmq"), the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py) or
+their few-row form split along K, each weight decoded once for up to 128 rows
+(kernels/gemm/gemm_wgmma_few.py, "wgmma_few").
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
 impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the GPU the table names by
@@ -23,7 +25,7 @@ from impnb import tuning
 
 TABLE_PATH = tuning.GEMM_TABLE
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
-PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk", "few", "mmq")
+PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk", "few", "mmq", "wgmma_few")
 TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm
 log = logging.getLogger("impnb.gemm")
 _logged: set = set()
@@ -82,11 +84,14 @@ def load_table(path: Path = TABLE_PATH) -> dict:
 
 
 FEW_K = 128  # gemm_few's and gemm_mmq's K granularity (their 128-column groups)
+WGMMA_K = 64  # the wgmma tiles' K step
 
 
 def choose(ggml_type: T, N: int, K: int, M: int, table: dict | None = None) -> str:
-    """The path for C (M, N) = A (M, K) · W(N, K)ᵀ with W of ggml_type ("few" and "mmq" only where
-    their K granularity holds, else cuBLAS)."""
+    """The path for C (M, N) = A (M, K) · W(N, K)ᵀ with W of ggml_type ("few", "mmq" and "wgmma_few"
+    only where their K granularity holds, else cuBLAS)."""
     key = shape_key(ggml_type, N, K)
     path = pick(load_table() if table is None else table, key, M, "cublas", _logged, f"gemm {key} M<=%d")
-    return "cublas" if path in ("few", "mmq") and K % FEW_K else path
+    if path in ("few", "mmq") and K % FEW_K or path == "wgmma_few" and K % WGMMA_K:
+        return "cublas"
+    return path

@@ -22,7 +22,7 @@ from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm import gemm_few, gemm_mmq
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -153,6 +153,11 @@ class MatMul:
             M, N = y.shape
             S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
             gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
+        elif path == "wgmma_few":
+            M, N = y.shape
+            S = gemm_wgmma_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            gemm_wgmma_few.gemm_wgmma_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)),
+                                          self.ctx.nb_stream, S)
         elif path == "mmq":
             M, N = y.shape
             S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
@@ -196,11 +201,12 @@ class MatMul:
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
-        if path in ("splitk", "few"):
-            few = path == "few"
-            S = (gemm_few.splits_for if few else splits_for)(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            (gemm_few.gemm_few_split if few else gemm_splitk_split)(
-                self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+        if path in ("splitk", "few", "wgmma_few"):
+            split_for, gemm_split = {"splitk": (splits_for, gemm_splitk_split),
+                                     "few": (gemm_few.splits_for, gemm_few.gemm_few_split),
+                                     "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split)}[path]
+            S = split_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            gemm_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
         x16, w16, row = self.x16(x), self.w16(w), 0
         for y in ys:

@@ -10,7 +10,8 @@ care about the order of k.
 
 Per step k: A stage k + 2 goes into the cp.async ring (4 stages); the wgmma group of step k is
 issued; while it runs the threads decode W of step k + 1 (raw blocks loaded a step earlier) into
-the third of three W buffers (step k - 1's group may still read one, step k's the other), then
+the next of four W buffers (step k - 1's group may still read one, step k's another; four for
+the ring's mask), then
 load step k + 2's raw blocks; wgmma_wait(1) retires step k - 1. Each W element is decoded
 ceil(M / 128) times.
 
@@ -37,7 +38,7 @@ BN = 128
 A_STAGES = 4
 AHEAD = A_STAGES - 2    # A tiles in flight beyond the one multiplied
 PENDING = AHEAD - 1     # cp.async groups left pending once step k's A tile has landed
-W_BUFS = 3
+W_BUFS = 4
 W_BYTES = BN * ROW  # a W buffer: 128 rows of 64 columns
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
@@ -54,18 +55,18 @@ def q8_0_load_l1(parts, g):
 @lru_cache(maxsize=None)
 def wgmma_w_ops(ggml_type):
     """(load_raw, decode, col) of one weight type for a 128-row W tile of 64-deep steps, shared with
-    the grouped expert GEMM (moe/gemm_grouped_wgmma.py): load_raw(parts, n0, n_end, cpr, s) the raw
-    blocks of this thread's chunk of step s (rows from n_end on read row n_end - 1, never stored),
-    decode(raw, s, dst) them into the W tile at dst, col the type's column map."""
+    the grouped expert GEMM (moe/gemm_grouped_wgmma.py): load_raw(parts, wrow, s) the raw blocks of
+    this thread's chunk of step s, wrow = w_row(n0, n_end, cpr) (rows from n_end on read row
+    n_end - 1, never stored), decode(raw, s, dst) them into the W tile at dst, col the type's
+    column map."""
     load, run, col = DECODERS[T(ggml_type)]
     if ggml_type == T.Q8_0:
         load = q8_0_load_l1
 
     @cuda.jit(device=True, inline=True)
-    def load_raw(parts, n0, n_end, cpr, s):
+    def load_raw(parts, wrow, s):
         # -- raw blocks of this thread's chunk of step s --
-        t = cuda.threadIdx.x
-        return load(parts, min(n0 + (t >> 1), n_end - 1) * cpr + 2 * s + (t & 1))
+        return load(parts, wrow + 2 * s)
 
     @cuda.jit(device=True, inline=True)
     def decode(raw, s, dst):
@@ -88,48 +89,84 @@ def wgmma_w_ops(ggml_type):
     return load_raw, decode, col
 
 
+@cuda.jit(device=True, inline=True)
+def w_row(n0, n_end, cpr):
+    """This thread's first W chunk in a 128-row tile from row n0 (wgmma_w_ops' load_raw)."""
+    t = cuda.threadIdx.x
+    return min(n0 + (t >> 1), n_end - 1) * cpr + (t & 1)
+
+
 @lru_cache(maxsize=None)
-def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg: int, load_a):
-    """The K loop both wgmma GEMMs over quantized W run (this module's and the grouped experts'):
-    mainloop(a, a_src, parts, n0, n_end, cpr, KT, base, g, acc) fills acc (wg_cols / 2 floats a
-    thread) with warpgroup g's m64 x wg_cols accumulator over KT 64-deep steps: A stages of
-    a_bytes by load_a(dst, a, a_src, s) in the cp.async ring, W by wgmma_w_ops into three
-    buffers; warpgroup g's A rows start a_wg bytes into a stage, its W rows w_wg into a buffer."""
+def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg: int, load_a, w_ahead: int = 1):
+    """The K loop the wgmma GEMMs over quantized W run (this module's, the few-row one's and the
+    grouped experts'): mainloop(a, a_src, parts, n0, n_end, cpr, k0, KT, base, g, acc) fills acc
+    (wg_cols / 2 floats a thread) with warpgroup g's m64 x wg_cols accumulator over the KT 64-deep
+    steps from step k0: A stages of a_bytes by load_a(dst, a, a_src, s) in the cp.async ring, W by
+    wgmma_w_ops into W_BUFS buffers; warpgroup g's A rows start a_wg bytes into a stage, its W rows
+    w_wg into a buffer. W's raw blocks are loaded w_ahead (1 or 4) steps before their decode: at 4
+    the loop is unrolled four times so that each step's blocks stay in their own registers (a
+    rotating queue would move a load's registers a step later, waiting for it there)."""
+    assert w_ahead in (1, 4), w_ahead
+    assert A_STAGES & (A_STAGES - 1) == 0 and W_BUFS & (W_BUFS - 1) == 0  # ring slots by masks
     load_raw, decode, _ = wgmma_w_ops(ggml_type)
     mma = wg.MMA["f16"][wg_cols]
     nacc = wg_cols // 2
     w_base = A_STAGES * a_bytes
 
     @cuda.jit(device=True, inline=True)
-    def mainloop(a, a_src, parts, n0, n_end, cpr, KT, base, g, acc):
+    def step(kt, raw, a, a_src, parts, wrow, k0, KT, base, g, acc):
+        # -- step kt: its wgmma group; step kt + 1's W decoded from raw; returns step kt + 1 + w_ahead's raw --
+        ptx.cp_async_wait_group(PENDING)
+        wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
+        cuda.syncthreads()
+        nk = kt + AHEAD
+        if nk < KT:
+            load_a(base + (nk & (A_STAGES - 1)) * a_bytes, a, a_src, k0 + nk)
+        ptx.cp_async_commit()
+        sa = base + (kt & (A_STAGES - 1)) * a_bytes
+        sw = base + w_base + (kt & (W_BUFS - 1)) * W_BYTES
+        da = wg.desc_sw128(sa + g * a_wg)
+        db = wg.desc_sw128(sw + g * w_wg)
+        wg.wgmma_fence()
+        for kk in range(BK // 16):
+            mma(acc, da + 2 * kk, db + 2 * kk)
+        wg.wgmma_commit()
+        if kt + 1 < KT:
+            decode(raw, k0 + kt + 1, base + w_base + ((kt + 1) & (W_BUFS - 1)) * W_BYTES)
+            raw = load_raw(parts, wrow, k0 + min(kt + 1 + w_ahead, KT - 1))
+        wg.wgmma_wait(1)
+        return raw
+
+    @cuda.jit(device=True, inline=True)
+    def raw_at(parts, wrow, k0, KT, s):
+        return load_raw(parts, wrow, k0 + min(s, KT - 1))
+
+    @cuda.jit(device=True, inline=True)
+    def mainloop(a, a_src, parts, n0, n_end, cpr, k0, KT, base, g, acc):
         for s in range(AHEAD):
             if s < KT:
-                load_a(base + s * a_bytes, a, a_src, s)
+                load_a(base + s * a_bytes, a, a_src, k0 + s)
             ptx.cp_async_commit()
-        decode(load_raw(parts, n0, n_end, cpr, 0), 0, base + w_base)
-        raw = load_raw(parts, n0, n_end, cpr, min(1, KT - 1))
+        wrow = w_row(n0, n_end, cpr)
+        r1 = raw_at(parts, wrow, k0, KT, 1)
+        r2 = raw_at(parts, wrow, k0, KT, 2) if w_ahead == 4 else r1
+        r3 = raw_at(parts, wrow, k0, KT, 3) if w_ahead == 4 else r1
+        r0 = raw_at(parts, wrow, k0, KT, 4) if w_ahead == 4 else r1
+        decode(load_raw(parts, wrow, k0), k0, base + w_base)
         for i in range(nacc):
             acc[i] = float32(0)
-        for kt in range(KT):
-            ptx.cp_async_wait_group(PENDING)
-            wg.fence_proxy_async()   # this thread's A copies and W stores, visible to wgmma
-            cuda.syncthreads()
-            nk = kt + AHEAD
-            if nk < KT:
-                load_a(base + (nk % A_STAGES) * a_bytes, a, a_src, nk)
-            ptx.cp_async_commit()
-            sa = base + (kt % A_STAGES) * a_bytes
-            sw = base + w_base + (kt % W_BUFS) * W_BYTES
-            da = wg.desc_sw128(sa + g * a_wg)
-            db = wg.desc_sw128(sw + g * w_wg)
-            wg.wgmma_fence()
-            for kk in range(BK // 16):
-                mma(acc, da + 2 * kk, db + 2 * kk)
-            wg.wgmma_commit()
-            if kt + 1 < KT:
-                decode(raw, kt + 1, base + w_base + ((kt + 1) % W_BUFS) * W_BYTES)
-                raw = load_raw(parts, n0, n_end, cpr, min(kt + 2, KT - 1))
-            wg.wgmma_wait(1)
+        done = 0
+        if w_ahead == 4:
+            done = KT - KT % 4
+            for kt in range(0, done, 4):  # step j decodes step j + 1, whose raw is r[(j + 1) % 4]
+                r1 = step(kt, r1, a, a_src, parts, wrow, k0, KT, base, g, acc)
+                r2 = step(kt + 1, r2, a, a_src, parts, wrow, k0, KT, base, g, acc)
+                r3 = step(kt + 2, r3, a, a_src, parts, wrow, k0, KT, base, g, acc)
+                r0 = step(kt + 3, r0, a, a_src, parts, wrow, k0, KT, base, g, acc)
+        for kt in range(done, KT):
+            r1 = step(kt, r1, a, a_src, parts, wrow, k0, KT, base, g, acc)
+            if w_ahead == 4:
+                r1, r2, r3 = r2, r3, r0
         wg.wgmma_wait(0)
 
     return mainloop
@@ -174,7 +211,7 @@ def gemm_wgmma_quant_kernel(ggml_type):
         tid = cuda.threadIdx.x
         g = tid >> 7
         acc = cuda.local.array(NACC, float32)
-        mainloop(a, (m0, M, K), parts, n0, N, cpr, KT, base, g, acc)
+        mainloop(a, (m0, M, K), parts, n0, N, cpr, 0, KT, base, g, acc)
 
         lane = tid & 31
         row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)

@@ -91,7 +91,7 @@ def gemm_grouped_wgmma_kernel(ggml_type):
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         g = tid >> 7
         acc = cuda.local.array(NACC, float32)
-        mainloop(a, (a_rows, K), parts, n0, n_end, cpr, KT, base, g, acc)
+        mainloop(a, (a_rows, K), parts, n0, n_end, cpr, 0, KT, base, g, acc)
         # -- epilogue: rows r0 .. r0+n-1, columns of this block within the expert's N --
         lane = tid & 31
         row0 = 16 * ((tid >> 5) & 3) + (lane >> 2)
