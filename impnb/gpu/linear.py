@@ -139,8 +139,8 @@ class MatMul:
 
     def gemm(self, x, w, y, path: str) -> None:
         """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
-        along K into splits_for's parts on "splitk", "few" and "mmq"); cuBLAS reads an fp16 copy dequantized
-        into a scratch buffer."""
+        along K into splits_for's parts on "splitk", "few", "wgmma_few" and "mmq"); cuBLAS reads an fp16
+        copy dequantized into a scratch buffer."""
         if path == "cublas":
             self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
         elif path == "wgmma":
