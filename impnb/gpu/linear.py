@@ -202,9 +202,10 @@ class MatMul:
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
         if path in ("splitk", "few", "wgmma_few"):
-            split_for, gemm_split = {"splitk": (splits_for, gemm_splitk_split),
-                                     "few": (gemm_few.splits_for, gemm_few.gemm_few_split),
-                                     "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split)}[path]
+            split_for, gemm_split = {
+                "splitk": (splits_for, gemm_splitk_split),
+                "few": (gemm_few.splits_for, gemm_few.gemm_few_split),
+                "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split)}[path]
             S = split_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
             gemm_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return

@@ -32,11 +32,12 @@ from impnb.kernels.gemv.gemv import parts_type
 from impnb.launch import launch
 
 BN = 128
-W_AHEAD_4 = {(T.Q6_K, 128)}  # (type, bm) whose raw W goes 4 steps ahead of its decode, not 1 (scripts/bench_gemm_few.py)
+# (type, bm) whose raw W goes 4 steps ahead of its decode, not 1 (scripts/bench_gemm_few.py --ahead 1,4)
+W_AHEAD_4 = {(T.Q6_K, 128)}
 MIN_STEPS = 4         # a split's fewest K steps
 FILL_STEPS = 2        # a block's pipeline start, in steps (splits_for)
-PART_STEPS = 0.1      # a partial tile row's 1 KiB written and read again, in steps of W (~4.6 KiB)
-BLOCKS_PER_SM = {64: 2, 128: 1}  # by bm: registers (128 / 210 a thread) and shared memory
+PART_STEPS = 0.05     # a partial tile row's 1 KiB written and read again, in steps of W (~4.6 KiB)
+BLOCKS_PER_SM = {64: 2, 128: 1}  # by bm: shared memory (97 / 129 KB a block), registers (up to 168 at bm 128)
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
 
@@ -140,12 +141,11 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
-    """The split count of the least work an SM: the grid's blocks over the SMs' BLOCKS_PER_SM[bm]
-    slots (at least one block's worth: a block alone on an SM goes no faster), each block's steps
-    plus FILL_STEPS for its pipeline's start plus PART_STEPS a row for its partial tile's write and
-    read where split, each split at least MIN_STEPS steps deep; the fewest splits among equals.
-    It picks the measured best or within 8% of it at every Qwen3-8B shape and 16 / 64 / 128 rows
-    (scripts/bench_gemm_few.py --kernels wgf)."""
+    """The split count of the fewest block-steps a slot: waves of the SMs' BLOCKS_PER_SM[bm] slots,
+    each a block's steps plus FILL_STEPS for its pipeline's start plus PART_STEPS a row for its
+    partial tile's write and read where split; each split at least MIN_STEPS steps deep, the fewest
+    splits among equals. On the Qwen3-8B shapes at 16 / 32 / 64 / 128 rows it picks a split count
+    measured within 7% of the best measured (scripts/bench_gemm_few.py --kernels wgf)."""
     bm = bm_for(M)
     tiles = -(-N // BN) * -(-M // bm)
     slots = sms * BLOCKS_PER_SM[bm]
@@ -153,7 +153,7 @@ def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
 
     def cost(S):
         part = PART_STEPS * min(M, bm) if S > 1 else 0
-        return max(1.0, tiles * S / slots) * (-(-steps // S) + FILL_STEPS + part)
+        return -(-tiles * S // slots) * (-(-steps // S) + FILL_STEPS + part)
     return min(range(1, max(1, steps // MIN_STEPS) + 1), key=lambda S: (cost(S), S))
 
 
@@ -166,8 +166,8 @@ def _launch(a, w: PackedWeight, out, stream, splits: int, accumulate: bool, w_ah
     assert a.dtype == np.float16 and a.is_c_contiguous() and aligned16(a)
     assert out.dtype == np.float32 and out.shape == (splits, M, N) and out.is_c_contiguous()
     bm = bm_for(M)
-    launch(gemm_wgmma_few_kernel(t, bm, w_ahead or w_ahead_for(t, bm)), (-(-N // BN), splits, -(-M // bm)), THREADS, stream, a, w.parts, out,
-           np.int32(accumulate), shared_bytes=shared_bytes(bm))
+    launch(gemm_wgmma_few_kernel(t, bm, w_ahead or w_ahead_for(t, bm)), (-(-N // BN), splits, -(-M // bm)),
+           THREADS, stream, a, w.parts, out, np.int32(accumulate), shared_bytes=shared_bytes(bm))
 
 
 def gemm_wgmma_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,

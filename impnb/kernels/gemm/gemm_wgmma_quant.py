@@ -11,9 +11,8 @@ care about the order of k.
 Per step k: A stage k + 2 goes into the cp.async ring (4 stages); the wgmma group of step k is
 issued; while it runs the threads decode W of step k + 1 (raw blocks loaded a step earlier) into
 the next of four W buffers (step k - 1's group may still read one, step k's another; four for
-the ring's mask), then
-load step k + 2's raw blocks; wgmma_wait(1) retires step k - 1. Each W element is decoded
-ceil(M / 128) times.
+the ring's mask), then load step k + 2's raw blocks; wgmma_wait(1) retires step k - 1. Each W
+element is decoded ceil(M / 128) times.
 
 Requirements (asserted): K a multiple of 64 and of the type's block, N % 8 == 0, any M.
 Numpy reference: gemm_tc.gemm_ref with the raw bytes and type.
