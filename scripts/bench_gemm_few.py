@@ -3,7 +3,7 @@ quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead) a
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
 (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
 shape's first variant's is flagged.
-    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq,wgf] [--ahead 1,6]
+    python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq,wgf] [--ahead 1,4] [--f16x2 0,1]
 """
 
 import argparse
@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--kernels", default="few,mmq,wgf")
     ap.add_argument("--ahead", default="0", help="wgf: raw W steps in flight to time (1, 4; 0 the kernel's rule)")
+    ap.add_argument("--f16x2", default=str(int(gemm_wgmma_few.F16X2)), help="wgf: W decoded on f16x2 (1) or exactly (0)")
     ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168,1:-1:4",
                     help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
                          "a warp]] to time")
@@ -57,7 +58,8 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
     xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    variants = [(None, 0, 2)] if name == "few" else [(None, int(d), 0) for d in args.ahead.split(",")] \
+    variants = [(None, 0, 2)] if name == "few" else [(None, int(d), int(f)) for d in args.ahead.split(",")
+                                                      for f in args.f16x2.split(",")] \
         if name == "wgf" else [
         tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
     first = None  # the first variant's output: every other must match it
@@ -75,7 +77,8 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                 if name == "few":
                     gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 elif name == "wgf":
-                    gemm_wgmma_few.gemm_wgmma_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, w_ahead=regs)
+                    gemm_wgmma_few.gemm_wgmma_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, w_ahead=regs,
+                                                  f16x2=bool(mt))
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
                                       regs=None if regs < 0 else regs, mt=mt)
@@ -90,7 +93,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
         out = y.copy_to_host()
         first = out if first is None else first
         bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
-        tag = f"{name} ahead={regs}" if name == "wgf" else name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
+        tag = f"{name} a{regs} f16x2={mt}" if name == "wgf" else name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
             f" mt={mt}" if mt != gemm_mmq.MT else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "

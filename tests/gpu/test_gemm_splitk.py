@@ -14,8 +14,9 @@ from tests.gpu import test_gemm_tc as gemm_tests
 pytestmark = pytest.mark.gpu
 
 
-def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False, gemm=gemm_splitk):
-    """gemm (gemm_splitk's arguments) against gemm_ref, partials and output NaN-poisoned."""
+def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False, gemm=gemm_splitk, f16x2=False):
+    """gemm (gemm_splitk's arguments) against gemm_ref (of the f16x2 decoders' weights with f16x2),
+    partials and output NaN-poisoned."""
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((M, K)) * std).astype(np.float16)
@@ -26,7 +27,7 @@ def check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate=False, gemm=g
         gemm(a_, w_, c_, part, s, splits, accumulate)
 
     got = gemm_tests.run(fn, a, w, M, N, c0)
-    ref = gemm_ref(a, raw, ggml_type, c=None if c0 is None else c0.astype(np.float64))
+    ref = gemm_ref(a, raw, ggml_type, c=None if c0 is None else c0.astype(np.float64), f16x2=f16x2)
     gemm_tests.check(got, ref, a, w16, K, c0)
 
 
@@ -43,7 +44,7 @@ def test_splitk_accumulate_and_model_shapes(M):
 
 
 
-def check_splitk_split(ggml_type, M, sizes, K, splits, seed, gemm_split=gemm_splitk_split):
+def check_splitk_split(ggml_type, M, sizes, K, splits, seed, gemm_split=gemm_splitk_split, f16x2=False):
     """Stacked rows (sum of sizes, K) into len(sizes) outputs, each its rows of gemm_ref."""
     N = sum(sizes)
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
@@ -52,7 +53,7 @@ def check_splitk_split(ggml_type, M, sizes, K, splits, seed, gemm_split=gemm_spl
     ys = [cuda.to_device(np.full((M, n), np.nan, np.float32)) for n in sizes]
     gemm_split(cuda.to_device(a), w, ys, part, 0, splits)
     got = np.concatenate([y.copy_to_host() for y in ys], axis=1).astype(np.float64)
-    gemm_tests.check(got, gemm_ref(a, raw, ggml_type), a, w16, K)
+    gemm_tests.check(got, gemm_ref(a, raw, ggml_type, f16x2=f16x2), a, w16, K)
 
 
 @pytest.mark.parametrize("M,sizes", [(17, (4096, 1024, 1024)), (64, (4096, 512)), (9, (136, 36, 36))])

@@ -8,14 +8,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
-from impnb.kernels.gemm.gemm_wgmma_few import gemm_wgmma_few, gemm_wgmma_few_split, splits_for
+from impnb.kernels.gemm.gemm_wgmma_few import F16X2, gemm_wgmma_few, gemm_wgmma_few_split, splits_for
 from tests.gpu.test_gemm_splitk import check_splitk, check_splitk_split
 
 pytestmark = pytest.mark.gpu
 
 
 def check_wgf(ggml_type, M, N, K, splits, std, seed, accumulate=False):
-    check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate, gemm=gemm_wgmma_few)
+    check_splitk(ggml_type, M, N, K, splits, std, seed, accumulate, gemm=gemm_wgmma_few, f16x2=F16X2)
 
 
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES)
@@ -34,4 +34,5 @@ def test_wgmma_few_accumulate_and_model_shapes(M):
 @pytest.mark.parametrize("M,sizes", [(17, (4096, 1024, 1024)), (64, (4096, 512)), (9, (136, 36, 36)),
                                      (128, (4096, 1024, 1024))])
 def test_wgmma_few_split_qkv(M, sizes):
-    check_splitk_split(T.Q4_K, M, sizes, 2048, 1 if M == 128 else 4, seed=M, gemm_split=gemm_wgmma_few_split)
+    check_splitk_split(T.Q4_K, M, sizes, 2048, 1 if M == 128 else 4, seed=M, gemm_split=gemm_wgmma_few_split,
+                       f16x2=F16X2)

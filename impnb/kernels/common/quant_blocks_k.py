@@ -14,7 +14,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from impnb.kernels.common.quant_intrinsics import (HALF, LO1, LO2, LO4, NEG_TWO23, ONE, bytes4_affine,
-                                            bytes4_minus, f16_to_f32, ldg_u32x4, shr32)
+                                            bytes4_minus, f16_to_f32, f32_to_f16_bits, fma_f16x2, ldg_u32x4,
+                                            prmt, shr32)
 
 
 @cuda.jit(device=True, inline=True)
@@ -91,6 +92,59 @@ def k4_k(c, h):
     return 256 * (c >> 3) + 64 * (L >> 1) + 16 * (L & 1) + 32 * h
 
 
+# -- Q4_K on f16x2 (the wgmma tiles' decode): a byte of nibbles masked to one nibble and given an
+#    exponent byte by prmt makes a half of value base + q: 1024 for a low nibble (mantissa unit 1),
+#    64 for a high one kept at bits 4..7 (mantissa unit 1/16 there); the base taken off exactly,
+#    then q * s + m rounded once per half --
+
+LO_NIBBLES = np.uint32(0x0F0F0F0F)
+HI_NIBBLES = np.uint32(0xF0F0F0F0)
+EXP_1024 = np.uint32(0x64646464)  # the high byte of half 1024, in every byte
+EXP_64 = np.uint32(0x54545454)    # of half 64
+H2_ONE = np.uint32(0x3C003C00)
+H2_NEG_1024 = np.uint32(0xE400E400)
+H2_NEG_64 = np.uint32(0xD400D400)
+
+
+@cuda.jit(device=True, inline=True)
+def _h2(v):
+    b = f32_to_f16_bits(v)
+    return b | (b << 16)
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_pairs(x, exp, base, s2, m2):
+    # -- bytes 0..3 of x (one nibble each) -> (w0, w1), (w2, w3) as f16x2 words --
+    w01 = fma_f16x2(fma_f16x2(prmt(x, exp, 0x4140), H2_ONE, base), s2, m2)
+    w23 = fma_f16x2(fma_f16x2(prmt(x, exp, 0x4342), H2_ONE, base), s2, m2)
+    return w01, w23
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_word(q, lo_s2, lo_m2, hi_s2, hi_m2):
+    # -- one 32-bit word of quants: its low nibbles' 4 weights (half 0), then its high ones' (half 1) --
+    a0, a1 = _q4_pairs(q & LO_NIBBLES, EXP_1024, H2_NEG_1024, lo_s2, lo_m2)
+    b0, b1 = _q4_pairs(q & HI_NIBBLES, EXP_64, H2_NEG_64, hi_s2, hi_m2)
+    return a0, a1, b0, b1
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_words(raw, c):
+    """Chunk c's 32 weights as 16 f16x2 words: words 0..7 half 0 (columns k4_k(c, 0) + 0..15), 8..15
+    half 1, word i holding columns 2i (low half) and 2i + 1 of its half: q * fp16(d sc) +
+    fp16(-dmin mn) rounded once, so within a rounding of the scale and the min of q4_k_run's values
+    (not bit-equal to dequant). Numpy twin: dequant.q4_k_f16x2_ref."""
+    q = raw[0]
+    d0, _, m0 = _k_affine_words(raw[1], c, 0)
+    d1, _, m1 = _k_affine_words(raw[1], c, 1)
+    s0, n0, s1, n1 = _h2(d0), _h2(m0), _h2(d1), _h2(m1)
+    a0, a1, e0, e1 = _q4_word(q[0], s0, n0, s1, n1)
+    b0, b1, f0, f1 = _q4_word(q[1], s0, n0, s1, n1)
+    c0, c1, g0, g1 = _q4_word(q[2], s0, n0, s1, n1)
+    x0, x1, h0, h1 = _q4_word(q[3], s0, n0, s1, n1)
+    return a0, a1, b0, b1, c0, c1, x0, x1, e0, e1, f0, f1, g0, g1, h0, h1
+
+
 # -- Q6_K: chunk L = 4*hb + cc of a superblock holds ql bytes 64hb+16cc..+16: low nibbles are
 #    columns 128hb+16cc+i, high nibbles +64; their 2 high bits sit in qh bytes 32hb+16(cc%2)+i --
 
@@ -115,6 +169,41 @@ def q6_k_run(raw, c, h, w):
         hi = (shr32(qh[j], hs) & LO2) << 4
         bytes4_minus((shr32(ql[j], sh) & LO4) | hi, off, w, 4 * j)
     return raw[2] * (raw[3] if h == 0 else raw[4])
+
+
+H2_NEG_1056 = np.uint32(0xE420E420)  # -(1024 + 32) in both halves
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_pairs(x, s2):
+    # -- bytes 0..3 of x (6-bit quants) -> (w0, w1), (w2, w3) as f16x2 words: (q - 32) * s --
+    w01 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4140), H2_ONE, H2_NEG_1056), s2, uint32(0))
+    w23 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4342), H2_ONE, H2_NEG_1056), s2, uint32(0))
+    return w01, w23
+
+
+@cuda.jit(device=True, inline=True)
+def _q6_half(ql, qh, c, h, s2):
+    # -- half h's 16 weights: low (h 0) or high nibbles of ql, 2 bits of qh above them --
+    sh = 4 * h
+    hs = 2 * (2 * h + ((c & 3) >> 1))
+    a0, a1 = _q6_pairs((shr32(ql[0], sh) & LO4) | ((shr32(qh[0], hs) & LO2) << 4), s2)
+    b0, b1 = _q6_pairs((shr32(ql[1], sh) & LO4) | ((shr32(qh[1], hs) & LO2) << 4), s2)
+    c0, c1 = _q6_pairs((shr32(ql[2], sh) & LO4) | ((shr32(qh[2], hs) & LO2) << 4), s2)
+    d0, d1 = _q6_pairs((shr32(ql[3], sh) & LO4) | ((shr32(qh[3], hs) & LO2) << 4), s2)
+    return a0, a1, b0, b1, c0, c1, d0, d1
+
+
+@cuda.jit(device=True, inline=True)
+def q6_k_words(raw, c):
+    """Chunk c's 32 weights as 16 f16x2 words as q4_k_words lays them out (columns q6_k_k(c, h)):
+    (q - 32) * fp16(d sc) rounded once, the quant made the half 1024 + q by prmt and 1056 taken off
+    exactly; within a rounding of the scale of q6_k_run's values. Numpy twin: dequant.q6_k_f16x2_ref."""
+    ql = raw[0]
+    qh = raw[1]
+    a = _q6_half(ql, qh, c, 0, _h2(raw[2] * raw[3]))
+    b = _q6_half(ql, qh, c, 1, _h2(raw[2] * raw[4]))
+    return a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
 
 
 @cuda.jit(device=True, inline=True)

@@ -97,6 +97,15 @@ if SIM:
             r |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * i)
         return np.uint32(r)
 
+    def fma_f16x2(a, b, c):
+        """Each 16-bit half of a, b, c as IEEE halves: a * b + c rounded once (float64 holds the
+        exact product and sum of halves), packed as they came."""
+        def half(u, i):
+            return np.float64(np.uint16((int(u) >> (16 * i)) & 0xFFFF).view(np.float16))
+        with np.errstate(over="ignore"):
+            r = [np.float16(half(a, i) * half(b, i) + half(c, i)).view(np.uint16) for i in (0, 1)]
+        return np.uint32(int(r[0]) | (int(r[1]) << 16))
+
     def f16_to_f32(u):
         return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
 
@@ -277,6 +286,18 @@ else:
             asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
             return builder.call(asm, [as_i32(builder, v) for v in args])
         return types.uint32(a, b, sel), codegen
+
+    @intrinsic
+    def fma_f16x2(typingctx, a, b, c):
+        """fma.rn.f16x2: each 16-bit half of a * b + c as IEEE halves, rounded once (PTX ISA)."""
+        if not all(isinstance(v, types.Integer) for v in (a, b, c)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, [as_i32(builder, v) for v in args])
+        return types.uint32(a, b, c), codegen
 
     @intrinsic
     def f16_to_f32(typingctx, u):

@@ -49,6 +49,47 @@ def pack_f16x2(a, b):
     return qi.f32_to_f16_bits(a) | (qi.f32_to_f16_bits(b) << 16)
 
 
+def q4_k_f16x2_ref(w: np.ndarray) -> np.ndarray:
+    """Raw Q4_K weight bytes (N, row_bytes) -> fp16 (N, K) as quant_blocks_k.q4_k_words makes them:
+    q * fp16(d sc) + fp16(-dmin mn) rounded once to fp16 (float64 holds it exactly)."""
+    raw = np.asarray(w).view(np.uint8).reshape(w.shape[0], -1)
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float64)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
+    sc_b = blocks[:, 4:16].astype(np.int64)
+    sc = np.empty((len(blocks), 8), np.int64)
+    mn = np.empty((len(blocks), 8), np.int64)
+    sc[:, :4] = sc_b[:, 0:4] & 63
+    mn[:, :4] = sc_b[:, 4:8] & 63
+    sc[:, 4:] = (sc_b[:, 8:12] & 0xF) | ((sc_b[:, 0:4] >> 6) << 4)
+    mn[:, 4:] = (sc_b[:, 8:12] >> 4) | ((sc_b[:, 4:8] >> 6) << 4)
+    s16 = (d * sc).astype(np.float32).astype(np.float16).astype(np.float64)
+    m16 = (-(dmin * mn)).astype(np.float32).astype(np.float16).astype(np.float64)
+    qs = blocks[:, 16:144].reshape(-1, 4, 32)
+    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float64)  # sub-block 2g, 2g + 1
+    out = (q * s16[:, :, None] + m16[:, :, None]).astype(np.float16)
+    return out.reshape(w.shape[0], -1)
+
+
+def q6_k_f16x2_ref(w: np.ndarray) -> np.ndarray:
+    """Raw Q6_K weight bytes (N, row_bytes) -> fp16 (N, K) as quant_blocks_k.q6_k_words makes them:
+    (q - 32) * fp16(d sc) + 0 rounded once to fp16 (the + 0 as the fma's: a zero product is +0)."""
+    raw = np.asarray(w).view(np.uint8).reshape(w.shape[0], -1)
+    blocks = raw.reshape(-1, 210).copy()
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float64)
+    sc = blocks[:, 192:208].view(np.int8).astype(np.float64)
+    unit = blocks.copy()  # the quants alone: d = 1, every scale 1
+    unit[:, 192:208] = 1
+    unit[:, 208:210] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    q = dequantize(unit, T.Q6_K).reshape(-1, 16, 16).astype(np.float64)  # 16 groups of 16 a block
+    s16 = (d * sc).astype(np.float32).astype(np.float16).astype(np.float64)
+    out = (q * s16[:, :, None] + 0.0).astype(np.float16)
+    return out.reshape(w.shape[0], -1)
+
+
+F16X2_REFS = {T.Q4_K: q4_k_f16x2_ref, T.Q6_K: q6_k_f16x2_ref}  # numpy twins of quant_blocks_k's f16x2 decoders
+
+
 def _make_dequant(load, run, col):
     # grid (ceil(N*K/32 / 256),), block 256: thread g owns global chunk g (32 weights of one row),
     # writes its two halves of 16 fp16 values as 2 x 16-byte stores each. out: (N, K/2) uint32

@@ -270,13 +270,15 @@ def gemm_f16(a, w, c, stream, accumulate: bool = False, tile=F16_TILE):
            a, w, c, np.int32(accumulate), shared_bytes=f16_shared_bytes(*tile))
 
 
-def gemm_ref(a: np.ndarray, w: np.ndarray, ggml_type=None, c: np.ndarray | None = None) -> np.ndarray:
+def gemm_ref(a: np.ndarray, w: np.ndarray, ggml_type=None, c: np.ndarray | None = None,
+             f16x2: bool = False) -> np.ndarray:
     """float64 a (M, K) · Wᵀ (+ c); w a float (N, K) array, or raw GGUF bytes (N, row_bytes) of
-    ggml_type dequantized as the kernels see them (gguf's dequantize rounded to fp16)."""
+    ggml_type dequantized as the kernels see them (gguf's dequantize rounded to fp16; with f16x2,
+    the f16x2 decoders' values where the type has one: wgmma_w_ops)."""
     if ggml_type is not None:
-        from impnb.kernels.gemm.dequant import dequant_ref
+        from impnb.kernels.gemm.dequant import F16X2_REFS, dequant_ref
 
-        w = dequant_ref(w, ggml_type)
+        w = F16X2_REFS[ggml_type](w) if f16x2 and ggml_type in F16X2_REFS else dequant_ref(w, ggml_type)
     out = np.asarray(a, np.float64) @ np.asarray(w, np.float64).T
     return out if c is None else out + c
 

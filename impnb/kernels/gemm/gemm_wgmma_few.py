@@ -27,13 +27,15 @@ from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemm.gemm_tc import F16_2D, aligned16, check_shapes
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
 from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, ROW, THREADS
-from impnb.kernels.gemm.gemm_wgmma_quant import A_STAGES, W_BUFS, W_BYTES, wgmma_quant_mainloop, wgmma_w_ops
+from impnb.kernels.gemm.gemm_wgmma_quant import (A_STAGES, F16X2_WORDS, W_BUFS, W_BYTES, wgmma_quant_mainloop,
+                                                 wgmma_w_ops)
 from impnb.kernels.gemv.gemv import parts_type
 from impnb.launch import launch
 
 BN = 128
 # (type, bm) whose raw W goes 4 steps ahead of its decode, not 1 (scripts/bench_gemm_few.py --ahead 1,4)
 W_AHEAD_4 = {(T.Q6_K, 128)}
+F16X2 = True         # Q4_K's and Q6_K's W decoded on f16x2 (wgmma_w_ops)
 MIN_STEPS = 4         # a split's fewest K steps
 FILL_STEPS = 2        # a block's pipeline start, in steps (splits_for)
 PART_STEPS = 0.05     # a partial tile row's 1 KiB written and read again, in steps of W (~4.6 KiB)
@@ -50,7 +52,7 @@ def w_ahead_for(ggml_type, bm: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def gemm_wgmma_few_kernel(ggml_type, bm: int, w_ahead: int):
+def gemm_wgmma_few_kernel(ggml_type, bm: int, w_ahead: int, f16x2: bool = False):
     _, _, col = wgmma_w_ops(ggml_type)
     a_loads = bm * 8 // THREADS  # 16-byte A copies a thread a stage: 2 or 4
     assert a_loads in (2, 4), bm
@@ -83,9 +85,9 @@ def gemm_wgmma_few_kernel(ggml_type, bm: int, w_ahead: int):
                 min(rows[2], M - 1) * K, 16 if rows[2] < M else 0, min(rows[3], M - 1) * K, 16 if rows[3] < M else 0)
 
     if bm == 128:
-        mainloop = wgmma_quant_mainloop(ggml_type, bm * ROW, wg_cols, 64 * ROW, 0, load_a, w_ahead)
+        mainloop = wgmma_quant_mainloop(ggml_type, bm * ROW, wg_cols, 64 * ROW, 0, load_a, w_ahead, f16x2)
     else:
-        mainloop = wgmma_quant_mainloop(ggml_type, bm * ROW, wg_cols, 0, wg_cols * ROW, load_a, w_ahead)
+        mainloop = wgmma_quant_mainloop(ggml_type, bm * ROW, wg_cols, 0, wg_cols * ROW, load_a, w_ahead, f16x2)
 
     # grid (ceil(N / 128), S, ceil(M / bm)), block 256: block (x, s, z) as the module says; warpgroup
     # g's warp w holds rows 16 w .. of its m64 tile, lane (r, c) = (lane >> 2, lane & 3) the
@@ -157,7 +159,8 @@ def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
     return min(range(1, max(1, steps // MIN_STEPS) + 1), key=lambda S: (cost(S), S))
 
 
-def _launch(a, w: PackedWeight, out, stream, splits: int, accumulate: bool, w_ahead: int | None = None):
+def _launch(a, w: PackedWeight, out, stream, splits: int, accumulate: bool, w_ahead: int | None = None,
+            f16x2: bool = F16X2):
     M, K = a.shape
     N = w.rows
     t = T(w.ggml_type)
@@ -166,20 +169,21 @@ def _launch(a, w: PackedWeight, out, stream, splits: int, accumulate: bool, w_ah
     assert a.dtype == np.float16 and a.is_c_contiguous() and aligned16(a)
     assert out.dtype == np.float32 and out.shape == (splits, M, N) and out.is_c_contiguous()
     bm = bm_for(M)
-    launch(gemm_wgmma_few_kernel(t, bm, w_ahead or w_ahead_for(t, bm)), (-(-N // BN), splits, -(-M // bm)),
+    launch(gemm_wgmma_few_kernel(t, bm, w_ahead or w_ahead_for(t, bm), f16x2), (-(-N // BN), splits, -(-M // bm)),
            THREADS, stream, a, w.parts, out, np.int32(accumulate), shared_bytes=shared_bytes(bm))
 
 
 def gemm_wgmma_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-                   w_ahead: int | None = None):
+                   w_ahead: int | None = None, f16x2: bool | None = None):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K parts;
     part: a float32 scratch (splits, M, N), unused at one split; w_ahead: raw W steps in flight
     (1 or 4; w_ahead_for's by default)."""
     check_shapes(a, c, w.rows, w.cols)
+    f16x2 = F16X2 if f16x2 is None else f16x2
     if splits == 1:
-        _launch(a, w, c.reshape(1, *c.shape), stream, 1, accumulate, w_ahead)
+        _launch(a, w, c.reshape(1, *c.shape), stream, 1, accumulate, w_ahead, f16x2)
         return
-    _launch(a, w, part, stream, splits, False, w_ahead)
+    _launch(a, w, part, stream, splits, False, w_ahead, f16x2)
     reduce_parts(part, (c, c, c), w.rows, 0, accumulate, stream)
 
 
@@ -197,7 +201,8 @@ def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [] if wg.SIM else [
-        (gemm_wgmma_few_kernel(t, bm, w_ahead_for(t, bm)), types.void(F16_2D, parts_type(t), F32_3D, types.int32),
-         {"ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.f16.f16"], "max_registers": 255})
+        (gemm_wgmma_few_kernel(t, bm, w_ahead_for(t, bm), F16X2), types.void(F16_2D, parts_type(t), F32_3D, types.int32),
+         {"ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.f16.f16"]
+          + (["fma.rn.f16x2", "prmt.b32"] if F16X2 and t in F16X2_WORDS else []), "max_registers": 255})
         for t in QUANT_TYPES for bm in (64, 128)
     ]

@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import cuda, float32, types, uint32
 
-from impnb.kernels.common import ptx, ptx_wgmma as wg
+from impnb.kernels.common import ptx, ptx_wgmma as wg, quant_blocks_k as qbk
 from impnb.kernels.gemm.dequant import DECODERS
 from impnb.kernels.gemm.gemm_tc import aligned16, block_tile, grid_size
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
@@ -51,14 +51,19 @@ def q8_0_load_l1(parts, g):
     return ptx.ld_global_v4_u32(qs, 8 * g), ptx.ld_global_v4_u32(qs, 8 * g + 4), float32(d[g])
 
 
+F16X2_WORDS = {T.Q4_K: qbk.q4_k_words, T.Q6_K: qbk.q6_k_words}  # types with a decoder on f16x2 (not bit-equal to dequant)
+
+
 @lru_cache(maxsize=None)
-def wgmma_w_ops(ggml_type):
+def wgmma_w_ops(ggml_type, f16x2: bool = False):
     """(load_raw, decode, col) of one weight type for a 128-row W tile of 64-deep steps, shared with
     the grouped expert GEMM (moe/gemm_grouped_wgmma.py): load_raw(parts, wrow, s) the raw blocks of
     this thread's chunk of step s, wrow = w_row(n0, n_end, cpr) (rows from n_end on read row
     n_end - 1, never stored), decode(raw, s, dst) them into the W tile at dst, col the type's
-    column map."""
+    column map. f16x2: the type's F16X2_WORDS decoder (half the ALU operations a weight) where it
+    has one."""
     load, run, col = DECODERS[T(ggml_type)]
+    words = F16X2_WORDS.get(T(ggml_type)) if f16x2 else None
     if ggml_type == T.Q8_0:
         load = q8_0_load_l1
 
@@ -66,6 +71,19 @@ def wgmma_w_ops(ggml_type):
     def load_raw(parts, wrow, s):
         # -- raw blocks of this thread's chunk of step s --
         return load(parts, wrow + 2 * s)
+
+    @cuda.jit(device=True, inline=True)
+    def decode_words(raw, s, dst):
+        # -- this thread's chunk as f16x2 words -> its W tile row, chunks 4u, + 1 (half 0), + 2, + 3 --
+        t = cuda.threadIdx.x
+        n = t >> 1
+        p0 = 4 * (t & 1)
+        w = words(raw, 2 * s + (t & 1))
+        base = dst + n * ROW
+        ptx.st_shared_v4_u32(base + ((p0 ^ (n & 7)) << 4), w[0], w[1], w[2], w[3])
+        ptx.st_shared_v4_u32(base + (((p0 + 1) ^ (n & 7)) << 4), w[4], w[5], w[6], w[7])
+        ptx.st_shared_v4_u32(base + (((p0 + 2) ^ (n & 7)) << 4), w[8], w[9], w[10], w[11])
+        ptx.st_shared_v4_u32(base + (((p0 + 3) ^ (n & 7)) << 4), w[12], w[13], w[14], w[15])
 
     @cuda.jit(device=True, inline=True)
     def decode(raw, s, dst):
@@ -85,7 +103,7 @@ def wgmma_w_ops(ggml_type):
                                  ptx.pack_f16x2(w[8] * sc, w[9] * sc), ptx.pack_f16x2(w[10] * sc, w[11] * sc),
                                  ptx.pack_f16x2(w[12] * sc, w[13] * sc), ptx.pack_f16x2(w[14] * sc, w[15] * sc))
 
-    return load_raw, decode, col
+    return load_raw, decode_words if words is not None else decode, col
 
 
 @cuda.jit(device=True, inline=True)
@@ -96,7 +114,8 @@ def w_row(n0, n_end, cpr):
 
 
 @lru_cache(maxsize=None)
-def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg: int, load_a, w_ahead: int = 1):
+def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg: int, load_a, w_ahead: int = 1,
+                         f16x2: bool = False):
     """The K loop the wgmma GEMMs over quantized W run (this module's, the few-row one's and the
     grouped experts'): mainloop(a, a_src, parts, n0, n_end, cpr, k0, KT, base, g, acc) fills acc
     (wg_cols / 2 floats a thread) with warpgroup g's m64 x wg_cols accumulator over the KT 64-deep
@@ -107,7 +126,7 @@ def wgmma_quant_mainloop(ggml_type, a_bytes: int, wg_cols: int, a_wg: int, w_wg:
     rotating queue would move a load's registers a step later, waiting for it there)."""
     assert w_ahead in (1, 4), w_ahead
     assert A_STAGES & (A_STAGES - 1) == 0 and W_BUFS & (W_BUFS - 1) == 0  # ring slots by masks
-    load_raw, decode, _ = wgmma_w_ops(ggml_type)
+    load_raw, decode, _ = wgmma_w_ops(ggml_type, f16x2)
     mma = wg.MMA["f16"][wg_cols]
     nacc = wg_cols // 2
     w_base = A_STAGES * a_bytes
