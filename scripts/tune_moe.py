@@ -6,7 +6,9 @@ DeviceModel stacks them, down Q6_K or Q4_K by layer), uniform random routing, an
 bucket (16..512 tokens) and each distinct expert matrix: the grouped tiles (gemm_grouped, as the
 grouped layout runs it), the same tiles on wgmma (gemm_grouped_wgmma, where it takes the weight)
 and the cuBLAS fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the
-pointer arrays, one batched GEMM; gate|up's time includes the gather into the padded layout).
+pointer arrays, one batched GEMM; gate|up's time includes the gather into the padded layout)
+and the grouped dp4a GEMV paths (moe_dispatch.GEMV_PATHS: gate|up with its SwiGLU, the time
+including its input's int8 quantization; checked as SwiGLU of the tiles' gate|up).
 --reps calls captured in a CUDA graph, warm-up first, median of 5 replays. A path other than the
 tiles counts only if its output matches the tiles' (max |diff| / max |ref| < 1e-2) and beats the
 best so far by more than 3%; the table records every measured bucket's choice, and runs on
@@ -35,6 +37,10 @@ from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
 from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
+from impnb.kernels.elementwise.activations import swiglu_ref  # noqa: E402
+from impnb.kernels.gemv.gemv import SILU  # noqa: E402
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped  # noqa: E402
+from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels.common import repack  # noqa: E402
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped  # noqa: E402
@@ -99,17 +105,26 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
     moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows_pad, s)
     ctx.sync()
     order_h, slot_row_h, rows_pad_h = order.copy_to_host(), slot_row.copy_to_host(), rows_pad.copy_to_host()
+    h32 = ctx.upload(x16.copy_to_host().astype(np.float32))
+    gemv_tiles = {}  # tokens a tile -> the GEMV paths' (tiles, n_tiles); the grouped order is the same
+    for tm in md.GEMV_TOKENS:
+        gemv_tiles[tm] = (ctx.empty((max_tiles(S, E, tm), 3), np.int32), ctx.empty(1, np.int32))
+        moe_group(slots, E, tm, ctx.empty(S, np.int32), ctx.empty(S, np.int32), *gemv_tiles[tm], s)
     w16 = a.get("moe_w16", (max(w.rows * w.cols for w in mats.values()),), np.float16)
     out = []
     for (name, t, N, K), w in mats.items():
         if name == "ffn_gate_up_exps":  # the grouped layout's A: the tokens' rows, gathered by the tile
-            a_grouped, a_padded, x_div = x16, xg, k
+            a_grouped, a_padded, x_div, a32 = x16, xg, k, h32
             gather = [lambda: moe_gather(x16, order, tiles, n_tiles, k, xg, tiles_pad, rows_pad, s)]
         else:  # act (F wide) in expert order, and the same rows in the padded layout
             act = (rng.standard_normal((S, K)) * 0.1).astype(np.float16)
             pad = np.zeros((n_max * BM, K), np.float16)
             pad[rows_pad_h] = act
             a_grouped, a_padded, x_div, gather = ctx.upload(act[order_h]), ctx.upload(pad), 0, []
+            a32 = ctx.upload(act[order_h].astype(np.float32))
+        glu = name == "ffn_gate_up_exps"
+        xq = quant_x_buffers(a32.shape[0], K)
+        c_gemv = {p: ctx.upload(np.full((S, N // 2 if glu else N), np.nan, np.float32)) for p in md.GEMV_PATHS}
         c_tiles = ctx.upload(np.full((S, N), np.nan, np.float32))
         c_wgmma = ctx.upload(np.full((S, N), np.nan, np.float32))
         c_cublas = ctx.upload(np.full((n_max * BM, N), np.nan, np.float32))
@@ -125,18 +140,37 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
                 g()
             expert_gemm(dev, "cublas", a_padded, w, c_cublas, (tiles_pad, n_tiles, order), 0, w16)
 
+        def gemv_path(p):
+            tm, variant = md.gemv_variant(p)
+
+            def run():
+                quantize_x(a32, xq, s)
+                gemv_dp4a_grouped(w, N, xq, c_gemv[p], *gemv_tiles[tm], order, x_div, s, variant, tm,
+                                  SILU if glu else 0)
+            return run
+
         paths = {"tiles": tiles_path, "cublas": cublas_path}
         if supports(t, K):
             paths["wgmma"] = wgmma_path
+        if md.gemv_takes(t, K):
+            paths.update({p: gemv_path(p) for p in md.GEMV_PATHS})
         us = {p: time_calls(dev, fn, reps) for p, fn in paths.items()}
         ctx.sync()
         ref = c_tiles.copy_to_host()[slot_row_h]
         outs = {"cublas": c_cublas.copy_to_host()[rows_pad_h], "wgmma": c_wgmma.copy_to_host()[slot_row_h]}
-        rel = {p: float(np.abs(outs[p] - ref).max() / np.abs(ref).max()) for p in us if p != "tiles"}
+        outs.update({p: c.copy_to_host()[slot_row_h] for p, c in c_gemv.items()})
+        if glu:  # the GEMV paths write SwiGLU(gate, up): their reference is the tiles' through it
+            outs.update({p: swiglu_ref(outs[p][:, :N // 2], outs[p][:, N // 2:]) for p in ("cublas", "wgmma")})
+            glu_ref = swiglu_ref(ref[:, :N // 2], ref[:, N // 2:])
+        rel = {}
+        for p in us:
+            if p != "tiles":
+                want = glu_ref if glu else ref
+                rel[p] = float(np.abs(outs[p] - want).max() / np.abs(want).max()) if np.isfinite(outs[p]).all() \
+                    else float("inf")
         chosen = "tiles"
-        for p in rel:
-            if np.isfinite(outs[p]).all() and np.isfinite(ref).all() and rel[p] < 1e-2 \
-                    and us[p] * MARGIN < us[chosen]:
+        for p in sorted(rel, key=lambda p: us[p]):
+            if np.isfinite(ref).all() and rel[p] < 1e-2 and us[p] * MARGIN < us[chosen]:
                 chosen = p
         out.append(dict(key=md.shape_key(t, N, K), T=T, us=us, rel=rel, chosen=chosen))
     return out
@@ -157,7 +191,8 @@ def main() -> int:
     dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=Cublas(ctx))
     mats = expert_matrices(dev, args.quant, model=args.model)
     print(f"{len(mats)} expert matrices of {args.model} {args.quant} in {time.perf_counter() - start:.0f} s")
-    print(f"{'shape':<24} {'T':>4} {'tiles µs':>9} {'wgmma µs':>9} {'cublas µs':>10} {'chosen':<7} {'speed-up':>8}")
+    print(f"{'shape':<24} {'T':>4} {'tiles µs':>9} {'wgmma µs':>9} {'cublas µs':>10} {'gemv µs':>16} "
+          f"{'chosen':<8} {'speed-up':>8}")
     rng, rows = np.random.default_rng(0), []
     old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}
     choices, shapes = old.get("choices", {}), old.get("shapes", "").split("; ") if old else []
@@ -167,8 +202,11 @@ def main() -> int:
             rows.append(r)
             choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
             us = r["us"]
+            gv = min((p for p in us if p in md.GEMV_PATHS), key=us.get, default=None)
+            gemv_col = f"{us[gv]:.1f} {gv}" if gv else "-"
             print(f"{r['key']:<24} {T:>4} {us['tiles']:>9.1f} {us.get('wgmma', float('nan')):>9.1f} "
-                  f"{us['cublas']:>10.1f} {r['chosen']:<7} {us['tiles'] / us[r['chosen']]:>8.2f}")
+                  f"{us['cublas']:>10.1f} {gemv_col:>16} {r['chosen']:<8} {us['tiles'] / us[r['chosen']]:>8.2f}"
+                  f" {' '.join(f'{p}={x:.3g}' for p, x in r['rel'].items() if x >= 1e-2)}")
     ctx.sync()
     shapes = [x for x in shapes if x] + [f"{args.model} {args.quant}"]
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_moe.py on the GPU named",

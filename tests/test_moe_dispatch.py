@@ -73,3 +73,39 @@ def test_wgmma_only_where_it_takes_the_weight():
     assert md.choose(T.Q4_K, 2048, 704, 512, table) == "tiles"   # K not a multiple of 256
     assert md.choose(T.F16, 1536, 2048, 512, table) == "tiles"   # not a quantized type
     assert md.choose(T.Q8_0, 704, 96, 512, table) == "tiles"     # K not a multiple of 64
+
+
+class W:
+    """What ffn_paths reads of a PackedWeight."""
+
+    def __init__(self, ggml_type, rows, cols):
+        self.ggml_type, self.rows, self.cols = ggml_type, rows, cols
+
+
+GEMV_TABLE = {"moe Q4_K 1536x2048": {"16": "gemv4s32u2r4", "32": "gemv8s32u1r2", "64": "wgmma"},
+              "moe Q6_K 2048x768": {"16": "gemv2s32u1r8", "32": "tiles", "64": "gemv8s64u1r2"},
+              "moe Q4_0 2048x96": {"16": "gemv2s32u1r4"}}
+
+
+def test_ffn_paths_gemv_only_for_the_whole_layer():
+    E = 4
+    gate_up, down = W(T.Q4_K, E * 1536, 2048), W(T.Q6_K, E * 2048, 768)
+    assert md.ffn_paths((gate_up, down), E, 9, GEMV_TABLE) == ["gemv4s32u2r4", "gemv2s32u1r8"]  # tiles differ
+    assert md.ffn_paths((gate_up, down), E, 9, GEMV_TABLE, gemv=False) == ["wgmma", "wgmma"]
+    assert md.ffn_paths((gate_up, down), E, 32, GEMV_TABLE) == ["wgmma", "tiles"]  # down not a GEMV there
+    assert md.ffn_paths((gate_up, down), E, 64, GEMV_TABLE) == ["wgmma", "wgmma"]
+    gate, up = W(T.Q4_K, E * 768, 2048), W(T.Q4_K, E * 768, 2048)  # not stacked: no GEMV
+    table = {"moe Q4_K 768x2048": {"16": "gemv2s32u1r4"}, **GEMV_TABLE}
+    assert md.ffn_paths((gate, up, down), E, 9, table) == ["wgmma", "wgmma", "wgmma"]
+    # a row length the K-quant GEMV cannot take (96 % 256) falls back to the tiles' default
+    assert md.choose(T.Q4_0, 2048, 96, 9, GEMV_TABLE) == "gemv2s32u1r4"
+    assert md.choose(T.Q4_K, 2048, 96, 9, {"moe Q4_K 2048x96": {"16": "gemv2s32u1r4"}}) == "tiles"
+
+
+def test_gemv_paths():
+    n, v = md.gemv_variant("gemv8s64u1r2")
+    assert n == 8 and (v.span, v.unroll, v.rows) == (64, 1, 2)
+    assert all(md.gemv_variant(p)[0] in md.GEMV_TOKENS and p.startswith(f"gemv{md.gemv_variant(p)[0]}s")
+               for p in md.GEMV_PATHS)
+    assert all(v.rows % 2 == 0 for _, v in md.GEMV_PATHS.values())  # gate|up: gate and up rows in pairs
+    assert set(md.GEMV_PATHS) <= set(md.PATHS)

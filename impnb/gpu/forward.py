@@ -37,6 +37,7 @@ import numpy as np
 from impnb.gpu import attention_dispatch
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
+from impnb.gpu import moe_dispatch
 from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
@@ -112,9 +113,9 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
-    grouped = 2 <= T <= m.tuning.moe_grouped_rows  # a batch's routed experts grouped as at prefill
     xin = None  # this layer's Q|K|V input in int8, where the layer before wrote it
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        grouped = _grouped_decode(m, spec, lw.ffn, T)
         nxt = None if grouped else _next_input(m, il, T)
         if spec.mixer == "gated_deltanet":
             y = deltanet_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps))
@@ -140,6 +141,16 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             m.all_reduce(x)
         xin = nxt and nxt.xq
     return logits_of(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
+
+
+def _grouped_decode(m, spec, ffn, T: int) -> bool:
+    """Whether a decode step of T rows runs this layer's routed experts grouped by expert
+    (moe_ffn_grouped_decode, tuning.MOE_GROUPED_ROWS): a batch, a plain qwen3moe layer, and
+    moe_table's grouped dp4a GEMVs for its experts at T."""
+    if not (spec.ffn == "moe" and 2 <= T <= m.tuning.moe_grouped_rows and ffn.gate_up is not None):
+        return False
+    E = m.expert_range[1] if m.expert_range is not None else m.cfg.n_expert
+    return moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), E, T)[0] in moe_dispatch.GEMV_PATHS
 
 
 def _next_input(m, il: int, T: int):

@@ -30,7 +30,7 @@ from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_gated, gemv_residual, gemv_stacked, gemv_stream
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_tail import Residual
-from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x
+from impnb.kernels.gemv.quant_x import QuantX, arena_buffers, quantize_x
 from impnb.tuning import GEMV_MAX_ROWS, Overrides
 
 
@@ -277,9 +277,7 @@ class MatMul:
 
     def xq_buffers(self, n_tok: int, K: int, name: str = "xq") -> QuantX:
         """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""
-        a = self.arena
-        return QuantX(a.get(name, (n_tok, K // 4), np.uint32), a.get(name + "_d", (n_tok, K // GROUP)),
-                      a.get(name + "_s", (n_tok, K // GROUP)))
+        return arena_buffers(self.arena, n_tok, K, name)
 
     def x32_buffers(self, n_tok: int, K: int) -> gemm_mmq.QuantX32:
         """The buffers of gemm_mmq's int8 form of a (T, K) input (rows up to its token slabs)."""

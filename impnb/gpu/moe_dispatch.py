@@ -1,7 +1,10 @@
 """Which path runs a prefill expert GEMM of a MoE layer: the grouped tensor-core tiles
 (kernels/moe/gemm_grouped.py, "tiles"), the same tiles on wgmma (gemm_grouped_wgmma.py, "wgmma"),
-or the cuBLAS fallback, one batched GEMM over the tiles on the experts dequantized to fp16
-(gpu/moe_prefill.py).
+the cuBLAS fallback, one batched GEMM over the tiles on the experts dequantized to fp16
+(gpu/moe_prefill.py), or, for a batch's few tokens an expert, the grouped dp4a GEMV on int8
+activations ("gemv{n}s{span}u{depth}r{rows}": tiles of at most n tokens, the kernel's variant;
+kernels/gemv/gemv_dp4a_multi.gemv_dp4a_grouped), which a layer takes only for all of its
+expert matrices at once (ffn_paths).
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
 data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes. Shapes or buckets not in
@@ -17,10 +20,20 @@ from gguf import GGMLQuantizationType as T
 from impnb import tuning
 
 from impnb.gpu.gemm_dispatch import pick, read_choices
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS
+from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.moe import gemm_grouped_wgmma
 
 TABLE_PATH = tuning.MOE_TABLE
-PATHS = ("tiles", "cublas", "wgmma")
+# the grouped GEMV's paths, "gemv{n}{variant}": tiles of at most n tokens, the kernel's row-group
+# span, chunks in flight and rows a group (gemv_variants.Variant); n x rows x depth kept to what
+# compiles without spills (Q4_K gate|up at 2048 columns)
+GEMV_PATHS = {f"gemv{n}{v.name}": (n, v) for n, v in
+              [(n, Variant(s, u, r)) for n in (2, 4) for s, u, r in ((32, 1, 4), (32, 2, 4), (64, 1, 4))]
+              + [(2, Variant(s, u, 8)) for s, u in ((32, 1), (32, 2), (64, 1))]
+              + [(8, Variant(s, u, 2)) for s, u in ((32, 1), (32, 2), (64, 1))]}
+GEMV_TOKENS = sorted({n for n, _ in GEMV_PATHS.values()})
+PATHS = ("tiles", "cublas", "wgmma", *GEMV_PATHS)
 DEFAULT = "tiles"
 _logged: set = set()
 
@@ -47,4 +60,29 @@ def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = Non
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
     key = shape_key(ggml_type, N, K)
     path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d")
+    if path in GEMV_PATHS and not gemv_takes(ggml_type, K):
+        return DEFAULT
     return DEFAULT if path == "wgmma" and not gemm_grouped_wgmma.supports(ggml_type, K) else path
+
+
+def gemv_takes(ggml_type: T, K: int) -> bool:
+    """Whether the grouped dp4a GEMV takes an expert weight of this type and row length."""
+    k_quant = ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K)
+    return ggml_type in DOTS and K % (256 if k_quant else 32) == 0
+
+
+def gemv_variant(path: str) -> tuple:
+    """(tokens a tile, Variant) of a grouped GEMV path."""
+    return GEMV_PATHS[path]
+
+
+def ffn_paths(mats, n_expert: int, n_tokens: int, table: dict | None = None, gemv: bool = True) -> list:
+    """The paths of one layer's expert matrices (gate|up stacked or gate, up; then down) for a
+    chunk of n_tokens: the grouped GEMV only where every matrix takes it, gate|up is stacked (it
+    writes act(gate) * up itself) and the caller runs it (gemv); else a matrix the table gave a
+    GEMV path takes a GEMM path (wgmma where it takes the weight, else the tiles)."""
+    paths = [choose(w.ggml_type, w.rows // n_expert, w.cols, n_tokens, table) for w in mats]
+    if gemv and len(mats) == 2 and all(p in GEMV_PATHS for p in paths):
+        return paths
+    return [("wgmma" if gemm_grouped_wgmma.supports(w.ggml_type, w.cols) else DEFAULT) if p in GEMV_PATHS else p
+            for w, p in zip(mats, paths)]

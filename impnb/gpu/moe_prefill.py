@@ -14,6 +14,9 @@ Both layouts start from moe_group's tiles (e, r0, n) of at most BM rows, in expe
       are dequantized, with no routing-dependent launch.
 Either way act (rows, F) = silu(gate_e x) * up_e x and y (rows, D) = down_e act, the row of slot
 s being rows[s]. m: a DeviceModel (its ctx, arena and cublas).
+A batch's decode rows may take the grouped dp4a GEMVs instead (experts_gemv, where
+moe_dispatch.ffn_paths says): x in int8, gate|up writes act in the grouped layout, act in int8,
+down writes y there; each matrix's tiles hold at most its path's tokens.
 Legend: T tokens, D model dim, E experts, k per token, F expert FFN dim, S = T * k slots,
 P = max_tiles * BM padded rows.
 """
@@ -23,6 +26,8 @@ import numpy as np
 from impnb.gpu import moe_dispatch
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped
+from impnb.kernels.gemv.quant_x import arena_buffers, quantize_x
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
 from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
 from impnb.kernels.moe.moe import max_tiles, moe_group
@@ -37,7 +42,7 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
     S, T = slots.shape[0], x16.shape[0]
     mats = (*glu, down)
     if paths is None:
-        paths = [moe_dispatch.choose(w.ggml_type, w.rows // n_expert, w.cols, T) for w in mats]
+        paths = moe_dispatch.ffn_paths(mats, n_expert, T, gemv=False)
     n_max = max_tiles(S, n_expert, BM)
     order = a.get("moe_order", (S,), np.int32)
     slot_row = a.get("moe_slot_row", (S,), np.int32)
@@ -54,6 +59,42 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
     w16 = a.get("moe_w16", (max(w.rows * w.cols for w, p in zip(mats, paths) if p == "cublas"),), np.float16)
     out, y = _glu_down(m, xg, mats, paths, (tiles_pad, n_tiles, order), 0, n_max * BM, w16, act)
     return out, y, rows
+
+
+def experts_gemv(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int) -> tuple:
+    """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 on the grouped
+    dp4a GEMV paths (gate|up's, down's; moe_dispatch.GEMV_PATHS); glu: gate's activation (gemv SILU
+    or GELU)."""
+    a, s = m.arena, m.ctx.nb_stream
+    S, (T, D) = slots.shape[0], h.shape
+    F = down.cols
+    order = a.get("moe_order", (S,), np.int32)
+    slot_row = a.get("moe_slot_row", (S,), np.int32)
+    grouped = {}  # tokens a tile -> (tiles, n_tiles)
+
+    def tiles_of(tm: int) -> tuple:
+        # moe_group's order inside an expert's rows is unspecified, so only the first grouping
+        # writes order and slot_row; another tile size takes its tiles alone (they depend only on
+        # the counts) from a grouping into scratch
+        if tm not in grouped:
+            grouped[tm] = (a.get(f"moe_tiles_{tm}", (max_tiles(S, n_expert, tm), 3), np.int32),
+                           a.get(f"moe_n_tiles_{tm}", (1,), np.int32))
+            rows = (order, slot_row) if len(grouped) == 1 else \
+                (a.get("moe_order_scratch", (S,), np.int32), a.get("moe_slot_row_scratch", (S,), np.int32))
+            moe_group(slots, n_expert, tm, *rows, *grouped[tm], s)
+        return grouped[tm]
+
+    hq = arena_buffers(a, T, D, "moe_hq")
+    quantize_x(h, hq, s)
+    act = a.get("moe_gemv_act", (S, F))
+    tm, variant = moe_dispatch.gemv_variant(paths[0])
+    gemv_dp4a_grouped(gate_up, 2 * F, hq, act, *tiles_of(tm), order, k, s, variant, tm, glu)
+    aq = arena_buffers(a, S, F, "moe_actq")
+    quantize_x(act, aq, s)
+    y = a.get("moe_y", (S, D))
+    tm, variant = moe_dispatch.gemv_variant(paths[1])
+    gemv_dp4a_grouped(down, D, aq, y, *tiles_of(tm), order, 0, s, variant, tm)
+    return y, slot_row
 
 
 def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16, act_fn: str) -> tuple:

@@ -133,19 +133,26 @@ def check_experts(ggml_type, E, n_rows, cols, n_tok, k, glu, seed):
     gemv_dp4a_experts(w, n_rows, xq, d_y, cuda.to_device(slots), k, 0, glu=glu)
     y = d_y.copy_to_host()
     assert np.isfinite(y).all(), "non-finite output"
-    xhat = np.abs((q.view(np.int8).reshape(n_tok, -1, GROUP) * d[:, :, None]).reshape(n_tok, cols))
     for s_, e in enumerate(slots):
-        rows = slice(e * n_rows, (e + 1) * n_rows)
-        ref = gemv_dp4a_ref(raw[rows], ggml_type, q[s_ // k:s_ // k + 1], d[s_ // k:s_ // k + 1])[0]
-        bound = RTOL * (xhat[s_ // k] @ wabs[rows].T)
-        if glu:
-            F = n_rows // 2
-            gate, up = ref[:F].astype(np.float32), ref[F:].astype(np.float32)
-            want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
-            tol = 10 * (np.abs(want) * RTOL + np.abs(up) * bound[:F] + np.abs(gate) * bound[F:]) + 1e-6
-            assert (np.abs(y[s_] - want) <= tol).all(), f"slot {s_} (expert {e})"
-        else:
-            assert (np.abs(y[s_] - ref) <= bound).all(), f"slot {s_} (expert {e})"
+        assert_expert_row(y[s_], raw, wabs, ggml_type, e, n_rows, q, d, s_ // k, glu, f"slot {s_} (expert {e})")
+
+
+def assert_expert_row(y, raw, wabs, ggml_type, e, n_rows, q, d, xrow, glu, what):
+    """y (one output row) = expert e's rows (n_rows of raw) times x̂ row xrow (q, d) within the
+    dp4a bound of gemv_dp4a_ref (act(gate) * up's with glu)."""
+    cols = wabs.shape[1]
+    xhat = np.abs((q[xrow].view(np.int8).reshape(-1, GROUP) * d[xrow][:, None]).reshape(cols))
+    rows = slice(e * n_rows, (e + 1) * n_rows)
+    ref = gemv_dp4a_ref(raw[rows], ggml_type, q[xrow:xrow + 1], d[xrow:xrow + 1])[0]
+    bound = RTOL * (xhat @ wabs[rows].T)
+    if glu:
+        F = n_rows // 2
+        gate, up = ref[:F].astype(np.float32), ref[F:].astype(np.float32)
+        want = (geglu_ref if glu == GELU else swiglu_ref)(gate, up)
+        tol = 10 * (np.abs(want) * RTOL + np.abs(up) * bound[:F] + np.abs(gate) * bound[F:]) + 1e-6
+        assert np.isfinite(y).all() and (np.abs(y - want) <= tol).all(), what
+    else:
+        assert np.isfinite(y).all() and (np.abs(y - ref) <= bound).all(), what
 
 
 def check_dp4a_residual(ggml_type, rows, cols, n_tok, post, std, seed, calls=2, variant=None):

@@ -1,6 +1,6 @@
 """The multi-token dp4a GEMV (T = 2..8) on the GPU: plain, accumulating, stacked Q|K|V split into
 three outputs and gate|up with its activation, every dp4a type, odd row counts, every variant
-shape the bench sweeps; through tests/gpu/test_gemv_dp4a.py's checks (the same two references
+shape the bench sweeps, and the routed experts' grouped form; through tests/gpu/test_gemv_dp4a.py's checks (the same two references
 and bounds: gemv_dp4a_ref of x̂, and the float64 product with x within x̂'s rounding), outputs
 NaN-poisoned, x Gaussian at std 0.1, 1 and 10."""
 
@@ -10,12 +10,14 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.gemv.gemv_dp4a import SILU, GELU, gemv_dp4a_ref
-from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped, gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
 from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.gemv.quant_x import GROUP
 from tests.gpu.test_gemv import weight
-from tests.gpu.test_gemv_dp4a import RTOL, check_gemv_dp4a, check_glu, check_quantize_x
+from impnb.kernels.moe.moe import max_tiles
+from impnb.kernels.moe.reference import group_ref
+from tests.gpu.test_gemv_dp4a import RTOL, assert_expert_row, check_gemv_dp4a, check_glu, check_quantize_x
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +31,11 @@ BUILDS = ([(t, 2048, n, Variant(32, 1, 4), 0) for t in DP4A_TYPES for n in (2, 5
              for K, n in ((2048, 5), (1024, 8))]
           + [(T.Q4_K, 4096, n, v, glu) for glu in (SILU, GELU) for n in (2, 6, 8) for v in GLU_VARIANTS]
           + [(T.Q6_K, 2048, n, Variant(32, 2, 4), glu) for glu in (SILU, GELU) for n in (2, 6, 8)])
+# (type, K, tokens a tile, variant, glu) of the grouped launches
+GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(32, 1, 4), SILU),
+           (T.Q6_K, 768, 4, Variant(32, 1, 4), 0), (T.Q4_K, 768, 1, Variant(32, 1, 4), 0),
+           (T.Q8_0, 256, 3, Variant(64, 2, 2), 0), (T.NVFP4, 512, 2, Variant(32, 1, 2), GELU),
+           (T.MXFP4, 256, 8, Variant(128, 1, 2), 0)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,6 +51,11 @@ def precompiled():
             w = weight(t, 8, K)[2]
             y = cuda.device_array((n, 4 if glu else 8), np.float32)
             gemv_dp4a_multi(w, quant_x_buffers(n, K), y, 0, v, glu=glu)
+        for t, K, n, v, glu in GROUPED:
+            w = weight(t, 8, K)[2]
+            i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
+            gemv_dp4a_grouped(w, 4, quant_x_buffers(1, K), cuda.device_array((1, 2 if glu else 4), np.float32),
+                              tiles, i1, i1, 1, 0, v, n, glu)
     compile_all(rec.missing())
 
 
@@ -120,3 +132,39 @@ def test_glu(glu, n_tok):
     for v in GLU_VARIANTS:
         check_glu(T.Q4_K, 257, 4096, n_tok, glu, seed=n_tok, variant=v, run=multi, std=1.0 if n_tok < 8 else 0.1)
     check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)
+
+
+def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0):
+    """The grouped GEMV over n_tok tokens' k routed slots (a third of the tokens sharing one
+    token's experts, so some experts take several tiles), tiles of at most tm rows in expert
+    order, the tile array's rows past n_tiles poisoned: each grouped row against its slot's
+    expert (assert_expert_row). x_div: x̂ of the tokens (row order[r] // k), else of the grouped
+    rows themselves (the down's act). Grouped rows are NaN-poisoned first."""
+    raw, wabs, w = weight(ggml_type, E * n_rows, cols)
+    rng = np.random.default_rng(seed)
+    experts = np.argsort(rng.random((n_tok, E)), axis=1)[:, :k].astype(np.int32)
+    experts[::3] = experts[0]
+    slots = experts.reshape(-1)
+    S = slots.shape[0]
+    order = np.argsort(slots, kind="stable").astype(np.int32)
+    _, tiles = group_ref(slots, E, tm)
+    padded = np.full((max_tiles(S, E, tm), 3), -1, np.int32)
+    padded[:len(tiles)] = tiles
+    x = (rng.standard_normal((n_tok if x_div else S, cols)) * std).astype(np.float32)
+    xq, (q, d, _) = check_quantize_x(x)
+    out_rows = n_rows // 2 if glu else n_rows
+    d_y = cuda.to_device(np.full((S, out_rows), np.nan, np.float32))
+    gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
+                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu)
+    y = d_y.copy_to_host()
+    for r in range(S):
+        e = slots[order[r]]
+        assert_expert_row(y[r], raw, wabs, ggml_type, e, n_rows, q, d, order[r] // k if x_div else r, glu,
+                          f"grouped row {r} (slot {order[r]}, expert {e})")
+
+
+@pytest.mark.parametrize("ggml_type,K,tm,variant,glu", GROUPED, ids=lambda a: getattr(a, "name", str(a)))
+def test_grouped(ggml_type, K, tm, variant, glu):
+    n_rows = 2 * 51 if glu else 77  # odd output rows: the last group starts early
+    check_grouped(ggml_type, 9, n_rows, K, 13, 4, tm, glu, variant, seed=tm + K, x_div=glu != 0)
+    check_grouped(ggml_type, 16, n_rows, K, 30, 8, tm, glu, variant, seed=tm, x_div=glu == 0, std=10.0)

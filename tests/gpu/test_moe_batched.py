@@ -108,7 +108,8 @@ class Experts:
         rows = (2 * F if len(glu_types) == 1 else F,) * len(glu_types) + (D,)
         cols = (D,) * len(glu_types) + (F,)
         types = (*glu_types, down_type)
-        raw = [make_weight(t, E * n, c, rng) for t, n, c in zip(types, rows, cols)]
+        raw = self.raw = [make_weight(t, E * n, c, rng) for t, n, c in zip(types, rows, cols)]
+        self.types = types
         self.w16 = [dequant_ref(r, t).reshape(E, -1, c).astype(np.float64) for r, t, c in zip(raw, types, cols)]
         self.dev = [repack(r, t).to_device(dev.ctx.nb_stream) for r, t in zip(raw, types)]
 
@@ -205,6 +206,47 @@ def test_fallback_matches_reference_and_tiles(dev, types, T_, k):
     experts = Experts(dev, rng, *types)
     for std, kind in zip(STDS, ("random", "empty", "same")):
         check_case(dev, experts, rng, T_, k, kind, std)
+
+
+GEMV_CASES = [(8, 8, ("gemv2s32u2r8", "gemv2s32u1r8")), (17, 2, ("gemv4s64u1r4", "gemv8s32u1r2")),
+              (32, 8, ("gemv8s32u2r2", "gemv4s32u2r4"))]
+
+
+@pytest.mark.parametrize("types", [((T.Q4_K,), T.Q6_K), ((T.Q4_K,), T.Q4_K), ((T.Q8_0,), T.Q8_0)],
+                         ids=["Q4_K+Q6_K", "Q4_K", "Q8_0"])
+@pytest.mark.parametrize("T_,k,paths", GEMV_CASES, ids=[f"T{c[0]}k{c[1]}" for c in GEMV_CASES])
+def test_grouped_gemv_paths(dev, types, T_, k, paths):
+    """experts_gemv (the grouped dp4a GEMVs, tile sizes of gate|up and down equal or not): act per
+    slot against its expert's gate|up on x̂ = h's int8 form (quantize_x_ref), y against its
+    expert's down on the int8 form of the act the device wrote (each within the dp4a bound,
+    tests/gpu/test_gemv_dp4a.assert_expert_row); act and y NaN-poisoned first; random, two
+    experts empty, and every token on the same experts."""
+    from impnb.gpu.moe_prefill import experts_gemv
+    from impnb.kernels.gemv.gemv import SILU
+    from impnb.kernels.gemv.quant_x import quantize_x_ref
+    from tests.gpu.test_gemv_dp4a import assert_expert_row
+
+    rng = np.random.default_rng([T_, k])
+    ex = Experts(dev, rng, *types)
+    E, D, F, S, s = ex.E, ex.D, ex.F, T_ * k, dev.ctx.nb_stream
+    wabs = [np.abs(dequant_ref(r, t).astype(np.float64)) for r, t in zip(ex.raw, ex.types)]
+    for std, kind in zip(STDS, ("random", "empty", "same")):
+        slots = routing(rng, T_, E, k, kind)
+        h = (rng.standard_normal((T_, D)) * std).astype(np.float32)
+        for name, cols in (("moe_gemv_act", F), ("moe_y", D)):
+            dev.arena.get(name, (S, cols)).copy_to_device(np.full((S, cols), np.nan, np.float32), stream=s)
+        y, rows = experts_gemv(dev, dev.ctx.upload(h), ex.dev[0], ex.dev[1], dev.ctx.upload(slots), k, E, paths, SILU)
+        dev.ctx.sync()
+        act = dev.arena.get("moe_gemv_act", (S, F)).copy_to_host()  # grouped order
+        y, r = y.copy_to_host(), rows.copy_to_host()
+        q, d, _ = quantize_x_ref(h)
+        qa, da, _ = quantize_x_ref(act)
+        what = f"T={T_} k={k} {kind} std={std} {paths}"
+        for slot, e in enumerate(slots):
+            assert_expert_row(act[r[slot]], ex.raw[0], wabs[0], ex.types[0], e, 2 * F, q, d, slot // k, SILU,
+                              f"{what}: act of slot {slot}")
+            assert_expert_row(y[r[slot]], ex.raw[1], wabs[1], ex.types[1], e, D, qa, da, r[slot], 0,
+                              f"{what}: y of slot {slot}")
 
 
 def test_graph_replay_equals_eager(dev):

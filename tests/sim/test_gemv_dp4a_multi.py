@@ -21,3 +21,8 @@ def test_plain_and_accumulate():
 def test_split_and_glu():
     m.check_split(T.Q6_K, (5, 3, 2), 256, 2, 1.0, seed=3, variant=Variant(32, 2, 4))
     g.check_glu(T.Q4_K, 3, 256, 2, SILU, seed=4, variant=Variant(64, 1, 2), run=m.multi)
+
+
+def test_grouped():
+    m.check_grouped(T.Q4_K, 5, 2 * 3, 256, 7, 2, 3, SILU, Variant(32, 1, 2), seed=8)
+    m.check_grouped(T.Q6_K, 4, 5, 256, 6, 3, 2, 0, Variant(32, 1, 4), seed=9, x_div=False, std=10.0)

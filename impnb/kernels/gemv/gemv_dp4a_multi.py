@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
@@ -36,18 +36,18 @@ def unrolled(f, n):
     """Device function g(*a) calling f(*a, 0), ..., f(*a, n - 1) in turn, each with its t a
     constant (a loop over t with a long body stays rolled, and acc[r, t] then goes to the stack);
     one flat body, as a chain of nested inlined calls compiles many times slower."""
-    args = "cur, c8, xq, xd, xs, k0, k1, xw, xf, acc"
+    args = "cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, xr"
     body = "".join(f"    f({args}, {t})\n" for t in range(n))
     scope = {"f": f}
     exec(f"def g({args}):\n{body}", scope)
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
-    dot = dot_of(ggml_type, n_tok)
-    prepare = prepare_of(ggml_type, n_tok)
+    dot = dot_of(ggml_type, max(n_tok, 2))  # grouped at T = 1 too: x̂ in the multi-token order
+    prepare = prepare_of(ggml_type, max(n_tok, 2))
     x_order = x_order_of(ggml_type)
     act = GLU_ACTS[glu]
     wpg = span // 32  # warps a row group
@@ -73,15 +73,16 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
         return rows_chunk(a, c) if c < cpr else raws  # past the row's end: never used
 
     @cuda.jit(device=True, inline=True)
-    def token_dots(cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, t):
-        # -- acc[r, t] += row r's chunk (loads cur) . x̂[t]: x̂ of the chunk's columns (through L1:
-        # the block's groups share it), then the R rows' dots --
-        xw[0, 0], xw[0, 1], xw[0, 2], xw[0, 3] = qi.ldg_u32x4_l1(xq, t * K4 + (k0 >> 2))
-        xw[0, 4], xw[0, 5], xw[0, 6], xw[0, 7] = qi.ldg_u32x4_l1(xq, t * K4 + (k1 >> 2))
-        xf[0, 0] = xd[t, k0 >> 4]
-        xf[0, 1] = xd[t, k1 >> 4]
-        xf[0, 2] = xs[t, k0 >> 4]
-        xf[0, 3] = xs[t, k1 >> 4]
+    def token_dots(cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, xr, t):
+        # -- acc[r, t] += row r's chunk (loads cur) . x̂[t] (grouped: x̂[xr[t]]): x̂ of the chunk's
+        # columns (through L1: the block's groups share it), then the R rows' dots --
+        xt = xr[t] if grouped else t
+        xw[0, 0], xw[0, 1], xw[0, 2], xw[0, 3] = qi.ldg_u32x4_l1(xq, xt * K4 + (k0 >> 2))
+        xw[0, 4], xw[0, 5], xw[0, 6], xw[0, 7] = qi.ldg_u32x4_l1(xq, xt * K4 + (k1 >> 2))
+        xf[0, 0] = xd[xt, k0 >> 4]
+        xf[0, 1] = xd[xt, k1 >> 4]
+        xf[0, 2] = xs[xt, k0 >> 4]
+        xf[0, 3] = xs[xt, k1 >> 4]
         x_order(xw, 0)
         for r in range(rows):
             acc[r, t] += dot(prepare(cur[r]), c8, xw, xf, 0)
@@ -89,22 +90,55 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
     tokens_dots = unrolled(token_dots, n_tok)  # t a constant in each call: acc stays in registers
 
     @cuda.jit(device=True, inline=True)
-    def chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc):
-        tokens_dots(cur, c8, xq, xd, xs, col(c, 0), col(c, 1), xw, xf, acc)
+    def chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc, xr):
+        tokens_dots(cur, c8, xq, xd, xs, col(c, 0), col(c, 1), xw, xf, acc, xr)
 
     if depth > 1:
         @cuda.jit(device=True, inline=True)
-        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc):
+        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xr):
             # -- chunk c's dots with the next chunk's loads already out; returns those loads --
             nxt = chunk_or(a, c + span, cur)
-            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc)
+            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
             return nxt
     else:
         @cuda.jit(device=True, inline=True)
-        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc):
+        def chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xr):
             # -- chunk c's dots, then the next chunk's loads --
-            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc)
+            chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
             return chunk_or(a, c + span, cur)
+
+    @cuda.jit(device=True, inline=True)
+    def reduce_sums(acc, tid):
+        # -- acc over the warp by shuffles, then into red (WARPS, R, T) for the group's warps --
+        scratch = cuda.shared.array(BLOCK, float32)
+        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(rows):
+            for t in range(n_tok):
+                s = qi.warp_sum(acc[r, t], scratch)
+                if lane == 0:
+                    red[warp, r, t] = s
+        cuda.syncthreads()
+        return red
+
+    @cuda.jit(device=True, inline=True)
+    def output_of(red, o):
+        # -- output o = (group g, row r, token t) of the block: its sum over the group's warps
+        # (through the GLU's activation) --
+        g = o // (out_rows * n_tok)
+        rt = o - g * out_rows * n_tok
+        r = rt // n_tok
+        t = rt - r * n_tok
+        s = float32(0.0)
+        for i in range(wpg):
+            s += red[g * wpg + i, r, t]
+        if glu:
+            u = float32(0.0)
+            for i in range(wpg):
+                u += red[g * wpg + i, pairs + r, t]
+            s = act(s) * u
+        return g, r, t, s
 
     # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128 / span groups of span
     # threads; group gi = G * b + g owns output rows R_out * gi .. +R_out - 1 (R_out = R, or R / 2
@@ -135,32 +169,11 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
         # -- main loop over the thread's chunks (one call site: each inlined copy costs compile time) --
         cur = raws
         for c in range(c0, cpr, span):
-            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc)
-        # -- reduce: warp, then the group's warps --
-        scratch = cuda.shared.array(BLOCK, float32)
-        red = cuda.shared.array((WARPS, rows, n_tok), float32)
-        lane = tid & 31
-        warp = tid >> 5
-        for r in range(rows):
-            for t in range(n_tok):
-                s = qi.warp_sum(acc[r, t], scratch)
-                if lane == 0:
-                    red[warp, r, t] = s
-        cuda.syncthreads()
+            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xw)
+        red = reduce_sums(acc, tid)
         # -- epilogue: a thread an output (group g, row r, token t) --
         for o in range(tid, outs, BLOCK):
-            g = o // (out_rows * n_tok)
-            rt = o - g * out_rows * n_tok
-            r = rt // n_tok
-            t = rt - r * n_tok
-            s = float32(0.0)
-            for i in range(wpg):
-                s += red[g * wpg + i, r, t]
-            if glu:
-                u = float32(0.0)
-                for i in range(wpg):
-                    u += red[g * wpg + i, pairs + r, t]
-                s = act(s) * u
+            g, r, t, s = output_of(red, o)
             gi = cuda.blockIdx.x * groups + g
             row = min(gi * out_rows, n_out - out_rows) + r
             if row >= gi * out_rows:
@@ -173,19 +186,66 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth):
                 else:
                     y2[t, row - n0 - n1] = s
 
-    return _gemv_dp4a_multi_kernel
+    # Grouped (the routed experts of a batch, moe.moe_group's tiles): grid (ceil(N_out / (R_out *
+    # G)), max_tiles), block y = tile i = (e, r0, n) with n <= T; as above over expert e's rows
+    # (e * n_rows ..), token t < n being grouped row r0 + t, whose x̂ row is order[r0 + t] // x_div
+    # (x_div 0: r0 + t itself); tokens n..T-1 repeat token n - 1 and are not written. Output
+    # (row o, token t) goes to y[r0 + t, o].
+    @cuda.jit
+    def _gemv_dp4a_grouped_kernel(parts, xq, xd, xs, y, n_rows, tiles, n_tiles, order, x_div):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (tiles, x̂)
+        ptx.grid_dep_launch()
+        i = cuda.blockIdx.y
+        if i >= n_tiles[0]:
+            return
+        e = tiles[i, 0]
+        r0 = tiles[i, 1]
+        n = tiles[i, 2]
+        tid = cuda.threadIdx.x
+        group = tid // span
+        n_out = n_rows // 2 if glu else n_rows
+        row0 = min((cuda.blockIdx.x * groups + group) * out_rows, n_out - out_rows)
+        g0 = (e * n_rows + row0) * cpr
+        a = (parts, g0, g0 + (n_out * cpr if glu else 0))
+        c0 = tid - group * span
+        raws = rows_chunk(a, min(c0, cpr - 1))
+        xr = cuda.local.array(n_tok, int32)
+        for t in range(n_tok):
+            j = r0 + min(t, n - 1)
+            xr[t] = order[j] // x_div if x_div > 0 else j
+        acc = cuda.local.array((rows, n_tok), float32)
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = 0.0
+        xw = cuda.local.array((1, 8), uint32)
+        xf = cuda.local.array((1, 4), float32)
+        c8 = c0 & 7
+        cur = raws
+        for c in range(c0, cpr, span):
+            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
+        red = reduce_sums(acc, tid)
+        for o in range(tid, outs, BLOCK):
+            g, r, t, s = output_of(red, o)
+            gi = cuda.blockIdx.x * groups + g
+            row = min(gi * out_rows, n_out - out_rows) + r
+            if t < n and row >= gi * out_rows:
+                y[r0 + t, row] = s
+
+    return _gemv_dp4a_grouped_kernel if grouped else _gemv_dp4a_multi_kernel
 
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                           depth: int = 1):
+                           depth: int = 1, grouped: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
-    loads during this one's dots)."""
-    assert ggml_type in DOTS and MIN_T <= n_tok <= MAX_T and span in (32, 64, BLOCK) and rows in VARIANT_ROWS
+    loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
+    tokens a tile at most (1..8)."""
+    assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
+    assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -221,11 +281,41 @@ def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
     _launch(w, x, y0, y1, y2, n0, n1, w.rows, stream, variant, False, NO_GLU)
 
 
+def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div: int, stream, variant: Variant,
+                      n_tok: int, glu: int = NO_GLU):
+    """The routed experts of a batch grouped by expert (moe.moe_group's order, tiles (max_tiles, 3)
+    of at most n_tok rows each, n_tiles): y (S, N) float32 row r0 + j of tile (e, r0, n), j < n, =
+    W_e x̂[order[r0 + j] // x_div] (x_div 0: x̂[r0 + j]), or with glu (SILU, GELU) y (S, F) =
+    act(gate_e x̂) * up_e x̂ for gate|up stacked per expert. w: E experts of n_rows rows stacked,
+    (E * n_rows, K); x̂ (quant_x.quantize_x) of the tokens (x_div = k) or of the grouped rows."""
+    N = n_rows // 2 if glu else n_rows
+    K = w.cols
+    assert w.ggml_type in DOTS and w.rows % n_rows == 0 and 1 <= n_tok <= MAX_T and x_div >= 0
+    assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape == (order.shape[0], N)
+    assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP
+    assert glu == NO_GLU or variant.rows % 2 == 0, "GLU: an even number of rows a group"
+    for a in (tiles, n_tiles, order):
+        assert a.dtype == np.int32 and a.is_c_contiguous()
+    out_rows = variant.rows // (2 if glu else 1)
+    assert out_rows <= N, "more rows a group than an expert has"
+    per_block = out_rows * (BLOCK // variant.span)
+    kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True)
+    launch(kernel, ((N + per_block - 1) // per_block, tiles.shape[0]), BLOCK, stream, w.parts, x.q, x.d, x.s, y,
+           np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div))
+
+
 def kernel_args(ggml_type: T) -> tuple:
     """Argument types of the kernel: parts, x̂ q, d, s, y0, y1, y2, n0, n1, W's rows, accumulate."""
     parts, q, d, s = t1_kernel_args(ggml_type)[:4]
     f2 = types.Array(types.float32, 2, "C")
     return (parts, q, d, s, f2, f2, f2, types.int32, types.int32, types.int32, types.int32)
+
+
+def grouped_kernel_args(ggml_type: T) -> tuple:
+    """Argument types of the grouped kernel: parts, x̂ q, d, s, y, n_rows, tiles, n_tiles, order, x_div."""
+    parts, q, d, s = t1_kernel_args(ggml_type)[:4]
+    i1, i2 = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")
+    return (parts, q, d, s, types.Array(types.float32, 2, "C"), types.int32, i2, i1, i1, types.int32)
 
 
 # Built at K 4096 in variants the bench sweeps. Registers: 168 at Q4_K T 8 R 4, 149 at Q6_K T 2 R 4
@@ -238,4 +328,9 @@ def build_signatures() -> list:
         (gemv_dp4a_multi_kernel(t, 4096, n, 32, r, glu, d), types.void(*kernel_args(t)), {"max_registers": 192})
         for t, n, r, glu, d in ((T.Q4_K, 8, 4, NO_GLU, 1), (T.Q4_K, 4, 4, SILU, 2), (T.Q6_K, 2, 4, NO_GLU, 2),
                                 (T.Q8_0, 4, 8, NO_GLU, 1))
+    ] + [  # the 30B-A3B's routed experts, grouped: gate|up Q4_K 2 x 768 x 2048, down Q6_K / Q4_K 2048 x 768
+        (gemv_dp4a_multi_kernel(t, K, n, 32, r, glu, 1, True), types.void(*grouped_kernel_args(t)),
+         {"max_registers": 255})
+        for t, K, n, r, glu in ((T.Q4_K, 2048, 4, 2, SILU), (T.Q4_K, 2048, 8, 2, SILU), (T.Q6_K, 768, 4, 4, NO_GLU),
+                                (T.Q4_K, 768, 1, 4, NO_GLU))
     ]

@@ -178,6 +178,12 @@ def quant_x_buffers(n_tok: int, K: int) -> QuantX:
                   cuda.device_array((n_tok, K // GROUP), np.float32))
 
 
+def arena_buffers(arena, n_tok: int, K: int, name: str = "xq") -> QuantX:
+    """quant_x_buffers' from an Arena (gpu/buffers.py), under name, name_d, name_s."""
+    return QuantX(arena.get(name, (n_tok, K // 4), np.uint32), arena.get(name + "_d", (n_tok, K // GROUP)),
+                  arena.get(name + "_s", (n_tok, K // GROUP)))
+
+
 def quantize_x(x, out: QuantX, stream, norm: tuple | None = None) -> None:
     """out = the int8 form of x (T, K) float32, K a multiple of 16, or with norm (wn (K,) float32,
     eps) of RMSNorm(x) * wn; out's rows: the first T."""
