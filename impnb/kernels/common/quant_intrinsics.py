@@ -203,17 +203,21 @@ else:
             return builder.call(asm, [f])
         return types.int32(v), codegen
 
+    def asm3(text):
+        """The codegen of a PTX instruction text of three 32-bit integer operands into one
+        ($0 from $1, $2, $3)."""
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), text, "=r,r,r,r")
+            return builder.call(asm, [as_i32(builder, v) for v in args])
+        return codegen
+
     def _dp4a(text, doc):
         @intrinsic
         def dp4a(typingctx, a, b, c):
             if not all(isinstance(v, types.Integer) for v in (a, b, c)):
                 return None
-
-            def codegen(context, builder, sig, args):
-                i32 = ir.IntType(32)
-                asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), text, "=r,r,r,r")
-                return builder.call(asm, [as_i32(builder, v) for v in args])
-            return types.int32(a, b, c), codegen
+            return types.int32(a, b, c), asm3(text)
         dp4a.__doc__ = doc
         return dp4a
 
@@ -280,24 +284,14 @@ else:
         that byte's sign replicated; PTX ISA, prmt's default mode)."""
         if not all(isinstance(v, types.Integer) for v in (a, b, sel)):
             return None
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
-            return builder.call(asm, [as_i32(builder, v) for v in args])
-        return types.uint32(a, b, sel), codegen
+        return types.uint32(a, b, sel), asm3("prmt.b32 $0, $1, $2, $3;")
 
     @intrinsic
     def fma_f16x2(typingctx, a, b, c):
         """fma.rn.f16x2: each 16-bit half of a * b + c as IEEE halves, rounded once (PTX ISA)."""
         if not all(isinstance(v, types.Integer) for v in (a, b, c)):
             return None
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
-            return builder.call(asm, [as_i32(builder, v) for v in args])
-        return types.uint32(a, b, c), codegen
+        return types.uint32(a, b, c), asm3("fma.rn.f16x2 $0, $1, $2, $3;")
 
     @intrinsic
     def f16_to_f32(typingctx, u):

@@ -26,7 +26,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
-from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, dot_of, prepare_of, q4_k_dot_w,
+from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, block_reduce, dot_of, prepare_of, q4_k_dot_w,
                                                q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail
@@ -129,6 +129,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             for t in range(n_tok):
                 acc[r, t] += dot(wr, c8, xw, xf, t)
 
+    reduce_sums, output_of = block_reduce(rows, n_tok, span, glu, act)
+
     @cuda.jit(device=True, inline=True)
     def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr, res):
         a, c0, raws = start
@@ -153,29 +155,9 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
                 chunk_dots(raws, c0, c8, xq, xd, xs, xr, xw, xf, acc)
             for c in range(c0 + span, cpr, span):
                 chunk_dots(rows_chunk(a, c), c, c8, xq, xd, xs, xr, xw, xf, acc)
-        scratch = cuda.shared.array(BLOCK, float32)
-        red = cuda.shared.array((WARPS, rows, n_tok), float32)
-        lane = tid & 31
-        warp = tid >> 5
-        for r in range(rows):
-            for t in range(n_tok):
-                acc[r, t] = qi.warp_sum(acc[r, t], scratch)
-                if lane == 0:
-                    red[warp, r, t] = acc[r, t]
-        cuda.syncthreads()
+        red = reduce_sums(acc, tid)
         if tid < groups * out_rows * n_tok:  # a thread an output (group g, row r, token t)
-            g = tid // (out_rows * n_tok)
-            rt = tid - g * out_rows * n_tok
-            r = rt // n_tok
-            t = rt - r * n_tok
-            s = float32(0.0)
-            for i in range(wpg):
-                s += red[g * wpg + i, r, t]
-            if glu:
-                u = float32(0.0)
-                for i in range(wpg):
-                    u += red[g * wpg + i, pairs + r, t]
-                s = act(s) * u
+            g, r, t, s = output_of(red, tid)
             gi_t = cuda.blockIdx.x * groups + g
             row = min(gi_t * out_rows, n_out - out_rows) + r
             if row >= gi_t * out_rows:

@@ -22,7 +22,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, dot_of, prepare_of, x_order_of
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX
@@ -107,38 +107,24 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
             chunk_dots(cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
             return chunk_or(a, c + span, cur)
 
-    @cuda.jit(device=True, inline=True)
-    def reduce_sums(acc, tid):
-        # -- acc over the warp by shuffles, then into red (WARPS, R, T) for the group's warps --
-        scratch = cuda.shared.array(BLOCK, float32)
-        red = cuda.shared.array((WARPS, rows, n_tok), float32)
-        lane = tid & 31
-        warp = tid >> 5
-        for r in range(rows):
-            for t in range(n_tok):
-                s = qi.warp_sum(acc[r, t], scratch)
-                if lane == 0:
-                    red[warp, r, t] = s
-        cuda.syncthreads()
-        return red
+    reduce_sums, output_of = block_reduce(rows, n_tok, span, glu, act)
 
     @cuda.jit(device=True, inline=True)
-    def output_of(red, o):
-        # -- output o = (group g, row r, token t) of the block: its sum over the group's warps
-        # (through the GLU's activation) --
-        g = o // (out_rows * n_tok)
-        rt = o - g * out_rows * n_tok
-        r = rt // n_tok
-        t = rt - r * n_tok
-        s = float32(0.0)
-        for i in range(wpg):
-            s += red[g * wpg + i, r, t]
-        if glu:
-            u = float32(0.0)
-            for i in range(wpg):
-                u += red[g * wpg + i, pairs + r, t]
-            s = act(s) * u
-        return g, r, t, s
+    def block_sums(a, raws, c0, xq, xd, xs, xr, tid):
+        # -- the thread's chunks of its group's rows (the first one's loads raws) against every
+        # token, reduced over the block's warps (reduce_sums) --
+        acc = cuda.local.array((rows, n_tok), float32)
+        for r in range(rows):
+            for t in range(n_tok):
+                acc[r, t] = 0.0
+        xw = cuda.local.array((1, 8), uint32)
+        xf = cuda.local.array((1, 4), float32)
+        c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
+        # -- main loop over the thread's chunks (one call site: each inlined copy costs compile time) --
+        cur = raws
+        for c in range(c0, cpr, span):
+            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
+        return reduce_sums(acc, tid)
 
     # grid (ceil(N_out / (R_out * G)),), block 128 = 4 warps in G = 128 / span groups of span
     # threads; group gi = G * b + g owns output rows R_out * gi .. +R_out - 1 (R_out = R, or R / 2
@@ -159,18 +145,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
         raws = rows_chunk(a, min(c0, cpr - 1))  # W is no kernel's output: loaded before the wait
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
-        acc = cuda.local.array((rows, n_tok), float32)
-        for r in range(rows):
-            for t in range(n_tok):
-                acc[r, t] = 0.0
-        xw = cuda.local.array((1, 8), uint32)
-        xf = cuda.local.array((1, 4), float32)
-        c8 = c0 & 7  # the chunk's place in a 256-superblock: spans are multiples of 8
-        # -- main loop over the thread's chunks (one call site: each inlined copy costs compile time) --
-        cur = raws
-        for c in range(c0, cpr, span):
-            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xw)
-        red = reduce_sums(acc, tid)
+        red = block_sums(a, raws, c0, xq, xd, xs, xd, tid)  # (x̂ rows: the tokens themselves)
         # -- epilogue: a thread an output (group g, row r, token t) --
         for o in range(tid, outs, BLOCK):
             g, r, t, s = output_of(red, o)
@@ -213,17 +188,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
         for t in range(n_tok):
             j = r0 + min(t, n - 1)
             xr[t] = order[j] // x_div if x_div > 0 else j
-        acc = cuda.local.array((rows, n_tok), float32)
-        for r in range(rows):
-            for t in range(n_tok):
-                acc[r, t] = 0.0
-        xw = cuda.local.array((1, 8), uint32)
-        xf = cuda.local.array((1, 4), float32)
-        c8 = c0 & 7
-        cur = raws
-        for c in range(c0, cpr, span):
-            cur = chunk_step(a, cur, c, c8, xq, xd, xs, xw, xf, acc, xr)
-        red = reduce_sums(acc, tid)
+        red = block_sums(a, raws, c0, xq, xd, xs, xr, tid)
         for o in range(tid, outs, BLOCK):
             g, r, t, s = output_of(red, o)
             gi = cuda.blockIdx.x * groups + g

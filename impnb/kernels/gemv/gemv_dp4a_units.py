@@ -365,3 +365,48 @@ def x_order_of(ggml_type):
     """The device function `(xw, t)` that reorders token t's x̂ words of a chunk in place for the
     type's prepared words, once a chunk after they are loaded (a no-op for most types)."""
     return X_ORDERS.get(ggml_type, x_as_loaded)
+
+
+def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
+    """(reduce_sums, output_of) of a dp4a GEMV block of WARPS warps in row groups of span
+    threads, R = rows row slots by T = n_tok tokens a thread: reduce_sums(acc, tid) sums acc (R, T)
+    over the warp by shuffles into red (WARPS, R, T) in shared memory (after a barrier: the
+    group's warps' partials); output_of(red, o) -> (g, r, t, s) of the block's output o, row r <
+    R_out (R, or R / 2 with a GLU, whose s is act(gate row r) * up row r) of group g, token t."""
+    from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS
+
+    wpg = span // 32  # warps a row group
+    pairs = rows // 2
+    out_rows = pairs if glu else rows
+
+    @cuda.jit(device=True, inline=True)
+    def reduce_sums(acc, tid):
+        scratch = cuda.shared.array(BLOCK, float32)
+        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        lane = tid & 31
+        warp = tid >> 5
+        for r in range(rows):
+            for t in range(n_tok):
+                s = qi.warp_sum(acc[r, t], scratch)
+                if lane == 0:
+                    red[warp, r, t] = s
+        cuda.syncthreads()
+        return red
+
+    @cuda.jit(device=True, inline=True)
+    def output_of(red, o):
+        g = o // (out_rows * n_tok)
+        rt = o - g * out_rows * n_tok
+        r = rt // n_tok
+        t = rt - r * n_tok
+        s = float32(0.0)
+        for i in range(wpg):
+            s += red[g * wpg + i, r, t]
+        if glu:
+            u = float32(0.0)
+            for i in range(wpg):
+                u += red[g * wpg + i, pairs + r, t]
+            s = act(s) * u
+        return g, r, t, s
+
+    return reduce_sums, output_of
