@@ -259,14 +259,10 @@ EXPERTS_T1 = env_table("EXPERTS_T1", {T.Q4_K: (32, 2, 4), T.NVFP4: (64, 1, 4), T
 FOLD_T1 = env_table("FOLD_T1", {T.Q4_K: (32, 2, 4)})
 
 
-# Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert as a
-# prompt chunk does (gpu/moe.moe_ffn: each chosen expert's weights read once for all its tokens)
-# rather than a GEMV per slot, in the layers whose experts moe_table gives the grouped dp4a GEMV
-# at that T (gpu/forward.py). On the tiles the 30B-A3B's B = 8 step made 556 tok/s against 854 a
-# GEMV a slot; on the grouped GEMV 1017 against 931 (bench --batch, H200), but that step's
-# grouped flow has not been checked against the GEMV a slot on the GPU
-# (tests/gpu/test_engine_batch.py::test_grouped_expert_gemv_equals_the_tiles), so 0 (never) by
-# default. IMPNB_MOE_GROUPED_ROWS overrides.
+# Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert
+# (gpu/moe.moe_ffn) in the layers moe_table gives the grouped GEMV at that T (gpu/forward.py);
+# 0 (never) until that step is checked against a GEMV a slot on the GPU (docs/PERFORMANCE.md,
+# the 30B-A3B's batch). IMPNB_MOE_GROUPED_ROWS overrides.
 MOE_GROUPED_ROWS = 0
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
