@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb import synthetic_full as sf, synthetic_full_gemma4 as sfg  # noqa: E402
-from impnb.gpu import moe_dispatch as md  # noqa: E402
+from impnb.gpu import gemv_dispatch, moe_dispatch as md  # noqa: E402
 from impnb.gpu.buffers import Arena  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
@@ -141,7 +141,7 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
             expert_gemm(dev, "cublas", a_padded, w, c_cublas, (tiles_pad, n_tiles, order), 0, w16)
 
         def gemv_path(p):
-            tm, variant = md.gemv_variant(p)
+            tm, variant = md.GEMV_PATHS[p]
 
             def run():
                 quantize_x(a32, xq, s)
@@ -152,7 +152,7 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
         paths = {"tiles": tiles_path, "cublas": cublas_path}
         if supports(t, K):
             paths["wgmma"] = wgmma_path
-        if md.gemv_takes(t, K):
+        if gemv_dispatch.takes(t, K):
             paths.update({p: gemv_path(p) for p in md.GEMV_PATHS})
         us = {p: time_calls(dev, fn, reps) for p, fn in paths.items()}
         ctx.sync()

@@ -103,9 +103,8 @@ def test_ffn_paths_gemv_only_for_the_whole_layer():
 
 
 def test_gemv_paths():
-    n, v = md.gemv_variant("gemv8s64u1r2")
+    n, v = md.GEMV_PATHS["gemv8s64u1r2"]
     assert n == 8 and (v.span, v.unroll, v.rows) == (64, 1, 2)
-    assert all(md.gemv_variant(p)[0] in md.GEMV_TOKENS and p.startswith(f"gemv{md.gemv_variant(p)[0]}s")
-               for p in md.GEMV_PATHS)
+    assert all(p == f"gemv{n}{v.name}" and n in md.GEMV_TOKENS for p, (n, v) in md.GEMV_PATHS.items())
     assert all(v.rows % 2 == 0 for _, v in md.GEMV_PATHS.values())  # gate|up: gate and up rows in pairs
     assert set(md.GEMV_PATHS) <= set(md.PATHS)

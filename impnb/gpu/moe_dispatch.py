@@ -19,8 +19,8 @@ from gguf import GGMLQuantizationType as T
 
 from impnb import tuning
 
+from impnb.gpu import gemv_dispatch
 from impnb.gpu.gemm_dispatch import pick, read_choices
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS
 from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.moe import gemm_grouped_wgmma
 
@@ -60,20 +60,9 @@ def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = Non
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
     key = shape_key(ggml_type, N, K)
     path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d")
-    if path in GEMV_PATHS and not gemv_takes(ggml_type, K):
+    if path in GEMV_PATHS and not gemv_dispatch.takes(ggml_type, K):  # gemv_dp4a_multi's rows
         return DEFAULT
     return DEFAULT if path == "wgmma" and not gemm_grouped_wgmma.supports(ggml_type, K) else path
-
-
-def gemv_takes(ggml_type: T, K: int) -> bool:
-    """Whether the grouped dp4a GEMV takes an expert weight of this type and row length."""
-    k_quant = ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K)
-    return ggml_type in DOTS and K % (256 if k_quant else 32) == 0
-
-
-def gemv_variant(path: str) -> tuple:
-    """(tokens a tile, Variant) of a grouped GEMV path."""
-    return GEMV_PATHS[path]
 
 
 def ffn_paths(mats, n_expert: int, n_tokens: int, table: dict | None = None, gemv: bool = True) -> list:

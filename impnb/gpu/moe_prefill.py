@@ -87,12 +87,12 @@ def experts_gemv(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
     hq = arena_buffers(a, T, D, "moe_hq")
     quantize_x(h, hq, s)
     act = a.get("moe_gemv_act", (S, F))
-    tm, variant = moe_dispatch.gemv_variant(paths[0])
+    tm, variant = moe_dispatch.GEMV_PATHS[paths[0]]
     gemv_dp4a_grouped(gate_up, 2 * F, hq, act, *tiles_of(tm), order, k, s, variant, tm, glu)
     aq = arena_buffers(a, S, F, "moe_actq")
     quantize_x(act, aq, s)
     y = a.get("moe_y", (S, D))
-    tm, variant = moe_dispatch.gemv_variant(paths[1])
+    tm, variant = moe_dispatch.GEMV_PATHS[paths[1]]
     gemv_dp4a_grouped(down, D, aq, y, *tiles_of(tm), order, 0, s, variant, tm)
     return y, slot_row
 

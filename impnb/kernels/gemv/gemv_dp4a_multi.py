@@ -293,9 +293,11 @@ def build_signatures() -> list:
         (gemv_dp4a_multi_kernel(t, 4096, n, 32, r, glu, d), types.void(*kernel_args(t)), {"max_registers": 192})
         for t, n, r, glu, d in ((T.Q4_K, 8, 4, NO_GLU, 1), (T.Q4_K, 4, 4, SILU, 2), (T.Q6_K, 2, 4, NO_GLU, 2),
                                 (T.Q8_0, 4, 8, NO_GLU, 1))
-    ] + [  # the 30B-A3B's routed experts, grouped: gate|up Q4_K 2 x 768 x 2048, down Q6_K / Q4_K 2048 x 768
-        (gemv_dp4a_multi_kernel(t, K, n, 32, r, glu, 1, True), types.void(*grouped_kernel_args(t)),
+    ] + [  # the 30B-A3B's routed experts, grouped, in moe_table's variants: gate|up Q4_K 2 x 768 x 2048,
+        # down Q6_K / Q4_K 2048 x 768
+        (gemv_dp4a_multi_kernel(t, K, n, 32, r, glu, d, True), types.void(*grouped_kernel_args(t)),
          {"max_registers": 255})
-        for t, K, n, r, glu in ((T.Q4_K, 2048, 4, 2, SILU), (T.Q4_K, 2048, 8, 2, SILU), (T.Q6_K, 768, 4, 4, NO_GLU),
-                                (T.Q4_K, 768, 1, 4, NO_GLU))
+        for t, K, n, r, glu, d in ((T.Q4_K, 2048, 2, 8, SILU, 2), (T.Q4_K, 2048, 2, 8, SILU, 1),
+                                   (T.Q6_K, 768, 2, 8, NO_GLU, 1), (T.Q6_K, 768, 4, 4, NO_GLU, 1),
+                                   (T.Q4_K, 768, 2, 8, NO_GLU, 2))
     ]
