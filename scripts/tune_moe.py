@@ -7,8 +7,9 @@ bucket (16..512 tokens) and each distinct expert matrix: the grouped tiles (gemm
 grouped layout runs it), the same tiles on wgmma (gemm_grouped_wgmma, where it takes the weight)
 and the cuBLAS fallback (gpu/moe_prefill.expert_gemm: all E experts dequantized to fp16, the
 pointer arrays, one batched GEMM; gate|up's time includes the gather into the padded layout)
-and the grouped dp4a GEMV paths (moe_dispatch.GEMV_PATHS: gate|up with its SwiGLU, the time
-including its input's int8 quantization; checked as SwiGLU of the tiles' gate|up).
+and the int8 paths (moe_dispatch.INT8_PATHS: the grouped dp4a GEMV's variants and the grouped
+int8 GEMM; gate|up with its SwiGLU, the time including its input's int8 quantization; checked as
+SwiGLU of the tiles' gate|up).
 --reps calls captured in a CUDA graph, warm-up first, median of 5 replays. A path other than the
 tiles counts only if its output matches the tiles' (max |diff| / max |ref| < 1e-2) and beats the
 best so far by more than 3%; the table records every measured bucket's choice, and runs on
@@ -39,7 +40,9 @@ from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
 from impnb.kernels.elementwise.activations import swiglu_ref  # noqa: E402
 from impnb.kernels.gemv.gemv import SILU  # noqa: E402
+from impnb.kernels.gemm.gemm_mmq import quant_x32_buffers, quantize_x32  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped  # noqa: E402
+from impnb.kernels.moe.gemm_mmq_grouped import gemm_mmq_grouped, supports as mmq_supports  # noqa: E402
 from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
 from impnb.kernels.common import repack  # noqa: E402
@@ -124,7 +127,8 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
             a32 = ctx.upload(act[order_h].astype(np.float32))
         glu = name == "ffn_gate_up_exps"
         xq = quant_x_buffers(a32.shape[0], K)
-        c_gemv = {p: ctx.upload(np.full((S, N // 2 if glu else N), np.nan, np.float32)) for p in md.GEMV_PATHS}
+        xq32 = quant_x32_buffers(a32.shape[0], K)
+        c_gemv = {p: ctx.upload(np.full((S, N // 2 if glu else N), np.nan, np.float32)) for p in md.INT8_PATHS}
         c_tiles = ctx.upload(np.full((S, N), np.nan, np.float32))
         c_wgmma = ctx.upload(np.full((S, N), np.nan, np.float32))
         c_cublas = ctx.upload(np.full((n_max * BM, N), np.nan, np.float32))
@@ -149,11 +153,18 @@ def measure(dev, rng, mats: dict, T: int, reps: int, model: str = MODEL) -> list
                                   SILU if glu else 0)
             return run
 
+        def mmq_path():
+            quantize_x32(a32, xq32, s)
+            gemm_mmq_grouped(xq32, w, N, c_gemv[md.MMQ], *gemv_tiles[md.tile_tokens(md.MMQ)], order, x_div, s,
+                             SILU if glu else 0)
+
         paths = {"tiles": tiles_path, "cublas": cublas_path}
         if supports(t, K):
             paths["wgmma"] = wgmma_path
         if gemv_dispatch.takes(t, K):
             paths.update({p: gemv_path(p) for p in md.GEMV_PATHS})
+        if mmq_supports(t, K):
+            paths[md.MMQ] = mmq_path
         us = {p: time_calls(dev, fn, reps) for p, fn in paths.items()}
         ctx.sync()
         ref = c_tiles.copy_to_host()[slot_row_h]
@@ -191,7 +202,7 @@ def main() -> int:
     dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=Cublas(ctx))
     mats = expert_matrices(dev, args.quant, model=args.model)
     print(f"{len(mats)} expert matrices of {args.model} {args.quant} in {time.perf_counter() - start:.0f} s")
-    print(f"{'shape':<24} {'T':>4} {'tiles µs':>9} {'wgmma µs':>9} {'cublas µs':>10} {'gemv µs':>16} "
+    print(f"{'shape':<24} {'T':>4} {'tiles µs':>9} {'wgmma µs':>9} {'cublas µs':>10} {'int8 µs':>16} "
           f"{'chosen':<8} {'speed-up':>8}")
     rng, rows = np.random.default_rng(0), []
     old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}
@@ -202,7 +213,7 @@ def main() -> int:
             rows.append(r)
             choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
             us = r["us"]
-            gv = min((p for p in us if p in md.GEMV_PATHS), key=us.get, default=None)
+            gv = min((p for p in us if p in md.INT8_PATHS), key=us.get, default=None)
             gemv_col = f"{us[gv]:.1f} {gv}" if gv else "-"
             print(f"{r['key']:<24} {T:>4} {us['tiles']:>9.1f} {us.get('wgmma', float('nan')):>9.1f} "
                   f"{us['cublas']:>10.1f} {gemv_col:>16} {r['chosen']:<8} {us['tiles'] / us[r['chosen']]:>8.2f}"

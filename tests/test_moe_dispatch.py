@@ -107,4 +107,16 @@ def test_gemv_paths():
     assert n == 8 and (v.span, v.unroll, v.rows) == (64, 1, 2)
     assert all(p == f"gemv{n}{v.name}" and n in md.GEMV_TOKENS for p, (n, v) in md.GEMV_PATHS.items())
     assert all(v.rows % 2 == 0 for _, v in md.GEMV_PATHS.values())  # gate|up: gate and up rows in pairs
-    assert set(md.GEMV_PATHS) <= set(md.PATHS)
+    assert set(md.INT8_PATHS) <= set(md.PATHS) and md.tile_tokens(md.MMQ) == 8
+    assert md.tile_tokens("gemv4s32u1r4") == 4
+
+
+def test_ffn_paths_mixes_int8_paths():
+    E = 4
+    gate_up, down = W(T.Q4_K, E * 1536, 2048), W(T.Q6_K, E * 2048, 768)
+    table = {"moe Q4_K 1536x2048": {"16": "mmq", "32": "mmq"}, "moe Q6_K 2048x768": {"16": "gemv2s32u1r8", "32": "wgmma"}}
+    assert md.ffn_paths((gate_up, down), E, 9, table) == ["mmq", "gemv2s32u1r8"]
+    assert md.ffn_paths((gate_up, down), E, 32, table) == ["wgmma", "wgmma"]
+    # the int8 GEMM takes Q4_K / Q6_K at K % 256 and Q8_0 at K % 128 only
+    assert md.choose(T.Q4_0, 2048, 256, 9, {"moe Q4_0 2048x256": {"16": "mmq"}}) == "tiles"
+    assert md.choose(T.Q8_0, 2048, 384, 9, {"moe Q8_0 2048x384": {"16": "mmq"}}) == "mmq"

@@ -150,7 +150,7 @@ def _grouped_decode(m, spec, ffn, T: int) -> bool:
     if not (spec.ffn == "moe" and 2 <= T <= m.tuning.moe_grouped_rows and ffn.gate_up is not None):
         return False
     E = m.expert_range[1] if m.expert_range is not None else m.cfg.n_expert
-    return moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), E, T)[0] in moe_dispatch.GEMV_PATHS
+    return moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), E, T)[0] in moe_dispatch.INT8_PATHS
 
 
 def _next_input(m, il: int, T: int):

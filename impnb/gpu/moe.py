@@ -14,7 +14,7 @@
   prefill (moe_ffn; also a batch's decode of 2..MOE_GROUPED_ROWS rows, moe_ffn_grouped_decode):
       slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
-      the tiles, or for a batch's few tokens an expert grouped dp4a GEMVs (gpu/moe_prefill.py)
+      the tiles, or for a batch's few tokens an expert int8 paths (gpu/moe_prefill.py)
       gate_up = [h rows] · gate_up_eᵀ -> act (fp16) -> y = act · down_eᵀ     (rows grouped by expert)
       out[t] = sum_j weight[t, j] * y[row of slot t * k + j]                 (moe_combine)
 Under tensor parallelism the experts are split by width, or by whole experts (m.expert_range:
@@ -35,7 +35,7 @@ import numpy as np
 
 from impnb.gpu.layer_weights import Experts
 from impnb.gpu import moe_dispatch
-from impnb.gpu.moe_prefill import experts_gemv, experts_prefill
+from impnb.gpu.moe_prefill import experts_int8, experts_prefill
 from impnb.gpu.weights import Linear
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
@@ -72,8 +72,8 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
         E = m.expert_range[1]
     glu = (ex.gate_up,) if ex.gate_up is not None else (ex.gate, ex.up)
     paths = moe_dispatch.ffn_paths((*glu, ex.down), E, T)
-    if paths[0] in moe_dispatch.GEMV_PATHS:
-        y, rows = experts_gemv(m, h, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU)
+    if paths[0] in moe_dispatch.INT8_PATHS:
+        y, rows = experts_int8(m, h, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU)
     else:
         _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E, paths)
     moe_combine(y, rows, weights, out, s)

@@ -3,8 +3,9 @@
 the cuBLAS fallback, one batched GEMM over the tiles on the experts dequantized to fp16
 (gpu/moe_prefill.py), or, for a batch's few tokens an expert, the grouped dp4a GEMV on int8
 activations ("gemv{n}s{span}u{depth}r{rows}": tiles of at most n tokens, the kernel's variant;
-kernels/gemv/gemv_dp4a_multi.gemv_dp4a_grouped), which a layer takes only for all of its
-expert matrices at once (ffn_paths).
+kernels/gemv/gemv_dp4a_multi.gemv_dp4a_grouped) or the grouped int8 tensor-core GEMM ("mmq",
+kernels/moe/gemm_mmq_grouped.py), which a layer takes only for all of its expert matrices at
+once (ffn_paths).
 
 A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
 data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes. Shapes or buckets not in
@@ -22,7 +23,7 @@ from impnb import tuning
 from impnb.gpu import gemv_dispatch
 from impnb.gpu.gemm_dispatch import pick, read_choices
 from impnb.kernels.gemv.gemv_variants import Variant
-from impnb.kernels.moe import gemm_grouped_wgmma
+from impnb.kernels.moe import gemm_grouped_wgmma, gemm_mmq_grouped
 
 TABLE_PATH = tuning.MOE_TABLE
 # the grouped GEMV's paths, "gemv{n}{variant}": tiles of at most n tokens, the kernel's row-group
@@ -32,8 +33,10 @@ GEMV_PATHS = {f"gemv{n}{v.name}": (n, v) for n, v in
               [(n, Variant(s, u, r)) for n in (2, 4) for s, u, r in ((32, 1, 4), (32, 2, 4), (64, 1, 4))]
               + [(2, Variant(s, u, 8)) for s, u in ((32, 1), (32, 2), (64, 1))]
               + [(8, Variant(s, u, 2)) for s, u in ((32, 1), (32, 2), (64, 1))]}
-GEMV_TOKENS = sorted({n for n, _ in GEMV_PATHS.values()})
-PATHS = ("tiles", "cublas", "wgmma", *GEMV_PATHS)
+MMQ = "mmq"  # the grouped int8 tensor-core GEMM (kernels/moe/gemm_mmq_grouped.py): tiles of 8 tokens
+INT8_PATHS = (*GEMV_PATHS, MMQ)  # the paths on int8 activations, taken for a whole layer (ffn_paths)
+GEMV_TOKENS = sorted({n for n, _ in GEMV_PATHS.values()} | {gemm_mmq_grouped.TOKENS})
+PATHS = ("tiles", "cublas", "wgmma", *INT8_PATHS)
 DEFAULT = "tiles"
 _logged: set = set()
 
@@ -60,18 +63,25 @@ def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = Non
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
     key = shape_key(ggml_type, N, K)
     path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d")
-    if path in GEMV_PATHS and not gemv_dispatch.takes(ggml_type, K):  # gemv_dp4a_multi's rows
+    if (path in GEMV_PATHS and not gemv_dispatch.takes(ggml_type, K)  # gemv_dp4a_multi's rows
+            or path == MMQ and not gemm_mmq_grouped.supports(ggml_type, K)):
         return DEFAULT
     return DEFAULT if path == "wgmma" and not gemm_grouped_wgmma.supports(ggml_type, K) else path
 
 
+def tile_tokens(path: str) -> int:
+    """Tokens a tile of an int8 path."""
+    return gemm_mmq_grouped.TOKENS if path == MMQ else GEMV_PATHS[path][0]
+
+
 def ffn_paths(mats, n_expert: int, n_tokens: int, table: dict | None = None, gemv: bool = True) -> list:
     """The paths of one layer's expert matrices (gate|up stacked or gate, up; then down) for a
-    chunk of n_tokens: the grouped GEMV only where every matrix takes it, gate|up is stacked (it
-    writes act(gate) * up itself) and the caller runs it (gemv); else a matrix the table gave a
-    GEMV path takes a GEMM path (wgmma where it takes the weight, else the tiles)."""
+    chunk of n_tokens: the int8 paths (grouped GEMV, grouped int8 GEMM) only where every matrix
+    takes one, gate|up is stacked (they write act(gate) * up themselves) and the caller runs them
+    (gemv); else a matrix the table gave one takes a GEMM path (wgmma where it takes the weight,
+    else the tiles)."""
     paths = [choose(w.ggml_type, w.rows // n_expert, w.cols, n_tokens, table) for w in mats]
-    if gemv and len(mats) == 2 and all(p in GEMV_PATHS for p in paths):
+    if gemv and len(mats) == 2 and all(p in INT8_PATHS for p in paths):
         return paths
-    return [("wgmma" if gemm_grouped_wgmma.supports(w.ggml_type, w.cols) else DEFAULT) if p in GEMV_PATHS else p
+    return [("wgmma" if gemm_grouped_wgmma.supports(w.ggml_type, w.cols) else DEFAULT) if p in INT8_PATHS else p
             for w, p in zip(mats, paths)]

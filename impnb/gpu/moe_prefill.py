@@ -14,9 +14,10 @@ Both layouts start from moe_group's tiles (e, r0, n) of at most BM rows, in expe
       are dequantized, with no routing-dependent launch.
 Either way act (rows, F) = silu(gate_e x) * up_e x and y (rows, D) = down_e act, the row of slot
 s being rows[s]. m: a DeviceModel (its ctx, arena and cublas).
-A batch's decode rows may take the grouped dp4a GEMVs instead (experts_gemv, where
-moe_dispatch.ffn_paths says): x in int8, gate|up writes act in the grouped layout, act in int8,
-down writes y there; each matrix's tiles hold at most its path's tokens.
+A batch's decode rows may take int8 paths instead (experts_int8, where moe_dispatch.ffn_paths
+says: the grouped dp4a GEMV or the grouped int8 GEMM): x in int8, gate|up writes act in the
+grouped layout, act in int8, down writes y there; each matrix's tiles hold at most its path's
+tokens.
 Legend: T tokens, D model dim, E experts, k per token, F expert FFN dim, S = T * k slots,
 P = max_tiles * BM padded rows.
 """
@@ -26,10 +27,13 @@ import numpy as np
 from impnb.gpu import moe_dispatch
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemm.dequant import dequant
+from impnb.kernels.gemm import gemm_mmq as mmq
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped
+from impnb.kernels.gemv.gemv_units import NO_GLU
 from impnb.kernels.gemv.quant_x import arena_buffers, quantize_x
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
 from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
+from impnb.kernels.moe.gemm_mmq_grouped import gemm_mmq_grouped
 from impnb.kernels.moe.moe import max_tiles, moe_group
 from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
@@ -61,10 +65,10 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
     return out, y, rows
 
 
-def experts_gemv(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int) -> tuple:
-    """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 on the grouped
-    dp4a GEMV paths (gate|up's, down's; moe_dispatch.GEMV_PATHS); glu: gate's activation (gemv SILU
-    or GELU)."""
+def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int) -> tuple:
+    """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 on int8 paths
+    (gate|up's, down's; moe_dispatch.INT8_PATHS: the grouped dp4a GEMV, its x̂ in 16-column
+    groups, or the grouped int8 GEMM, in 32); glu: gate's activation (gemv SILU or GELU)."""
     a, s = m.arena, m.ctx.nb_stream
     S, (T, D) = slots.shape[0], h.shape
     F = down.cols
@@ -84,16 +88,24 @@ def experts_gemv(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
             moe_group(slots, n_expert, tm, *rows, *grouped[tm], s)
         return grouped[tm]
 
-    hq = arena_buffers(a, T, D, "moe_hq")
-    quantize_x(h, hq, s)
+    def run(w, path, x, name, n_rows, out, x_div, act):
+        # x (rows, K) float32 to int8 in the path's layout, then the path's kernel into out
+        tm = moe_dispatch.tile_tokens(path)
+        if path == moe_dispatch.MMQ:
+            xq = mmq.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
+                              a.get(name + "_ds", (w.cols // mmq.XGROUP, x.shape[0], 2)))
+            mmq.quantize_x32(x, xq, s)
+            gemm_mmq_grouped(xq, w, n_rows, out, *tiles_of(tm), order, x_div, s, act)
+        else:
+            xq = arena_buffers(a, x.shape[0], w.cols, name)
+            quantize_x(x, xq, s)
+            gemv_dp4a_grouped(w, n_rows, xq, out, *tiles_of(tm), order, x_div, s, moe_dispatch.GEMV_PATHS[path][1],
+                              tm, act)
+
     act = a.get("moe_gemv_act", (S, F))
-    tm, variant = moe_dispatch.GEMV_PATHS[paths[0]]
-    gemv_dp4a_grouped(gate_up, 2 * F, hq, act, *tiles_of(tm), order, k, s, variant, tm, glu)
-    aq = arena_buffers(a, S, F, "moe_actq")
-    quantize_x(act, aq, s)
+    run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu)
     y = a.get("moe_y", (S, D))
-    tm, variant = moe_dispatch.GEMV_PATHS[paths[1]]
-    gemv_dp4a_grouped(down, D, aq, y, *tiles_of(tm), order, 0, s, variant, tm)
+    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU)
     return y, slot_row
 
 

@@ -288,7 +288,7 @@ def test_int8_gemm_rows_equal_alone(tmp_path, monkeypatch):
 @pytest.mark.parametrize("n_seqs", [3, 12])
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its
-    experts' real shapes): moe_table's grouped dp4a GEMVs (3 rows through the grouped decode,
+    experts' real shapes): moe_table's int8 paths (3 rows through the grouped decode,
     IMPNB_MOE_GROUPED_ROWS=8; 12 through moe_ffn) against the same steps with the table giving
     the experts the wgmma tiles (3 rows: a GEMV a routed slot). One layer, so both route every
     token alike (the router in fp32 either way) and only the experts' arithmetic differs: int8
@@ -312,12 +312,12 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     table = moe_dispatch.load_table()
     tiles = {key: {b: "wgmma" for b in by_t} for key, by_t in table.items()}
     got = {}
-    for name, t in (("gemv", table), ("tiles", tiles)):
+    for name, t in (("int8", table), ("tiles", tiles)):
         monkeypatch.setattr(moe_dispatch, "load_table", lambda t=t: t)
         engine = CudaBatchEngine(mf, 256, kv_tokens=n_seqs * 256, max_batch=max(4, n_seqs), graphs=True)
         ex = engine.m.blk[0].ffn
         paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), shape.num_experts, n_seqs)
-        assert all((p in moe_dispatch.GEMV_PATHS) == (name == "gemv") for p in paths), (name, paths)
+        assert all((p in moe_dispatch.INT8_PATHS) == (name == "int8") for p in paths), (name, paths)
         pages = page_sets(n_seqs, 256 // PAGE_SIZE, engine.n_pages, 5)
         for i, (s, n) in enumerate(zip(seqs, lengths)):
             engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
@@ -326,7 +326,7 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
                               for j in range(8)], 1)
         del engine
     for i in range(n_seqs):
-        a, b = got["gemv"][i], got["tiles"][i]
+        a, b = got["int8"][i], got["tiles"][i]
         rel = np.abs(a - b).max() / np.abs(b).max()
         top2 = np.sort(b, -1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > 2e-2 * np.abs(b).max()

@@ -208,22 +208,35 @@ def test_fallback_matches_reference_and_tiles(dev, types, T_, k):
         check_case(dev, experts, rng, T_, k, kind, std)
 
 
-GEMV_CASES = [(8, 8, ("gemv2s32u2r8", "gemv2s32u1r8")), (17, 2, ("gemv4s64u1r4", "gemv8s32u1r2")),
-              (32, 8, ("gemv8s32u2r2", "gemv4s32u2r4"))]
+INT8_CASES = [(8, 8, ("gemv2s32u2r8", "gemv2s32u1r8")), (17, 2, ("gemv4s64u1r4", "gemv8s32u1r2")),
+              (32, 8, ("gemv8s32u2r2", "gemv4s32u2r4")), (8, 8, ("mmq", "mmq")), (32, 8, ("mmq", "gemv2s32u1r8")),
+              (17, 2, ("gemv4s32u1r4", "mmq"))]
+
+
+def int8_of(x, path):
+    """(q, d) of x's int8 form as `path` makes it, d in 16-column groups (the grouped int8 GEMM's
+    32-column scales repeated), for tests/gpu/test_gemv_dp4a.assert_expert_row."""
+    from impnb.gpu import moe_dispatch
+    from impnb.kernels.gemm.gemm_mmq import quantize_x32_ref
+    from impnb.kernels.gemv.quant_x import quantize_x_ref
+
+    if path != moe_dispatch.MMQ:
+        return quantize_x_ref(x)[:2]
+    q, ds = quantize_x32_ref(x)
+    return q, np.repeat(ds[:, :, 0].T, 2, axis=1)
 
 
 @pytest.mark.parametrize("types", [((T.Q4_K,), T.Q6_K), ((T.Q4_K,), T.Q4_K), ((T.Q8_0,), T.Q8_0)],
                          ids=["Q4_K+Q6_K", "Q4_K", "Q8_0"])
-@pytest.mark.parametrize("T_,k,paths", GEMV_CASES, ids=[f"T{c[0]}k{c[1]}" for c in GEMV_CASES])
-def test_grouped_gemv_paths(dev, types, T_, k, paths):
-    """experts_gemv (the grouped dp4a GEMVs, tile sizes of gate|up and down equal or not): act per
-    slot against its expert's gate|up on x̂ = h's int8 form (quantize_x_ref), y against its
-    expert's down on the int8 form of the act the device wrote (each within the dp4a bound,
-    tests/gpu/test_gemv_dp4a.assert_expert_row); act and y NaN-poisoned first; random, two
-    experts empty, and every token on the same experts."""
-    from impnb.gpu.moe_prefill import experts_gemv
+@pytest.mark.parametrize("T_,k,paths", INT8_CASES, ids=[f"T{c[0]}k{c[1]}-{c[2][0]}-{c[2][1]}" for c in INT8_CASES])
+def test_grouped_int8_paths(dev, types, T_, k, paths):
+    """experts_int8 (the grouped dp4a GEMVs and the grouped int8 GEMM, tile sizes of gate|up and
+    down equal or not): act per slot against its expert's gate|up on x̂ = h's int8 form as the
+    path makes it, y against its expert's down on the int8 form of the act the device wrote (each
+    within the dp4a bound, tests/gpu/test_gemv_dp4a.assert_expert_row); act and y NaN-poisoned
+    first; random, two experts empty, and every token on the same experts."""
+    from impnb.gpu.moe_prefill import experts_int8
     from impnb.kernels.gemv.gemv import SILU
-    from impnb.kernels.gemv.quant_x import quantize_x_ref
     from tests.gpu.test_gemv_dp4a import assert_expert_row
 
     rng = np.random.default_rng([T_, k])
@@ -235,12 +248,12 @@ def test_grouped_gemv_paths(dev, types, T_, k, paths):
         h = (rng.standard_normal((T_, D)) * std).astype(np.float32)
         for name, cols in (("moe_gemv_act", F), ("moe_y", D)):
             dev.arena.get(name, (S, cols)).copy_to_device(np.full((S, cols), np.nan, np.float32), stream=s)
-        y, rows = experts_gemv(dev, dev.ctx.upload(h), ex.dev[0], ex.dev[1], dev.ctx.upload(slots), k, E, paths, SILU)
+        y, rows = experts_int8(dev, dev.ctx.upload(h), ex.dev[0], ex.dev[1], dev.ctx.upload(slots), k, E, paths, SILU)
         dev.ctx.sync()
         act = dev.arena.get("moe_gemv_act", (S, F)).copy_to_host()  # grouped order
         y, r = y.copy_to_host(), rows.copy_to_host()
-        q, d, _ = quantize_x_ref(h)
-        qa, da, _ = quantize_x_ref(act)
+        q, d = int8_of(h, paths[0])
+        qa, da = int8_of(act, paths[1])
         what = f"T={T_} k={k} {kind} std={std} {paths}"
         for slot, e in enumerate(slots):
             assert_expert_row(act[r[slot]], ex.raw[0], wabs[0], ex.types[0], e, 2 * F, q, d, slot // k, SILU,

@@ -122,3 +122,13 @@ def test_gemm_mmq_normed():
     from tests.gpu.test_gemm_mmq import check_mmq_normed
 
     check_mmq_normed(T.Q8_0, 3, 8, 256, seed=9)
+
+
+def test_gemm_mmq_grouped():
+    """The routed experts' grouped int8 GEMM: a GLU over gate|up (x̂ of the tokens), plain (x̂ of
+    the grouped rows), experts over two tiles, ragged output slabs."""
+    from tests.gpu.test_gemm_mmq_grouped import check_grouped
+
+    check_grouped(T.Q4_K, 5, 2 * 40, 256, 9, 2, 1, seed=3, x_div=True, std=0.01)
+    check_grouped(T.Q6_K, 4, 70, 256, 6, 2, 0, seed=4, x_div=False, std=10.0)
+    check_grouped(T.Q8_0, 4, 36, 128, 5, 2, 0, seed=5, x_div=True, std=0.1)

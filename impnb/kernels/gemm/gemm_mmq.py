@@ -239,16 +239,24 @@ def _q8_0_row(parts, r, K, grp, t):
 #    rolled in numba, and the loads, mma and epilogue of a chain then serialize) --
 
 _STEP_ARGS = "rows, grp, xq, xds, acc, m0, MP, KW, t, g"
+# grouped (one token tile whose rows are gathered): the lane's token row xrow (its B fragment's)
+# and the rows d0, d1 of tokens 2t, 2t + 1 (its C columns')
+_GROUPED_STEP_ARGS = "rows, grp, xq, xds, acc, xrow, d0, d1, MP, KW, t"
 
 
-def _x_loads(L, n, xg, both):
+def _x_loads(L, n, xg, both, grouped=False):
     # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in group xg
     if both:
         L.append(f"    b0, b1 = qi.ldg_u32x2_l1(xq, xr{n} + 8 * ({xg}))")
     else:
         L.append(f"    be = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}))")
         L.append(f"    bo = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}) + 4)")
-    L.append(f"    dx0, sx0, dx1, sx1 = qi.ldg_f32x4(xds, 2 * (({xg}) * MP + dt{n}))")
+    if grouped:
+        L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d0))")
+        L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d1))")
+        L.append("    dx0, sx0, dx1, sx1 = qi.as_f32(u0), qi.as_f32(u1), qi.as_f32(u2), qi.as_f32(u3)")
+    else:
+        L.append(f"    dx0, sx0, dx1, sx1 = qi.ldg_f32x4(xds, 2 * (({xg}) * MP + dt{n}))")
 
 
 def _acc(L, o, c, f, mins=None):
@@ -260,14 +268,17 @@ def _acc(L, o, c, f, mins=None):
             L.append(f"    acc[{o + i}] -= {mins[i >> 1]} * sx{tok}")
 
 
-def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
+def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str:
     # lane rows x0 .. x{2 mt - 1}: tile i holds rows 2i (g) and 2i + 1 (g + 8); acc[4 mt n + 4 i ..]
     rows, tiles = range(2 * mt), range(mt)
-    L = [f"def step({_STEP_ARGS}):"]
+    assert ni == 1 or not grouped
+    L = [f"def step({_GROUPED_STEP_ARGS if grouped else _STEP_ARGS}):"]
     L += [f"    x{r} = rows[{r}]" for r in rows]
     for n in range(ni):
-        L.append(f"    xr{n} = (m0 + {8 * n} + g) * KW + {1 if ggml_type == T.Q6_K else 2} * t")
-        L.append(f"    dt{n} = m0 + {8 * n} + 2 * t")
+        L.append(f"    xr{n} = ({'xrow' if grouped else f'm0 + {8 * n} + g'}) * KW + "
+                 f"{1 if ggml_type == T.Q6_K else 2} * t")
+        if not grouped:
+            L.append(f"    dt{n} = m0 + {8 * n} + 2 * t")
     if ggml_type == T.Q4_K:
         for p in range(2):
             L += [f"    s{r} = _q4_k_scales(x{r}, 2 * (grp & 1) + {p})" for r in rows]
@@ -275,7 +286,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
                 L += [f"    a{i}_{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
                       for i in tiles for j in range(4)]
                 for n in range(ni):
-                    _x_loads(L, n, f"4 * grp + {2 * p + hi}", True)
+                    _x_loads(L, n, f"4 * grp + {2 * p + hi}", True, grouped)
                     for i in tiles:
                         L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}_0, a{i}_1, a{i}_2, a{i}_3, b0, b1, "
                                  "0, 0, 0, 0)")
@@ -289,7 +300,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
             L += [f"    se{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1)})" for r in rows]
             L += [f"    so{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for r in rows]
             for n in range(ni):
-                _x_loads(L, n, f"4 * grp + {pr}", False)
+                _x_loads(L, n, f"4 * grp + {pr}", False, grouped)
                 for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k16(e{r0}, e{r1}, be, 0, 0, 0, 0)")
@@ -299,7 +310,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
     else:
         for j in range(4):
             for n in range(ni):
-                _x_loads(L, n, f"4 * grp + {j}", True)
+                _x_loads(L, n, f"4 * grp + {j}", True, grouped)
                 for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(x{r0}[0][{2 * j}], x{r1}[0][{2 * j}], "
@@ -308,15 +319,17 @@ def _step_source(ggml_type, ni: int, mt: int = MT) -> str:
     return "\n".join(L) + "\n"
 
 
-def _make_step(ggml_type, ni: int, mt: int = MT):
+def make_step(ggml_type, ni: int, mt: int = MT, grouped: bool = False):
+    """The device function of one K group's mma steps (_step_source), for gemm_mmq's kernel or,
+    grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py)."""
     scope = {"__name__": __name__, "qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4,
              "_q4_k_scales": _q4_k_scales,
              "_q6_k_quants": _q6_k_quants, "_s8": _s8}
-    exec(_step_source(T(ggml_type), ni, mt), scope)
+    exec(_step_source(T(ggml_type), ni, mt, grouped), scope)
     return cuda.jit(device=True, inline=True)(scope["step"])
 
 
-_ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}
+ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}  # a lane's loads of a W row's K group
 
 
 
@@ -366,7 +379,7 @@ def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
     scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
-             "load_row": _ROWS[T(ggml_type)], "step": _make_step(ggml_type, ni, mt), "bm": 8 * ni,
+             "load_row": ROWS[T(ggml_type)], "step": make_step(ggml_type, ni, mt), "bm": 8 * ni,
              "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni}
     exec(src, scope)
     kernel = scope["_gemm_mmq_kernel"]
