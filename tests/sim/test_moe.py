@@ -60,6 +60,7 @@ def test_group_invariants():
     moe.check_group(rng, 5, 8, 2, 3)
     moe.check_group(rng, 4, 8, 2, 64, same=True)
     moe.check_group(rng, 1, 16, 8, 1)
+    moe.check_group(rng, 7, 37, 3, 2)  # E past a power of two: the scan's last round
 
 
 def test_gemv_experts():

@@ -8,7 +8,7 @@ token t's j-th choice), D model dim.
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32, int64, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
@@ -20,7 +20,7 @@ MAX_K = 8
 MAX_EXPERTS = 1024       # a lane's taken-mask has one bit per 32 experts
 SEGMENTS = MAX_EXPERTS + 1
 ROUTE_WARPS = 4          # tokens per route block
-GROUP_THREADS = 1024
+GROUP_THREADS = MAX_EXPERTS  # moe_group: a thread an expert
 COMBINE_THREADS = 128
 NEG = np.float32(-3.0e38)
 SIGN = np.uint32(0x80000000)
@@ -208,11 +208,12 @@ def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None
            logits, np.int32(k), np.int32(normalize), experts, weights)
 
 
-# grid (1,), block 1024. Shared: counts, fill (E) and the scans seg, tile0 (E + 1) int32.
-# Counts by shared atomics; one thread scans them into segment starts and first tiles; each
-# slot then takes the next free row of its expert's segment (by atomics, so the order inside a
-# segment is unspecified: every row is computed on its own, results do not depend on it);
-# each expert writes its tiles of at most tm rows.
+# grid (1,), block GROUP_THREADS (one thread an expert). Shared: counts, fill (E), the scans seg,
+# tile0 (E + 1) int32 and a Hillis-Steele double buffer. Counts by shared atomics; the block scans
+# each expert's (slots, tiles) packed in one int64 into segment starts and first tiles; each slot
+# then takes the next free row of its expert's segment (by atomics, so the order inside a segment
+# is unspecified: every row is computed on its own, results do not depend on it); each expert
+# writes its tiles of at most tm rows.
 @cuda.jit
 def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
@@ -223,21 +224,40 @@ def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
     fill = cuda.shared.array(MAX_EXPERTS, int32)
     seg = cuda.shared.array(SEGMENTS, int32)
     tile0 = cuda.shared.array(SEGMENTS, int32)
-    for e in range(tid, n_expert, GROUP_THREADS):
-        counts[e] = 0
-        fill[e] = 0
+    buf = cuda.shared.array((2, GROUP_THREADS), int64)
+    if tid < n_expert:
+        counts[tid] = 0
+        fill[tid] = 0
     cuda.syncthreads()
-    # -- count, then scan --
     for s in range(tid, S, GROUP_THREADS):
         cuda.atomic.add(counts, experts[s], 1)
     cuda.syncthreads()
-    if tid == 0:
-        seg[0] = 0
-        tile0[0] = 0
-        for e in range(n_expert):
-            seg[e + 1] = seg[e] + counts[e]
-            tile0[e + 1] = tile0[e] + (counts[e] + tm - 1) // tm
-        n_tiles[0] = tile0[n_expert]
+    # -- inclusive scan of (slots << 32 | tiles) over the experts --
+    own = int64(0)
+    if tid < n_expert:
+        c = counts[tid]
+        own = (int64(c) << 32) | int64((c + tm - 1) // tm)
+    buf[0, tid] = own
+    cuda.syncthreads()
+    src = 0
+    d = 1
+    while d < n_expert:
+        v = buf[src, tid]
+        if tid >= d:
+            v += buf[src, tid - d]
+        buf[1 - src, tid] = v
+        src = 1 - src
+        d *= 2
+        cuda.syncthreads()
+    if tid < n_expert:
+        incl = buf[src, tid]
+        first = incl - own
+        seg[tid] = int32(first >> 32)
+        tile0[tid] = int32(first & 0xFFFFFFFF)
+        if tid == n_expert - 1:
+            seg[n_expert] = int32(incl >> 32)
+            tile0[n_expert] = int32(incl & 0xFFFFFFFF)
+            n_tiles[0] = int32(incl & 0xFFFFFFFF)
     cuda.syncthreads()
     # -- place the slots, write the tiles --
     for s in range(tid, S, GROUP_THREADS):
@@ -245,12 +265,12 @@ def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
         r = seg[e] + cuda.atomic.add(fill, e, 1)
         order[r] = s
         slot_row[s] = r
-    for e in range(tid, n_expert, GROUP_THREADS):
-        for i in range(tile0[e], tile0[e + 1]):
-            r0 = seg[e] + (i - tile0[e]) * tm
-            tiles[i, 0] = e
+    if tid < n_expert:
+        for i in range(tile0[tid], tile0[tid + 1]):
+            r0 = seg[tid] + (i - tile0[tid]) * tm
+            tiles[i, 0] = tid
             tiles[i, 1] = r0
-            tiles[i, 2] = min(tm, seg[e + 1] - r0)
+            tiles[i, 2] = min(tm, seg[tid + 1] - r0)
 
 
 def moe_group(experts, n_expert: int, tm: int, order, slot_row, tiles, n_tiles, stream) -> None:
