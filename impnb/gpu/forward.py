@@ -145,9 +145,10 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
 
 def _grouped_decode(m, spec, ffn, T: int) -> bool:
     """Whether a decode step of T rows runs this layer's routed experts grouped by expert
-    (moe_ffn_grouped_decode, tuning.MOE_GROUPED_ROWS): a batch, a plain qwen3moe layer, and
-    moe_table's grouped dp4a GEMVs for its experts at T."""
-    if not (spec.ffn == "moe" and 2 <= T <= m.tuning.moe_grouped_rows and ffn.gate_up is not None):
+    (moe_ffn_grouped_decode, tuning.MOE_GROUPED_MIN_ROWS..MOE_GROUPED_ROWS): a batch, a plain
+    qwen3moe layer, and moe_table's int8 grouped paths for its experts at T."""
+    lo = max(2, m.tuning.moe_grouped_min_rows)
+    if not (spec.ffn == "moe" and lo <= T <= m.tuning.moe_grouped_rows and ffn.gate_up is not None):
         return False
     E = m.expert_range[1] if m.expert_range is not None else m.cfg.n_expert
     return moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), E, T)[0] in moe_dispatch.INT8_PATHS

@@ -259,11 +259,12 @@ EXPERTS_T1 = env_table("EXPERTS_T1", {T.Q4_K: (32, 2, 4), T.NVFP4: (64, 1, 4), T
 FOLD_T1 = env_table("FOLD_T1", {T.Q4_K: (32, 2, 4)})
 
 
-# Decode steps of 2..MOE_GROUPED_ROWS rows (a batch) run the routed experts grouped by expert
-# (gpu/moe.moe_ffn) in the layers moe_table gives the grouped GEMV at that T (gpu/forward.py);
-# 0 (never) until that step is checked against a GEMV a slot on the GPU (docs/PERFORMANCE.md,
-# the 30B-A3B's batch). IMPNB_MOE_GROUPED_ROWS overrides.
-MOE_GROUPED_ROWS = 0
+# Decode steps of MOE_GROUPED_MIN_ROWS..MOE_GROUPED_ROWS rows (a batch) run the routed experts
+# grouped by expert (gpu/moe.moe_ffn) in the layers moe_table gives an int8 grouped path at that T
+# (gpu/forward.py): faster than a GEMV a routed slot at 8 rows, slower at 2 and 4 (the 30B-A3B's
+# batch, docs/PERFORMANCE.md). IMPNB_MOE_GROUPED_ROWS, IMPNB_MOE_GROUPED_MIN_ROWS override.
+MOE_GROUPED_ROWS = 8
+MOE_GROUPED_MIN_ROWS = 5
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
@@ -294,6 +295,7 @@ class Overrides:
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
     moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
+    moe_grouped_min_rows: int = MOE_GROUPED_MIN_ROWS  # IMPNB_MOE_GROUPED_MIN_ROWS
     gdn_chunked_min_rows: int = GDN_CHUNKED_MIN_ROWS  # IMPNB_GDN_CHUNKED_MIN_ROWS
     gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4 (or mmq): that path for every int8-x weight (tests, A/B)
     dp4a_min_mb: float = DP4A_MIN_MB
@@ -322,6 +324,7 @@ class Overrides:
                    moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
                    gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
                    moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),
+                   moe_grouped_min_rows=int(env_number("IMPNB_MOE_GROUPED_MIN_ROWS", MOE_GROUPED_MIN_ROWS)),
                    gdn_chunked_min_rows=int(env_number("IMPNB_GDN_CHUNKED_MIN_ROWS", GDN_CHUNKED_MIN_ROWS)),
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),

@@ -289,7 +289,7 @@ def test_int8_gemm_rows_equal_alone(tmp_path, monkeypatch):
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its
     experts' real shapes): moe_table's int8 paths (3 rows through the grouped decode,
-    IMPNB_MOE_GROUPED_ROWS=8; 12 through moe_ffn) against the same steps with the table giving
+    IMPNB_MOE_GROUPED_MIN_ROWS=2; 12 through moe_ffn) against the same steps with the table giving
     the experts the wgmma tiles (3 rows: a GEMV a routed slot). One layer, so both route every
     token alike (the router in fp32 either way) and only the experts' arithmetic differs: int8
     activations in 16-column groups against fp16. Logits within 2e-2 of the largest, the same
@@ -306,6 +306,7 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     synthetic_full.write_full_gguf(str(path), replace(shape, num_hidden_layers=1), "Q4_K_M", None, 0, "test", 4)
     mf = open_model_file(path)
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
+    monkeypatch.setenv("IMPNB_MOE_GROUPED_MIN_ROWS", "2")
     rng = np.random.default_rng(n_seqs)
     lengths = rng.integers(3, 120, n_seqs)
     seqs = [rng.integers(100, 20000, n + 8).astype(np.int32) for n in lengths]
