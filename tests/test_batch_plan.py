@@ -58,3 +58,14 @@ def test_large_batch_without_gqa_keeps_the_short_kernel():
     cfg = type(cfg)(**{**cfg.__dict__, "n_head_kv": 32})
     plan = LoadPlan.make(cfg, 8192, Overrides(), LAYERS)
     assert plan.decode_step(300).short_blocks and plan.decode_step(300, 1, 64).short_blocks == 1
+
+
+def test_short_decode_max_batch_override():
+    """IMPNB_SHORT_DECODE_MAX_BATCH (Overrides.short_decode_max_batch): a batch past it takes the
+    split kernel's layers on attention_decode_mma, one within it the short kernel."""
+    plan = LoadPlan.make(cfg_of(128), 8192, Overrides(short_decode_max_batch=4), LAYERS)
+    eight, four = plan.decode_step(300, 1, 8), plan.decode_step(300, 1, 4)
+    assert eight.mma and not eight.short_blocks and eight.split_on_mma(None)
+    assert four.short_blocks == 1 and not four.mma
+    default = LoadPlan.make(cfg_of(128), 8192, Overrides(), LAYERS).decode_step(300, 1, 8)
+    assert default.short_blocks == 1 and not default.mma

@@ -33,7 +33,7 @@ def test_kernel_tables_read_tuning():
 
 def test_overrides_default(monkeypatch):
     for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "SHARED_GATE_FOLD", "GEMV_STREAM",
-                 "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_CLUSTER",
+                 "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH", "SHORT_CLUSTER",
                  "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS", "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE",
                  "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
@@ -47,6 +47,7 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX_BATCH", "4")
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
     monkeypatch.setenv("IMPNB_GEMV_ROWS", "0")
     monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "s64u2r4")
@@ -66,6 +67,7 @@ def test_overrides_from_env(monkeypatch):
     assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and (o.moe_grouped_min_rows, o.moe_grouped_rows) == (2, 16)
     assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
+    assert o.short_decode_max_batch == 4 and tuning.Overrides().short_decode_max_batch == 8
 
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from impnb.kernels.attention import attention_decode, attention_decode_mma
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
-from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH, Overrides, fuses_post,
+from impnb.tuning import (DECODE_CTX_BUCKETS, SHORT_DECODE_MAX, Overrides, fuses_post,
                           short_cluster)
 
 
@@ -30,7 +30,7 @@ class StepPlan:
     splits: int
     batch: int = 1
     window_blocks: int = 0
-    mma: bool = False  # a batch past SHORT_DECODE_MAX_BATCH: its split-kernel layers on attention_decode_mma
+    mma: bool = False  # a batch past tuning.SHORT_DECODE_MAX_BATCH: its split-kernel layers on attention_decode_mma
 
     def split_on_mma(self, window: int | None) -> bool:
         """Whether a layer of this window that takes the split kernel takes attention_decode_mma."""
@@ -91,14 +91,14 @@ class LoadPlan:
         the bucket of their window's keys where that is smaller (WINDOW_SHORT). One sequence
         takes the short kernel's measured cluster (tuning.short_cluster); a batch one block a
         row (its sequences fill the GPU) and splits for its size, and a batch of more than
-        SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel."""
+        tuning.SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel."""
         bucket = self.ctx_bucket(length)
         window = self.cfg.sliding_window
         keys = (min(bucket, self.ctx_bucket(window + n_tokens - 1))
                 if window and self.tuning.window_short else bucket)
         splits = self.splits_for(bucket) if batch == 1 else attention_decode.num_splits(
             bucket, self.cfg.n_head, self.cfg.n_head_kv, n_tokens, batch, head_dim=self.head_dim)
-        mma = (batch > SHORT_DECODE_MAX_BATCH and n_tokens == 1 and self.tuning.batch_mma_attention
+        mma = (batch > self.tuning.short_decode_max_batch and n_tokens == 1 and self.tuning.batch_mma_attention
                and attention_decode_mma.supports(self.head_dim, self.cfg.n_head, self.cfg.n_head_kv))
         return StepPlan(n_tokens, bucket, self._short_blocks(bucket, batch), splits, batch,
                         self._short_blocks(keys, batch), mma)
@@ -107,7 +107,7 @@ class LoadPlan:
         """The short kernel's blocks a query row for contexts up to bucket keys, 0: the split kernel."""
         cfg, t = self.cfg, self.tuning
         if batch > 1:
-            short = bucket <= self.short_max and (batch <= SHORT_DECODE_MAX_BATCH or cfg.n_head == cfg.n_head_kv)
+            short = bucket <= self.short_max and (batch <= t.short_decode_max_batch or cfg.n_head == cfg.n_head_kv)
             return 1 if short else 0
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         blocks = t.short_cluster if t.short_cluster is not None else short_cluster(self.head_dim, row, cfg.n_head)

@@ -133,7 +133,7 @@ SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 # A batched decode step of more sequences than this takes the split kernel whatever the bucket
 # where KV heads are shared (GQA): its blocks own a KV head's query rows and read the K/V once,
 # where the short kernel's one block a query row reads them once a head (on the synthetic
-# Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster).
+# Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster). IMPNB_SHORT_DECODE_MAX_BATCH.
 SHORT_DECODE_MAX_BATCH = 8
 # Sliding-window layers pick decode attention's kernel by the bucket of their window's keys (the
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
@@ -304,6 +304,7 @@ class Overrides:
     dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
     down_quant_tail: bool = DOWN_QUANT_TAIL  # the experts' dp4a down writes the next Q|K|V's int8 input
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
+    short_decode_max_batch: int = SHORT_DECODE_MAX_BATCH  # IMPNB_SHORT_DECODE_MAX_BATCH
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
@@ -332,6 +333,7 @@ class Overrides:
                    dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    down_quant_tail=switch("DOWN_QUANT_TAIL", DOWN_QUANT_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
+                   short_decode_max_batch=int(env_number("IMPNB_SHORT_DECODE_MAX_BATCH", SHORT_DECODE_MAX_BATCH)),
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),
