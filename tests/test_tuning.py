@@ -33,9 +33,9 @@ def test_kernel_tables_read_tuning():
 
 def test_overrides_default(monkeypatch):
     for name in ("GEMV_TAIL", "STACK_MIXED", "GEMV_PAIR", "ATTN_DP4A", "ROUTER_FOLD", "SHARED_GATE_FOLD", "GEMV_STREAM",
-                 "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH", "SHORT_CLUSTER",
-                 "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS", "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE",
-                 "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING"):
+                 "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH",
+                 "SHORT_CLUSTER", "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS",
+                 "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE", "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -64,7 +64,8 @@ def test_overrides_from_env(monkeypatch):
     assert not o.wide_tiled and tuning.Overrides().wide_tiled
     assert o.dp4a_tail and not tuning.Overrides().dp4a_tail
     assert o.dp4a_any_size == () and tuning.Overrides().dp4a_any_size == (T.NVFP4, T.MXFP4)
-    assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4" and (o.moe_grouped_min_rows, o.moe_grouped_rows) == (2, 16)
+    assert not o.gemv_rows and o.gemv_rows_force == "s64u2r4"
+    assert (o.moe_grouped_min_rows, o.moe_grouped_rows) == (2, 16)
     assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
     assert o.short_decode_max_batch == 4 and tuning.Overrides().short_decode_max_batch == 8
