@@ -128,6 +128,24 @@ else:
 
 
 @cuda.jit(device=True, inline=True)
+def scan_rounds(buf, t, n):
+    """Hillis-Steele inclusive prefix sums of buf[0, :n] (shared, (2, >= the block's threads), the
+    values written and a barrier passed): every thread calls it, thread t owning element t; the
+    row holding the sums is returned, after a barrier."""
+    src = 0
+    d = 1
+    while d < n:
+        v = buf[src, t]
+        if t >= d:
+            v += buf[src, t - d]
+        buf[1 - src, t] = v
+        src = 1 - src
+        d *= 2
+        cuda.syncthreads()
+    return src
+
+
+@cuda.jit(device=True, inline=True)
 def block_sum(v, red):
     """Sum over the block (a multiple of 32 threads); every thread gets it. red: shared f32[32]."""
     tid = cuda.threadIdx.x

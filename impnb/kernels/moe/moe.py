@@ -12,7 +12,7 @@ from numba import cuda, float32, int32, int64, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import warp_max_u32, warp_min_u32, warp_sum, warp_sync
+from impnb.kernels.common.warp import scan_rounds, warp_max_u32, warp_min_u32, warp_sum, warp_sync
 from impnb.kernels.moe.reference import combine_ref, group_ref, route_ref  # noqa: F401
 from impnb.launch import launch
 
@@ -239,16 +239,7 @@ def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
         own = (int64(c) << 32) | int64((c + tm - 1) // tm)
     buf[0, tid] = own
     cuda.syncthreads()
-    src = 0
-    d = 1
-    while d < n_expert:
-        v = buf[src, tid]
-        if tid >= d:
-            v += buf[src, tid - d]
-        buf[1 - src, tid] = v
-        src = 1 - src
-        d *= 2
-        cuda.syncthreads()
+    src = scan_rounds(buf, tid, n_expert)
     if tid < n_expert:
         incl = buf[src, tid]
         first = incl - own

@@ -8,6 +8,7 @@ import numpy as np
 from numba import cuda, float64, int64
 from numba.cuda.core import config as cuda_config
 
+from impnb.kernels.common.warp import scan_rounds
 from impnb.kernels.sample.philox import MASK32
 
 SIMULATOR = bool(cuda_config.ENABLE_CUDASIM)
@@ -53,16 +54,7 @@ def block_scan(x, buf):
     t = cuda.threadIdx.x
     buf[0, t] = x
     cuda.syncthreads()
-    src = 0
-    d = 1
-    while d < NT:
-        v = buf[src, t]
-        if t >= d:
-            v += buf[src, t - d]
-        buf[1 - src, t] = v
-        src = 1 - src
-        d *= 2
-        cuda.syncthreads()
+    src = scan_rounds(buf, t, NT)
     incl = buf[src, t]
     excl = buf[src, t - 1] if t > 0 else 0.0
     total = buf[src, NT - 1]
