@@ -22,7 +22,10 @@ Decode (T <= GEMV_MAX_ROWS) where every layer's linears add straight into the re
 post-norm in any LayerSpec: LoadPlan.fuse_norms) fuses the norms into the GEMVs instead: Q|K|V,
 gate|up, the router and the int8 quantization for dp4a read RMSNorm(x) * w themselves,
 attn_output and ffn_down (the experts' fused down) add into x (two kernels a layer fewer than
-separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). The MoE
+separate norms; each costs ~3 µs in the decode graph; no grid-wide tail either). A batch's
+decode past GEMV_MAX_ROWS rows does the same on its GEMMs (tuning.BATCH_FUSED_NORMS): RMSNorm(x) * w
+in each input's cast to fp16 or int8 quantization, attn_output and ffn_down adding into x in
+their split-K reduce or epilogue, the routed experts' combine adding into x. The MoE
 router runs in attn_output's launch where gpu/weights.py folds it (ROUTER_FOLD): attn_output
 then writes x + o out of place, into a spare buffer that becomes x.
 Under tensor parallelism (m.tp; impnb/parallel) each rank holds a slice of the heads and of the
@@ -87,7 +90,7 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     x = a.get("x", (T, D))
     h = a.get("h", (T, D))
     embedding(m.w["token_embd"], ids, x, cfg.embed_scale, s)
-    if T <= GEMV_MAX_ROWS and m.plan.fuse_norms:
+    if m.plan.fuse_norms and (T <= GEMV_MAX_ROWS or _batch_fused(m, step)):
         return _forward_fused(m, x, step, last_only, last_row)
     lengths = m.rec.lengths if last_row is not None and m.rec is not None else None
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
@@ -109,8 +112,19 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     return logits_of(m, h, step, last_only, last_row, None)
 
 
+def _batch_fused(m, step: StepPlan) -> bool:
+    """Whether a batched decode step of more than GEMV_MAX_ROWS rows takes _forward_fused too
+    (tuning.BATCH_FUSED_NORMS): its GEMMs read RMSNorm(x) * w in their input's cast or int8
+    quantization and add into x in their epilogue or split-K reduce. Not the hybrids (their
+    DeltaNet layers read a norm of the GEMV paths alone)."""
+    return (step.batch > 1 and step.n_tokens == 1 and m.tuning.batch_fused_norms
+            and all(spec.mixer == "attention" for spec in m.layers))
+
+
 def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
-    """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms)."""
+    """forward's decode with the norms fused into the GEMVs (LoadPlan.fuse_norms), or into a
+    batch's GEMMs (_batch_fused), the routed experts of a batch past GEMV_MAX_ROWS rows grouped
+    by expert as at prefill."""
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     xin = None  # this layer's Q|K|V input in int8, where the layer before wrote it
@@ -132,7 +146,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
                 continue
             m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
             m.all_reduce(x)
-        if spec.ffn == "moe" and grouped:
+        if spec.ffn in ("moe", "moe_shared") and (grouped or T > GEMV_MAX_ROWS):
             moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
         elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps), nxt)

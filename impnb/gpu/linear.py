@@ -58,8 +58,8 @@ class MatMul:
 
     def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
                residual: Residual | None = None, xq: QuantX | None = None) -> None:
-        """y (T, N) = x (T, K) · Wᵀ. GEMV only (T <= GEMV_MAX_ROWS): norm (wn, eps) reads
-        RMSNorm(x) * wn for x; accumulate adds into y; xq: x's int8 form, already written
+        """y (T, N) = x (T, K) · Wᵀ. norm (wn, eps) reads RMSNorm(x) * wn for x (a GEMM: in its
+        input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
         (attn_xq), for gemv_dp4a. residual (gemv_tail.Residual) is then applied to y: by the
         GEMV's tail (GEMV_TAIL), else a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
@@ -95,8 +95,7 @@ class MatMul:
             else:
                 gemv.gemv(w, x, y, s, accumulate, norm=norm)
         else:
-            assert norm is None and not accumulate, "GEMM: no fused norm or accumulation"
-            self.gemm(x, w, y, lin.gemm_path(x.shape[0]))
+            self.gemm(x, w, y, lin.gemm_path(x.shape[0]), norm, accumulate)
         if residual is not None:
             residual.unfused(y, s)
 
@@ -137,34 +136,32 @@ class MatMul:
             return
         self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
 
-    def gemm(self, x, w, y, path: str) -> None:
-        """y (T, N) = x (T, K) · Wᵀ by a gemm_dispatch path: the tiles read W as it is stored (split
-        along K into splits_for's parts on "splitk", "few", "wgmma_few" and "mmq"); cuBLAS reads an fp16
-        copy dequantized into a scratch buffer."""
+    def gemm(self, x, w, y, path: str, norm: tuple | None = None, accumulate: bool = False) -> None:
+        """y (T, N) = x (T, K) · Wᵀ (y += with accumulate) by a gemm_dispatch path: the tiles read
+        W as it is stored (split along K into splits_for's parts on "splitk", "few", "wgmma_few" and
+        "mmq"); cuBLAS reads an fp16 copy dequantized into a scratch buffer. norm (wn, eps): of
+        RMSNorm(x) * wn, in x's cast to fp16 or its int8 quantization (mmq)."""
+        s, (M, N) = self.ctx.nb_stream, y.shape
         if path == "cublas":
-            self.cublas.gemm_f16(self.x16(x), self.w16(w), y)
+            self.cublas.gemm_f16(self.x16(x, norm), self.w16(w), y, accumulate)
         elif path == "wgmma":
-            gemm_wgmma_quant(self.x16(x), w, y, self.ctx.nb_stream)
+            gemm_wgmma_quant(self.x16(x, norm), w, y, s, accumulate)
         elif path == "splitk":
-            M, N = y.shape
             S = splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_splitk(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
+            gemm_splitk(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S, accumulate)
         elif path == "few":
-            M, N = y.shape
             S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_few.gemm_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)), self.ctx.nb_stream, S)
+            gemm_few.gemm_few(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S, accumulate)
         elif path == "wgmma_few":
-            M, N = y.shape
             S = gemm_wgmma_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_wgmma_few.gemm_wgmma_few(self.x16(x), w, y, self.arena.get("splitk_part", (S, M, N)),
-                                          self.ctx.nb_stream, S)
+            gemm_wgmma_few.gemm_wgmma_few(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S,
+                                          accumulate)
         elif path == "mmq":
-            M, N = y.shape
             S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
-                              self.ctx.nb_stream, S)
+            gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)), s, S,
+                              accumulate, norm=norm)
         else:
-            gemm_quant(self.x16(x), w, y, self.ctx.nb_stream, bm=gemm_dispatch.TILE_BM[path])
+            gemm_quant(self.x16(x, norm), w, y, s, accumulate, bm=gemm_dispatch.TILE_BM[path])
 
     def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
@@ -194,12 +191,11 @@ class MatMul:
         if x.shape[0] <= GEMV_MAX_ROWS:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
-        assert norm is None, "GEMM: no fused norm"
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
         if path == "mmq":
             S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
-                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
             return
         if path in ("splitk", "few", "wgmma_few"):
             split_for, gemm_split = {
@@ -207,9 +203,9 @@ class MatMul:
                 "few": (gemm_few.splits_for, gemm_few.gemm_few_split),
                 "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split)}[path]
             S = split_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            gemm_split(self.x16(x), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+            gemm_split(self.x16(x, norm), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
             return
-        x16, w16, row = self.x16(x), self.w16(w), 0
+        x16, w16, row = self.x16(x, norm), self.w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
@@ -285,10 +281,11 @@ class MatMul:
         return gemm_mmq.QuantX32(self.arena.get("xq32", (MP, K // 4), np.uint32),
                                  self.arena.get("xq32_ds", (K // gemm_mmq.XGROUP, MP, 2)))
 
-    def x16(self, x):
-        """x cast to fp16 into a scratch buffer (a GEMM's A operand)."""
+    def x16(self, x, norm: tuple | None = None):
+        """x, or RMSNorm(x) * wn with norm (wn, eps), cast to fp16 into a scratch buffer (a GEMM's
+        A operand)."""
         x16 = self.arena.get("x16", x.shape, np.float16)
-        cast_f16(x, x16, self.ctx.nb_stream)
+        cast_f16(x, x16, self.ctx.nb_stream, norm)
         return x16
 
     def w16(self, w):

@@ -51,14 +51,16 @@ from impnb.kernels.moe.router_fold import router_fold
 from impnb.tuning import GEMV_MAX_ROWS
 
 
-def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
+def moe_ffn(m, h, ex: Experts, out, residual: Residual | None, accumulate: bool = False) -> None:
     """Prefill (or a batch's decode rows, moe_ffn_grouped_decode): out (T, D) float32 = the routed
-    experts' SwiGLU FFN of h (T, D), grouped by expert; then residual (gemv_tail.Residual) applied
-    to out, and to the shared expert's output where the layer has one."""
+    experts' SwiGLU FFN of h (T, D), grouped by expert (out += with accumulate: the residual add
+    itself, out being x); then residual (gemv_tail.Residual) applied to out, and to the shared
+    expert's output where the layer has one (None: no shared expert)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T = h.shape[0]
     k, E = cfg.n_expert_used, cfg.n_expert
     shared = None
+    assert residual is not None or ex.shared is None, "the shared expert's output: a residual update"
     if ex.shared is not None:  # GEMMs of h, before the residual updates below overwrite h
         shared = a.get("shexp_out", (T, cfg.n_embd))
         m.mm.linear(_shared_act(m, h, ex, None), ex.shared.down, shared)
@@ -76,9 +78,10 @@ def moe_ffn(m, h, ex: Experts, out, residual: Residual) -> None:
         y, rows = experts_int8(m, h, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU)
     else:
         _, y, rows = experts_prefill(m, m.mm.x16(h), glu, ex.down, experts.reshape(T * k), k, E, paths)
-    moe_combine(y, rows, weights, out, s)
+    moe_combine(y, rows, weights, out, s, accumulate)
     m.all_reduce(out)  # each rank's experts are a slice of every expert's width
-    residual.unfused(out, s)
+    if residual is not None:
+        residual.unfused(out, s)
     if shared is not None:
         residual.unfused(shared, s)
 
@@ -143,12 +146,18 @@ def _shared_act(m, h, ex: Experts, norm: tuple | None, gated: bool = True):
 
 
 def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
-    """Decode of a batch's rows (tuning.MOE_GROUPED_ROWS) with the experts grouped as at prefill:
-    x (T, D) += moe_ffn of h = RMSNorm(x) * wn, norm = (wn, eps), written by a norm kernel first
-    (the residual's own norm output goes to a scratch: the next GEMV norms x itself)."""
+    """Decode of a batch's rows (tuning.MOE_GROUPED_MIN_ROWS..MOE_GROUPED_ROWS, and any batch past
+    GEMV_MAX_ROWS) with the experts grouped as at prefill: x (T, D) += moe_ffn of h = RMSNorm(x) *
+    wn, norm = (wn, eps), written by a norm kernel first. The combine adds into x (under tensor
+    parallelism rank 0 adds its partial sum, the others write theirs there, and x is all-reduced);
+    with a shared expert a residual update adds each output instead (its norm output to a scratch:
+    the next layer norms x itself)."""
     a, s = m.arena, m.ctx.nb_stream
     h = a.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
+    if ex.shared is None:
+        moe_ffn(m, h, ex, x, None, accumulate=m.reduce_leader)
+        return
     res = Residual(x, a.get("moe_h_next", x.shape), norm[0], None, norm[1], a.zeros("tail_counter", (1,), np.uint32))
     moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
 

@@ -265,6 +265,11 @@ FOLD_T1 = env_table("FOLD_T1", {T.Q4_K: (32, 2, 4)})
 # batch, docs/PERFORMANCE.md). IMPNB_MOE_GROUPED_ROWS, IMPNB_MOE_GROUPED_MIN_ROWS override.
 MOE_GROUPED_ROWS = 8
 MOE_GROUPED_MIN_ROWS = 5
+# A batched decode step of more than GEMV_MAX_ROWS rows (on GEMMs) takes the decode's fused norms
+# (gpu/forward._forward_fused) too: each GEMM's input cast or quantization reads RMSNorm(x) * w
+# itself and attn_output and the down add into x in their split-K reduce, where the layers had a
+# norm kernel after each residual add. IMPNB_BATCH_FUSED_NORMS=0 keeps those kernels.
+BATCH_FUSED_NORMS = True
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
@@ -311,6 +316,7 @@ class Overrides:
     decode_tc: tuple[int, ...] = DECODE_TC  # head dims of one sequence's decode attention on FA2's decode form
     batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
+    batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
@@ -340,6 +346,7 @@ class Overrides:
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
+                   batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 

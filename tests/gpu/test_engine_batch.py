@@ -334,3 +334,50 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
         print(f"B{n_seqs} sequence {i}: max|dlogit|/max|logit| {rel:.2e}")
         assert np.isfinite(a).all() and rel < 2e-2
         assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("model, layers", [("qwen3-8b", 2), ("qwen3-30b-a3b", 1)])
+def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
+    """Decode steps of 12 rows (bucket 16, GEMMs on the measured tables' paths at real widths) of
+    the synthetic Qwen3-8B and Qwen3-30B-A3B Q4_K_M with the norms in the GEMMs' input casts and
+    the residual adds in their reduces (tuning.BATCH_FUSED_NORMS) against the same steps with the
+    norm kernels: the same arithmetic but for the order of each row's sum of squares, which moves
+    a rounding of the normed input to fp16 or int8 now and then; the random weights' sharp
+    attention amplifies those (as in test_int8_gemm_rows_equal_alone): logits within 2e-2 of the
+    largest (1.2e-2 seen), the same greedy tokens where the top two are further apart than that.
+    A missing norm or residual is off by the logits' own size."""
+    from dataclasses import replace
+
+    from impnb import synthetic_full
+    from impnb.gpu import forward
+
+    path = tmp_path / f"{model}-{layers}.gguf"
+    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES[model], num_hidden_layers=layers),
+                                   "Q4_K_M", None, 0, "test", 4)
+    mf = open_model_file(path)
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(3, 120, 12)
+    seqs = [rng.integers(100, 20000, n + 6).astype(np.int32) for n in lengths]
+    got = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("IMPNB_BATCH_FUSED_NORMS", fused)
+        engine = CudaBatchEngine(mf, 256, kv_tokens=12 * 256, max_batch=16, graphs=True)
+        pages = page_sets(12, 256 // PAGE_SIZE, engine.n_pages, 6)
+        for i, (s, n) in enumerate(zip(seqs, lengths)):
+            engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
+        got[fused] = np.stack([engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
+                                                     for i, (s, n) in enumerate(zip(seqs, lengths))])
+                               for j in range(6)], 1)
+        assert engine.last_step.rows == 16 and forward._batch_fused(engine.m, engine.last_step) == (fused == "1")
+        del engine
+    errs = []
+    for i in range(12):
+        a, b = got["1"][i], got["0"][i]
+        assert np.isfinite(a).all()
+        scale = np.abs(b).max()
+        errs.append(np.abs(a - b).max() / scale)
+        top2 = np.sort(b, axis=-1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2e-2 * scale
+        assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear]), i
+    print(f"{model}: max|dlogit|/max|logit| by sequence " + " ".join(f"{e:.1e}" for e in errs))
+    assert max(errs) < 2e-2

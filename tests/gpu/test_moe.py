@@ -255,15 +255,22 @@ def check_gemm_grouped(rng, ggml_type, E, N, K, T_, k, std, gathered=True, gemm=
         check_gemm(got[rows], ref[rows], a_rows[rows], w16[e], K)
 
 
-def check_combine(rng, T_, k, D, std):
+def check_combine(rng, T_, k, D, std, accumulate=False):
     S = T_ * k
     y = (rng.standard_normal((S, D)) * std).astype(np.float32)
     rows = rng.permutation(S).astype(np.int32)
     weights = rng.random((T_, k)).astype(np.float32)
-    d_out = cuda.to_device(np.full((T_, D), np.nan, np.float32))
-    moe_combine(cuda.to_device(y), cuda.to_device(rows), cuda.to_device(weights), d_out, 0)
-    np.testing.assert_allclose(d_out.copy_to_host(), combine_ref(y, rows, weights), rtol=1e-5,
-                               atol=1e-6 * std)
+    start = (rng.standard_normal((T_, D)) * std).astype(np.float32) if accumulate else np.full((T_, D), np.nan, np.float32)
+    d_out = cuda.to_device(start)
+    moe_combine(cuda.to_device(y), cuda.to_device(rows), cuda.to_device(weights), d_out, 0, accumulate=accumulate)
+    got = d_out.copy_to_host()
+    if not accumulate:
+        np.testing.assert_allclose(got, combine_ref(y, rows, weights), rtol=1e-5, atol=1e-6 * std)
+        return
+    # out + the sum in float32, the sum as the plain form writes it: a residual add of that output
+    d_sum = cuda.to_device(np.full((T_, D), np.nan, np.float32))
+    moe_combine(cuda.to_device(y), cuda.to_device(rows), cuda.to_device(weights), d_sum, 0)
+    assert np.array_equal(got, start + d_sum.copy_to_host())
 
 
 @pytest.mark.parametrize("k", [1, 2, 8])
@@ -380,3 +387,4 @@ def test_combine(T_, k, D):
     rng = np.random.default_rng([T_, k, D])
     for std in STDS:
         check_combine(rng, T_, k, D, std)
+        check_combine(rng, T_, k, D, std, accumulate=True)

@@ -13,3 +13,11 @@ def test_cast_f16_matches_reference():
         out = cuda.to_device(np.full(n, np.nan, np.float16))
         cast_f16(cuda.to_device(x), out, cuda.default_stream())
         np.testing.assert_array_equal(out.copy_to_host(), cast_f16_ref(x))
+
+
+def test_cast_f16_norm_matches_reference():
+    from tests.gpu.test_cast import check_cast_norm
+
+    rng = np.random.default_rng(1)
+    check_cast_norm(rng, 3, 516, 2.0)
+    check_cast_norm(rng, 2, 260, 1.0, w_std=3e4)

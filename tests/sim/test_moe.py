@@ -77,3 +77,4 @@ def test_gemm_grouped():
 
 def test_combine():
     moe.check_combine(np.random.default_rng(4), 3, 2, 200, 1.0)
+    moe.check_combine(np.random.default_rng(5), 2, 3, 130, 4.0, accumulate=True)

@@ -277,9 +277,10 @@ def moe_group(experts, n_expert: int, tm: int, order, slot_row, tiles, n_tiles, 
            order, slot_row, tiles, n_tiles)
 
 
-# grid (T, ceil(D / 128)), block 128: thread d of token t sums its k weighted slot rows in order.
+# grid (T, ceil(D / 128)), block 128: thread d of token t sums its k weighted slot rows in order
+# (and adds the sum to out's value with accumulate).
 @cuda.jit
-def _combine_kernel(y, rows, weights, out):
+def _combine_kernel(y, rows, weights, out, accumulate):
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
     t = cuda.blockIdx.x
@@ -289,14 +290,16 @@ def _combine_kernel(y, rows, weights, out):
         acc = float32(0.0)
         for j in range(k):
             acc += weights[t, j] * y[rows[t * k + j], d]
-        out[t, d] = acc
+        out[t, d] = out[t, d] + acc if accumulate else acc
 
 
-def moe_combine(y, rows, weights, out, stream) -> None:
-    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]]; y (rows, D), rows (>= T * k,) int32."""
+def moe_combine(y, rows, weights, out, stream, accumulate: bool = False) -> None:
+    """out (T, D) = sum_j weights[t, j] * y[rows[t * k + j]] (out += with accumulate: a residual
+    add, out + the sum); y (rows, D), rows (>= T * k,) int32."""
     T, D = out.shape
     assert weights.shape[0] == T and rows.shape[0] >= T * weights.shape[1] and y.shape[1] == D
-    launch(_combine_kernel, (T, -(-D // COMBINE_THREADS)), COMBINE_THREADS, stream, y, rows, weights, out)
+    launch(_combine_kernel, (T, -(-D // COMBINE_THREADS)), COMBINE_THREADS, stream, y, rows, weights, out,
+           np.int32(accumulate))
 
 
 F32_2D = float32[:, ::1]
@@ -309,5 +312,5 @@ def build_signatures() -> list:
     return [
         (_route_kernel, (F32_2D, int32, int32, int32[:, ::1], F32_2D), {"max_registers": 64}),
         (_group_kernel, (_I32_1D, int32, int32, _I32_1D, _I32_1D, int32[:, ::1], _I32_1D), {"max_registers": 64}),
-        (_combine_kernel, (F32_2D, _I32_1D, F32_2D, F32_2D), {"max_registers": 32}),
+        (_combine_kernel, (F32_2D, _I32_1D, F32_2D, F32_2D, int32), {"max_registers": 32}),
     ]
