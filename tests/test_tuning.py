@@ -58,7 +58,11 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_WINDOW_SHORT", "0")
     monkeypatch.setenv("IMPNB_WIDE_TILED", "0")
     monkeypatch.setenv("IMPNB_WINDOW_RING", "0")
+    monkeypatch.setenv("IMPNB_BATCH_FUSED_NORMS", "0")
+    monkeypatch.setenv("IMPNB_BATCH_GLU_REDUCE", "0")
     o = tuning.Overrides.from_env()
+    assert not (o.batch_fused_norms or o.batch_glu_reduce)
+    assert tuning.Overrides().batch_fused_norms and tuning.Overrides().batch_glu_reduce
     assert not o.window_ring and tuning.Overrides().window_ring
     assert not o.window_short and tuning.Overrides().window_short
     assert not o.wide_tiled and tuning.Overrides().wide_tiled

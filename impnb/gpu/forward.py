@@ -151,7 +151,8 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
         elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps), nxt)
         else:
-            dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader)
+            dense_ffn(m, x, lw.ffn, x, (lw.ffn.norm, eps), accumulate=m.reduce_leader,
+                      glu_reduce=T > GEMV_MAX_ROWS and m.tuning.batch_glu_reduce)
             m.all_reduce(x)
         xin = nxt and nxt.xq
     return logits_of(m, x, step, last_only, last_row, (m.blk[-1].next_norm, eps))
@@ -256,20 +257,24 @@ def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
     return logits
 
 
-def dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None):
+def dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None,
+              glu_reduce: bool = False):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
-    where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual)."""
+    where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual);
+    glu_reduce (a batch's GEMMs, tuning.BATCH_GLU_REDUCE): the stacked gate|up's split-K reduce,
+    activation and the down's cast or quantization in one launch (MatMul.glu's down)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     F = ffn.down.w.cols  # the layer's width (gemma4's differ by layer)
     gate = a.get("gate", (T, F))
+    ready = None
     if ffn.gate_up is not None:
-        m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w)
+        ready = m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w, ffn.down if glu_reduce else None)
     else:
         up = a.get("up", (T, F))
         m.mm.linear(h, ffn.gate, gate, norm_w)
         m.mm.linear(h, ffn.up, up, norm_w)
         (activations.geglu if cfg.act == "gelu" else activations.swiglu)(gate, up, gate, m.ctx.nb_stream)
-    m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual)
+    m.mm.linear(gate, ffn.down, o, accumulate=accumulate, residual=residual, ready=ready)
 
 
 def _local(m, res: Residual) -> Residual | None:

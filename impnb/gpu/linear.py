@@ -27,6 +27,7 @@ from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
+from impnb.kernels.gemm.reduce_glu import reduce_glu
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_gated, gemv_residual, gemv_stacked, gemv_stream
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_tail import Residual
@@ -57,12 +58,14 @@ class MatMul:
         return total
 
     def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
-               residual: Residual | None = None, xq: QuantX | None = None) -> None:
+               residual: Residual | None = None, xq: QuantX | None = None, ready=None) -> None:
         """y (T, N) = x (T, K) · Wᵀ. norm (wn, eps) reads RMSNorm(x) * wn for x (a GEMM: in its
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
-        (attn_xq), for gemv_dp4a. residual (gemv_tail.Residual) is then applied to y: by the
-        GEMV's tail (GEMV_TAIL), else a norm kernel."""
+        (attn_xq), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
+        residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
+        a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
+        assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
         if multi == MMQ:
             assert xq is None, "gemm_mmq quantizes its own x"
@@ -95,7 +98,7 @@ class MatMul:
             else:
                 gemv.gemv(w, x, y, s, accumulate, norm=norm)
         else:
-            self.gemm(x, w, y, lin.gemm_path(x.shape[0]), norm, accumulate)
+            self.gemm(x, w, y, lin.gemm_path(x.shape[0]), norm, accumulate, ready)
         if residual is not None:
             residual.unfused(y, s)
 
@@ -136,32 +139,50 @@ class MatMul:
             return
         self.cublas.gemm_f32(x, w.parts[0].view(np.float32).reshape(w.rows, w.cols), y)
 
-    def gemm(self, x, w, y, path: str, norm: tuple | None = None, accumulate: bool = False) -> None:
+    def gemm(self, x, w, y, path: str, norm: tuple | None = None, accumulate: bool = False, ready=None,
+             reduce: bool = True):
         """y (T, N) = x (T, K) · Wᵀ (y += with accumulate) by a gemm_dispatch path: the tiles read
         W as it is stored (split along K into splits_for's parts on "splitk", "few", "wgmma_few" and
         "mmq"); cuBLAS reads an fp16 copy dequantized into a scratch buffer. norm (wn, eps): of
-        RMSNorm(x) * wn, in x's cast to fp16 or its int8 quantization (mmq)."""
+        RMSNorm(x) * wn, in x's cast to fp16 or its int8 quantization (mmq); ready: x's operand
+        already made for this path (operand_for's: fp16, or gemm_mmq's QuantX32 on "mmq").
+        -> None; with reduce=False, the (S, M, N) float32 partial products the caller adds up
+        itself (a split path's scratch, left unreduced; else y as (1, M, N))."""
         s, (M, N) = self.ctx.nb_stream, y.shape
+
+        def a16():
+            return ready if ready is not None else self.x16(x, norm)
+
+        split_for = {"splitk": splits_for, "few": gemm_few.splits_for, "wgmma_few": gemm_wgmma_few.splits_for,
+                     "mmq": gemm_mmq.splits_for}.get(path)
+        if split_for is not None:
+            S = split_for(M, N, w.cols, sms=gemv_stream.sm_count())
+            part = self.arena.get("splitk_part", (S, M, N))
         if path == "cublas":
-            self.cublas.gemm_f16(self.x16(x, norm), self.w16(w), y, accumulate)
+            self.cublas.gemm_f16(a16(), self.w16(w), y, accumulate)
         elif path == "wgmma":
-            gemm_wgmma_quant(self.x16(x, norm), w, y, s, accumulate)
+            gemm_wgmma_quant(a16(), w, y, s, accumulate)
         elif path == "splitk":
-            S = splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_splitk(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S, accumulate)
+            gemm_splitk(a16(), w, y, part, s, S, accumulate, reduce=reduce)
         elif path == "few":
-            S = gemm_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_few.gemm_few(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S, accumulate)
+            gemm_few.gemm_few(a16(), w, y, part, s, S, accumulate, reduce=reduce)
         elif path == "wgmma_few":
-            S = gemm_wgmma_few.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_wgmma_few.gemm_wgmma_few(self.x16(x, norm), w, y, self.arena.get("splitk_part", (S, M, N)), s, S,
-                                          accumulate)
+            gemm_wgmma_few.gemm_wgmma_few(a16(), w, y, part, s, S, accumulate, reduce=reduce)
         elif path == "mmq":
-            S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
-            gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)), s, S,
-                              accumulate, norm=norm)
+            gemm_mmq.gemm_mmq(x, ready if ready is not None else self.x32_buffers(M, w.cols), w, y, part, s, S,
+                              accumulate, norm=norm, quantized=ready is not None, reduce=reduce)
         else:
-            gemm_quant(self.x16(x, norm), w, y, s, accumulate, bm=gemm_dispatch.TILE_BM[path])
+            gemm_quant(a16(), w, y, s, accumulate, bm=gemm_dispatch.TILE_BM[path])
+        if reduce:
+            return None
+        return part if split_for is not None else y.reshape(1, M, N)
+
+    def operand_for(self, lin: Linear, n_tok: int):
+        """The buffers of lin's GEMM operand for n_tok rows as its path reads it (n_tok past
+        GEMV_MAX_ROWS): gemm_mmq's QuantX32 on "mmq", else an fp16 (n_tok, K) array."""
+        if lin.gemm_path(n_tok) == "mmq":
+            return self.x32_buffers(n_tok, lin.w.cols)
+        return self.arena.get("a16", (n_tok, lin.w.cols), np.float16)
 
     def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None) -> None:
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
@@ -222,11 +243,20 @@ class MatMul:
         self.split(x, lin_a, ys_a, norm)
         self.linear(x, lin_b, y_b, norm)
 
-    def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None) -> None:
+    def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None):
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in lin; act gelu or silu;
-        norm as in linear."""
+        norm as in linear. With down (the FFN's down Linear) past GEMV_MAX_ROWS rows the product
+        goes straight into down's GEMM operand instead, from gate|up's unreduced split-K partials
+        (reduce_glu: one launch for the reduce, the activation and the cast or quantization), and
+        that operand is returned for linear's `ready` (y untouched); else None."""
         w, n_tok, s = lin.w, x.shape[0], self.ctx.nb_stream
         act_id = gemv.GELU if act == "gelu" else gemv.SILU
+        if down is not None and n_tok > GEMV_MAX_ROWS:
+            part = self.gemm(x, w, self.arena.get("gate_up", (n_tok, w.rows)), lin.gemm_path(n_tok), norm,
+                             reduce=False)
+            ready = self.operand_for(down, n_tok)
+            reduce_glu(part, act, ready, s)
+            return ready
         multi = lin.multi.get(n_tok)
         if multi == MMQ:
             gate_up = self.arena.get("gate_up", (n_tok, w.rows))

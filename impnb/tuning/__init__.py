@@ -270,6 +270,11 @@ MOE_GROUPED_MIN_ROWS = 5
 # itself and attn_output and the down add into x in their split-K reduce, where the layers had a
 # norm kernel after each residual add. IMPNB_BATCH_FUSED_NORMS=0 keeps those kernels.
 BATCH_FUSED_NORMS = True
+# There, a dense FFN's stacked gate|up leaves its split-K partial products unreduced and one kernel
+# (kernels/gemm/reduce_glu.py) adds them, applies the activation and writes the down's fp16 or int8
+# operand, in place of the reduce, the GLU and the cast or quantization. IMPNB_BATCH_GLU_REDUCE=0
+# keeps those three.
+BATCH_GLU_REDUCE = True
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
@@ -317,6 +322,7 @@ class Overrides:
     batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
+    batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
@@ -347,6 +353,7 @@ class Overrides:
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
+                   batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 

@@ -345,7 +345,9 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
     a rounding of the normed input to fp16 or int8 now and then; the random weights' sharp
     attention amplifies those (as in test_int8_gemm_rows_equal_alone): logits within 2e-2 of the
     largest (1.2e-2 seen), the same greedy tokens where the top two are further apart than that.
-    A missing norm or residual is off by the logits' own size."""
+    A missing norm or residual is off by the logits' own size. With the dense FFN's gate|up
+    reduce, GLU and the down's operand in one kernel (BATCH_GLU_REDUCE) and without it the logits
+    are equal bit for bit (the same sums in the same order)."""
     from dataclasses import replace
 
     from impnb import synthetic_full
@@ -359,20 +361,22 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
     lengths = rng.integers(3, 120, 12)
     seqs = [rng.integers(100, 20000, n + 6).astype(np.int32) for n in lengths]
     got = {}
-    for fused in ("1", "0"):
+    for fused, glu in (("1", "1"), ("1", "0"), ("0", "0")):
         monkeypatch.setenv("IMPNB_BATCH_FUSED_NORMS", fused)
+        monkeypatch.setenv("IMPNB_BATCH_GLU_REDUCE", glu)
         engine = CudaBatchEngine(mf, 256, kv_tokens=12 * 256, max_batch=16, graphs=True)
         pages = page_sets(12, 256 // PAGE_SIZE, engine.n_pages, 6)
         for i, (s, n) in enumerate(zip(seqs, lengths)):
             engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
-        got[fused] = np.stack([engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
-                                                     for i, (s, n) in enumerate(zip(seqs, lengths))])
-                               for j in range(6)], 1)
+        got[fused + glu] = np.stack([engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
+                                                           for i, (s, n) in enumerate(zip(seqs, lengths))])
+                                     for j in range(6)], 1)
         assert engine.last_step.rows == 16 and forward._batch_fused(engine.m, engine.last_step) == (fused == "1")
         del engine
+    assert np.array_equal(got["11"], got["10"])
     errs = []
     for i in range(12):
-        a, b = got["1"][i], got["0"][i]
+        a, b = got["11"][i], got["00"][i]
         assert np.isfinite(a).all()
         scale = np.abs(b).max()
         errs.append(np.abs(a - b).max() / scale)

@@ -203,7 +203,8 @@ def supports(ggml_type, K: int) -> bool:
     return t in QUANT_TYPES and K % max(GROUP, GGML_QUANT_SIZES[t][0]) == 0
 
 
-def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool):
+def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool,
+            reduce: bool = True):
     N, K = w.rows, w.cols
     M = a.shape[0]
     assert a.dtype == np.float16 and a.shape == (M, K) and a.is_c_contiguous() and N % 8 == 0
@@ -215,14 +216,16 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     mt = mt_for(M)
     launch(gemm_few_kernel(T(w.ggml_type), mt), (-(-N // BN), splits, -(-M // (16 * mt))), THREADS, stream,
            a, w.parts, part)
-    reduce_parts(part, ys, n0, n1, accumulate, stream)
+    if reduce:
+        reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
-def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False):
+def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False, reduce: bool = True):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K parts;
-    part: a float32 scratch (splits, M, N)."""
+    part: a float32 scratch (splits, M, N); reduce=False leaves the partial products there (c
+    untouched, for a reduce of the caller's: reduce_glu)."""
     check_shapes(a, c, w.rows, w.cols)
-    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate)
+    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, reduce)
 
 
 def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int):

@@ -408,7 +408,7 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
-            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int = MT):
+            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int = MT, reduce: bool = True):
     N, K = w.rows, w.cols
     ni = ni or ni_for(M)
     regs = REGS.get((T(w.ggml_type), ni), 0) if regs is None else regs
@@ -421,19 +421,24 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
     launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
            THREADS, stream,
            xq.q, xq.ds, w.parts, part)
-    reduce_parts(part, ys, n0, n1, accumulate, stream)
+    if reduce:
+        reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
 def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int = MT):
+             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int = MT,
+             quantized: bool = False, reduce: bool = True):
     """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
-    xq first (of RMSNorm(x) * wn with norm (wn, eps)); part: a float32 scratch (splits, M, N). ni (token tiles a block, ni_for's by
+    xq first (of RMSNorm(x) * wn with norm (wn, eps); quantized: xq holds it already, written by
+    another kernel, x read for its shape alone); part: a float32 scratch (splits, M, N), where
+    reduce=False leaves the partial products (c untouched). ni (token tiles a block, ni_for's by
     default), regs (a register cap, REGS's by default) and mt (m16 tiles of W a warp) are for
     scripts/bench_gemm_few.py."""
     M = x.shape[0]
-    assert x.shape[1] == w.cols and c.shape == (M, w.rows)
-    quantize_x32(x, xq, stream, norm)
-    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs, mt)
+    assert x.shape[1] == w.cols and c.shape == (M, w.rows) and not (quantized and norm is not None)
+    if not quantized:
+        quantize_x32(x, xq, stream, norm)
+    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs, mt, reduce)
 
 
 def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None):

@@ -94,7 +94,8 @@ def _splitk_reduce_kernel(part, y0, y1, y2, n0, n1, accumulate):
     y[row, j + 3] = v3
 
 
-def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool, bm: int):
+def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int, accumulate: bool, bm: int,
+            reduce: bool = True):
     N, K = w.rows, w.cols
     M = a.shape[0]
     assert a.dtype == np.float16 and a.shape == (M, K) and a.is_c_contiguous() and K % BK == 0 and N % 8 == 0
@@ -106,7 +107,8 @@ def _launch(a, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
     tiles = -(-M // bm) * -(-N // BN)
     launch(gemm_splitk_kernel(t, bm), (tiles, splits), THREADS, stream, a, w.parts, part)
-    reduce_parts(part, ys, n0, n1, accumulate, stream)
+    if reduce:
+        reduce_parts(part, ys, n0, n1, accumulate, stream)
 
 
 def reduce_parts(part, ys, n0: int, n1: int, accumulate: bool, stream) -> None:
@@ -118,11 +120,12 @@ def reduce_parts(part, ys, n0: int, n1: int, accumulate: bool, stream) -> None:
            np.int32(n0), np.int32(n1), np.int32(accumulate))
 
 
-def gemm_splitk(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False, bm: int = 64):
+def gemm_splitk(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False, bm: int = 64,
+                reduce: bool = True):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K
-    parts; part: a float32 scratch (splits, M, N)."""
+    parts; part: a float32 scratch (splits, M, N); reduce=False leaves the partial products there."""
     check_shapes(a, c, w.rows, w.cols)
-    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, bm)
+    _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, bm, reduce)
 
 
 def gemm_splitk_split(a, w: PackedWeight, ys, part, stream, splits: int, bm: int = 64):

@@ -174,12 +174,16 @@ def _launch(a, w: PackedWeight, out, stream, splits: int, accumulate: bool, w_ah
 
 
 def gemm_wgmma_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-                   w_ahead: int | None = None, f16x2: bool | None = None):
+                   w_ahead: int | None = None, f16x2: bool | None = None, reduce: bool = True):
     """c (M, N) float32 = a (M, K) fp16 · dequant(w)ᵀ (c += with accumulate) in `splits` K parts;
     part: a float32 scratch (splits, M, N), unused at one split; w_ahead: raw W steps in flight
-    (1 or 4; w_ahead_for's by default)."""
+    (1 or 4; w_ahead_for's by default); reduce=False leaves the partial products in part at any
+    split count (c untouched)."""
     check_shapes(a, c, w.rows, w.cols)
     f16x2 = F16X2 if f16x2 is None else f16x2
+    if not reduce:
+        _launch(a, w, part, stream, splits, False, w_ahead, f16x2)
+        return
     if splits == 1:
         _launch(a, w, c.reshape(1, *c.shape), stream, 1, accumulate, w_ahead, f16x2)
         return
