@@ -34,6 +34,12 @@ def _cast_f16_kernel(x, out):
         out[i] = np.float16(min(max(x[i], -F16_MAX), F16_MAX))
 
 
+@cuda.jit(device=True, inline=True)
+def sat_f16(v):
+    """v rounded to fp16, saturated to +-F16_MAX (cast_f16's conversion of one value)."""
+    return np.float16(min(max(v, -F16_MAX), F16_MAX))
+
+
 # grid (ceil(K / (4 x 128)), T), block 128: thread i of block (bx, t) converts columns 4 j .. 4 j + 3
 # of row t (j = 128 bx + i) of RMSNorm(x[t]) * wn, the row's scale summed by each block (x is in L2).
 @cuda.jit
@@ -48,10 +54,10 @@ def _cast_f16_norm_kernel(x, wn, eps, out):
         return
     v0, v1, v2, v3 = qi.ldg_f32x4(x, t * K + k)
     w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
-    out[t, k] = np.float16(min(max(v0 * rms * w0, -F16_MAX), F16_MAX))
-    out[t, k + 1] = np.float16(min(max(v1 * rms * w1, -F16_MAX), F16_MAX))
-    out[t, k + 2] = np.float16(min(max(v2 * rms * w2, -F16_MAX), F16_MAX))
-    out[t, k + 3] = np.float16(min(max(v3 * rms * w3, -F16_MAX), F16_MAX))
+    out[t, k] = sat_f16(v0 * rms * w0)
+    out[t, k + 1] = sat_f16(v1 * rms * w1)
+    out[t, k + 2] = sat_f16(v2 * rms * w2)
+    out[t, k + 3] = sat_f16(v3 * rms * w3)
 
 
 def cast_f16(x, out, stream, norm: tuple | None = None) -> None:

@@ -22,7 +22,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common import warp
 from impnb.kernels.elementwise.activations import gelu_tanh_dev, silu_dev
-from impnb.kernels.elementwise.cast import F16_MAX
+from impnb.kernels.elementwise.cast import sat_f16
 from impnb.kernels.elementwise.reference import gelu_tanh, silu
 from impnb.kernels.gemm.gemm_mmq import XGROUP, QuantX32
 from impnb.launch import launch
@@ -77,10 +77,10 @@ def reduce_glu_kernel(act: str, half: bool):
         if c >= part.shape[2] // 2:
             return
         v0, v1, v2, v3 = four(part, t, c)
-        out16[t, c] = np.float16(min(max(v0, -F16_MAX), F16_MAX))
-        out16[t, c + 1] = np.float16(min(max(v1, -F16_MAX), F16_MAX))
-        out16[t, c + 2] = np.float16(min(max(v2, -F16_MAX), F16_MAX))
-        out16[t, c + 3] = np.float16(min(max(v3, -F16_MAX), F16_MAX))
+        out16[t, c] = sat_f16(v0)
+        out16[t, c + 1] = sat_f16(v1)
+        out16[t, c + 2] = sat_f16(v2)
+        out16[t, c + 3] = sat_f16(v3)
 
     # grid (ceil(F / (4 x 128)), MP), block 128: as above, 8 lanes a 32-column int8 group (its amax
     # and sum over them by shuffles; _quantize_words32's values), rows M..MP-1 zero groups
