@@ -32,9 +32,9 @@ def main() -> int:
     ap.add_argument("--kernels", default="few,mmq,wgf")
     ap.add_argument("--ahead", default="0", help="wgf: raw W steps in flight to time (1, 4; 0 the kernel's rule)")
     ap.add_argument("--f16x2", default=str(int(gemm_wgmma_few.F16X2)), help="wgf: W decoded on f16x2 (1) or exactly (0)")
-    ap.add_argument("--mmq-variants", default="1,2,4,2:0,4:168,1:-1:4",
-                    help="the int8 GEMM's token tiles a block[:register cap, 0 none, -1 REGS's[:W m16 tiles "
-                         "a warp]] to time")
+    ap.add_argument("--mmq-variants", default="0,1,2,4,2:0,4:168,0:-1:1,0:-1:2",
+                    help="the int8 GEMM's token tiles a block (0 ni_for's)[:register cap, 0 none, -1 REGS's"
+                         "[:W m16 tiles a warp, 0 mt_for's]] to time")
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
@@ -61,12 +61,12 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     variants = [(None, 0, 2)] if name == "few" else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \
         if name == "wgf" else [
-        tuple(int(f) for f in (v + ":-1:2").split(":")[:3]) for v in args.mmq_variants.split(",")]
+        tuple(int(f) for f in (v + ":-1:0").split(":")[:3]) for v in args.mmq_variants.split(",")]
     first = None  # the first variant's output: every other must match it
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_mmq.splits_for(M, N, K, sms, mt) if name == "mmq" else mod.splits_for(M, N, K, sms=sms)
+        S0 = gemm_mmq.splits_for(M, N, K, sms, mt or None) if name == "mmq" else mod.splits_for(M, N, K, sms=sms)
         unit = gemm_wgmma_few.BK if name == "wgf" else mod.GROUP
         row = []
         for S in sorted({max(1, min(K // unit, round(S0 * float(f))))
@@ -81,7 +81,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                                                   f16x2=bool(mt))
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
-                                      regs=None if regs < 0 else regs, mt=mt)
+                                      regs=None if regs < 0 else regs, mt=mt or None)
             for i in range(len(ws)):
                 call(i)
             m.ctx.sync()
@@ -94,7 +94,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
         first = out if first is None else first
         bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
         tag = f"{name} a{regs} f16x2={mt}" if name == "wgf" else name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
-            f" mt={mt}" if mt != gemm_mmq.MT else "")
+            f" mt={mt}" if mt else "")
         print(f"{tag:<14} {t.name} {N}x{K} M={M:<4} default S={S0}: {default:7.1f} µs | best S={best[1]}: "
               f"{best[0]:7.1f} µs {ws[0].nbytes / best[0] / 1e3:6.0f} GB/s | "
               + " ".join(f"S{S}={us:.1f}" for us, S in row) + ("  MISMATCH with the first variant" if bad else ""),

@@ -43,7 +43,7 @@ def check_bound(got, x, raw, w16, ggml_type, c0=None):
                                   f"err {err[worst]:.3e} > {bound[worst]:.3e}")
 
 
-def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=MT):
+def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=None):
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     x = activations(M, K, std, seed)
     c0 = np.random.default_rng(seed + 1).standard_normal((M, N)).astype(np.float32) if accumulate else None
@@ -76,10 +76,12 @@ def test_mmq(ggml_type, M, splits):
     check_mmq(ggml_type, M, 264, 1024, splits, (0.1, 1.0, 10.0)[M % 3], seed=M)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
-def test_mmq_four_w_tiles(ggml_type):
-    """The bench's variant of four m16 tiles of W a warp (256 rows a block; N past them clamped)."""
-    check_mmq(ggml_type, 7, 264, 1024, 3, 1.0, seed=5, mt=4)
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("mt", [1, MT])
+def test_mmq_w_tiles_either_way(ggml_type, mt):
+    """One or MT m16 tiles of W a warp at one and two token tiles, whichever mt_for would pick."""
+    check_mmq(ggml_type, 6, 200, 768, 2, 1.0, seed=11, mt=mt)
+    check_mmq(ggml_type, 13, 136, 512, 4, 0.1, seed=12, mt=mt)
 
 
 @pytest.mark.parametrize("M", [3, 16, 33, 100])

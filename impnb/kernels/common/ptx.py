@@ -22,7 +22,8 @@ if SIM:
     from impnb.kernels.common.ptx_sim import (  # noqa: F401
         cluster_sync, cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait_all,
         cp_async_wait_group, cvta_to_shared, ex2_approx_ftz, grid_dep_launch, grid_dep_wait,
-        ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_v4_u32,
+        ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_u32, ld_shared_v2_u32,
+        ld_shared_v4_f32, ld_shared_v4_u32,
         ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans,
         mma_bf16, mma_f16, mma_s8_k16, mma_s8_k32, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
         st_shared_v4_u32)
@@ -332,6 +333,39 @@ else:
                        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}", side_effect=True)
             return _tuple(context, builder, sig, res, 4)
         return sig, codegen
+
+    def _ld_shared_vec(elem, n, ty):
+        # an ordinary LLVM load of n elements from the shared window (not inline asm): the compiler
+        # schedules it freely between barriers, as it does an array read
+        @intrinsic
+        def ld(typingctx, saddr):
+            if not isinstance(saddr, types.Integer):
+                return None
+            sig = types.UniTuple(ty, n)(saddr)
+
+            def codegen(context, builder, sig, args):
+                vec = ir.VectorType(elem, n)
+                ptr = builder.inttoptr(as_i32(builder, args[0]), ir.PointerType(vec, 3))
+                res = builder.load(ptr, align=4 * n)
+                return context.make_tuple(builder, sig.return_type,
+                                          [builder.extract_element(res, ir.Constant(_I32, j)) for j in range(n)])
+            return sig, codegen
+        return ld
+
+    @intrinsic
+    def ld_shared_u32(typingctx, saddr):
+        """ld.shared.u32 at a shared-window address (an LLVM load, as ld_shared_v2_u32)."""
+        if not isinstance(saddr, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.load(builder.inttoptr(as_i32(builder, args[0]), ir.PointerType(_I32, 3)), align=4)
+        return types.uint32(saddr), codegen
+
+    ld_shared_v2_u32 = _ld_shared_vec(_I32, 2, types.uint32)
+    ld_shared_v2_u32.__doc__ = "ld.shared.v2.u32 at a shared-window address, 8-byte aligned."
+    ld_shared_v4_f32 = _ld_shared_vec(_F32, 4, types.float32)
+    ld_shared_v4_f32.__doc__ = "ld.shared.v4.f32 at a shared-window address, 16-byte aligned."
 
     @intrinsic
     def st_shared_v4_u32(typingctx, saddr, v0, v1, v2, v3):

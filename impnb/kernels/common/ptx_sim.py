@@ -85,6 +85,18 @@ def ld_shared_v4_u32(saddr):
     return tuple(np.uint32(w) for w in _shared_bytes(saddr, 16).view(np.uint32))
 
 
+def ld_shared_u32(saddr):
+    return np.uint32(_shared_bytes(saddr, 4).view(np.uint32)[0])
+
+
+def ld_shared_v2_u32(saddr):
+    return tuple(np.uint32(w) for w in _shared_bytes(saddr, 8).view(np.uint32))
+
+
+def ld_shared_v4_f32(saddr):
+    return tuple(np.float32(v) for v in _shared_bytes(saddr, 16).view(np.float32))
+
+
 def st_shared_v4_u32(saddr, v0, v1, v2, v3):
     _shared_bytes(saddr, 16).view(np.uint32)[:] = [_u32(v) for v in (v0, v1, v2, v3)]
 

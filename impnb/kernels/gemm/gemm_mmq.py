@@ -19,11 +19,14 @@ and its tokens' (d, s) finish its sums:
     Q6_K: acc += float(sc_a Σ_a + sc_b Σ_b) · (d · dx)           (q - 32 made int8 exactly)
     Q8_0: acc += float(Σ q x̂) · (d · dx)
 
-Work: a warp owns 16 MT W rows (MT m16 tiles: 2, or 4 to try), a block 4 warps and NI n8 tiles of
-tokens (8 NI, at most 32; more in 32-token slabs), split-K over 128-column groups: grid
-(ceil(N / 64 MT), S, ceil(M / (8 NI))), NI <= 4; partial tiles to part[s], added in split order by
-gemm_quant_splitk's reduce (deterministic). The next group's raw W words are in flight while
-this one multiplies; x̂ (a few KB, written by quantize_x32 just before) is read through L1.
+Work: a warp owns 16 mt W rows (mt m16 tiles, mt_for's 1 or 2), a block 4 warps and NI n8 tiles
+of tokens (8 NI, at most 32; more in 32-token slabs), split-K over 128-column groups: grid
+(ceil(N / 64 mt), S, ceil(M / (8 NI))), NI <= 4; partial tiles to part[s], added in split order
+by gemm_quant_splitk's reduce (deterministic). The next group's raw W words are in flight in
+registers while this one multiplies; the block's x̂ (8 NI tokens' 128 columns and their scales a
+group, written by quantize_x32 just before) comes through a 3-stage cp.async ring in shared
+memory, two groups ahead, one barrier a group: read through L1 instead, each lane's x̂ loads sat
+on the step's chains, and a miss to L2 stalled them (1.1-1.25x slower at 8-16 tokens).
 
     QuantX32: q (MP, K/4) uint32, 4 int8 a word in column order; ds (K/32, MP, 2) float32: each
     group's scale d = amax / 127 and s = d · Σ q; MP >= the tokens rounded up to the block's
@@ -56,12 +59,16 @@ XWORDS = XGROUP // 4        # int8 words a group
 WARPS = 4
 THREADS = 32 * WARPS
 GROUP = 128                 # K columns an iteration (the split-K unit)
-MT = 2                      # m16 tiles of W a warp (a lane holds 2 MT rows)
+MT = 2                      # m16 tiles of W a warp (a lane holds 2 MT rows): mt_for's choice
+MT2_MIN_N = 8192            # mt_for: W rows past which a warp takes MT tiles (at up to 16 tokens)
 MAX_NI = 4                  # n8 token tiles a block at most (32 tokens; more: grid.z, W again from L2)
-# (type, ni) -> register cap: two token tiles of Q4_K / Q6_K at 168 (3 blocks an SM, not 2: 1.0-1.5x
-# at the 8B's shapes, 16 rows); Q8_0 spills there
-REGS = {(T.Q4_K, 2): 168, (T.Q6_K, 2): 168}
+# (type, ni, mt) -> register cap: two token tiles and two W tiles of Q4_K at 168 (3 blocks an SM, not
+# 2: 1.0-1.5x at the 8B's shapes, 16 rows); Q6_K and Q8_0 spill there
+REGS = {(T.Q4_K, 2, 2): 168}
 TYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
+XROW = 160                  # bytes a token's x̂ row of a group takes in the shared stage (128 + 32:
+                            # a warp's 8-byte fragment loads fall on distinct banks)
+XSTAGES = 3                 # x̂ stages in the kernel's ring
 QUANT_THREADS = 128
 LO4 = qi.LO4
 LO2 = qi.LO2
@@ -238,25 +245,34 @@ def _q8_0_row(parts, r, K, grp, t):
 # -- each type's step over one group, generated as straight-line code (loops over constants stay
 #    rolled in numba, and the loads, mma and epilogue of a chain then serialize) --
 
-_STEP_ARGS = "rows, grp, xq, xds, acc, m0, MP, KW, t, g"
-# grouped (one token tile whose rows are gathered): the lane's token row xrow (its B fragment's)
-# and the rows d0, d1 of tokens 2t, 2t + 1 (its C columns')
+# dense: the group's x̂ stage in shared memory at xs (the kernel's ring); grouped (one token tile
+# whose rows are gathered, x̂ from global memory): the lane's token row xrow (its B fragment's) and
+# the rows d0, d1 of tokens 2t, 2t + 1 (its C columns')
+_STEP_ARGS = "rows, grp, xs, acc, t, g"
 _GROUPED_STEP_ARGS = "rows, grp, xq, xds, acc, xrow, d0, d1, MP, KW, t"
 
 
-def _x_loads(L, n, xg, both, grouped=False):
-    # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in group xg
+def _x_loads(L, n, j, both, grouped, bm):
+    # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in x̂ group j of the K group:
+    # dense from the stage (xa{n} the lane's row there, xd{n} its tokens' pairs of group 0),
+    # grouped from xq, xds at group 4 grp + j
+    if not grouped:
+        if both:
+            L.append(f"    b0, b1 = ptx.ld_shared_v2_u32(xa{n} + {32 * j})")
+        else:
+            L.append(f"    be = ptx.ld_shared_u32(xa{n} + {32 * j})")
+            L.append(f"    bo = ptx.ld_shared_u32(xa{n} + {32 * j + 16})")
+        L.append(f"    dx0, sx0, dx1, sx1 = ptx.ld_shared_v4_f32(xd{n} + {8 * j * bm})")
+        return
+    xg = f"4 * grp + {j}"
     if both:
         L.append(f"    b0, b1 = qi.ldg_u32x2_l1(xq, xr{n} + 8 * ({xg}))")
     else:
         L.append(f"    be = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}))")
         L.append(f"    bo = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}) + 4)")
-    if grouped:
-        L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d0))")
-        L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d1))")
-        L.append("    dx0, sx0, dx1, sx1 = qi.as_f32(u0), qi.as_f32(u1), qi.as_f32(u2), qi.as_f32(u3)")
-    else:
-        L.append(f"    dx0, sx0, dx1, sx1 = qi.ldg_f32x4(xds, 2 * (({xg}) * MP + dt{n}))")
+    L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d0))")
+    L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d1))")
+    L.append("    dx0, sx0, dx1, sx1 = qi.as_f32(u0), qi.as_f32(u1), qi.as_f32(u2), qi.as_f32(u3)")
 
 
 def _acc(L, o, c, f, mins=None):
@@ -272,13 +288,15 @@ def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str
     # lane rows x0 .. x{2 mt - 1}: tile i holds rows 2i (g) and 2i + 1 (g + 8); acc[4 mt n + 4 i ..]
     rows, tiles = range(2 * mt), range(mt)
     assert ni == 1 or not grouped
+    bm = 8 * ni
     L = [f"def step({_GROUPED_STEP_ARGS if grouped else _STEP_ARGS}):"]
     L += [f"    x{r} = rows[{r}]" for r in rows]
     for n in range(ni):
-        L.append(f"    xr{n} = ({'xrow' if grouped else f'm0 + {8 * n} + g'}) * KW + "
-                 f"{1 if ggml_type == T.Q6_K else 2} * t")
-        if not grouped:
-            L.append(f"    dt{n} = m0 + {8 * n} + 2 * t")
+        if grouped:
+            L.append(f"    xr{n} = xrow * KW + {1 if ggml_type == T.Q6_K else 2} * t")
+        else:
+            L.append(f"    xa{n} = xs + {8 * n * XROW} + g * {XROW} + {4 if ggml_type == T.Q6_K else 8} * t")
+            L.append(f"    xd{n} = xs + {bm * XROW + 64 * n} + 16 * t")
     if ggml_type == T.Q4_K:
         for p in range(2):
             L += [f"    s{r} = _q4_k_scales(x{r}, 2 * (grp & 1) + {p})" for r in rows]
@@ -286,7 +304,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str
                 L += [f"    a{i}_{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
                       for i in tiles for j in range(4)]
                 for n in range(ni):
-                    _x_loads(L, n, f"4 * grp + {2 * p + hi}", True, grouped)
+                    _x_loads(L, n, 2 * p + hi, True, grouped, bm)
                     for i in tiles:
                         L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}_0, a{i}_1, a{i}_2, a{i}_3, b0, b1, "
                                  "0, 0, 0, 0)")
@@ -300,7 +318,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str
             L += [f"    se{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1)})" for r in rows]
             L += [f"    so{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for r in rows]
             for n in range(ni):
-                _x_loads(L, n, f"4 * grp + {pr}", False, grouped)
+                _x_loads(L, n, pr, False, grouped, bm)
                 for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k16(e{r0}, e{r1}, be, 0, 0, 0, 0)")
@@ -310,7 +328,7 @@ def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str
     else:
         for j in range(4):
             for n in range(ni):
-                _x_loads(L, n, f"4 * grp + {j}", True, grouped)
+                _x_loads(L, n, j, True, grouped, bm)
                 for i in tiles:
                     r0, r1 = 2 * i, 2 * i + 1
                     L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(x{r0}[0][{2 * j}], x{r1}[0][{2 * j}], "
@@ -320,8 +338,8 @@ def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str
 
 
 def make_step(ggml_type, ni: int, mt: int = MT, grouped: bool = False):
-    """The device function of one K group's mma steps (_step_source), for gemm_mmq's kernel or,
-    grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py)."""
+    """The device function of one K group's mma steps (_step_source), for gemm_mmq's kernel (x̂
+    from the block's shared stage) or, grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py)."""
     scope = {"__name__": __name__, "qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4,
              "_q4_k_scales": _q4_k_scales,
              "_q6_k_quants": _q6_k_quants, "_s8": _s8}
@@ -330,6 +348,31 @@ def make_step(ggml_type, ni: int, mt: int = MT, grouped: bool = False):
 
 
 ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}  # a lane's loads of a W row's K group
+
+
+def stage_bytes(bm: int) -> int:
+    """Shared bytes of one x̂ stage of bm tokens: each token's 128 bytes of the group (rows XROW
+    apart), then the group's four (d, s) pairs a token, (j, token) at bm XROW + 8 (j bm + token)."""
+    return bm * XROW + 4 * bm * 8
+
+
+def _stage_x(bm: int):
+    units = 10 * bm  # 16-byte copies a stage: 8 a token's x̂, 2 a token's four (d, s)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_x(dst, xq, xds, m0, MP, KW, grp):
+        # x̂ of tokens m0 .. m0 + bm - 1 in group grp (x̂ columns 128 grp ..) -> the stage at dst
+        for i in range(-(-units // THREADS)):
+            u = cuda.threadIdx.x + THREADS * i
+            if u < 8 * bm:
+                r = u >> 3
+                ptx.cp_async_16(dst + r * XROW + 16 * (u & 7), xq, (m0 + r) * KW + 32 * grp + 4 * (u & 7))
+            elif u < units:
+                v = u - 8 * bm
+                j = v // (bm // 2)
+                w = v - j * (bm // 2)
+                ptx.cp_async_16(dst + bm * XROW + 8 * bm * j + 16 * w, xds, ((4 * grp + j) * MP + m0) * 2 + 4 * w)
+    return stage_x
 
 
 
@@ -344,6 +387,13 @@ def _gemm_mmq_kernel(xq, xds, parts, part):
     g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
     nb = cuda.blockIdx.x * bn + warp * {warp_rows} + g  # this lane's rows: nb + 8 i (tile i // 2)
 {rows}
+    smem = cuda.shared.array(ring_words, uint32, alignment=SMEM_ALIGN)
+    xs0 = ptx.smem_addr(smem, 0)
+    stage_x(xs0, xq, xds, m0, MP, KW, g0)
+    ptx.cp_async_commit()
+    if g0 + 1 < g1:
+        stage_x(xs0 + sbytes, xq, xds, m0, MP, KW, g0 + 1)
+    ptx.cp_async_commit()
     acc = cuda.local.array(n_acc, float32)
     for i in range(n_acc):
         acc[i] = float32(0.0)
@@ -351,8 +401,15 @@ def _gemm_mmq_kernel(xq, xds, parts, part):
     for grp in range(g0, g1):
         gn = min(grp + 1, g1 - 1)
 {next}
-        step(({xs},), grp, xq, xds, acc, m0, MP, KW, t, g)
+        i = grp - g0
+        ptx.cp_async_wait_group(1)
+        cuda.syncthreads()  # the group's stage has landed; every warp is done with the stage it frees
+        if grp + 2 < g1:
+            stage_x(xs0 + ((i + 2) % 3) * sbytes, xq, xds, m0, MP, KW, grp + 2)
+        ptx.cp_async_commit()
+        step(({xs},), grp, xs0 + (i % 3) * sbytes, acc, t, g)
         {xs} = {ys}
+    ptx.cp_async_wait_all()
     # -- epilogue: acc[4 mt n + 2 i + j]: row nb + 8 i, token 8 n + 2t + j --
     for n in range(ni):
         for j in range(2):
@@ -378,9 +435,12 @@ def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
         xs=", ".join(f"x{i}" for i in range(lane_rows)), ys=", ".join(f"y{i}" for i in range(lane_rows)))
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
+    bm = 8 * ni
     scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
-             "load_row": ROWS[T(ggml_type)], "step": make_step(ggml_type, ni, mt), "bm": 8 * ni,
-             "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni}
+             "load_row": ROWS[T(ggml_type)], "step": make_step(ggml_type, ni, mt), "bm": bm,
+             "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx, "uint32": uint32,
+             "SMEM_ALIGN": ptx.SMEM_ALIGN, "stage_x": _stage_x(bm), "sbytes": stage_bytes(bm),
+             "ring_words": XSTAGES * stage_bytes(bm) // 4}
     exec(src, scope)
     kernel = scope["_gemm_mmq_kernel"]
     return cuda.jit(kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(kernel)
@@ -396,10 +456,20 @@ def ni_for(M: int) -> int:
     return 1 if M <= 8 else 2 if M <= 16 else MAX_NI
 
 
-def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int = MT) -> int:
-    """Splits that bring the grid to about two blocks an SM, each at least two groups deep."""
-    blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni_for(M)))
-    return max(1, min(-(-2 * sms // blocks), K // GROUP // 2))
+def mt_for(M: int, N: int) -> int:
+    """m16 tiles of W a warp: MT for up to 16 tokens of a matrix of more than MT2_MIN_N rows, else
+    one (twice the blocks of half the rows; four token tiles of two W tiles spill)."""
+    return MT if M <= 16 and N > MT2_MIN_N else 1
+
+
+def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int | None = None) -> int:
+    """Splits that bring the grid to about two blocks an SM (four for one token tile and one W
+    tile a warp: 112 registers, four fit), each at least two groups deep."""
+    mt = mt or mt_for(M, N)
+    ni = ni_for(M)
+    blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni))
+    per_sm = 4 if (ni, mt) == (1, 1) else 2
+    return max(1, min(-(-per_sm * sms // blocks), K // GROUP // 2))
 
 
 def supports(ggml_type, K: int) -> bool:
@@ -408,10 +478,12 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
-            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int = MT, reduce: bool = True):
+            accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int | None = None,
+            reduce: bool = True):
     N, K = w.rows, w.cols
+    mt = mt or mt_for(M, N)
     ni = ni or ni_for(M)
-    regs = REGS.get((T(w.ggml_type), ni), 0) if regs is None else regs
+    regs = REGS.get((T(w.ggml_type), ni, mt), 0) if regs is None else regs
     assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= -(-M // (8 * ni)) * 8 * ni and N % 8 == 0
     for y in ys:
         assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == M
@@ -426,7 +498,7 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
 
 
 def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
-             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int = MT,
+             ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int | None = None,
              quantized: bool = False, reduce: bool = True):
     """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
     xq first (of RMSNorm(x) * wn with norm (wn, eps); quantized: xq holds it already, written by
@@ -461,8 +533,7 @@ def build_signatures() -> list:
     kernels are made here, not at import."""
     qsig = types.void(F32_2D, types.Array(types.float32, 1, "C"), types.float32, U32_2D, F32_3D)
     return [(_quantize_x32_kernel, qsig, {"max_registers": 64}), (_quantize_x32_norm_kernel, qsig, {"max_registers": 64})] + [
-        (gemm_mmq_kernel(t, ni, REGS.get((t, ni), 0)), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
-         {"max_registers": REGS.get((t, ni), 255)})
-        for t in TYPES for ni in (1, 2, 4)
-    ] + [(gemm_mmq_kernel(t, 1, 0, 4), types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": 255})
-         for t in (T.Q4_K, T.Q6_K)]  # four W tiles a warp at one token tile: the bench's variant
+        (gemm_mmq_kernel(t, ni, REGS.get((t, ni, mt), 0), mt), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
+         {"max_registers": REGS.get((t, ni, mt), 255)})
+        for t in TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
+    ]
