@@ -115,10 +115,10 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
 def _batch_fused(m, step: StepPlan) -> bool:
     """Whether a batched decode step of more than GEMV_MAX_ROWS rows takes _forward_fused too
     (tuning.BATCH_FUSED_NORMS): its GEMMs read RMSNorm(x) * w in their input's cast or int8
-    quantization and add into x in their epilogue or split-K reduce. Not the hybrids (their
-    DeltaNet layers read a norm of the GEMV paths alone), nor tensor parallelism (its ranks keep
-    the norm kernels: this form has not run on two GPUs)."""
-    return (step.batch > 1 and step.n_tokens == 1 and m.tuning.batch_fused_norms and m.tp is None
+    quantization and add into x in their epilogue or split-K reduce (under tensor parallelism rank
+    0 adds, the others write their partial sums, and x is all-reduced). Not the hybrids (their
+    DeltaNet layers read a norm of the GEMV paths alone)."""
+    return (step.batch > 1 and step.n_tokens == 1 and m.tuning.batch_fused_norms
             and all(spec.mixer == "attention" for spec in m.layers))
 
 

@@ -147,16 +147,19 @@ def test_cli_generate_tp2_writes_what_tp1_does(tmp_path):
     assert outs[1] and outs[2] == outs[1]
 
 
+@pytest.mark.parametrize("seqs", [3, 12])
 @pytest.mark.parametrize("arch,moe_ff", [("qwen3", 32), ("qwen3moe", 32)], ids=["qwen3", "qwen3moe-by-expert"])
-def test_batched_engine_tp2_decodes_what_tp1_does(arch, moe_ff, tmp_path):
-    """Three sequences decoded together by the batched engine (graphs, rank 0's ids broadcast)."""
+def test_batched_engine_tp2_decodes_what_tp1_does(arch, moe_ff, seqs, tmp_path):
+    """Sequences decoded together by the batched engine (graphs, rank 0's ids broadcast): 3 on the
+    GEMV rows, 12 on the GEMM paths with the batch's norms fused into them (_batch_fused)."""
     _skip_without_two()
     from impnb.synthetic import tiny_gguf
 
     _, path = tiny_gguf(arch, "Q8_0", tmp_path, seed=5, moe_ff=moe_ff)
     out = {}
     for tp in (1, 2):
-        r = run_ranks("batch", "--tp", tp, "--model", path, "--out", tmp_path / f"b{tp}.npz", "--steps", 16)
+        r = run_ranks("batch", "--tp", tp, "--model", path, "--out", tmp_path / f"b{tp}.npz", "--steps", 16,
+                      "--seqs", seqs)
         assert r.returncode == 0, f"--tp {tp}: {r.stderr[-2000:]}"
         out[tp] = dict(np.load(tmp_path / f"b{tp}.npz"))
     assert np.array_equal(out[2]["tokens"], out[1]["tokens"])

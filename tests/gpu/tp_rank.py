@@ -7,7 +7,7 @@ arguments (impnb/parallel/ranks.py); rank 0 writes what it saw to --out (npz) an
                captured CUDA graph (every rank checks its own result; a mismatch exits 1)
   engine:      the CUDA engine on --model: teacher-forced decode and prefill logits, greedy
                continuations through graphs and eagerly, a sampled one
-  batch:       the batched engine on --model: three sequences decoded together, greedy
+  batch:       the batched engine on --model: --seqs sequences (3) decoded together, greedy
 """
 
 import argparse
@@ -133,32 +133,35 @@ def engine_run(rank, args) -> dict:
 
 
 def batch_run(rank, args) -> dict:
-    """The batched engine: 3 sequences' prompts, then greedy decode steps of all 3 together (their
-    tokens), and one step's logits unsampled."""
+    """The batched engine: --seqs sequences' prompts of different lengths, then greedy decode steps
+    of all of them together (their tokens), and one step's logits unsampled. Past 8 sequences the
+    rows take the GEMM paths (and the batch's fused norms)."""
     from impnb.engine_batch import CudaBatchEngine, DecodeRow
     from impnb.gguf_file import open_model_file
     from impnb.sampling import SamplingParams
     from impnb.tuning import PAGE_SIZE
 
     mf = open_model_file(args.model)
+    n = args.seqs
     if rank is None or rank.leader:
         from impnb.warmup import prepare
 
         prepare(mf, 256, tp_world=rank.world if rank else 1)
-    engine = CudaBatchEngine(mf, 256, kv_tokens=3 * 256, max_batch=4, tp=rank)
+    engine = CudaBatchEngine(mf, 256, kv_tokens=n * 256, max_batch=max(4, n), tp=rank)
     greedy = SamplingParams(temperature=0)
     rng = np.random.default_rng(2)
     per = 256 // PAGE_SIZE
-    pages = [np.arange(b * per, (b + 1) * per, dtype=np.int32) for b in range(3)]
-    prompts = [rng.integers(0, engine.cfg.n_vocab, n).astype(np.int32) for n in (5, 17, 40)]
+    pages = [np.arange(b * per, (b + 1) * per, dtype=np.int32) for b in range(n)]
+    lengths = (5, 17, 40) if n == 3 else rng.integers(3, 60, n)
+    prompts = [rng.integers(0, engine.cfg.n_vocab, k).astype(np.int32) for k in lengths]
     last = [engine.prefill_seq(p, 0, pages[b], greedy) for b, p in enumerate(prompts)]
     tokens = [last]
     for i in range(args.steps):
-        rows = [DecodeRow(int(last[b]), len(prompts[b]) + i, pages[b], greedy, i + 1) for b in range(3)]
+        rows = [DecodeRow(int(last[b]), len(prompts[b]) + i, pages[b], greedy, i + 1) for b in range(n)]
         last = [int(t) for t in engine.decode(rows)]
         tokens.append(last)
-    n = args.steps
-    rows = [DecodeRow(int(last[b]), len(prompts[b]) + n, pages[b], greedy, n + 1) for b in range(3)]
+    rows = [DecodeRow(int(last[b]), len(prompts[b]) + args.steps, pages[b], greedy, args.steps + 1)
+            for b in range(n)]
     return {"tokens": np.array(tokens), "logits": engine.decode_logits(rows)}
 
 
@@ -170,6 +173,7 @@ def main() -> int:
     p.add_argument("--out")
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--seqs", type=int, default=3)
     args = p.parse_args()
     rank = start(args.tp, [sys.executable, "-m", "tests.gpu.tp_rank", *sys.argv[1:]])
     out = {"collectives": collectives, "engine": engine_run, "batch": batch_run}[args.mode](rank, args)
