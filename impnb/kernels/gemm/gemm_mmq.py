@@ -256,22 +256,21 @@ def _x_loads(L, n, j, both, grouped, bm):
     # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in x̂ group j of the K group:
     # dense from the stage (xa{n} the lane's row there, xd{n} its tokens' pairs of group 0),
     # grouped from xq, xds at group 4 grp + j
+    if grouped:
+        pair, one = "qi.ldg_u32x2_l1(xq, {})", "qi.ldg_u32_l1(xq, {})"
+        at = (f"xr{n} + 8 * (4 * grp + {j})", f"xr{n} + 8 * (4 * grp + {j}) + 4")
+    else:
+        pair, one = "ptx.ld_shared_v2_u32({})", "ptx.ld_shared_u32({})"
+        at = (f"xa{n} + {32 * j}", f"xa{n} + {32 * j + 16}")
+    if both:
+        L.append(f"    b0, b1 = {pair.format(at[0])}")
+    else:
+        L += [f"    be = {one.format(at[0])}", f"    bo = {one.format(at[1])}"]
     if not grouped:
-        if both:
-            L.append(f"    b0, b1 = ptx.ld_shared_v2_u32(xa{n} + {32 * j})")
-        else:
-            L.append(f"    be = ptx.ld_shared_u32(xa{n} + {32 * j})")
-            L.append(f"    bo = ptx.ld_shared_u32(xa{n} + {32 * j + 16})")
         L.append(f"    dx0, sx0, dx1, sx1 = ptx.ld_shared_v4_f32(xd{n} + {8 * j * bm})")
         return
-    xg = f"4 * grp + {j}"
-    if both:
-        L.append(f"    b0, b1 = qi.ldg_u32x2_l1(xq, xr{n} + 8 * ({xg}))")
-    else:
-        L.append(f"    be = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}))")
-        L.append(f"    bo = qi.ldg_u32_l1(xq, xr{n} + 8 * ({xg}) + 4)")
-    L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d0))")
-    L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * (({xg}) * MP + d1))")
+    L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * ((4 * grp + {j}) * MP + d0))")
+    L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * ((4 * grp + {j}) * MP + d1))")
     L.append("    dx0, sx0, dx1, sx1 = qi.as_f32(u0), qi.as_f32(u1), qi.as_f32(u2), qi.as_f32(u3)")
 
 
