@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, quant_x32  # noqa: E402
 from impnb.kernels.gemv import gemv_stream  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from scripts.tune_gemm import weights_by_shape  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> int:
 def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
     x16 = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float16))
-    xq = gemm_mmq.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
+    xq = quant_x32.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
     variants = [(None, 0, 2)] if name == "few" else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \

@@ -40,7 +40,7 @@ from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
 from impnb.kernels.elementwise.activations import swiglu_ref  # noqa: E402
 from impnb.kernels.gemv.gemv import SILU  # noqa: E402
-from impnb.kernels.gemm.gemm_mmq import quant_x32_buffers, quantize_x32  # noqa: E402
+from impnb.kernels.gemm.quant_x32 import quant_x32_buffers, quantize_x32  # noqa: E402
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped  # noqa: E402
 from impnb.kernels.moe.gemm_mmq_grouped import gemm_mmq_grouped, supports as mmq_supports  # noqa: E402
 from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x  # noqa: E402

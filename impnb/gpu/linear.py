@@ -22,7 +22,7 @@ from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, quant_x32
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -145,7 +145,7 @@ class MatMul:
         W as it is stored (split along K into splits_for's parts on "splitk", "few", "wgmma_few" and
         "mmq"); cuBLAS reads an fp16 copy dequantized into a scratch buffer. norm (wn, eps): of
         RMSNorm(x) * wn, in x's cast to fp16 or its int8 quantization (mmq); ready: x's operand
-        already made for this path (operand_for's: fp16, or gemm_mmq's QuantX32 on "mmq").
+        already made for this path (operand_for's: fp16, or quant_x32's QuantX32 on "mmq").
         -> None; with reduce=False, the (S, M, N) float32 partial products the caller adds up
         itself (a split path's scratch, left unreduced; else y as (1, M, N))."""
         s, (M, N) = self.ctx.nb_stream, y.shape
@@ -179,7 +179,7 @@ class MatMul:
 
     def operand_for(self, lin: Linear, n_tok: int):
         """The buffers of lin's GEMM operand for n_tok rows as its path reads it (n_tok past
-        GEMV_MAX_ROWS): gemm_mmq's QuantX32 on "mmq", else an fp16 (n_tok, K) array."""
+        GEMV_MAX_ROWS): quant_x32's QuantX32 on "mmq", else an fp16 (n_tok, K) array."""
         if lin.gemm_path(n_tok) == "mmq":
             return self.x32_buffers(n_tok, lin.w.cols)
         return self.arena.get("a16", (n_tok, lin.w.cols), np.float16)
@@ -305,11 +305,11 @@ class MatMul:
         """The buffers of `quantized`'s int8 form of a (T, K) input (for a kernel that writes it)."""
         return arena_buffers(self.arena, n_tok, K, name)
 
-    def x32_buffers(self, n_tok: int, K: int) -> gemm_mmq.QuantX32:
+    def x32_buffers(self, n_tok: int, K: int) -> quant_x32.QuantX32:
         """The buffers of gemm_mmq's int8 form of a (T, K) input (rows up to its token slabs)."""
         MP = gemm_mmq.slab_rows(n_tok)
-        return gemm_mmq.QuantX32(self.arena.get("xq32", (MP, K // 4), np.uint32),
-                                 self.arena.get("xq32_ds", (K // gemm_mmq.XGROUP, MP, 2)))
+        return quant_x32.QuantX32(self.arena.get("xq32", (MP, K // 4), np.uint32),
+                                 self.arena.get("xq32_ds", (K // quant_x32.XGROUP, MP, 2)))
 
     def x16(self, x, norm: tuple | None = None):
         """x, or RMSNorm(x) * wn with norm (wn, eps), cast to fp16 into a scratch buffer (a GEMM's

@@ -27,7 +27,7 @@ import numpy as np
 from impnb.gpu import moe_dispatch
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemm.dequant import dequant
-from impnb.kernels.gemm import gemm_mmq as mmq
+from impnb.kernels.gemm import quant_x32
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped
 from impnb.kernels.gemv.gemv_units import NO_GLU
 from impnb.kernels.gemv.quant_x import arena_buffers, quantize_x
@@ -92,9 +92,9 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
         # x (rows, K) float32 to int8 in the path's layout, then the path's kernel into out
         tm = moe_dispatch.tile_tokens(path)
         if path == moe_dispatch.MMQ:
-            xq = mmq.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
-                              a.get(name + "_ds", (w.cols // mmq.XGROUP, x.shape[0], 2)))
-            mmq.quantize_x32(x, xq, s)
+            xq = quant_x32.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
+                              a.get(name + "_ds", (w.cols // quant_x32.XGROUP, x.shape[0], 2)))
+            quant_x32.quantize_x32(x, xq, s)
             gemm_mmq_grouped(xq, w, n_rows, out, *tiles_of(tm), order, x_div, s, act)
         else:
             xq = arena_buffers(a, x.shape[0], w.cols, name)

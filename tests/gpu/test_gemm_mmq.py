@@ -9,8 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm.gemm_mmq import (MT, QuantX32, TYPES, dequantize_x32_ref, gemm_mmq, gemm_mmq_ref,
-                                         gemm_mmq_split, quantize_x32, quantize_x32_ref, slab_rows, splits_for)
+from impnb.kernels.gemm.gemm_mmq import MT, TYPES, gemm_mmq, gemm_mmq_ref, gemm_mmq_split, slab_rows, splits_for
+from impnb.kernels.gemm.quant_x32 import QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.quants import dequantize
 from tests.gpu import test_gemm_tc as gemm_tests
 

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from impnb.kernels.elementwise.activations import geglu_ref, swiglu_ref
-from impnb.kernels.gemm.gemm_mmq import QuantX32, quantize_x32_ref
+from impnb.kernels.gemm.quant_x32 import QuantX32, quantize_x32_ref
 from impnb.kernels.gemv.gemv_units import GELU, NO_GLU, SILU
 from impnb.kernels.moe.gemm_mmq_grouped import TOKENS, gemm_mmq_grouped, gemm_mmq_grouped_ref
 from impnb.kernels.moe.moe import max_tiles
@@ -68,7 +68,7 @@ def check_grouped(ggml_type, E, n_rows, K, n_tok, k, glu, seed, x_div=True, std=
 
 
 def dequantize_rows(q, ds):
-    from impnb.kernels.gemm.gemm_mmq import dequantize_x32_ref
+    from impnb.kernels.gemm.quant_x32 import dequantize_x32_ref
 
     return dequantize_x32_ref(q, ds)
 

@@ -217,7 +217,7 @@ def int8_of(x, path):
     """(q, d) of x's int8 form as `path` makes it, d in 16-column groups (the grouped int8 GEMM's
     32-column scales repeated), for tests/gpu/test_gemv_dp4a.assert_expert_row."""
     from impnb.gpu import moe_dispatch
-    from impnb.kernels.gemm.gemm_mmq import quantize_x32_ref
+    from impnb.kernels.gemm.quant_x32 import quantize_x32_ref
     from impnb.kernels.gemv.quant_x import quantize_x_ref
 
     if path != moe_dispatch.MMQ:

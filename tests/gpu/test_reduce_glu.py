@@ -1,6 +1,6 @@
 """reduce_glu (kernels/gemm/reduce_glu.py) on the GPU: gate|up's split-K partials to the down's
 operand in one launch, bit for bit what the three launches it replaces write (gemm_quant_splitk's
-reduce, activations' swiglu_fused / geglu_fused, then cast_f16 or gemm_mmq's quantize_x32), and
+reduce, activations' swiglu_fused / geglu_fused, then cast_f16 or quant_x32's quantize_x32), and
 near reduce_glu_ref; partials Gaussian at several magnitudes, one to several splits, odd row
 counts (QuantX32's rows past M zero), outputs poisoned first."""
 
@@ -10,7 +10,8 @@ from numba import cuda
 
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm.gemm_mmq import QuantX32, dequantize_x32_ref, quantize_x32, slab_rows
+from impnb.kernels.gemm.gemm_mmq import slab_rows
+from impnb.kernels.gemm.quant_x32 import QuantX32, dequantize_x32_ref, quantize_x32
 from impnb.kernels.gemm.gemm_quant_splitk import reduce_parts
 from impnb.kernels.gemm.reduce_glu import reduce_glu, reduce_glu_ref
 

@@ -24,7 +24,7 @@ from impnb.kernels.common import warp
 from impnb.kernels.elementwise.activations import gelu_tanh_dev, silu_dev
 from impnb.kernels.elementwise.cast import sat_f16
 from impnb.kernels.elementwise.reference import gelu_tanh, silu
-from impnb.kernels.gemm.gemm_mmq import XGROUP, QuantX32
+from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32
 from impnb.launch import launch
 
 THREADS = 128

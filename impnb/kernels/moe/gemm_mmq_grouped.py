@@ -11,7 +11,7 @@ operand: a warp's lane rows g, g + 8 of its two m16 tiles, plain 32 rows a warp 
 with a GLU, tile 0 the gate rows and tile 1 the same rows of up (16 output rows a warp, 64 a
 block), so each lane finishes act(gate) * up of its own rows in registers.
 
-    x̂: gemm_mmq.QuantX32 of the tokens (or of the grouped rows), q (MP, K/4), ds (K/32, MP, 2).
+    x̂: quant_x32.QuantX32 of the tokens (or of the grouped rows), q (MP, K/4), ds (K/32, MP, 2).
 
 Requirements (asserted): K a multiple of 256 (Q4_K, Q6_K) or 128 (Q8_0).
 Numpy reference: gemm_mmq_grouped_ref.
@@ -26,6 +26,7 @@ from numba import cuda, float32, types
 from impnb.kernels.common import ptx
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm import gemm_mmq as mmq
+from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32, dequantize_x32_ref
 from impnb.kernels.gemv.gemv import parts_type
 from impnb.kernels.gemv.gemv_units import GLU_ACTS, NO_GLU
 from impnb.launch import launch
@@ -121,7 +122,7 @@ def supports(ggml_type, K: int) -> bool:
     return mmq.supports(ggml_type, K)
 
 
-def gemm_mmq_grouped(xq: mmq.QuantX32, w: PackedWeight, n_rows: int, y, tiles, n_tiles, order, x_div: int, stream,
+def gemm_mmq_grouped(xq: QuantX32, w: PackedWeight, n_rows: int, y, tiles, n_tiles, order, x_div: int, stream,
                      glu: int = NO_GLU) -> None:
     """y (S, N) float32: row r0 + j of tile (e, r0, n), j < n, = x̂[order[r0 + j] // x_div] (x_div
     0: x̂[r0 + j]) · dequant(W_e)ᵀ, or with glu (SILU, GELU) y (S, F) = act(gate_e x̂) * up_e x̂ for
@@ -132,7 +133,7 @@ def gemm_mmq_grouped(xq: mmq.QuantX32, w: PackedWeight, n_rows: int, y, tiles, n
     N = n_rows // 2 if glu else n_rows
     assert supports(w.ggml_type, K), f"no int8 GEMM for {T(w.ggml_type).name} at K={K}"
     assert w.rows % n_rows == 0 and x_div >= 0 and (not glu or n_rows % 2 == 0)
-    assert xq.q.shape[1] == K // 4 and xq.ds.shape == (K // mmq.XGROUP, xq.q.shape[0], 2)
+    assert xq.q.shape[1] == K // 4 and xq.ds.shape == (K // XGROUP, xq.q.shape[0], 2)
     assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape == (order.shape[0], N)
     for a in (tiles, n_tiles, order):
         assert a.dtype == np.int32 and a.is_c_contiguous()
@@ -144,7 +145,7 @@ def gemm_mmq_grouped_ref(q: np.ndarray, ds: np.ndarray, raw: np.ndarray, ggml_ty
                          tiles: np.ndarray, x_div: int, glu_act=None) -> np.ndarray:
     """float64 twin over x̂ (q, ds as quantize_x32_ref gives them) and the raw expert weights
     (E * n_rows, row bytes): y (S, N), rows of no tile NaN."""
-    x = mmq.dequantize_x32_ref(q, ds)
+    x = dequantize_x32_ref(q, ds)
     w = dequantize(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1), T(ggml_type)).astype(np.float64)
     N = n_rows // 2 if glu_act else n_rows
     y = np.full((order.shape[0], N), np.nan)
