@@ -70,7 +70,7 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
     (gate|up's, down's; moe_dispatch.INT8_PATHS: the grouped dp4a GEMV, its x̂ in 16-column
     groups, or the grouped int8 GEMM, in 32); glu: gate's activation (gemv SILU or GELU)."""
     a, s = m.arena, m.ctx.nb_stream
-    S, (T, D) = slots.shape[0], h.shape
+    S, D = slots.shape[0], h.shape[1]
     F = down.cols
     order = a.get("moe_order", (S,), np.int32)
     slot_row = a.get("moe_slot_row", (S,), np.int32)

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.gemv.gemv_rows import row_group, tuple_of  # noqa: F401 (re-exported)
@@ -28,7 +28,7 @@ from impnb.kernels.gemv.gemv_units import DECODERS, GELU, NO_GLU, SILU  # noqa: 
 from impnb.kernels.gemv.gemv_variants import (BLOCK, FOUR_ROW_TYPES, SWEEP_TYPES, WARPS, WIDE_K,  # noqa: F401
                                          WIDE_MIN_ROWS, WIDE_TYPES, Variant, choose, rows_per_block,
                                          span_for, sweep)
-from impnb.kernels.moe.moe import MAX_EXPERTS, MAX_K, route_block
+from impnb.kernels.moe.moe import route_rows
 from impnb.kernels.gemv.quant_x import THREADS as QUANT_THREADS, make_quantize_block
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemv.gemv_args import F32_2D, kernel_args, parts_type  # noqa: F401 (re-exported)
@@ -83,6 +83,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
 
     if route:
         quantize_block = make_quantize_block(normed)
+        route_tail = route_rows(n_tok)
 
         # as _gemv_kernel (normed: of RMSNorm(x) * wn) into y = the logits (T, n_rows) in its
         # first ceil(n_rows / rows a block) blocks; with quant, the blocks after those write the int8
@@ -106,10 +107,7 @@ def _make_gemv(load, unit, col, n_tok, span, unroll, rows, glu, experts, normed,
                     quantize_block(x, wn, eps, q, d, s, item % gx, item // gx)
                     cuda.syncthreads()  # its shared sums are free again
             if last_block(counter):
-                keys = cuda.shared.array(MAX_EXPERTS, uint32)
-                vals = cuda.shared.array(MAX_K, float32)
-                for t in range(n_tok):
-                    route_block(y, t, n_routed, k, normalize, experts, weights, keys, vals, 0)
+                route_tail(y, n_routed, k, normalize, experts, weights, 0)
 
         return _gemv_route_kernel
 

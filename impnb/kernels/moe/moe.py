@@ -101,15 +101,22 @@ def weigh(v, mx, t, E, k, normalize, logits, scale, weights):
 @cuda.jit(device=True, inline=True)
 def route_token(logits, t, k, normalize, experts, weights, row):
     """One warp: token t's top k experts and their softmax weights from logits (T, E) (route_ref)
-    into experts[t], weights[t]. The logits are read through L2 (ld.global.cg: they may come
-    from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,) float32 of shared
-    memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as
-    chosen) and keeps its best untaken one; each of the k rounds takes the warp's largest key
-    and, among the lanes holding it, the lowest expert (two redux.sync), and the winning lane
-    finds its next best. The softmax denominator is a warp sum."""
+    into experts[t], weights[t] (route_warp over every logit of the row)."""
+    route_warp(logits, t, logits.shape[1], k, normalize, experts, weights, row, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def route_warp(logits, t, E, k, normalize, experts, weights, row, raw):
+    """One warp: token t's top k experts among the first E logits of row t of logits (T, >= E)
+    and their softmax weights into experts[t], weights[t] (with raw: the chosen logits, for a
+    later weigh), as route_block's bit for bit. The logits are read through L2 (ld.global.cg:
+    they may come from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,)
+    float32 of shared memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks
+    expert lane + 32 i as chosen) and keeps its best untaken one; each of the k rounds takes the
+    warp's largest key and, among the lanes holding it, the lowest expert (two redux.sync), and
+    the winning lane finds its next best. The softmax denominator is a warp sum."""
     lane = cuda.threadIdx.x & 31
-    E = logits.shape[1]
-    base = t * E
+    base = t * logits.shape[1]
     for e0 in range(lane, E, 128):  # four L2 loads in flight a lane
         v = cuda.local.array(4, float32)
         for q in range(4):
@@ -136,7 +143,11 @@ def route_token(logits, t, k, normalize, experts, weights, row):
             mine = val
         if lane == 0:
             experts[t, j] = win
-    weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
+    if raw:
+        if lane < k:
+            weights[t, lane] = mine
+    else:
+        weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
     warp_sync()  # row is free again
 
 
@@ -184,6 +195,31 @@ def route_block(logits, t, E, k, normalize, experts, weights, keys, vals, raw):
     elif tid < 32 and not raw:
         weigh(vals[tid] if tid < k else float32(0.0), vals[0], t, E, k, normalize, logits, float32(1.0), weights)
     cuda.syncthreads()  # keys and vals are free again
+
+
+def route_rows(n_tok: int):
+    """The device function route(logits, E, k, normalize, experts, weights, raw) that every thread
+    of one block of ROUTE_WARPS warps calls to route the n_tok rows of logits (a grid's last block):
+    route_block's ranks for one row (the whole block on it), a warp a row (route_warp, rows w,
+    w + ROUTE_WARPS, ... on warp w) for more: the block's rows one after another cost a few µs
+    each, the latency of route_block's barriers and L2 reads (docs/EXPERIMENTS.md, 'MoE batch')."""
+    if n_tok == 1:
+        @cuda.jit(device=True, inline=True)
+        def route_one(logits, E, k, normalize, experts, weights, raw):
+            keys = cuda.shared.array(MAX_EXPERTS, uint32)
+            vals = cuda.shared.array(MAX_K, float32)
+            route_block(logits, 0, E, k, normalize, experts, weights, keys, vals, raw)
+        return route_one
+
+    @cuda.jit(device=True, inline=True)
+    def route_warps(logits, E, k, normalize, experts, weights, raw):
+        rows = cuda.shared.array((ROUTE_WARPS, MAX_EXPERTS), float32)
+        warp = cuda.threadIdx.x >> 5
+        if warp < ROUTE_WARPS:
+            for t in range(warp, n_tok, ROUTE_WARPS):
+                route_warp(logits, t, E, k, normalize, experts, weights, rows[warp], raw)
+        cuda.syncthreads()  # experts and weights written for the block's later readers
+    return route_warps
 
 
 # grid (ceil(T / 4),), block 128: warp w of block b routes token t = 4b + w (route_token).
