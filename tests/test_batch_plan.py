@@ -63,9 +63,31 @@ def test_large_batch_without_gqa_keeps_the_short_kernel():
 def test_short_decode_max_batch_override():
     """IMPNB_SHORT_DECODE_MAX_BATCH (Overrides.short_decode_max_batch): a batch past it takes the
     split kernel's layers on attention_decode_mma, one within it the short kernel."""
-    plan = LoadPlan.make(cfg_of(128), 8192, Overrides(short_decode_max_batch=4), LAYERS)
-    eight, four = plan.decode_step(300, 1, 8), plan.decode_step(300, 1, 4)
-    assert eight.mma and not eight.short_blocks and eight.split_on_mma(None)
-    assert four.short_blocks == 1 and not four.mma
-    default = LoadPlan.make(cfg_of(128), 8192, Overrides(), LAYERS).decode_step(300, 1, 8)
-    assert default.short_blocks == 1 and not default.mma
+    plan = LoadPlan.make(cfg_of(128), 8192, Overrides(short_decode_max_batch=2), LAYERS)
+    four, two = plan.decode_step(300, 1, 4), plan.decode_step(300, 1, 2)
+    assert four.mma and not four.short_blocks and four.split_on_mma(None)
+    assert two.short_blocks == 1 and not two.mma
+    default = LoadPlan.make(cfg_of(128), 8192, Overrides(), LAYERS)
+    assert default.decode_step(300, 1, SHORT_DECODE_MAX_BATCH).short_blocks == 1
+    assert default.decode_step(300, 1, 2 * SHORT_DECODE_MAX_BATCH).mma
+
+
+@pytest.mark.parametrize("n_sm", [132, 114])
+def test_mma_splits(n_sm):
+    """attention_decode_mma.num_splits: one split where the batch's blocks (a sequence's KV head
+    each) fill every SM; else splits of at least SPLIT_MIN_KEYS keys, never past MAX_SPLITS or
+    about three blocks an SM."""
+    from impnb.kernels.attention import attention_decode_mma as mma
+
+    for hkv in (1, 4, 8):
+        for batch in (2, 4, 8, 16, 32, 64, 128, 256):
+            blocks = hkv * batch
+            for bucket in (64, 256, 512, 1024, 4096, 32768):
+                s = mma.num_splits(bucket, hkv, batch, n_sm=n_sm)
+                assert 1 <= s <= mma.MAX_SPLITS and (s == 1 or blocks * (s - 1) < 3 * n_sm), (hkv, batch, bucket, s)
+                assert s == 1 or bucket // s >= mma.SPLIT_MIN_KEYS
+                if blocks >= n_sm:
+                    assert s == 1
+                else:
+                    assert s == min(-(-3 * n_sm // blocks), max(1, bucket // mma.SPLIT_MIN_KEYS), mma.MAX_SPLITS)
+            assert mma.num_splits(512, hkv, batch, window=100, n_sm=n_sm) == 1  # a window of 100 keys

@@ -48,7 +48,7 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DP4A_MIN_MB", "0")
     monkeypatch.setenv("IMPNB_DP4A_MIN_K", "0")
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX", "0")
-    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX_BATCH", "4")
+    monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX_BATCH", "2")
     monkeypatch.setenv("IMPNB_FUSED_POST_DIMS", "")
     monkeypatch.setenv("IMPNB_GEMV_ROWS", "0")
     monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "s64u2r4")
@@ -73,7 +73,7 @@ def test_overrides_from_env(monkeypatch):
     assert (o.moe_grouped_min_rows, o.moe_grouped_rows) == (2, 16)
     assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
-    assert o.short_decode_max_batch == 4 and tuning.Overrides().short_decode_max_batch == 8
+    assert o.short_decode_max_batch == 2 and tuning.Overrides().short_decode_max_batch == tuning.SHORT_DECODE_MAX_BATCH == 4
 
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),

@@ -133,8 +133,9 @@ SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 # A batched decode step of more sequences than this takes the split kernel whatever the bucket
 # where KV heads are shared (GQA): its blocks own a KV head's query rows and read the K/V once,
 # where the short kernel's one block a query row reads them once a head (on the synthetic
-# Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster). IMPNB_SHORT_DECODE_MAX_BATCH.
-SHORT_DECODE_MAX_BATCH = 8
+# Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster, B = 8 1.05x on
+# attention_decode_mma in one split; the Qwen3-30B-A3B's B = 8 level). IMPNB_SHORT_DECODE_MAX_BATCH.
+SHORT_DECODE_MAX_BATCH = 4
 # Sliding-window layers pick decode attention's kernel by the bucket of their window's keys (the
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
 # window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.

@@ -41,6 +41,7 @@ THREADS = 32 * WARPS
 BN = 16                   # keys a warp's tile
 STAGES = {64: 4, 128: 2}  # a warp's ring depth
 MAX_SPLITS = attention_wide.MAX_SPLITS
+SPLIT_MIN_KEYS = 256      # keys a split at the least
 LOG2E = math.log2(math.e)
 NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weight 0
 SMEM_ALIGN = ptx.SMEM_ALIGN
@@ -255,12 +256,16 @@ def supports(head_dim: int, n_head: int, n_head_kv: int) -> bool:
 
 
 def num_splits(ctx_bucket: int, n_head_kv: int, batch: int, window: int | None = None, n_sm: int = 132) -> int:
-    """Splits for a graph serving contexts up to ctx_bucket keys (or its window): about three blocks
-    an SM (the rings of D 128 allow three), at least a tile a warp, at most MAX_SPLITS."""
+    """Splits for a graph serving contexts up to ctx_bucket keys (or its window): none where the
+    batch's blocks (a sequence's KV head each) fill every SM once; else about three blocks an SM
+    (the rings of D 128 allow three), at most MAX_SPLITS, each of at least SPLIT_MIN_KEYS keys: a
+    shorter split saves less than the merge kernel after it costs, even with SMs left idle
+    (docs/EXPERIMENTS.md, 'Batched decode attention')."""
     keys = min(ctx_bucket, window) if window else ctx_bucket
     blocks = batch * n_head_kv
-    want = -(-3 * n_sm // blocks)
-    return max(1, min(want, keys // (WARPS * BN), MAX_SPLITS))
+    if blocks >= n_sm:
+        return 1
+    return max(1, min(-(-3 * n_sm // blocks), keys // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
 def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tuple:
