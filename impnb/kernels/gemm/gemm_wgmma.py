@@ -32,6 +32,32 @@ DEFAULT_TILE = "n256s4"
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
 
+def tile_store(nacc: int):
+    """The device function store(c, acc, m0, n0, M, N, tid, g, accumulate) of a block's tile of C
+    at (m0, n0), rows 64 g .. of warpgroup g's accumulator acc (nacc fp32 registers a thread, the
+    fragment of ptx_wgmma): c = acc, or c += acc with accumulate; rows past M and columns past N
+    are not stored."""
+    @cuda.jit(device=True, inline=True)
+    def store(c, acc, m0, n0, M, N, tid, g, accumulate):
+        # -- register i -> row 16 w + r + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) --
+        lane = tid & 31
+        row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)
+        col0 = n0 + 2 * (lane & 3)
+        for half in range(2):
+            row = row0 + 8 * half
+            if row < M:
+                for j in range(nacc // 4):
+                    col = col0 + 8 * j
+                    if col < N:
+                        v0 = acc[4 * j + 2 * half]
+                        v1 = acc[4 * j + 2 * half + 1]
+                        if accumulate:
+                            v0 += c[row, col]
+                            v1 += c[row, col + 1]
+                        ptx.st_global_v2_f32(c, row * N + col, v0, v1)
+    return store
+
+
 @lru_cache(maxsize=None)
 def gemm_wgmma_kernel(bn: int, stages: int):
     A_BYTES = BM * ROW
@@ -42,6 +68,7 @@ def gemm_wgmma_kernel(bn: int, stages: int):
     AHEAD = stages - 2            # tiles in flight beyond the one multiplied
     PENDING = AHEAD - 1           # cp.async groups left pending once tile k has landed
     mma = wg.MMA["f16"][bn]
+    store = tile_store(NACC)
     assert AHEAD >= 1 and STAGE % ALIGN == 0
 
     @cuda.jit(device=True, inline=True)
@@ -99,23 +126,7 @@ def gemm_wgmma_kernel(bn: int, stages: int):
             wg.wgmma_commit()
             wg.wgmma_wait(1)
         wg.wgmma_wait(0)
-
-        # -- epilogue: register i -> row 16 w + r + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) --
-        lane = tid & 31
-        row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)
-        col0 = n0 + 2 * (lane & 3)
-        for half in range(2):
-            row = row0 + 8 * half
-            if row < M:
-                for j in range(NACC // 4):
-                    col = col0 + 8 * j
-                    if col < N:
-                        v0 = acc[4 * j + 2 * half]
-                        v1 = acc[4 * j + 2 * half + 1]
-                        if accumulate:
-                            v0 += c[row, col]
-                            v1 += c[row, col + 1]
-                        ptx.st_global_v2_f32(c, row * N + col, v0, v1)
+        store(c, acc, m0, n0, M, N, tid, g, accumulate)
 
     _gemm_wgmma_kernel.__name__ = f"_gemm_wgmma_n{bn}_s{stages}_kernel"
     return _gemm_wgmma_kernel

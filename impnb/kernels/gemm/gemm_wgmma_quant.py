@@ -28,7 +28,7 @@ from impnb.kernels.common import ptx, ptx_wgmma as wg, quant_blocks_k as qbk
 from impnb.kernels.gemm.dequant import DECODERS
 from impnb.kernels.gemm.gemm_tc import aligned16, block_tile, grid_size
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES
-from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, BM, ROW, THREADS
+from impnb.kernels.gemm.gemm_wgmma import ALIGN, BK, BM, ROW, THREADS, tile_store
 from impnb.kernels.gemv.gemv import parts_type
 from impnb.kernels.common.repack import PackedWeight
 from impnb.launch import launch
@@ -211,6 +211,7 @@ def gemm_wgmma_quant_kernel(ggml_type):
                                   16 if row < M else 0)
 
     mainloop = wgmma_quant_mainloop(ggml_type, BM * ROW, BN, 64 * ROW, 0, load_a)
+    store = tile_store(NACC)
 
     # grid (tiles,), block 256: as gemm_wgmma's kernel at BN 128; parts: the PackedWeight's parts.
     @cuda.jit
@@ -230,22 +231,7 @@ def gemm_wgmma_quant_kernel(ggml_type):
         g = tid >> 7
         acc = cuda.local.array(NACC, float32)
         mainloop(a, (m0, M, K), parts, n0, N, cpr, 0, KT, base, g, acc)
-
-        lane = tid & 31
-        row0 = m0 + 64 * g + 16 * ((tid >> 5) & 3) + (lane >> 2)
-        col0 = n0 + 2 * (lane & 3)
-        for half in range(2):
-            row = row0 + 8 * half
-            if row < M:
-                for j in range(NACC // 4):
-                    cn = col0 + 8 * j
-                    if cn < N:
-                        v0 = acc[4 * j + 2 * half]
-                        v1 = acc[4 * j + 2 * half + 1]
-                        if accumulate:
-                            v0 += c[row, cn]
-                            v1 += c[row, cn + 1]
-                        ptx.st_global_v2_f32(c, row * N + cn, v0, v1)
+        store(c, acc, m0, n0, M, N, tid, g, accumulate)
 
     _gemm_wgmma_quant_kernel.__name__ = f"_gemm_wgmma_{T(ggml_type).name.lower()}_kernel"
     return _gemm_wgmma_quant_kernel
