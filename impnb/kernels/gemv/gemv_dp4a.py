@@ -24,10 +24,10 @@ from numba import cuda, float32, from_dtype, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.gemv import gemv_ref, tuple_of
+from impnb.kernels.gemv.gemv import gemv_ref
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
-from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, block_reduce, dot_of, prepare_of, q4_k_dot_w,
-                                               q4_k_load_w, x_order_of)
+from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of,
+                                               q4_k_dot_w, q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
@@ -60,21 +60,7 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     cpr = cols // 32  # chunks a row
     K4 = cols // 4  # x̂ words a token
 
-    @cuda.jit(device=True, inline=True)
-    def row_chunk(a, c, r):
-        # -- chunk c of the group's slot r: gate (or plain) rows from global chunk g0 on, up rows
-        # from g1; consecutive rows are cpr chunks apart, a build-time constant --
-        parts, g0, g1 = a
-        if glu and r >= pairs:
-            return load(parts, g1 + c, (r - pairs) * cpr)
-        return load(parts, g0 + c, r * cpr)
-
-    rows_chunk = tuple_of(row_chunk, rows)
-
-    @cuda.jit(device=True, inline=True)
-    def chunk_or(a, c, raws):
-        # chunk c's loads, or past the row's end raws again (never used)
-        return rows_chunk(a, c) if c < cpr else raws
+    rows_chunk, chunk_or = chunk_loaders(load, rows, glu, cpr)
 
     @cuda.jit(device=True, inline=True)
     def window_start(a, c0, raws):

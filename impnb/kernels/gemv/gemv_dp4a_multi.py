@@ -20,9 +20,8 @@ from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.gemv import tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
-from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, dot_of, prepare_of, x_order_of
+from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX
@@ -58,19 +57,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
     K4 = cols // 4  # x̂ words a token
     outs = groups * out_rows * n_tok  # outputs a block
 
-    @cuda.jit(device=True, inline=True)
-    def row_chunk(a, c, r):
-        # -- chunk c of the group's row r: gate (or plain) rows from chunk g0 on, up rows from g1 --
-        parts, g0, g1 = a
-        if glu and r >= pairs:
-            return load(parts, g1 + c, (r - pairs) * cpr)
-        return load(parts, g0 + c, r * cpr)
-
-    rows_chunk = tuple_of(row_chunk, rows)
-
-    @cuda.jit(device=True, inline=True)
-    def chunk_or(a, c, raws):
-        return rows_chunk(a, c) if c < cpr else raws  # past the row's end: never used
+    rows_chunk, chunk_or = chunk_loaders(load, rows, glu, cpr)
 
     @cuda.jit(device=True, inline=True)
     def token_dots(cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, xr, t):

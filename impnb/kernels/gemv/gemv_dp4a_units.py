@@ -9,6 +9,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from impnb import tuning
 from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.gemv.gemv_rows import tuple_of
 
 
 # -- loads: `<type>_load` of quant_blocks*.py for chunk g + dr, where dr = r x chunks-a-row for
@@ -410,3 +411,27 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
         return g, r, t, s
 
     return reduce_sums, output_of
+
+
+def chunk_loaders(load, rows: int, glu: bool, cpr: int) -> tuple:
+    """(rows_chunk, chunk_or), the device functions that load a row group's raw chunks with
+    `load` (LOADS'): rows_chunk(a, c) the tuple of chunk c of each of the group's rows, a = (parts,
+    g0, g1): gate (or plain) rows from global chunk g0 on, with glu the up rows (the group's second
+    half) from g1, consecutive rows cpr chunks (a row's) apart; chunk_or(a, c, raws) the same, or
+    past the row's end raws again (never used)."""
+    pairs = rows // 2
+
+    @cuda.jit(device=True, inline=True)
+    def row_chunk(a, c, r):
+        parts, g0, g1 = a
+        if glu and r >= pairs:
+            return load(parts, g1 + c, (r - pairs) * cpr)
+        return load(parts, g0 + c, r * cpr)
+
+    rows_chunk = tuple_of(row_chunk, rows)
+
+    @cuda.jit(device=True, inline=True)
+    def chunk_or(a, c, raws):
+        return rows_chunk(a, c) if c < cpr else raws
+
+    return rows_chunk, chunk_or
