@@ -22,6 +22,13 @@ def inv_rms(sum_sq, n, eps):
     return np.float32(1) / np.float32(math.sqrt(sum_sq / np.float32(n) + eps))
 
 
+@cuda.jit(device=True, inline=True)
+def write_normed(x, row, inv, w, out):
+    """Every thread of a block: out[row] = x[row] * inv * w, thread i on columns i, i + NT, ..."""
+    for i in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
+        out[row, i] = x[row, i] * inv * w[i]
+
+
 # grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i, i + NT, ...
 # shared: red f32[32] (one partial sum per warp). Pass 2 re-reads the row (L1) to scale it.
 @cuda.jit
@@ -35,9 +42,7 @@ def _rms_norm_kernel(x, w, out, eps):
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         v = x[row, i]
         acc += v * v
-    inv = inv_rms(block_sum(acc, red), D, eps)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[row, i] = x[row, i] * inv * w[i]
+    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
 # grid (ceil(R / 4),), block (32, 4): warp y owns row 4 * block + y; lane owns columns lane, lane + 32, ...
@@ -73,9 +78,7 @@ def _rms_norm_add_kernel(x, h, w, out, eps):
         v = x[row, i] + h[row, i]
         x[row, i] = v
         acc += v * v
-    inv = inv_rms(block_sum(acc, red), D, eps)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[row, i] = x[row, i] * inv * w[i]
+    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
 # grid (R,), block NT: Gemma's post-norm residual. Pass 1 sums h², pass 2 writes
@@ -97,9 +100,7 @@ def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
         v = x[row, i] + h[row, i] * inv_h * w_post[i]
         x[row, i] = v
         acc += v * v
-    inv = inv_rms(block_sum(acc, red), D, eps)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[row, i] = x[row, i] * inv * w[i]
+    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
 # ---------------------------------------------------------------- launchers

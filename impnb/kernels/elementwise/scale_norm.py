@@ -7,7 +7,7 @@ from numba.core import types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import block_sum
-from impnb.kernels.elementwise.norm import block_threads, inv_rms
+from impnb.kernels.elementwise.norm import block_threads, inv_rms, write_normed
 from impnb.kernels.elementwise.reference import rms_norm_ref
 from impnb.launch import launch
 
@@ -34,9 +34,7 @@ def _scale_rms_norm_kernel(x, scale, w, out, eps):
         v = x[row, i] * s
         x[row, i] = v
         acc += v * v
-    inv = inv_rms(block_sum(acc, red), D, eps)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[row, i] = x[row, i] * inv * w[i]
+    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
 def scale_rms_norm(x, scale, w, out, eps: float, stream) -> None:
