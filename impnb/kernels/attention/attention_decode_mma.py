@@ -260,7 +260,8 @@ def num_splits(ctx_bucket: int, n_head_kv: int, batch: int, window: int | None =
     batch's blocks (a sequence's KV head each) fill every SM once; else about three blocks an SM
     (the rings of D 128 allow three), at most MAX_SPLITS, each of at least SPLIT_MIN_KEYS keys: a
     shorter split saves less than the merge kernel after it costs, even with SMs left idle
-    (docs/EXPERIMENTS.md, 'Batched decode attention')."""
+    (docs/EXPERIMENTS.md, 'A batch's MoE router in one launch, the router's tail, decode
+    attention's splits'; PERFORMANCE.md, 'Batched decode')."""
     keys = min(ctx_bucket, window) if window else ctx_bucket
     blocks = batch * n_head_kv
     if blocks >= n_sm:

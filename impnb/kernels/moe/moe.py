@@ -202,7 +202,8 @@ def route_rows(n_tok: int):
     of one block of ROUTE_WARPS warps calls to route the n_tok rows of logits (a grid's last block):
     route_block's ranks for one row (the whole block on it), a warp a row (route_warp, rows w,
     w + ROUTE_WARPS, ... on warp w) for more: the block's rows one after another cost a few µs
-    each, the latency of route_block's barriers and L2 reads (docs/EXPERIMENTS.md, 'MoE batch')."""
+    each, the latency of route_block's barriers and L2 reads (docs/EXPERIMENTS.md, 'A batch's
+    MoE router in one launch, the router's tail, decode attention's splits')."""
     if n_tok == 1:
         @cuda.jit(device=True, inline=True)
         def route_one(logits, E, k, normalize, experts, weights, raw):
