@@ -91,3 +91,26 @@ def test_mma_splits(n_sm):
                 else:
                     assert s == min(-(-3 * n_sm // blocks), max(1, bucket // mma.SPLIT_MIN_KEYS), mma.MAX_SPLITS)
             assert mma.num_splits(512, hkv, batch, window=100, n_sm=n_sm) == 1  # a window of 100 keys
+
+
+@pytest.mark.parametrize("n_sm", [132, 114])
+def test_mma_ring_stages(n_sm):
+    """attention_decode_mma.ring_stages: the deepest listed ring whose blocks an SM fit its shared
+    memory together, the default depth where none does (three blocks an SM and more)."""
+    from impnb.kernels.attention import attention_decode_mma as mma
+
+    for D in mma.HEAD_DIMS:
+        assert mma.STAGES[D] in mma.STAGE_CHOICES[D]
+        depths = []
+        for blocks in (1, 32, n_sm, n_sm + 1, 2 * n_sm, 2 * n_sm + 1, 3 * n_sm, 4 * n_sm, 10 * n_sm):
+            st = mma.ring_stages(D, blocks, n_sm)
+            per_sm = -(-blocks // n_sm)
+            assert st in mma.STAGE_CHOICES[D], (D, blocks, st)
+            fits = per_sm * (mma.ring_bytes(D, st) + 1024) <= mma.SM_SHARED
+            deeper = [d for d in mma.STAGE_CHOICES[D] if d > st]
+            assert (fits and all(per_sm * (mma.ring_bytes(D, d) + 1024) > mma.SM_SHARED for d in deeper)) \
+                or (not fits and st == mma.STAGES[D]), (D, blocks, st)
+            depths.append(st)
+        assert depths == sorted(depths, reverse=True)  # more blocks an SM, never a deeper ring
+        assert depths[0] == max(mma.STAGE_CHOICES[D]) and depths[-1] == mma.STAGES[D]
+    assert mma.ring_stages(128, 128, n_sm=132) == 4 and mma.ring_stages(128, 256, n_sm=132) == 3

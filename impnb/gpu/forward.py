@@ -326,10 +326,13 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
     elif step.split_on_mma(window) and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv):
         Hkv = m.kv.k[il].shape[2]
-        splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, B, window, gemv_stream.sm_count())
+        n_sm = gemv_stream.sm_count()
+        splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, B, window, n_sm)
+        stages = attention_decode_mma.ring_stages(D, splits * Hkv * B, n_sm) if m.tuning.batch_mma_deep_ring else None
         partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
         attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
-                                                  _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s)
+                                                  _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s,
+                                                  stages=stages)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(

@@ -165,6 +165,12 @@ BATCH_LOOKAHEAD = True
 # keys, level at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
 # IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
 BATCH_MMA_ATTENTION = True
+# attention_decode_mma's warps keep their next tiles in a ring as deep as the shared memory of an SM
+# holds for the grid's blocks a SM (attention_decode_mma.ring_stages: 4 tiles at head dim 128 where a
+# block owns an SM, 3 at two blocks an SM), not the depth that three blocks an SM leave
+# (STAGES): a batch of few sequences has few blocks, each streaming its keys one tile ahead.
+# IMPNB_BATCH_MMA_DEEP_RING=0 keeps STAGES.
+BATCH_MMA_DEEP_RING = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
 # 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
@@ -322,6 +328,7 @@ class Overrides:
     decode_tc: tuple[int, ...] = DECODE_TC  # head dims of one sequence's decode attention on FA2's decode form
     batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
+    batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
@@ -353,6 +360,7 @@ class Overrides:
                    decode_tc=env_ints("IMPNB_DECODE_TC") or DECODE_TC,
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
+                   batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))

@@ -11,7 +11,7 @@ import pytest
 from numba import cuda
 
 from impnb.kernels.attention.attention import attention_ref
-from impnb.kernels.attention.attention_decode_mma import attention_decode_mma, num_splits, partials_shape
+from impnb.kernels.attention.attention_decode_mma import STAGE_CHOICES, attention_decode_mma, num_splits, partials_shape
 from impnb.kernels.attention.kv_cache import kv_gather_ref
 from tests.gpu.test_attention import gauss, paged_cache
 from tests.gpu.test_attention_fa2 import TOL
@@ -19,9 +19,9 @@ from tests.gpu.test_attention_fa2 import TOL
 pytestmark = pytest.mark.gpu
 
 
-def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size=32, n_splits=None):
+def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size=32, n_splits=None, stages=None):
     """Sequence b's token at position lengths[b] - 1 over its keys 0 .. lengths[b] - 1; n_splits
-    default num_splits' for the longest."""
+    default num_splits' for the longest; stages: the warps' ring depth (the kernel's default)."""
     B = len(lengths)
     k_pool, v_pool, table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, 1, H, D), std)
@@ -32,13 +32,14 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
     dev = [cuda.to_device(a, stream=stream) for a in
            (q, k_pool, v_pool, table, pos, np.full(q.shape, np.nan, np.float32),
             np.full(partials_shape(n_splits + 1, B, H, D), np.nan, np.float32))]
-    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream)
+    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream, stages=stages)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
     unit = std * max(1.0, std * std)
     tol16, tol32 = TOL["f16"]
     for b, L in enumerate(lengths):
-        what = f"mma b={b} L={L} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap} splits={n_splits}"
+        what = (f"mma b={b} L={L} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap} splits={n_splits} "
+                f"stages={stages}")
         assert np.isfinite(got[b]).all(), f"{what}: non-finite output"
         k16, v16 = kv_gather_ref(k_pool, table[b], L), kv_gather_ref(v_pool, table[b], L)
         err16 = np.abs(got[b] - attention_ref(q[b], k16, v16, pos[b], scale, window, softcap)).max()
@@ -75,6 +76,16 @@ def test_splits(n_splits, page_size):
 @pytest.mark.parametrize("softcap", (5.0, 30.0))
 def test_softcap(softcap):
     check_mma(_seed(softcap), [40, 700], 16, 4, 128, 3.0, window=300, softcap=softcap)
+
+
+@pytest.mark.parametrize("D,stages", [(D, st) for D in STAGE_CHOICES for st in STAGE_CHOICES[D]])
+@pytest.mark.parametrize("n_splits", (1, 3))
+def test_ring_depths(D, stages, n_splits):
+    """Every ring depth a launch may take (ring_stages), over sequences shorter and longer than
+    a warp's ring, a window's first tile partly live, in one split and in three."""
+    check_mma(_seed(D, stages, n_splits), [1, 40, 129, 700, 3000], 16, 4, D, 1.0, window=None,
+              n_splits=n_splits, stages=stages)
+    check_mma(_seed(D, stages, n_splits, 1), [90, 1200], 8, 2, D, 3.0, window=333, n_splits=n_splits, stages=stages)
 
 
 def test_large_batch():

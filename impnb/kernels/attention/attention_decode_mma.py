@@ -9,8 +9,9 @@ all G rows at once, and the step is a stream of K and V tiles.
 Work: grid (S, Hkv, B), block 4 warps. Block (s, kh, b) owns query heads kh G .. kh G + G - 1 of
 sequence b and split s of the 16-key tiles its token sees (keys lo .. hi: hi = pos[b, 0], lo = hi
 - window + 1 or 0; S even shares of the tiles), warp w every fourth tile of the share, each
-through its own STAGES-deep cp.async ring in shared memory, so no block barrier runs in the loop;
-keys outside lo .. hi are zero-filled and their scores masked. The warps' (m, l, O) merge through
+through its own cp.async ring in shared memory (STAGES deep, deeper where fewer blocks share an
+SM: ring_stages), so no block barrier runs in the loop; a tile's page number is read a step before
+its copies go out. Keys outside lo .. hi are zero-filled and their scores masked. The warps' (m, l, O) merge through
 shared memory at the end: with S = 1 the rows go to out, else each split's unnormalised O, its
 rows' max m (log2 units) and sum l to partials (S, B, H, D + 2), which attention_wide.merge_splits
 adds (an empty split writes m = NEG, l = 0, weight 0).
@@ -39,7 +40,10 @@ MAX_GROUP = 16            # query heads a KV head (one m16 tile)
 WARPS = 4
 THREADS = 32 * WARPS
 BN = 16                   # keys a warp's tile
-STAGES = {64: 4, 128: 2}  # a warp's ring depth
+STAGES = {64: 4, 128: 2}  # a warp's ring depth at three blocks an SM
+# ring depths a launch may take (ring_stages): deeper where fewer blocks share an SM
+STAGE_CHOICES = {64: (4, 8), 128: (2, 3, 4)}
+SM_SHARED = 228 * 1024    # shared memory of an SM (sm_90), 1 KB of it reserved a block
 MAX_SPLITS = attention_wide.MAX_SPLITS
 SPLIT_MIN_KEYS = 256      # keys a split at the least
 LOG2E = math.log2(math.e)
@@ -47,19 +51,29 @@ NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weig
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
 
-def ring_bytes(D: int) -> int:
-    """Dynamic shared memory of a block: each warp's ring of K and V tiles (fp16), which the merge
-    reuses for the warps' rows."""
-    return WARPS * STAGES[D] * 2 * BN * 2 * D
+def ring_bytes(D: int, stages: int | None = None) -> int:
+    """Dynamic shared memory of a block: each warp's ring of K and V tiles (fp16), stages deep
+    (STAGES[D] by default), which the merge reuses for the warps' rows."""
+    return WARPS * (stages or STAGES[D]) * 2 * BN * 2 * D
+
+
+def ring_stages(D: int, blocks: int, n_sm: int = 132) -> int:
+    """The deepest ring of STAGE_CHOICES[D] whose blocks, `blocks` of them spread over n_sm SMs,
+    fit an SM's shared memory together: a block that owns an SM keeps its warps' next tiles in
+    flight where three blocks an SM take turns (few sequences or KV heads: a batch of 8-16)."""
+    per_sm = -(-blocks // n_sm)
+    fits = [st for st in STAGE_CHOICES[D] if per_sm * (ring_bytes(D, st) + 1024) <= SM_SHARED]
+    return max(fits, default=STAGES[D])
 
 
 @lru_cache(maxsize=None)
-def mma_kernel(D: int, page: int, capped: bool):
-    """The kernel of head dim D and page size `page`; capped: scores through softcap · tanh(s / softcap)."""
+def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None):
+    """The kernel of head dim D and page size `page`, each warp's ring `stages` deep (STAGES[D] by
+    default); capped: scores through softcap · tanh(s / softcap)."""
     ROWB = 2 * D               # bytes of a K or V row
     TILE = BN * ROWB           # bytes of a K (or V) tile
     STAGE = 2 * TILE           # K tile, then V tile
-    NST = STAGES[D]
+    NST = stages or STAGES[D]
     PENDING = NST - 2          # groups left in flight when a tile is read
     CH = D // 8                # 16-byte chunks of a row
     LOADS = BN * CH // 32      # chunks a lane issues a tile, of K and of V each
@@ -69,12 +83,18 @@ def mma_kernel(D: int, page: int, capped: bool):
     N_O = 4 * NO               # O accumulators a lane
     PSH = page.bit_length() - 1
     MERGE = WARPS * 16 * D     # float32 words of the warps' O rows in the merge (then m, l)
-    assert BN <= page and page == 1 << PSH and MERGE + 2 * WARPS * 16 <= ring_bytes(D) // 4
+    assert BN <= page and page == 1 << PSH and MERGE + 2 * WARPS * 16 <= ring_bytes(D, NST) // 4
 
     @cuda.jit(device=True, inline=True)
-    def issue(ring, k_pool, v_pool, table, b, kh, Hkv, k0, lo, hi, stage, lane):
-        # keys k0 .. k0 + 15 (K and V of head kh) -> stage `stage` of this warp's ring at `ring`;
-        # a key outside lo .. hi reads nothing (zeros) from a live key's row
+    def page_of(table, b, k0, lo):
+        # the page of the tile at k0: a tile's 16 keys lie in one page, and every tile holds a
+        # live key (the first one lo, the last one hi), which its clamped keys land on
+        return table[b, max(k0, lo) >> PSH]
+
+    @cuda.jit(device=True, inline=True)
+    def issue(ring, k_pool, v_pool, pg, kh, Hkv, k0, lo, hi, stage, lane):
+        # keys k0 .. k0 + 15 of page pg (K and V of head kh) -> stage `stage` of this warp's ring
+        # at `ring`; a key outside lo .. hi reads nothing (zeros) from a live key's row
         for i in range(LOADS):
             idx = lane + 32 * i
             r = idx // CH
@@ -82,7 +102,7 @@ def mma_kernel(D: int, page: int, capped: bool):
             key = k0 + r
             live = min(max(key, lo), hi)
             n = 16 if lo <= key and key <= hi else 0
-            src = ((table[b, live >> PSH] * page + (live & (page - 1))) * Hkv + kh) * D + 8 * ch
+            src = ((pg * page + (live & (page - 1))) * Hkv + kh) * D + 8 * ch
             dst = ring + stage * STAGE + swz(r, ch, ROWB)
             ptx.cp_async_16_zfill(dst, k_pool, src, n)
             ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
@@ -114,9 +134,13 @@ def mma_kernel(D: int, page: int, capped: bool):
         n_mine = (n_split - warp + WARPS - 1) // WARPS if n_split > warp else 0
         for i in range(NST - 1):  # a group each, empty past n_mine: wait_group counts groups
             if i < n_mine:
-                issue(ring, k_pool, v_pool, table, b, kh, Hkv, (t0 + warp + WARPS * i) * BN, lo, hi, i, lane)
+                k0 = (t0 + warp + WARPS * i) * BN
+                issue(ring, k_pool, v_pool, page_of(table, b, k0, lo), kh, Hkv, k0, lo, hi, i, lane)
             else:
                 ptx.cp_async_commit()
+        # the page of the tile the loop issues next, read a step ahead: its copies then wait on no
+        # load of the block table
+        pg = page_of(table, b, (t0 + warp + WARPS * (NST - 1)) * BN, lo) if NST - 1 < n_mine else 0
 
         # -- Q's A fragments (rows g, g + 8: heads kh G + row; rows past G zero), times qscale --
         qf = cuda.local.array(NQF, uint32)
@@ -148,10 +172,12 @@ def mma_kernel(D: int, page: int, capped: bool):
             ptx.cp_async_wait_group(PENDING)
             warp_sync()  # every lane's copies of tile i have landed; tile i - 1's stage is free
             if i + NST - 1 < n_mine:
-                issue(ring, k_pool, v_pool, table, b, kh, Hkv, (t0 + warp + WARPS * (i + NST - 1)) * BN, lo, hi,
+                issue(ring, k_pool, v_pool, pg, kh, Hkv, (t0 + warp + WARPS * (i + NST - 1)) * BN, lo, hi,
                       (i + NST - 1) % NST, lane)
             else:
                 ptx.cp_async_commit()  # an empty group keeps wait_group's count
+            if i + NST < n_mine:
+                pg = page_of(table, b, (t0 + warp + WARPS * (i + NST)) * BN, lo)
             base = ring + (i % NST) * STAGE
             k0 = (t0 + warp + WARPS * i) * BN
 
@@ -244,7 +270,7 @@ def mma_kernel(D: int, page: int, capped: bool):
                     partials[split, b, h, D] = mx
                     partials[split, b, h, D + 1] = den
 
-    kernel.__name__ = f"_decode_mma_d{D}_p{page}{'_softcap' if capped else ''}_kernel"
+    kernel.__name__ = f"_decode_mma_d{D}_p{page}_s{NST}{'_softcap' if capped else ''}_kernel"
     return cuda.jit(kernel)
 
 
@@ -275,13 +301,13 @@ def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tup
 
 
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
-                         window: int | None, softcap: float | None, stream) -> None:
+                         window: int | None, softcap: float | None, stream, stages: int | None = None) -> None:
     """out (B, 1, H, D) = attention of q (B, 1, H, D) float32, sequence b's token at pos[b, 0], over
     the paged fp16 cache: k_pool, v_pool (n_pages, page_size, Hkv, D) float16 already holding keys
     0 .. pos[b, 0]; block_table (B, max_pages) int32. partials (partials_shape with >= n_splits
     splits and B) float32 scratch, unread at n_splits 1. The key range is read from pos on the
     device: a captured graph stays valid as the context grows. window None or > 0; softcap None
-    or > 0."""
+    or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None)."""
     B, T, H, D = q.shape
     P, Hkv = k_pool.shape[1], k_pool.shape[2]
     for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"), (k_pool, np.float16, 4, "k_pool"),
@@ -295,9 +321,11 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
     assert partials.shape[0] >= n_splits and partials.shape[1:] == (B, H, D + 2), "partials shape"
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
-    launch(mma_kernel(D, P, bool(softcap)), (n_splits, Hkv, B), THREADS, stream,
+    stages = stages or STAGES[D]
+    assert stages in STAGE_CHOICES[D], f"ring of {stages} stages at head dim {D}"
+    launch(mma_kernel(D, P, bool(softcap), stages), (n_splits, Hkv, B), THREADS, stream,
            q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E), np.int32(window or 0),
-           np.float32(softcap or 0.0), shared_bytes=ring_bytes(D))
+           np.float32(softcap or 0.0), shared_bytes=ring_bytes(D, stages))
     if n_splits > 1:
         attention_wide.merge_splits(partials[:n_splits], out.reshape(B, H, D), n_splits, stream)
 
@@ -310,5 +338,5 @@ _SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.fl
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
-    return [(mma_kernel(D, P, capped), _SIG, {"max_registers": 255})
-            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True)]
+    return [(mma_kernel(D, P, capped, st), _SIG, {"max_registers": 255})
+            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st in STAGE_CHOICES[D]]
