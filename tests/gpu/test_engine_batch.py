@@ -290,12 +290,16 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its
     experts' real shapes): moe_table's int8 paths (3 rows through the grouped decode,
     IMPNB_MOE_GROUPED_MIN_ROWS=2; 12 through moe_ffn) against the same steps with the table giving
-    the experts the wgmma tiles (3 rows: a GEMV a routed slot). One layer, so both route every
-    token alike (the router in fp32 either way) and only the experts' arithmetic differs: int8
-    activations in 16-column groups against fp16. Logits within 2e-2 of the largest, the same
-    greedy tokens where the top two are further apart than that. (Alone-against-batch on two
-    layers does not hold for routed experts: the second layer's choices flip between near-tied
-    experts on the first layer's rounding.)"""
+    the experts the wgmma tiles (3 rows: the decode's dp4a GEMV a routed slot). One layer, so both
+    route every token alike (the router in fp32 on h either way: the router folded into
+    attn_output, which the slot-by-slot decode of 2..8 rows would otherwise take, routes on the
+    int8 form of attention's output and so picks otherwise between near-tied experts). At 12 rows
+    the experts' arithmetic differs (int8 activations in 16-column groups against fp16): logits
+    within 2e-2 of the largest, the same greedy tokens where the top two are further apart than
+    that. At 3 rows both run the same int8 dot products, grouped by expert or slot by slot: within
+    1e-4 (a token or an expert mixed up between tiles moves them by far more). (Alone-against-batch
+    on two layers does not hold for routed experts: the second layer's choices flip between
+    near-tied experts on the first layer's rounding.)"""
     from dataclasses import replace
 
     from impnb import synthetic_full
@@ -307,6 +311,7 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     mf = open_model_file(path)
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
     monkeypatch.setenv("IMPNB_MOE_GROUPED_MIN_ROWS", "2")
+    monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
     rng = np.random.default_rng(n_seqs)
     lengths = rng.integers(3, 120, n_seqs)
     seqs = [rng.integers(100, 20000, n + 8).astype(np.int32) for n in lengths]
@@ -332,7 +337,7 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
         top2 = np.sort(b, -1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > 2e-2 * np.abs(b).max()
         print(f"B{n_seqs} sequence {i}: max|dlogit|/max|logit| {rel:.2e}")
-        assert np.isfinite(a).all() and rel < 2e-2
+        assert np.isfinite(a).all() and rel < (1e-4 if n_seqs <= 8 else 2e-2)
         assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
 
 
