@@ -11,10 +11,10 @@ sequence b and split s of the 16-key tiles its token sees (keys lo .. hi: hi = p
 - window + 1 or 0; S even shares of the tiles), warp w every fourth tile of the share, each
 through its own cp.async ring in shared memory (STAGES deep, deeper where fewer blocks share an
 SM: ring_stages), so no block barrier runs in the loop; a tile's page number is read a step before
-its copies go out. Keys outside lo .. hi are zero-filled and their scores masked. The warps' (m, l, O) merge through
-shared memory at the end: with S = 1 the rows go to out, else each split's unnormalised O, its
-rows' max m (log2 units) and sum l to partials (S, B, H, D + 2), which attention_wide.merge_splits
-adds (an empty split writes m = NEG, l = 0, weight 0).
+its copies go out. Keys outside lo .. hi are zero-filled and their scores masked. The warps'
+(m, l, O) merge through shared memory at the end: with S = 1 the rows go to out, else each
+split's unnormalised O, its rows' max m (log2 units) and sum l to partials (S, B, H, D + 2), which
+attention_wide.merge_splits adds (an empty split writes m = NEG, l = 0, weight 0).
 
 Fragment layouts as attention_fa2's (lane (g, c) = (lane >> 2, lane & 3)): Q's A fragments built
 from global memory once (rows past G zero), K's B fragments by ldmatrix from the swizzled tile
