@@ -113,4 +113,4 @@ def test_mma_ring_stages(n_sm):
             depths.append(st)
         assert depths == sorted(depths, reverse=True)  # more blocks an SM, never a deeper ring
         assert depths[0] == max(mma.STAGE_CHOICES[D]) and depths[-1] == mma.STAGES[D]
-    assert mma.ring_stages(128, 128, n_sm=132) == 4 and mma.ring_stages(128, 256, n_sm=132) == 3
+    assert mma.ring_stages(128, 128, n_sm=132) == 4 and mma.ring_stages(128, 256, n_sm=132) == 2

@@ -165,11 +165,10 @@ BATCH_LOOKAHEAD = True
 # keys, level at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
 # IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
 BATCH_MMA_ATTENTION = True
-# attention_decode_mma's warps keep their next tiles in a ring as deep as the shared memory of an SM
-# holds for the grid's blocks a SM (attention_decode_mma.ring_stages: 4 tiles at head dim 128 where a
-# block owns an SM, 3 at two blocks an SM), not the depth that three blocks an SM leave
-# (STAGES): a batch of few sequences has few blocks, each streaming its keys one tile ahead.
-# IMPNB_BATCH_MMA_DEEP_RING=0 keeps STAGES.
+# attention_decode_mma's warps keep four tiles in their rings at head dim 128 where a block owns an SM
+# (attention_decode_mma.ring_stages), not the two that three blocks an SM leave (STAGES): a batch of
+# few sequences has few blocks, each streaming its keys (the Qwen3-30B-A3B's B = 16 faster, the
+# Qwen3-8B's level). IMPNB_BATCH_MMA_DEEP_RING=0 keeps STAGES.
 BATCH_MMA_DEEP_RING = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's

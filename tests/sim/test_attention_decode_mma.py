@@ -18,10 +18,10 @@ def test_mma(lengths, H, Hkv, D, window, softcap, page_size, n_splits, std):
 
 
 @pytest.mark.parametrize("lengths,D,window,page_size,stages", [
-    ([300, 7], 64, None, 16, 8),       # a ring deeper than a warp's five tiles, and one of a single tile
-    ([200, 61], 128, 150, 32, 3),      # three stages (not a power of two), a window
-    ([260], 128, None, 16, 4),         # four stages, each warp's share longer than its ring
+    ([40, 7], 128, None, 32, 4),       # a ring deeper than a warp's tiles, and a sequence of one tile
+    ([200, 61], 128, 150, 32, 4),      # a window: its first tile partly live
+    ([260], 128, None, 16, 4),         # each warp's share longer than its ring
 ])
 def test_mma_ring_depths(lengths, D, window, page_size, stages):
-    """The deeper rings ring_stages picks for a grid of few blocks."""
+    """The deeper ring ring_stages picks for a grid of few blocks."""
     check_mma(_seed(len(lengths), D, stages), lengths, 4, 2, D, 1.0, window, None, page_size, 1, stages)

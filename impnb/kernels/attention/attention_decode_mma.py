@@ -41,8 +41,9 @@ WARPS = 4
 THREADS = 32 * WARPS
 BN = 16                   # keys a warp's tile
 STAGES = {64: 4, 128: 2}  # a warp's ring depth at three blocks an SM
-# ring depths a launch may take (ring_stages): deeper where fewer blocks share an SM
-STAGE_CHOICES = {64: (4, 8), 128: (2, 3, 4)}
+# ring depths a launch may take (ring_stages): at head dim 128 four where a block owns an SM (the
+# one depth past STAGES that measured faster: docs/EXPERIMENTS.md, "ncu's view against the graph's")
+STAGE_CHOICES = {64: (4,), 128: (2, 4)}
 SM_SHARED = 228 * 1024    # shared memory of an SM (sm_90), 1 KB of it reserved a block
 MAX_SPLITS = attention_wide.MAX_SPLITS
 SPLIT_MIN_KEYS = 256      # keys a split at the least
@@ -59,8 +60,8 @@ def ring_bytes(D: int, stages: int | None = None) -> int:
 
 def ring_stages(D: int, blocks: int, n_sm: int = 132) -> int:
     """The deepest ring of STAGE_CHOICES[D] whose blocks, `blocks` of them spread over n_sm SMs,
-    fit an SM's shared memory together: a block that owns an SM keeps its warps' next tiles in
-    flight where three blocks an SM take turns (few sequences or KV heads: a batch of 8-16)."""
+    fit an SM's shared memory together: a block that owns an SM keeps more of its warps' next tiles
+    in flight (few sequences or KV heads: a batch of 8-16)."""
     per_sm = -(-blocks // n_sm)
     fits = [st for st in STAGE_CHOICES[D] if per_sm * (ring_bytes(D, st) + 1024) <= SM_SHARED]
     return max(fits, default=STAGES[D])
