@@ -1,7 +1,9 @@
 """What int8 x costs the reference model: teacher-forced top-1 agreement and logit error of the numpy
 reference with the GEMV inputs rounded as gemv_dp4a multiplies them (quant_x's int8 groups of 16
-columns, `dequantize_x_ref`), against float x; with --fp16, rounded to fp16 instead (what a
-tensor-core GEMV on fp16 x would multiply). CPU only; no GPU kernel runs.
+columns), against float x; with --group N, in int8 groups of N columns (32:
+the int8 GEMM's quantize_x32; 256: one scale a K-quant superblock, as llama.cpp's CPU Q8_K); with
+--fp16, rounded to fp16 instead (what a tensor-core GEMV on fp16 x would multiply). CPU only; no
+GPU kernel runs.
 
 Sets of GEMVs rounded:
   qkv  Q, K and V's input (the normed x)
@@ -9,7 +11,7 @@ Sets of GEMVs rounded:
        (llama.cpp's mmvq way)
 Tiny random qwen3moe / qwen3 (the GPU tests' seed 3, and 11) on 128 random ids; each GGUF given
 on the command line on a paragraph of English.
-    python scripts/int8_sensitivity.py [--fp16] [GGUF ...]
+    python scripts/int8_sensitivity.py [--fp16 | --group N] [GGUF ...]
 """
 
 import argparse
@@ -22,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.gguf_file import open_model_file  # noqa: E402
-from impnb.kernels.gemv.quant_x import dequantize_x_ref, quantize_x_ref  # noqa: E402
+from impnb.kernels.gemv.quant_x import GROUP, quantize_groups_ref  # noqa: E402
 from impnb.models import load_reference  # noqa: E402
 from impnb.synthetic import tiny_gguf  # noqa: E402
 from impnb.tokenizer import Tokenizer  # noqa: E402
@@ -39,11 +41,15 @@ def fp16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
-def int8(x: np.ndarray) -> np.ndarray:
-    """x (..., K) as gemv_dp4a multiplies it."""
+def int8(x: np.ndarray, group: int = GROUP) -> np.ndarray:
+    """x (..., K) as an int8 kernel multiplies it, one scale a `group` columns (gemv_dp4a's 16 by
+    default); K not a multiple of the group: float."""
+    if x.shape[-1] % group:
+        return x
     rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
-    q, d, _ = quantize_x_ref(rows)
-    return dequantize_x_ref(q, d).astype(np.float32).reshape(x.shape)
+    q, d, _ = quantize_groups_ref(rows, group)
+    vals = q.view(np.int8).reshape(rows.shape[0], -1, group).astype(np.float64) * d.astype(np.float64)[:, :, None]
+    return vals.astype(np.float32).reshape(x.shape)
 
 
 def logits(ref, ids: np.ndarray, mode: str, rounding=int8) -> np.ndarray:
@@ -83,8 +89,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ggufs", nargs="*")
     ap.add_argument("--fp16", action="store_true", help="x rounded to fp16, not to int8 groups")
+    ap.add_argument("--group", type=int, default=GROUP, help=f"columns an int8 scale (default {GROUP})")
     args = ap.parse_args()
-    rounding = fp16 if args.fp16 else int8
+    rounding = fp16 if args.fp16 else lambda x: int8(x, args.group)
     print(f"{'model':<44} {'GEMVs':<4} {'top-1':>6} {'rel med':>9} {'rel p99':>9} {'<=1e-2':>6}")
     with tempfile.TemporaryDirectory() as d:
         for arch, quant, seed in (("qwen3moe", "Q8_0", 3), ("qwen3moe", "F32", 3), ("qwen3moe", "Q8_0", 11),
