@@ -88,9 +88,12 @@ def report(label: str, ref, ids: np.ndarray, rounding) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ggufs", nargs="*")
-    ap.add_argument("--fp16", action="store_true", help="x rounded to fp16, not to int8 groups")
-    ap.add_argument("--group", type=int, default=GROUP, help=f"columns an int8 scale (default {GROUP})")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--fp16", action="store_true", help="x rounded to fp16, not to int8 groups")
+    how.add_argument("--group", type=int, default=GROUP, help=f"columns an int8 scale (default {GROUP})")
     args = ap.parse_args()
+    if args.group < 4 or args.group % 4:
+        ap.error(f"--group {args.group}: a positive multiple of 4 columns expected")
     rounding = fp16 if args.fp16 else lambda x: int8(x, args.group)
     print(f"{'model':<44} {'GEMVs':<4} {'top-1':>6} {'rel med':>9} {'rel p99':>9} {'<=1e-2':>6}")
     with tempfile.TemporaryDirectory() as d:
