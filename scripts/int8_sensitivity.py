@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from impnb.gguf_file import open_model_file  # noqa: E402
-from impnb.kernels.gemv.quant_x import GROUP, quantize_groups_ref  # noqa: E402
+from impnb.errors import ImpnbError  # noqa: E402
+from impnb.kernels.gemv.quant_x import GROUP, dequantize_x_ref, quantize_groups_ref  # noqa: E402
 from impnb.models import load_reference  # noqa: E402
 from impnb.synthetic import tiny_gguf  # noqa: E402
 from impnb.tokenizer import Tokenizer  # noqa: E402
@@ -48,8 +49,7 @@ def int8(x: np.ndarray, group: int = GROUP) -> np.ndarray:
         return x
     rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
     q, d, _ = quantize_groups_ref(rows, group)
-    vals = q.view(np.int8).reshape(rows.shape[0], -1, group).astype(np.float64) * d.astype(np.float64)[:, :, None]
-    return vals.astype(np.float32).reshape(x.shape)
+    return dequantize_x_ref(q, d, group).astype(np.float32).reshape(x.shape)
 
 
 def logits(ref, ids: np.ndarray, mode: str, rounding=int8) -> np.ndarray:
@@ -94,6 +94,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.group < 4 or args.group % 4:
         ap.error(f"--group {args.group}: a positive multiple of 4 columns expected")
+    try:  # the GGUFs read first: a bad one is refused before the tiny models' minutes
+        files = [(path, open_model_file(path)) for path in args.ggufs]
+    except (ImpnbError, OSError) as e:
+        ap.error(str(e))
     rounding = fp16 if args.fp16 else lambda x: int8(x, args.group)
     print(f"{'model':<44} {'GEMVs':<4} {'top-1':>6} {'rel med':>9} {'rel p99':>9} {'<=1e-2':>6}")
     with tempfile.TemporaryDirectory() as d:
@@ -103,8 +107,7 @@ def main() -> int:
             ref = load_reference(open_model_file(path))
             ids = np.random.default_rng(5).integers(0, ref.cfg.n_vocab, 128).astype(np.int32)
             report(f"tiny {arch} {quant} seed {seed} (128 ids)", ref, ids, rounding)
-    for path in args.ggufs:
-        mf = open_model_file(path)
+    for path, mf in files:
         ids = np.array(Tokenizer.from_metadata(mf.metadata).encode(TEXT), np.int32)[:128]
         report(f"{Path(path).name} ({len(ids)} tokens)", load_reference(mf), ids, rounding)
     return 0

@@ -50,10 +50,11 @@ def quantize_x_ref(x: np.ndarray) -> tuple:
     return quantize_groups_ref(x, GROUP)
 
 
-def dequantize_x_ref(q: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """The values the dp4a GEMV multiplies: q * d, (T, K) float64."""
+def dequantize_x_ref(q: np.ndarray, d: np.ndarray, group: int = GROUP) -> np.ndarray:
+    """The values the dp4a GEMV multiplies: q * d, (T, K) float64 (of quantize_groups_ref's groups
+    of `group` columns)."""
     n_tok = q.shape[0]
-    vals = q.view(np.int8).reshape(n_tok, -1, GROUP).astype(np.float64)
+    vals = q.view(np.int8).reshape(n_tok, -1, group).astype(np.float64)
     return (vals * d.astype(np.float64)[:, :, None]).reshape(n_tok, -1)
 
 
