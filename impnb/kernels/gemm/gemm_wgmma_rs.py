@@ -10,7 +10,7 @@ hardware reads the few token rows from shared memory, so a weight costs its deco
 Layout: a 64-column K step of a W row is one Q4_K sub-block pair (32 qs bytes); lane (g, t) of
 warp w holds rows 16 w + g and + 8 of each of the block's MT m64 tiles, bytes 8t .. 8t + 7 of the
 pair: columns 8t .. 8t + 7 (low nibbles) and 32 + 8t .. (high). Its f16x2 pairs (quant_blocks_k's
-_q4_word: q * fp16(d sc) + fp16(-dmin m)) fill the fragments' k slots in the order perm_columns
+q4_word: q * fp16(d sc) + fp16(-dmin m)) fill the fragments' k slots in the order perm_columns
 gives, so A must hold its columns permuted the same way (permute_a; a cast kernel writing that
 order is what the engine would need); the kernel reads A as given.
 
@@ -32,7 +32,7 @@ from numba import cuda, float32, uint32
 
 from impnb.kernels.common import ptx, ptx_wgmma as wg
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.quant_blocks_k import _h2, _q4_word, k_scales
+from impnb.kernels.common.quant_blocks_k import h2, k_scales, q4_word
 from impnb.kernels.gemm.gemm_quant_splitk import reduce_parts
 from impnb.launch import launch
 
@@ -127,9 +127,9 @@ def gemm_wgmma_rs_kernel(nt: int):
         sc0, mn0, sc1, mn1 = k_scales((h0, h1, h2, h3), 2 * (s & 3))
         d = qi.f16_to_f32(h0 & qi.HALF)
         dm = qi.f16_to_f32(h0 >> 16)
-        ls, lm, hs, hm = _h2(d * sc0), _h2(-(dm * mn0)), _h2(d * sc1), _h2(-(dm * mn1))
-        a0, a1, b0, b1 = _q4_word(w0, ls, lm, hs, hm)
-        c0, c1, e0, e1 = _q4_word(w1, ls, lm, hs, hm)
+        ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
+        a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
+        c0, c1, e0, e1 = q4_word(w1, ls, lm, hs, hm)
         return a0, a1, c0, c1, b0, b1, e0, e1
 
     @cuda.jit
@@ -263,9 +263,9 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
         sc0, mn0, sc1, mn1 = k_scales((h0, h1, h2, h3), 2 * (s & 3))
         d = qi.f16_to_f32(h0 & qi.HALF)
         dm = qi.f16_to_f32(h0 >> 16)
-        ls, lm, hs, hm = _h2(d * sc0), _h2(-(dm * mn0)), _h2(d * sc1), _h2(-(dm * mn1))
-        a0, a1, b0, b1 = _q4_word(w0, ls, lm, hs, hm)
-        c0, c1, e0, e1 = _q4_word(w1, ls, lm, hs, hm)
+        ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
+        a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
+        c0, c1, e0, e1 = q4_word(w1, ls, lm, hs, hm)
         return a0, a1, c0, c1, b0, b1, e0, e1
 
     @cuda.jit
@@ -337,18 +337,36 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
     return kernel
 
 
-def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, reduce: bool = True, staged: int = 3):
-    """c (M, N) = a · dequant(w)ᵀ from a_perm = a with permute_a's columns (fp16, device); part (S, M, N)."""
+def _launch(a_perm, w, part, stream, splits: int, staged: int) -> None:
     M, K = a_perm.shape
     N = w.rows
-    assert T(w.ggml_type) == T.Q4_K and K % 256 == 0 and w.cols == K and 1 <= splits <= K // 64
-    assert part.shape == (splits, M, N) and a_perm.dtype == np.float16
+    assert supports(w.ggml_type, K) and w.cols == K and 1 <= splits <= K // GROUP, \
+        f"no register-operand wgmma GEMM for {T(w.ggml_type).name} {N}x{K}, {splits} splits"
+    assert part.shape == (splits, M, N) and a_perm.dtype == np.float16 and a_perm.is_c_contiguous()
     nt = nt_for(M)
     kernel = gemm_wgmma_rs_staged_kernel(nt, staged) if staged else gemm_wgmma_rs_kernel(nt)
     launch(kernel, (-(-N // (64 * MT)), splits, -(-M // nt)), THREADS, stream,
            a_perm, w.parts[0], w.parts[1], part, shared_bytes=shared_bytes(nt, staged))
+
+
+def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, accumulate: bool = False, reduce: bool = True,
+                  staged: int = 3):
+    """c (M, N) float32 = a · dequant(w)ᵀ (c += with accumulate) from a_perm = a with permute_a's
+    columns (fp16, device); part: a float32 scratch (splits, M, N), where reduce=False leaves the
+    partial products (c untouched); staged: the staged kernel's depth (0: W ahead in registers)."""
+    _launch(a_perm, w, part, stream, splits, staged)
     if reduce:
-        reduce_parts(part, (c, c, c), N, 0, False, stream)
+        reduce_parts(part, (c, c, c), w.rows, 0, accumulate, stream)
+
+
+def gemm_wgmma_rs_split(a_perm, w, ys, part, stream, splits: int):
+    """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of
+    i)ᵀ, each N_i a multiple of 4; a_perm, part as in gemm_wgmma_rs."""
+    assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
+    y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
+    n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
+    _launch(a_perm, w, part, stream, splits, 3)
+    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
 GROUP = 64  # K columns a step (the split unit)
@@ -359,7 +377,8 @@ def supports(ggml_type, K: int) -> bool:
 
 
 def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
-    """About two blocks an SM (four at 16 tokens), each split at least four steps deep."""
+    """About three blocks an SM, each split at least eight steps deep (from the sweep of
+    scripts/bench_gemm_few.py --kernels wrs3 over the synthetic Qwen3-8B's Q4_K shapes; its own
+    counts not yet measured at every shape)."""
     blocks = -(-N // (64 * MT)) * -(-M // nt_for(M))
-    per_sm = 4 if nt_for(M) == 16 else 2
-    return max(1, min(-(-per_sm * sms // blocks), K // GROUP // 4))
+    return max(1, min(round(3 * sms / blocks), K // GROUP // 8))
