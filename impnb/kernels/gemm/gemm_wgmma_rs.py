@@ -117,20 +117,20 @@ def gemm_wgmma_rs_kernel(nt: int):
     @cuda.jit(device=True, inline=True)
     def row_raw(qs, hdr, r, K, s, t):
         w0, w1 = qi.ldg_u32x2(qs, r * (K // 8) + 8 * s + 2 * t)
-        h0, h1, h2, h3 = qi.ldg_u32x4_l1(hdr, 4 * (r * (K // 256) + (s >> 2)))
-        return w0, w1, h0, h1, h2, h3
+        e0, e1, e2, e3 = qi.ldg_u32x4_l1(hdr, 4 * (r * (K // 256) + (s >> 2)))
+        return w0, w1, e0, e1, e2, e3
 
     @cuda.jit(device=True, inline=True)
     def row_frags(raw, s):
         # -- one row's 8 f16x2 pairs of this step, in slot order (kk, j) --
-        w0, w1, h0, h1, h2, h3 = raw
-        sc0, mn0, sc1, mn1 = k_scales((h0, h1, h2, h3), 2 * (s & 3))
-        d = qi.f16_to_f32(h0 & qi.HALF)
-        dm = qi.f16_to_f32(h0 >> 16)
+        w0, w1, e0, e1, e2, e3 = raw
+        sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
+        d = qi.f16_to_f32(e0 & qi.HALF)
+        dm = qi.f16_to_f32(e0 >> 16)
         ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
         a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
-        c0, c1, e0, e1 = q4_word(w1, ls, lm, hs, hm)
-        return a0, a1, c0, c1, b0, b1, e0, e1
+        c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
+        return a0, a1, c0, c1, b0, b1, f0, f1
 
     @cuda.jit
     def kernel(a, qs, hdr, part):
@@ -259,14 +259,14 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
     @cuda.jit(device=True, inline=True)
     def row_frags(wsl, lr, t, s):
         w0, w1 = ptx.ld_shared_v2_u32(wsl + lr * 32 + 8 * t)
-        h0, h1, h2, h3 = ptx.ld_shared_v4_u32(wsl + W_SLOT + lr * 16)
-        sc0, mn0, sc1, mn1 = k_scales((h0, h1, h2, h3), 2 * (s & 3))
-        d = qi.f16_to_f32(h0 & qi.HALF)
-        dm = qi.f16_to_f32(h0 >> 16)
+        e0, e1, e2, e3 = ptx.ld_shared_v4_u32(wsl + W_SLOT + lr * 16)
+        sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
+        d = qi.f16_to_f32(e0 & qi.HALF)
+        dm = qi.f16_to_f32(e0 >> 16)
         ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
         a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
-        c0, c1, e0, e1 = q4_word(w1, ls, lm, hs, hm)
-        return a0, a1, c0, c1, b0, b1, e0, e1
+        c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
+        return a0, a1, c0, c1, b0, b1, f0, f1
 
     @cuda.jit
     def kernel(a, qs, hdr, part):
@@ -382,3 +382,19 @@ def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
     counts not yet measured at every shape)."""
     blocks = -(-N // (64 * MT)) * -(-M // nt_for(M))
     return max(1, min(round(3 * sms / blocks), K // GROUP // 8))
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
+    kernels are made here, not at import."""
+    if wg.SIM:
+        return []
+    from numba import types
+
+    from impnb.kernels.gemv.gemv import parts_type
+
+    qs_t, hdr_t = parts_type(T.Q4_K)
+    sig = types.void(types.Array(types.float16, 2, "C"), qs_t, hdr_t, types.Array(types.float32, 3, "C"))
+    return [(gemm_wgmma_rs_staged_kernel(nt, 3), sig,
+             {"ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.f16.f16"], "max_registers": 168})
+            for nt in (16, 32, 64)] + [(gemm_wgmma_rs_kernel(16), sig, {"max_registers": 168})]
