@@ -45,7 +45,7 @@ def main() -> int:
         if args.shapes and f"{t.name} {N}x{K}" not in args.shapes.split(","):
             continue
         for name in args.kernels.split(","):
-            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs1": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs}[name]
+            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs1": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs, "wrsdb": gemm_wgmma_rs}[name]
             if not mod.supports(t, K):
                 continue
             for M in map(int, args.rows.split(",")):
@@ -60,7 +60,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x16p = m.ctx.upload(gemm_wgmma_rs.permute_a(h16))
     xq = quant_x32.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs1", "wrs3", "wrs4") else [(None, int(d), int(f)) for d in args.ahead.split(",")
+    variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs1", "wrs3", "wrs4", "wrsdb") else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \
         if name == "wgf" else [
         tuple(int(f) for f in (v + ":-1:0").split(":")[:3]) for v in args.mmq_variants.split(",")]
@@ -80,7 +80,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                     gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 elif name.startswith("wrs"):
                     gemm_wgmma_rs.gemm_wgmma_rs(x16p, ws[i % len(ws)], y, part, m.ctx.nb_stream, S,
-                                                staged={"wrs": 6, "wrs1": 0, "wrs3": 3, "wrs4": 4}[name])
+                                                staged={"wrs": 6, "wrs1": 0, "wrs3": 3, "wrs4": 4, "wrsdb": -4}[name])
                 elif name == "wgf":
                     gemm_wgmma_few.gemm_wgmma_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, w_ahead=regs,
                                                   f16x2=bool(mt))
