@@ -1,5 +1,7 @@
 """The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
-quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead) at a model's shapes over split counts (splits_for's times each scale): µs
+quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead; kernels/gemm/gemm_wgmma_rs.py,
+Q4_K only: "wrs" staged 6 deep, "wrs3" / "wrs4" 3 / 4 deep, "wrs1" W ahead in registers, "wrsdb" double-buffered,
+A permuted to its order) at a model's shapes over split counts (splits_for's times each scale): µs
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
 (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
 shape's first variant's is flagged.
