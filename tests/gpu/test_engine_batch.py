@@ -394,7 +394,7 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
 
 def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
     """Decode steps of 12 and 24 rows (buckets 16 and 32) of the synthetic Qwen3-8B Q4_K_M at two
-    layers with every Q4_K GEMM on gemm_wgmma_rs ("wrs": x cast, and gate|up's product written, in
+    layers with every Q4_K and Q6_K GEMM on gemm_wgmma_rs ("wrs": x cast, and gate|up's product written, in
     its column order) against the measured table's paths: the same products up to the f16x2
     decode's rounding of the scales and the int8 GEMM's rounding of x, amplified by the random
     weights' sharp attention (as test_batch_fused_norms_equal_unfused): logits within 2e-2 of the
@@ -414,7 +414,7 @@ def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
     lengths = rng.integers(3, 120, 24)
     seqs = [rng.integers(100, 20000, n + 4).astype(np.int32) for n in lengths]
     table = gemm_dispatch.load_table()
-    wrs = {k: {**v, "16": "wrs", "32": "wrs", "64": "wrs"} for k, v in table.items() if k.startswith("Q4_K ")}
+    wrs = {k: {**v, "16": "wrs", "32": "wrs", "64": "wrs"} for k, v in table.items() if k.split()[0] in ("Q4_K", "Q6_K")}
     got = {}
     for name, tab in (("table", table), ("wrs", {**table, **wrs})):
         monkeypatch.setattr(gemm_dispatch, "load_table", lambda path=None, tab=tab: tab)

@@ -177,8 +177,8 @@ H2_NEG_1056 = np.uint32(0xE420E420)  # -(1024 + 32) in both halves
 
 
 @cuda.jit(device=True, inline=True)
-def _q6_pairs(x, s2):
-    # -- bytes 0..3 of x (6-bit quants) -> (w0, w1), (w2, w3) as f16x2 words: (q - 32) * s --
+def q6_pairs(x, s2):
+    """Bytes 0..3 of x (6-bit quants) as f16x2 words (w0, w1), (w2, w3): (q - 32) * s2 rounded once."""
     w01 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4140), H2_ONE, H2_NEG_1056), s2, uint32(0))
     w23 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4342), H2_ONE, H2_NEG_1056), s2, uint32(0))
     return w01, w23
@@ -189,10 +189,10 @@ def _q6_half(ql, qh, c, h, s2):
     # -- half h's 16 weights: low (h 0) or high nibbles of ql, 2 bits of qh above them --
     sh = 4 * h
     hs = 2 * (2 * h + ((c & 3) >> 1))
-    a0, a1 = _q6_pairs((shr32(ql[0], sh) & LO4) | ((shr32(qh[0], hs) & LO2) << 4), s2)
-    b0, b1 = _q6_pairs((shr32(ql[1], sh) & LO4) | ((shr32(qh[1], hs) & LO2) << 4), s2)
-    c0, c1 = _q6_pairs((shr32(ql[2], sh) & LO4) | ((shr32(qh[2], hs) & LO2) << 4), s2)
-    d0, d1 = _q6_pairs((shr32(ql[3], sh) & LO4) | ((shr32(qh[3], hs) & LO2) << 4), s2)
+    a0, a1 = q6_pairs((shr32(ql[0], sh) & LO4) | ((shr32(qh[0], hs) & LO2) << 4), s2)
+    b0, b1 = q6_pairs((shr32(ql[1], sh) & LO4) | ((shr32(qh[1], hs) & LO2) << 4), s2)
+    c0, c1 = q6_pairs((shr32(ql[2], sh) & LO4) | ((shr32(qh[2], hs) & LO2) << 4), s2)
+    d0, d1 = q6_pairs((shr32(ql[3], sh) & LO4) | ((shr32(qh[3], hs) & LO2) << 4), s2)
     return a0, a1, b0, b1, c0, c1, d0, d1
 
 

@@ -1,6 +1,6 @@
 """wgmma GEMM with the weights in registers (W the m64 operand, decoded straight into wgmma's A
 fragments; the tokens the n operand from shared memory) for a batched decode step's 9..128 rows:
-C (M, N) float32 = A (M, K) fp16 · dequant(W)ᵀ, Q4_K, split along K. Not yet a gemm_dispatch
+C (M, N) float32 = A (M, K) fp16 · dequant(W)ᵀ, Q4_K and Q6_K, split along K. Not yet a gemm_dispatch
 path: measured against gemm_mmq and gemm_wgmma_few by scripts/bench_gemm_few.py --kernels wrs3.
 
 gemm_wgmma_few decodes W into shared memory as wgmma's B operand (a store and a barrier a step
@@ -28,11 +28,11 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from impnb.kernels.common import ptx, ptx_wgmma as wg
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.quant_blocks_k import h2, k_scales, q4_word
+from impnb.kernels.common.quant_blocks_k import h2, k_scales, q4_word, q6_pairs
 from impnb.kernels.gemm.gemm_quant_splitk import reduce_parts
 from impnb.launch import launch
 
@@ -353,14 +353,19 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
 def _launch(a_perm, w, part, stream, splits: int, staged: int) -> None:
     M, K = a_perm.shape
     N = w.rows
-    assert supports(w.ggml_type, K) and w.cols == K and 1 <= splits <= K // GROUP, \
+    q6 = T(w.ggml_type) == T.Q6_K
+    assert supports(w.ggml_type, K) and w.cols == K and 1 <= splits <= K // (128 if q6 else GROUP), \
         f"no register-operand wgmma GEMM for {T(w.ggml_type).name} {N}x{K}, {splits} splits"
     assert part.shape == (splits, M, N) and a_perm.dtype == np.float16 and a_perm.is_c_contiguous()
     nt = nt_for(M)
+    grid = (-(-N // (64 * MT)), splits, -(-M // nt))
+    if q6:
+        launch(gemm_wgmma_rs_q6_k_kernel(nt, 3), grid, THREADS, stream, a_perm, *w.parts, part,
+               shared_bytes=3 * (nt * 256 + Q6_SLOT) + ALIGN)
+        return
     kernel = (gemm_wgmma_rs_db_kernel(nt, -staged) if staged < 0 else gemm_wgmma_rs_staged_kernel(nt, staged)
               if staged else gemm_wgmma_rs_kernel(nt))
-    launch(kernel, (-(-N // (64 * MT)), splits, -(-M // nt)), THREADS, stream,
-           a_perm, w.parts[0], w.parts[1], part, shared_bytes=shared_bytes(nt, staged))
+    launch(kernel, grid, THREADS, stream, a_perm, w.parts[0], w.parts[1], part, shared_bytes=shared_bytes(nt, staged))
 
 
 def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, accumulate: bool = False, reduce: bool = True,
@@ -388,15 +393,15 @@ GROUP = 64  # K columns a step (the split unit)
 
 
 def supports(ggml_type, K: int) -> bool:
-    return T(ggml_type) == T.Q4_K and K % 256 == 0
+    return T(ggml_type) in (T.Q4_K, T.Q6_K) and K % 256 == 0
 
 
 def splits_for(M: int, N: int, K: int, sms: int = 132) -> int:
-    """About three blocks an SM, each split at least eight steps deep (from the sweep of
+    """About three blocks an SM, each split at least 512 columns deep (from the sweep of
     scripts/bench_gemm_few.py --kernels wrs3 over the synthetic Qwen3-8B's Q4_K shapes; its own
     counts not yet measured at every shape)."""
     blocks = -(-N // (64 * MT)) * -(-M // nt_for(M))
-    return max(1, min(round(3 * sms / blocks), K // GROUP // 8))
+    return max(1, min(round(3 * sms / blocks), K // 512))
 
 
 def build_signatures() -> list:
@@ -413,7 +418,10 @@ def build_signatures() -> list:
     return [(gemm_wgmma_rs_staged_kernel(nt, 3), sig,
              {"ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.f16.f16"], "max_registers": 168})
             for nt in (16, 32, 64)] + [(gemm_wgmma_rs_kernel(16), sig, {"max_registers": 168})] + [
-        (gemm_wgmma_rs_db_kernel(nt, 4), sig, {"max_registers": 168}) for nt in (16, 32, 64)]
+        (gemm_wgmma_rs_db_kernel(nt, 4), sig, {"max_registers": 168}) for nt in (16, 32, 64)] + [
+        (gemm_wgmma_rs_q6_k_kernel(nt, 3), types.void(types.Array(types.float16, 2, "C"), *parts_type(T.Q6_K),
+                                                      types.Array(types.float32, 3, "C")), {"max_registers": 255})
+        for nt in (16, 32, 64)]
 
 
 @lru_cache(maxsize=None)
@@ -549,4 +557,149 @@ def gemm_wgmma_rs_db_kernel(nt: int, stages: int = 4):
                     part[sp, tok, row + 64] = acc1[i]
 
     kernel.__name__ = f"_gemm_wgmma_rs_db_q4_k_n{nt}_s{stages}_kernel"
+    return kernel
+
+
+@cuda.jit(device=True, inline=True)
+def _s8(word, b):
+    # byte b of word as a signed int32
+    v = int32(qi.shr32(word, 8 * b) & 0xFF)
+    return int32(v - 256) if v > 127 else v
+
+
+Q6_SLOT = 128 * (64 + 32 + 16)  # a 128-column step's ql (64 bytes a row), qh (32) and the superblock's scales (16)
+
+
+@lru_cache(maxsize=None)
+def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
+    """The staged form for Q6_K, a step 128 columns (half a superblock: ql bytes i and 32 + i and qh
+    byte i hold columns i, + 32, + 64, + 96): lane (g, t) takes the same columns of each 64-column
+    half as of a Q4_K step (8t .., 32 + 8t ..; low nibbles and qh bits 0-3 the first half, high
+    nibbles and bits 4-7 the second), so A's permutation is Q4_K's; two sets of 8 wgmmas a step,
+    the tokens' 128 columns as two 64-column swizzled tiles."""
+    mma = MMA_RS_K[nt]
+    na = nt // 2
+    tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
+    sb = tb + Q6_SLOT
+    ahead = stages - 1
+    wait = stages - 2
+    units = nt * 16 // THREADS  # 16-byte token copies a thread a step
+
+    @cuda.jit(device=True, inline=True)
+    def stage(dst, a, ql, qh, sc, m0, n0, M, N, K, s):
+        tid = cuda.threadIdx.x
+        for i in range(units):
+            u = tid + THREADS * i
+            r = u >> 4
+            ch = u & 15  # 16-byte chunk of the row's 128 columns: tile ch >> 3, chunk ch & 7
+            row = m0 + r
+            ok = row < M
+            ptx.cp_async_16_zfill(dst + (ch >> 3) * nt * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4), a,
+                                  (row if ok else m0) * K + 128 * s + 8 * ch, 16 if ok else 0)
+        wdst = dst + tb
+        for i in range(4):  # ql: 4 copies a row
+            u = tid + THREADS * i
+            r = u >> 2
+            wr = min(n0 + r, N - 1)
+            ptx.cp_async_16(wdst + r * 64 + 16 * (u & 3), ql, wr * (K // 8) + 16 * s + 4 * (u & 3))
+        for i in range(2):  # qh: 2 a row
+            u = tid + THREADS * i
+            r = u >> 1
+            wr = min(n0 + r, N - 1)
+            ptx.cp_async_16(wdst + 128 * 64 + r * 32 + 16 * (u & 1), qh, wr * (K // 16) + 8 * s + 4 * (u & 1))
+        ptx.cp_async_16(wdst + 128 * 96 + tid * 16, sc, min(n0 + tid, N - 1) * (K // 16) + 16 * (s >> 1))
+
+    @cuda.jit(device=True, inline=True)
+    def row_frags(wsl, lr, t, s, d, hi):
+        # -- one row's 8 f16x2 pairs of half `hi` of step s, in slot order (kk, j) --
+        l0, l1 = ptx.ld_shared_v2_u32(wsl + lr * 64 + 8 * t)
+        l2, l3 = ptx.ld_shared_v2_u32(wsl + lr * 64 + 32 + 8 * t)
+        q0, q1 = ptx.ld_shared_v2_u32(wsl + 128 * 64 + lr * 32 + 8 * t)
+        sw = ptx.ld_shared_u32(wsl + 128 * 96 + lr * 16 + 8 * (s & 1) + 4 * hi)  # this half's scales 4 hi ..
+        ls = h2(d * float32(_s8(sw, t >> 1)))
+        hs = h2(d * float32(_s8(sw, 2 + (t >> 1))))
+        sh = 4 * hi  # ql's nibble; qh's bits 4 hi .. (columns 8t ..) and 4 hi + 2 .. (32 + 8t ..)
+        a0, a1 = q6_pairs((qi.shr32(l0, sh) & qi.LO4) | ((qi.shr32(q0, sh) & qi.LO2) << 4), ls)
+        c0, c1 = q6_pairs((qi.shr32(l1, sh) & qi.LO4) | ((qi.shr32(q1, sh) & qi.LO2) << 4), ls)
+        b0, b1 = q6_pairs((qi.shr32(l2, sh) & qi.LO4) | ((qi.shr32(q0, sh + 2) & qi.LO2) << 4), hs)
+        f0, f1 = q6_pairs((qi.shr32(l3, sh) & qi.LO4) | ((qi.shr32(q1, sh + 2) & qi.LO2) << 4), hs)
+        return a0, a1, c0, c1, b0, b1, f0, f1
+
+    @cuda.jit(device=True, inline=True)
+    def half(acc0, acc1, wsl, l0, t, s, dd, hi, desc):
+        d0, d1, d2, d3 = dd
+        p0 = row_frags(wsl, l0, t, s, d0, hi)
+        p1 = row_frags(wsl, l0 + 8, t, s, d1, hi)
+        p2 = row_frags(wsl, l0 + 64, t, s, d2, hi)
+        p3 = row_frags(wsl, l0 + 72, t, s, d3, hi)
+        wg.wgmma_fence()
+        mma(acc0, p0[0], p1[0], p0[1], p1[1], desc)
+        mma(acc0, p0[2], p1[2], p0[3], p1[3], desc + 2)
+        mma(acc0, p0[4], p1[4], p0[5], p1[5], desc + 4)
+        mma(acc0, p0[6], p1[6], p0[7], p1[7], desc + 6)
+        mma(acc1, p2[0], p3[0], p2[1], p3[1], desc)
+        mma(acc1, p2[2], p3[2], p2[3], p3[3], desc + 2)
+        mma(acc1, p2[4], p3[4], p2[5], p3[5], desc + 4)
+        mma(acc1, p2[6], p3[6], p2[7], p3[7], desc + 6)
+        wg.wgmma_commit()
+        wg.wgmma_wait(0)
+
+    @cuda.jit
+    def kernel(a, ql, qh, sc, dsb, part):
+        ptx.grid_dep_wait()
+        ptx.grid_dep_launch()
+        S = cuda.gridDim.y
+        sp = cuda.blockIdx.y
+        M, K = a.shape
+        N = part.shape[2]
+        KT = K // 128
+        k0 = sp * KT // S
+        k1 = (sp + 1) * KT // S
+        m0 = cuda.blockIdx.z * nt
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        n0 = cuda.blockIdx.x * 64 * MT
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
+        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        for i in range(ahead):
+            if k0 + i < k1:
+                stage(base + i * sb, a, ql, qh, sc, m0, n0, M, N, K, k0 + i)
+            ptx.cp_async_commit()
+        acc0 = cuda.local.array(na, float32)
+        acc1 = cuda.local.array(na, float32)
+        for i in range(na):
+            acc0[i] = float32(0.0)
+            acc1[i] = float32(0.0)
+        l0 = 16 * warp + g
+        r0 = min(n0 + l0, N - 1)
+        r1 = min(n0 + l0 + 8, N - 1)
+        r2 = min(n0 + l0 + 64, N - 1)
+        r3 = min(n0 + l0 + 72, N - 1)
+        for s in range(k0, k1):
+            i = s - k0
+            sbk = s >> 1
+            dd = (float32(dsb[r0 * (K // 256) + sbk]), float32(dsb[r1 * (K // 256) + sbk]),
+                  float32(dsb[r2 * (K // 256) + sbk]), float32(dsb[r3 * (K // 256) + sbk]))
+            ptx.cp_async_wait_group(wait)
+            cuda.syncthreads()  # step s's slot landed; every warp's wgmmas of step s - 1 done
+            if s + ahead < k1:
+                stage(base + ((i + ahead) % stages) * sb, a, ql, qh, sc, m0, n0, M, N, K, s + ahead)
+            ptx.cp_async_commit()
+            sl = base + (i % stages) * sb
+            half(acc0, acc1, sl + tb, l0, t, s, dd, 0, wg.desc_sw128(sl))
+            half(acc0, acc1, sl + tb, l0, t, s, dd, 1, wg.desc_sw128(sl + nt * 128))
+        ptx.cp_async_wait_all()
+        for i in range(na):
+            row = n0 + 16 * warp + g + 8 * ((i >> 1) & 1)
+            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
+            if tok < M:
+                if row < N:
+                    part[sp, tok, row] = acc0[i]
+                if row + 64 < N:
+                    part[sp, tok, row + 64] = acc1[i]
+
+    kernel.__name__ = f"_gemm_wgmma_rs_q6_k_n{nt}_s{stages}_kernel"
     return kernel
