@@ -1,7 +1,7 @@
 """gemm_wgmma_rs (kernels/gemm/gemm_wgmma_rs.py) on the GPU against gemm_ref of the f16x2 decoders'
 weights (gemm_tc's bounds), A permuted by permute_a: Q4_K and Q6_K, 5..100 rows (every token tile width,
 ragged last tiles), N not a multiple of the block's 128 rows, 1..4 splits, the staged form at 6
-and 3 steps, the registers-ahead form and the double-buffered one (4 deep); A Gaussian at std 0.1, 1 and 10; outputs NaN-poisoned."""
+and 3 steps and the registers-ahead form; A Gaussian at std 0.1, 1 and 10; outputs NaN-poisoned."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("M,N,K,S", [(12, 264, 1024, 1), (16, 256, 1024, 3), (30, 264, 2048, 2), (64, 4096, 4096, 4),
                                      (100, 136, 1024, 1), (5, 128, 256, 1)])
-@pytest.mark.parametrize("staged", [6, 3, 0, -4])
+@pytest.mark.parametrize("staged", [6, 3, 0])
 def test_wgmma_rs(M, N, K, S, staged):
     raw, w16, w = gemm_tests.weight(T.Q4_K, N, K)
     a = (np.random.default_rng(M).standard_normal((M, K)) * (0.1, 1.0, 10.0)[M % 3]).astype(np.float16)

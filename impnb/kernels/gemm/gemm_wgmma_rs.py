@@ -1,7 +1,8 @@
 """wgmma GEMM with the weights in registers (W the m64 operand, decoded straight into wgmma's A
 fragments; the tokens the n operand from shared memory) for a batched decode step's 9..128 rows:
-C (M, N) float32 = A (M, K) fp16 · dequant(W)ᵀ, Q4_K and Q6_K, split along K. Not yet a gemm_dispatch
-path: measured against gemm_mmq and gemm_wgmma_few by scripts/bench_gemm_few.py --kernels wrs3.
+C (M, N) float32 = A (M, K) fp16 · dequant(W)ᵀ, Q4_K and Q6_K, split along K: gemm_dispatch's path
+"wrs", taken where tune_gemm's table measured it fastest (scripts/bench_gemm_few.py --kernels wrs3
+times it alone against gemm_mmq and gemm_wgmma_few).
 
 gemm_wgmma_few decodes W into shared memory as wgmma's B operand (a store and a barrier a step
 for every weight); here each lane's raw quants become its A fragments in registers and the
@@ -12,7 +13,7 @@ warp w holds rows 16 w + g and + 8 of each of the block's MT m64 tiles, bytes 8t
 pair: columns 8t .. 8t + 7 (low nibbles) and 32 + 8t .. (high). Its f16x2 pairs (quant_blocks_k's
 q4_word: q * fp16(d sc) + fp16(-dmin m)) fill the fragments' k slots in the order perm_columns
 gives, so A must hold its columns permuted the same way (permute_a; a cast kernel writing that
-order is what the engine would need); the kernel reads A as given.
+order: cast_f16_perm and reduce_glu's perm form); the kernel reads A as given.
 
 Two forms: gemm_wgmma_rs_kernel holds one step of raw W ahead in registers, the tokens in a
 STAGES-deep cp.async ring; gemm_wgmma_rs_staged_kernel stages each step's tokens, W quants and
@@ -89,19 +90,6 @@ if not wg.SIM:
         return mma
 
     MMA_RS_K = {n: _mma_rs_k(n) for n in (16, 32, 64, 128)}
-
-    @intrinsic
-    def keep8(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
-        """The eight registers unchanged, through an empty asm that reads and writes them: after a
-        wgmma.wait_group, it keeps the registers an in-flight wgmma reads from being reused before
-        (CUTLASS's warpgroup_fence_operand)."""
-        sig = types.UniTuple(types.uint32, 8)(a0, a1, a2, a3, a4, a5, a6, a7)
-
-        def codegen(context, builder, sig, args):
-            res = inline_asm(builder, ir.LiteralStructType([ir.IntType(32)] * 8), list(args), "",
-                             ",".join(["=r"] * 8 + [str(i) for i in range(8)]), side_effect=True)
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, j) for j in range(8)])
-        return sig, codegen
 
 
 def nt_for(M: int) -> int:
@@ -228,7 +216,7 @@ def gemm_wgmma_rs_kernel(nt: int):
 
 
 def shared_bytes(nt: int, staged: int = 0) -> int:
-    return (abs(staged) * slot_bytes(nt) if staged else STAGES * nt * 128) + ALIGN
+    return (staged * slot_bytes(nt) if staged else STAGES * nt * 128) + ALIGN
 
 
 W_SLOT = 128 * 32   # a step's W quants (128 rows of 32 bytes)
@@ -363,8 +351,7 @@ def _launch(a_perm, w, part, stream, splits: int, staged: int) -> None:
         launch(gemm_wgmma_rs_q6_k_kernel(nt, 3), grid, THREADS, stream, a_perm, *w.parts, part,
                shared_bytes=3 * (nt * 256 + Q6_SLOT) + ALIGN)
         return
-    kernel = (gemm_wgmma_rs_db_kernel(nt, -staged) if staged < 0 else gemm_wgmma_rs_staged_kernel(nt, staged)
-              if staged else gemm_wgmma_rs_kernel(nt))
+    kernel = gemm_wgmma_rs_staged_kernel(nt, staged) if staged else gemm_wgmma_rs_kernel(nt)
     launch(kernel, grid, THREADS, stream, a_perm, w.parts[0], w.parts[1], part, shared_bytes=shared_bytes(nt, staged))
 
 
@@ -372,8 +359,7 @@ def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, accumulate: bool = Fa
                   staged: int = 3):
     """c (M, N) float32 = a · dequant(w)ᵀ (c += with accumulate) from a_perm = a with permute_a's
     columns (fp16, device); part: a float32 scratch (splits, M, N), where reduce=False leaves the
-    partial products (c untouched); staged: the staged kernel's depth (0: W ahead in registers; -d:
-    the double-buffered form, d deep)."""
+    partial products (c untouched); staged: the staged kernel's depth (0: W ahead in registers)."""
     _launch(a_perm, w, part, stream, splits, staged)
     if reduce:
         reduce_parts(part, (c, c, c), w.rows, 0, accumulate, stream)
@@ -418,146 +404,9 @@ def build_signatures() -> list:
     return [(gemm_wgmma_rs_staged_kernel(nt, 3), sig,
              {"ptx_contains": [f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.f16.f16"], "max_registers": 168})
             for nt in (16, 32, 64)] + [(gemm_wgmma_rs_kernel(16), sig, {"max_registers": 168})] + [
-        (gemm_wgmma_rs_db_kernel(nt, 4), sig, {"max_registers": 168}) for nt in (16, 32, 64)] + [
         (gemm_wgmma_rs_q6_k_kernel(nt, 3), types.void(types.Array(types.float16, 2, "C"), *parts_type(T.Q6_K),
                                                       types.Array(types.float32, 3, "C")), {"max_registers": 255})
         for nt in (16, 32, 64)]
-
-
-@lru_cache(maxsize=None)
-def gemm_wgmma_rs_db_kernel(nt: int, stages: int = 4):
-    """The staged form with two sets of A fragments: step s + 1 decoded while step s's wgmmas run
-    (wgmma.wait_group 1, the set they read kept live through it by keep8), where the staged form
-    waits for its wgmmas before each decode. stages >= 4 (a slot is refilled after the wait that
-    frees it, so one step fewer is in flight than the ring holds)."""
-    assert stages >= 4
-    mma = MMA_RS_K[nt]
-    na = nt // 2
-    sb = slot_bytes(nt)
-    ahead = stages - 1
-    wait_first = ahead - 1  # cp.async groups left pending: step k0's landed
-    wait_next = ahead - 2   # step s + 1's landed
-    units = nt * 8 // THREADS
-
-    @cuda.jit(device=True, inline=True)
-    def stage(dst, a, qs, hdr, m0, n0, M, N, K, s):
-        tid = cuda.threadIdx.x
-        for i in range(units):
-            u = tid + THREADS * i
-            r = u >> 3
-            ch = u & 7
-            row = m0 + r
-            ok = row < M
-            ptx.cp_async_16_zfill(dst + r * 128 + ((ch ^ (r & 7)) << 4), a,
-                                  (row if ok else m0) * K + 64 * s + 8 * ch, 16 if ok else 0)
-        wdst = dst + nt * 128
-        for i in range(2):
-            u = tid + THREADS * i
-            r = u >> 1
-            wr = min(n0 + r, N - 1)
-            ptx.cp_async_16(wdst + r * 32 + 16 * (u & 1), qs, wr * (K // 8) + 8 * s + 4 * (u & 1))
-        ptx.cp_async_16(wdst + W_SLOT + tid * 16, hdr, 4 * (min(n0 + tid, N - 1) * (K // 256) + (s >> 2)))
-
-    @cuda.jit(device=True, inline=True)
-    def row_frags(wsl, lr, t, s):
-        w0, w1 = ptx.ld_shared_v2_u32(wsl + lr * 32 + 8 * t)
-        e0, e1, e2, e3 = ptx.ld_shared_v4_u32(wsl + W_SLOT + lr * 16)
-        sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
-        d = qi.f16_to_f32(e0 & qi.HALF)
-        dm = qi.f16_to_f32(e0 >> 16)
-        ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
-        a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
-        c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
-        return a0, a1, c0, c1, b0, b1, f0, f1
-
-    @cuda.jit(device=True, inline=True)
-    def frags(sl, l0, t, s):
-        # -- the four rows' pairs of step s from its slot: (row l0, l0 + 8, l0 + 64, l0 + 72) --
-        wsl = sl + nt * 128
-        return (row_frags(wsl, l0, t, s), row_frags(wsl, l0 + 8, t, s), row_frags(wsl, l0 + 64, t, s),
-                row_frags(wsl, l0 + 72, t, s))
-
-    @cuda.jit(device=True, inline=True)
-    def issue(acc0, acc1, f, desc):
-        p0, p1, p2, p3 = f
-        wg.wgmma_fence()
-        mma(acc0, p0[0], p1[0], p0[1], p1[1], desc)
-        mma(acc0, p0[2], p1[2], p0[3], p1[3], desc + 2)
-        mma(acc0, p0[4], p1[4], p0[5], p1[5], desc + 4)
-        mma(acc0, p0[6], p1[6], p0[7], p1[7], desc + 6)
-        mma(acc1, p2[0], p3[0], p2[1], p3[1], desc)
-        mma(acc1, p2[2], p3[2], p2[3], p3[3], desc + 2)
-        mma(acc1, p2[4], p3[4], p2[5], p3[5], desc + 4)
-        mma(acc1, p2[6], p3[6], p2[7], p3[7], desc + 6)
-        wg.wgmma_commit()
-
-    @cuda.jit(device=True, inline=True)
-    def keep(f):
-        p0, p1, p2, p3 = f
-        return keep8(*p0), keep8(*p1), keep8(*p2), keep8(*p3)
-
-    @cuda.jit
-    def kernel(a, qs, hdr, part):
-        ptx.grid_dep_wait()
-        ptx.grid_dep_launch()
-        S = cuda.gridDim.y
-        sp = cuda.blockIdx.y
-        M, K = a.shape
-        N = part.shape[2]
-        KT = K // 64
-        k0 = sp * KT // S
-        k1 = (sp + 1) * KT // S
-        m0 = cuda.blockIdx.z * nt
-        tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        n0 = cuda.blockIdx.x * 64 * MT
-        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
-        for i in range(ahead):
-            if k0 + i < k1:
-                stage(base + i * sb, a, qs, hdr, m0, n0, M, N, K, k0 + i)
-            ptx.cp_async_commit()
-        acc0 = cuda.local.array(na, float32)
-        acc1 = cuda.local.array(na, float32)
-        for i in range(na):
-            acc0[i] = float32(0.0)
-            acc1[i] = float32(0.0)
-        l0 = 16 * warp + g
-        ptx.cp_async_wait_group(wait_first)
-        cuda.syncthreads()
-        cur = frags(base, l0, t, k0)
-        prev = cur
-        for s in range(k0, k1):
-            i = s - k0
-            issue(acc0, acc1, cur, wg.desc_sw128(base + (i % stages) * sb))  # group s
-            wg.wgmma_wait(1)  # group s - 1 done: its fragments and its slot free
-            prev = keep(prev)
-            if s + 1 < k1:
-                ptx.cp_async_wait_group(wait_next)
-                cuda.syncthreads()  # step s + 1's slot landed; every warp's group s - 1 done
-                if s + ahead < k1:
-                    stage(base + ((i + ahead) % stages) * sb, a, qs, hdr, m0, n0, M, N, K, s + ahead)
-                ptx.cp_async_commit()
-                nxt = frags(base + ((i + 1) % stages) * sb, l0, t, s + 1)
-                prev = cur
-                cur = nxt
-        wg.wgmma_wait(0)
-        cur = keep(cur)
-        ptx.cp_async_wait_all()
-        for i in range(na):
-            row = n0 + 16 * warp + g + 8 * ((i >> 1) & 1)
-            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
-            if tok < M:
-                if row < N:
-                    part[sp, tok, row] = acc0[i]
-                if row + 64 < N:
-                    part[sp, tok, row + 64] = acc1[i]
-
-    kernel.__name__ = f"_gemm_wgmma_rs_db_q4_k_n{nt}_s{stages}_kernel"
-    return kernel
 
 
 @cuda.jit(device=True, inline=True)
