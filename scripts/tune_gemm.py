@@ -32,7 +32,7 @@ from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu import gemm_dispatch as gd  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few  # noqa: E402
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs  # noqa: E402
 from impnb.kernels.gemm.gemm_tc_quant import QUANT_TYPES  # noqa: E402
 from impnb.kernels.gemm.gemm_wgmma import BK as WG_BK  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
@@ -106,7 +106,8 @@ def main() -> int:
                          and (p != "few" or gemm_few.supports(t, K))
                          and (p != "mmq" or gemm_mmq.supports(t, K))
                          and (p != "wgmma_few" or gemm_wgmma_few.supports(t, K))
-                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few", "mmq", "wgmma_few"))]
+                         and (p != "wrs" or gemm_wgmma_rs.supports(t, K))
+                         and ((t, N, K) not in stacked or p in ("cublas", "splitk", "few", "mmq", "wgmma_few", "wrs"))]
                 us = {p: time_path(m, ws, x, ys[p], p, args.reps) if p in paths else float("inf")
                       for p in gd.PATHS}
                 for p in paths:

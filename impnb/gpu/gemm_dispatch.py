@@ -5,7 +5,9 @@ decode step's 9..256), the few-row GEMM that decodes W into mma fragments with n
 memory (kernels/gemm/gemm_few.py, "few"), the int8 one on x quantized to int8 and W's stored
 quants (kernels/gemm/gemm_mmq.py, "mmq"), the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py) or
 their few-row form split along K, each weight decoded once for up to 128 rows
-(kernels/gemm/gemm_wgmma_few.py, "wgmma_few").
+(kernels/gemm/gemm_wgmma_few.py, "wgmma_few"), or that form with W in wgmma's register operand
+and the rows from shared memory (kernels/gemm/gemm_wgmma_rs.py, "wrs": Q4_K; x cast in its column
+order).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
 impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the GPU the table names by
@@ -22,10 +24,11 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as T
 
 from impnb import tuning
+from impnb.kernels.gemm import gemm_wgmma_rs
 
 TABLE_PATH = tuning.GEMM_TABLE
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
-PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk", "few", "mmq", "wgmma_few")
+PATHS = ("cublas", "tiles_bm64", "tiles_bm128", "wgmma", "splitk", "few", "mmq", "wgmma_few", "wrs")
 TILE_BM = {"tiles_bm64": 64, "tiles_bm128": 128}  # gemm_tc_quant paths -> their bm
 log = logging.getLogger("impnb.gemm")
 _logged: set = set()
@@ -93,5 +96,7 @@ def choose(ggml_type: T, N: int, K: int, M: int, table: dict | None = None) -> s
     key = shape_key(ggml_type, N, K)
     path = pick(load_table() if table is None else table, key, M, "cublas", _logged, f"gemm {key} M<=%d")
     if path in ("few", "mmq") and K % FEW_K or path == "wgmma_few" and K % WGMMA_K:
+        return "cublas"
+    if path == "wrs" and not gemm_wgmma_rs.supports(ggml_type, K):
         return "cublas"
     return path

@@ -21,8 +21,8 @@ from impnb.gpu.plan import StepPlan
 from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
-from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, quant_x32
+from impnb.kernels.elementwise.cast import cast_f16, cast_f16_perm
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs, quant_x32
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -151,10 +151,10 @@ class MatMul:
         s, (M, N) = self.ctx.nb_stream, y.shape
 
         def a16():
-            return ready if ready is not None else self.x16(x, norm)
+            return ready if ready is not None else self.x16(x, norm, perm=path == "wrs")
 
         split_for = {"splitk": splits_for, "few": gemm_few.splits_for, "wgmma_few": gemm_wgmma_few.splits_for,
-                     "mmq": gemm_mmq.splits_for}.get(path)
+                     "mmq": gemm_mmq.splits_for, "wrs": gemm_wgmma_rs.splits_for}.get(path)
         if split_for is not None:
             S = split_for(M, N, w.cols, sms=gemv_stream.sm_count())
             part = self.arena.get("splitk_part", (S, M, N))
@@ -168,6 +168,8 @@ class MatMul:
             gemm_few.gemm_few(a16(), w, y, part, s, S, accumulate, reduce=reduce)
         elif path == "wgmma_few":
             gemm_wgmma_few.gemm_wgmma_few(a16(), w, y, part, s, S, accumulate, reduce=reduce)
+        elif path == "wrs":
+            gemm_wgmma_rs.gemm_wgmma_rs(a16(), w, y, part, s, S, accumulate, reduce=reduce)
         elif path == "mmq":
             gemm_mmq.gemm_mmq(x, ready if ready is not None else self.x32_buffers(M, w.cols), w, y, part, s, S,
                               accumulate, norm=norm, quantized=ready is not None, reduce=reduce)
@@ -179,7 +181,8 @@ class MatMul:
 
     def operand_for(self, lin: Linear, n_tok: int):
         """The buffers of lin's GEMM operand for n_tok rows as its path reads it (n_tok past
-        GEMV_MAX_ROWS): quant_x32's QuantX32 on "mmq", else an fp16 (n_tok, K) array."""
+        GEMV_MAX_ROWS): quant_x32's QuantX32 on "mmq", else an fp16 (n_tok, K) array (on "wrs" in gemm_wgmma_rs's
+        column order, as glu's reduce_glu writes it there)."""
         if lin.gemm_path(n_tok) == "mmq":
             return self.x32_buffers(n_tok, lin.w.cols)
         return self.arena.get("a16", (n_tok, lin.w.cols), np.float16)
@@ -218,13 +221,15 @@ class MatMul:
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
             return
-        if path in ("splitk", "few", "wgmma_few"):
+        if path in ("splitk", "few", "wgmma_few", "wrs"):
             split_for, gemm_split = {
                 "splitk": (splits_for, gemm_splitk_split),
                 "few": (gemm_few.splits_for, gemm_few.gemm_few_split),
-                "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split)}[path]
+                "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split),
+                "wrs": (gemm_wgmma_rs.splits_for, gemm_wgmma_rs.gemm_wgmma_rs_split)}[path]
             S = split_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            gemm_split(self.x16(x, norm), w, ys, self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S)
+            gemm_split(self.x16(x, norm, perm=path == "wrs"), w, ys, self.arena.get("splitk_part", (S, M, w.rows)),
+                       self.ctx.nb_stream, S)
             return
         x16, w16, row = self.x16(x, norm), self.w16(w), 0
         for y in ys:
@@ -255,7 +260,7 @@ class MatMul:
             part = self.gemm(x, w, self.arena.get("gate_up", (n_tok, w.rows)), lin.gemm_path(n_tok), norm,
                              reduce=False)
             ready = self.operand_for(down, n_tok)
-            reduce_glu(part, act, ready, s)
+            reduce_glu(part, act, ready, s, perm=down.gemm_path(n_tok) == "wrs")
             return ready
         multi = lin.multi.get(n_tok)
         if multi == MMQ:
@@ -311,11 +316,14 @@ class MatMul:
         return quant_x32.QuantX32(self.arena.get("xq32", (MP, K // 4), np.uint32),
                                  self.arena.get("xq32_ds", (K // quant_x32.XGROUP, MP, 2)))
 
-    def x16(self, x, norm: tuple | None = None):
+    def x16(self, x, norm: tuple | None = None, perm: bool = False):
         """x, or RMSNorm(x) * wn with norm (wn, eps), cast to fp16 into a scratch buffer (a GEMM's
-        A operand)."""
+        A operand); perm: in gemm_wgmma_rs's column order."""
         x16 = self.arena.get("x16", x.shape, np.float16)
-        cast_f16(x, x16, self.ctx.nb_stream, norm)
+        if perm:
+            cast_f16_perm(x, x16, self.ctx.nb_stream, norm)
+        else:
+            cast_f16(x, x16, self.ctx.nb_stream, norm)
         return x16
 
     def w16(self, w):

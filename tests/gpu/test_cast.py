@@ -37,3 +37,26 @@ def test_cast_norm(T, K):
     for std in (1e-3, 1.0, 300.0):
         check_cast_norm(rng, T, K, std)
     check_cast_norm(rng, T, K, 1.0, w_std=3e4)  # some values past fp16's range
+
+
+def check_cast_perm(rng, T, K, std, normed):
+    """cast_f16_perm: cast_f16's output (with or without the norm) with each 64-column step's
+    columns in gemm_wgmma_rs's order, bit for bit; the output NaN-poisoned."""
+    from impnb.kernels.elementwise.cast import cast_f16_perm
+    from impnb.kernels.gemm.gemm_wgmma_rs import permute_a
+
+    x = cuda.to_device((rng.standard_normal((T, K)) * std).astype(np.float32))
+    norm = (cuda.to_device((1.0 + rng.standard_normal(K)).astype(np.float32)), 1e-6) if normed else None
+    want = cuda.to_device(np.full((T, K), np.nan, np.float16))
+    cast_f16(x, want, 0, norm=norm) if normed else cast_f16(x.reshape(T * K), want.reshape(T * K), 0)
+    got = cuda.to_device(np.full((T, K), np.nan, np.float16))
+    cast_f16_perm(x, got, 0, norm)
+    assert np.array_equal(got.copy_to_host().view(np.uint16), permute_a(want.copy_to_host()).view(np.uint16))
+
+
+@pytest.mark.parametrize("T, K", [(1, 64), (17, 4096), (33, 2048)])
+def test_cast_perm(T, K):
+    rng = np.random.default_rng([T, K, 7])
+    for normed in (True, False):
+        for std in (1e-2, 1.0, 3e4):
+            check_cast_perm(rng, T, K, std, normed)

@@ -390,3 +390,48 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
         assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear]), i
     print(f"{model}: max|dlogit|/max|logit| by sequence " + " ".join(f"{e:.1e}" for e in errs))
     assert max(errs) < 2e-2
+
+
+def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
+    """Decode steps of 12 and 24 rows (buckets 16 and 32) of the synthetic Qwen3-8B Q4_K_M at two
+    layers with every Q4_K and Q6_K GEMM on gemm_wgmma_rs ("wrs": x cast, and gate|up's product written, in
+    its column order) against the measured table's paths: the same products up to the f16x2
+    decode's rounding of the scales and the int8 GEMM's rounding of x, amplified by the random
+    weights' sharp attention (as test_batch_fused_norms_equal_unfused): logits within 2e-2 of the
+    largest, the same greedy tokens where the top two are further apart."""
+    from dataclasses import replace
+
+    from gguf import GGMLQuantizationType as T
+
+    from impnb import synthetic_full
+    from impnb.gpu import gemm_dispatch
+
+    path = tmp_path / "qwen3-8b-2.gguf"
+    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES["qwen3-8b"], num_hidden_layers=2),
+                                   "Q4_K_M", None, 0, "test", 4)
+    mf = open_model_file(path)
+    rng = np.random.default_rng(13)
+    lengths = rng.integers(3, 120, 24)
+    seqs = [rng.integers(100, 20000, n + 4).astype(np.int32) for n in lengths]
+    table = gemm_dispatch.load_table()
+    wrs = {k: {**v, "16": "wrs", "32": "wrs", "64": "wrs"} for k, v in table.items() if k.split()[0] in ("Q4_K", "Q6_K")}
+    got = {}
+    for name, tab in (("table", table), ("wrs", {**table, **wrs})):
+        monkeypatch.setattr(gemm_dispatch, "load_table", lambda path=None, tab=tab: tab)
+        engine = CudaBatchEngine(mf, 256, kv_tokens=24 * 256, max_batch=32, graphs=True)
+        if name == "wrs":
+            assert engine.m.blk[0].ffn.gate_up.gemm_path(24) == "wrs" and engine.m.blk[0].ffn.gate_up.w.ggml_type == T.Q4_K
+        pages = page_sets(24, 256 // PAGE_SIZE, engine.n_pages, 9)
+        for i, (s, n) in enumerate(zip(seqs, lengths)):
+            engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
+        got[name] = [engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
+                                           for i, (s, n) in enumerate(zip(seqs[:rows], lengths[:rows]))])
+                     for rows, j in ((12, 0), (24, 1), (24, 2))]
+        del engine
+    for a, b in zip(got["wrs"], got["table"]):
+        assert np.isfinite(a).all()
+        scale = np.abs(b).max(axis=1, keepdims=True)
+        assert (np.abs(a - b) / scale).max() < 2e-2
+        top2 = np.sort(b, axis=-1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2e-2 * scale[:, 0]
+        assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])

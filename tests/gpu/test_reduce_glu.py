@@ -41,8 +41,14 @@ def check_reduce_glu(rng, S, M, F, act, std):
     reduce_glu(d_part, act, got16, 0)
     got_q = poisoned_q(MP, F)
     reduce_glu(d_part, act, got_q, 0)
+    got_p = cuda.to_device(np.full((M, F), np.nan, np.float16))
+    if F % 64 == 0:  # gemm_wgmma_rs's column order
+        reduce_glu(d_part, act, got_p, 0, perm=True)
     got16, want16 = got16.copy_to_host(), want16.copy_to_host()
     assert np.array_equal(got16.view(np.uint16), want16.view(np.uint16))
+    if F % 64 == 0:
+        from impnb.kernels.gemm.gemm_wgmma_rs import permute_a
+        assert np.array_equal(got_p.copy_to_host().view(np.uint16), permute_a(want16).view(np.uint16))
     assert np.array_equal(got_q.q.copy_to_host(), want_q.q.copy_to_host())
     ds, want_ds = got_q.ds.copy_to_host(), want_q.ds.copy_to_host()
     assert np.array_equal(ds, want_ds) and (ds[:, M:] == 0).all() and (got_q.q.copy_to_host()[M:] == 0).all()

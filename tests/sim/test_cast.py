@@ -21,3 +21,11 @@ def test_cast_f16_norm_matches_reference():
     rng = np.random.default_rng(1)
     check_cast_norm(rng, 3, 516, 2.0)
     check_cast_norm(rng, 2, 260, 1.0, w_std=3e4)
+
+
+def test_cast_f16_perm_matches_cast():
+    from tests.gpu.test_cast import check_cast_perm
+
+    rng = np.random.default_rng(2)
+    check_cast_perm(rng, 3, 128, 1.0, True)
+    check_cast_perm(rng, 2, 64, 5e4, False)

@@ -107,7 +107,8 @@ H2_NEG_64 = np.uint32(0xD400D400)
 
 
 @cuda.jit(device=True, inline=True)
-def _h2(v):
+def h2(v):
+    """v rounded to fp16, in both halves of a word."""
     b = f32_to_f16_bits(v)
     return b | (b << 16)
 
@@ -121,8 +122,9 @@ def _q4_pairs(x, exp, base, s2, m2):
 
 
 @cuda.jit(device=True, inline=True)
-def _q4_word(q, lo_s2, lo_m2, hi_s2, hi_m2):
-    # -- one 32-bit word of quants: its low nibbles' 4 weights (half 0), then its high ones' (half 1) --
+def q4_word(q, lo_s2, lo_m2, hi_s2, hi_m2):
+    """One 32-bit word of Q4_K quants as f16x2 words q * s2 + m2: its low nibbles' 4 weights (two
+    words of bytes 0-1 and 2-3), then its high nibbles' (the next sub-block's scale and min)."""
     a0, a1 = _q4_pairs(q & LO_NIBBLES, EXP_1024, H2_NEG_1024, lo_s2, lo_m2)
     b0, b1 = _q4_pairs(q & HI_NIBBLES, EXP_64, H2_NEG_64, hi_s2, hi_m2)
     return a0, a1, b0, b1
@@ -137,11 +139,11 @@ def q4_k_words(raw, c):
     q = raw[0]
     d0, _, m0 = _k_affine_words(raw[1], c, 0)
     d1, _, m1 = _k_affine_words(raw[1], c, 1)
-    s0, n0, s1, n1 = _h2(d0), _h2(m0), _h2(d1), _h2(m1)
-    a0, a1, e0, e1 = _q4_word(q[0], s0, n0, s1, n1)
-    b0, b1, f0, f1 = _q4_word(q[1], s0, n0, s1, n1)
-    c0, c1, g0, g1 = _q4_word(q[2], s0, n0, s1, n1)
-    x0, x1, h0, h1 = _q4_word(q[3], s0, n0, s1, n1)
+    s0, n0, s1, n1 = h2(d0), h2(m0), h2(d1), h2(m1)
+    a0, a1, e0, e1 = q4_word(q[0], s0, n0, s1, n1)
+    b0, b1, f0, f1 = q4_word(q[1], s0, n0, s1, n1)
+    c0, c1, g0, g1 = q4_word(q[2], s0, n0, s1, n1)
+    x0, x1, h0, h1 = q4_word(q[3], s0, n0, s1, n1)
     return a0, a1, b0, b1, c0, c1, x0, x1, e0, e1, f0, f1, g0, g1, h0, h1
 
 
@@ -175,8 +177,8 @@ H2_NEG_1056 = np.uint32(0xE420E420)  # -(1024 + 32) in both halves
 
 
 @cuda.jit(device=True, inline=True)
-def _q6_pairs(x, s2):
-    # -- bytes 0..3 of x (6-bit quants) -> (w0, w1), (w2, w3) as f16x2 words: (q - 32) * s --
+def q6_pairs(x, s2):
+    """Bytes 0..3 of x (6-bit quants) as f16x2 words (w0, w1), (w2, w3): (q - 32) * s2 rounded once."""
     w01 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4140), H2_ONE, H2_NEG_1056), s2, uint32(0))
     w23 = fma_f16x2(fma_f16x2(prmt(x, EXP_1024, 0x4342), H2_ONE, H2_NEG_1056), s2, uint32(0))
     return w01, w23
@@ -187,10 +189,10 @@ def _q6_half(ql, qh, c, h, s2):
     # -- half h's 16 weights: low (h 0) or high nibbles of ql, 2 bits of qh above them --
     sh = 4 * h
     hs = 2 * (2 * h + ((c & 3) >> 1))
-    a0, a1 = _q6_pairs((shr32(ql[0], sh) & LO4) | ((shr32(qh[0], hs) & LO2) << 4), s2)
-    b0, b1 = _q6_pairs((shr32(ql[1], sh) & LO4) | ((shr32(qh[1], hs) & LO2) << 4), s2)
-    c0, c1 = _q6_pairs((shr32(ql[2], sh) & LO4) | ((shr32(qh[2], hs) & LO2) << 4), s2)
-    d0, d1 = _q6_pairs((shr32(ql[3], sh) & LO4) | ((shr32(qh[3], hs) & LO2) << 4), s2)
+    a0, a1 = q6_pairs((shr32(ql[0], sh) & LO4) | ((shr32(qh[0], hs) & LO2) << 4), s2)
+    b0, b1 = q6_pairs((shr32(ql[1], sh) & LO4) | ((shr32(qh[1], hs) & LO2) << 4), s2)
+    c0, c1 = q6_pairs((shr32(ql[2], sh) & LO4) | ((shr32(qh[2], hs) & LO2) << 4), s2)
+    d0, d1 = q6_pairs((shr32(ql[3], sh) & LO4) | ((shr32(qh[3], hs) & LO2) << 4), s2)
     return a0, a1, b0, b1, c0, c1, d0, d1
 
 
@@ -201,8 +203,8 @@ def q6_k_words(raw, c):
     exactly; within a rounding of the scale of q6_k_run's values. Numpy twin: dequant.q6_k_f16x2_ref."""
     ql = raw[0]
     qh = raw[1]
-    a = _q6_half(ql, qh, c, 0, _h2(raw[2] * raw[3]))
-    b = _q6_half(ql, qh, c, 1, _h2(raw[2] * raw[4]))
+    a = _q6_half(ql, qh, c, 0, h2(raw[2] * raw[3]))
+    b = _q6_half(ql, qh, c, 1, h2(raw[2] * raw[4]))
     return a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
 
 

@@ -60,6 +60,56 @@ def _cast_f16_norm_kernel(x, wn, eps, out):
     out[t, k + 3] = sat_f16(v3 * rms * w3)
 
 
+@cuda.jit(device=True, inline=True)
+def perm_pos(k):
+    """Where column k (k % 4 == 0) goes in gemm_wgmma_rs's A order (perm_columns' inverse within
+    each 64-column step): its four columns to this position, + 1, + 8 and + 9."""
+    c = k & 63
+    return (k - c) + 16 * (2 * (c >> 5) + ((c >> 2) & 1)) + 2 * ((c >> 3) & 3)
+
+
+def _make_cast_perm(normed: bool):
+    # grid (ceil(K / (4 x 128)), T), block 128: as _cast_f16_norm_kernel (normed) or a plain cast,
+    # the four columns written at perm_pos's places
+    @cuda.jit
+    def _cast_f16_perm_kernel(x, wn, eps, out):
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        t = cuda.blockIdx.y
+        K = x.shape[1]
+        rms = rms_scale(x, t, wn, eps) if normed else np.float32(1.0)
+        k = 4 * (cuda.blockIdx.x * NORM_THREADS + cuda.threadIdx.x)
+        if k >= K:
+            return
+        v0, v1, v2, v3 = qi.ldg_f32x4(x, t * K + k)
+        if normed:
+            w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
+            v0, v1, v2, v3 = v0 * rms * w0, v1 * rms * w1, v2 * rms * w2, v3 * rms * w3
+        q = perm_pos(k)
+        out[t, q] = sat_f16(v0)
+        out[t, q + 1] = sat_f16(v1)
+        out[t, q + 8] = sat_f16(v2)
+        out[t, q + 9] = sat_f16(v3)
+    return _cast_f16_perm_kernel
+
+
+_cast_f16_perm_kernel = _make_cast_perm(False)
+_cast_f16_norm_perm_kernel = _make_cast_perm(True)
+
+
+def cast_f16_perm(x, out, stream, norm: tuple | None = None) -> None:
+    """cast_f16 of x (T, K), K a multiple of 64, into out with each 64-column step's columns in
+    gemm_wgmma_rs's order (out[:, perm_columns] of cast_f16's)."""
+    T, K = x.shape
+    assert x.shape == out.shape and x.dtype == np.float32 and out.dtype == np.float16 and K % 64 == 0
+    assert x.is_c_contiguous() and out.is_c_contiguous()
+    wn, eps = norm if norm is not None else (x[0], 0.0)
+    assert wn.dtype == np.float32 and wn.shape == (K,)
+    if T:
+        launch(_cast_f16_norm_perm_kernel if norm is not None else _cast_f16_perm_kernel,
+               (-(-K // (4 * NORM_THREADS)), T), NORM_THREADS, stream, x, wn, np.float32(eps), out)
+
+
 def cast_f16(x, out, stream, norm: tuple | None = None) -> None:
     """out (float16) = saturate(x (float32)), same shape, both C-contiguous; norm (wn (K,) float32,
     eps), x (T, K) with K a multiple of 4: of RMSNorm(x) * wn instead."""
@@ -86,4 +136,6 @@ def build_signatures() -> list:
         (_cast_f16_kernel, (types.float32[::1], types.float16[::1]), {"ptx_contains": ("cvt.rn.f16.f32",)}),
         (_cast_f16_norm_kernel, (types.float32[:, ::1], types.float32[::1], types.float32, types.float16[:, ::1]),
          {"ptx_contains": ("cvt.rn.f16.f32",), "max_registers": 64}),
-    ]
+    ] + [(k, (types.float32[:, ::1], types.float32[::1], types.float32, types.float16[:, ::1]),
+          {"ptx_contains": ("cvt.rn.f16.f32",), "max_registers": 64})
+         for k in (_cast_f16_perm_kernel, _cast_f16_norm_perm_kernel)]

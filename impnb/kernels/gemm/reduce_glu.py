@@ -22,7 +22,7 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common import warp
 from impnb.kernels.elementwise.activations import gelu_tanh_dev, silu_dev
-from impnb.kernels.elementwise.cast import sat_f16
+from impnb.kernels.elementwise.cast import perm_pos, sat_f16
 from impnb.kernels.elementwise.reference import gelu_tanh, silu
 from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32
 from impnb.launch import launch
@@ -43,8 +43,9 @@ def reduce_glu_ref(part: np.ndarray, act: str) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def reduce_glu_kernel(act: str, half: bool):
-    """The kernel for act ("silu", "gelu") into fp16 (half: (part, out16)) or QuantX32 ((part, q, ds))."""
+def reduce_glu_kernel(act: str, half: bool, perm: bool = False):
+    """The kernel for act ("silu", "gelu") into fp16 (half: (part, out16); perm: each 64-column
+    step's columns in gemm_wgmma_rs's order, cast.perm_pos) or QuantX32 ((part, q, ds))."""
     fn = ACTS[act]
 
     @cuda.jit(device=True, inline=True)
@@ -77,10 +78,17 @@ def reduce_glu_kernel(act: str, half: bool):
         if c >= part.shape[2] // 2:
             return
         v0, v1, v2, v3 = four(part, t, c)
-        out16[t, c] = sat_f16(v0)
-        out16[t, c + 1] = sat_f16(v1)
-        out16[t, c + 2] = sat_f16(v2)
-        out16[t, c + 3] = sat_f16(v3)
+        if perm:
+            q = perm_pos(c)
+            out16[t, q] = sat_f16(v0)
+            out16[t, q + 1] = sat_f16(v1)
+            out16[t, q + 8] = sat_f16(v2)
+            out16[t, q + 9] = sat_f16(v3)
+        else:
+            out16[t, c] = sat_f16(v0)
+            out16[t, c + 1] = sat_f16(v1)
+            out16[t, c + 2] = sat_f16(v2)
+            out16[t, c + 3] = sat_f16(v3)
 
     # grid (ceil(F / (4 x 128)), MP), block 128: as above, 8 lanes a 32-column int8 group (its amax
     # and sum over them by shuffles; _quantize_words32's values), rows M..MP-1 zero groups
@@ -115,13 +123,14 @@ def reduce_glu_kernel(act: str, half: bool):
             ds[c // XGROUP, t, 1] = scale * float32(total)
 
     kernel = reduce_glu_f16 if half else reduce_glu_q32
-    kernel.__name__ = f"_reduce_glu_{act}_{'f16' if half else 'q32'}_kernel"
+    kernel.__name__ = f"_reduce_glu_{act}_{'f16' if half else 'q32'}{'_perm' if perm else ''}_kernel"
     return cuda.jit(kernel)
 
 
-def reduce_glu(part, act: str, out, stream) -> None:
+def reduce_glu(part, act: str, out, stream, perm: bool = False) -> None:
     """out = act(gate) * up of part (S, M, 2F) float32's splits summed in order: out an (M, F) fp16
-    array, or QuantX32 (gemm_mmq's input of the down; its rows past M zeroed); F a multiple of 32."""
+    array (perm: in gemm_wgmma_rs's column order, F a multiple of 64), or QuantX32 (gemm_mmq's input
+    of the down; its rows past M zeroed); F a multiple of 32."""
     S, M, N2 = part.shape
     F = N2 // 2
     assert part.dtype == np.float32 and part.is_c_contiguous() and N2 % 2 == 0 and F % XGROUP == 0
@@ -132,9 +141,9 @@ def reduce_glu(part, act: str, out, stream) -> None:
         assert out.q.shape == (MP, F // 4) and out.ds.shape == (F // XGROUP, MP, 2) and MP >= M
         launch(reduce_glu_kernel(act, False), (grid_x, MP), THREADS, stream, part, out.q, out.ds)
         return
-    assert out.dtype == np.float16 and out.shape == (M, F) and out.is_c_contiguous()
+    assert out.dtype == np.float16 and out.shape == (M, F) and out.is_c_contiguous() and not (perm and F % 64)
     if M:
-        launch(reduce_glu_kernel(act, True), (grid_x, M), THREADS, stream, part, out)
+        launch(reduce_glu_kernel(act, True, perm), (grid_x, M), THREADS, stream, part, out)
 
 
 F32_3D = types.Array(types.float32, 3, "C")
@@ -145,4 +154,5 @@ SIGS = {True: types.void(F32_3D, types.Array(types.float16, 2, "C")),
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
-    return [(reduce_glu_kernel(act, half), SIGS[half], {"max_registers": 96}) for act in ACTS for half in (False, True)]
+    return [(reduce_glu_kernel(act, half, perm), SIGS[half], {"max_registers": 96})
+            for act in ACTS for half, perm in ((False, False), (True, False), (True, True))]
