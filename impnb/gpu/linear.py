@@ -239,11 +239,20 @@ class MatMul:
     def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool) -> None:
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
-        load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T."""
+        load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T; one
+        gemm_wgmma_rs_pair launch past GEMV_MAX_ROWS at tuning's GEMM_PAIR_RS_ROWS buckets
+        (Q4_K Q|K, Q6_K V)."""
         n_tok = x.shape[0]
         if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
                                                                                   or lin_b.multi.get(n_tok)):
             gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
+            return
+        if n_tok > GEMV_MAX_ROWS and gemm_dispatch.m_bucket(n_tok) in self.tuning.gemm_pair_rs \
+                and len(ys_a) == 2 and gemm_wgmma_rs.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols):
+            N = lin_a.w.rows + lin_b.w.rows
+            S = gemm_wgmma_rs.splits_for(n_tok, N, lin_a.w.cols, sms=gemv_stream.sm_count())
+            gemm_wgmma_rs.gemm_wgmma_rs_pair(self.x16(x, norm, perm=True), lin_a.w, lin_b.w, (*ys_a, y_b),
+                                             self.arena.get("splitk_part", (S, n_tok, N)), self.ctx.nb_stream, S)
             return
         self.split(x, lin_a, ys_a, norm)
         self.linear(x, lin_b, y_b, norm)

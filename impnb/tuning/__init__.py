@@ -281,6 +281,12 @@ BATCH_FUSED_NORMS = True
 # operand, in place of the reduce, the GLU and the cast or quantization. IMPNB_BATCH_GLU_REDUCE=0
 # keeps those three.
 BATCH_GLU_REDUCE = True
+# At these GEMM row buckets a layer's Q|K (Q4_K) and its V of another type (Q6_K, as Q4_K_M stores
+# some layers') take one gemm_wgmma_rs launch and one split-K reduce (gemm_wgmma_rs_pair) in place
+# of two GEMMs on their own table paths, each with its input cast or quantization and its reduce;
+# measured faster at 16 and 32 rows, slower at 64 (docs/PERFORMANCE.md, 'Batched decode').
+# IMPNB_GEMM_PAIR_RS_ROWS=16,32,64 overrides (empty: never).
+GEMM_PAIR_RS_ROWS = (16, 32)
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
@@ -330,6 +336,7 @@ class Overrides:
     batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
+    gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
@@ -337,6 +344,7 @@ class Overrides:
     @classmethod
     def from_env(cls) -> "Overrides":
         short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
+        pair_rs = env_ints("IMPNB_GEMM_PAIR_RS_ROWS")
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
@@ -362,6 +370,7 @@ class Overrides:
                    batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
+                   gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 

@@ -392,16 +392,11 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
     assert max(errs) < 2e-2
 
 
-def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
+def two_layer_8b_rows(tmp_path, monkeypatch, runs) -> dict:
     """Decode steps of 12 and 24 rows (buckets 16 and 32) of the synthetic Qwen3-8B Q4_K_M at two
-    layers with every Q4_K and Q6_K GEMM on gemm_wgmma_rs ("wrs": x cast, and gate|up's product written, in
-    its column order) against the measured table's paths: the same products up to the f16x2
-    decode's rounding of the scales and the int8 GEMM's rounding of x, amplified by the random
-    weights' sharp attention (as test_batch_fused_norms_equal_unfused): logits within 2e-2 of the
-    largest, the same greedy tokens where the top two are further apart."""
+    layers under each of runs' (name, GEMM table, IMPNB_GEMM_PAIR_RS_ROWS, check(engine)) -> {name:
+    each step's logits}."""
     from dataclasses import replace
-
-    from gguf import GGMLQuantizationType as T
 
     from impnb import synthetic_full
     from impnb.gpu import gemm_dispatch
@@ -413,14 +408,12 @@ def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
     rng = np.random.default_rng(13)
     lengths = rng.integers(3, 120, 24)
     seqs = [rng.integers(100, 20000, n + 4).astype(np.int32) for n in lengths]
-    table = gemm_dispatch.load_table()
-    wrs = {k: {**v, "16": "wrs", "32": "wrs", "64": "wrs"} for k, v in table.items() if k.split()[0] in ("Q4_K", "Q6_K")}
     got = {}
-    for name, tab in (("table", table), ("wrs", {**table, **wrs})):
+    for name, tab, pair_rows, check in runs:
         monkeypatch.setattr(gemm_dispatch, "load_table", lambda path=None, tab=tab: tab)
+        monkeypatch.setenv("IMPNB_GEMM_PAIR_RS_ROWS", pair_rows)
         engine = CudaBatchEngine(mf, 256, kv_tokens=24 * 256, max_batch=32, graphs=True)
-        if name == "wrs":
-            assert engine.m.blk[0].ffn.gate_up.gemm_path(24) == "wrs" and engine.m.blk[0].ffn.gate_up.w.ggml_type == T.Q4_K
+        check(engine)
         pages = page_sets(24, 256 // PAGE_SIZE, engine.n_pages, 9)
         for i, (s, n) in enumerate(zip(seqs, lengths)):
             engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
@@ -428,10 +421,57 @@ def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
                                            for i, (s, n) in enumerate(zip(seqs[:rows], lengths[:rows]))])
                      for rows, j in ((12, 0), (24, 1), (24, 2))]
         del engine
-    for a, b in zip(got["wrs"], got["table"]):
+    return got
+
+
+def assert_logits_close(got, ref, tol):
+    """Each step's logits within tol of its rows' largest, the same greedy tokens where the top two
+    are further apart."""
+    for a, b in zip(got, ref):
         assert np.isfinite(a).all()
         scale = np.abs(b).max(axis=1, keepdims=True)
-        assert (np.abs(a - b) / scale).max() < 2e-2
+        assert (np.abs(a - b) / scale).max() < tol
         top2 = np.sort(b, axis=-1)[:, -2:]
-        clear = (top2[:, 1] - top2[:, 0]) > 2e-2 * scale[:, 0]
+        clear = (top2[:, 1] - top2[:, 0]) > tol * scale[:, 0]
         assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+
+def wrs_table():
+    """The measured GEMM table with every Q4_K and Q6_K shape on "wrs" at 16-64 rows."""
+    from impnb.gpu import gemm_dispatch
+
+    table = gemm_dispatch.load_table()
+    return table, {**table, **{k: {**v, "16": "wrs", "32": "wrs", "64": "wrs"} for k, v in table.items()
+                               if k.split()[0] in ("Q4_K", "Q6_K")}}
+
+
+def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
+    """Every Q4_K and Q6_K GEMM on gemm_wgmma_rs ("wrs": x cast, and gate|up's product written, in
+    its column order) against the measured table's paths, Q|K and V apart in both: the same
+    products up to the f16x2 decode's rounding of the scales and the int8 GEMM's rounding of x,
+    amplified by the random weights' sharp attention (as test_batch_fused_norms_equal_unfused):
+    logits within 2e-2 of the largest, the same greedy tokens where the top two are further apart."""
+    from gguf import GGMLQuantizationType as T
+
+    def on_wrs(engine):
+        assert engine.m.blk[0].ffn.gate_up.gemm_path(24) == "wrs" and engine.m.blk[0].ffn.gate_up.w.ggml_type == T.Q4_K
+
+    table, wrs = wrs_table()
+    got = two_layer_8b_rows(tmp_path, monkeypatch, [("table", table, "", lambda e: None), ("wrs", wrs, "", on_wrs)])
+    assert_logits_close(got["wrs"], got["table"], 2e-2)
+
+
+def test_pair_launch_equals_two_gemms(tmp_path, monkeypatch):
+    """A layer's Q4_K Q|K and Q6_K V in one gemm_wgmma_rs_pair launch against the two on
+    gemm_wgmma_rs apart (every Q4_K / Q6_K GEMM on "wrs" in both): the same products but for the
+    split-K sums' boundaries, so logits within 5e-3 of the largest; a V's rows written to another
+    matrix's columns, or a block left out, moves them by far more."""
+    from gguf import GGMLQuantizationType as T
+
+    def mixed(engine):
+        att = engine.m.blk[1].attn  # the use_more_bits layer: V in Q6_K
+        assert att.qk is not None and att.qk.w.ggml_type == T.Q4_K and att.v.w.ggml_type == T.Q6_K
+
+    _, wrs = wrs_table()
+    got = two_layer_8b_rows(tmp_path, monkeypatch, [("apart", wrs, "", mixed), ("pair", wrs, "16,32", mixed)])
+    assert_logits_close(got["pair"], got["apart"], 5e-3)

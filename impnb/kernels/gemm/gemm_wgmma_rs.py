@@ -231,6 +231,20 @@ def slot_bytes(nt: int) -> int:
 def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
     """As gemm_wgmma_rs_kernel, with each step's W quants and headers staged by cp.async beside its
     tokens, `stages` steps deep, where the registers held one step of W ahead."""
+    body = _q4_k_body(nt, stages)
+
+    @cuda.jit
+    def kernel(a, qs, hdr, part):
+        body(a, qs, hdr, part, cuda.blockIdx.x, 0, part.shape[2])
+
+    kernel.__name__ = f"_gemm_wgmma_rs_staged_q4_k_n{nt}_s{stages}_kernel"
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def _q4_k_body(nt: int, stages: int):
+    """The staged Q4_K kernel's work as a device function: block bx of W's rows (N of them), its
+    partial products to part's columns col0 ..."""
     mma = MMA_RS_K[nt]
     na = nt // 2
     sb = slot_bytes(nt)
@@ -269,14 +283,13 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
         c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
         return a0, a1, c0, c1, b0, b1, f0, f1
 
-    @cuda.jit
-    def kernel(a, qs, hdr, part):
+    @cuda.jit(device=True, inline=True)
+    def body(a, qs, hdr, part, bx, col0, N):
         ptx.grid_dep_wait()
         ptx.grid_dep_launch()
         S = cuda.gridDim.y
         sp = cuda.blockIdx.y
         M, K = a.shape
-        N = part.shape[2]
         KT = K // 64
         k0 = sp * KT // S
         k1 = (sp + 1) * KT // S
@@ -286,7 +299,7 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        n0 = cuda.blockIdx.x * 64 * MT
+        n0 = bx * 64 * MT
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         for i in range(ahead):
@@ -330,12 +343,11 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
             tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
             if tok < M:
                 if row < N:
-                    part[sp, tok, row] = acc0[i]
+                    part[sp, tok, col0 + row] = acc0[i]
                 if row + 64 < N:
-                    part[sp, tok, row + 64] = acc1[i]
+                    part[sp, tok, col0 + row + 64] = acc1[i]
 
-    kernel.__name__ = f"_gemm_wgmma_rs_staged_q4_k_n{nt}_s{stages}_kernel"
-    return kernel
+    return body
 
 
 def _launch(a_perm, w, part, stream, splits: int, staged: int) -> None:
@@ -375,6 +387,30 @@ def gemm_wgmma_rs_split(a_perm, w, ys, part, stream, splits: int):
     reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
+def gemm_wgmma_rs_pair(a_perm, w1, w2, ys, part, stream, splits: int):
+    """A Q4_K matrix w1 (Q|K: ys[0], ys[1] its rows in turn) and a Q6_K matrix w2 (V: ys[2]) of
+    the same input width in one launch (gemm_wgmma_rs_pair_kernel), then one split-K reduce:
+    ys[i] (M, N_i) = a · dequant(rows of i)ᵀ; part a float32 scratch (splits, M, w1.rows + w2.rows)."""
+    M, K = a_perm.shape
+    y0, y1, y2 = ys
+    n0, n1 = y0.shape[1], y1.shape[1]
+    assert pair_supports(w1.ggml_type, w2.ggml_type, K) and w1.cols == K and w2.cols == K
+    assert n0 + n1 == w1.rows and y2.shape[1] == w2.rows and all(y.shape[1] % 4 == 0 for y in ys)
+    assert 1 <= splits <= K // 128 and part.shape == (splits, M, w1.rows + w2.rows)
+    assert a_perm.dtype == np.float16 and a_perm.is_c_contiguous()
+    nt = nt_for(M)
+    nb1 = -(-w1.rows // (64 * MT))
+    grid = (nb1 + -(-w2.rows // (64 * MT)), splits, -(-M // nt))
+    launch(gemm_wgmma_rs_pair_kernel(nt), grid, THREADS, stream, a_perm, *w1.parts[:2], *w2.parts, part,
+           np.int32(nb1), np.int32(w1.rows), shared_bytes=max(shared_bytes(nt, 3), 3 * (nt * 256 + Q6_SLOT) + ALIGN))
+    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
+
+
+def pair_supports(type1, type2, K: int) -> bool:
+    """Whether gemm_wgmma_rs_pair takes a Q|K of type1 and a V of type2 of input width K."""
+    return T(type1) == T.Q4_K and T(type2) == T.Q6_K and K % 256 == 0
+
+
 GROUP = 64  # K columns a step (the split unit)
 
 
@@ -406,6 +442,10 @@ def build_signatures() -> list:
             for nt in (16, 32, 64)] + [(gemm_wgmma_rs_kernel(16), sig, {"max_registers": 168})] + [
         (gemm_wgmma_rs_q6_k_kernel(nt, 3), types.void(types.Array(types.float16, 2, "C"), *parts_type(T.Q6_K),
                                                       types.Array(types.float32, 3, "C")), {"max_registers": 255})
+        for nt in (16, 32, 64)] + [
+        (gemm_wgmma_rs_pair_kernel(nt), types.void(types.Array(types.float16, 2, "C"), qs_t, hdr_t,
+                                                   *parts_type(T.Q6_K), types.Array(types.float32, 3, "C"),
+                                                   types.int32, types.int32), {"max_registers": 255})
         for nt in (16, 32, 64)]
 
 
@@ -426,6 +466,39 @@ def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
     half as of a Q4_K step (8t .., 32 + 8t ..; low nibbles and qh bits 0-3 the first half, high
     nibbles and bits 4-7 the second), so A's permutation is Q4_K's; two sets of 8 wgmmas a step,
     the tokens' 128 columns as two 64-column swizzled tiles."""
+    body = _q6_k_body(nt, stages)
+
+    @cuda.jit
+    def kernel(a, ql, qh, sc, dsb, part):
+        body(a, ql, qh, sc, dsb, part, cuda.blockIdx.x, 0, part.shape[2])
+
+    kernel.__name__ = f"_gemm_wgmma_rs_q6_k_n{nt}_s{stages}_kernel"
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def gemm_wgmma_rs_pair_kernel(nt: int):
+    """Q4_K rows (Q|K) and Q6_K rows (a layer's V) in one launch, three stages deep: blocks below
+    nb1 take the Q4_K weight's rows to part's first n1 columns, the others the Q6_K weight's to
+    the rest (one grid, so the two run side by side; each block the shared memory of the larger)."""
+    body4 = _q4_k_body(nt, 3)
+    body6 = _q6_k_body(nt, 3)
+
+    @cuda.jit
+    def kernel(a, qs, hdr, ql, qh, sc, dsb, part, nb1, n1):
+        bx = cuda.blockIdx.x
+        if bx < nb1:
+            body4(a, qs, hdr, part, bx, 0, n1)
+        else:
+            body6(a, ql, qh, sc, dsb, part, bx - nb1, n1, part.shape[2] - n1)
+
+    kernel.__name__ = f"_gemm_wgmma_rs_pair_q4_k_q6_k_n{nt}_kernel"
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def _q6_k_body(nt: int, stages: int):
+    """The Q6_K kernel's work as a device function (as _q4_k_body)."""
     mma = MMA_RS_K[nt]
     na = nt // 2
     tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
@@ -493,14 +566,13 @@ def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
         wg.wgmma_commit()
         wg.wgmma_wait(0)
 
-    @cuda.jit
-    def kernel(a, ql, qh, sc, dsb, part):
+    @cuda.jit(device=True, inline=True)
+    def body(a, ql, qh, sc, dsb, part, bx, col0, N):
         ptx.grid_dep_wait()
         ptx.grid_dep_launch()
         S = cuda.gridDim.y
         sp = cuda.blockIdx.y
         M, K = a.shape
-        N = part.shape[2]
         KT = K // 128
         k0 = sp * KT // S
         k1 = (sp + 1) * KT // S
@@ -510,7 +582,7 @@ def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        n0 = cuda.blockIdx.x * 64 * MT
+        n0 = bx * 64 * MT
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
         for i in range(ahead):
@@ -546,9 +618,8 @@ def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
             tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
             if tok < M:
                 if row < N:
-                    part[sp, tok, row] = acc0[i]
+                    part[sp, tok, col0 + row] = acc0[i]
                 if row + 64 < N:
-                    part[sp, tok, row + 64] = acc1[i]
+                    part[sp, tok, col0 + row + 64] = acc1[i]
 
-    kernel.__name__ = f"_gemm_wgmma_rs_q6_k_n{nt}_s{stages}_kernel"
-    return kernel
+    return body
