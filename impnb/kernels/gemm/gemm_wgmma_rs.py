@@ -98,6 +98,7 @@ def nt_for(M: int) -> int:
 
 @lru_cache(maxsize=None)
 def gemm_wgmma_rs_kernel(nt: int):
+    coords, store = _block_io(nt)
     mma = MMA_RS_K[nt]
     na = nt // 2               # accumulators a tile
     sbytes = nt * 128          # a token stage
@@ -137,22 +138,9 @@ def gemm_wgmma_rs_kernel(nt: int):
     def kernel(a, qs, hdr, part):
         ptx.grid_dep_wait()
         ptx.grid_dep_launch()
-        S = cuda.gridDim.y
-        sp = cuda.blockIdx.y
         M, K = a.shape
         N = part.shape[2]
-        KT = K // 64
-        k0 = sp * KT // S
-        k1 = (sp + 1) * KT // S
-        m0 = cuda.blockIdx.z * nt
-        tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        n0 = cuda.blockIdx.x * 64 * MT
-        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        sp, k0, k1, m0, warp, g, t, n0, base = coords(cuda.blockIdx.x, K // 64)
         for i in range(STAGES - 1):
             if k0 + i < k1:
                 stage(base + i * sbytes, a, m0, M, K, k0 + i)
@@ -200,16 +188,7 @@ def gemm_wgmma_rs_kernel(nt: int):
             wg.wgmma_wait(0)
             x0, x1, x2, x3 = y0, y1, y2, y3
         ptx.cp_async_wait_all()
-        # -- epilogue: register i of tile u: W row 64 u + 16 warp + g + 8 ((i >> 1) & 1), token
-        #    8 (i >> 2) + 2 t + (i & 1) --
-        for i in range(na):
-            row = n0 + 16 * warp + g + 8 * ((i >> 1) & 1)
-            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
-            if tok < M:
-                if row < N:
-                    part[sp, tok, row] = acc0[i]
-                if row + 64 < N:
-                    part[sp, tok, row + 64] = acc1[i]
+        store(part, acc0, acc1, sp, m0, n0 + 16 * warp + g, t, M, N, 0)
 
     kernel.__name__ = f"_gemm_wgmma_rs_q4_k_n{nt}_kernel"
     return kernel
@@ -242,9 +221,44 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
 
 
 @lru_cache(maxsize=None)
+def _block_io(nt: int):
+    """Device functions the staged kernels share: coords(bx, KT) -> (split sp, its steps k0 .. k1
+    of KT, first token m0, warp, lane's g and t, first W row n0 of block bx, the dynamic shared
+    memory's aligned base); store(part, acc0, acc1, sp, m0, row0, t, M, N, col0): the lane's
+    accumulators (register i of tile u: W row row0 + 64 u + 8 ((i >> 1) & 1), token m0 + 8 (i >> 2)
+    + 2 t + (i & 1)) to part's columns col0 + row, rows below N and tokens below M."""
+    na = nt // 2
+
+    @cuda.jit(device=True, inline=True)
+    def coords(bx, KT):
+        S = cuda.gridDim.y
+        sp = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
+        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        return (sp, sp * KT // S, (sp + 1) * KT // S, cuda.blockIdx.z * nt, tid >> 5, lane >> 2, lane & 3,
+                bx * 64 * MT, base)
+
+    @cuda.jit(device=True, inline=True)
+    def store(part, acc0, acc1, sp, m0, row0, t, M, N, col0):
+        for i in range(na):
+            row = row0 + 8 * ((i >> 1) & 1)
+            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
+            if tok < M:
+                if row < N:
+                    part[sp, tok, col0 + row] = acc0[i]
+                if row + 64 < N:
+                    part[sp, tok, col0 + row + 64] = acc1[i]
+
+    return coords, store
+
+
+@lru_cache(maxsize=None)
 def _q4_k_body(nt: int, stages: int):
     """The staged Q4_K kernel's work as a device function: block bx of W's rows (N of them), its
     partial products to part's columns col0 ..."""
+    coords, store = _block_io(nt)
     mma = MMA_RS_K[nt]
     na = nt // 2
     sb = slot_bytes(nt)
@@ -287,21 +301,8 @@ def _q4_k_body(nt: int, stages: int):
     def body(a, qs, hdr, part, bx, col0, N):
         ptx.grid_dep_wait()
         ptx.grid_dep_launch()
-        S = cuda.gridDim.y
-        sp = cuda.blockIdx.y
         M, K = a.shape
-        KT = K // 64
-        k0 = sp * KT // S
-        k1 = (sp + 1) * KT // S
-        m0 = cuda.blockIdx.z * nt
-        tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        n0 = bx * 64 * MT
-        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        sp, k0, k1, m0, warp, g, t, n0, base = coords(bx, K // 64)
         for i in range(ahead):
             if k0 + i < k1:
                 stage(base + i * sb, a, qs, hdr, m0, n0, M, N, K, k0 + i)
@@ -338,14 +339,7 @@ def _q4_k_body(nt: int, stages: int):
             wg.wgmma_commit()
             wg.wgmma_wait(0)
         ptx.cp_async_wait_all()
-        for i in range(na):
-            row = n0 + 16 * warp + g + 8 * ((i >> 1) & 1)
-            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
-            if tok < M:
-                if row < N:
-                    part[sp, tok, col0 + row] = acc0[i]
-                if row + 64 < N:
-                    part[sp, tok, col0 + row + 64] = acc1[i]
+        store(part, acc0, acc1, sp, m0, n0 + 16 * warp + g, t, M, N, col0)
 
     return body
 
@@ -499,6 +493,7 @@ def gemm_wgmma_rs_pair_kernel(nt: int):
 @lru_cache(maxsize=None)
 def _q6_k_body(nt: int, stages: int):
     """The Q6_K kernel's work as a device function (as _q4_k_body)."""
+    coords, store = _block_io(nt)
     mma = MMA_RS_K[nt]
     na = nt // 2
     tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
@@ -570,21 +565,8 @@ def _q6_k_body(nt: int, stages: int):
     def body(a, ql, qh, sc, dsb, part, bx, col0, N):
         ptx.grid_dep_wait()
         ptx.grid_dep_launch()
-        S = cuda.gridDim.y
-        sp = cuda.blockIdx.y
         M, K = a.shape
-        KT = K // 128
-        k0 = sp * KT // S
-        k1 = (sp + 1) * KT // S
-        m0 = cuda.blockIdx.z * nt
-        tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        n0 = bx * 64 * MT
-        smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
-        base = (ptx.smem_addr(smem, 0) + uint32(ALIGN - 1)) & uint32(~(ALIGN - 1) & 0xFFFFFFFF)
+        sp, k0, k1, m0, warp, g, t, n0, base = coords(bx, K // 128)
         for i in range(ahead):
             if k0 + i < k1:
                 stage(base + i * sb, a, ql, qh, sc, m0, n0, M, N, K, k0 + i)
@@ -613,13 +595,6 @@ def _q6_k_body(nt: int, stages: int):
             half(acc0, acc1, sl + tb, l0, t, s, dd, 0, wg.desc_sw128(sl))
             half(acc0, acc1, sl + tb, l0, t, s, dd, 1, wg.desc_sw128(sl + nt * 128))
         ptx.cp_async_wait_all()
-        for i in range(na):
-            row = n0 + 16 * warp + g + 8 * ((i >> 1) & 1)
-            tok = m0 + 8 * (i >> 2) + 2 * t + (i & 1)
-            if tok < M:
-                if row < N:
-                    part[sp, tok, col0 + row] = acc0[i]
-                if row + 64 < N:
-                    part[sp, tok, col0 + row + 64] = acc1[i]
+        store(part, acc0, acc1, sp, m0, n0 + 16 * warp + g, t, M, N, col0)
 
     return body
