@@ -98,8 +98,7 @@ def nt_for(M: int) -> int:
 
 @lru_cache(maxsize=None)
 def gemm_wgmma_rs_kernel(nt: int):
-    coords, store = _block_io(nt)
-    mma = MMA_RS_K[nt]
+    coords, store, mma8 = _block_io(nt)
     na = nt // 2               # accumulators a tile
     sbytes = nt * 128          # a token stage
     units = nt * 8 // THREADS  # 16-byte copies a thread a stage (nt >= 16)
@@ -171,21 +170,8 @@ def gemm_wgmma_rs_kernel(nt: int):
                 stage(base + ((i + STAGES - 1) % STAGES) * sbytes, a, m0, M, K, s + STAGES - 1)
             ptx.cp_async_commit()
             desc = wg.desc_sw128(base + (i % STAGES) * sbytes)
-            a00, a01, a02, a03, a04, a05, a06, a07 = row_frags(x0, s)
-            a10, a11, a12, a13, a14, a15, a16, a17 = row_frags(x1, s)
-            a20, a21, a22, a23, a24, a25, a26, a27 = row_frags(x2, s)
-            a30, a31, a32, a33, a34, a35, a36, a37 = row_frags(x3, s)
-            wg.wgmma_fence()
-            mma(acc0, a00, a10, a01, a11, desc)
-            mma(acc0, a02, a12, a03, a13, desc + 2)
-            mma(acc0, a04, a14, a05, a15, desc + 4)
-            mma(acc0, a06, a16, a07, a17, desc + 6)
-            mma(acc1, a20, a30, a21, a31, desc)
-            mma(acc1, a22, a32, a23, a33, desc + 2)
-            mma(acc1, a24, a34, a25, a35, desc + 4)
-            mma(acc1, a26, a36, a27, a37, desc + 6)
-            wg.wgmma_commit()
-            wg.wgmma_wait(0)
+            mma8(acc0, acc1, row_frags(x0, s), row_frags(x1, s), row_frags(x2, s),
+                 row_frags(x3, s), desc)
             x0, x1, x2, x3 = y0, y1, y2, y3
         ptx.cp_async_wait_all()
         store(part, acc0, acc1, sp, m0, n0 + 16 * warp + g, t, M, N, 0)
@@ -226,8 +212,10 @@ def _block_io(nt: int):
     of KT, first token m0, warp, lane's g and t, first W row n0 of block bx, the dynamic shared
     memory's aligned base); store(part, acc0, acc1, sp, m0, row0, t, M, N, col0): the lane's
     accumulators (register i of tile u: W row row0 + 64 u + 8 ((i >> 1) & 1), token m0 + 8 (i >> 2)
-    + 2 t + (i & 1)) to part's columns col0 + row, rows below N and tokens below M."""
+    + 2 t + (i & 1)) to part's columns col0 + row, rows below N and tokens below M; mma8: a step's
+    eight wgmmas."""
     na = nt // 2
+    mma = MMA_RS_K[nt]
 
     @cuda.jit(device=True, inline=True)
     def coords(bx, KT):
@@ -251,15 +239,30 @@ def _block_io(nt: int):
                 if row + 64 < N:
                     part[sp, tok, col0 + row + 64] = acc1[i]
 
-    return coords, store
+    @cuda.jit(device=True, inline=True)
+    def mma8(acc0, acc1, p0, p1, p2, p3, desc):
+        # -- a 64-column step of both m64 tiles from four rows' 8 pairs each (rows l0, l0 + 8 of
+        #    tile 0; l0 + 64, l0 + 72 of tile 1), the tokens at descriptor desc; waited --
+        wg.wgmma_fence()
+        mma(acc0, p0[0], p1[0], p0[1], p1[1], desc)
+        mma(acc0, p0[2], p1[2], p0[3], p1[3], desc + 2)
+        mma(acc0, p0[4], p1[4], p0[5], p1[5], desc + 4)
+        mma(acc0, p0[6], p1[6], p0[7], p1[7], desc + 6)
+        mma(acc1, p2[0], p3[0], p2[1], p3[1], desc)
+        mma(acc1, p2[2], p3[2], p2[3], p3[3], desc + 2)
+        mma(acc1, p2[4], p3[4], p2[5], p3[5], desc + 4)
+        mma(acc1, p2[6], p3[6], p2[7], p3[7], desc + 6)
+        wg.wgmma_commit()
+        wg.wgmma_wait(0)
+
+    return coords, store, mma8
 
 
 @lru_cache(maxsize=None)
 def _q4_k_body(nt: int, stages: int):
     """The staged Q4_K kernel's work as a device function: block bx of W's rows (N of them), its
     partial products to part's columns col0 ..."""
-    coords, store = _block_io(nt)
-    mma = MMA_RS_K[nt]
+    coords, store, mma8 = _block_io(nt)
     na = nt // 2
     sb = slot_bytes(nt)
     ahead = stages - 1
@@ -323,21 +326,8 @@ def _q4_k_body(nt: int, stages: int):
             sl = base + (i % stages) * sb
             desc = wg.desc_sw128(sl)
             wsl = sl + nt * 128
-            a00, a01, a02, a03, a04, a05, a06, a07 = row_frags(wsl, l0, t, s)
-            a10, a11, a12, a13, a14, a15, a16, a17 = row_frags(wsl, l0 + 8, t, s)
-            a20, a21, a22, a23, a24, a25, a26, a27 = row_frags(wsl, l0 + 64, t, s)
-            a30, a31, a32, a33, a34, a35, a36, a37 = row_frags(wsl, l0 + 72, t, s)
-            wg.wgmma_fence()
-            mma(acc0, a00, a10, a01, a11, desc)
-            mma(acc0, a02, a12, a03, a13, desc + 2)
-            mma(acc0, a04, a14, a05, a15, desc + 4)
-            mma(acc0, a06, a16, a07, a17, desc + 6)
-            mma(acc1, a20, a30, a21, a31, desc)
-            mma(acc1, a22, a32, a23, a33, desc + 2)
-            mma(acc1, a24, a34, a25, a35, desc + 4)
-            mma(acc1, a26, a36, a27, a37, desc + 6)
-            wg.wgmma_commit()
-            wg.wgmma_wait(0)
+            mma8(acc0, acc1, row_frags(wsl, l0, t, s), row_frags(wsl, l0 + 8, t, s), row_frags(wsl, l0 + 64, t, s),
+                 row_frags(wsl, l0 + 72, t, s), desc)
         ptx.cp_async_wait_all()
         store(part, acc0, acc1, sp, m0, n0 + 16 * warp + g, t, M, N, col0)
 
@@ -493,8 +483,7 @@ def gemm_wgmma_rs_pair_kernel(nt: int):
 @lru_cache(maxsize=None)
 def _q6_k_body(nt: int, stages: int):
     """The Q6_K kernel's work as a device function (as _q4_k_body)."""
-    coords, store = _block_io(nt)
-    mma = MMA_RS_K[nt]
+    coords, store, mma8 = _block_io(nt)
     na = nt // 2
     tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
     sb = tb + Q6_SLOT
@@ -549,17 +538,7 @@ def _q6_k_body(nt: int, stages: int):
         p1 = row_frags(wsl, l0 + 8, t, s, d1, hi)
         p2 = row_frags(wsl, l0 + 64, t, s, d2, hi)
         p3 = row_frags(wsl, l0 + 72, t, s, d3, hi)
-        wg.wgmma_fence()
-        mma(acc0, p0[0], p1[0], p0[1], p1[1], desc)
-        mma(acc0, p0[2], p1[2], p0[3], p1[3], desc + 2)
-        mma(acc0, p0[4], p1[4], p0[5], p1[5], desc + 4)
-        mma(acc0, p0[6], p1[6], p0[7], p1[7], desc + 6)
-        mma(acc1, p2[0], p3[0], p2[1], p3[1], desc)
-        mma(acc1, p2[2], p3[2], p2[3], p3[3], desc + 2)
-        mma(acc1, p2[4], p3[4], p2[5], p3[5], desc + 4)
-        mma(acc1, p2[6], p3[6], p2[7], p3[7], desc + 6)
-        wg.wgmma_commit()
-        wg.wgmma_wait(0)
+        mma8(acc0, acc1, p0, p1, p2, p3, desc)
 
     @cuda.jit(device=True, inline=True)
     def body(a, ql, qh, sc, dsb, part, bx, col0, N):
