@@ -6,8 +6,8 @@ memory (kernels/gemm/gemm_few.py, "few"), the int8 one on x quantized to int8 an
 quants (kernels/gemm/gemm_mmq.py, "mmq"), the wgmma tiles (kernels/gemm/gemm_wgmma_quant.py) or
 their few-row form split along K, each weight decoded once for up to 128 rows
 (kernels/gemm/gemm_wgmma_few.py, "wgmma_few"), or that form with W in wgmma's register operand
-and the rows from shared memory (kernels/gemm/gemm_wgmma_rs.py, "wrs": Q4_K; x cast in its column
-order).
+and the rows from shared memory (kernels/gemm/gemm_wgmma_rs.py, "wrs": Q4_K and Q6_K; x cast in its
+column order).
 
 A measured choice per (weight type, N, K, M bucket), kept as data in
 impnb/tuning/gemm_table.json, which scripts/tune_gemm.py writes on the GPU the table names by
