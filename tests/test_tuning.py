@@ -36,7 +36,7 @@ def test_overrides_default(monkeypatch):
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH",
                  "SHORT_CLUSTER", "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS",
                  "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE", "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING",
-                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE"):
+                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -61,8 +61,10 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_WINDOW_RING", "0")
     monkeypatch.setenv("IMPNB_BATCH_FUSED_NORMS", "0")
     monkeypatch.setenv("IMPNB_BATCH_GLU_REDUCE", "0")
+    monkeypatch.setenv("IMPNB_GEMM_PAIR_RS_ROWS", "")
     o = tuning.Overrides.from_env()
     assert not (o.batch_fused_norms or o.batch_glu_reduce)
+    assert o.gemm_pair_rs == () and tuning.Overrides().gemm_pair_rs == tuning.GEMM_PAIR_RS_ROWS == (16, 32)
     assert tuning.Overrides().batch_fused_norms and tuning.Overrides().batch_glu_reduce
     assert not o.window_ring and tuning.Overrides().window_ring
     assert not o.window_short and tuning.Overrides().window_short
@@ -78,7 +80,8 @@ def test_overrides_from_env(monkeypatch):
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
                                         ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4"),
-                                        ("IMPNB_DP4A_ANY_SIZE", "Q4_K,FP4")])
+                                        ("IMPNB_DP4A_ANY_SIZE", "Q4_K,FP4"),
+                                        ("IMPNB_GEMM_PAIR_RS_ROWS", "16,thirty-two")])
 def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ParameterError, match=name):
