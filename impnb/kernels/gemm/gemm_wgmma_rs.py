@@ -98,22 +98,9 @@ def nt_for(M: int) -> int:
 
 @lru_cache(maxsize=None)
 def gemm_wgmma_rs_kernel(nt: int):
-    coords, store, mma8 = _block_io(nt)
+    coords, store, tokens, mma8 = _block_io(nt)
     na = nt // 2               # accumulators a tile
     sbytes = nt * 128          # a token stage
-    units = nt * 8 // THREADS  # 16-byte copies a thread a stage (nt >= 16)
-
-    @cuda.jit(device=True, inline=True)
-    def stage(dst, a, m0, M, K, s):
-        tid = cuda.threadIdx.x
-        for i in range(units):
-            u = tid + THREADS * i
-            r = u >> 3
-            ch = u & 7
-            row = m0 + r
-            ok = row < M
-            ptx.cp_async_16_zfill(dst + r * 128 + ((ch ^ (r & 7)) << 4), a,
-                                  (row if ok else m0) * K + 64 * s + 8 * ch, 16 if ok else 0)
 
     @cuda.jit(device=True, inline=True)
     def row_raw(qs, hdr, r, K, s, t):
@@ -142,7 +129,7 @@ def gemm_wgmma_rs_kernel(nt: int):
         sp, k0, k1, m0, warp, g, t, n0, base = coords(cuda.blockIdx.x, K // 64)
         for i in range(STAGES - 1):
             if k0 + i < k1:
-                stage(base + i * sbytes, a, m0, M, K, k0 + i)
+                tokens(base + i * sbytes, a, m0, M, K, k0 + i)
             ptx.cp_async_commit()
         acc0 = cuda.local.array(na, float32)
         acc1 = cuda.local.array(na, float32)
@@ -167,7 +154,7 @@ def gemm_wgmma_rs_kernel(nt: int):
             ptx.cp_async_wait_group(WAIT)
             cuda.syncthreads()  # step s's tokens landed; every warp's wgmmas of step s - 1 done
             if s + STAGES - 1 < k1:
-                stage(base + ((i + STAGES - 1) % STAGES) * sbytes, a, m0, M, K, s + STAGES - 1)
+                tokens(base + ((i + STAGES - 1) % STAGES) * sbytes, a, m0, M, K, s + STAGES - 1)
             ptx.cp_async_commit()
             desc = wg.desc_sw128(base + (i % STAGES) * sbytes)
             mma8(acc0, acc1, row_frags(x0, s), row_frags(x1, s), row_frags(x2, s),
@@ -213,9 +200,10 @@ def _block_io(nt: int):
     memory's aligned base); store(part, acc0, acc1, sp, m0, row0, t, M, N, col0): the lane's
     accumulators (register i of tile u: W row row0 + 64 u + 8 ((i >> 1) & 1), token m0 + 8 (i >> 2)
     + 2 t + (i & 1)) to part's columns col0 + row, rows below N and tokens below M; mma8: a step's
-    eight wgmmas."""
+    eight wgmmas; tokens: a 64-column step's token tile staged."""
     na = nt // 2
     mma = MMA_RS_K[nt]
+    units = nt * 8 // THREADS  # 16-byte token copies a thread a step (nt >= 16)
 
     @cuda.jit(device=True, inline=True)
     def coords(bx, KT):
@@ -240,6 +228,20 @@ def _block_io(nt: int):
                     part[sp, tok, col0 + row + 64] = acc1[i]
 
     @cuda.jit(device=True, inline=True)
+    def tokens(dst, a, m0, M, K, s):
+        # -- the nt token rows' 64 columns of step s into a swizzled (128-byte) tile at dst by
+        #    cp.async; rows past M zero-filled --
+        tid = cuda.threadIdx.x
+        for i in range(units):
+            u = tid + THREADS * i
+            r = u >> 3
+            ch = u & 7
+            row = m0 + r
+            ok = row < M
+            ptx.cp_async_16_zfill(dst + r * 128 + ((ch ^ (r & 7)) << 4), a,
+                                  (row if ok else m0) * K + 64 * s + 8 * ch, 16 if ok else 0)
+
+    @cuda.jit(device=True, inline=True)
     def mma8(acc0, acc1, p0, p1, p2, p3, desc):
         # -- a 64-column step of both m64 tiles from four rows' 8 pairs each (rows l0, l0 + 8 of
         #    tile 0; l0 + 64, l0 + 72 of tile 1), the tokens at descriptor desc; waited --
@@ -255,31 +257,23 @@ def _block_io(nt: int):
         wg.wgmma_commit()
         wg.wgmma_wait(0)
 
-    return coords, store, mma8
+    return coords, store, tokens, mma8
 
 
 @lru_cache(maxsize=None)
 def _q4_k_body(nt: int, stages: int):
     """The staged Q4_K kernel's work as a device function: block bx of W's rows (N of them), its
     partial products to part's columns col0 ..."""
-    coords, store, mma8 = _block_io(nt)
+    coords, store, tokens, mma8 = _block_io(nt)
     na = nt // 2
     sb = slot_bytes(nt)
     ahead = stages - 1
     wait = stages - 2
-    units = nt * 8 // THREADS
 
     @cuda.jit(device=True, inline=True)
     def stage(dst, a, qs, hdr, m0, n0, M, N, K, s):
+        tokens(dst, a, m0, M, K, s)
         tid = cuda.threadIdx.x
-        for i in range(units):
-            u = tid + THREADS * i
-            r = u >> 3
-            ch = u & 7
-            row = m0 + r
-            ok = row < M
-            ptx.cp_async_16_zfill(dst + r * 128 + ((ch ^ (r & 7)) << 4), a,
-                                  (row if ok else m0) * K + 64 * s + 8 * ch, 16 if ok else 0)
         wdst = dst + nt * 128
         for i in range(2):
             u = tid + THREADS * i
@@ -483,7 +477,7 @@ def gemm_wgmma_rs_pair_kernel(nt: int):
 @lru_cache(maxsize=None)
 def _q6_k_body(nt: int, stages: int):
     """The Q6_K kernel's work as a device function (as _q4_k_body)."""
-    coords, store, mma8 = _block_io(nt)
+    coords, store, tokens, mma8 = _block_io(nt)
     na = nt // 2
     tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
     sb = tb + Q6_SLOT
