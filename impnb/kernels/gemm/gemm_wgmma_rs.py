@@ -92,6 +92,20 @@ if not wg.SIM:
     MMA_RS_K = {n: _mma_rs_k(n) for n in (16, 32, 64, 128)}
 
 
+@cuda.jit(device=True, inline=True)
+def q4_row_pairs(w0, w1, e0, e1, e2, e3, s):
+    """A lane's 8 f16x2 pairs of one W row at 64-column step s, in fragment slot order (kk, j):
+    its quant words w0, w1 (bytes 8t .. 8t + 7 of the sub-block pair) under the superblock
+    header e0..e3 (d, dmin, the 6-bit scales and mins)."""
+    sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
+    d = qi.f16_to_f32(e0 & qi.HALF)
+    dm = qi.f16_to_f32(e0 >> 16)
+    ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
+    a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
+    c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
+    return a0, a1, c0, c1, b0, b1, f0, f1
+
+
 def nt_for(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
 
@@ -112,13 +126,7 @@ def gemm_wgmma_rs_kernel(nt: int):
     def row_frags(raw, s):
         # -- one row's 8 f16x2 pairs of this step, in slot order (kk, j) --
         w0, w1, e0, e1, e2, e3 = raw
-        sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
-        d = qi.f16_to_f32(e0 & qi.HALF)
-        dm = qi.f16_to_f32(e0 >> 16)
-        ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
-        a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
-        c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
-        return a0, a1, c0, c1, b0, b1, f0, f1
+        return q4_row_pairs(w0, w1, e0, e1, e2, e3, s)
 
     @cuda.jit
     def kernel(a, qs, hdr, part):
@@ -286,13 +294,7 @@ def _q4_k_body(nt: int, stages: int):
     def row_frags(wsl, lr, t, s):
         w0, w1 = ptx.ld_shared_v2_u32(wsl + lr * 32 + 8 * t)
         e0, e1, e2, e3 = ptx.ld_shared_v4_u32(wsl + W_SLOT + lr * 16)
-        sc0, mn0, sc1, mn1 = k_scales((e0, e1, e2, e3), 2 * (s & 3))
-        d = qi.f16_to_f32(e0 & qi.HALF)
-        dm = qi.f16_to_f32(e0 >> 16)
-        ls, lm, hs, hm = h2(d * sc0), h2(-(dm * mn0)), h2(d * sc1), h2(-(dm * mn1))
-        a0, a1, b0, b1 = q4_word(w0, ls, lm, hs, hm)
-        c0, c1, f0, f1 = q4_word(w1, ls, lm, hs, hm)
-        return a0, a1, c0, c1, b0, b1, f0, f1
+        return q4_row_pairs(w0, w1, e0, e1, e2, e3, s)
 
     @cuda.jit(device=True, inline=True)
     def body(a, qs, hdr, part, bx, col0, N):
