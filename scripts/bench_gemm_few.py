@@ -1,6 +1,6 @@
 """The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
 quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead; kernels/gemm/gemm_wgmma_rs.py,
-"wrs" staged 6 deep, "wrs3" / "wrs4" 3 / 4 deep, "wrs1" W ahead in registers (Q4_K; Q6_K staged 3 deep in all),
+"wrs" staged 6 deep, "wrs3" / "wrs4" 3 / 4 deep (Q4_K; Q6_K 3 deep in all),
 A permuted to its order) at a model's shapes over split counts (splits_for's times each scale): µs
 per call (the split reduce included) rotating over all layers' copies in one CUDA graph
 (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from impnb.gguf_file import open_model_file  # noqa: E402
 from impnb.gpu.model import DeviceModel  # noqa: E402
 from impnb.graphs.timing import graph_us  # noqa: E402
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs, quant_x32  # noqa: E402
+from impnb.kernels.gemm import (gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs, gemm_wgmma_rs_block,  # noqa: E402
+                                quant_x32)
 from impnb.kernels.gemv import gemv_stream  # noqa: E402
 from impnb.model_registry import resolve_model  # noqa: E402
 from scripts.tune_gemm import weights_by_shape  # noqa: E402
@@ -47,7 +48,7 @@ def main() -> int:
         if args.shapes and f"{t.name} {N}x{K}" not in args.shapes.split(","):
             continue
         for name in args.kernels.split(","):
-            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs1": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs}[name]
+            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs}[name]
             if not mod.supports(t, K):
                 continue
             for M in map(int, args.rows.split(",")):
@@ -59,10 +60,10 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
     h16 = np.random.default_rng(1).standard_normal((M, K)).astype(np.float16)
     x16 = m.ctx.upload(h16)
-    x16p = m.ctx.upload(gemm_wgmma_rs.permute_a(h16))
+    x16p = m.ctx.upload(gemm_wgmma_rs_block.permute_a(h16))
     xq = quant_x32.quant_x32_buffers(-(-M // 8) * 8 * 8, K)
     y = m.ctx.upload(np.full((M, N), np.nan, np.float32))
-    variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs1", "wrs3", "wrs4") else [(None, int(d), int(f)) for d in args.ahead.split(",")
+    variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs3", "wrs4") else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \
         if name == "wgf" else [
         tuple(int(f) for f in (v + ":-1:0").split(":")[:3]) for v in args.mmq_variants.split(",")]
@@ -82,7 +83,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                     gemm_few.gemm_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S)
                 elif name.startswith("wrs"):
                     gemm_wgmma_rs.gemm_wgmma_rs(x16p, ws[i % len(ws)], y, part, m.ctx.nb_stream, S,
-                                                staged={"wrs": 6, "wrs1": 0, "wrs3": 3, "wrs4": 4}[name])
+                                                stages={"wrs": 6, "wrs3": 3, "wrs4": 4}[name])
                 elif name == "wgf":
                     gemm_wgmma_few.gemm_wgmma_few(x16, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, w_ahead=regs,
                                                   f16x2=bool(mt))

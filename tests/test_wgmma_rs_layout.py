@@ -6,7 +6,7 @@ bytes); so A permuted by permute_a meets each weight at its own column."""
 import numpy as np
 from gguf import GGMLQuantizationType as T, quants
 
-from impnb.kernels.gemm.gemm_wgmma_rs import perm_columns, permute_a
+from impnb.kernels.gemm.gemm_wgmma_rs_block import perm_columns, permute_a
 from tests.test_repack import make_weight
 
 K = 768

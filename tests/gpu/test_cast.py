@@ -43,7 +43,7 @@ def check_cast_perm(rng, T, K, std, normed):
     """cast_f16_perm: cast_f16's output (with or without the norm) with each 64-column step's
     columns in gemm_wgmma_rs's order, bit for bit; the output NaN-poisoned."""
     from impnb.kernels.elementwise.cast import cast_f16_perm
-    from impnb.kernels.gemm.gemm_wgmma_rs import permute_a
+    from impnb.kernels.gemm.gemm_wgmma_rs_block import permute_a
 
     x = cuda.to_device((rng.standard_normal((T, K)) * std).astype(np.float32))
     norm = (cuda.to_device((1.0 + rng.standard_normal(K)).astype(np.float32)), 1e-6) if normed else None

@@ -47,7 +47,7 @@ def check_reduce_glu(rng, S, M, F, act, std):
     got16, want16 = got16.copy_to_host(), want16.copy_to_host()
     assert np.array_equal(got16.view(np.uint16), want16.view(np.uint16))
     if F % 64 == 0:
-        from impnb.kernels.gemm.gemm_wgmma_rs import permute_a
+        from impnb.kernels.gemm.gemm_wgmma_rs_block import permute_a
         assert np.array_equal(got_p.copy_to_host().view(np.uint16), permute_a(want16).view(np.uint16))
     assert np.array_equal(got_q.q.copy_to_host(), want_q.q.copy_to_host())
     ds, want_ds = got_q.ds.copy_to_host(), want_q.ds.copy_to_host()

@@ -7,7 +7,8 @@ since, `wgmma_commit` to close a group, `wgmma_wait(n)` until at most n groups a
 Shared memory written by threads (st.shared, cp.async) must be made visible to the async proxy
 that wgmma reads through: `fence_proxy_async` after the writes, before the barrier.
 
-Operands are fp16 or bf16, by name: `MMA[dtype][n]`, `MMA_FIRST`, `MMA_RS`. Operand layout:
+Operands are fp16 or bf16, by name: `MMA[dtype][n]`, `MMA_FIRST`, `MMA_RS`, `MMA_RS_K[n]` (fp16
+A in registers, B K-major). Operand layout:
 "K-major" A (M x K, K contiguous) and B (N x K, K contiguous), no transpose, in the 128-byte
 swizzle: a row of 64 16-bit values (128 bytes), its 16-byte chunk ch stored at chunk ch ^ (row & 7), 8-row groups of 1024 bytes, the tile 1024-byte aligned (the layout TMA's
 SWIZZLE_128B writes). `desc_sw128(addr)` describes rows from addr on; k step kk (16 values)
@@ -32,6 +33,7 @@ from numba import config
 SIM = bool(config.ENABLE_CUDASIM)
 WG_N = (64, 128, 256)  # wgmma widths built here (the GEMM tiles' BN, attention's keys a tile)
 WG_N_RS = (64, 128)  # register-A widths (attention's head dims)
+WG_N_RS_K = (16, 32, 64, 128)  # register-A widths with B K-major (gemm_wgmma_rs's token tiles)
 
 if not SIM:
     from llvmlite import ir
@@ -117,18 +119,18 @@ if not SIM:
         mma.__doc__ = text
         return mma
 
-    def _mma_rs(n, dtype):
+    def _mma_rs(n, dtype, trans_b=1):
         text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
                 "{" + ", ".join(f"${i}" for i in range(n // 2)) + "}, "
                 "{" + ", ".join(f"${n + i}" for i in range(4)) + "}, "
-                f"${n + 4}, 1, 1, 1, 1;")
+                f"${n + 4}, 1, 1, 1, {trans_b};")
         constraints = ",".join(["=f"] * (n // 2) + [str(i) for i in range(n // 2)] + ["r"] * 4 + ["l", "~{memory}"])
 
         @intrinsic
         def mma(typingctx, acc, a0, a1, a2, a3, db):
             """acc (n/2 float32 local array) += A·B of a 64 x 16 A in registers (a0..a3: this
             thread's 16-bit pairs of mma.sync's A fragment) and a 16 x n B (descriptor db,
-            MN-major: trans-b 1), asynchronously as the shared-memory form."""
+            MN-major with trans-b 1, else K-major), asynchronously as the shared-memory form."""
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32
                     and all(isinstance(t, types.Integer) for t in (a0, a1, a2, a3, db))):
                 return None
@@ -149,7 +151,9 @@ if not SIM:
         return mma
 
     # by operand type and width: acc += A·B; acc = A·B (attention's S, first k step); A in
-    # registers with B MN-major (attention's P·V)
+    # registers with B MN-major (attention's P·V); fp16 A in registers with B K-major
+    # (gemm_wgmma_rs: W's decoded quants times a few token rows)
     MMA = {t: {n: _mma(n, 1, t) for n in WG_N} for t in ("f16", "bf16")}
     MMA_FIRST = {t: {n: _mma(n, 0, t) for n in WG_N} for t in ("f16", "bf16")}
     MMA_RS = {t: {n: _mma_rs(n, t) for n in WG_N_RS} for t in ("f16", "bf16")}
+    MMA_RS_K = {n: _mma_rs(n, "f16", 0) for n in WG_N_RS_K}
