@@ -21,7 +21,7 @@ from impnb.gpu.plan import StepPlan
 from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
-from impnb.kernels.elementwise.cast import cast_f16, cast_f16_perm
+from impnb.kernels.elementwise.cast import cast_f16
 from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs, quant_x32
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
@@ -329,10 +329,7 @@ class MatMul:
         """x, or RMSNorm(x) * wn with norm (wn, eps), cast to fp16 into a scratch buffer (a GEMM's
         A operand); perm: in gemm_wgmma_rs's column order."""
         x16 = self.arena.get("x16", x.shape, np.float16)
-        if perm:
-            cast_f16_perm(x, x16, self.ctx.nb_stream, norm)
-        else:
-            cast_f16(x, x16, self.ctx.nb_stream, norm)
+        cast_f16(x, x16, self.ctx.nb_stream, norm, perm)
         return x16
 
     def w16(self, w):

@@ -40,9 +40,9 @@ def test_cast_norm(T, K):
 
 
 def check_cast_perm(rng, T, K, std, normed):
-    """cast_f16_perm: cast_f16's output (with or without the norm) with each 64-column step's
-    columns in gemm_wgmma_rs's order, bit for bit; the output NaN-poisoned."""
-    from impnb.kernels.elementwise.cast import cast_f16_perm
+    """cast_f16 with perm: its output without perm (with or without the norm; without it, the
+    flat kernel's) with each 64-column step's columns in gemm_wgmma_rs's order, bit for bit; the
+    output NaN-poisoned."""
     from impnb.kernels.gemm.gemm_wgmma_rs_block import permute_a
 
     x = cuda.to_device((rng.standard_normal((T, K)) * std).astype(np.float32))
@@ -50,7 +50,7 @@ def check_cast_perm(rng, T, K, std, normed):
     want = cuda.to_device(np.full((T, K), np.nan, np.float16))
     cast_f16(x, want, 0, norm=norm) if normed else cast_f16(x.reshape(T * K), want.reshape(T * K), 0)
     got = cuda.to_device(np.full((T, K), np.nan, np.float16))
-    cast_f16_perm(x, got, 0, norm)
+    cast_f16(x, got, 0, norm, perm=True)
     assert np.array_equal(got.copy_to_host().view(np.uint16), permute_a(want.copy_to_host()).view(np.uint16))
 
 

@@ -23,7 +23,7 @@ def test_cast_f16_norm_matches_reference():
     check_cast_norm(rng, 2, 260, 1.0, w_std=3e4)
 
 
-def test_cast_f16_perm_matches_cast():
+def test_cast_f16_perm_matches_the_plain_cast():
     from tests.gpu.test_cast import check_cast_perm
 
     rng = np.random.default_rng(2)

@@ -40,26 +40,6 @@ def sat_f16(v):
     return np.float16(min(max(v, -F16_MAX), F16_MAX))
 
 
-# grid (ceil(K / (4 x 128)), T), block 128: thread i of block (bx, t) converts columns 4 j .. 4 j + 3
-# of row t (j = 128 bx + i) of RMSNorm(x[t]) * wn, the row's scale summed by each block (x is in L2).
-@cuda.jit
-def _cast_f16_norm_kernel(x, wn, eps, out):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    t = cuda.blockIdx.y
-    K = x.shape[1]
-    rms = rms_scale(x, t, wn, eps)
-    k = 4 * (cuda.blockIdx.x * NORM_THREADS + cuda.threadIdx.x)
-    if k >= K:
-        return
-    v0, v1, v2, v3 = qi.ldg_f32x4(x, t * K + k)
-    w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
-    out[t, k] = sat_f16(v0 * rms * w0)
-    out[t, k + 1] = sat_f16(v1 * rms * w1)
-    out[t, k + 2] = sat_f16(v2 * rms * w2)
-    out[t, k + 3] = sat_f16(v3 * rms * w3)
-
-
 @cuda.jit(device=True, inline=True)
 def perm_pos(k):
     """Where column k (k % 4 == 0) goes in gemm_wgmma_rs's A order (perm_columns' inverse within
@@ -68,11 +48,14 @@ def perm_pos(k):
     return (k - c) + 16 * (2 * (c >> 5) + ((c >> 2) & 1)) + 2 * ((c >> 3) & 3)
 
 
-def _make_cast_perm(normed: bool):
-    # grid (ceil(K / (4 x 128)), T), block 128: as _cast_f16_norm_kernel (normed) or a plain cast,
-    # the four columns written at perm_pos's places
+def _make_cast_rows(normed: bool, perm: bool):
+    # grid (ceil(K / (4 x 128)), T), block 128: thread i of block (bx, t) converts columns 4 j ..
+    # 4 j + 3 of row t (j = 128 bx + i) of x, or of RMSNorm(x[t]) * wn (normed: the row's scale
+    # summed by each block, x is in L2); perm: the four written at perm_pos's places
+    o2 = 8 if perm else 2  # where the third and fourth columns go, after the first two
+
     @cuda.jit
-    def _cast_f16_perm_kernel(x, wn, eps, out):
+    def kernel(x, wn, eps, out):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         t = cuda.blockIdx.y
@@ -85,43 +68,36 @@ def _make_cast_perm(normed: bool):
         if normed:
             w0, w1, w2, w3 = qi.ldg_f32x4(wn, k)
             v0, v1, v2, v3 = v0 * rms * w0, v1 * rms * w1, v2 * rms * w2, v3 * rms * w3
-        q = perm_pos(k)
+        q = perm_pos(k) if perm else k
         out[t, q] = sat_f16(v0)
         out[t, q + 1] = sat_f16(v1)
-        out[t, q + 8] = sat_f16(v2)
-        out[t, q + 9] = sat_f16(v3)
-    return _cast_f16_perm_kernel
+        out[t, q + o2] = sat_f16(v2)
+        out[t, q + o2 + 1] = sat_f16(v3)
+
+    kernel.__name__ = f"_cast_f16{'_norm' if normed else ''}{'_perm' if perm else ''}_kernel"
+    return kernel
 
 
-_cast_f16_perm_kernel = _make_cast_perm(False)
-_cast_f16_norm_perm_kernel = _make_cast_perm(True)
+_cast_f16_norm_kernel = _make_cast_rows(True, False)
+_cast_f16_perm_kernel = _make_cast_rows(False, True)
+_cast_f16_norm_perm_kernel = _make_cast_rows(True, True)
 
 
-def cast_f16_perm(x, out, stream, norm: tuple | None = None) -> None:
-    """cast_f16 of x (T, K), K a multiple of 64, into out with each 64-column step's columns in
-    gemm_wgmma_rs's order (out[:, perm_columns] of cast_f16's)."""
-    T, K = x.shape
-    assert x.shape == out.shape and x.dtype == np.float32 and out.dtype == np.float16 and K % 64 == 0
-    assert x.is_c_contiguous() and out.is_c_contiguous()
-    wn, eps = norm if norm is not None else (x[0], 0.0)
-    assert wn.dtype == np.float32 and wn.shape == (K,)
-    if T:
-        launch(_cast_f16_norm_perm_kernel if norm is not None else _cast_f16_perm_kernel,
-               (-(-K // (4 * NORM_THREADS)), T), NORM_THREADS, stream, x, wn, np.float32(eps), out)
-
-
-def cast_f16(x, out, stream, norm: tuple | None = None) -> None:
+def cast_f16(x, out, stream, norm: tuple | None = None, perm: bool = False) -> None:
     """out (float16) = saturate(x (float32)), same shape, both C-contiguous; norm (wn (K,) float32,
-    eps), x (T, K) with K a multiple of 4: of RMSNorm(x) * wn instead."""
+    eps), x (T, K) with K a multiple of 4: of RMSNorm(x) * wn instead; perm (K a multiple of 64):
+    each 64-column step's columns in gemm_wgmma_rs's order (out[:, perm_columns] of the plain
+    cast's)."""
     assert x.shape == out.shape and x.dtype == np.float32 and out.dtype == np.float16
     assert x.is_c_contiguous() and out.is_c_contiguous()
-    if norm is not None:
-        wn, eps = norm
+    if norm is not None or perm:
         T, K = x.shape
-        assert K % 4 == 0 and wn.dtype == np.float32 and wn.shape == (K,)
+        wn, eps = norm if norm is not None else (x[0], 0.0)  # x[0]: unread
+        assert K % (64 if perm else 4) == 0 and wn.dtype == np.float32 and wn.shape == (K,)
+        kernel = {(True, False): _cast_f16_norm_kernel, (False, True): _cast_f16_perm_kernel,
+                  (True, True): _cast_f16_norm_perm_kernel}[norm is not None, perm]
         if T:
-            launch(_cast_f16_norm_kernel, (-(-K // (4 * NORM_THREADS)), T), NORM_THREADS, stream, x, wn,
-                   np.float32(eps), out)
+            launch(kernel, (-(-K // (4 * NORM_THREADS)), T), NORM_THREADS, stream, x, wn, np.float32(eps), out)
         return
     n = x.size
     if n:
@@ -132,10 +108,7 @@ def cast_f16(x, out, stream, norm: tuple | None = None) -> None:
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
-    return [
-        (_cast_f16_kernel, (types.float32[::1], types.float16[::1]), {"ptx_contains": ("cvt.rn.f16.f32",)}),
-        (_cast_f16_norm_kernel, (types.float32[:, ::1], types.float32[::1], types.float32, types.float16[:, ::1]),
-         {"ptx_contains": ("cvt.rn.f16.f32",), "max_registers": 64}),
-    ] + [(k, (types.float32[:, ::1], types.float32[::1], types.float32, types.float16[:, ::1]),
-          {"ptx_contains": ("cvt.rn.f16.f32",), "max_registers": 64})
-         for k in (_cast_f16_perm_kernel, _cast_f16_norm_perm_kernel)]
+    return [(_cast_f16_kernel, (types.float32[::1], types.float16[::1]), {"ptx_contains": ("cvt.rn.f16.f32",)})] + [
+        (k, (types.float32[:, ::1], types.float32[::1], types.float32, types.float16[:, ::1]),
+         {"ptx_contains": ("cvt.rn.f16.f32",), "max_registers": 64})
+        for k in (_cast_f16_norm_kernel, _cast_f16_perm_kernel, _cast_f16_norm_perm_kernel)]

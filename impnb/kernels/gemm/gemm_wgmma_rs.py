@@ -13,7 +13,7 @@ warp w holds rows 16 w + g and + 8 of each of the block's MT m64 tiles, bytes 8t
 pair: columns 8t .. 8t + 7 (low nibbles) and 32 + 8t .. (high). Its f16x2 pairs (quant_blocks_k's
 q4_word: q * fp16(d sc) + fp16(-dmin m)) fill the fragments' k slots in the order perm_columns
 gives, so A must hold its columns permuted the same way (permute_a; a cast kernel writing that
-order: cast_f16_perm and reduce_glu's perm form); the kernel reads A as given.
+order: cast_f16's and reduce_glu's perm forms); the kernel reads A as given.
 
 Each step's tokens, W quants and superblock headers are staged together by cp.async, `stages`
 steps deep (3 measured best: more blocks an SM); then the lane's four rows decoded, eight wgmma
