@@ -42,6 +42,19 @@ def case(request, tmp_path_factory):
     return mf, seqs, refs
 
 
+def synthetic_layers(tmp_path, model: str, layers: int):
+    """The first `layers` layers of synthetic_full's full-size `model` in Q4_K_M (llama.cpp's
+    mix: Q6_K where use_more_bits says), opened."""
+    from dataclasses import replace
+
+    from impnb import synthetic_full
+
+    path = tmp_path / f"{model}-{layers}.gguf"
+    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES[model], num_hidden_layers=layers),
+                                   "Q4_K_M", None, 0, "test", 4)
+    return open_model_file(path)
+
+
 def page_sets(n_seqs: int, pages_each: int, n_pages: int, seed: int) -> list[np.ndarray]:
     """Disjoint, shuffled page lists: sequence pages are not contiguous or ordered."""
     perm = np.random.default_rng(seed).permutation(n_pages)[: n_seqs * pages_each]
@@ -272,15 +285,9 @@ def test_int8_gemm_rows_equal_alone(tmp_path, monkeypatch):
     no int8 GEMM) to 5e-2 of the largest, the same greedy tokens where not that near a tie. The
     random weights amplify x's int8 rounding (32-column groups here, 16 on the row alone): 2.1-2.3e-2
     measured; a wrong fragment, scale or norm is off by the logits' own size."""
-    from dataclasses import replace
-
-    from impnb import synthetic_full
     from impnb.gpu.gemv_dispatch import MMQ
 
-    path = tmp_path / "qwen3-8b-2layers.gguf"
-    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES["qwen3-8b"], num_hidden_layers=2),
-                                   "Q4_K_M", None, 0, "test", 4)
-    engine = check_batch_equals_alone(open_model_file(path), 256, (40, 7, 101), 10, 11, 5e-2, "qwen3-8b mmq",
+    engine = check_batch_equals_alone(synthetic_layers(tmp_path, "qwen3-8b", 2), 256, (40, 7, 101), 10, 11, 5e-2, "qwen3-8b mmq",
                                       lambda: monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "mmq"))
     assert {lin.multi.get(3) for lin in engine.m.lin.values() if lin.int8_x} == {MMQ}
 
@@ -300,15 +307,9 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     1e-4 (a token or an expert mixed up between tiles moves them by far more). (Alone-against-batch
     on two layers does not hold for routed experts: the second layer's choices flip between
     near-tied experts on the first layer's rounding.)"""
-    from dataclasses import replace
-
-    from impnb import synthetic_full
     from impnb.gpu import moe_dispatch
 
-    shape = synthetic_full.SHAPES["qwen3-30b-a3b"]
-    path = tmp_path / "qwen3-30b-a3b-1layer.gguf"
-    synthetic_full.write_full_gguf(str(path), replace(shape, num_hidden_layers=1), "Q4_K_M", None, 0, "test", 4)
-    mf = open_model_file(path)
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
     monkeypatch.setenv("IMPNB_MOE_GROUPED_MIN_ROWS", "2")
     monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
@@ -353,15 +354,9 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
     A missing norm or residual is off by the logits' own size. With the dense FFN's gate|up
     reduce, GLU and the down's operand in one kernel (BATCH_GLU_REDUCE) and without it the logits
     are equal bit for bit (the same sums in the same order)."""
-    from dataclasses import replace
-
-    from impnb import synthetic_full
     from impnb.gpu import forward
 
-    path = tmp_path / f"{model}-{layers}.gguf"
-    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES[model], num_hidden_layers=layers),
-                                   "Q4_K_M", None, 0, "test", 4)
-    mf = open_model_file(path)
+    mf = synthetic_layers(tmp_path, model, layers)
     rng = np.random.default_rng(7)
     lengths = rng.integers(3, 120, 12)
     seqs = [rng.integers(100, 20000, n + 6).astype(np.int32) for n in lengths]
@@ -396,15 +391,9 @@ def two_layer_8b_rows(tmp_path, monkeypatch, runs) -> dict:
     """Decode steps of 12 and 24 rows (buckets 16 and 32) of the synthetic Qwen3-8B Q4_K_M at two
     layers under each of runs' (name, GEMM table, IMPNB_GEMM_PAIR_RS_ROWS, check(engine)) -> {name:
     each step's logits}."""
-    from dataclasses import replace
-
-    from impnb import synthetic_full
     from impnb.gpu import gemm_dispatch
 
-    path = tmp_path / "qwen3-8b-2.gguf"
-    synthetic_full.write_full_gguf(str(path), replace(synthetic_full.SHAPES["qwen3-8b"], num_hidden_layers=2),
-                                   "Q4_K_M", None, 0, "test", 4)
-    mf = open_model_file(path)
+    mf = synthetic_layers(tmp_path, "qwen3-8b", 2)
     rng = np.random.default_rng(13)
     lengths = rng.integers(3, 120, 24)
     seqs = [rng.integers(100, 20000, n + 4).astype(np.int32) for n in lengths]
