@@ -323,7 +323,7 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
         monkeypatch.setattr(moe_dispatch, "load_table", lambda t=t: t)
         engine = CudaBatchEngine(mf, 256, kv_tokens=n_seqs * 256, max_batch=max(4, n_seqs), graphs=True)
         ex = engine.m.blk[0].ffn
-        paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), shape.num_experts, n_seqs)
+        paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), engine.cfg.n_expert, n_seqs)
         assert all((p in moe_dispatch.INT8_PATHS) == (name == "int8") for p in paths), (name, paths)
         pages = page_sets(n_seqs, 256 // PAGE_SIZE, engine.n_pages, 5)
         for i, (s, n) in enumerate(zip(seqs, lengths)):
