@@ -11,7 +11,8 @@
       x[t] += sum_j weight[t, j] * down_e act[s]  (kernels/moe/gemv_moe.py: the GEMV, the weighted sum
                                                    and the residual add in one kernel; on dp4a
                                                    with act made int8 in it, gemv_moe_dp4a.py)
-  prefill (moe_ffn; also a batch's decode of 2..MOE_GROUPED_ROWS rows, moe_ffn_grouped_decode):
+  prefill (moe_ffn; also a batch's decode of 2..MOE_GROUPED_ROWS rows, moe_ffn_grouped_decode, whose
+      norm, router, routing, grouping and int8 h take one launch where they can, kernels/moe/router_batch.py):
       slots grouped by expert (moe_group) into tiles, each expert GEMM on the path
       gpu/moe_dispatch.py measured fastest: the grouped tensor-core tiles or cuBLAS batched over
       the tiles, or for a batch's few tokens an expert int8 paths (gpu/moe_prefill.py)
@@ -32,10 +33,11 @@ Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S 
 """
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from impnb.gpu.layer_weights import Experts
 from impnb.gpu import moe_dispatch
-from impnb.gpu.moe_prefill import experts_int8, experts_prefill
+from impnb.gpu.moe_prefill import experts_int8, experts_prefill, int8_groupings
 from impnb.gpu.weights import Linear
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemv import gemv, gemv_experts, gemv_route
@@ -45,7 +47,9 @@ from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.gemv.quant_x import arena_buffers
 from impnb.kernels.moe.expert_shard import localize
+from impnb.kernels.moe import router_batch
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
 from impnb.tuning import GEMV_MAX_ROWS
@@ -153,6 +157,9 @@ def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
     with a shared expert a residual update adds each output instead (its norm output to a scratch:
     the next layer norms x itself)."""
     a, s = m.arena, m.ctx.nb_stream
+    if _routes_in_one(m, ex, x.shape[0]):
+        _grouped_routed(m, x, ex, norm)
+        return
     h = a.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
     if ex.shared is None:
@@ -160,6 +167,37 @@ def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
         return
     res = Residual(x, a.get("moe_h_next", x.shape), norm[0], None, norm[1], a.zeros("tail_counter", (1,), np.uint32))
     moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
+
+
+def _routes_in_one(m, ex: Experts, n_tok: int) -> bool:
+    """Whether a grouped decode of n_tok rows routes in router_batch's one launch (up to
+    ROUTER_BATCH_ROWS rows): no shared expert, all experts on this rank, an F32 router, the experts
+    on int8 paths."""
+    cfg = m.cfg
+    if not (n_tok <= m.tuning.router_batch_rows and ex.shared is None and m.expert_range is None and ex.gate_up is not None
+            and ex.router.w.ggml_type == GGMLQuantizationType.F32 and router_batch.takes(n_tok, cfg.n_expert, cfg.n_expert_used)):
+        return False
+    return moe_dispatch.ffn_paths((ex.gate_up, ex.down), cfg.n_expert, n_tok)[0] in moe_dispatch.INT8_PATHS
+
+
+def _grouped_routed(m, x, ex: Experts, norm: tuple) -> None:
+    """moe_ffn_grouped_decode with the router, the routing, the grouping of the slots and (for a
+    dp4a GEMV gate|up) h in int8 in one launch (router_batch): x (T, D) += the routed experts'
+    SwiGLU FFN of RMSNorm(x) * wn, norm = (wn, eps)."""
+    cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
+    T, D = x.shape
+    k, E = cfg.n_expert_used, cfg.n_expert
+    logits, experts, weights = _route_buffers(m, T)
+    paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), E, T)
+    hq = arena_buffers(a, T, D, "moe_hq") if paths[0] in moe_dispatch.GEMV_PATHS else None
+    w = ex.router.w
+    router_batch.router_batch(x, norm, w.parts[0].view(np.float32).reshape(w.rows, w.cols), logits, k,
+                              cfg.expert_weights_norm, experts, weights, hq, int8_groupings(a, T * k, E, paths),
+                              a.zeros("router_batch_counter", (1,), np.uint32), s)
+    y, rows = experts_int8(m, x, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU, norm,
+                           routed=True)
+    moe_combine(y, rows, weights, x, s, m.reduce_leader)
+    m.all_reduce(x)  # each rank's experts are a slice of every expert's width
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple, next_input=None) -> None:

@@ -35,6 +35,7 @@ from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
 from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
 from impnb.kernels.moe.gemm_mmq_grouped import gemm_mmq_grouped
 from impnb.kernels.moe.moe import max_tiles, moe_group
+from impnb.kernels.moe.router_batch import Grouping
 from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
 
@@ -65,47 +66,53 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
     return out, y, rows
 
 
-def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int) -> tuple:
-    """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 on int8 paths
-    (gate|up's, down's; moe_dispatch.INT8_PATHS: the grouped dp4a GEMV, its x̂ in 16-column
-    groups, or the grouped int8 GEMM, in 32); glu: gate's activation (gemv SILU or GELU)."""
+def int8_groupings(a, S: int, n_expert: int, paths) -> list:
+    """The groupings (router_batch.Grouping) of S routed slots that the int8 paths' tiles need,
+    one a tile size, in the order the paths first take them: moe_group's order inside an expert's
+    rows is unspecified, so the first writes order and slot_row and a second its tiles alone (they
+    depend only on the counts) over a scratch order."""
+    sizes = dict.fromkeys(moe_dispatch.tile_tokens(p) for p in paths)
+    return [Grouping(tm, a.get("moe_order" if i == 0 else "moe_order_scratch", (S,), np.int32),
+                     a.get("moe_slot_row" if i == 0 else "moe_slot_row_scratch", (S,), np.int32),
+                     a.get(f"moe_tiles_{tm}", (max_tiles(S, n_expert, tm), 3), np.int32),
+                     a.get(f"moe_n_tiles_{tm}", (1,), np.int32)) for i, tm in enumerate(sizes)]
+
+
+def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int, norm: tuple | None = None,
+                 routed: bool = False) -> tuple:
+    """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 (norm (wn, eps):
+    of RMSNorm(h) * wn) on int8 paths (gate|up's, down's; moe_dispatch.INT8_PATHS: the grouped dp4a
+    GEMV, its x̂ in 16-column groups, or the grouped int8 GEMM, in 32); glu: gate's activation
+    (gemv SILU or GELU). routed: router_batch has grouped the slots into int8_groupings' buffers
+    and, where gate|up takes the GEMV, written its x̂ (arena_buffers' "moe_hq")."""
     a, s = m.arena, m.ctx.nb_stream
     S, D = slots.shape[0], h.shape[1]
     F = down.cols
-    order = a.get("moe_order", (S,), np.int32)
-    slot_row = a.get("moe_slot_row", (S,), np.int32)
-    grouped = {}  # tokens a tile -> (tiles, n_tiles)
+    groupings = {g.tm: g for g in int8_groupings(a, S, n_expert, paths)}
+    if not routed:
+        for g in groupings.values():
+            moe_group(slots, n_expert, *g, s)
+    order, slot_row = next(iter(groupings.values()))[1:3]
 
-    def tiles_of(tm: int) -> tuple:
-        # moe_group's order inside an expert's rows is unspecified, so only the first grouping
-        # writes order and slot_row; another tile size takes its tiles alone (they depend only on
-        # the counts) from a grouping into scratch
-        if tm not in grouped:
-            grouped[tm] = (a.get(f"moe_tiles_{tm}", (max_tiles(S, n_expert, tm), 3), np.int32),
-                           a.get(f"moe_n_tiles_{tm}", (1,), np.int32))
-            rows = (order, slot_row) if len(grouped) == 1 else \
-                (a.get("moe_order_scratch", (S,), np.int32), a.get("moe_slot_row_scratch", (S,), np.int32))
-            moe_group(slots, n_expert, tm, *rows, *grouped[tm], s)
-        return grouped[tm]
-
-    def run(w, path, x, name, n_rows, out, x_div, act):
-        # x (rows, K) float32 to int8 in the path's layout, then the path's kernel into out
-        tm = moe_dispatch.tile_tokens(path)
+    def run(w, path, x, name, n_rows, out, x_div, act, norm, ready):
+        # x (rows, K) float32 to int8 in the path's layout (unless ready), then the path's kernel into out
+        g = groupings[moe_dispatch.tile_tokens(path)]
         if path == moe_dispatch.MMQ:
             xq = quant_x32.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
                               a.get(name + "_ds", (w.cols // quant_x32.XGROUP, x.shape[0], 2)))
-            quant_x32.quantize_x32(x, xq, s)
-            gemm_mmq_grouped(xq, w, n_rows, out, *tiles_of(tm), order, x_div, s, act)
+            quant_x32.quantize_x32(x, xq, s, norm)
+            gemm_mmq_grouped(xq, w, n_rows, out, g.tiles, g.n_tiles, order, x_div, s, act)
         else:
             xq = arena_buffers(a, x.shape[0], w.cols, name)
-            quantize_x(x, xq, s)
-            gemv_dp4a_grouped(w, n_rows, xq, out, *tiles_of(tm), order, x_div, s, moe_dispatch.GEMV_PATHS[path][1],
-                              tm, act)
+            if not ready:
+                quantize_x(x, xq, s, norm)
+            gemv_dp4a_grouped(w, n_rows, xq, out, g.tiles, g.n_tiles, order, x_div, s,
+                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act)
 
     act = a.get("moe_gemv_act", (S, F))
-    run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu)
+    run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu, norm, routed)
     y = a.get("moe_y", (S, D))
-    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU)
+    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU, None, False)
     return y, slot_row
 
 

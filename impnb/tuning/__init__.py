@@ -287,6 +287,12 @@ BATCH_GLU_REDUCE = True
 # measured faster at 16 and 32 rows, slower at 64 (docs/PERFORMANCE.md, 'Batched decode').
 # IMPNB_GEMM_PAIR_RS_ROWS=16,32,64 overrides (empty: never).
 GEMM_PAIR_RS_ROWS = (16, 32)
+# A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
+# many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
+# the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,
+# slower at 32 (docs/PERFORMANCE.md, 'Batched decode'). IMPNB_ROUTER_BATCH_ROWS overrides (0: never;
+# router_batch.MAX_T at most).
+ROUTER_BATCH_ROWS = 16
 
 # -- Gated DeltaNet prefill ------------------------------------------------------------------
 # Prompt chunks of at least this many rows run the delta rule on the tensor cores in chunks of
@@ -336,6 +342,7 @@ class Overrides:
     batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
+    router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
@@ -370,6 +377,7 @@ class Overrides:
                    batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
+                   router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 

@@ -292,6 +292,61 @@ def test_int8_gemm_rows_equal_alone(tmp_path, monkeypatch):
     assert {lin.multi.get(3) for lin in engine.m.lin.values() if lin.int8_x} == {MMQ}
 
 
+def moe_decode_logits(mf, n_seqs: int, check) -> np.ndarray:
+    """(n_seqs, 8, vocab) logits of 8 teacher-forced decode steps of n_seqs sequences (prompts of
+    3..119 tokens, seeded by n_seqs) on a fresh engine of mf, graphs on; check(engine) first."""
+    rng = np.random.default_rng(n_seqs)
+    lengths = rng.integers(3, 120, n_seqs)
+    seqs = [rng.integers(100, 20000, n + 8).astype(np.int32) for n in lengths]
+    engine = CudaBatchEngine(mf, 256, kv_tokens=n_seqs * 256, max_batch=max(4, n_seqs), graphs=True)
+    check(engine)
+    pages = page_sets(n_seqs, 256 // PAGE_SIZE, engine.n_pages, 5)
+    for i, (s, n) in enumerate(zip(seqs, lengths)):
+        engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
+    return np.stack([engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
+                                           for i, (s, n) in enumerate(zip(seqs, lengths))])
+                     for j in range(8)], 1)
+
+
+def assert_routed_steps_agree(a, b, close: float, label: str) -> None:
+    """a, b (n_seqs, steps, vocab): logits of one MoE layer's model by two paths whose routers sum
+    in other orders. A step's logits depend on that step's routing alone (one layer: the KV comes
+    before the experts), so each (sequence, step) is within `close` of the largest logit but where
+    a near-tied expert went the other way (at most one step in eight, within 5e-2: an expert mixed
+    up or a slot in another's row moves every step by the logits' own size); the greedy tokens equal
+    where the top two are further apart than 5e-2."""
+    rel = np.abs(a - b).max(-1) / np.abs(b).max(-1)
+    print(f"{label}: max|dlogit|/max|logit| a step: median {np.median(rel):.2e}, max {rel.max():.2e}, "
+          f"{(rel > close).sum()} of {rel.size} above {close:g}")
+    assert np.isfinite(a).all() and rel.max() < 5e-2 and (rel > close).sum() <= rel.size // 8
+    top2 = np.sort(b, -1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > 5e-2 * np.abs(b).max(-1)
+    assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("n_seqs", [8, 13, 32])
+def test_router_batch_equals_its_kernels(tmp_path, monkeypatch, n_seqs):
+    """Decode steps of 8, 13 (the 16 bucket) and 32 rows of one layer of the synthetic Qwen3-30B-A3B
+    Q4_K_M through the grouped decode with its routing in one launch (router_batch) against the
+    norm, router, top-k, grouping and quantization kernels (IMPNB_ROUTER_BATCH_ROWS=0; 32 rows on
+    it by IMPNB_ROUTER_BATCH_ROWS=32, past the tuned 16). Both run the
+    same experts' int8 arithmetic on routers of fp32 sums in other orders, so a step's logits agree
+    within 1e-5 of the largest but where a near-tied expert went the other way
+    (assert_routed_steps_agree)."""
+    from impnb.gpu import moe
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+    monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
+    got = {}
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_ROUTER_BATCH_ROWS", "32" if on else "0")
+
+        def check(engine, on=on):
+            assert moe._routes_in_one(engine.m, engine.m.blk[0].ffn, n_seqs) == bool(on)
+        got[on] = moe_decode_logits(mf, n_seqs, check)
+    assert_routed_steps_agree(got[1], got[0], 1e-5, f"B{n_seqs}")
+
+
 @pytest.mark.parametrize("n_seqs", [3, 12])
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its
@@ -304,7 +359,9 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     the experts' arithmetic differs (int8 activations in 16-column groups against fp16): logits
     within 2e-2 of the largest, the same greedy tokens where the top two are further apart than
     that. At 3 rows both run the same int8 dot products, grouped by expert or slot by slot: within
-    1e-4 (a token or an expert mixed up between tiles moves them by far more). (Alone-against-batch
+    1e-4 (a token or an expert mixed up between tiles moves them by far more), but for a step
+    whose near-tied experts went apart, the routers summing in other orders
+    (assert_routed_steps_agree). (Alone-against-batch
     on two layers does not hold for routed experts: the second layer's choices flip between
     near-tied experts on the first layer's rounding.)"""
     from impnb.gpu import moe_dispatch
@@ -313,33 +370,18 @@ def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     monkeypatch.setenv("IMPNB_MOE_GROUPED_ROWS", "8")
     monkeypatch.setenv("IMPNB_MOE_GROUPED_MIN_ROWS", "2")
     monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
-    rng = np.random.default_rng(n_seqs)
-    lengths = rng.integers(3, 120, n_seqs)
-    seqs = [rng.integers(100, 20000, n + 8).astype(np.int32) for n in lengths]
     table = moe_dispatch.load_table()
     tiles = {key: {b: "wgmma" for b in by_t} for key, by_t in table.items()}
     got = {}
     for name, t in (("int8", table), ("tiles", tiles)):
         monkeypatch.setattr(moe_dispatch, "load_table", lambda t=t: t)
-        engine = CudaBatchEngine(mf, 256, kv_tokens=n_seqs * 256, max_batch=max(4, n_seqs), graphs=True)
-        ex = engine.m.blk[0].ffn
-        paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), engine.cfg.n_expert, n_seqs)
-        assert all((p in moe_dispatch.INT8_PATHS) == (name == "int8") for p in paths), (name, paths)
-        pages = page_sets(n_seqs, 256 // PAGE_SIZE, engine.n_pages, 5)
-        for i, (s, n) in enumerate(zip(seqs, lengths)):
-            engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
-        got[name] = np.stack([engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
-                                                    for i, (s, n) in enumerate(zip(seqs, lengths))])
-                              for j in range(8)], 1)
-        del engine
-    for i in range(n_seqs):
-        a, b = got["int8"][i], got["tiles"][i]
-        rel = np.abs(a - b).max() / np.abs(b).max()
-        top2 = np.sort(b, -1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > 2e-2 * np.abs(b).max()
-        print(f"B{n_seqs} sequence {i}: max|dlogit|/max|logit| {rel:.2e}")
-        assert np.isfinite(a).all() and rel < (1e-4 if n_seqs <= 8 else 2e-2)
-        assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+        def check(engine, name=name):
+            ex = engine.m.blk[0].ffn
+            paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), engine.cfg.n_expert, n_seqs)
+            assert all((p in moe_dispatch.INT8_PATHS) == (name == "int8") for p in paths), (name, paths)
+        got[name] = moe_decode_logits(mf, n_seqs, check)
+    assert_routed_steps_agree(got["int8"], got["tiles"], 1e-4 if n_seqs <= 8 else 2e-2, f"B{n_seqs}")
 
 
 @pytest.mark.parametrize("model, layers", [("qwen3-8b", 2), ("qwen3-30b-a3b", 1)])

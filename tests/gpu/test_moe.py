@@ -26,6 +26,7 @@ from impnb.kernels.moe.gemv_moe_dp4a import NextInput, down_sum_dp4a_ref, expert
 from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.moe.router_batch import Grouping, router_batch
 from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
@@ -114,6 +115,55 @@ def check_gemv_route(rng, ggml_type, E, K, T_, k, normalize, std, calls=2, norme
         ref_e, ref_w = route_ref(logits[:, :E], k, normalize)
         assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
         np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+        assert counter.copy_to_host()[0] == 0
+
+
+def check_router_batch(rng, E, D, T_, k, normalize, std, tms, quant=True, calls=2, ties=False):
+    """router_batch: logits against the float64 product of RMSNorm(x) * wn (wn Gaussian about 1)
+    with the router (1e-4 of |h| @ |W|); experts equal to route_ref of the kernel's own logits,
+    weights to rtol 1e-5; each grouping (tms: one or two tile sizes) a valid grouping of those
+    experts with group_ref's tiles (the second over its own order); with quant, h in int8 within
+    half a step of each group (assert_normed_int8), a spare row left alone. Outputs poisoned
+    first; `calls` runs on fresh x, the ticket counter back to zero after each. ties: expert 2i +
+    1's row is expert 2i's (every logit has an equal twin, the lower expert first)."""
+    w = (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32)
+    if ties:
+        w[1:E:2] = w[0:E - 1:2]
+    wn = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32)
+    eps = 1e-6
+    counter = cuda.to_device(np.zeros(1, np.uint32))
+    S = T_ * k
+    for _ in range(calls):
+        x = (rng.standard_normal((T_, D)) * std).astype(np.float32)
+        d_l = cuda.to_device(np.full((T_, E), np.nan, np.float32))
+        d_e = cuda.to_device(np.full((T_, k), -1, np.int32))
+        d_w = cuda.to_device(np.full((T_, k), np.nan, np.float32))
+        groups = [Grouping(tm, *(cuda.to_device(np.full(shape, -7, np.int32))
+                                 for shape in ((S,), (S,), (max_tiles(S, E, tm), 3), (1,)))) for tm in tms]
+        xq = quant_x_buffers(T_ + 1, D)
+        for a in xq:
+            a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype))
+        router_batch(cuda.to_device(x), (cuda.to_device(wn), eps), cuda.to_device(w), d_l, k, normalize, d_e, d_w,
+                     QuantX(*(a[:T_] for a in xq)) if quant else None, groups, counter, 0)
+        logits, experts, weights = d_l.copy_to_host(), d_e.copy_to_host(), d_w.copy_to_host()
+        h = rms_norm_ref(x, wn, eps).astype(np.float64)
+        bound = 1e-4 * np.abs(h) @ np.abs(w.astype(np.float64)).T + 1e-30
+        assert np.isfinite(logits).all() and (np.abs(logits - h @ w.astype(np.float64).T) <= bound).all()
+        ref_e, ref_w = route_ref(logits, k, normalize)
+        assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
+        np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+        for g in groups:
+            order, slot_row, tiles, n_tiles = (a.copy_to_host() for a in g[1:])
+            seg, ref_tiles = group_ref(experts.reshape(-1), E, g.tm)
+            assert np.array_equal(tiles[:n_tiles[0]], ref_tiles), f"tm {g.tm}: tiles differ from group_ref"
+            assert np.array_equal(np.sort(order), np.arange(S)) and np.array_equal(slot_row[order], np.arange(S))
+            for e in range(E):
+                assert np.array_equal(np.sort(order[seg[e]:seg[e + 1]]), np.flatnonzero(experts.reshape(-1) == e))
+        if quant:
+            assert_normed_int8(QuantX(*(a[:T_] for a in xq)), x, wn, eps)
+        untouched = slice(T_, None) if quant else slice(None)  # the spare row; without quant, all
+        assert all((a.copy_to_host()[untouched].view(np.uint32) == 0xFFFFFFFF).all() for a in xq), \
+            "x̂ written past T rows, or without quant"
         assert counter.copy_to_host()[0] == 0
 
 
@@ -353,6 +403,17 @@ def test_group(T_, E, k, tm):
     rng = np.random.default_rng([T_, E, k, tm])
     check_group(rng, T_, E, k, tm)
     check_group(rng, T_, E, k, tm, same=True)  # every token picks the same experts
+
+
+@pytest.mark.parametrize("E,D,T_,k,tms", [(128, 2048, 8, 8, (2, 8)), (128, 2048, 16, 8, (2,)), (128, 2048, 32, 8, (8,)),
+                                          (256, 2048, 13, 8, (4, 8)), (60, 640, 5, 4, (1,)), (7, 96, 2, 2, (3, 1))])
+def test_router_batch(E, D, T_, k, tms):
+    """The 30B-A3B's router at the grouped decode's buckets, Qwen3.6-35B-A3B's 256 experts at an
+    odd row count, and small odd shapes (fewer rows than a block's pass, more blocks than rows)."""
+    rng = np.random.default_rng([E, D, T_])
+    for std, normalize in zip(STDS, (True, False, True)):
+        check_router_batch(rng, E, D, T_, k, normalize, std, tms, quant=std != 10.0)
+    check_router_batch(rng, E, D, T_, k, True, 1.0, tms, calls=1, ties=True)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.NVFP4,

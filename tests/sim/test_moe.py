@@ -34,6 +34,14 @@ def test_gemv_route_stacked():
     moe.check_gemv_route(rng, T.F32, 21, 64, 2, 8, False, 1.0, calls=1, ties=True, stacked=True)
 
 
+def test_router_batch():
+    """Fewer rows than a pass, two passes, two groupings, ties; with and without h in int8."""
+    rng = np.random.default_rng(9)
+    moe.check_router_batch(rng, 6, 64, 3, 2, True, 1.0, (2, 1), calls=1)
+    moe.check_router_batch(rng, 5, 32, 9, 3, False, 3.0, (4,), quant=False, calls=1)
+    moe.check_router_batch(rng, 8, 48, 2, 2, True, 1.0, (1,), calls=1, ties=True)
+
+
 def test_down_sum():
     rng = np.random.default_rng(6)
     moe.check_down_sum(rng, T.Q8_0, 4, 8, 64, 2, 3, 1.0, accumulate=True)

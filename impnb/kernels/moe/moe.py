@@ -18,7 +18,6 @@ from impnb.launch import launch
 
 MAX_K = 8
 MAX_EXPERTS = 1024       # a lane's taken-mask has one bit per 32 experts
-SEGMENTS = MAX_EXPERTS + 1
 ROUTE_WARPS = 4          # tokens per route block
 GROUP_THREADS = MAX_EXPERTS  # moe_group: a thread an expert
 COMBINE_THREADS = 128
@@ -245,60 +244,77 @@ def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None
            logits, np.int32(k), np.int32(normalize), experts, weights)
 
 
-# grid (1,), block GROUP_THREADS (one thread an expert). Shared: counts, fill (E), the scans seg,
-# tile0 (E + 1) int32 and a Hillis-Steele double buffer. Counts by shared atomics; the block scans
-# each expert's (slots, tiles) packed in one int64 into segment starts and first tiles; each slot
-# then takes the next free row of its expert's segment (by atomics, so the order inside a segment
-# is unspecified: every row is computed on its own, results do not depend on it); each expert
-# writes its tiles of at most tm rows.
+def make_group_slots(threads: int, max_experts: int):
+    """group_slots(experts, n_expert, tm, order, slot_row, tiles, n_tiles): what moe_group writes,
+    by every thread of a block of `threads` threads, one an expert (n_expert <= max_experts <=
+    threads). Shared: counts, fill (max_experts), the scans' seg, tile0 (max_experts + 1) int32 and
+    a Hillis-Steele double buffer (threads). Counts by shared atomics; the block scans each expert's (slots, tiles) packed in one
+    int64 into segment starts and first tiles; each slot then takes the next free row of its
+    expert's segment (by atomics, so the order inside a segment is unspecified: every row is
+    computed on its own, results do not depend on it); each expert writes its tiles of at most tm
+    rows. experts: read after a barrier (another kernel's output, or this block's)."""
+    bounds = max_experts + 1  # the scans' starts and ends
+
+    @cuda.jit(device=True, inline=True)
+    def group_slots(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
+        tid = cuda.threadIdx.x
+        S = experts.shape[0]
+        counts = cuda.shared.array(max_experts, int32)
+        fill = cuda.shared.array(max_experts, int32)
+        seg = cuda.shared.array(bounds, int32)
+        tile0 = cuda.shared.array(bounds, int32)
+        buf = cuda.shared.array((2, threads), int64)
+        if tid < n_expert:
+            counts[tid] = 0
+            fill[tid] = 0
+        cuda.syncthreads()
+        for s in range(tid, S, threads):
+            cuda.atomic.add(counts, experts[s], 1)
+        cuda.syncthreads()
+        # -- inclusive scan of (slots << 32 | tiles) over the experts --
+        own = int64(0)
+        if tid < n_expert:
+            c = counts[tid]
+            own = (int64(c) << 32) | int64((c + tm - 1) // tm)
+        buf[0, tid] = own
+        cuda.syncthreads()
+        src = scan_rounds(buf, tid, n_expert)
+        if tid < n_expert:
+            incl = buf[src, tid]
+            first = incl - own
+            seg[tid] = int32(first >> 32)
+            tile0[tid] = int32(first & 0xFFFFFFFF)
+            if tid == n_expert - 1:
+                seg[n_expert] = int32(incl >> 32)
+                tile0[n_expert] = int32(incl & 0xFFFFFFFF)
+                n_tiles[0] = int32(incl & 0xFFFFFFFF)
+        cuda.syncthreads()
+        # -- place the slots, write the tiles --
+        for s in range(tid, S, threads):
+            e = experts[s]
+            r = seg[e] + cuda.atomic.add(fill, e, 1)
+            order[r] = s
+            slot_row[s] = r
+        if tid < n_expert:
+            for i in range(tile0[tid], tile0[tid + 1]):
+                r0 = seg[tid] + (i - tile0[tid]) * tm
+                tiles[i, 0] = tid
+                tiles[i, 1] = r0
+                tiles[i, 2] = min(tm, seg[tid + 1] - r0)
+        cuda.syncthreads()  # the shared arrays are free again
+
+    return group_slots
+
+
+_group_slots = make_group_slots(GROUP_THREADS, MAX_EXPERTS)
+
+
+# grid (1,), block GROUP_THREADS (one thread an expert): group_slots
 @cuda.jit
 def _group_kernel(experts, n_expert, tm, order, slot_row, tiles, n_tiles):
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
-    tid = cuda.threadIdx.x
-    S = experts.shape[0]
-    counts = cuda.shared.array(MAX_EXPERTS, int32)
-    fill = cuda.shared.array(MAX_EXPERTS, int32)
-    seg = cuda.shared.array(SEGMENTS, int32)
-    tile0 = cuda.shared.array(SEGMENTS, int32)
-    buf = cuda.shared.array((2, GROUP_THREADS), int64)
-    if tid < n_expert:
-        counts[tid] = 0
-        fill[tid] = 0
-    cuda.syncthreads()
-    for s in range(tid, S, GROUP_THREADS):
-        cuda.atomic.add(counts, experts[s], 1)
-    cuda.syncthreads()
-    # -- inclusive scan of (slots << 32 | tiles) over the experts --
-    own = int64(0)
-    if tid < n_expert:
-        c = counts[tid]
-        own = (int64(c) << 32) | int64((c + tm - 1) // tm)
-    buf[0, tid] = own
-    cuda.syncthreads()
-    src = scan_rounds(buf, tid, n_expert)
-    if tid < n_expert:
-        incl = buf[src, tid]
-        first = incl - own
-        seg[tid] = int32(first >> 32)
-        tile0[tid] = int32(first & 0xFFFFFFFF)
-        if tid == n_expert - 1:
-            seg[n_expert] = int32(incl >> 32)
-            tile0[n_expert] = int32(incl & 0xFFFFFFFF)
-            n_tiles[0] = int32(incl & 0xFFFFFFFF)
-    cuda.syncthreads()
-    # -- place the slots, write the tiles --
-    for s in range(tid, S, GROUP_THREADS):
-        e = experts[s]
-        r = seg[e] + cuda.atomic.add(fill, e, 1)
-        order[r] = s
-        slot_row[s] = r
-    if tid < n_expert:
-        for i in range(tile0[tid], tile0[tid + 1]):
-            r0 = seg[tid] + (i - tile0[tid]) * tm
-            tiles[i, 0] = tid
-            tiles[i, 1] = r0
-            tiles[i, 2] = min(tm, seg[tid + 1] - r0)
+    _group_slots(experts, n_expert, tm, order, slot_row, tiles, n_tiles)
 
 
 def moe_group(experts, n_expert: int, tm: int, order, slot_row, tiles, n_tiles, stream) -> None:

@@ -1,0 +1,194 @@
+"""The MoE router of a batch's grouped decode (gpu/moe.py's moe_ffn_grouped_decode, up to MAX_T
+rows) in one launch, in place of a norm kernel, the router's product (cuBLAS's GEMM past
+GEMV_MAX_ROWS, gemv.py's GEMV below), moe_route, moe_group (once a tile size) and quantize_x:
+
+  logits (T, E) = h · Wᵀ, h = RMSNorm(x) * wn, W the router's (E, D) float32 rows
+  each token's top k experts and their softmax weights (moe.route_warp, as moe_route's)
+  the T * k routed slots grouped by expert (moe.make_group_slots, as moe_group's) into tiles of
+      at most tm rows, and of tm2 for a second path's tiles (0: none)
+  h in int8 (quant_x's groups of 16) where the experts' gate|up takes the dp4a GEMV (quant)
+
+Grid ceil(E / ROWS) blocks of THREADS: block b takes router rows ROWS b .. ROWS b + ROWS - 1 for
+every token, TC tokens a pass, thread i columns 4 i, 4 i + 4 THREADS, ... of each; every block
+reads all of x (from L2: T x D x 4 bytes a block, the router's rows once in all). A pass's ROWS x
+TC dot products of x · wn with the rows, and its TC sums of squares of x, reduce over the block;
+logit = dot / rms. Each block then writes its share of h's int8 groups, items (t, g) = b, b +
+grid, ..., and the grid's last block routes the tokens (a warp a token) and groups the slots (a
+thread an expert).
+Numpy reference: router_batch_ref.
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32, types
+
+from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import warp_sum
+from impnb.kernels.elementwise.norm import rms_norm_ref
+from impnb.kernels.gemv.gemv import aligned16
+from impnb.kernels.gemv.gemv_tail import last_block
+from impnb.kernels.gemv.quant_x import GROUP, WORDS, QuantX, scale4, store_group
+from impnb.kernels.moe.moe import MAX_K, make_group_slots, max_tiles, route_warp
+from impnb.kernels.moe.reference import group_ref, route_ref
+from impnb.launch import launch
+
+THREADS = 512
+WARPS = THREADS // 32
+ROWS = 2  # router rows a block
+TC = 8  # tokens a pass
+MAX_T = 32  # tokens a launch (a pass's sums of squares kept in shared memory)
+MAX_E = 256  # experts (the grouping takes a thread an expert)
+SUMS = (ROWS + 1) * TC  # a pass's sums: ROWS x TC dot products, TC sums of squares
+assert MAX_T % TC == 0
+
+_group_slots = make_group_slots(THREADS, MAX_E)
+
+
+class Grouping(NamedTuple):
+    """A grouping of the routed slots by expert (moe.moe_group's outputs) into tiles of tm rows."""
+    tm: int
+    order: object  # (S,) int32
+    slot_row: object  # (S,) int32
+    tiles: object  # (max_tiles(S, E, tm), 3) int32
+    n_tiles: object  # (1,) int32
+
+
+@cuda.jit
+def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, weights, q, d, s, quant,
+                         tm, order, slot_row, tiles, n_tiles, tm2, order2, slot_row2, tiles2, n_tiles2, counter):
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    T, D = x.shape
+    E = w.shape[0]
+    e0 = cuda.blockIdx.x * ROWS
+    red = cuda.shared.array((WARPS, SUMS), float32)
+    rs = cuda.shared.array(MAX_T, float32)  # 1 / rms of each token
+    acc = cuda.local.array((ROWS, TC), float32)
+    sq = cuda.local.array(TC, float32)
+    wr = cuda.local.array((ROWS, 4), float32)
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
+    ptx.grid_dep_launch()
+    # -- the block's logits, TC tokens a pass --
+    for c0 in range(0, T, TC):
+        for t in range(TC):
+            sq[t] = float32(0.0)
+            for r in range(ROWS):
+                acc[r, t] = float32(0.0)
+        for col in range(4 * tid, D, 4 * THREADS):
+            n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
+            for r in range(ROWS):
+                wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
+            for t in range(TC):
+                v0, v1, v2, v3 = qi.ldg_f32x4(x, min(c0 + t, T - 1) * D + col)
+                sq[t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+                h0, h1, h2, h3 = v0 * n0, v1 * n1, v2 * n2, v3 * n3
+                for r in range(ROWS):
+                    acc[r, t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
+        for t in range(TC):
+            v = warp_sum(sq[t])
+            if lane == 0:
+                red[warp, ROWS * TC + t] = v
+            for r in range(ROWS):
+                v = warp_sum(acc[r, t])
+                if lane == 0:
+                    red[warp, r * TC + t] = v
+        cuda.syncthreads()
+        if tid < SUMS:  # thread r TC + t: row r's logit of token c0 + t; past them: 1 / rms
+            t = tid % TC
+            dot = float32(0.0)
+            ss = float32(0.0)
+            for i in range(WARPS):
+                dot += red[i, tid]
+                ss += red[i, ROWS * TC + t]
+            scale = float32(1.0) / math.sqrt(ss / float32(D) + eps)
+            e = e0 + tid // TC
+            if tid >= ROWS * TC:
+                rs[c0 + t] = scale
+            elif c0 + t < T and e < E:
+                logits[c0 + t, e] = dot * scale
+        cuda.syncthreads()  # red is free again; rs written
+    # -- the block's share of h's int8 groups --
+    if quant:
+        G = d.shape[1]
+        v = cuda.local.array(GROUP, float32)
+        for item in range(cuda.blockIdx.x + cuda.gridDim.x * tid, T * G, cuda.gridDim.x * THREADS):
+            t = item // G
+            g = item - t * G
+            for j in range(WORDS):
+                c = GROUP * g + 4 * j
+                v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * D + c)
+                scale4(v, j, rs[t], wn, c)
+            store_group(v, q, d, s, t, g)
+    # -- the last block: route each token, then group the slots --
+    if last_block(counter):
+        rows = cuda.shared.array((WARPS, MAX_E), float32)
+        for t in range(warp, T, WARPS):
+            route_warp(logits, t, E, k, normalize, experts, weights, rows[warp], 0)
+        cuda.syncthreads()  # experts written for the grouping's readers
+        _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
+        if tm2 > 0:
+            _group_slots(slots, E, tm2, order2, slot_row2, tiles2, n_tiles2)
+
+
+def takes(n_tok: int, n_expert: int, k: int) -> bool:
+    """Whether router_batch takes a step of n_tok rows routing k of n_expert experts."""
+    return 1 <= n_tok <= MAX_T and 1 <= k <= min(MAX_K, n_expert) and n_expert <= MAX_E
+
+
+def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, weights, xq: QuantX | None,
+                 groups: list, counter, stream) -> None:
+    """The router of T = x's rows (up to MAX_T) and its routing in one launch: logits (T, E) =
+    RMSNorm(x) * wn · wᵀ (norm = (wn, eps); w (E, D) float32), experts (T, k) int32 and weights
+    (T, k) float32 as moe_route's of those logits, the slots experts.reshape(T * k) grouped as
+    moe_group's by each of groups (one or two Grouping: the first writes order and slot_row as
+    moe_group does, a second its tiles over its own order and slot_row), and with xq the int8
+    form of RMSNorm(x) * wn there (quantize_x's groups). counter (1,) uint32, zero between uses."""
+    T, D = x.shape
+    E = w.shape[0]
+    wn, eps = norm
+    assert takes(T, E, k) and len(groups) in (1, 2) and D % GROUP == 0
+    for a in (x, w, logits, weights, wn):
+        assert a.dtype == np.float32 and a.is_c_contiguous()
+    assert all(aligned16(a) for a in (x, w, wn)), "four-float loads"
+    assert w.shape == (E, D) and wn.shape == (D,) and logits.shape == (T, E)
+    assert experts.shape == weights.shape == (T, k) and experts.dtype == np.int32 and experts.is_c_contiguous()
+    assert counter.dtype == np.uint32 and counter.shape == (1,)
+    for g in groups:
+        assert g.tm >= 1 and g.order.shape == g.slot_row.shape == (T * k,)
+        assert g.tiles.shape == (max_tiles(T * k, E, g.tm), 3) and g.n_tiles.shape == (1,)
+    if xq is not None:
+        assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
+    q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
+    second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
+    launch(_router_batch_kernel, -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w, logits, np.int32(k),
+           np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
+           *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
+           *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
+
+
+def router_batch_ref(x: np.ndarray, wn: np.ndarray, eps: float, w: np.ndarray, k: int, normalize: bool,
+                     tm: int) -> tuple:
+    """(logits, experts, weights, segment starts, tiles) as router_batch computes them, in float64
+    then float32: RMSNorm(x) * wn · wᵀ, route_ref, group_ref."""
+    logits = (rms_norm_ref(x, wn, eps).astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)
+    experts, weights = route_ref(logits, k, normalize)
+    return (logits, experts, weights, *group_ref(experts.reshape(-1), w.shape[0], tm))
+
+
+_F2 = types.Array(types.float32, 2, "C")
+_F1 = types.Array(types.float32, 1, "C")
+_I1 = types.Array(types.int32, 1, "C")
+_I2 = types.Array(types.int32, 2, "C")
+_GROUPING = (types.int32, _I1, _I1, _I2, _I1)
+
+
+def build_signatures() -> list:
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
+    sig = types.void(_F2, _F1, types.float32, _F2, _F2, types.int32, types.int32, _I2, _I1, _F2,
+                     types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
+                     types.Array(types.uint32, 1, "C"))
+    return [(_router_batch_kernel, sig, {"max_registers": 128})]
