@@ -32,7 +32,8 @@ TABLE_PATH = tuning.MOE_TABLE
 GEMV_PATHS = {f"gemv{n}{v.name}": (n, v) for n, v in
               [(n, Variant(s, u, r)) for n in (2, 4) for s, u, r in ((32, 1, 4), (32, 2, 4), (64, 1, 4))]
               + [(2, Variant(s, u, 8)) for s, u in ((32, 1), (32, 2), (64, 1))]
-              + [(8, Variant(s, u, 2)) for s, u in ((32, 1), (32, 2), (64, 1))]}
+              + [(8, Variant(s, u, 2)) for s, u in ((32, 1), (32, 2), (64, 1))]
+              + [(1, Variant(s, 1, 8)) for s in (32, 64)]}
 MMQ = "mmq"  # the grouped int8 tensor-core GEMM (kernels/moe/gemm_mmq_grouped.py): tiles of 8 tokens
 INT8_PATHS = (*GEMV_PATHS, MMQ)  # the paths on int8 activations, taken for a whole layer (ffn_paths)
 GEMV_TOKENS = sorted({n for n, _ in GEMV_PATHS.values()} | {gemm_mmq_grouped.TOKENS})

@@ -35,7 +35,8 @@ BUILDS = ([(t, 2048, n, Variant(32, 1, 4), 0) for t in DP4A_TYPES for n in (2, 5
 GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(32, 1, 4), SILU),
            (T.Q6_K, 768, 4, Variant(32, 1, 4), 0), (T.Q4_K, 768, 1, Variant(32, 1, 4), 0),
            (T.Q8_0, 256, 3, Variant(64, 2, 2), 0), (T.NVFP4, 512, 2, Variant(32, 1, 2), GELU),
-           (T.MXFP4, 256, 8, Variant(128, 1, 2), 0)]
+           (T.MXFP4, 256, 8, Variant(128, 1, 2), 0), (T.Q4_K, 2048, 1, Variant(32, 1, 8), SILU),
+           (T.Q6_K, 768, 1, Variant(32, 1, 8), 0)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,9 +53,9 @@ def precompiled():
             y = cuda.device_array((n, 4 if glu else 8), np.float32)
             gemv_dp4a_multi(w, quant_x_buffers(n, K), y, 0, v, glu=glu)
         for t, K, n, v, glu in GROUPED:
-            w = weight(t, 8, K)[2]
+            w = weight(t, 16, K)[2]  # one expert of 16 rows: as many as a group's of any variant here
             i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
-            gemv_dp4a_grouped(w, 4, quant_x_buffers(1, K), cuda.device_array((1, 2 if glu else 4), np.float32),
+            gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 8 if glu else 16), np.float32),
                               tiles, i1, i1, 1, 0, v, n, glu)
     compile_all(rec.missing())
 

@@ -286,5 +286,6 @@ def build_signatures() -> list:
          {"max_registers": 255})
         for t, K, n, r, glu, d in ((T.Q4_K, 2048, 2, 8, SILU, 2), (T.Q4_K, 2048, 2, 8, SILU, 1),
                                    (T.Q6_K, 768, 2, 8, NO_GLU, 1), (T.Q6_K, 768, 4, 4, NO_GLU, 1),
-                                   (T.Q4_K, 768, 2, 8, NO_GLU, 2))
+                                   (T.Q4_K, 768, 2, 8, NO_GLU, 2), (T.Q4_K, 2048, 1, 8, SILU, 1),
+                                   (T.Q6_K, 768, 1, 8, NO_GLU, 1))
     ]
