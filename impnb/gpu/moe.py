@@ -174,8 +174,9 @@ def _routes_in_one(m, ex: Experts, n_tok: int) -> bool:
     ROUTER_BATCH_ROWS rows): no shared expert, all experts on this rank, an F32 router, the experts
     on int8 paths."""
     cfg = m.cfg
-    if not (n_tok <= m.tuning.router_batch_rows and ex.shared is None and m.expert_range is None and ex.gate_up is not None
-            and ex.router.w.ggml_type == GGMLQuantizationType.F32 and router_batch.takes(n_tok, cfg.n_expert, cfg.n_expert_used)):
+    if not (n_tok <= m.tuning.router_batch_rows and ex.shared is None and m.expert_range is None
+            and ex.gate_up is not None and ex.router.w.ggml_type == GGMLQuantizationType.F32
+            and router_batch.takes(n_tok, cfg.n_expert, cfg.n_expert_used)):
         return False
     return moe_dispatch.ffn_paths((ex.gate_up, ex.down), cfg.n_expert, n_tok)[0] in moe_dispatch.INT8_PATHS
 

@@ -325,7 +325,8 @@ class Overrides:
     moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
     moe_grouped_min_rows: int = MOE_GROUPED_MIN_ROWS  # IMPNB_MOE_GROUPED_MIN_ROWS
     gdn_chunked_min_rows: int = GDN_CHUNKED_MIN_ROWS  # IMPNB_GDN_CHUNKED_MIN_ROWS
-    gemv_rows_force: str | None = None  # IMPNB_GEMV_ROWS_FORCE=s32u1r4 (or mmq): that path for every int8-x weight (tests, A/B)
+    # IMPNB_GEMV_ROWS_FORCE=s32u1r4 (or mmq): that path for every int8-x weight (tests, A/B)
+    gemv_rows_force: str | None = None
     dp4a_min_mb: float = DP4A_MIN_MB
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names

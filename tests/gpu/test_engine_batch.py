@@ -287,7 +287,8 @@ def test_int8_gemm_rows_equal_alone(tmp_path, monkeypatch):
     measured; a wrong fragment, scale or norm is off by the logits' own size."""
     from impnb.gpu.gemv_dispatch import MMQ
 
-    engine = check_batch_equals_alone(synthetic_layers(tmp_path, "qwen3-8b", 2), 256, (40, 7, 101), 10, 11, 5e-2, "qwen3-8b mmq",
+    engine = check_batch_equals_alone(synthetic_layers(tmp_path, "qwen3-8b", 2), 256, (40, 7, 101), 10, 11, 5e-2,
+                                      "qwen3-8b mmq",
                                       lambda: monkeypatch.setenv("IMPNB_GEMV_ROWS_FORCE", "mmq"))
     assert {lin.multi.get(3) for lin in engine.m.lin.values() if lin.int8_x} == {MMQ}
 

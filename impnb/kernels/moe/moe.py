@@ -248,11 +248,12 @@ def make_group_slots(threads: int, max_experts: int):
     """group_slots(experts, n_expert, tm, order, slot_row, tiles, n_tiles): what moe_group writes,
     by every thread of a block of `threads` threads, one an expert (n_expert <= max_experts <=
     threads). Shared: counts, fill (max_experts), the scans' seg, tile0 (max_experts + 1) int32 and
-    a Hillis-Steele double buffer (threads). Counts by shared atomics; the block scans each expert's (slots, tiles) packed in one
-    int64 into segment starts and first tiles; each slot then takes the next free row of its
-    expert's segment (by atomics, so the order inside a segment is unspecified: every row is
-    computed on its own, results do not depend on it); each expert writes its tiles of at most tm
-    rows. experts: read after a barrier (another kernel's output, or this block's)."""
+    a Hillis-Steele double buffer (threads). Counts by shared atomics; the block scans each
+    expert's (slots, tiles) packed in one int64 into segment starts and first tiles; each slot then
+    takes the next free row of its expert's segment (by atomics, so the order inside a segment is
+    unspecified: every row is computed on its own, results do not depend on it); each expert writes
+    its tiles of at most tm rows. experts: read after a barrier (another kernel's output, or this
+    block's)."""
     bounds = max_experts + 1  # the scans' starts and ends
 
     @cuda.jit(device=True, inline=True)

@@ -32,7 +32,6 @@ from impnb.kernels.gemv.gemv import aligned16
 from impnb.kernels.gemv.gemv_tail import last_block
 from impnb.kernels.gemv.quant_x import GROUP, WORDS, QuantX, scale4, store_group
 from impnb.kernels.moe.moe import MAX_K, make_group_slots, max_tiles, route_warp
-from impnb.kernels.moe.reference import group_ref, route_ref
 from impnb.launch import launch
 
 THREADS = 512
@@ -170,13 +169,10 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
 
 
-def router_batch_ref(x: np.ndarray, wn: np.ndarray, eps: float, w: np.ndarray, k: int, normalize: bool,
-                     tm: int) -> tuple:
-    """(logits, experts, weights, segment starts, tiles) as router_batch computes them, in float64
-    then float32: RMSNorm(x) * wn · wᵀ, route_ref, group_ref."""
-    logits = (rms_norm_ref(x, wn, eps).astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)
-    experts, weights = route_ref(logits, k, normalize)
-    return (logits, experts, weights, *group_ref(experts.reshape(-1), w.shape[0], tm))
+def router_batch_ref(x: np.ndarray, wn: np.ndarray, eps: float, w: np.ndarray) -> np.ndarray:
+    """The logits (T, E) float64 that router_batch computes in float32: RMSNorm(x) * wn · wᵀ; its
+    experts and weights are route_ref's of its own logits, its groupings group_ref's of those."""
+    return rms_norm_ref(x, wn, eps).astype(np.float64) @ w.astype(np.float64).T
 
 
 _F2 = types.Array(types.float32, 2, "C")
