@@ -36,7 +36,7 @@ from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.quant_blocks_k import h2, k_scales, q4_word
 from impnb.kernels.gemm import gemm_wgmma_rs_q6_k as q6_k
 from impnb.kernels.gemm.gemm_quant_splitk import reduce_parts
-from impnb.kernels.gemm.gemm_wgmma_rs_block import ALIGN, MT, THREADS, block_io, nt_for
+from impnb.kernels.gemm.gemm_wgmma_rs_block import ALIGN, MT, THREADS, block_io, nt_for, ring
 from impnb.kernels.gemm.gemm_wgmma_rs_q6_k import gemm_wgmma_rs_q6_k_kernel, q6_k_body
 from impnb.launch import launch
 
@@ -85,14 +85,13 @@ def gemm_wgmma_rs_staged_kernel(nt: int, stages: int = 6):
 def _q4_k_body(nt: int, stages: int):
     """The Q4_K kernel's work as a device function body(a, qs, hdr, part, bx, col0, N): block bx
     of W's N rows, its partial products to part's columns col0 .."""
-    coords, store, tokens, mma8 = block_io(nt)
+    coords, store, tokens, mma8, zero = block_io(nt)
     na = nt // 2
     sb = slot_bytes(nt)
-    ahead = stages - 1
-    wait = stages - 2
 
     @cuda.jit(device=True, inline=True)
-    def stage(dst, a, qs, hdr, m0, n0, M, N, K, s):
+    def stage(dst, w, s):
+        a, qs, hdr, m0, n0, M, N, K = w
         tokens(dst, a, m0, M, K, s)
         tid = cuda.threadIdx.x
         wdst = dst + nt * 128
@@ -102,6 +101,8 @@ def _q4_k_body(nt: int, stages: int):
             wr = min(n0 + r, N - 1)
             ptx.cp_async_16(wdst + r * 32 + 16 * (u & 1), qs, wr * (K // 8) + 8 * s + 4 * (u & 1))
         ptx.cp_async_16(wdst + W_SLOT + tid * 16, hdr, 4 * (min(n0 + tid, N - 1) * (K // 256) + (s >> 2)))
+
+    start, advance = ring(stage, stages, sb)
 
     @cuda.jit(device=True, inline=True)
     def row_frags(wsl, lr, t, s):
@@ -115,24 +116,14 @@ def _q4_k_body(nt: int, stages: int):
         ptx.grid_dep_launch()
         M, K = a.shape
         sp, k0, k1, m0, warp, g, t, n0, base = coords(bx, K // 64)
-        for i in range(ahead):
-            if k0 + i < k1:
-                stage(base + i * sb, a, qs, hdr, m0, n0, M, N, K, k0 + i)
-            ptx.cp_async_commit()
+        w = (a, qs, hdr, m0, n0, M, N, K)
+        start(base, k0, k1, w)
         acc0 = cuda.local.array(na, float32)
         acc1 = cuda.local.array(na, float32)
-        for i in range(na):
-            acc0[i] = float32(0.0)
-            acc1[i] = float32(0.0)
+        zero(acc0, acc1)
         l0 = 16 * warp + g
         for s in range(k0, k1):
-            i = s - k0
-            ptx.cp_async_wait_group(wait)
-            cuda.syncthreads()  # step s's slot landed; every warp's wgmmas of step s - 1 done
-            if s + ahead < k1:
-                stage(base + ((i + ahead) % stages) * sb, a, qs, hdr, m0, n0, M, N, K, s + ahead)
-            ptx.cp_async_commit()
-            sl = base + (i % stages) * sb
+            sl = advance(base, k0, s, k1, w)
             desc = wg.desc_sw128(sl)
             wsl = sl + nt * 128
             mma8(acc0, acc1, row_frags(wsl, l0, t, s), row_frags(wsl, l0 + 8, t, s), row_frags(wsl, l0 + 64, t, s),

@@ -8,7 +8,7 @@ its eight wgmmas, the accumulators' stores).
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, float32, uint32
 
 from impnb.kernels.common import ptx, ptx_wgmma as wg
 
@@ -35,6 +35,36 @@ def nt_for(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
 
 
+def ring(stage, stages: int, slot_bytes: int):
+    """(start, advance) of a kernel's ring of `stages` cp.async slots of slot_bytes from base, a
+    step staged by stage(slot, w, step) (w: the kernel's operands, a tuple):
+    start(base, k0, k1, w) primes it with steps k0 .. k0 + stages - 2 below k1, a commit a slot
+    whether staged or not (the waits count groups); advance(base, k0, s, k1, w) -> step s's slot,
+    once it has landed and every warp is done with step s - 1, whose slot then takes step s +
+    stages - 1."""
+    ahead = stages - 1
+    wait = stages - 2
+
+    @cuda.jit(device=True, inline=True)
+    def start(base, k0, k1, w):
+        for i in range(ahead):
+            if k0 + i < k1:
+                stage(base + i * slot_bytes, w, k0 + i)
+            ptx.cp_async_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def advance(base, k0, s, k1, w):
+        i = s - k0
+        ptx.cp_async_wait_group(wait)
+        cuda.syncthreads()  # step s's slot landed; every warp's wgmmas of step s - 1 done
+        if s + ahead < k1:
+            stage(base + ((i + ahead) % stages) * slot_bytes, w, s + ahead)
+        ptx.cp_async_commit()
+        return base + (i % stages) * slot_bytes
+
+    return start, advance
+
+
 @lru_cache(maxsize=None)
 def block_io(nt: int):
     """Device functions the Q4_K and Q6_K kernels share: coords(bx, KT) -> (split sp, its steps k0 .. k1
@@ -42,7 +72,8 @@ def block_io(nt: int):
     memory's aligned base); store(part, acc0, acc1, sp, m0, row0, t, M, N, col0): the lane's
     accumulators (register i of tile u: W row row0 + 64 u + 8 ((i >> 1) & 1), token m0 + 8 (i >> 2)
     + 2 t + (i & 1)) to part's columns col0 + row, rows below N and tokens below M; mma8: a step's
-    eight wgmmas; tokens: a 64-column step's token tile staged."""
+    eight wgmmas; tokens: a 64-column step's token tile staged; zero(acc0, acc1): both m64 tiles'
+    accumulators set to 0."""
     na = nt // 2
     mma = wg.MMA_RS_K[nt]
     units = nt * 8 // THREADS  # 16-byte token copies a thread a step (nt >= 16)
@@ -84,6 +115,12 @@ def block_io(nt: int):
                                   (row if ok else m0) * K + 64 * s + 8 * ch, 16 if ok else 0)
 
     @cuda.jit(device=True, inline=True)
+    def zero(acc0, acc1):
+        for i in range(na):
+            acc0[i] = float32(0.0)
+            acc1[i] = float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
     def mma8(acc0, acc1, p0, p1, p2, p3, desc):
         # -- a 64-column step of both m64 tiles from four rows' 8 pairs each (rows l0, l0 + 8 of
         #    tile 0; l0 + 64, l0 + 72 of tile 1), the tokens at descriptor desc; waited --
@@ -99,4 +136,4 @@ def block_io(nt: int):
         wg.wgmma_commit()
         wg.wgmma_wait(0)
 
-    return coords, store, tokens, mma8
+    return coords, store, tokens, mma8, zero

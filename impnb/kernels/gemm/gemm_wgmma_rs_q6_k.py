@@ -13,7 +13,7 @@ from numba import cuda, float32, int32
 from impnb.kernels.common import ptx, ptx_wgmma as wg
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.quant_blocks_k import h2, q6_pairs
-from impnb.kernels.gemm.gemm_wgmma_rs_block import ALIGN, THREADS, block_io
+from impnb.kernels.gemm.gemm_wgmma_rs_block import ALIGN, THREADS, block_io, ring
 
 
 @cuda.jit(device=True, inline=True)
@@ -48,16 +48,15 @@ def gemm_wgmma_rs_q6_k_kernel(nt: int, stages: int = 3):
 def q6_k_body(nt: int, stages: int):
     """The Q6_K kernel's work as a device function body(a, ql, qh, sc, dsb, part, bx, col0, N):
     block bx of W's N rows, its partial products to part's columns col0 .."""
-    coords, store, tokens, mma8 = block_io(nt)
+    coords, store, tokens, mma8, zero = block_io(nt)
     na = nt // 2
     tb = nt * 256              # a step's tokens: two tiles of nt rows x 128 bytes
     sb = tb + Q6_SLOT
-    ahead = stages - 1
-    wait = stages - 2
     units = nt * 16 // THREADS  # 16-byte token copies a thread a step
 
     @cuda.jit(device=True, inline=True)
-    def stage(dst, a, ql, qh, sc, m0, n0, M, N, K, s):
+    def stage(dst, w, s):
+        a, ql, qh, sc, m0, n0, M, N, K = w
         tid = cuda.threadIdx.x
         for i in range(units):
             u = tid + THREADS * i
@@ -79,6 +78,8 @@ def q6_k_body(nt: int, stages: int):
             wr = min(n0 + r, N - 1)
             ptx.cp_async_16(wdst + 128 * 64 + r * 32 + 16 * (u & 1), qh, wr * (K // 16) + 8 * s + 4 * (u & 1))
         ptx.cp_async_16(wdst + 128 * 96 + tid * 16, sc, min(n0 + tid, N - 1) * (K // 16) + 16 * (s >> 1))
+
+    start, advance = ring(stage, stages, sb)
 
     @cuda.jit(device=True, inline=True)
     def row_frags(wsl, lr, t, s, d, hi):
@@ -111,31 +112,21 @@ def q6_k_body(nt: int, stages: int):
         ptx.grid_dep_launch()
         M, K = a.shape
         sp, k0, k1, m0, warp, g, t, n0, base = coords(bx, K // 128)
-        for i in range(ahead):
-            if k0 + i < k1:
-                stage(base + i * sb, a, ql, qh, sc, m0, n0, M, N, K, k0 + i)
-            ptx.cp_async_commit()
+        w = (a, ql, qh, sc, m0, n0, M, N, K)
+        start(base, k0, k1, w)
         acc0 = cuda.local.array(na, float32)
         acc1 = cuda.local.array(na, float32)
-        for i in range(na):
-            acc0[i] = float32(0.0)
-            acc1[i] = float32(0.0)
+        zero(acc0, acc1)
         l0 = 16 * warp + g
         r0 = min(n0 + l0, N - 1)
         r1 = min(n0 + l0 + 8, N - 1)
         r2 = min(n0 + l0 + 64, N - 1)
         r3 = min(n0 + l0 + 72, N - 1)
         for s in range(k0, k1):
-            i = s - k0
             sbk = s >> 1
             dd = (float32(dsb[r0 * (K // 256) + sbk]), float32(dsb[r1 * (K // 256) + sbk]),
                   float32(dsb[r2 * (K // 256) + sbk]), float32(dsb[r3 * (K // 256) + sbk]))
-            ptx.cp_async_wait_group(wait)
-            cuda.syncthreads()  # step s's slot landed; every warp's wgmmas of step s - 1 done
-            if s + ahead < k1:
-                stage(base + ((i + ahead) % stages) * sb, a, ql, qh, sc, m0, n0, M, N, K, s + ahead)
-            ptx.cp_async_commit()
-            sl = base + (i % stages) * sb
+            sl = advance(base, k0, s, k1, w)
             half(acc0, acc1, sl + tb, l0, t, s, dd, 0, wg.desc_sw128(sl))
             half(acc0, acc1, sl + tb, l0, t, s, dd, 1, wg.desc_sw128(sl + nt * 128))
         ptx.cp_async_wait_all()
