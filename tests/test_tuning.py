@@ -83,7 +83,8 @@ def test_overrides_from_env(monkeypatch):
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
                                         ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4"),
                                         ("IMPNB_DP4A_ANY_SIZE", "Q4_K,FP4"),
-                                        ("IMPNB_GEMM_PAIR_RS_ROWS", "16,thirty-two")])
+                                        ("IMPNB_GEMM_PAIR_RS_ROWS", "16,thirty-two"),
+                                        ("IMPNB_ROUTER_BATCH_ROWS", "sixteen")])
 def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ParameterError, match=name):

@@ -34,8 +34,7 @@ from impnb.kernels.gemv.quant_x import arena_buffers, quantize_x
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
 from impnb.kernels.moe.gemm_grouped_wgmma import gemm_grouped_wgmma
 from impnb.kernels.moe.gemm_mmq_grouped import gemm_mmq_grouped
-from impnb.kernels.moe.moe import max_tiles, moe_group
-from impnb.kernels.moe.router_batch import Grouping
+from impnb.kernels.moe.moe import Grouping, max_tiles, moe_group
 from impnb.kernels.moe.moe_batched import batch_bases, moe_gather, moe_pointers
 
 
@@ -67,7 +66,7 @@ def experts_prefill(m, x16, glu: tuple, down, slots, k: int, n_expert: int, path
 
 
 def int8_groupings(a, S: int, n_expert: int, paths) -> list:
-    """The groupings (router_batch.Grouping) of S routed slots that the int8 paths' tiles need,
+    """The groupings (moe.Grouping) of S routed slots that the int8 paths' tiles need,
     one a tile size, in the order the paths first take them: moe_group's order inside an expert's
     rows is unspecified, so the first writes order and slot_row and a second its tiles alone (they
     depend only on the counts) over a scratch order."""
@@ -88,15 +87,16 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
     a, s = m.arena, m.ctx.nb_stream
     S, D = slots.shape[0], h.shape[1]
     F = down.cols
-    groupings = {g.tm: g for g in int8_groupings(a, S, n_expert, paths)}
+    groupings = int8_groupings(a, S, n_expert, paths)
     if not routed:
-        for g in groupings.values():
+        for g in groupings:
             moe_group(slots, n_expert, *g, s)
-    order, slot_row = next(iter(groupings.values()))[1:3]
+    order, slot_row = groupings[0].order, groupings[0].slot_row  # the first grouping's, the tiles' rows
+    by_tm = {g.tm: g for g in groupings}
 
     def run(w, path, x, name, n_rows, out, x_div, act, norm, ready):
         # x (rows, K) float32 to int8 in the path's layout (unless ready), then the path's kernel into out
-        g = groupings[moe_dispatch.tile_tokens(path)]
+        g = by_tm[moe_dispatch.tile_tokens(path)]
         if path == moe_dispatch.MMQ:
             xq = quant_x32.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
                               a.get(name + "_ds", (w.cols // quant_x32.XGROUP, x.shape[0], 2)))

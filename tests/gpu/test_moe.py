@@ -23,10 +23,10 @@ from impnb.kernels.gemv.gemv_experts import gemv_experts
 from impnb.kernels.gemv.gemv_route import gemv_route
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.moe.gemv_moe_dp4a import NextInput, down_sum_dp4a_ref, experts_down_sum_dp4a
-from impnb.kernels.moe.moe import (combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
+from impnb.kernels.moe.moe import (Grouping, combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.elementwise.norm import rms_norm_ref
-from impnb.kernels.moe.router_batch import Grouping, router_batch, router_batch_ref
+from impnb.kernels.moe.router_batch import router_batch, router_batch_ref
 from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize

@@ -6,6 +6,7 @@ token t's j-th choice), D model dim.
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, int32, int64, uint32
@@ -242,6 +243,16 @@ def moe_route(logits, k: int, normalize: bool, experts, weights, stream) -> None
     assert logits.dtype == weights.dtype == np.float32
     launch(_route_kernel, -(-T // ROUTE_WARPS), 32 * ROUTE_WARPS, stream,
            logits, np.int32(k), np.int32(normalize), experts, weights)
+
+
+class Grouping(NamedTuple):
+    """A grouping of the routed slots by expert into tiles of at most tm rows: moe_group's outputs
+    (moe_group(experts, E, *grouping, stream) writes them)."""
+    tm: int
+    order: object  # (S,) int32
+    slot_row: object  # (S,) int32
+    tiles: object  # (max_tiles(S, E, tm), 3) int32
+    n_tiles: object  # (1,) int32
 
 
 def make_group_slots(threads: int, max_experts: int):

@@ -19,8 +19,6 @@ Numpy reference: router_batch_ref.
 """
 
 import math
-from typing import NamedTuple
-
 import numpy as np
 from numba import cuda, float32, types
 
@@ -44,15 +42,6 @@ SUMS = (ROWS + 1) * TC  # a pass's sums: ROWS x TC dot products, TC sums of squa
 assert MAX_T % TC == 0
 
 _group_slots = make_group_slots(THREADS, MAX_E)
-
-
-class Grouping(NamedTuple):
-    """A grouping of the routed slots by expert (moe.moe_group's outputs) into tiles of tm rows."""
-    tm: int
-    order: object  # (S,) int32
-    slot_row: object  # (S,) int32
-    tiles: object  # (max_tiles(S, E, tm), 3) int32
-    n_tiles: object  # (1,) int32
 
 
 @cuda.jit
@@ -143,7 +132,7 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
     """The router of T = x's rows (up to MAX_T) and its routing in one launch: logits (T, E) =
     RMSNorm(x) * wn · wᵀ (norm = (wn, eps); w (E, D) float32), experts (T, k) int32 and weights
     (T, k) float32 as moe_route's of those logits, the slots experts.reshape(T * k) grouped as
-    moe_group's by each of groups (one or two Grouping: the first writes order and slot_row as
+    moe_group's by each of groups (one or two moe.Grouping: the first writes order and slot_row as
     moe_group does, a second its tiles over its own order and slot_row), and with xq the int8
     form of RMSNorm(x) * wn there (quantize_x's groups). counter (1,) uint32, zero between uses."""
     T, D = x.shape
