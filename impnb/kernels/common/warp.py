@@ -128,6 +128,31 @@ else:
 
 
 @cuda.jit(device=True, inline=True)
+def _halve(v, lane, h):
+    """One round of warp_sums_lanes: v[0 .. 2h) to v[0 .. h), the pair (lane, lane ^ h) summing
+    the upper half in the lane with bit h set, the lower half in the other."""
+    up = lane & h
+    for i in range(h):
+        lo = v[i]
+        hi = v[i + h]
+        v[i] = (hi if up else lo) + shfl_xor(lo if up else hi, h)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sums_lanes(v):
+    """The warp's sums of 32 values at once: v, a local float32[32] of each lane (overwritten), ->
+    in lane i the sum over the warp of v[i]. A transposing butterfly: 31 shuffles in five rounds
+    of independent ones, where a warp_sum each is 160 in 32 chains of five."""
+    lane = cuda.threadIdx.x & 31
+    _halve(v, lane, 16)
+    _halve(v, lane, 8)
+    _halve(v, lane, 4)
+    _halve(v, lane, 2)
+    _halve(v, lane, 1)
+    return v[0]
+
+
+@cuda.jit(device=True, inline=True)
 def scan_rounds(buf, t, n):
     """Hillis-Steele inclusive prefix sums of buf[0, :n] (shared, (2, >= the block's threads), the
     values written and a barrier passed): every thread calls it, thread t owning element t; the

@@ -11,10 +11,10 @@ GEMV_MAX_ROWS, gemv.py's GEMV below), moe_route, moe_group (once a tile size) an
 Grid ceil(E / ROWS) blocks of THREADS: block b takes router rows ROWS b .. ROWS b + ROWS - 1 for
 every token, TC tokens a pass, thread i columns 4 i, 4 i + 4 THREADS, ... of each; every block
 reads all of x (from L2: T x D x 4 bytes a block, the router's rows once in all). A pass's ROWS x
-TC dot products of x · wn with the rows, and its TC sums of squares of x, reduce over the block;
-logit = dot / rms. Each block then writes its share of h's int8 groups, items (t, g) = b, b +
-grid, ..., and the grid's last block routes the tokens (a warp a token) and groups the slots (a
-thread an expert).
+TC dot products of x · wn with the rows and its TC sums of squares of x reduce over each warp at
+once (warp_sums_lanes), then over the block; logit = dot / rms. Each block then writes its share
+of h's int8 groups, items (t, g) = b, b + grid, ..., and the grid's last block routes the tokens
+(a warp a token) and groups the slots (a thread an expert).
 Numpy reference: router_batch_ref.
 """
 
@@ -24,7 +24,7 @@ from numba import cuda, float32, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import warp_sum
+from impnb.kernels.common.warp import warp_sums_lanes
 from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.gemv.gemv import aligned16
 from impnb.kernels.gemv.gemv_tail import last_block
@@ -38,8 +38,9 @@ ROWS = 2  # router rows a block
 TC = 8  # tokens a pass
 MAX_T = 32  # tokens a launch (a pass's sums of squares kept in shared memory)
 MAX_E = 256  # experts (the grouping takes a thread an expert)
-SUMS = (ROWS + 1) * TC  # a pass's sums: ROWS x TC dot products, TC sums of squares
-assert MAX_T % TC == 0
+SQ = ROWS * TC  # a pass's sums: ROWS x TC dot products, then TC sums of squares
+SUMS = SQ + TC
+assert MAX_T % TC == 0 and SUMS <= 32
 
 _group_slots = make_group_slots(THREADS, MAX_E)
 
@@ -55,35 +56,27 @@ def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, we
     e0 = cuda.blockIdx.x * ROWS
     red = cuda.shared.array((WARPS, SUMS), float32)
     rs = cuda.shared.array(MAX_T, float32)  # 1 / rms of each token
-    acc = cuda.local.array((ROWS, TC), float32)
-    sq = cuda.local.array(TC, float32)
+    acc = cuda.local.array(32, float32)  # a pass's sums: row r's dot of token t at r TC + t, its squares at SQ + t
     wr = cuda.local.array((ROWS, 4), float32)
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
     ptx.grid_dep_launch()
     # -- the block's logits, TC tokens a pass --
     for c0 in range(0, T, TC):
-        for t in range(TC):
-            sq[t] = float32(0.0)
-            for r in range(ROWS):
-                acc[r, t] = float32(0.0)
+        for i in range(32):
+            acc[i] = float32(0.0)
         for col in range(4 * tid, D, 4 * THREADS):
             n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
             for r in range(ROWS):
                 wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
             for t in range(TC):
                 v0, v1, v2, v3 = qi.ldg_f32x4(x, min(c0 + t, T - 1) * D + col)
-                sq[t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+                acc[SQ + t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
                 h0, h1, h2, h3 = v0 * n0, v1 * n1, v2 * n2, v3 * n3
                 for r in range(ROWS):
-                    acc[r, t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
-        for t in range(TC):
-            v = warp_sum(sq[t])
-            if lane == 0:
-                red[warp, ROWS * TC + t] = v
-            for r in range(ROWS):
-                v = warp_sum(acc[r, t])
-                if lane == 0:
-                    red[warp, r * TC + t] = v
+                    acc[r * TC + t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
+        v = warp_sums_lanes(acc)  # lane i: the warp's sum i
+        if lane < SUMS:
+            red[warp, lane] = v
         cuda.syncthreads()
         if tid < SUMS:  # thread r TC + t: row r's logit of token c0 + t; past them: 1 / rms
             t = tid % TC
@@ -91,10 +84,10 @@ def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, we
             ss = float32(0.0)
             for i in range(WARPS):
                 dot += red[i, tid]
-                ss += red[i, ROWS * TC + t]
+                ss += red[i, SQ + t]
             scale = float32(1.0) / math.sqrt(ss / float32(D) + eps)
             e = e0 + tid // TC
-            if tid >= ROWS * TC:
+            if tid >= SQ:
                 rs[c0 + t] = scale
             elif c0 + t < T and e < E:
                 logits[c0 + t, e] = dot * scale
