@@ -142,7 +142,9 @@ def _halve(v, lane, h):
 def warp_sums_lanes(v):
     """The warp's sums of 32 values at once: v, a local float32[32] of each lane (overwritten), ->
     in lane i the sum over the warp of v[i]. A transposing butterfly: 31 shuffles in five rounds
-    of independent ones, where a warp_sum each is 160 in 32 chains of five."""
+    of independent ones, where a warp_sum each is 160 in 32 chains of five. The same additions in
+    the same order as warp_sum's (lane pairs by bit 16, then 8, ...; a float add commutes), so each
+    sum is warp_sum's bit for bit."""
     lane = cuda.threadIdx.x & 31
     _halve(v, lane, 16)
     _halve(v, lane, 8)
