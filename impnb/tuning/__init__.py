@@ -316,7 +316,7 @@ class Overrides:
     gemv_tail: bool = True  # decode GEMVs before a residual update run it as their tail: a norm launch fewer
     stack_mixed: bool = True  # Q, K, V (gate, up) of types one holds exactly stacked in it; else Q|K alone
     gemv_pair: bool = True  # Q|K and a V of another type with the pre-norm: one GEMV launch of two types
-    attn_dp4a: bool = True  # short decode attention writes its output in int8 for attn_output's dp4a
+    attn_dp4a: bool = True  # decode attention (short; a batch's mma in one split) writes int8 for attn_output
     router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
     shared_gate_fold: bool = True  # moe_shared: the shared gate's row under the router's, its sigmoid in the down
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
