@@ -372,6 +372,30 @@ def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):
     assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
 
 
+def test_expert_act_int8_equals_quantize_x(tmp_path, monkeypatch):
+    """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M, moe_table's token
+    a tile at the 16 bucket: the down GEMV's int8 act written by gate|up's GEMV (moe_prefill.act_int8)
+    against quantize_x of its float act (IMPNB_MOE_ACT_INT8=0). The int8 forms are equal bit for
+    bit, so the logits are."""
+    from impnb.gpu import moe_prefill
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+    got, asked = {}, []
+    real = moe_prefill.act_int8
+
+    def spy(*args):
+        asked.append(real(*args))
+        return asked[-1]
+
+    monkeypatch.setattr(moe_prefill, "act_int8", spy)
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_MOE_ACT_INT8", str(on))
+        asked.clear()
+        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
+        assert asked and all(a == bool(on) for a in asked), f"MOE_ACT_INT8={on}: gate|up's int8 act {asked}"
+    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+
+
 @pytest.mark.parametrize("n_seqs", [3, 12])
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its
