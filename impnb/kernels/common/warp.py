@@ -4,7 +4,7 @@
 import threading
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32
 from numba.cuda.core import config as cuda_config
 
 from impnb.kernels.common import ptx
@@ -128,30 +128,47 @@ else:
 
 
 @cuda.jit(device=True, inline=True)
-def _halve(v, lane, h):
-    """One round of warp_sums_lanes: v[0 .. 2h) to v[0 .. h), the pair (lane, lane ^ h) summing
-    the upper half in the lane with bit h set, the lower half in the other."""
-    up = lane & h
-    for i in range(h):
-        lo = v[i]
-        hi = v[i + h]
-        v[i] = (hi if up else lo) + shfl_xor(lo if up else hi, h)
+def _halve(v, lane, off, half):
+    """One round of warp_sums_lanes: v[0 .. 2 half) to v[0 .. half), the pair (lane, lane ^ off)
+    summing the upper half in the lane with bit off set, the lower half in the other."""
+    up = (lane & off) != 0
+    for i in range(half):
+        keep, send = (v[i + half], v[i]) if up else (v[i], v[i + half])
+        v[i] = keep + shfl_xor(send, off)
 
 
 @cuda.jit(device=True, inline=True)
-def warp_sums_lanes(v):
-    """The warp's sums of 32 values at once: v, a local float32[32] of each lane (overwritten), ->
-    in lane i the sum over the warp of v[i]. A transposing butterfly: 31 shuffles in five rounds
-    of independent ones, where a warp_sum each is 160 in 32 chains of five. The same additions in
-    the same order as warp_sum's (lane pairs by bit 16, then 8, ...; a float add commutes), so each
-    sum is warp_sum's bit for bit."""
-    lane = cuda.threadIdx.x & 31
-    _halve(v, lane, 16)
-    _halve(v, lane, 8)
-    _halve(v, lane, 4)
-    _halve(v, lane, 2)
-    _halve(v, lane, 1)
-    return v[0]
+def warp_sums_lanes(v, n):
+    """The warp's sums of n values at once (n a power of two up to 32, a constant): v, a local
+    float32[n] of each lane (overwritten), -> in lane i the sum over the warp of v[i >> (5 -
+    log2 n)] (n = 32: of v[i]). A transposing butterfly: log2 n rounds each halving the values a
+    lane holds, then warp_sum's rounds on the one left; n - 1 + 5 - log2 n shuffles in five rounds,
+    where a warp_sum each is 5 n in n chains of five. The same additions in the same order as
+    warp_sum's butterfly (pairs by lane bit 16, then 8, ...; a float add commutes), so each sum is
+    warp_sum's bit for bit."""
+    lane = int32(cuda.threadIdx.x & 31)
+    if n >= 2:
+        _halve(v, lane, 16, n // 2)
+    if n >= 4:
+        _halve(v, lane, 8, n // 4)
+    if n >= 8:
+        _halve(v, lane, 4, n // 8)
+    if n >= 16:
+        _halve(v, lane, 2, n // 16)
+    if n >= 32:
+        _halve(v, lane, 1, 1)
+    s = v[0]
+    if n < 2:
+        s += shfl_xor(s, 16)
+    if n < 4:
+        s += shfl_xor(s, 8)
+    if n < 8:
+        s += shfl_xor(s, 4)
+    if n < 16:
+        s += shfl_xor(s, 2)
+    if n < 32:
+        s += shfl_xor(s, 1)
+    return s
 
 
 @cuda.jit(device=True, inline=True)

@@ -74,7 +74,7 @@ def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, we
                 h0, h1, h2, h3 = v0 * n0, v1 * n1, v2 * n2, v3 * n3
                 for r in range(ROWS):
                     acc[r * TC + t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
-        v = warp_sums_lanes(acc)  # lane i: the warp's sum i
+        v = warp_sums_lanes(acc, 32)  # lane i: the warp's sum i
         if lane < SUMS:
             red[warp, lane] = v
         cuda.syncthreads()
