@@ -21,7 +21,7 @@ from impnb.kernels.attention.attention_decode import NEG
 from impnb.kernels.attention.attention_wide_parts import wide_parts
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import WARP, shfl_idx, shfl_xor
+from impnb.kernels.common.warp import WARP, shfl_idx, warp_sums_lanes
 
 TILE = 8  # keys a tile: the transposing butterfly leaves lane l with key (l >> 2) & 7's score
 _ZERO = np.float32(0)
@@ -105,28 +105,15 @@ def tiled_kernel(D: int, g: int):
                         vs[j, d + 1] = qi.f16_to_f32(vr[u * WPL + w] >> 16)
             cuda.syncthreads()
             load_raw(kr, vr, k_words, v_words, block_table, key0 + TILE, k1, shift, mask, Hkv, kh, warp, lane)
-            # -- the lane's partial dots, then the transposing butterfly: after the offsets 16, 8, 4
-            # lane l holds the warp's sum of key ((l >> 4) & 1) * 4 + ((l >> 3) & 1) * 2 +
-            # ((l >> 2) & 1) in sc[0], then offsets 2, 1 finish it --
+            # -- the lane's partial dots, then their warp sums at once (warp_sums_lanes): lane l
+            # holds key (l >> 2)'s score --
             for j in range(TILE):
                 s = _ZERO
                 for w in range(WPL):
                     d = 2 * (lane + WARP * w)
                     s += qr[2 * w] * ks[j, d] + qr[2 * w + 1] * ks[j, d + 1]
                 sc[j] = s
-            up = (lane & 16) != 0  # -- lanes with the bit clear keep the lower half, the others the upper --
-            for i in range(4):
-                keep, send = (sc[i + 4], sc[i]) if up else (sc[i], sc[i + 4])
-                sc[i] = keep + shfl_xor(send, 16)
-            up = (lane & 8) != 0
-            for i in range(2):
-                keep, send = (sc[i + 2], sc[i]) if up else (sc[i], sc[i + 2])
-                sc[i] = keep + shfl_xor(send, 8)
-            up = (lane & 4) != 0
-            keep, send = (sc[1], sc[0]) if up else (sc[0], sc[1])
-            sc[0] = keep + shfl_xor(send, 4)
-            total = sc[0] + shfl_xor(sc[0], 2)
-            total += shfl_xor(total, 1)
+            total = warp_sums_lanes(sc, TILE)
             # -- every lane gets the TILE scores (key j from lane 4 * j's group), keys past k1 out --
             m_new = m
             for j in range(TILE):

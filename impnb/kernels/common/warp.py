@@ -4,7 +4,7 @@
 import threading
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32
 from numba.cuda.core import config as cuda_config
 
 from impnb.kernels.common import ptx
@@ -131,11 +131,10 @@ else:
 def _halve(v, lane, off, half):
     """One round of warp_sums_lanes: v[0 .. 2 half) to v[0 .. half), the pair (lane, lane ^ off)
     summing the upper half in the lane with bit off set, the lower half in the other."""
-    up = lane & off
+    up = (lane & off) != 0
     for i in range(half):
-        lo = v[i]
-        hi = v[i + half]
-        v[i] = (hi if up else lo) + shfl_xor(lo if up else hi, off)
+        keep, send = (v[i + half], v[i]) if up else (v[i], v[i + half])
+        v[i] = keep + shfl_xor(send, off)
 
 
 @cuda.jit(device=True, inline=True)
@@ -147,7 +146,7 @@ def warp_sums_lanes(v, n):
     where a warp_sum each is 5 n in n chains of five. The same additions in the same order as
     warp_sum's butterfly (pairs by lane bit 16, then 8, ...; a float add commutes), so each sum is
     warp_sum's bit for bit."""
-    lane = cuda.threadIdx.x & 31
+    lane = int32(cuda.threadIdx.x & 31)
     if n >= 2:
         _halve(v, lane, 16, n // 2)
     if n >= 4:
