@@ -138,7 +138,8 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             m.all_reduce(x)
         else:
             # attention writes its output in int8 there too (not where a gate multiplies it first)
-            xq = m.mm.attn_xq(lw.attn.o, step, m.cfg.window(il)) if lw.attn.q_gate is None else None
+            xq = m.mm.attn_xq(lw.attn.o, step, m.cfg.window(il), _mma_one_split(m, il, step)) \
+                if lw.attn.q_gate is None else None
             attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq, xin)
             if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
                 attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps), nxt)  # one launch
@@ -188,9 +189,9 @@ def _next_input(m, il: int, T: int):
 
 def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
-    times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the short decode kernel
-    writes the output's int8 form there too (ungated only); xin: the stacked Q|K|V's input in
-    int8, written by the layer before (_next_input)."""
+    times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the decode kernel (short,
+    or a batch's mma in one split) writes the output's int8 form there too (ungated only); xin: the
+    stacked Q|K|V's input in int8, written by the layer before (_next_input)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
@@ -320,19 +321,17 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
             _attention_wide(m, il, q, pos, out, step, window)
             return
     short = step.short_for(window)
-    assert xq is None or (T <= attention_decode.MAX_T and short), "xq: the short kernel's"
+    assert xq is None or (T <= attention_decode.MAX_T and short) or _mma_one_split(m, il, step), \
+        "xq: the short kernel's, or attention_decode_mma's in one split"
     if T <= attention_decode.MAX_T and short:
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
     elif step.split_on_mma(window) and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv):
-        Hkv = m.kv.k[il].shape[2]
-        n_sm = gemv_stream.sm_count()
-        splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, B, window, n_sm)
-        stages = attention_decode_mma.ring_stages(D, splits * Hkv * B, n_sm) if m.tuning.batch_mma_deep_ring else None
+        splits, stages = _mma_plan(m, il, step, D)
         partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
         attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
                                                   _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s,
-                                                  stages=stages)
+                                                  stages=stages, xq=xq)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(
@@ -347,6 +346,25 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     else:
         attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out,
                                     cfg.attn_scale, window, None, s)
+
+
+def _mma_plan(m, il: int, step: StepPlan, D: int) -> tuple:
+    """(splits, each warp's ring depth or None) of attention_decode_mma for layer il at this step."""
+    Hkv, n_sm = m.kv.k[il].shape[2], gemv_stream.sm_count()
+    splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, step.batch, m.cfg.window(il), n_sm)
+    deep = m.tuning.batch_mma_deep_ring
+    return splits, attention_decode_mma.ring_stages(D, splits * Hkv * step.batch, n_sm) if deep else None
+
+
+def _mma_one_split(m, il: int, step: StepPlan) -> bool:
+    """Whether a batch's decode step runs layer il's attention on attention_decode_mma in one split,
+    which can write its output's int8 form for attn_output too (attend's choice of kernel; one
+    sequence keeps its own kernels)."""
+    cfg, window = m.cfg, m.cfg.window(il)
+    D = cfg.head_dim
+    return (step.batch > 1 and step.n_tokens == 1 and step.split_on_mma(window) and D == cfg.head_dim_v
+            and D not in attention_wide.HEAD_DIMS and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv)
+            and _mma_plan(m, il, step, D)[0] == 1)
 
 
 def _attention_wide(m, il: int, q, pos, out, step: StepPlan, window) -> None:

@@ -290,10 +290,13 @@ class MatMul:
         self.linear(x, lin, gate_up, norm)
         (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
 
-    def attn_xq(self, lin: Linear, step: StepPlan, window: int | None) -> QuantX | None:
-        """Where decode attention (the short kernel) of a layer of this window writes its output's
-        int8 form for lin (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A)."""
-        if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T and step.short_for(window)
+    def attn_xq(self, lin: Linear, step: StepPlan, window: int | None, one_split: bool = False) -> QuantX | None:
+        """Where decode attention of a layer of this window writes its output's int8 form for lin
+        (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A). The short kernel
+        does, and a batch's attention_decode_mma where it runs in one split (one_split: forward's
+        _mma_one_split)."""
+        if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T
+                and (step.short_for(window) or one_split)
                 and lin.int8_x and step.rows <= GEMV_MAX_ROWS and lin.multi.get(step.rows) != MMQ):
             return self.xq_buffers(step.rows, lin.w.cols, "attn_xq")
         return None

@@ -28,7 +28,7 @@ from impnb.gpu import moe_dispatch
 from impnb.kernels.elementwise import activations
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm import quant_x32
-from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped, writes_int8
 from impnb.kernels.gemv.gemv_units import NO_GLU
 from impnb.kernels.gemv.quant_x import arena_buffers, quantize_x
 from impnb.kernels.moe.gemm_grouped import BM, gemm_grouped
@@ -94,8 +94,9 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
     order, slot_row = groupings[0].order, groupings[0].slot_row  # the first grouping's, the tiles' rows
     by_tm = {g.tm: g for g in groupings}
 
-    def run(w, path, x, name, n_rows, out, x_div, act, norm, ready):
-        # x (rows, K) float32 to int8 in the path's layout (unless ready), then the path's kernel into out
+    def run(w, path, x, name, n_rows, out, x_div, act, norm, ready, out_q=None):
+        # x (rows, K) float32 to int8 in the path's layout (unless ready), then the path's kernel into
+        # out (and out's int8 form into out_q)
         g = by_tm[moe_dispatch.tile_tokens(path)]
         if path == moe_dispatch.MMQ:
             xq = quant_x32.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
@@ -107,13 +108,25 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
             if not ready:
                 quantize_x(x, xq, s, norm)
             gemv_dp4a_grouped(w, n_rows, xq, out, g.tiles, g.n_tiles, order, x_div, s,
-                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act)
+                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q)
 
     act = a.get("moe_gemv_act", (S, F))
-    run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu, norm, routed)
+    act_q = arena_buffers(a, S, F, "moe_actq") if act_int8(m, paths, F, glu) else None
+    run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu, norm, routed, act_q)
     y = a.get("moe_y", (S, D))
-    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU, None, False)
+    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU, None, act_q is not None)
     return y, slot_row
+
+
+def act_int8(m, paths, F: int, glu: int) -> bool:
+    """Whether experts_int8's gate|up GEMV writes the down GEMV's int8 act itself (a quantize_x
+    launch fewer): both on the grouped dp4a GEMV, gate|up a token a tile with whole quant_x groups a
+    block (gemv_dp4a_multi.writes_int8), tuning.moe_act_int8."""
+    gemv = moe_dispatch.GEMV_PATHS
+    if not (m.tuning.moe_act_int8 and paths[0] in gemv and paths[1] in gemv):
+        return False
+    n_tok, variant = gemv[paths[0]]
+    return writes_int8(variant, n_tok, 2 * F, glu)
 
 
 def _glu_down(m, x, mats, paths, grouped, x_div: int, R: int, w16, act_fn: str) -> tuple:

@@ -316,11 +316,12 @@ class Overrides:
     gemv_tail: bool = True  # decode GEMVs before a residual update run it as their tail: a norm launch fewer
     stack_mixed: bool = True  # Q, K, V (gate, up) of types one holds exactly stacked in it; else Q|K alone
     gemv_pair: bool = True  # Q|K and a V of another type with the pre-norm: one GEMV launch of two types
-    attn_dp4a: bool = True  # short decode attention writes its output in int8 for attn_output's dp4a
+    attn_dp4a: bool = True  # decode attention (short; a batch's mma in one split) writes int8 for attn_output
     router_fold: bool = True  # qwen3moe: the router folded through W_o into attn_output's launch
     shared_gate_fold: bool = True  # moe_shared: the shared gate's row under the router's, its sigmoid in the down
     gemv_stream: bool = True  # T = 1 plain GEMVs of STREAM_MIN_ROWS rows and more on gemv_stream
     moe_down_dp4a: bool = True  # dp4a-type experts' down projection on dp4a (act made int8 in it)
+    moe_act_int8: bool = True  # a batch's grouped gate|up GEMV writes the down GEMV's int8 act itself
     gemv_rows: bool = True  # T = 2..8 GEMVs on gemv_dp4a_multi where gemv_rows_table.json has the shape
     moe_grouped_rows: int = MOE_GROUPED_ROWS  # IMPNB_MOE_GROUPED_ROWS
     moe_grouped_min_rows: int = MOE_GROUPED_MIN_ROWS  # IMPNB_MOE_GROUPED_MIN_ROWS
@@ -357,7 +358,8 @@ class Overrides:
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
                    gemv_stream=switch("GEMV_STREAM"),
-                   moe_down_dp4a=switch("MOE_DOWN_DP4A"), gemv_rows=switch("GEMV_ROWS"),
+                   moe_down_dp4a=switch("MOE_DOWN_DP4A"), moe_act_int8=switch("MOE_ACT_INT8"),
+                   gemv_rows=switch("GEMV_ROWS"),
                    gemv_rows_force=env_variant("IMPNB_GEMV_ROWS_FORCE"),
                    moe_grouped_rows=int(env_number("IMPNB_MOE_GROUPED_ROWS", MOE_GROUPED_ROWS)),
                    moe_grouped_min_rows=int(env_number("IMPNB_MOE_GROUPED_MIN_ROWS", MOE_GROUPED_MIN_ROWS)),

@@ -13,15 +13,19 @@ from numba import cuda
 from impnb.kernels.attention.attention import attention_ref
 from impnb.kernels.attention.attention_decode_mma import STAGE_CHOICES, attention_decode_mma, num_splits, partials_shape
 from impnb.kernels.attention.kv_cache import kv_gather_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x_ref
 from tests.gpu.test_attention import gauss, paged_cache
 from tests.gpu.test_attention_fa2 import TOL
 
 pytestmark = pytest.mark.gpu
 
 
-def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size=32, n_splits=None, stages=None):
+def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size=32, n_splits=None, stages=None,
+              quant=False):
     """Sequence b's token at position lengths[b] - 1 over its keys 0 .. lengths[b] - 1; n_splits
-    default num_splits' for the longest; stages: the warps' ring depth (the kernel's default)."""
+    default num_splits' for the longest; stages: the warps' ring depth (the kernel's default); quant:
+    the output's int8 form too (one split), poisoned first, equal bit for bit to quantize_x's of the
+    output the kernel wrote."""
     B = len(lengths)
     k_pool, v_pool, table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, 1, H, D), std)
@@ -32,9 +36,16 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
     dev = [cuda.to_device(a, stream=stream) for a in
            (q, k_pool, v_pool, table, pos, np.full(q.shape, np.nan, np.float32),
             np.full(partials_shape(n_splits + 1, B, H, D), np.nan, np.float32))]
-    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream, stages=stages)
+    xq = None
+    if quant:
+        xq = QuantX(cuda.to_device(np.full((B, H * D // 4), 0xDEADBEEF, np.uint32), stream=stream),
+                    *(cuda.to_device(np.full((B, H * D // GROUP), np.nan, np.float32), stream=stream) for _ in "ds"))
+    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream, stages=stages, xq=xq)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
+    if quant:
+        for name, a, want in zip("qds", xq, quantize_x_ref(got.reshape(B, H * D))):
+            assert np.array_equal(a.copy_to_host(), want), f"int8 output's {name} differs from quantize_x's"
     unit = std * max(1.0, std * std)
     tol16, tol32 = TOL["f16"]
     for b, L in enumerate(lengths):
@@ -64,6 +75,15 @@ def test_batch(H, Hkv, D, window, std):
     """Sequences of 1 key to past 4k: tiles partly live at both ends, every warp's share."""
     lengths = [1, 17, 130, 255, 1000, 4097, 64, 33]
     check_mma(_seed(H, D, std), lengths, H, Hkv, D, std, window)
+
+
+@pytest.mark.parametrize("std", (0.1, 1.0, 3.0))
+@pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
+def test_int8_output(H, Hkv, D, window, std):
+    """One split with the output's int8 form (attn_output's dp4a input), every ring depth."""
+    for stages in STAGE_CHOICES[D]:
+        check_mma(_seed(H, D, std, stages), [1, 17, 130, 255, 700, 64, 33], H, Hkv, D, std, window, n_splits=1,
+                  stages=stages, quant=True)
 
 
 @pytest.mark.parametrize("page_size", (16, 32))

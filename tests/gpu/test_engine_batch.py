@@ -348,6 +348,55 @@ def test_router_batch_equals_its_kernels(tmp_path, monkeypatch, n_seqs):
     assert_routed_steps_agree(got[1], got[0], 1e-5, f"B{n_seqs}")
 
 
+def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):
+    """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M: attn_output's int8
+    input written by attention_decode_mma in one split (the spy sees it asked for) against the same
+    step with it off (IMPNB_ATTN_DP4A=0: quantize_x of attention's float output). The int8 forms
+    are equal bit for bit, so the logits are."""
+    from impnb.kernels.attention import attention_decode_mma as adm
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+    got, asked = {}, []
+    real = adm.attention_decode_mma
+
+    def spy(*args, **kw):
+        asked.append(kw.get("xq") is not None and args[7] == 1)
+        real(*args, **kw)
+
+    monkeypatch.setattr(adm, "attention_decode_mma", spy)
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_ATTN_DP4A", str(on))
+        asked.clear()
+        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
+        assert asked and all(a == bool(on) for a in asked), f"ATTN_DP4A={on}: int8 output asked for {asked}"
+    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+
+
+def test_expert_act_int8_equals_quantize_x(tmp_path, monkeypatch):
+    """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M, moe_table's token
+    a tile at the 16 bucket: the down GEMV's int8 act written by gate|up's GEMV (moe_prefill.act_int8)
+    against quantize_x of its float act (IMPNB_MOE_ACT_INT8=0). The int8 forms are equal bit for
+    bit, so the logits are."""
+    from impnb.gpu import moe_prefill
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+    got, asked = {}, []
+    real = moe_prefill.act_int8
+
+    def spy(*args):
+        asked.append(real(*args))
+        return asked[-1]
+
+    monkeypatch.setattr(moe_prefill, "act_int8", spy)
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_MOE_ACT_INT8", str(on))
+        asked.clear()
+        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
+        steps = asked[-8:]  # the prompts' prefills before them take other buckets' paths
+        assert len(steps) == 8 and all(a == bool(on) for a in steps), f"MOE_ACT_INT8={on}: int8 act {asked}"
+    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+
+
 @pytest.mark.parametrize("n_seqs", [3, 12])
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its

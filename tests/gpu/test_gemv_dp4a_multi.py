@@ -13,7 +13,7 @@ from impnb.kernels.gemv.gemv_dp4a import SILU, GELU, gemv_dp4a_ref
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped, gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
 from impnb.kernels.gemv.gemv_variants import Variant
-from impnb.kernels.gemv.quant_x import GROUP
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x_ref
 from tests.gpu.test_gemv import weight
 from impnb.kernels.moe.moe import max_tiles
 from impnb.kernels.moe.reference import group_ref
@@ -37,6 +37,7 @@ GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(3
            (T.Q8_0, 256, 3, Variant(64, 2, 2), 0), (T.NVFP4, 512, 2, Variant(32, 1, 2), GELU),
            (T.MXFP4, 256, 8, Variant(128, 1, 2), 0), (T.Q4_K, 2048, 1, Variant(32, 1, 8), SILU),
            (T.Q6_K, 768, 1, Variant(32, 1, 8), 0)]
+GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # a token a tile, Variant(32, 1, 8)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,6 +58,12 @@ def precompiled():
             i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
             gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 8 if glu else 16), np.float32),
                               tiles, i1, i1, 1, 0, v, n, glu)
+        for t, K, glu in GROUPED_INT8:  # with the output's int8 form: 32 rows, whole groups a block
+            w = weight(t, 32, K)[2]
+            i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
+            N = 16 if glu else 32
+            gemv_dp4a_grouped(w, 32, quant_x_buffers(1, K), cuda.device_array((1, N), np.float32),
+                              tiles, i1, i1, 1, 0, Variant(32, 1, 8), 1, glu, quant_x_buffers(1, N))
     compile_all(rec.missing())
 
 
@@ -135,12 +142,13 @@ def test_glu(glu, n_tok):
     check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)
 
 
-def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0):
+def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False):
     """The grouped GEMV over n_tok tokens' k routed slots (a third of the tokens sharing one
     token's experts, so some experts take several tiles), tiles of at most tm rows in expert
     order, the tile array's rows past n_tiles poisoned: each grouped row against its slot's
     expert (assert_expert_row). x_div: x̂ of the tokens (row order[r] // k), else of the grouped
-    rows themselves (the down's act). Grouped rows are NaN-poisoned first."""
+    rows themselves (the down's act). Grouped rows are NaN-poisoned first. quant: the output's int8
+    form too (poisoned first), equal bit for bit to quantize_x's of the output."""
     raw, wabs, w = weight(ggml_type, E * n_rows, cols)
     rng = np.random.default_rng(seed)
     experts = np.argsort(rng.random((n_tok, E)), axis=1)[:, :k].astype(np.int32)
@@ -155,13 +163,29 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
     xq, (q, d, _) = check_quantize_x(x)
     out_rows = n_rows // 2 if glu else n_rows
     d_y = cuda.to_device(np.full((S, out_rows), np.nan, np.float32))
+    y_q = None
+    if quant:
+        y_q = QuantX(cuda.to_device(np.full((S, out_rows // 4), 0xDEADBEEF, np.uint32)),
+                     *(cuda.to_device(np.full((S, out_rows // GROUP), np.nan, np.float32)) for _ in "ds"))
     gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
-                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu)
+                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q)
     y = d_y.copy_to_host()
+    if quant:
+        for name, a, want in zip("qds", y_q, quantize_x_ref(y)):
+            assert np.array_equal(a.copy_to_host(), want), f"the output's int8 {name} differs from quantize_x's"
     for r in range(S):
         e = slots[order[r]]
         assert_expert_row(y[r], raw, wabs, ggml_type, e, n_rows, q, d, order[r] // k if x_div else r, glu,
                           f"grouped row {r} (slot {order[r]}, expert {e})")
+
+
+@pytest.mark.parametrize("ggml_type,K,glu", GROUPED_INT8)
+def test_grouped_int8_output(ggml_type, K, glu):
+    """A token a tile writing its output's int8 form too (the down's x̂), at three magnitudes."""
+    n_rows = 2 * 48 if glu else 64  # whole groups of 16 in every block
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_grouped(ggml_type, 9, n_rows, K, 13, 4, 1, glu, Variant(32, 1, 8), seed=i + K, x_div=glu != 0, std=std,
+                      quant=True)
 
 
 @pytest.mark.parametrize("ggml_type,K,tm,variant,glu", GROUPED, ids=lambda a: getattr(a, "name", str(a)))

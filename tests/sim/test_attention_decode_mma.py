@@ -17,6 +17,15 @@ def test_mma(lengths, H, Hkv, D, window, softcap, page_size, n_splits, std):
     check_mma(_seed(len(lengths), H, D), lengths, H, Hkv, D, std, window, softcap, page_size, n_splits)
 
 
+@pytest.mark.parametrize("lengths,H,Hkv,D,window,page_size", [
+    ([1, 20], 4, 1, 64, None, 16),       # a group of four heads: four int8 groups of 16 a row
+    ([70, 33], 6, 2, 128, 40, 32),       # GQA 3 at D 128, a window
+])
+def test_mma_int8_output(lengths, H, Hkv, D, window, page_size):
+    """One split with the output's int8 form, bit for bit quantize_x's of the output."""
+    check_mma(_seed(len(lengths), H, D, 1), lengths, H, Hkv, D, 1.0, window, None, page_size, 1, quant=True)
+
+
 @pytest.mark.parametrize("lengths,D,window,page_size,stages", [
     ([40, 7], 128, None, 32, 4),       # a ring deeper than a warp's tiles, and a sequence of one tile
     ([200, 61], 128, 150, 32, 4),      # a window: its first tile partly live

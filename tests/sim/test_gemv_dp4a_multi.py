@@ -26,3 +26,9 @@ def test_split_and_glu():
 def test_grouped():
     m.check_grouped(T.Q4_K, 5, 2 * 3, 256, 7, 2, 3, SILU, Variant(32, 1, 2), seed=8)
     m.check_grouped(T.Q6_K, 4, 5, 256, 6, 3, 2, 0, Variant(32, 1, 4), seed=9, x_div=False, std=10.0)
+
+
+def test_grouped_int8_output():
+    """A token a tile with its output's int8 form: gate|up's 16 outputs a block, the down's 32."""
+    m.check_grouped(T.Q4_K, 5, 2 * 16, 256, 7, 2, 1, SILU, Variant(32, 1, 8), seed=10, std=0.1, quant=True)
+    m.check_grouped(T.Q6_K, 4, 32, 256, 6, 3, 1, 0, Variant(32, 1, 8), seed=11, x_div=False, std=10.0, quant=True)

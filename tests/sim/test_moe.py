@@ -12,6 +12,9 @@ def test_route_ties_and_k():
     for k, normalize in ((1, True), (2, False), (8, True)):
         moe.check_route(rng, 3, 40, k, normalize, 1.0)
     moe.check_route(rng, 2, 40, 4, True, 1.0, ties=True)
+    for E in (128, 97, 160):  # a lane's queue full, ragged, and past it (the rescanning form)
+        moe.check_route(rng, 2, E, 8, True, 1.0, ties=True)
+        moe.check_route(rng, 2, E, 8, False, 3.0)
 
 
 def test_gemv_route():

@@ -33,6 +33,7 @@ from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sync
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group
 from impnb.launch import launch
 
 HEAD_DIMS = (64, 128)
@@ -68,9 +69,10 @@ def ring_stages(D: int, blocks: int, n_sm: int = 132) -> int:
 
 
 @lru_cache(maxsize=None)
-def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None):
+def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant: bool = False):
     """The kernel of head dim D and page size `page`, each warp's ring `stages` deep (STAGES[D] by
-    default); capped: scores through softcap · tanh(s / softcap)."""
+    default); capped: scores through softcap · tanh(s / softcap); quant: in one split, the output
+    rows in int8 too (quant_x's groups, for the dp4a GEMV of attn_output after it)."""
     ROWB = 2 * D               # bytes of a K or V row
     TILE = BN * ROWB           # bytes of a K (or V) tile
     STAGE = 2 * TILE           # K tile, then V tile
@@ -84,7 +86,9 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None):
     N_O = 4 * NO               # O accumulators a lane
     PSH = page.bit_length() - 1
     MERGE = WARPS * 16 * D     # float32 words of the warps' O rows in the merge (then m, l)
-    assert BN <= page and page == 1 << PSH and MERGE + 2 * WARPS * 16 <= ring_bytes(D, NST) // 4
+    OUTQ = MERGE + 2 * WARPS * 16  # quant: the block's output rows, then in int8 a thread a group
+    assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST) // 4
+    assert D % GROUP == 0
 
     @cuda.jit(device=True, inline=True)
     def page_of(table, b, k0, lo):
@@ -110,7 +114,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None):
         ptx.cp_async_commit()
 
     # grid (S, Hkv, B), block THREADS (4 warps); see the module's docstring
-    def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap):
+    def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
         split = cuda.blockIdx.x
@@ -264,14 +268,24 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None):
                 den += e * red[MERGE + WARPS * 16 + w * 16 + row]
             h = kh * G + row
             if S == 1:
-                out[b, 0, h, d] = num / den
+                val = num / den
+                out[b, 0, h, d] = val
+                if quant:
+                    red[OUTQ + idx] = val
             else:
                 partials[split, b, h, d] = num
                 if d == 0:
                     partials[split, b, h, D] = mx
                     partials[split, b, h, D + 1] = den
+        if quant and S == 1:  # columns kh G D .. (kh + 1) G D - 1 of row b, as quantize_x writes them
+            cuda.syncthreads()
+            if tid < G * D // GROUP:
+                v = cuda.local.array(GROUP, float32)
+                for j in range(GROUP):
+                    v[j] = red[OUTQ + tid * GROUP + j]
+                store_group(v, xq, xd, xs, b, kh * G * D // GROUP + tid)
 
-    kernel.__name__ = f"_decode_mma_d{D}_p{page}_s{NST}{'_softcap' if capped else ''}_kernel"
+    kernel.__name__ = f"_decode_mma_d{D}_p{page}_s{NST}{'_softcap' if capped else ''}{'_quant' if quant else ''}_kernel"
     return cuda.jit(kernel)
 
 
@@ -302,13 +316,16 @@ def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tup
 
 
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
-                         window: int | None, softcap: float | None, stream, stages: int | None = None) -> None:
+                         window: int | None, softcap: float | None, stream, stages: int | None = None,
+                         xq: QuantX | None = None) -> None:
     """out (B, 1, H, D) = attention of q (B, 1, H, D) float32, sequence b's token at pos[b, 0], over
     the paged fp16 cache: k_pool, v_pool (n_pages, page_size, Hkv, D) float16 already holding keys
     0 .. pos[b, 0]; block_table (B, max_pages) int32. partials (partials_shape with >= n_splits
     splits and B) float32 scratch, unread at n_splits 1. The key range is read from pos on the
     device: a captured graph stays valid as the context grows. window None or > 0; softcap None
-    or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None)."""
+    or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None). xq
+    (quant_x.QuantX of B rows, H * D columns; one split, no softcap): out's int8 form is written
+    there too, equal to quantize_x's of out as (B, H * D) (one kernel fewer before a dp4a GEMV)."""
     B, T, H, D = q.shape
     P, Hkv = k_pool.shape[1], k_pool.shape[2]
     for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"), (k_pool, np.float16, 4, "k_pool"),
@@ -324,9 +341,14 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     stages = stages or STAGES[D]
     assert stages in STAGE_CHOICES[D], f"ring of {stages} stages at head dim {D}"
-    launch(mma_kernel(D, P, bool(softcap), stages), (n_splits, Hkv, B), THREADS, stream,
+    if xq is not None:
+        assert n_splits == 1 and not softcap, "int8 output: one split, no softcap"
+        assert xq.q.shape == (B, H * D // 4) and xq.d.shape == xq.s.shape == (B, H * D // GROUP), "xq shapes"
+    flat = out.reshape(B, H * D)
+    q8, xd, xs = xq or (flat.view(np.uint32), flat, flat)  # unread without xq
+    launch(mma_kernel(D, P, bool(softcap), stages, xq is not None), (n_splits, Hkv, B), THREADS, stream,
            q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E), np.int32(window or 0),
-           np.float32(softcap or 0.0), shared_bytes=ring_bytes(D, stages))
+           np.float32(softcap or 0.0), q8, xd, xs, shared_bytes=ring_bytes(D, stages))
     if n_splits > 1:
         attention_wide.merge_splits(partials[:n_splits], out.reshape(B, H, D), n_splits, stream)
 
@@ -334,10 +356,11 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
 _Q = types.float32[:, :, :, ::1]
 _POOL = types.float16[:, :, :, ::1]
 _SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.float32[:, :, :, ::1],
-        types.float32, types.int32, types.float32)
+        types.float32, types.int32, types.float32, types.uint32[:, ::1], types.float32[:, ::1], types.float32[:, ::1])
 
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
-    return [(mma_kernel(D, P, capped, st), _SIG, {"max_registers": 255})
-            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st in STAGE_CHOICES[D]]
+    return [(mma_kernel(D, P, capped, st, quant), _SIG, {"max_registers": 255})
+            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st in STAGE_CHOICES[D]
+            for quant in ((False,) if capped else (False, True))]

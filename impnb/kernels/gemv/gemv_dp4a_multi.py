@@ -24,7 +24,7 @@ from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
-from impnb.kernels.gemv.quant_x import GROUP, QuantX
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group_lanes
 from impnb.launch import launch
 
 MIN_T, MAX_T = 2, 8
@@ -42,7 +42,7 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = dot_of(ggml_type, max(n_tok, 2))  # grouped at T = 1 too: x̂ in the multi-token order
@@ -153,8 +153,10 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
     # (e * n_rows ..), token t < n being grouped row r0 + t, whose x̂ row is order[r0 + t] // x_div
     # (x_div 0: r0 + t itself); tokens n..T-1 repeat token n - 1 and are not written. Output
     # (row o, token t) goes to y[r0 + t, o].
+    # quant (a token a tile, outs a multiple of GROUP): the block's outputs, GROUP a half-warp, in
+    # int8 too, into row r0 of (oq, od, os) (quant_x's layout; the down's x̂ without a quantize_x).
     @cuda.jit
-    def _gemv_dp4a_grouped_kernel(parts, xq, xd, xs, y, n_rows, tiles, n_tiles, order, x_div):
+    def _gemv_dp4a_grouped_kernel(parts, xq, xd, xs, y, n_rows, tiles, n_tiles, order, x_div, oq, od, os):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (tiles, x̂)
         ptx.grid_dep_launch()
         i = cuda.blockIdx.y
@@ -176,6 +178,15 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
             j = r0 + min(t, n - 1)
             xr[t] = order[j] // x_div if x_div > 0 else j
         red = block_sums(a, raws, c0, xq, xd, xs, xr, tid)
+        if quant:  # every lane: the half-warp shuffles of store_group_lanes
+            o = min(tid, outs - 1)
+            g, r, t, s = output_of(red, o)
+            live = tid < outs
+            if live:
+                y[r0, cuda.blockIdx.x * outs + o] = s
+            store_group_lanes(s if live else float32(0.0), live, oq, od, os, r0,
+                              (cuda.blockIdx.x * outs) // GROUP + (tid >> 5) * 2)
+            return
         for o in range(tid, outs, BLOCK):
             g, r, t, s = output_of(red, o)
             gi = cuda.blockIdx.x * groups + g
@@ -188,16 +199,16 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False):
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                           depth: int = 1, grouped: bool = False):
+                           depth: int = 1, grouped: bool = False, quant: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
-    tokens a tile at most (1..8)."""
+    tokens a tile at most (1..8); quant: its outputs in int8 too (grouped, one token a tile)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
-    assert depth in (1, 2)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped)
+    assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -234,12 +245,13 @@ def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
 
 
 def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div: int, stream, variant: Variant,
-                      n_tok: int, glu: int = NO_GLU):
+                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None):
     """The routed experts of a batch grouped by expert (moe.moe_group's order, tiles (max_tiles, 3)
     of at most n_tok rows each, n_tiles): y (S, N) float32 row r0 + j of tile (e, r0, n), j < n, =
     W_e x̂[order[r0 + j] // x_div] (x_div 0: x̂[r0 + j]), or with glu (SILU, GELU) y (S, F) =
     act(gate_e x̂) * up_e x̂ for gate|up stacked per expert. w: E experts of n_rows rows stacked,
-    (E * n_rows, K); x̂ (quant_x.quantize_x) of the tokens (x_div = k) or of the grouped rows."""
+    (E * n_rows, K); x̂ (quant_x.quantize_x) of the tokens (x_div = k) or of the grouped rows. y_q
+    (where writes_int8): y's int8 form too, quantize_x's of y bit for bit."""
     N = n_rows // 2 if glu else n_rows
     K = w.cols
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and 1 <= n_tok <= MAX_T and x_div >= 0
@@ -251,9 +263,22 @@ def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div
     out_rows = variant.rows // (2 if glu else 1)
     assert out_rows <= N, "more rows a group than an expert has"
     per_block = out_rows * (BLOCK // variant.span)
-    kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True)
+    if y_q is not None:
+        assert writes_int8(variant, n_tok, n_rows, glu), "int8 output: a token a tile, whole groups a block"
+        assert y_q.q.shape == (y.shape[0], N // 4) and y_q.d.shape == y_q.s.shape == (y.shape[0], N // GROUP)
+    kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True,
+                                    y_q is not None)
+    oq, od, os_ = y_q or (y.view(np.uint32), y, y)  # unread without y_q
     launch(kernel, ((N + per_block - 1) // per_block, tiles.shape[0]), BLOCK, stream, w.parts, x.q, x.d, x.s, y,
-           np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div))
+           np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div), oq, od, os_)
+
+
+def writes_int8(variant: Variant, n_tok: int, n_rows: int, glu: int) -> bool:
+    """Whether gemv_dp4a_grouped of this variant can write its output's int8 form too: a token a
+    tile, and each block's outputs whole groups of quant_x, the last block's too."""
+    per_block = variant.rows // (2 if glu else 1) * (BLOCK // variant.span)
+    N = n_rows // 2 if glu else n_rows
+    return n_tok == 1 and per_block % GROUP == 0 and per_block <= BLOCK and N % per_block == 0
 
 
 def kernel_args(ggml_type: T) -> tuple:
@@ -264,10 +289,12 @@ def kernel_args(ggml_type: T) -> tuple:
 
 
 def grouped_kernel_args(ggml_type: T) -> tuple:
-    """Argument types of the grouped kernel: parts, x̂ q, d, s, y, n_rows, tiles, n_tiles, order, x_div."""
+    """Argument types of the grouped kernel: parts, x̂ q, d, s, y, n_rows, tiles, n_tiles, order, x_div,
+    y's int8 q, d, s."""
     parts, q, d, s = t1_kernel_args(ggml_type)[:4]
     i1, i2 = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")
-    return (parts, q, d, s, types.Array(types.float32, 2, "C"), types.int32, i2, i1, i1, types.int32)
+    f2 = types.Array(types.float32, 2, "C")
+    return (parts, q, d, s, f2, types.int32, i2, i1, i1, types.int32, types.Array(types.uint32, 2, "C"), f2, f2)
 
 
 # Built at K 4096 in variants the bench sweeps. Registers: 168 at Q4_K T 8 R 4, 149 at Q6_K T 2 R 4
@@ -288,4 +315,5 @@ def build_signatures() -> list:
                                    (T.Q6_K, 768, 2, 8, NO_GLU, 1), (T.Q6_K, 768, 4, 4, NO_GLU, 1),
                                    (T.Q4_K, 768, 2, 8, NO_GLU, 2), (T.Q4_K, 2048, 1, 8, SILU, 1),
                                    (T.Q6_K, 768, 1, 8, NO_GLU, 1))
-    ]
+    ] + [(gemv_dp4a_multi_kernel(T.Q4_K, 2048, 1, 32, 8, SILU, 1, True, True),  # gate|up with the down's x̂
+          types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255})]

@@ -9,6 +9,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from impnb import tuning
 from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import warp_sums_lanes
 from impnb.kernels.gemv.gemv_rows import tuple_of
 
 
@@ -379,6 +380,9 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
     wpg = span // 32  # warps a row group
     pairs = rows // 2
     out_rows = pairs if glu else rows
+    n = rows * n_tok  # sums a thread
+    NP = 1 << (n - 1).bit_length()  # as warp_sums_lanes takes them (up to 32: else one a warp_sum)
+    shift = 5 - (NP.bit_length() - 1)  # lane i holds sum i >> shift
 
     @cuda.jit(device=True, inline=True)
     def reduce_sums(acc, tid):
@@ -386,11 +390,23 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         lane = tid & 31
         warp = tid >> 5
-        for r in range(rows):
-            for t in range(n_tok):
-                s = qi.warp_sum(acc[r, t], scratch)
-                if lane == 0:
-                    red[warp, r, t] = s
+        if NP <= 32:  # the R x T sums at once, warp_sum's bit for bit (warp.warp_sums_lanes)
+            v = cuda.local.array(NP, float32)
+            for r in range(rows):
+                for t in range(n_tok):
+                    v[r * n_tok + t] = acc[r, t]
+            for i in range(n, NP):
+                v[i] = float32(0.0)
+            s = warp_sums_lanes(v, NP)
+            i = lane >> shift
+            if lane == i << shift and i < n:
+                red[warp, i // n_tok, i - (i // n_tok) * n_tok] = s
+        else:
+            for r in range(rows):
+                for t in range(n_tok):
+                    s = qi.warp_sum(acc[r, t], scratch)
+                    if lane == 0:
+                        red[warp, r, t] = s
         cuda.syncthreads()
         return red
 

@@ -17,6 +17,7 @@ from numba import cuda, float32, types
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import warp_sums_lanes
 from impnb.kernels.gemv.gemv import parts_type, tuple_of
 from impnb.kernels.gemv.gemv_units import DECODERS
 from impnb.kernels.common.repack import PackedWeight
@@ -69,15 +70,18 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
                 t += a * p + b * sx[h]
             acc[r] += t * live
 
+    shift = 5 - (rows.bit_length() - 1)  # warp_sums_lanes leaves row r's sum in lanes r << shift ..
+
     @cuda.jit(device=True, inline=True)
-    def store_rows(acc, g, y, n_rows, lane, scratch):
-        # -- sum acc over the warp, lane r writes row r of group g; acc zeroed --
+    def store_rows(acc, g, y, n_rows, lane):
+        # -- sum acc over the warp (the rows at once), lane r << shift writes row r of group g;
+        # acc zeroed --
+        tot = warp_sums_lanes(acc, rows)
         for r in range(rows):
-            tot = qi.warp_sum(acc[r], scratch)
             acc[r] = float32(0.0)
-            row = g * rows + r
-            if r == lane and row < n_rows:
-                y[0, row] = tot
+        row = g * rows + (lane >> shift)
+        if lane & ((1 << shift) - 1) == 0 and row < n_rows:
+            y[0, row] = tot
 
     # grid (blocks,), block 128 = 4 warps. Warp w = 4 * blockIdx + warp owns row groups w,
     # w + 4 * gridDim, ... (turns taken by the whole block; past the last group, loads clamped
@@ -106,11 +110,10 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
         acc = cuda.local.array(rows, float32)
         for r in range(rows):
             acc[r] = float32(0.0)
-        scratch = cuda.shared.array(BLOCK, float32)  # the simulator's warp_sum
         while g0 < n_groups:
             nxt = group_chunks((parts, min(g0 + stride + warp, n_groups - 1), n_rows, cpr), c)
             dot_chunk(raws, c, xv, sx, w, acc, live)  # while the next group loads
-            store_rows(acc, g0 + warp, y, n_rows, lane, scratch)
+            store_rows(acc, g0 + warp, y, n_rows, lane)
             raws = nxt
             g0 += stride
 

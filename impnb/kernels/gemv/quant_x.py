@@ -15,6 +15,7 @@ from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import shfl_xor
 from impnb.launch import launch
 
 GROUP = 16  # columns a scale
@@ -133,6 +134,36 @@ def store_group(v, q, d, s, t, g):
     qi.stg_x4(q, t * q.shape[1] + 4 * g, w0, w1, w2, w3)
     d[t, g] = scale
     s[t, g] = total
+
+
+@cuda.jit(device=True, inline=True)
+def store_group_lanes(v, live, q, d, s, t, g0):
+    """Every lane of a warp, each 16-lane half a group: lane j of half h holds column j of group
+    g0 + h of row t (v; 0 and live False past the row's groups), written in int8 into q, d, s as
+    store_group writes them, bit for bit (the same amax, rounding and integer sum, by shuffles)."""
+    lane = cuda.threadIdx.x & 31
+    j = lane & 15
+    amax = abs(v)
+    for off in (8, 4, 2, 1):
+        amax = max(amax, shfl_xor(amax, off))
+    inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+    k = qi.rint_s32(v * inv)
+    byte = k & 0xFF
+    if j & 3 == 3:
+        byte = (byte ^ 0x80) - 0x80  # the top byte signed: the word's bits as an int32 (shuffles take no uint32)
+    word = int32(byte << (8 * (j & 3)))
+    word = int32(word | shfl_xor(word, 1))
+    word = int32(word | shfl_xor(word, 2))
+    total = int32(k)
+    for off in (8, 4, 2, 1):
+        total = int32(total + shfl_xor(total, off))
+    g = g0 + (lane >> 4)
+    if live and j & 3 == 0:
+        q[t, 4 * g + (j >> 2)] = uint32(word)
+    if live and j == 0:
+        scale = amax / float32(127.0)
+        d[t, g] = scale
+        s[t, g] = scale * float32(total)
 
 
 def make_quantize_block(normed):

@@ -20,6 +20,7 @@ from numba import cuda, float32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import warp_sums_lanes
 from impnb.kernels.gemv.gemv import F32_2D, aligned16, tuple_of
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as dp4a_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, dot_of, prepare_of, x_order_of
@@ -33,6 +34,8 @@ from impnb.launch import launch
 # output rows a block: 8 decodes about 10% faster than 4 on Qwen3-30B-A3B; 16 exceeds the
 # register bound.
 ROWS = 8
+SUM_SHIFT = 5 - (ROWS.bit_length() - 1)  # warp_sums_lanes leaves row i's sum in lanes i << SUM_SHIFT ..
+assert ROWS & (ROWS - 1) == 0 and ROWS <= 32
 MAX_WARPS = 16  # 512 threads: at up to 128 registers (asserted at build) a block fits an SM
 MAX_BLOCK = 32 * MAX_WARPS
 EARLY_BLOCK = 256  # early builds' largest block (their registers are not capped)
@@ -131,14 +134,12 @@ def down_sum_dp4a_kernel(ggml_type: T, cols: int, tail: bool = False):
                 raws = rows_chunk(parts, (e * D + row0) * cpr + c)  # chunk c of the expert's row row0 on
                 for r in range(ROWS):
                     acc[r] += wj * dot(prepare(raws[r]), c, xw, xf, 0)
-        scratch = cuda.shared.array(MAX_BLOCK, float32)
         red = cuda.shared.array((MAX_WARPS, ROWS), float32)
         lane = tid & 31
         warp = tid >> 5
-        for r in range(ROWS):
-            v = qi.warp_sum(acc[r], scratch)
-            if lane == 0:
-                red[warp, r] = v
+        v = warp_sums_lanes(acc, ROWS)  # the ROWS sums at once: lane i holds row i >> SUM_SHIFT's
+        if lane & ((1 << SUM_SHIFT) - 1) == 0:
+            red[warp, lane >> SUM_SHIFT] = v
         cuda.syncthreads()
         if tid < ROWS and row0 + tid >= first:
             tot = float32(0.0)

@@ -19,6 +19,7 @@ from impnb.launch import launch
 
 MAX_K = 8
 MAX_EXPERTS = 1024       # a lane's taken-mask has one bit per 32 experts
+QUEUE = 4                # experts a lane keeps sorted in registers in route_warp's short form
 ROUTE_WARPS = 4          # tokens per route block
 GROUP_THREADS = MAX_EXPERTS  # moe_group: a thread an expert
 COMBINE_THREADS = 128
@@ -106,15 +107,79 @@ def route_token(logits, t, k, normalize, experts, weights, row):
 
 
 @cuda.jit(device=True, inline=True)
+def _ahead(ka, ia, kb, ib):
+    """Whether expert ib of order key kb goes before expert ia of key ka: a larger key, or an
+    equal one at a lower expert."""
+    return kb > ka or (kb == ka and ib < ia)
+
+
+@cuda.jit(device=True, inline=True)
+def _in_order(ka, ia, kb, ib):
+    """(key, expert) pairs a and b, the one that goes first first."""
+    if _ahead(ka, ia, kb, ib):
+        return kb, ib, ka, ia
+    return ka, ia, kb, ib
+
+
+@cuda.jit(device=True, inline=True)
+def _route_warp_queued(logits, t, E, k, normalize, experts, weights, raw):
+    """route_warp for E <= 32 QUEUE experts: each lane's experts lane + 32 q (q < QUEUE; key 0
+    past E, below every logit's) sorted once in registers, so that a round's winner takes its
+    next best off the front of its queue instead of rescanning its experts (a round was ~1000
+    cycles of one warp's chained latency; docs/EXPERIMENTS.md, 'router_batch's phases')."""
+    lane = cuda.threadIdx.x & 31
+    base = t * logits.shape[1]
+    v0 = ptx.ld_global_cg_f32(logits, base + min(lane, E - 1))  # four L2 loads in flight
+    v1 = ptx.ld_global_cg_f32(logits, base + min(lane + 32, E - 1))
+    v2 = ptx.ld_global_cg_f32(logits, base + min(lane + 64, E - 1))
+    v3 = ptx.ld_global_cg_f32(logits, base + min(lane + 96, E - 1))
+    i0, i1, i2, i3 = uint32(lane), uint32(lane + 32), uint32(lane + 64), uint32(lane + 96)
+    k0 = order_key(v0) if i0 < E else uint32(0)
+    k1 = order_key(v1) if i1 < E else uint32(0)
+    k2 = order_key(v2) if i2 < E else uint32(0)
+    k3 = order_key(v3) if i3 < E else uint32(0)
+    # -- a sorting network of four: (0, 1), (2, 3), (0, 2), (1, 3), (1, 2) --
+    k0, i0, k1, i1 = _in_order(k0, i0, k1, i1)
+    k2, i2, k3, i3 = _in_order(k2, i2, k3, i3)
+    k0, i0, k2, i2 = _in_order(k0, i0, k2, i2)
+    k1, i1, k3, i3 = _in_order(k1, i1, k3, i3)
+    k1, i1, k2, i2 = _in_order(k1, i1, k2, i2)
+    mx = NEG
+    mine = NEG  # lane j < k: the logit of the j-th choice
+    for j in range(k):
+        top = warp_max_u32(k0)
+        win = warp_min_u32(i0 if k0 == top else ALL_ONES)
+        if win == i0:  # this lane's front was taken: the queue moves up
+            k0, i0, k1, i1, k2, i2 = k1, i1, k2, i2, k3, i3
+            k3, i3 = uint32(0), ALL_ONES
+        val = key_value(top)
+        if j == 0:
+            mx = val
+        if j == lane:
+            mine = val
+        if lane == 0:
+            experts[t, j] = win
+    if raw:
+        if lane < k:
+            weights[t, lane] = mine
+    else:
+        weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
+
+
+@cuda.jit(device=True, inline=True)
 def route_warp(logits, t, E, k, normalize, experts, weights, row, raw):
     """One warp: token t's top k experts among the first E logits of row t of logits (T, >= E)
     and their softmax weights into experts[t], weights[t] (with raw: the chosen logits, for a
     later weigh), as route_block's bit for bit. The logits are read through L2 (ld.global.cg:
-    they may come from other blocks of the same grid) into row, this warp's (MAX_EXPERTS,)
-    float32 of shared memory. Lane owns experts lane, lane + 32, ... (bit i of `taken` marks
-    expert lane + 32 i as chosen) and keeps its best untaken one; each of the k rounds takes the
-    warp's largest key and, among the lanes holding it, the lowest expert (two redux.sync), and
-    the winning lane finds its next best. The softmax denominator is a warp sum."""
+    they may come from other blocks of the same grid); up to 32 QUEUE experts into registers
+    (_route_warp_queued), more into row, this warp's (MAX_EXPERTS,) float32 of shared memory.
+    Lane owns experts lane, lane + 32, ... (bit i of `taken` marks expert lane + 32 i as chosen)
+    and keeps its best untaken one; each of the k rounds takes the warp's largest key and, among
+    the lanes holding it, the lowest expert (two redux.sync), and the winning lane finds its next
+    best. The softmax denominator is a warp sum."""
+    if E <= 32 * QUEUE:
+        _route_warp_queued(logits, t, E, k, normalize, experts, weights, raw)
+        return
     lane = cuda.threadIdx.x & 31
     base = t * logits.shape[1]
     for e0 in range(lane, E, 128):  # four L2 loads in flight a lane
