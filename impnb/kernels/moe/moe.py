@@ -122,6 +122,31 @@ def _in_order(ka, ia, kb, ib):
 
 
 @cuda.jit(device=True, inline=True)
+def _record(j, top, win, lane, t, experts, mx, mine):
+    """A warp's round j: expert win, of order key top, is token t's j-th choice (lane 0 writes it);
+    -> (mx, mine): the first choice's logit, and in lane j the j-th's."""
+    val = key_value(top)
+    if j == 0:
+        mx = val
+    if j == lane:
+        mine = val
+    if lane == 0:
+        experts[t, j] = win
+    return mx, mine
+
+
+@cuda.jit(device=True, inline=True)
+def _chosen(mine, mx, lane, t, E, k, normalize, logits, weights, raw):
+    """A warp, lane j < k holding the j-th choice's logit: their softmax weights (weigh) into
+    weights[t], or with raw the logits themselves."""
+    if raw:
+        if lane < k:
+            weights[t, lane] = mine
+    else:
+        weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
+
+
+@cuda.jit(device=True, inline=True)
 def _route_warp_queued(logits, t, E, k, normalize, experts, weights, raw):
     """route_warp for E <= 32 QUEUE experts: each lane's experts lane + 32 q (q < QUEUE; key 0
     past E, below every logit's) sorted once in registers, so that a round's winner takes its
@@ -152,18 +177,8 @@ def _route_warp_queued(logits, t, E, k, normalize, experts, weights, raw):
         if win == i0:  # this lane's front was taken: the queue moves up
             k0, i0, k1, i1, k2, i2 = k1, i1, k2, i2, k3, i3
             k3, i3 = uint32(0), ALL_ONES
-        val = key_value(top)
-        if j == 0:
-            mx = val
-        if j == lane:
-            mine = val
-        if lane == 0:
-            experts[t, j] = win
-    if raw:
-        if lane < k:
-            weights[t, lane] = mine
-    else:
-        weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
+        mx, mine = _record(j, top, win, lane, t, experts, mx, mine)
+    _chosen(mine, mx, lane, t, E, k, normalize, logits, weights, raw)
 
 
 @cuda.jit(device=True, inline=True)
@@ -201,18 +216,8 @@ def route_warp(logits, t, E, k, normalize, experts, weights, row, raw):
         if win & 31 == lane:
             taken |= 1 << (win >> 5)
             bk, bi = lane_best(row, lane, E, taken)
-        val = key_value(top)
-        if j == 0:
-            mx = val
-        if j == lane:
-            mine = val
-        if lane == 0:
-            experts[t, j] = win
-    if raw:
-        if lane < k:
-            weights[t, lane] = mine
-    else:
-        weigh(mine, mx, t, E, k, normalize, logits, float32(1.0), weights)
+        mx, mine = _record(j, top, win, lane, t, experts, mx, mine)
+    _chosen(mine, mx, lane, t, E, k, normalize, logits, weights, raw)
     warp_sync()  # row is free again
 
 
