@@ -72,16 +72,27 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
 
     shift = 5 - (rows.bit_length() - 1)  # warp_sums_lanes leaves row r's sum in lanes r << shift ..
 
-    @cuda.jit(device=True, inline=True)
-    def store_rows(acc, g, y, n_rows, lane):
-        # -- sum acc over the warp (the rows at once), lane r << shift writes row r of group g;
-        # acc zeroed --
-        tot = warp_sums_lanes(acc, rows)
-        for r in range(rows):
-            acc[r] = float32(0.0)
-        row = g * rows + (lane >> shift)
-        if lane & ((1 << shift) - 1) == 0 and row < n_rows:
-            y[0, row] = tot
+    if rows == 1:  # warp_sum's chain: the butterfly's form built the Q6_K kernel at 72 registers, not 64
+        @cuda.jit(device=True, inline=True)
+        def store_rows(acc, g, y, n_rows, lane, scratch):
+            # -- sum acc over the warp, lane 0 writes row g; acc zeroed --
+            for r in range(rows):
+                tot = qi.warp_sum(acc[r], scratch)
+                acc[r] = float32(0.0)
+                row = g * rows + r
+                if r == lane and row < n_rows:
+                    y[0, row] = tot
+    else:
+        @cuda.jit(device=True, inline=True)
+        def store_rows(acc, g, y, n_rows, lane, scratch):
+            # -- sum acc over the warp (the rows at once), lane r << shift writes row r of group g;
+            # acc zeroed --
+            tot = warp_sums_lanes(acc, rows)
+            for r in range(rows):
+                acc[r] = float32(0.0)
+            row = g * rows + (lane >> shift)
+            if lane & ((1 << shift) - 1) == 0 and row < n_rows:
+                y[0, row] = tot
 
     # grid (blocks,), block 128 = 4 warps. Warp w = 4 * blockIdx + warp owns row groups w,
     # w + 4 * gridDim, ... (turns taken by the whole block; past the last group, loads clamped
@@ -110,10 +121,11 @@ def gemv_stream_kernel(ggml_type: T, rows: int):
         acc = cuda.local.array(rows, float32)
         for r in range(rows):
             acc[r] = float32(0.0)
+        scratch = cuda.shared.array(BLOCK, float32)  # the simulator's warp_sum
         while g0 < n_groups:
             nxt = group_chunks((parts, min(g0 + stride + warp, n_groups - 1), n_rows, cpr), c)
             dot_chunk(raws, c, xv, sx, w, acc, live)  # while the next group loads
-            store_rows(acc, g0 + warp, y, n_rows, lane)
+            store_rows(acc, g0 + warp, y, n_rows, lane, scratch)
             raws = nxt
             g0 += stride
 
