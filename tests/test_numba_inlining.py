@@ -70,3 +70,37 @@ def test_the_copies_are_left_to_other_callers():
         a = np.arange(5)
         assert icc.copy.deepcopy(a) is not a
     assert (icc.InlineWorker.inline_ir, icc.InlineWorker.inline_function, icc.copy) == before
+
+
+def test_labels_grow_by_the_blocks_inlined():
+    """numba's inliner moves a callee's labels past the process's largest, so a callee that inlined
+    callees of its own doubles it: ten builds of a kernel inlining such a callee twice multiply it
+    some 2**28 times. Within the patch they add a few hundred labels."""
+    from numba.cuda.core import ir_utils
+
+    kernel = make_kernel(2.5)
+    start = ir_utils._the_max_label._value
+    with without_spare_copies():
+        for _ in range(10):
+            cuda.compile_ptx(kernel.py_func, SIG, cc=(9, 0))
+    assert ir_utils._the_max_label._value - start < 10 * 200
+
+
+def test_ranked_labels_keep_the_order_and_the_jumps():
+    from numba.cuda.core import ir
+
+    from impnb.launch.inlining import ranked_labels
+
+    loc = ir.Loc("f", 1)
+    scope = ir.Scope(None, loc)
+    blocks = {label: ir.Block(scope, loc) for label in (7, 300, 12, 40)}
+    cond = ir.Var(scope, "c", loc)
+    blocks[7].append(ir.Branch(cond, 12, 300, loc))
+    blocks[12].append(ir.Jump(40, loc))
+    blocks[40].append(ir.Jump(300, loc))
+    blocks[300].append(ir.Return(cond, loc))
+    ranked = ranked_labels(blocks)
+    assert sorted(ranked) == [0, 1, 2, 3]
+    assert [ranked[i] for i in range(4)] == [blocks[7], blocks[12], blocks[40], blocks[300]]
+    assert (ranked[0].body[-1].truebr, ranked[0].body[-1].falsebr) == (1, 3)
+    assert ranked[1].body[-1].target == 2 and ranked[2].body[-1].target == 3
