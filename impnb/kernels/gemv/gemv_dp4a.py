@@ -115,7 +115,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
             for t in range(n_tok):
                 acc[r, t] += dot(wr, c8, xw, xf, t)
 
-    reduce_sums, output_of = block_reduce(rows, n_tok, span, glu, act)
+    # one token's sums in chains: the butterfly's lane selects cost its builds registers (69 -> 73)
+    reduce_sums, output_of = block_reduce(rows, n_tok, span, glu, act, lanes=n_tok > 1)
 
     @cuda.jit(device=True, inline=True)
     def rows_times_x(start, xq, xd, xs, y, n_rows, accumulate, xr, yr, res):

@@ -369,11 +369,12 @@ def x_order_of(ggml_type):
     return X_ORDERS.get(ggml_type, x_as_loaded)
 
 
-def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
+def block_reduce(rows: int, n_tok: int, span: int, glu: int, act, lanes: bool = True):
     """(reduce_sums, output_of) of a dp4a GEMV block of WARPS warps in row groups of span
     threads, R = rows row slots by T = n_tok tokens a thread: reduce_sums(acc, tid) sums acc (R, T)
     over the warp by shuffles into red (WARPS, R, T) in shared memory (after a barrier: the
-    group's warps' partials); output_of(red, o) -> (g, r, t, s) of the block's output o, row r <
+    group's warps' partials), with lanes the R x T sums at once (warp.warp_sums_lanes, up to 32),
+    else each in a chain of its own (fewer registers: the one-sequence decode's); output_of(red, o) -> (g, r, t, s) of the block's output o, row r <
     R_out (R, or R / 2 with a GLU, whose s is act(gate row r) * up row r) of group g, token t."""
     from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS
 
@@ -390,7 +391,7 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act):
         red = cuda.shared.array((WARPS, rows, n_tok), float32)
         lane = tid & 31
         warp = tid >> 5
-        if NP <= 32:  # the R x T sums at once, warp_sum's bit for bit (warp.warp_sums_lanes)
+        if lanes and NP <= 32:  # warp_sum's sums bit for bit either way
             v = cuda.local.array(NP, float32)
             for r in range(rows):
                 for t in range(n_tok):
