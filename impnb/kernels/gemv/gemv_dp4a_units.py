@@ -374,8 +374,9 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act, lanes: bool = 
     threads, R = rows row slots by T = n_tok tokens a thread: reduce_sums(acc, tid) sums acc (R, T)
     over the warp by shuffles into red (WARPS, R, T) in shared memory (after a barrier: the
     group's warps' partials), with lanes the R x T sums at once (warp.warp_sums_lanes, up to 32),
-    else each in a chain of its own (fewer registers: the one-sequence decode's); output_of(red, o) -> (g, r, t, s) of the block's output o, row r <
-    R_out (R, or R / 2 with a GLU, whose s is act(gate row r) * up row r) of group g, token t."""
+    else each in a chain of its own (fewer registers: the one-sequence decode's); output_of(red, o)
+    -> (g, r, t, s) of the block's output o, row r < R_out (R, or R / 2 with a GLU, whose s is
+    act(gate row r) * up row r) of group g, token t."""
     from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS
 
     wpg = span // 32  # warps a row group
