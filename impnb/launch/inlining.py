@@ -56,7 +56,9 @@ class _Copier:
 
 def ranked_labels(blocks: dict) -> dict:
     """blocks (label -> ir.Block) relabelled 0, 1, ... in their labels' order, with the jumps and
-    branches; unchanged where an instruction holds labels of its own (numba's label extensions)."""
+    branches; unchanged where an instruction holds labels of its own (numba's label extensions).
+    Not ir_utils.rename_labels: it renumbers in topological order, which would reorder the blocks
+    and so the code."""
     if ir_utils.add_offset_to_labels_extensions:
         return blocks
     rank = {label: i for i, label in enumerate(sorted(blocks))}
