@@ -1,7 +1,7 @@
 """Kernel launches through cuLaunchKernel on cubins cached on disk, not numba's dispatcher
 (44 µs of host time per launch on the H100). Under numba's CUDA simulator, the dispatcher.
 
-    launch(kernel, grid, block, stream, *args, shared_bytes=0, cluster=None)
+    launch(kernel, grid, block, stream, *args, shared_bytes=0, cluster=None, programmatic=True)
 """
 
 from numba.cuda.core import config as _cuda_config
@@ -13,9 +13,10 @@ _signatures.install()  # before the kernel modules' decorators run (impnb/kernel
 if _cuda_config.ENABLE_CUDASIM:
     recorder = None  # precompile.record()'s, as launcher.recorder on a GPU
 
-    def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster=None) -> None:
+    def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster=None,
+               programmatic: bool = True) -> None:
         """kernel[grid, block, stream, shared_bytes](*args) in the simulator (no clusters: it runs
-        one block at a time)."""
+        one block at a time; programmatic launches do not exist there)."""
         if recorder is not None:
             recorder(kernel, args)
             return

@@ -11,7 +11,9 @@ A kernel whose body, or a device function it calls, calls `ptx.grid_dep_wait()` 
 writes memory, and before it reads what the kernel just before writes) is launched
 with programmatic stream serialization (cuLaunchKernelEx): it may be scheduled while the kernel
 before it runs and waits on the device, so the launch gap between graph nodes overlaps work.
-IMPNB_PDL=0 turns this off. A launch with cluster dims goes through cuLaunchKernelEx too.
+IMPNB_PDL=0 turns this off, and a launch with programmatic=False (a kernel whose placement
+beside the one before it costs more than the overlap saves) too. A launch with cluster dims goes
+through cuLaunchKernelEx too.
 The search for the wait looks into device functions: attention_decode_short waits inside one.
 The shared-memory carveout is left to the driver: one preferred carveout for every kernel (so no
 SM reconfigures between a kernel and the next) measured even (docs/EXPERIMENTS.md, 'Launch and
@@ -66,7 +68,7 @@ class Plan:
         self.params = ctypes.addressof(self.ptrs)
         self.lock = threading.Lock()
         self.programmatic = PROGRAMMATIC and waits_on_grid(kernel)
-        self.configs = {}  # cluster dims (or None) -> CUlaunchConfig, or None for cuLaunchKernel
+        self.configs = {}  # (cluster dims or None, programmatic) -> CUlaunchConfig, or None for cuLaunchKernel
 
     def allow_shared(self, nbytes: int) -> None:
         """Opt in to nbytes of dynamic shared memory (past 48 KB with the static)."""
@@ -74,14 +76,15 @@ class Plan:
         _check(driver.cuFuncSetAttribute(self.func, attr, nbytes), "cuFuncSetAttribute")
         self.dynamic_shared_max = nbytes
 
-    def launch(self, grid, block, stream, values, shared_bytes: int, cluster=None) -> None:
+    def launch(self, grid, block, stream, values, shared_bytes: int, cluster=None, programmatic: bool = True) -> None:
         if shared_bytes > self.dynamic_shared_max:
             self.allow_shared(shared_bytes)
         with self.lock:
             struct.pack_into(self.fmt, self.buf, 0, *values)
-            if cluster not in self.configs:
-                self.configs[cluster] = _config(self.programmatic, cluster)
-            c = self.configs[cluster]
+            mode = (cluster, self.programmatic and programmatic)
+            if mode not in self.configs:
+                self.configs[mode] = _config(mode[1], cluster)
+            c = self.configs[mode]
             if c is None:
                 err, = driver.cuLaunchKernel(self.func, *grid, *block, shared_bytes, stream, self.params, 0)
             else:
@@ -144,13 +147,15 @@ def _dim3(d) -> tuple:
     return d, 1, 1
 
 
-def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster: tuple | None = None) -> None:
+def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster: tuple | None = None,
+           programmatic: bool = True) -> None:
     """kernel[grid, block, stream, shared_bytes](*args) without numba's dispatcher.
 
     kernel: a @cuda.jit dispatcher; grid, block: int or 1-3 tuple; stream: a numba stream
     (cuda.stream(), cuda.external_stream(handle)) or 0; args: numba device arrays (views
     included), numpy scalars, tuples of these; shared_bytes: dynamic shared memory per block;
-    cluster: thread-block cluster dims (x, y, z) dividing the grid's (sm_90; 8 blocks at most).
+    cluster: thread-block cluster dims (x, y, z) dividing the grid's (sm_90; 8 blocks at most);
+    programmatic=False: launched after the kernel before it ends, even where it waits on the grid.
     """
     if recorder is not None:  # a dry run (impnb.launch.precompile.record): note it, launch nothing
         recorder(kernel, args)
@@ -163,4 +168,4 @@ def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0, cluster: t
         with _build_lock:
             plan = _plans.get(key) or _plans.setdefault(key, Plan(kernel, args))
     plan.launch(_dim3(grid), _dim3(block), getattr(stream, "handle", stream), values, shared_bytes,
-                None if cluster is None else _dim3(cluster))
+                None if cluster is None else _dim3(cluster), programmatic)

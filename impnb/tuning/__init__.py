@@ -287,6 +287,13 @@ BATCH_GLU_REDUCE = True
 # measured faster at 16 and 32 rows, slower at 64 (docs/PERFORMANCE.md, 'Batched decode').
 # IMPNB_GEMM_PAIR_RS_ROWS=16,32,64 overrides (empty: never).
 GEMM_PAIR_RS_ROWS = (16, 32)
+# gemm_wgmma_rs's kernels (and its pair's) at these token tiles (gemm_wgmma_rs_block.nt_for) launch
+# after the kernel before them ends, not programmatically beside it: placed while that kernel's
+# blocks still hold SMs, the GEMM's blocks spread unevenly; measured faster at 32 (the synthetic
+# Qwen3-8B's B = 32; docs/EXPERIMENTS.md, 'Early launches'), not measured at the others.
+# IMPNB_WRS_PLAIN_TOKENS overrides (empty: every tile programmatic).
+WRS_PLAIN_TOKENS = env_ints("IMPNB_WRS_PLAIN_TOKENS")
+WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,

@@ -31,6 +31,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
+from impnb import tuning
 from impnb.kernels.common import ptx, ptx_wgmma as wg
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.quant_blocks_k import h2, k_scales, q4_word
@@ -165,10 +166,10 @@ def _launch(a_perm, w, part, stream, splits: int, stages: int) -> None:
     grid = (-(-N // (64 * MT)), splits, -(-M // nt))
     if q6:
         launch(gemm_wgmma_rs_q6_k_kernel(nt, 3), grid, THREADS, stream, a_perm, *w.parts, part,
-               shared_bytes=q6_k.shared_bytes(nt, 3))
+               shared_bytes=q6_k.shared_bytes(nt, 3), programmatic=nt not in tuning.WRS_PLAIN_TOKENS)
         return
     launch(gemm_wgmma_rs_staged_kernel(nt, stages), grid, THREADS, stream, a_perm, w.parts[0], w.parts[1], part,
-           shared_bytes=shared_bytes(nt, stages))
+           shared_bytes=shared_bytes(nt, stages), programmatic=nt not in tuning.WRS_PLAIN_TOKENS)
 
 
 def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, accumulate: bool = False, reduce: bool = True,
@@ -206,7 +207,8 @@ def gemm_wgmma_rs_pair(a_perm, w1, w2, ys, part, stream, splits: int):
     nb1 = -(-w1.rows // (64 * MT))
     grid = (nb1 + -(-w2.rows // (64 * MT)), splits, -(-M // nt))
     launch(gemm_wgmma_rs_pair_kernel(nt), grid, THREADS, stream, a_perm, *w1.parts[:2], *w2.parts, part,
-           np.int32(nb1), np.int32(w1.rows), shared_bytes=max(shared_bytes(nt, 3), q6_k.shared_bytes(nt, 3)))
+           np.int32(nb1), np.int32(w1.rows), shared_bytes=max(shared_bytes(nt, 3), q6_k.shared_bytes(nt, 3)),
+           programmatic=nt not in tuning.WRS_PLAIN_TOKENS)
     reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
