@@ -375,3 +375,47 @@ def test_every_built_kernel_has_a_disk_key():
     missing = {c.values[0].py_func.__qualname__ for c in _cases()
                if cache.cache_key(c.values[0], getattr(c.values[1], "args", c.values[1]), CC) is None}
     assert not missing
+
+
+# ---------------------------------------------------------------- launch configs
+
+def test_launch_configs_carry_programmatic_serialization_only_where_asked():
+    """A launch asked to be plain (programmatic=False) gets no programmatic attribute, with or
+    without cluster dims; a programmatic one gets it."""
+    from cuda.bindings import driver
+
+    from impnb.launch.launcher import _config
+    ids = driver.CUlaunchAttributeID
+    assert _config(False, None) is None
+    programmatic, cluster = _config(True, None), _config(False, (2, 1, 1))  # alive while their attrs are read
+    assert [a.id for a in programmatic.attrs] == [ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert [a.id for a in cluster.attrs] == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]
+
+
+def test_wgmma_rs_launches_plainly_at_the_listed_token_tiles(monkeypatch):
+    """gemm_wgmma_rs's kernels (Q4_K, Q6_K and the pair) launch plainly exactly at the token tiles
+    tuning.WRS_PLAIN_TOKENS lists."""
+    from types import SimpleNamespace
+
+    from impnb.kernels.gemm import gemm_wgmma_rs as rs
+    seen = []
+    monkeypatch.setattr(rs, "launch", lambda k, g, b, s, *a, programmatic=True, **kw: seen.append((k, programmatic)))
+    monkeypatch.setattr(rs, "reduce_parts", lambda *a, **k: None)
+    for name in ("gemm_wgmma_rs_staged_kernel", "gemm_wgmma_rs_q6_k_kernel", "gemm_wgmma_rs_pair_kernel"):
+        monkeypatch.setattr(rs, name, lambda nt, *a, name=name: (name, nt))
+    monkeypatch.setattr(rs.tuning, "WRS_PLAIN_TOKENS", (32,))
+
+    def arr(shape, dtype=np.float32):
+        return SimpleNamespace(shape=shape, dtype=np.dtype(dtype), is_c_contiguous=lambda: True)
+
+    K = 1024
+    q4 = SimpleNamespace(ggml_type=T.Q4_K, rows=256, cols=K, parts=(None, None))
+    q6 = SimpleNamespace(ggml_type=T.Q6_K, rows=128, cols=K, parts=(None, None, None, None))
+    for M in (16, 30, 64):
+        a = arr((M, K), np.float16)
+        rs.gemm_wgmma_rs(a, q4, None, arr((2, M, 256)), 0, 2)
+        rs.gemm_wgmma_rs(a, q6, None, arr((2, M, 128)), 0, 2)
+        rs.gemm_wgmma_rs_pair(a, q4, q6, (arr((M, 128)), arr((M, 128)), arr((M, 128))), arr((2, M, 384)), 0, 2)
+    assert [(k[0], k[1], p) for k, p in seen] == [
+        (n, nt, nt != 32) for nt in (16, 32, 64)
+        for n in ("gemm_wgmma_rs_staged_kernel", "gemm_wgmma_rs_q6_k_kernel", "gemm_wgmma_rs_pair_kernel")]
