@@ -75,10 +75,13 @@ class Recorder:
                         if not isinstance(c.cell_contents, (pytypes.ModuleType,))])
         return out
 
-    def launch(self, kernel, grid, block, stream, *args, shared_bytes=0, cluster=None):
-        self.calls.append({"kernel": self.function(kernel.py_func, 0), "grid": self.value(grid),
-                           "block": self.value(block), "shared": shared_bytes, "cluster": self.value(cluster),
-                           "args": [self.value(a) for a in args]})
+    def launch(self, kernel, grid, block, stream, *args, shared_bytes=0, cluster=None, programmatic=True):
+        call = {"kernel": self.function(kernel.py_func, 0), "grid": self.value(grid),
+                "block": self.value(block), "shared": shared_bytes, "cluster": self.value(cluster),
+                "args": [self.value(a) for a in args]}
+        if not programmatic:  # only where asked, so traces of trees without the keyword compare
+            call["plain"] = True
+        self.calls.append(call)
 
     def cublas(self, method):
         def call(*args, **kwargs):
