@@ -2,6 +2,11 @@
 dict literals in the kernels), and the environment's A/B overrides read at load with one-line
 errors."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from gguf import GGMLQuantizationType as T
 
@@ -172,3 +177,17 @@ def test_prefill_chunk_by_kind_of_model(monkeypatch):
     dense, moe = (tuning.prefill_chunk(SimpleNamespace(n_expert=n)) for n in (0, 128))
     assert (dense, moe) == (tuning.PREFILL_CHUNK, tuning.PREFILL_CHUNK_MOE)
     assert dense < moe and {dense, moe} <= set(BUCKETS)
+
+
+@pytest.mark.parametrize("value,want", [(None, "(32,)"), ("", "()"), ("16,64", "(16, 64)"), ("32,x", "ParameterError")])
+def test_wrs_plain_tokens_from_env(value, want):
+    """tuning.WRS_PLAIN_TOKENS (read at import): 32 unless IMPNB_WRS_PLAIN_TOKENS lists others (empty:
+    none); not integers: the project's ParameterError naming it."""
+    env = {k: v for k, v in os.environ.items() if k != "IMPNB_WRS_PLAIN_TOKENS"}
+    if value is not None:
+        env["IMPNB_WRS_PLAIN_TOKENS"] = value
+    code = ("from impnb.errors import ParameterError\ntry:\n import impnb.tuning as t; print(t.WRS_PLAIN_TOKENS)\n"
+            "except ParameterError as e:\n assert 'IMPNB_WRS_PLAIN_TOKENS' in str(e); print('ParameterError')")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.split("\n")[-2] == want
