@@ -28,12 +28,13 @@ from impnb.kernels.moe import gemm_grouped_wgmma, gemm_mmq_grouped
 TABLE_PATH = tuning.MOE_TABLE
 # the grouped GEMV's paths, "gemv{n}{variant}": tiles of at most n tokens, the kernel's row-group
 # span, chunks in flight and rows a group (gemv_variants.Variant); n x rows x depth kept to what
-# compiles without spills (Q4_K gate|up at 2048 columns)
+# compiles without spills (Q4_K gate|up at 2048 columns); a token a tile also over groups of 8 or
+# 16 lanes (a short row's chunks over fewer threads, every lane busy)
 GEMV_PATHS = {f"gemv{n}{v.name}": (n, v) for n, v in
               [(n, Variant(s, u, r)) for n in (2, 4) for s, u, r in ((32, 1, 4), (32, 2, 4), (64, 1, 4))]
               + [(2, Variant(s, u, 8)) for s, u in ((32, 1), (32, 2), (64, 1))]
               + [(8, Variant(s, u, 2)) for s, u in ((32, 1), (32, 2), (64, 1))]
-              + [(1, Variant(s, 1, 8)) for s in (32, 64)]}
+              + [(1, Variant(s, u, 8)) for s, u in ((32, 1), (64, 1), (8, 1), (8, 2), (16, 1), (16, 2))]}
 MMQ = "mmq"  # the grouped int8 tensor-core GEMM (kernels/moe/gemm_mmq_grouped.py): tiles of 8 tokens
 INT8_PATHS = (*GEMV_PATHS, MMQ)  # the paths on int8 activations, taken for a whole layer (ffn_paths)
 GEMV_TOKENS = sorted({n for n, _ in GEMV_PATHS.values()} | {gemm_mmq_grouped.TOKENS})

@@ -36,7 +36,8 @@ GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(3
            (T.Q6_K, 768, 4, Variant(32, 1, 4), 0), (T.Q4_K, 768, 1, Variant(32, 1, 4), 0),
            (T.Q8_0, 256, 3, Variant(64, 2, 2), 0), (T.NVFP4, 512, 2, Variant(32, 1, 2), GELU),
            (T.MXFP4, 256, 8, Variant(128, 1, 2), 0), (T.Q4_K, 2048, 1, Variant(32, 1, 8), SILU),
-           (T.Q6_K, 768, 1, Variant(32, 1, 8), 0)]
+           (T.Q6_K, 768, 1, Variant(32, 1, 8), 0), (T.Q6_K, 768, 1, Variant(8, 2, 8), 0),
+           (T.Q4_K, 768, 1, Variant(8, 1, 8), 0), (T.Q4_K, 2048, 1, Variant(16, 2, 8), SILU)]
 GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # a token a tile, Variant(32, 1, 8)
 
 
@@ -185,6 +186,14 @@ def test_grouped_int8_output(ggml_type, K, glu):
     n_rows = 2 * 48 if glu else 64  # whole groups of 16 in every block
     for i, std in enumerate((0.1, 1.0, 10.0)):
         check_grouped(ggml_type, 9, n_rows, K, 13, 4, 1, glu, Variant(32, 1, 8), seed=i + K, x_div=glu != 0, std=std,
+                      quant=True)
+
+
+@pytest.mark.parametrize("span", [8, 16])
+def test_grouped_int8_output_spans_within_a_warp(span):
+    """gate|up at a token a tile over groups of span lanes writing its int8 form, at three magnitudes."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_grouped(T.Q4_K, 9, 2 * 128, 2048, 13, 4, 1, SILU, Variant(span, 1, 8), seed=i + span, std=std,
                       quant=True)
 
 

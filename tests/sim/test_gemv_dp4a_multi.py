@@ -32,3 +32,12 @@ def test_grouped_int8_output():
     """A token a tile with its output's int8 form: gate|up's 16 outputs a block, the down's 32."""
     m.check_grouped(T.Q4_K, 5, 2 * 16, 256, 7, 2, 1, SILU, Variant(32, 1, 8), seed=10, std=0.1, quant=True)
     m.check_grouped(T.Q6_K, 4, 32, 256, 6, 3, 1, 0, Variant(32, 1, 8), seed=11, x_div=False, std=10.0, quant=True)
+
+
+def test_grouped_spans_within_a_warp():
+    """A token a tile over groups of 8 and 16 lanes: the down's 768 columns (24 chunks, three a lane
+    at span 8, the next chunk's loads in flight), rows past the last group's clamped; gate|up at
+    span 16 writing its int8 form (64 outputs a block)."""
+    m.check_grouped(T.Q6_K, 4, 40, 768, 6, 3, 1, 0, Variant(8, 2, 8), seed=12, x_div=False, std=10.0)
+    m.check_grouped(T.Q4_K, 3, 2 * 20, 768, 5, 2, 1, 0, Variant(8, 1, 4), seed=13, x_div=False)
+    m.check_grouped(T.Q4_K, 5, 2 * 64, 512, 7, 2, 1, SILU, Variant(16, 1, 8), seed=14, std=0.1, quant=True)

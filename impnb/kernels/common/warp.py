@@ -172,6 +172,42 @@ def warp_sums_lanes(v, n):
 
 
 @cuda.jit(device=True, inline=True)
+def group_sums_lanes(v, n, span):
+    """warp_sums_lanes within each group of span lanes (8 or 16, a constant; lanes span j .. span j
+    + span - 1): n values a lane (a power of two up to span, a constant), v overwritten -> in the
+    group's lane i the group's sum of v[i >> (log2 span - log2 n)]. The same transposing butterfly
+    on the offsets below span: n - 1 + log2 span - log2 n shuffles."""
+    lane = int32(cuda.threadIdx.x & 31)
+    if span == 16:
+        if n >= 2:
+            _halve(v, lane, 8, n // 2)
+        if n >= 4:
+            _halve(v, lane, 4, n // 4)
+        if n >= 8:
+            _halve(v, lane, 2, n // 8)
+        if n >= 16:
+            _halve(v, lane, 1, 1)
+        s = v[0]
+        if n < 2:
+            s += shfl_xor(s, 8)
+    else:
+        if n >= 2:
+            _halve(v, lane, 4, n // 2)
+        if n >= 4:
+            _halve(v, lane, 2, n // 4)
+        if n >= 8:
+            _halve(v, lane, 1, 1)
+        s = v[0]
+    if n < span // 4:
+        s += shfl_xor(s, 4)
+    if n < span // 2:
+        s += shfl_xor(s, 2)
+    if n < span:
+        s += shfl_xor(s, 1)
+    return s
+
+
+@cuda.jit(device=True, inline=True)
 def scan_rounds(buf, t, n):
     """Hillis-Steele inclusive prefix sums of buf[0, :n] (shared, (2, >= the block's threads), the
     values written and a barrier passed): every thread calls it, thread t owning element t; the

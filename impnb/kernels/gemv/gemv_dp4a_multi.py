@@ -23,12 +23,15 @@ from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
-from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
+from impnb.kernels.gemv.gemv_variants import BLOCK, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group_lanes
 from impnb.launch import launch
 
 MIN_T, MAX_T = 2, 8
 VARIANT_ROWS = (2, 4, 8)
+# spans within a warp (groups of 8 or 16 lanes, a row's chunks over fewer threads: a short row's
+# every lane busy): the grouped kernel at a token a tile
+GROUP_SPANS = (8, 16)
 
 
 def unrolled(f, n):
@@ -49,8 +52,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     prepare = prepare_of(ggml_type, max(n_tok, 2))
     x_order = x_order_of(ggml_type)
     act = GLU_ACTS[glu]
-    wpg = span // 32  # warps a row group
-    groups = WARPS // wpg
+    groups = BLOCK // span  # row groups a block
     pairs = rows // 2  # GLU: gate rows a group, then the same up rows
     out_rows = pairs if glu else rows
     cpr = cols // 32  # chunks a row
@@ -118,7 +120,8 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     # with GLU: R / 2 gate rows and the same up rows); the last groups start R_out rows before
     # the end and write only rows >= R_out * gi. Thread i of a group takes chunks i, i + span, ...
     # of its R rows (the next chunk's loads out during this one's dots at depth 2). Sums reduce
-    # over the warp by shuffles, then over the group's warps in shared red (WARPS, R, T).
+    # over the warp (a span under 32: its group's lanes) by shuffles, then over the group's warps
+    # in shared red (block_reduce).
     # Output row o goes to y0[t, o] below n0, y1[t, o - n0] below n0 + n1, else y2[t, o - n0 - n1].
     @cuda.jit
     def _gemv_dp4a_multi_kernel(parts, xq, xd, xs, y0, y1, y2, n0, n1, n_rows, accumulate):
@@ -203,9 +206,11 @@ def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows:
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
-    tokens a tile at most (1..8); quant: its outputs in int8 too (grouped, one token a tile)."""
+    tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
+    its outputs in int8 too (grouped, one token a tile)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
-    assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS
+    assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
+    assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
     return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant)
@@ -315,5 +320,7 @@ def build_signatures() -> list:
                                    (T.Q6_K, 768, 2, 8, NO_GLU, 1), (T.Q6_K, 768, 4, 4, NO_GLU, 1),
                                    (T.Q4_K, 768, 2, 8, NO_GLU, 2), (T.Q4_K, 2048, 1, 8, SILU, 1),
                                    (T.Q6_K, 768, 1, 8, NO_GLU, 1))
-    ] + [(gemv_dp4a_multi_kernel(T.Q4_K, 2048, 1, 32, 8, SILU, 1, True, True),  # gate|up with the down's x̂
-          types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255})]
+    ] + [(gemv_dp4a_multi_kernel(T.Q4_K, 2048, 1, span, 8, SILU, 1, True, True),  # gate|up with the down's x̂
+          types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}) for span in (32, 16)
+    ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, depth, True),  # the down over groups of 8 lanes
+          types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)]

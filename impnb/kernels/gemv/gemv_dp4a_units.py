@@ -9,7 +9,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from impnb import tuning
 from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import warp_sums_lanes
+from impnb.kernels.common.warp import group_sums_lanes, warp_sums_lanes
 from impnb.kernels.gemv.gemv_rows import tuple_of
 
 
@@ -374,25 +374,40 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act, lanes: bool = 
     threads, R = rows row slots by T = n_tok tokens a thread: reduce_sums(acc, tid) sums acc (R, T)
     over the warp by shuffles into red (WARPS, R, T) in shared memory (after a barrier: the
     group's warps' partials), with lanes the R x T sums at once (warp.warp_sums_lanes, up to 32),
-    else each in a chain of its own (fewer registers: the one-sequence decode's); output_of(red, o)
-    -> (g, r, t, s) of the block's output o, row r < R_out (R, or R / 2 with a GLU, whose s is
-    act(gate row r) * up row r) of group g, token t."""
-    from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS
+    else each in a chain of its own (fewer registers: the one-sequence decode's); a span of 8 or 16
+    lanes (R x T at most span) sums within its group (warp.group_sums_lanes) into red (groups, R,
+    T); output_of(red, o) -> (g, r, t, s) of the block's output o, row r < R_out (R, or R / 2 with
+    a GLU, whose s is act(gate row r) * up row r) of group g, token t."""
+    from impnb.kernels.gemv.gemv_variants import BLOCK
 
-    wpg = span // 32  # warps a row group
+    wpg = max(span // 32, 1)  # red's entries a row group: its warps' (one for a group within a warp)
+    slots = BLOCK // min(span, 32)  # red's entries: a warp's, or a group's within a warp
     pairs = rows // 2
     out_rows = pairs if glu else rows
     n = rows * n_tok  # sums a thread
     NP = 1 << (n - 1).bit_length()  # as warp_sums_lanes takes them (up to 32: else one a warp_sum)
-    shift = 5 - (NP.bit_length() - 1)  # lane i holds sum i >> shift
+    assert span >= 32 or NP <= span, "a group within a warp sums at most span values a lane"
+    shift = (min(span, 32).bit_length() - 1) - (NP.bit_length() - 1)  # a group's lane i holds sum i >> shift
 
     @cuda.jit(device=True, inline=True)
     def reduce_sums(acc, tid):
         scratch = cuda.shared.array(BLOCK, float32)
-        red = cuda.shared.array((WARPS, rows, n_tok), float32)
+        red = cuda.shared.array((slots, rows, n_tok), float32)
         lane = tid & 31
         warp = tid >> 5
-        if lanes and NP <= 32:  # warp_sum's sums bit for bit either way
+        if span < 32:
+            vg = cuda.local.array(NP, float32)
+            for r in range(rows):
+                for t in range(n_tok):
+                    vg[r * n_tok + t] = acc[r, t]
+            for j in range(n, NP):
+                vg[j] = float32(0.0)
+            sg = group_sums_lanes(vg, NP, span)
+            gl = lane & (span - 1)
+            ig = gl >> shift
+            if gl == ig << shift and ig < n:
+                red[tid // span, ig // n_tok, ig - (ig // n_tok) * n_tok] = sg
+        elif lanes and NP <= 32:  # warp_sum's sums bit for bit either way
             v = cuda.local.array(NP, float32)
             for r in range(rows):
                 for t in range(n_tok):

@@ -19,7 +19,7 @@ FOUR_ROW_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.F16, T.F32)
 
 
 class Variant(NamedTuple):
-    span: int  # threads per row group: 32, 64 or 128 (one, two or four warps)
+    span: int  # threads per row group: 32, 64 or 128 (one, two or four warps); 8, 16 (part of one)
     unroll: int  # chunks of each row a thread loads before decoding any: 1, 2 or 4 (gemv_dp4a: 1-4 in flight)
     rows: int  # weight rows per group: 1, 2, 4 or 8 (8, 4 only at T = 1)
 
