@@ -41,7 +41,8 @@ def test_overrides_default(monkeypatch):
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH",
                  "SHORT_CLUSTER", "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS",
                  "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE", "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING",
-                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS", "ROUTER_BATCH_ROWS", "MOE_ACT_INT8"):
+                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS", "GEMM_PAIR_MMQ_ROWS", "ROUTER_BATCH_ROWS",
+                 "MOE_ACT_INT8"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -67,6 +68,7 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_BATCH_FUSED_NORMS", "0")
     monkeypatch.setenv("IMPNB_BATCH_GLU_REDUCE", "0")
     monkeypatch.setenv("IMPNB_GEMM_PAIR_RS_ROWS", "")
+    monkeypatch.setenv("IMPNB_GEMM_PAIR_MMQ_ROWS", "8,16")
     monkeypatch.setenv("IMPNB_ROUTER_BATCH_ROWS", "0")
     monkeypatch.setenv("IMPNB_MOE_ACT_INT8", "0")
     o = tuning.Overrides.from_env()
@@ -74,6 +76,7 @@ def test_overrides_from_env(monkeypatch):
     assert not o.moe_act_int8 and tuning.Overrides().moe_act_int8
     assert not (o.batch_fused_norms or o.batch_glu_reduce)
     assert o.gemm_pair_rs == () and tuning.Overrides().gemm_pair_rs == tuning.GEMM_PAIR_RS_ROWS == (16, 32)
+    assert o.gemm_pair_mmq == (8, 16) and tuning.Overrides().gemm_pair_mmq == tuning.GEMM_PAIR_MMQ_ROWS == ()
     assert tuning.Overrides().batch_fused_norms and tuning.Overrides().batch_glu_reduce
     assert not o.window_ring and tuning.Overrides().window_ring
     assert not o.window_short and tuning.Overrides().window_short
@@ -91,6 +94,7 @@ def test_overrides_from_env(monkeypatch):
                                         ("IMPNB_FUSED_POST_DIMS", "64,x"), ("IMPNB_GEMV_ROWS_FORCE", "s48u1r4"),
                                         ("IMPNB_DP4A_ANY_SIZE", "Q4_K,FP4"),
                                         ("IMPNB_GEMM_PAIR_RS_ROWS", "16,thirty-two"),
+                                        ("IMPNB_GEMM_PAIR_MMQ_ROWS", "eight"),
                                         ("IMPNB_ROUTER_BATCH_ROWS", "sixteen")])
 def test_malformed_override_is_a_parameter_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)

@@ -241,8 +241,14 @@ class MatMul:
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
         load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T; one
         gemm_wgmma_rs_pair launch past GEMV_MAX_ROWS at tuning's GEMM_PAIR_RS_ROWS buckets
-        (Q4_K Q|K, Q6_K V)."""
+        (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets."""
         n_tok = x.shape[0]
+        if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
+            N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
+            S = gemm_mmq.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
+            gemm_mmq.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b),
+                                   self.arena.get("splitk_part", (S, n_tok, N1 + N2)), self.ctx.nb_stream, S, norm)
+            return
         if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
                                                                                   or lin_b.multi.get(n_tok)):
             gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
@@ -256,6 +262,17 @@ class MatMul:
             return
         self.split(x, lin_a, ys_a, norm)
         self.linear(x, lin_b, y_b, norm)
+
+    def _mmq_pair(self, n_tok: int, lin_a: Linear, ys_a, lin_b: Linear) -> bool:
+        """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_mmq_pair at n_tok rows: its bucket
+        (GEMV_MAX_ROWS up to that many rows, where lin_a's rows path is the int8 GEMM; else the
+        GEMM bucket) in tuning's gemm_pair_mmq, types it takes."""
+        if n_tok <= GEMV_MAX_ROWS:
+            bucket = GEMV_MAX_ROWS if lin_a.multi.get(n_tok) == MMQ else None
+        else:
+            bucket = gemm_dispatch.m_bucket(n_tok)
+        return bucket in self.tuning.gemm_pair_mmq and len(ys_a) == 2 \
+            and gemm_mmq.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
 
     def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None):
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in lin; act gelu or silu;

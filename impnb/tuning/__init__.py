@@ -287,6 +287,12 @@ BATCH_GLU_REDUCE = True
 # measured faster at 16 and 32 rows, slower at 64 (docs/PERFORMANCE.md, 'Batched decode').
 # IMPNB_GEMM_PAIR_RS_ROWS=16,32,64 overrides (empty: never).
 GEMM_PAIR_RS_ROWS = (16, 32)
+# At these row buckets (GEMV_MAX_ROWS for a decode of up to that many rows whose Q|K the gemv rows
+# table gives the int8 GEMM, else gemm_dispatch's GEMM buckets) a layer's Q|K and its V of another
+# type take one gemm_mmq launch on one x̂ and one split-K reduce (gemm_mmq_pair), in place of Q|K
+# on gemm_mmq and V on its own path; a bucket here and in GEMM_PAIR_RS_ROWS takes this pair. Not
+# yet measured in the engine, so none by default. IMPNB_GEMM_PAIR_MMQ_ROWS=8,16 sets them.
+GEMM_PAIR_MMQ_ROWS = ()
 # gemm_wgmma_rs's kernels (and its pair's) at these token tiles (gemm_wgmma_rs_block.nt_for) launch
 # after the kernel before them ends, not programmatically beside it: placed while that kernel's
 # blocks still hold SMs, the GEMM's blocks spread unevenly; measured faster at 32 (the synthetic
@@ -353,6 +359,7 @@ class Overrides:
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
+    gemm_pair_mmq: tuple[int, ...] = GEMM_PAIR_MMQ_ROWS  # row buckets where Q|K and V take gemm_mmq_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
     fused_post_dims: tuple[int, ...] | None = None  # IMPNB_FUSED_POST_DIMS: head dims that fuse
     w16_resident_mb: float = W16_RESIDENT_MB  # IMPNB_W16_RESIDENT_MB
@@ -360,7 +367,7 @@ class Overrides:
     @classmethod
     def from_env(cls) -> "Overrides":
         short_max, cluster = env_ints("IMPNB_SHORT_DECODE_MAX"), env_ints("IMPNB_SHORT_CLUSTER")
-        pair_rs = env_ints("IMPNB_GEMM_PAIR_RS_ROWS")
+        pair_rs, pair_mmq = env_ints("IMPNB_GEMM_PAIR_RS_ROWS"), env_ints("IMPNB_GEMM_PAIR_MMQ_ROWS")
         return cls(gemv_tail=switch("GEMV_TAIL"), stack_mixed=switch("STACK_MIXED"),
                    gemv_pair=switch("GEMV_PAIR"), attn_dp4a=switch("ATTN_DP4A"),
                    router_fold=switch("ROUTER_FOLD"), shared_gate_fold=switch("SHARED_GATE_FOLD"),
@@ -389,6 +396,7 @@ class Overrides:
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
+                   gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
 
 

@@ -479,10 +479,11 @@ def test_batch_fused_norms_equal_unfused(tmp_path, monkeypatch, model, layers):
     assert max(errs) < 2e-2
 
 
-def two_layer_8b_rows(tmp_path, monkeypatch, runs) -> dict:
-    """Decode steps of 12 and 24 rows (buckets 16 and 32) of the synthetic Qwen3-8B Q4_K_M at two
-    layers under each of runs' (name, GEMM table, IMPNB_GEMM_PAIR_RS_ROWS, check(engine)) -> {name:
-    each step's logits}."""
+def two_layer_8b_rows(tmp_path, monkeypatch, runs, eight: bool = False) -> dict:
+    """Decode steps of 12 and 24 rows (buckets 16 and 32), and of 8 where eight is given, of the
+    synthetic Qwen3-8B Q4_K_M at two layers under each of runs' (name, GEMM table, environment,
+    check(engine)) -> {name: each step's logits}; the environment sets IMPNB_GEMM_PAIR_RS_ROWS and
+    IMPNB_GEMM_PAIR_MMQ_ROWS (empty where it leaves them out) and whatever else it names."""
     from impnb.gpu import gemm_dispatch
 
     mf = synthetic_layers(tmp_path, "qwen3-8b", 2)
@@ -490,9 +491,10 @@ def two_layer_8b_rows(tmp_path, monkeypatch, runs) -> dict:
     lengths = rng.integers(3, 120, 24)
     seqs = [rng.integers(100, 20000, n + 4).astype(np.int32) for n in lengths]
     got = {}
-    for name, tab, pair_rows, check in runs:
+    for name, tab, env, check in runs:
         monkeypatch.setattr(gemm_dispatch, "load_table", lambda path=None, tab=tab: tab)
-        monkeypatch.setenv("IMPNB_GEMM_PAIR_RS_ROWS", pair_rows)
+        for k, v in {"IMPNB_GEMM_PAIR_RS_ROWS": "", "IMPNB_GEMM_PAIR_MMQ_ROWS": "", **env}.items():
+            monkeypatch.setenv(k, v)
         engine = CudaBatchEngine(mf, 256, kv_tokens=24 * 256, max_batch=32, graphs=True)
         check(engine)
         pages = page_sets(24, 256 // PAGE_SIZE, engine.n_pages, 9)
@@ -500,7 +502,7 @@ def two_layer_8b_rows(tmp_path, monkeypatch, runs) -> dict:
             engine.prefill_seq(s[:n], 0, pages[i], GREEDY)
         got[name] = [engine.decode_logits([DecodeRow(int(s[n + j]), n + j, pages[i], GREEDY, 0)
                                            for i, (s, n) in enumerate(zip(seqs[:rows], lengths[:rows]))])
-                     for rows, j in ((12, 0), (24, 1), (24, 2))]
+                     for rows, j in ((8, 0),) * eight + ((12, 0), (24, 1), (24, 2))]
         del engine
     return got
 
@@ -538,7 +540,7 @@ def test_register_operand_gemm_rows_equal_the_table(tmp_path, monkeypatch):
         assert engine.m.blk[0].ffn.gate_up.gemm_path(24) == "wrs" and engine.m.blk[0].ffn.gate_up.w.ggml_type == T.Q4_K
 
     table, wrs = wrs_table()
-    got = two_layer_8b_rows(tmp_path, monkeypatch, [("table", table, "", lambda e: None), ("wrs", wrs, "", on_wrs)])
+    got = two_layer_8b_rows(tmp_path, monkeypatch, [("table", table, {}, lambda e: None), ("wrs", wrs, {}, on_wrs)])
     assert_logits_close(got["wrs"], got["table"], 2e-2)
 
 
@@ -554,5 +556,29 @@ def test_pair_launch_equals_two_gemms(tmp_path, monkeypatch):
         assert att.qk is not None and att.qk.w.ggml_type == T.Q4_K and att.v.w.ggml_type == T.Q6_K
 
     _, wrs = wrs_table()
-    got = two_layer_8b_rows(tmp_path, monkeypatch, [("apart", wrs, "", mixed), ("pair", wrs, "16,32", mixed)])
+    got = two_layer_8b_rows(tmp_path, monkeypatch, [("apart", wrs, {}, mixed),
+                                                    ("pair", wrs, {"IMPNB_GEMM_PAIR_RS_ROWS": "16,32"}, mixed)])
+    assert_logits_close(got["pair"], got["apart"], 5e-3)
+
+
+def test_mmq_pair_equals_qk_and_v_apart(tmp_path, monkeypatch):
+    """A layer's Q4_K Q|K and Q6_K V in one gemm_mmq_pair launch at 8, 12 and 24 rows against Q|K
+    on gemm_mmq and V on its own path (the int8 GEMM forced at 8 rows, every Q4_K / Q6_K GEMM on
+    "mmq" past it): one x̂ either way, so logits within 5e-3 of the largest; V's rows in another
+    matrix's columns, or a block left out, move them by far more."""
+    from gguf import GGMLQuantizationType as T
+
+    from impnb.gpu import gemm_dispatch
+
+    def mixed(engine):
+        att = engine.m.blk[1].attn  # the use_more_bits layer: V in Q6_K
+        assert att.qk is not None and att.qk.w.ggml_type == T.Q4_K and att.v.w.ggml_type == T.Q6_K
+
+    table = gemm_dispatch.load_table()
+    mmq = {**table, **{k: {**v, "16": "mmq", "32": "mmq"} for k, v in table.items()
+                       if k.split()[0] in ("Q4_K", "Q6_K")}}
+    force = {"IMPNB_GEMV_ROWS_FORCE": "mmq"}
+    got = two_layer_8b_rows(tmp_path, monkeypatch, [("apart", mmq, force, mixed),
+                                                    ("pair", mmq, {**force, "IMPNB_GEMM_PAIR_MMQ_ROWS": "8,16,32"},
+                                                     mixed)], eight=True)
     assert_logits_close(got["pair"], got["apart"], 5e-3)

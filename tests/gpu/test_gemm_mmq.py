@@ -9,7 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm.gemm_mmq import MT, TYPES, gemm_mmq, gemm_mmq_ref, gemm_mmq_split, slab_rows, splits_for
+from impnb.kernels.gemm.gemm_mmq import (MT, TYPES, gemm_mmq, gemm_mmq_pair, gemm_mmq_ref, gemm_mmq_split, pair_splits,
+                                        slab_rows, splits_for)
 from impnb.kernels.gemm.quant_x32 import QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.quants import dequantize
 from tests.gpu import test_gemm_tc as gemm_tests
@@ -68,6 +69,28 @@ def check_mmq_split(ggml_type, M, sizes, K, splits, seed):
     gemm_mmq_split(cuda.to_device(x), poisoned_xq(slab_rows(M), K), w, ys, part, 0, splits)
     got = np.concatenate([y.copy_to_host() for y in ys], axis=1).astype(np.float64)
     check_bound(got, x, raw, w16, ggml_type)
+
+
+def check_mmq_pair(M, nq, nk, nv, K, splits, std, seed):
+    """gemm_mmq_pair: a Q4_K Q|K (nq + nk rows) and a Q6_K V (nv rows) in one launch, each output
+    against gemm_mmq_ref of its own weight, outputs, x̂ and the partial scratch poisoned."""
+    raw1, w16_1, w1 = gemm_tests.weight(T.Q4_K, nq + nk, K)
+    raw2, w16_2, w2 = gemm_tests.weight(T.Q6_K, nv, K)
+    x = activations(M, K, std, seed)
+    part = cuda.to_device(np.full((splits, M, nq + nk + nv), np.nan, np.float32))
+    ys = [cuda.to_device(np.full((M, n), np.nan, np.float32)) for n in (nq, nk, nv)]
+    gemm_mmq_pair(cuda.to_device(x), poisoned_xq(slab_rows(M), K), w1, w2, ys, part, 0, splits)
+    got = [y.copy_to_host().astype(np.float64) for y in ys]
+    check_bound(np.concatenate(got[:2], axis=1), x, raw1, w16_1, T.Q4_K)
+    check_bound(got[2], x, raw2, w16_2, T.Q6_K)
+
+
+@pytest.mark.parametrize("M,nq,nk,nv,K", [(8, 4096, 512, 512, 2048), (16, 4096, 1024, 1024, 4096), (5, 136, 36, 36, 512),
+                                          (13, 264, 72, 200, 1024), (3, 512, 128, 72, 768)])
+def test_mmq_pair(M, nq, nk, nv, K):
+    """The 30B-A3B's and the 8B's Q|K|V shapes, and small ones whose block rows split inside a
+    weight and end past it."""
+    check_mmq_pair(M, nq, nk, nv, K, pair_splits(M, nq + nk, nv, K), (0.1, 1.0, 10.0)[M % 3], seed=M)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)

@@ -117,6 +117,13 @@ def test_gemm_mmq_slabs_and_split():
     check_mmq(T.Q6_K, 5, 40, 256, 2, 1.0, seed=9, mt=2)  # two W tiles a warp (mt_for's one at these sizes)
 
 
+def test_gemm_mmq_pair():
+    """A Q4_K Q|K and a Q6_K V in one launch: block rows of each weight, V's columns after Q|K's."""
+    from tests.gpu.test_gemm_mmq import check_mmq_pair
+
+    check_mmq_pair(5, 72, 24, 40, 256, 2, 1.0, seed=10)
+
+
 def test_gemm_mmq_normed():
     """x's pre-norm fused into its int8 quantization (the block's row sum), then the product."""
     from tests.gpu.test_gemm_mmq import check_mmq_normed
