@@ -41,8 +41,8 @@ def test_overrides_default(monkeypatch):
                  "MOE_DOWN_DP4A", "DP4A_MIN_MB", "DP4A_MIN_K", "SHORT_DECODE_MAX", "SHORT_DECODE_MAX_BATCH",
                  "SHORT_CLUSTER", "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS",
                  "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE", "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING",
-                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS", "GEMM_PAIR_MMQ_ROWS", "ROUTER_BATCH_ROWS",
-                 "MOE_ACT_INT8"):
+                 "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS", "GEMM_PAIR_MMQ_ROWS",
+                 "ROUTER_BATCH_ROWS", "MOE_ACT_INT8"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 

@@ -85,8 +85,8 @@ def check_mmq_pair(M, nq, nk, nv, K, splits, std, seed):
     check_bound(got[2], x, raw2, w16_2, T.Q6_K)
 
 
-@pytest.mark.parametrize("M,nq,nk,nv,K", [(8, 4096, 512, 512, 2048), (16, 4096, 1024, 1024, 4096), (5, 136, 36, 36, 512),
-                                          (13, 264, 72, 200, 1024), (3, 512, 128, 72, 768)])
+@pytest.mark.parametrize("M,nq,nk,nv,K", [(8, 4096, 512, 512, 2048), (16, 4096, 1024, 1024, 4096),
+                                          (5, 136, 36, 36, 512), (13, 264, 72, 200, 1024), (3, 512, 128, 72, 768)])
 def test_mmq_pair(M, nq, nk, nv, K):
     """The 30B-A3B's and the 8B's Q|K|V shapes, and small ones whose block rows split inside a
     weight and end past it."""
