@@ -22,7 +22,7 @@ from impnb.gpu.weights import Linear
 from impnb.kernels.attention import attention_decode
 from impnb.kernels.elementwise import activations
 from impnb.kernels.elementwise.cast import cast_f16
-from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_wgmma_few, gemm_wgmma_rs, quant_x32
+from impnb.kernels.gemm import gemm_few, gemm_mmq, gemm_mmq_pair, gemm_wgmma_few, gemm_wgmma_rs, quant_x32
 from impnb.kernels.gemm.dequant import dequant
 from impnb.kernels.gemm.gemm_quant_splitk import gemm_splitk, gemm_splitk_split, splits_for
 from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
@@ -245,8 +245,8 @@ class MatMul:
         n_tok = x.shape[0]
         if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
-            S = gemm_mmq.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
-            gemm_mmq.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b),
+            S = gemm_mmq_pair.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
+            gemm_mmq_pair.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b),
                                    self.arena.get("splitk_part", (S, n_tok, N1 + N2)), self.ctx.nb_stream, S, norm)
             return
         if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
@@ -272,7 +272,7 @@ class MatMul:
         else:
             bucket = gemm_dispatch.m_bucket(n_tok)
         return bucket in self.tuning.gemm_pair_mmq and len(ys_a) == 2 \
-            and gemm_mmq.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
+            and gemm_mmq_pair.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
 
     def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None):
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in lin; act gelu or silu;

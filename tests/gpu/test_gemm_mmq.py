@@ -9,8 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm.gemm_mmq import (MT, TYPES, gemm_mmq, gemm_mmq_pair, gemm_mmq_ref, gemm_mmq_split, pair_splits,
-                                        slab_rows, splits_for)
+from impnb.kernels.gemm.gemm_mmq import MT, TYPES, gemm_mmq, gemm_mmq_ref, gemm_mmq_split, slab_rows, splits_for
+from impnb.kernels.gemm.gemm_mmq_pair import gemm_mmq_pair, pair_splits
 from impnb.kernels.gemm.quant_x32 import QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.quants import dequantize
 from tests.gpu import test_gemm_tc as gemm_tests

@@ -146,64 +146,38 @@ def warp_sums_lanes(v, n):
     where a warp_sum each is 5 n in n chains of five. The same additions in the same order as
     warp_sum's butterfly (pairs by lane bit 16, then 8, ...; a float add commutes), so each sum is
     warp_sum's bit for bit."""
-    lane = int32(cuda.threadIdx.x & 31)
-    if n >= 2:
-        _halve(v, lane, 16, n // 2)
-    if n >= 4:
-        _halve(v, lane, 8, n // 4)
-    if n >= 8:
-        _halve(v, lane, 4, n // 8)
-    if n >= 16:
-        _halve(v, lane, 2, n // 16)
-    if n >= 32:
-        _halve(v, lane, 1, 1)
-    s = v[0]
-    if n < 2:
-        s += shfl_xor(s, 16)
-    if n < 4:
-        s += shfl_xor(s, 8)
-    if n < 8:
-        s += shfl_xor(s, 4)
-    if n < 16:
-        s += shfl_xor(s, 2)
-    if n < 32:
-        s += shfl_xor(s, 1)
-    return s
+    return group_sums_lanes(v, n, WARP)
 
 
 @cuda.jit(device=True, inline=True)
 def group_sums_lanes(v, n, span):
-    """warp_sums_lanes within each group of span lanes (8 or 16, a constant; lanes span j .. span j
-    + span - 1): n values a lane (a power of two up to span, a constant), v overwritten -> in the
-    group's lane i the group's sum of v[i >> (log2 span - log2 n)]. The same transposing butterfly
-    on the offsets below span: n - 1 + log2 span - log2 n shuffles."""
+    """warp_sums_lanes within each group of span lanes (8, 16 or 32, a constant; lanes span j ..
+    span j + span - 1): n values a lane (a power of two up to span, a constant), v overwritten ->
+    in the group's lane i the group's sum of v[i >> (log2 span - log2 n)]: halving rounds on the
+    offsets span / 2, span / 4, ... while a lane holds more than one value, then sums on the
+    offsets left; n - 1 + log2 span - log2 n shuffles."""
     lane = int32(cuda.threadIdx.x & 31)
-    if span == 16:
-        if n >= 2:
-            _halve(v, lane, 8, n // 2)
-        if n >= 4:
-            _halve(v, lane, 4, n // 4)
-        if n >= 8:
-            _halve(v, lane, 2, n // 8)
-        if n >= 16:
-            _halve(v, lane, 1, 1)
-        s = v[0]
-        if n < 2:
-            s += shfl_xor(s, 8)
-    else:
-        if n >= 2:
-            _halve(v, lane, 4, n // 2)
-        if n >= 4:
-            _halve(v, lane, 2, n // 4)
-        if n >= 8:
-            _halve(v, lane, 1, 1)
-        s = v[0]
-    if n < span // 4:
-        s += shfl_xor(s, 4)
-    if n < span // 2:
-        s += shfl_xor(s, 2)
-    if n < span:
-        s += shfl_xor(s, 1)
+    if n >= 2:
+        _halve(v, lane, span // 2, n // 2)
+    if n >= 4:
+        _halve(v, lane, span // 4, n // 4)
+    if n >= 8:
+        _halve(v, lane, span // 8, n // 8)
+    if n >= 16:
+        _halve(v, lane, span // 16, n // 16)
+    if n >= 32:
+        _halve(v, lane, span // 32, 1)
+    s = v[0]
+    if n < 2:
+        s += shfl_xor(s, span // 2)
+    if n < 4 and span >= 4:
+        s += shfl_xor(s, span // 4)
+    if n < 8 and span >= 8:
+        s += shfl_xor(s, span // 8)
+    if n < 16 and span >= 16:
+        s += shfl_xor(s, span // 16)
+    if n < 32 and span >= 32:
+        s += shfl_xor(s, span // 32)
     return s
 
 

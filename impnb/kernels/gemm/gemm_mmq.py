@@ -30,9 +30,8 @@ on the step's chains, and a miss to L2 stalled them (1.1-1.25x slower at 8-16 to
 
 x̂ is quant_x32's QuantX32 (quantize_x32, or another kernel's int8 output).
 
-gemm_mmq_pair runs two weights of one input width in one launch on one x̂ (a layer's Q|K and its V
-of another type, as Q4_K_M stores some layers'): the kernel body is a device function of its
-weight, rows and output columns, the pair kernel's blocks below nb1 taking the first weight's.
+The kernel's work is a device function of its weight, rows and output columns (body_of), which
+gemm_mmq_pair.py's kernel runs for two weights in one launch.
 
 Requirements (asserted): K a multiple of 256 (Q4_K, Q6_K) or 128 (Q8_0); N % 8 == 0.
 Numpy reference: gemm_mmq_ref.
@@ -283,7 +282,6 @@ def _stage_x(bm: int):
     return stage_x
 
 
-
 _BODY = """
 def body(xq, xds, parts, part, bx, col0, N, xs0):
     s = cuda.blockIdx.y
@@ -327,7 +325,7 @@ def body(xq, xds, parts, part, bx, col0, N, xs0):
 """
 
 
-def _body(ggml_type, ni: int, mt: int):
+def body_of(ggml_type, ni: int, mt: int):
     """The device function of one block's work, body(xq, xds, parts, part, bx, col0, N, xs0): W
     rows bn bx .. of a weight of N rows (parts) against tokens bm blockIdx.z .. over split
     blockIdx.y, its partial tile into part[s] from column col0; xs0 the x̂ ring in shared memory."""
@@ -347,15 +345,11 @@ def _body(ggml_type, ni: int, mt: int):
     return cuda.jit(device=True, inline=True)(scope["body"])
 
 
-def _jit(kernel, regs: int):
-    return cuda.jit(kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(kernel)
-
-
 @lru_cache(maxsize=None)
 def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
     """The split-K kernel of one weight type, ni n8 token tiles a block and mt m16 tiles of W a
     warp, capped at `regs` registers a thread where given."""
-    body = _body(ggml_type, ni, mt)
+    body = body_of(ggml_type, ni, mt)
     ring_words, align = XSTAGES * stage_bytes(8 * ni) // 4, ptx.SMEM_ALIGN
 
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
@@ -364,27 +358,7 @@ def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
         smem = cuda.shared.array(ring_words, uint32, alignment=align)
         body(xq, xds, parts, part, cuda.blockIdx.x, 0, part.shape[2], ptx.smem_addr(smem, 0))
 
-    return _jit(_gemm_mmq_kernel, regs)
-
-
-@lru_cache(maxsize=None)
-def gemm_mmq_pair_kernel(type1, type2, ni: int, mt1: int = 1, mt2: int = 1):
-    """Two weights of one input width in one launch (a layer's Q|K and its V of another type):
-    blocks below nb1 run type1's body on the first weight's rows (columns 0 .. n1 of part), the
-    others type2's on the second's (columns n1 ..), on one x̂."""
-    body1, body2 = _body(type1, ni, mt1), _body(type2, ni, mt2)
-    ring_words, align = XSTAGES * stage_bytes(8 * ni) // 4, ptx.SMEM_ALIGN
-
-    # grid (nb1 + ceil(N2 / bn2), S, ceil(M / bm)); part (S, M, n1 + N2)
-    def _gemm_mmq_pair_kernel(xq, xds, parts1, parts2, part, nb1, n1):
-        smem = cuda.shared.array(ring_words, uint32, alignment=align)
-        bx = cuda.blockIdx.x
-        if bx < nb1:
-            body1(xq, xds, parts1, part, bx, 0, n1, ptx.smem_addr(smem, 0))
-        else:
-            body2(xq, xds, parts2, part, bx - nb1, n1, part.shape[2] - n1, ptx.smem_addr(smem, 0))
-
-    return _jit(_gemm_mmq_pair_kernel, 0)
+    return cuda.jit(_gemm_mmq_kernel, max_registers=regs) if regs and not ptx.SIM else cuda.jit(_gemm_mmq_kernel)
 
 
 def block_rows(mt: int = MT) -> int:
@@ -465,43 +439,6 @@ def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: i
     _launch(xq, M, w, (y0, y1, y2), n0, n1, part, stream, splits, False)
 
 
-
-def gemm_mmq_pair(x, xq: QuantX32, w1: PackedWeight, w2: PackedWeight, ys, part, stream, splits: int,
-                  norm: tuple | None = None):
-    """A layer's Q|K (w1: ys[0], ys[1] its rows in turn) and its V of another type (w2: ys[2]) of
-    one input width on one x̂ in one launch (gemm_mmq_pair_kernel), then one split-K reduce:
-    ys[i] (M, N_i) = x̂ · dequant(rows of i)ᵀ, x̂ quantized from x (or RMSNorm(x) * wn with norm)
-    into xq first; part a float32 scratch (splits, M, w1.rows + w2.rows)."""
-    M, K = x.shape
-    y0, y1, y2 = ys
-    n0, n1 = y0.shape[1], y1.shape[1]
-    assert pair_supports(w1.ggml_type, w2.ggml_type, K) and w1.cols == K and w2.cols == K
-    assert n0 + n1 == w1.rows and y2.shape[1] == w2.rows and all(y.shape[1] % 4 == 0 for y in ys)
-    assert all(y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == M for y in ys)
-    assert 1 <= splits <= K // GROUP and part.shape == (splits, M, w1.rows + w2.rows) and part.is_c_contiguous()
-    ni = ni_for(M)
-    mt1, mt2 = mt_for(M, w1.rows), mt_for(M, w2.rows)
-    assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= slab_rows(M)
-    quantize_x32(x, xq, stream, norm)
-    nb1 = -(-w1.rows // block_rows(mt1))
-    launch(gemm_mmq_pair_kernel(T(w1.ggml_type), T(w2.ggml_type), ni, mt1, mt2),
-           (nb1 + -(-w2.rows // block_rows(mt2)), splits, -(-M // (8 * ni))), THREADS, stream,
-           xq.q, xq.ds, w1.parts, w2.parts, part, np.int32(nb1), np.int32(w1.rows))
-    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
-
-
-def pair_supports(type1, type2, K: int) -> bool:
-    """Whether gemm_mmq_pair takes a Q|K of type1 and a V of type2 of input width K: two types it
-    takes, told apart (one type stacks into one Linear)."""
-    return T(type1) != T(type2) and supports(type1, K) and supports(type2, K)
-
-
-def pair_splits(M: int, N1: int, N2: int, K: int, sms: int = 132) -> int:
-    """splits_for the pair's blocks (both weights' row blocks at one W tile a warp, mt_for's
-    choice for such rows)."""
-    return splits_for(M, N1 + N2, K, sms, mt=min(mt_for(M, N1), mt_for(M, N2)))
-
-
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
@@ -509,9 +446,4 @@ def build_signatures() -> list:
         (gemm_mmq_kernel(t, ni, REGS.get((t, ni, mt), 0), mt), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
          {"max_registers": REGS.get((t, ni, mt), 255)})
         for t in TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
-    ] + [  # a layer's Q4_K Q|K with its Q6_K V (Q4_K_M's use_more_bits layers) at 8 and 16 tokens
-        (gemm_mmq_pair_kernel(T.Q4_K, T.Q6_K, ni), types.void(U32_2D, F32_3D, parts_type(T.Q4_K),
-                                                             parts_type(T.Q6_K), F32_3D, types.int32, types.int32),
-         {"max_registers": 255})
-        for ni in (1, 2)
     ]

@@ -9,7 +9,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from impnb import tuning
 from impnb.kernels.common import quant_blocks_fp4 as qbf
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import group_sums_lanes, warp_sums_lanes
+from impnb.kernels.common.warp import group_sums_lanes
 from impnb.kernels.gemv.gemv_rows import tuple_of
 
 
@@ -381,49 +381,39 @@ def block_reduce(rows: int, n_tok: int, span: int, glu: int, act, lanes: bool = 
     from impnb.kernels.gemv.gemv_variants import BLOCK
 
     wpg = max(span // 32, 1)  # red's entries a row group: its warps' (one for a group within a warp)
-    slots = BLOCK // min(span, 32)  # red's entries: a warp's, or a group's within a warp
+    gs = min(span, 32)  # lanes summed together: a warp, or a group within one
+    gbits = gs.bit_length() - 1
+    slots = BLOCK // gs  # red's entries: a warp's, or a group's within a warp
     pairs = rows // 2
     out_rows = pairs if glu else rows
     n = rows * n_tok  # sums a thread
-    NP = 1 << (n - 1).bit_length()  # as warp_sums_lanes takes them (up to 32: else one a warp_sum)
+    NP = 1 << (n - 1).bit_length()  # as group_sums_lanes takes them (up to gs: else one a warp_sum)
     assert span >= 32 or NP <= span, "a group within a warp sums at most span values a lane"
-    shift = (min(span, 32).bit_length() - 1) - (NP.bit_length() - 1)  # a group's lane i holds sum i >> shift
+    shift = gbits - (NP.bit_length() - 1)  # a group's lane i holds sum i >> shift
 
     @cuda.jit(device=True, inline=True)
     def reduce_sums(acc, tid):
         scratch = cuda.shared.array(BLOCK, float32)
         red = cuda.shared.array((slots, rows, n_tok), float32)
         lane = tid & 31
-        warp = tid >> 5
-        if span < 32:
-            vg = cuda.local.array(NP, float32)
-            for r in range(rows):
-                for t in range(n_tok):
-                    vg[r * n_tok + t] = acc[r, t]
-            for j in range(n, NP):
-                vg[j] = float32(0.0)
-            sg = group_sums_lanes(vg, NP, span)
-            gl = lane & (span - 1)
-            ig = gl >> shift
-            if gl == ig << shift and ig < n:
-                red[tid // span, ig // n_tok, ig - (ig // n_tok) * n_tok] = sg
-        elif lanes and NP <= 32:  # warp_sum's sums bit for bit either way
+        if span < 32 or lanes and NP <= 32:  # warp_sum's sums bit for bit either way
             v = cuda.local.array(NP, float32)
             for r in range(rows):
                 for t in range(n_tok):
                     v[r * n_tok + t] = acc[r, t]
             for i in range(n, NP):
                 v[i] = float32(0.0)
-            s = warp_sums_lanes(v, NP)
-            i = lane >> shift
-            if lane == i << shift and i < n:
-                red[warp, i // n_tok, i - (i // n_tok) * n_tok] = s
+            s = group_sums_lanes(v, NP, gs)
+            gl = lane & (gs - 1)
+            i = gl >> shift
+            if gl == i << shift and i < n:
+                red[tid >> gbits, i // n_tok, i - (i // n_tok) * n_tok] = s
         else:
             for r in range(rows):
                 for t in range(n_tok):
                     s = qi.warp_sum(acc[r, t], scratch)
                     if lane == 0:
-                        red[warp, r, t] = s
+                        red[tid >> 5, r, t] = s
         cuda.syncthreads()
         return red
 
