@@ -192,11 +192,18 @@ def main() -> int:
     ap.add_argument("--model", default=MODEL, choices=list(SHAPES))
     ap.add_argument("--quant", default="Q4_K_M", choices=list(sf.FILE_TYPES))
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--buckets", help="T buckets to measure, comma-separated (default: all)")
+    ap.add_argument("--buckets", help="token counts T to measure, comma-separated (default: the table's "
+                    "buckets; any other T is measured, not written)")
     ap.add_argument("--merge", action="store_true", help="keep the table's other shapes and buckets")
     ap.add_argument("--out", default=str(md.TABLE_PATH))
     ap.add_argument("--json", help="every measurement")
     args = ap.parse_args()
+    try:
+        buckets = [int(b) for b in args.buckets.split(",")] if args.buckets is not None else M_BUCKETS
+    except ValueError:
+        ap.error(f"--buckets: comma-separated token counts, not {args.buckets!r}")
+    if min(buckets) < 1:
+        ap.error("--buckets: token counts of at least 1")
     start = time.perf_counter()
     ctx = GpuContext()
     dev = SimpleNamespace(ctx=ctx, arena=Arena(ctx), cublas=Cublas(ctx))
@@ -207,11 +214,14 @@ def main() -> int:
     rng, rows = np.random.default_rng(0), []
     old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}
     choices, shapes = old.get("choices", {}), old.get("shapes", "").split("; ") if old else []
-    buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else M_BUCKETS
+    off = [T for T in buckets if T not in M_BUCKETS]
+    if off:  # a chunk of T tokens takes the table's bucket above T (gemm_dispatch.m_bucket)
+        print(f"T = {', '.join(map(str, off))}: measured (--json), not written: the table's buckets are {M_BUCKETS}")
     for T in buckets:
         for r in measure(dev, rng, mats, T, args.reps, args.model):
             rows.append(r)
-            choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
+            if T in M_BUCKETS:
+                choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
             us = r["us"]
             gv = min((p for p in us if p in md.INT8_PATHS), key=us.get, default=None)
             gemv_col = f"{us[gv]:.1f} {gv}" if gv else "-"

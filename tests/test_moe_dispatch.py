@@ -120,3 +120,17 @@ def test_ffn_paths_mixes_int8_paths():
     # the int8 GEMM takes Q4_K / Q6_K at K % 256 and Q8_0 at K % 128 only
     assert md.choose(T.Q4_0, 2048, 256, 9, {"moe Q4_0 2048x256": {"16": "mmq"}}) == "tiles"
     assert md.choose(T.Q8_0, 2048, 384, 9, {"moe Q8_0 2048x384": {"16": "mmq"}}) == "mmq"
+
+
+@pytest.mark.parametrize("buckets", ["x,16", "0,16", ""])
+def test_tune_moe_rejects_bad_buckets(buckets):
+    """scripts/tune_moe.py --buckets takes token counts of at least 1: anything else one usage
+    line and exit 2, before any GPU work."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tune_moe.py"
+    out = subprocess.run([sys.executable, str(script), "--buckets", buckets], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "--buckets" in out.stderr.splitlines()[-1] and "Traceback" not in out.stderr
