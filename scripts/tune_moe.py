@@ -36,7 +36,6 @@ from impnb.gpu import gemv_dispatch, moe_dispatch as md  # noqa: E402
 from impnb.gpu.buffers import Arena  # noqa: E402
 from impnb.gpu.context import GpuContext  # noqa: E402
 from impnb.gpu.cublas_gemm import Cublas  # noqa: E402
-from impnb.gpu.gemm_dispatch import M_BUCKETS  # noqa: E402
 from impnb.gpu.moe_prefill import expert_gemm  # noqa: E402
 from impnb.kernels.elementwise.activations import swiglu_ref  # noqa: E402
 from impnb.kernels.gemv.gemv import SILU  # noqa: E402
@@ -199,7 +198,7 @@ def main() -> int:
     ap.add_argument("--json", help="every measurement")
     args = ap.parse_args()
     try:
-        buckets = [int(b) for b in args.buckets.split(",")] if args.buckets is not None else M_BUCKETS
+        buckets = [int(b) for b in args.buckets.split(",")] if args.buckets is not None else md.BUCKETS
     except ValueError:
         ap.error(f"--buckets: comma-separated token counts, not {args.buckets!r}")
     if min(buckets) < 1:
@@ -214,13 +213,13 @@ def main() -> int:
     rng, rows = np.random.default_rng(0), []
     old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}
     choices, shapes = old.get("choices", {}), old.get("shapes", "").split("; ") if old else []
-    off = [T for T in buckets if T not in M_BUCKETS]
-    if off:  # a chunk of T tokens takes the table's bucket above T (gemm_dispatch.m_bucket)
-        print(f"T = {', '.join(map(str, off))}: measured (--json), not written: the table's buckets are {M_BUCKETS}")
+    off = [T for T in buckets if T not in md.BUCKETS]
+    if off:  # a chunk of T tokens takes the table's bucket above T (moe_dispatch.choose)
+        print(f"T = {', '.join(map(str, off))}: measured (--json), not written: the table's buckets are {md.BUCKETS}")
     for T in buckets:
         for r in measure(dev, rng, mats, T, args.reps, args.model):
             rows.append(r)
-            if T in M_BUCKETS:
+            if T in md.BUCKETS:
                 choices.setdefault(r["key"], {})[str(T)] = r["chosen"]
             us = r["us"]
             gv = min((p for p in us if p in md.INT8_PATHS), key=us.get, default=None)

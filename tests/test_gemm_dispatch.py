@@ -7,6 +7,8 @@ import logging
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from impnb.errors import ParameterError
+
 from impnb.gpu import gemm_dispatch as gd
 
 TABLE = {"Q8_0 1536x576": {"64": "tiles_bm64", "512": "tiles_bm128"}}
@@ -47,7 +49,7 @@ def test_committed_table_is_valid():
 def test_bad_table_rejected(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"choices": {"Q8_0 8x32": {"48": "tiles_bm64"}}}))
-    with pytest.raises(ValueError):
+    with pytest.raises(ParameterError, match="tuning table"):
         gd.load_table.__wrapped__(path)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from impnb.errors import ParameterError
 from impnb.gpu import gemv_dispatch as gd
 from impnb.gpu.weights import linear_of
 from impnb.kernels.common.repack import repack
@@ -44,7 +45,7 @@ def test_table_validation(tmp_path):
     for bad in ({"Q4_K 8x256 fused": {"4": "s32u1r4"}}, {"Q4_K 8x256 plain": {"3": "s32u1r4"}},
                 {"Q4_K 8x256 plain": {"4": "s32u1r5"}}, {"Q9_K 8x256 plain": {"4": "s32u1r4"}}):
         path.write_text(json.dumps({"choices": bad}))
-        with pytest.raises(ValueError):
+        with pytest.raises(ParameterError, match="tuning table"):
             gd.load_table.__wrapped__(path)
     assert gd.load_table.__wrapped__(tmp_path / "none.json") == {}
     gd.load_table.cache_clear()

@@ -7,6 +7,8 @@ import logging
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from impnb.errors import ParameterError
+
 from impnb.gpu import moe_dispatch as md
 
 TABLE = {"moe Q4_K 1536x2048": {"16": "tiles", "256": "cublas", "512": "cublas"}}
@@ -23,6 +25,19 @@ def test_table_hit_and_default():
     assert md.choose(T.Q4_K, 1536, 2048, 100, TABLE) == "tiles"    # bucket 128 not measured
     assert md.choose(T.Q6_K, 1536, 2048, 512, TABLE) == "tiles"    # another type
     assert md.choose(T.Q4_K, 2048, 768, 512, TABLE) == "tiles"     # another shape
+
+
+def test_decode_bucket_of_eight():
+    """A chunk of up to 8 tokens (a decode batch grouped by expert) takes the key's 8 bucket, else
+    its 16's; 9..16 tokens the 16's."""
+    table = {"moe Q4_K 2048x768": {"8": "gemv1s8u1r8", "16": "gemv1s32u1r8"},
+             "moe Q6_K 2048x768": {"16": "gemv1s32u1r8"}, **TABLE}
+    assert md.choose(T.Q4_K, 2048, 768, 8, table) == "gemv1s8u1r8"
+    assert md.choose(T.Q4_K, 2048, 768, 5, table) == "gemv1s8u1r8"
+    assert md.choose(T.Q4_K, 2048, 768, 9, table) == "gemv1s32u1r8"
+    assert md.choose(T.Q6_K, 2048, 768, 8, table) == "gemv1s32u1r8"  # no 8: the 16's
+    assert md.choose(T.Q4_K, 1536, 2048, 200, table) == "cublas"
+    assert md.choose(T.Q8_0, 2048, 768, 8, table) == "tiles"         # neither
 
 
 def test_each_choice_logged_once(caplog):
@@ -50,12 +65,21 @@ def test_committed_table_is_valid():
     {"Q4_K 1536x2048": {"64": "cublas"}},               # not a moe key
     {"moe Q9_Z 1536x2048": {"64": "cublas"}},           # no such type
     {"moe Q4_K 1536by2048": {"64": "cublas"}},          # no shape
+    {"moe Q4_K 1536x2048": {"4": "tiles"}},             # below the 8 bucket
+    {"moe Q4_K 1536x2048": ["tiles"]},                  # not buckets
+    "not json",
 ])
 def test_bad_table_rejected(tmp_path, choices):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"choices": choices}))
-    with pytest.raises(ValueError):
+    path.write_text(choices if isinstance(choices, str) else json.dumps({"choices": choices}))
+    with pytest.raises(ParameterError, match="tuning table"):
         md.load_table.__wrapped__(path)
+
+
+def test_table_with_the_eight_bucket_read(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"choices": {"moe Q4_K 2048x768": {"8": "gemv1s8u1r8", "16": "mmq"}}}))
+    assert md.load_table.__wrapped__(path) == {"moe Q4_K 2048x768": {"8": "gemv1s8u1r8", "16": "mmq"}}
 
 
 def test_table_read_from_file(tmp_path):
@@ -114,7 +138,8 @@ def test_gemv_paths():
 def test_ffn_paths_mixes_int8_paths():
     E = 4
     gate_up, down = W(T.Q4_K, E * 1536, 2048), W(T.Q6_K, E * 2048, 768)
-    table = {"moe Q4_K 1536x2048": {"16": "mmq", "32": "mmq"}, "moe Q6_K 2048x768": {"16": "gemv2s32u1r8", "32": "wgmma"}}
+    table = {"moe Q4_K 1536x2048": {"16": "mmq", "32": "mmq"},
+             "moe Q6_K 2048x768": {"16": "gemv2s32u1r8", "32": "wgmma"}}
     assert md.ffn_paths((gate_up, down), E, 9, table) == ["mmq", "gemv2s32u1r8"]
     assert md.ffn_paths((gate_up, down), E, 32, table) == ["wgmma", "wgmma"]
     # the int8 GEMM takes Q4_K / Q6_K at K % 256 and Q8_0 at K % 128 only

@@ -87,7 +87,8 @@ def test_overrides_from_env(monkeypatch):
     assert (o.moe_grouped_min_rows, o.moe_grouped_rows) == (2, 16)
     assert not o.gemv_tail and o.router_fold and not o.shared_gate_fold and o.dp4a_min_mb == 0 and o.dp4a_min_k == 0
     assert o.short_decode_max == 0 and o.fused_post_dims == () and o.short_cluster is None
-    assert o.short_decode_max_batch == 2 and tuning.Overrides().short_decode_max_batch == tuning.SHORT_DECODE_MAX_BATCH == 4
+    assert o.short_decode_max_batch == 2
+    assert tuning.Overrides().short_decode_max_batch == tuning.SHORT_DECODE_MAX_BATCH == 4
 
 
 @pytest.mark.parametrize("name,value", [("IMPNB_SHORT_CLUSTER", "two"), ("IMPNB_DP4A_MIN_MB", "big"),
@@ -195,3 +196,28 @@ def test_wrs_plain_tokens_from_env(value, want):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1])
     assert out.stdout.split("\n")[-2] == want
+
+
+@pytest.mark.parametrize("value,want", [("", "default"), ("missing.json", "ParameterError"), ("other", "other")])
+def test_table_paths_from_env(tmp_path, value, want):
+    """IMPNB_MOE_TABLE (read when impnb.tuning is imported) names another moe table for an A/B run:
+    its path, the committed one where empty, one clear error where no file is there."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    other = tmp_path / "other.json"
+    other.write_text('{"choices": {}}')
+    value = {"other": str(other), "missing.json": str(tmp_path / "missing.json")}.get(value, value)
+    code = ("from impnb.errors import ParameterError\ntry:\n    from impnb import tuning\n"
+            "    print(tuning.MOE_TABLE)\nexcept ParameterError as e:\n    print('ParameterError', e)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "IMPNB_MOE_TABLE": value},
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    got = out.stdout.strip()
+    if want == "default":
+        assert got == str(Path(tuning.__file__).parent / "moe_table.json")
+    elif want == "other":
+        assert got == str(other)
+    else:
+        assert got.startswith("ParameterError IMPNB_MOE_TABLE=") and "no such file" in got

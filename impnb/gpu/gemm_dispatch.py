@@ -24,6 +24,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as T
 
 from impnb import tuning
+from impnb.errors import ParameterError
 from impnb.kernels.gemm import gemm_wgmma_rs
 
 TABLE_PATH = tuning.GEMM_TABLE
@@ -34,33 +35,39 @@ log = logging.getLogger("impnb.gemm")
 _logged: set = set()
 
 
-def m_bucket(M: int) -> int:
-    """The smallest bucket holding M rows (the largest for longer chunks)."""
-    return next((b for b in M_BUCKETS if b >= M), M_BUCKETS[-1])
+def m_bucket(M: int, buckets: tuple = M_BUCKETS) -> int:
+    """The smallest of buckets holding M rows (the largest for longer chunks)."""
+    return next((b for b in buckets if b >= M), buckets[-1])
 
 
 def shape_key(ggml_type: T, N: int, K: int) -> str:
     return f"{T(ggml_type).name} {N}x{K}"
 
 
-def read_choices(path: Path, paths, check_key=None) -> dict:
-    """{key: {str(row bucket): path}} of a tuning script's table; every bucket in M_BUCKETS,
-    every path in paths, every key passing check_key (ValueError otherwise)."""
-    table = json.loads(path.read_text())["choices"]
-    for key, by_m in table.items():
-        if check_key and not check_key(key):
-            raise ValueError(f"{path}: bad key {key!r}")
-        for m, choice in by_m.items():
-            if not m.isdigit() or int(m) not in M_BUCKETS or choice not in paths:
-                raise ValueError(f"{path}: bad entry {key} rows={m}: {choice}")
+def read_choices(path: Path, paths, check_key=None, buckets: tuple = M_BUCKETS) -> dict:
+    """{key: {str(row bucket): path}} of a tuning script's table; every bucket in buckets, every
+    path in paths, every key passing check_key (ParameterError naming the file otherwise: a table
+    IMPNB_GEMM_TABLE or IMPNB_MOE_TABLE names may be the user's)."""
+    try:
+        table = json.loads(path.read_text())["choices"]
+        bad = [f"bad key {key!r}" for key in table if check_key and not check_key(key)]
+        bad += [f"bad entry {key} rows={m}: {choice}" for key, by_m in table.items() for m, choice in by_m.items()
+                if not m.isdigit() or int(m) not in buckets or choice not in paths]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        bad = [f"not a table of choices ({type(e).__name__}: {e})"]
+    if bad:
+        raise ParameterError(f"tuning table {path}: {bad[0]}")
     return table
 
 
-def pick(table: dict, key: str, rows: int, default: str, logged: set, what: str) -> str:
-    """table's choice for key at rows' bucket, else default; each (key, bucket) logged once
-    as `what` with the bucket filled in."""
-    b = m_bucket(rows)
-    choice = table.get(key, {}).get(str(b))
+def pick(table: dict, key: str, rows: int, default: str, logged: set, what: str, buckets: tuple = M_BUCKETS,
+         fallback: dict | None = None) -> str:
+    """table's choice for key at rows' bucket (of buckets; a bucket the table lacks for key takes
+    fallback's bucket in its place, where given), else default; each (key, bucket) logged once as
+    `what` with the bucket filled in."""
+    b = m_bucket(rows, buckets)
+    by_b = table.get(key, {})
+    choice = by_b.get(str(b)) or by_b.get(str((fallback or {}).get(b)))
     if (key, b) not in logged:
         logged.add((key, b))
         log.debug("%s: %s (%s)", what % b, choice or default, "table" if choice else "default")

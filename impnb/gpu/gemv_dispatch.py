@@ -18,6 +18,7 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from impnb import tuning
+from impnb.errors import ParameterError
 from impnb.kernels.gemm import gemm_mmq
 from impnb.kernels.gemv.gemv_dp4a_multi import MAX_T, MIN_T, VARIANT_ROWS
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS
@@ -73,19 +74,24 @@ def parse_variant(name: str) -> Variant | str:
 
 @lru_cache(maxsize=1)
 def load_table(path: Path = TABLE_PATH) -> dict:
-    """{shape_key: {T bucket: Variant}}; validated (ValueError on a bad entry); {} without a file."""
+    """{shape_key: {T bucket: Variant}}; validated (ParameterError naming the file on a bad entry:
+    IMPNB_GEMV_ROWS_TABLE may name the user's); {} without a file."""
     if not path.is_file():
         return {}
-    out = {}
-    for key, by_t in json.loads(path.read_text())["choices"].items():
-        parts = key.split(" ")
-        if len(parts) != 3 or parts[0] not in T.__members__ or parts[2] not in USES:
-            raise ValueError(f"{path}: bad key {key!r}")
-        out[key] = {}
-        for t, name in by_t.items():
-            if not t.isdigit() or int(t) not in T_BUCKETS:
-                raise ValueError(f"{path}: bad bucket {key} T={t}")
-            out[key][int(t)] = parse_variant(name)
+    try:
+        choices = json.loads(path.read_text())["choices"]
+        out = {}
+        for key, by_t in choices.items():
+            parts = key.split(" ")
+            if len(parts) != 3 or parts[0] not in T.__members__ or parts[2] not in USES:
+                raise ValueError(f"bad key {key!r}")
+            out[key] = {}
+            for t, name in by_t.items():
+                if not t.isdigit() or int(t) not in T_BUCKETS:
+                    raise ValueError(f"bad bucket {key} T={t}")
+                out[key][int(t)] = parse_variant(name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ParameterError(f"tuning table {path}: {e}") from None
     return out
 
 

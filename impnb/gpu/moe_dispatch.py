@@ -7,9 +7,10 @@ kernels/gemv/gemv_dp4a_multi.gemv_dp4a_grouped) or the grouped int8 tensor-core 
 kernels/moe/gemm_mmq_grouped.py), which a layer takes only for all of its expert matrices at
 once (ffn_paths).
 
-A measured choice per (weight type, N, K of one expert, T bucket of the prefill chunk), kept as
-data in impnb/tuning/moe_table.json, which scripts/tune_moe.py writes. Shapes or buckets not in
-the table take the tiles, and so does "wgmma" for a weight it does not take. Each distinct
+A measured choice per (weight type, N, K of one expert, T bucket of the chunk: BUCKETS, a decode
+batch's few rows in the 8 bucket), kept as data in impnb/tuning/moe_table.json (IMPNB_MOE_TABLE
+names another), which scripts/tune_moe.py writes. A key without an 8 bucket takes its 16's; shapes
+or buckets not in the table take the tiles, and so does "wgmma" for a weight it does not take. Each distinct
 choice is logged once ("impnb.gemm", debug).
 """
 
@@ -21,11 +22,15 @@ from gguf import GGMLQuantizationType as T
 from impnb import tuning
 
 from impnb.gpu import gemv_dispatch
-from impnb.gpu.gemm_dispatch import pick, read_choices
+from impnb.gpu.gemm_dispatch import M_BUCKETS, pick, read_choices
 from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.moe import gemm_grouped_wgmma, gemm_mmq_grouped
 
 TABLE_PATH = tuning.MOE_TABLE
+# T buckets: the GEMM's, and 8 below them for a decode batch grouped by expert (5..8 rows,
+# tuning.MOE_GROUPED_ROWS), whose paths may differ from a 16-token chunk's
+BUCKETS = (8, *M_BUCKETS)
+FALLBACK = {8: 16}  # a key's bucket without an entry -> the bucket it takes instead
 # the grouped GEMV's paths, "gemv{n}{variant}": tiles of at most n tokens, the kernel's row-group
 # span, chunks in flight and rows a group (gemv_variants.Variant); n x rows x depth kept to what
 # compiles without spills (Q4_K gate|up at 2048 columns); a token a tile also over groups of 8 or
@@ -58,13 +63,14 @@ def _key_ok(key: str) -> bool:
 @lru_cache(maxsize=1)
 def load_table(path: Path = TABLE_PATH) -> dict:
     """{shape_key: {str(T bucket): path}}; validated."""
-    return read_choices(path, PATHS, _key_ok)
+    return read_choices(path, PATHS, _key_ok, BUCKETS)
 
 
 def choose(ggml_type: T, N: int, K: int, n_tokens: int, table: dict | None = None) -> str:
     """The path for the expert GEMMs of a chunk of n_tokens with one expert's weight (N, K)."""
     key = shape_key(ggml_type, N, K)
-    path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d")
+    path = pick(load_table() if table is None else table, key, n_tokens, DEFAULT, _logged, f"{key} T<=%d", BUCKETS,
+                FALLBACK)
     if (path in GEMV_PATHS and not gemv_dispatch.takes(ggml_type, K)  # gemv_dp4a_multi's rows
             or path == MMQ and not gemm_mmq_grouped.supports(ggml_type, K)):
         return DEFAULT

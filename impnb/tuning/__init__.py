@@ -8,7 +8,8 @@ Overrides: IMPNB_<SWITCH>=0 turns a choice off for an A/B run (anything else lea
 kernel tables also take entries, IMPNB_FOLD_T1=NVFP4=s32u2r4,Q4_K=s64u1r4, in place of theirs);
 integer ones are parsed by `env_ints` / `env_number`, a malformed value a ParameterError (one
 line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
-the kernel tables' (IMPNB_EXPERTS_T1, IMPNB_FOLD_T1) at import, as their builds need them.
+the kernel tables' (IMPNB_EXPERTS_T1, IMPNB_FOLD_T1) at import, as their builds need them; so are
+the paths of the measured tables (IMPNB_MOE_TABLE=PATH runs another moe_table.json).
 Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant.
 """
 
@@ -21,10 +22,26 @@ from gguf import GGMLQuantizationType as T
 
 from impnb.errors import ParameterError
 
+
+
+def env_path(name: str, default: Path) -> Path:
+    """IMPNB_<name> as a file's path (another measured table, for an A/B run), default where unset
+    or empty; ParameterError where no file is there."""
+    value = os.environ.get(f"IMPNB_{name}") or None
+    if value is None:
+        return default
+    if not Path(value).is_file():
+        raise ParameterError(f"IMPNB_{name}={value!r}: no such file")
+    return Path(value)
+
+
 TABLE_DIR = Path(__file__).parent
-GEMM_TABLE = TABLE_DIR / "gemm_table.json"  # prefill GEMM path per (type, N x K, M bucket)
-MOE_TABLE = TABLE_DIR / "moe_table.json"  # prefill expert GEMM path per (type, N x K, T bucket)
-GEMV_ROWS_TABLE = TABLE_DIR / "gemv_rows_table.json"  # T = 2..8 decode GEMV variant per (type, N x K, use, T)
+# The measured tables, each replaceable by another file of its form (IMPNB_GEMM_TABLE,
+# IMPNB_MOE_TABLE, IMPNB_GEMV_ROWS_TABLE; read at import, validated at first use)
+GEMM_TABLE = env_path("GEMM_TABLE", TABLE_DIR / "gemm_table.json")  # prefill GEMM path per (type, N x K, M bucket)
+MOE_TABLE = env_path("MOE_TABLE", TABLE_DIR / "moe_table.json")  # expert GEMM path per (type, N x K, T bucket)
+# T = 2..8 decode GEMV variant per (type, N x K, use, T)
+GEMV_ROWS_TABLE = env_path("GEMV_ROWS_TABLE", TABLE_DIR / "gemv_rows_table.json")
 # What scripts/tune_gemm.py writes into GEMM_TABLE (gpu/gemm_dispatch.table_choice): an impnb path
 # where it beats cuBLAS by more than GEMM_MARGIN; and at prompt chunks of up to GEMM_SHORT_ROWS rows
 # the fastest impnb path within GEMM_SHORT_FACTOR of cuBLAS's time, so that a short prompt needs no
