@@ -44,8 +44,13 @@ GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # 
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
     """Every kernel the tests launch, compiled by worker processes first (one at a time they
-    take minutes): a dry run of one launch each records them."""
+    take minutes): a dry run of one launch each records them. Under pytest-xdist one worker
+    compiles them (its process pool on every core) while the others wait on a lock in the kernel
+    cache, then find them there."""
+    import fcntl
+
     from impnb.kernels.gemv.quant_x import quant_x_buffers
+    from impnb.launch.cache import cache_dir
     from impnb.launch.cubin import arch_cc
     from impnb.launch.precompile import compile_all, record
 
@@ -65,7 +70,10 @@ def precompiled():
             N = 16 if glu else 32
             gemv_dp4a_grouped(w, 32, quant_x_buffers(1, K), cuda.device_array((1, N), np.float32),
                               tiles, i1, i1, 1, 0, Variant(32, 1, 8), 1, glu, quant_x_buffers(1, N))
-    compile_all(rec.missing())
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "test_gemv_dp4a_multi.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        compile_all(rec.missing())
 
 
 def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0):
