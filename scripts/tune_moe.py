@@ -229,6 +229,7 @@ def main() -> int:
                   f" {' '.join(f'{p}={x:.3g}' for p, x in r['rel'].items() if x >= 1e-2)}")
     ctx.sync()
     shapes = [x for x in shapes if x] + [f"{args.model} {args.quant}"]
+    choices = {key: dict(sorted(by_t.items(), key=lambda kv: int(kv[0]))) for key, by_t in choices.items()}
     Path(args.out).write_text(json.dumps({"note": "written by scripts/tune_moe.py on the GPU named",
                                           "gpu": _gpu_name(), "shapes": "; ".join(dict.fromkeys(shapes)),
                                           "choices": choices}, indent=1) + "\n")
