@@ -37,7 +37,7 @@ for m in "${models[@]}"; do
       env_words=()
       [ "$s" = "-" ] || IFS='+' read -r -a env_words <<< "$s"
       env "${env_words[@]}" IMPNB_CACHE_DIR=/tmp/impnb-cache-ab$i timeout 500 python3 -m impnb bench -m "$p" \
-        --batch "${BATCH:-8,16,32}" -p 128 -n 128 -r 1 --device cuda 2>&1 | grep "impnb: bench" |
+        --batch "${BATCH:-8,16,32}" -p 128 -n 128 -r 1 --device cuda 2>&1 | grep -E "^\| +[0-9]" |
         sed "s|^|$m round $r [$s] |" | tee -a "$log"
     done
   done
