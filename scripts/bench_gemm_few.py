@@ -1,9 +1,9 @@
 """The few-row GEMMs (kernels/gemm/gemm_few.py, "few"; kernels/gemm/gemm_mmq.py, "mmq", its x
 quantization included; kernels/gemm/gemm_wgmma_few.py, "wgf", at each --ahead; kernels/gemm/gemm_wgmma_rs.py,
-"wrs" staged 6 deep, "wrs3" / "wrs4" 3 / 4 deep (Q4_K; Q6_K 3 deep in all),
-A permuted to its order) at a model's shapes over split counts (splits_for's times each scale): µs
-per call (the split reduce included) rotating over all layers' copies in one CUDA graph
-(tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
+"wrs" staged 6 deep, "wrs3" / "wrs4" 3 / 4 deep (Q4_K; Q6_K 3 deep in all), A permuted to its order;
+"mmqr": mmq with its W through the cp.async ring, Q4_K, at each --mmqr-variants) at a model's
+shapes over split counts (splits_for's times each scale): µs per call (the split reduce included)
+rotating over all layers' copies in one CUDA graph (tune_gemm's timing), and the weight's GB/s at the best; a variant whose output differs from the
 shape's first variant's is flagged.
     python scripts/bench_gemm_few.py -m MODEL [--rows 8,16,32,64,128] [--split-scale 0.5,1,2] [--kernels few,mmq,wgf] [--ahead 1,4] [--f16x2 0,1]
 """
@@ -38,6 +38,8 @@ def main() -> int:
     ap.add_argument("--mmq-variants", default="0,1,2,4,2:0,4:168,0:-1:1,0:-1:2",
                     help="the int8 GEMM's token tiles a block (0 ni_for's)[:register cap, 0 none, -1 REGS's"
                          "[:W m16 tiles a warp, 0 mt_for's]] to time")
+    ap.add_argument("--mmqr-variants", default="0,2:128:2,0:-1:1",
+                    help="mmqr (the int8 GEMM with its W ring): as --mmq-variants")
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
@@ -48,12 +50,15 @@ def main() -> int:
         if args.shapes and f"{t.name} {N}x{K}" not in args.shapes.split(","):
             continue
         for name in args.kernels.split(","):
-            mod = {"few": gemm_few, "mmq": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs}[name]
+            mod = {"few": gemm_few, "mmq": gemm_mmq, "mmqr": gemm_mmq, "wgf": gemm_wgmma_few, "wrs": gemm_wgmma_rs, "wrs3": gemm_wgmma_rs, "wrs4": gemm_wgmma_rs}[name]
             if not mod.supports(t, K):
                 continue
             for M in map(int, args.rows.split(",")):
                 bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args)
     return 0
+
+
+_FIRST = {}  # (type, N, K, M, family) -> the first variant's output
 
 
 def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
@@ -66,12 +71,15 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs3", "wrs4") else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \
         if name == "wgf" else [
-        tuple(int(f) for f in (v + ":-1:0").split(":")[:3]) for v in args.mmq_variants.split(",")]
-    first = None  # the first variant's output: every other must match it
+        tuple(int(f) for f in (v + ":-1:0").split(":")[:3])
+        for v in (args.mmqr_variants if name == "mmqr" else args.mmq_variants).split(",")]
+    # the first variant's output: every other must match it (mmq's and mmqr's variants, one product)
+    key = (t, N, K, M, "mmq" if name.startswith("mmq") else name)
+    first = _FIRST.get(key)
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_mmq.splits_for(M, N, K, sms, mt or None) if name == "mmq" else mod.splits_for(M, N, K, sms=sms)
+        S0 = gemm_mmq.splits_for(M, N, K, sms, mt or None) if name.startswith("mmq") else mod.splits_for(M, N, K, sms=sms)
         unit = gemm_wgmma_few.BK if name == "wgf" else mod.GROUP
         row = []
         for S in sorted({max(1, min(K // unit, round(S0 * float(f))))
@@ -89,7 +97,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
                                                   f16x2=bool(mt))
                 else:
                     gemm_mmq.gemm_mmq(x, xq, ws[i % len(ws)], y, part, m.ctx.nb_stream, S, ni=ni,
-                                      regs=None if regs < 0 else regs, mt=mt or None)
+                                      regs=None if regs < 0 else regs, mt=mt or None, ring=name == "mmqr")
             for i in range(len(ws)):
                 call(i)
             m.ctx.sync()
@@ -99,7 +107,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
         y.copy_to_device(np.full((M, N), np.nan, np.float32))
         call(0)
         out = y.copy_to_host()
-        first = out if first is None else first
+        first = _FIRST.setdefault(key, out)
         bad = not np.isfinite(out).all() or np.abs(out - first).max() > 1e-3 * max(np.abs(first).max(), 1e-30)
         tag = f"{name} a{regs} f16x2={mt}" if name == "wgf" else name if ni is None else f"{name} ni={ni}" + (f" r{regs}" if regs >= 0 else "") + (
             f" mt={mt}" if mt else "")

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from impnb.kernels.gemm.gemm_mmq import MT, TYPES, gemm_mmq, gemm_mmq_ref, gemm_mmq_split, slab_rows, splits_for
+from impnb.kernels.gemm.gemm_mmq import MT, TYPES, W_RING_TYPES, gemm_mmq, gemm_mmq_ref, gemm_mmq_split, slab_rows, splits_for
 from impnb.kernels.gemm.gemm_mmq_pair import gemm_mmq_pair, pair_splits
 from impnb.kernels.gemm.quant_x32 import QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.quants import dequantize
@@ -44,7 +44,7 @@ def check_bound(got, x, raw, w16, ggml_type, c0=None):
                                   f"err {err[worst]:.3e} > {bound[worst]:.3e}")
 
 
-def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=None):
+def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=None, ring=False):
     raw, w16, w = gemm_tests.weight(ggml_type, N, K)
     x = activations(M, K, std, seed)
     c0 = np.random.default_rng(seed + 1).standard_normal((M, N)).astype(np.float32) if accumulate else None
@@ -52,7 +52,7 @@ def check_mmq(ggml_type, M, N, K, splits, std, seed, accumulate=False, mt=None):
     xq = poisoned_xq(MP, K)
     part = cuda.to_device(np.full((splits, M, N), np.nan, np.float32))
     c = cuda.to_device(c0 if accumulate else np.full((M, N), np.nan, np.float32))
-    gemm_mmq(cuda.to_device(x), xq, w, c, part, 0, splits, accumulate, mt=mt)
+    gemm_mmq(cuda.to_device(x), xq, w, c, part, 0, splits, accumulate, mt=mt, ring=ring)
     got = c.copy_to_host().astype(np.float64)
     q, ds = quantize_x32_ref(x, MP)
     assert (xq.q.copy_to_host() == q).all(), "x̂'s int8 words differ from quantize_x32_ref"
@@ -105,6 +105,18 @@ def test_mmq_w_tiles_either_way(ggml_type, mt):
     """One or MT m16 tiles of W a warp at one and two token tiles, whichever mt_for would pick."""
     check_mmq(ggml_type, 6, 200, 768, 2, 1.0, seed=11, mt=mt)
     check_mmq(ggml_type, 13, 136, 512, 4, 0.1, seed=12, mt=mt)
+
+
+@pytest.mark.parametrize("ggml_type", W_RING_TYPES)
+@pytest.mark.parametrize("M,N,K,splits,mt", [(16, 24576, 4096, 2, MT), (16, 4096, 12288, 8, 1), (8, 5120, 4096, 3, 1),
+                                              (5, 200, 2048, 1, MT), (13, 136, 1280, 2, MT), (33, 264, 1024, 3, 1),
+                                              (100, 72, 768, 2, 1)])
+def test_mmq_w_ring(ggml_type, M, N, K, splits, mt):
+    """W through the cp.async ring: the 8B's gate|up, down and the 30B-A3B's Q|K|V at their splits,
+    and rows past N, the ring wrapping many times in one split (K 2048 in one), odd splits, one to
+    four token tiles a block."""
+    check_mmq(ggml_type, M, N, K, splits, (0.1, 1.0, 10.0)[M % 3], seed=M + N, accumulate=M % 2 == 1, mt=mt,
+              ring=True)
 
 
 @pytest.mark.parametrize("M", [3, 16, 33, 100])

@@ -117,6 +117,15 @@ def test_gemm_mmq_slabs_and_split():
     check_mmq(T.Q6_K, 5, 40, 256, 2, 1.0, seed=9, mt=2)  # two W tiles a warp (mt_for's one at these sizes)
 
 
+def test_gemm_mmq_w_ring():
+    """W through the cp.async ring with x̂: the ring wrapping (8 groups in one split), rows past N,
+    two W tiles a warp and two token tiles, odd splits."""
+    from tests.gpu.test_gemm_mmq import check_mmq
+
+    check_mmq(T.Q4_K, 5, 40, 1024, 1, 1.0, seed=13, accumulate=True, ring=True)
+    check_mmq(T.Q4_K, 12, 72, 768, 2, 10.0, seed=14, mt=2, ring=True)
+
+
 def test_gemm_mmq_pair():
     """A Q4_K Q|K and a Q6_K V in one launch: block rows of each weight, V's columns after Q|K's."""
     from tests.gpu.test_gemm_mmq import check_mmq_pair

@@ -28,6 +28,11 @@ group, written by quantize_x32 just before) comes through a 3-stage cp.async rin
 memory, two groups ahead, one barrier a group: read through L1 instead, each lane's x̂ loads sat
 on the step's chains, and a miss to L2 stalled them (1.1-1.25x slower at 8-16 tokens).
 
+With a W ring (ring=True, Q4_K: W_RING_TYPES; tuning.MMQ_W_RING) the block's W rows come through
+the same cp.async ring as x̂, both in one commit group a K group: two groups of W in flight a block
+instead of one in registers, and no registers holding the next group (a warp's lanes then read
+their words from shared memory, rows WROW bytes apart so those loads fall on distinct banks).
+
 x̂ is quant_x32's QuantX32 (quantize_x32, or another kernel's int8 output).
 
 The kernel's work is a device function of its weight, rows and output columns (body_of), which
@@ -43,6 +48,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import cuda, float32, int32, types, uint32
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.quant_blocks_k import k_scales
@@ -66,7 +72,13 @@ REGS = {(T.Q4_K, 2, 2): 168}
 TYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
 XROW = 160                  # bytes a token's x̂ row of a group takes in the shared stage (128 + 32:
                             # a warp's 8-byte fragment loads fall on distinct banks)
-XSTAGES = 3                 # x̂ stages in the kernel's ring
+XSTAGES = 3                 # x̂ stages in the kernel's ring (and W's, with a W ring)
+W_RING_TYPES = (T.Q4_K,)    # the types whose W can come through the ring
+WROW = 96                   # bytes a W row of a group takes in the W ring: Q4_K's 64 bytes of quants
+                            # and its superblock's 16-byte header, padded so the 8 rows a warp's
+                            # 8-byte loads read at once (2 phases of 4 rows) fall on distinct banks
+# (type, ni, mt) -> register cap with a W ring (3 blocks an SM at two token and two W tiles)
+RING_REGS = {(T.Q4_K, 2, 2): 152}  # two token tiles and two W tiles: 168 uncapped, 152 without spills
 LO4 = qi.LO4
 LO2 = qi.LO2
 S6_BIAS = np.uint32(0x60606060)   # (q + 96) ^ 128 = q - 32 in int8, byte-wise for q < 64
@@ -282,6 +294,86 @@ def _stage_x(bm: int):
     return stage_x
 
 
+def w_stage_bytes(bn: int) -> int:
+    """Shared bytes of one W stage of bn rows (Q4_K: each row's group of quants, then its header)."""
+    return bn * WROW
+
+
+def _stage_w(bn: int):
+    assert bn % 32 == 0 and bn <= THREADS
+
+    @cuda.jit(device=True, inline=True)
+    def stage_w(dst, parts, r0, N, K, grp):
+        # W rows r0 .. r0 + bn - 1 (clamped to N - 1) in group grp -> the stage at dst: a row's 64
+        # bytes of quants by 4 threads, 16 bytes each, then its header by one thread
+        qs, hdr = parts
+        tid = cuda.threadIdx.x
+        c = tid & 3
+        for i in range(bn // 32):
+            r = (tid >> 2) + 32 * i
+            row = min(r0 + r, N - 1)
+            ptx.cp_async_16(dst + r * WROW + 16 * c, qs, row * (K // 8) + 16 * grp + 4 * c)
+        if tid < bn:
+            row = min(r0 + tid, N - 1)
+            ptx.cp_async_16(dst + tid * WROW + 64, hdr, 4 * (row * (K // 256) + (grp >> 1)))
+    return stage_w
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_row_shared(ws, lr, t):
+    # _q4_k_row's words of the block's row lr from the W stage at ws
+    a = ws + lr * WROW + 8 * t
+    w0, w1 = ptx.ld_shared_v2_u32(a)
+    w2, w3 = ptx.ld_shared_v2_u32(a + 32)
+    h0, h1, h2, h3 = ptx.ld_shared_v4_u32(ws + lr * WROW + 64)
+    return (w0, w1, w2, w3), (h0, h1, h2, h3)
+
+
+_BODY_RING = """
+def body(xq, xds, parts, part, bx, col0, N, xs0):
+    s = cuda.blockIdx.y
+    M = part.shape[1]
+    KW = xq.shape[1]
+    K = 4 * KW
+    MP = xq.shape[0]
+    g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
+    lr0 = warp * {warp_rows} + g  # this lane's rows in the block: lr0 + 8 i
+    nb = bx * bn + lr0
+    ws0 = xs0 + XSTAGES * sbytes  # the W ring after x̂'s
+    stage_w(ws0, parts, bx * bn, N, K, g0)
+    stage_x(xs0, xq, xds, m0, MP, KW, g0)
+    ptx.cp_async_commit()
+    if g0 + 1 < g1:
+        stage_w(ws0 + wbytes, parts, bx * bn, N, K, g0 + 1)
+        stage_x(xs0 + sbytes, xq, xds, m0, MP, KW, g0 + 1)
+    ptx.cp_async_commit()
+    acc = cuda.local.array(n_acc, float32)
+    for i in range(n_acc):
+        acc[i] = float32(0.0)
+    for grp in range(g0, g1):
+        i = grp - g0
+        ptx.cp_async_wait_group(1)
+        cuda.syncthreads()  # the group's stages have landed; every warp is done with those it frees
+        if grp + 2 < g1:
+            stage_w(ws0 + ((i + 2) % 3) * wbytes, parts, bx * bn, N, K, grp + 2)
+            stage_x(xs0 + ((i + 2) % 3) * sbytes, xq, xds, m0, MP, KW, grp + 2)
+        ptx.cp_async_commit()
+        wsi = ws0 + (i % 3) * wbytes
+{rows}
+        step(({xs},), grp, xs0 + (i % 3) * sbytes, acc, t, g)
+    ptx.cp_async_wait_all()
+    # -- epilogue: acc[4 mt n + 2 i + j]: row nb + 8 i, token 8 n + 2t + j --
+    for n in range(ni):
+        for j in range(2):
+            tok = m0 + 8 * n + 2 * t + j
+            if tok < M:
+                for i in range({lane_rows}):
+                    row = nb + 8 * i
+                    if row < N:
+                        part[s, tok, col0 + row] = acc[{lane_rows} * 2 * n + 2 * i + j]
+"""
+
+
 _BODY = """
 def body(xq, xds, parts, part, bx, col0, N, xs0):
     s = cuda.blockIdx.y
@@ -325,11 +417,26 @@ def body(xq, xds, parts, part, bx, col0, N, xs0):
 """
 
 
-def body_of(ggml_type, ni: int, mt: int):
+def body_of(ggml_type, ni: int, mt: int, ring: bool = False):
     """The device function of one block's work, body(xq, xds, parts, part, bx, col0, N, xs0): W
     rows bn bx .. of a weight of N rows (parts) against tokens bm blockIdx.z .. over split
-    blockIdx.y, its partial tile into part[s] from column col0; xs0 the x̂ ring in shared memory."""
+    blockIdx.y, its partial tile into part[s] from column col0; xs0 the x̂ ring in shared memory
+    (ring_bytes(ni, mt, ring) of it: with a W ring, W's stages follow x̂'s)."""
     lane_rows = 2 * mt
+    if ring:
+        assert T(ggml_type) in W_RING_TYPES, f"no W ring for {T(ggml_type).name}"
+        src = _BODY_RING.format(
+            warp_rows=16 * mt, lane_rows=lane_rows,
+            rows="\n".join(f"        x{i} = _q4_k_row_shared(wsi, lr0 + {8 * i}, t)" for i in range(lane_rows)),
+            xs=", ".join(f"x{i}" for i in range(lane_rows)))
+        bm, bn = 8 * ni, block_rows(mt)
+        scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
+                 "_q4_k_row_shared": _q4_k_row_shared, "step": make_step(ggml_type, ni, mt), "bm": bm, "bn": bn,
+                 "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx, "XSTAGES": XSTAGES,
+                 "stage_x": _stage_x(bm), "sbytes": stage_bytes(bm), "stage_w": _stage_w(bn),
+                 "wbytes": w_stage_bytes(bn)}
+        exec(src, scope)
+        return cuda.jit(device=True, inline=True)(scope["body"])
     src = _BODY.format(
         warp_rows=16 * mt, lane_rows=lane_rows,
         rows="\n".join(f"    r{i} = min(nb + {8 * i}, N - 1)" for i in range(lane_rows)),
@@ -345,12 +452,18 @@ def body_of(ggml_type, ni: int, mt: int):
     return cuda.jit(device=True, inline=True)(scope["body"])
 
 
+def ring_bytes(ni: int, mt: int, ring: bool = False) -> int:
+    """Shared bytes of a block's ring: x̂'s stages, then W's with a W ring."""
+    return XSTAGES * (stage_bytes(8 * ni) + (w_stage_bytes(block_rows(mt)) if ring else 0))
+
+
 @lru_cache(maxsize=None)
-def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT):
+def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT, ring: bool = False):
     """The split-K kernel of one weight type, ni n8 token tiles a block and mt m16 tiles of W a
-    warp, capped at `regs` registers a thread where given."""
-    body = body_of(ggml_type, ni, mt)
-    ring_words, align = XSTAGES * stage_bytes(8 * ni) // 4, ptx.SMEM_ALIGN
+    warp, capped at `regs` registers a thread where given; W through the cp.async ring (ring) or
+    a group ahead in registers."""
+    body = body_of(ggml_type, ni, mt, ring)
+    ring_words, align = ring_bytes(ni, mt, ring) // 4, ptx.SMEM_ALIGN
 
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
@@ -392,20 +505,26 @@ def supports(ggml_type, K: int) -> bool:
     return t in TYPES and K % max(GROUP, GGML_QUANT_SIZES[t][0]) == 0
 
 
+def ring_for(ggml_type) -> bool:
+    """Whether a weight of ggml_type takes the W ring (tuning.MMQ_W_RING, the types it has)."""
+    return tuning.MMQ_W_RING and T(ggml_type) in W_RING_TYPES
+
+
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
             accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int | None = None,
-            reduce: bool = True):
+            reduce: bool = True, ring: bool | None = None):
     N, K = w.rows, w.cols
     mt = mt or mt_for(M, N)
     ni = ni or ni_for(M)
-    regs = REGS.get((T(w.ggml_type), ni, mt), 0) if regs is None else regs
+    ring = ring_for(w.ggml_type) if ring is None else ring
+    regs = (RING_REGS if ring else REGS).get((T(w.ggml_type), ni, mt), 0) if regs is None else regs
     assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= -(-M // (8 * ni)) * 8 * ni and N % 8 == 0
     for y in ys:
         assert y.dtype == np.float32 and y.is_c_contiguous() and y.shape[0] == M
     assert supports(w.ggml_type, K), f"no int8 GEMM for {T(w.ggml_type).name} at K={K}"
     assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
-    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
+    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt, ring), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
            THREADS, stream,
            xq.q, xq.ds, w.parts, part)
     if reduce:
@@ -414,18 +533,19 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
 
 def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, accumulate: bool = False,
              ni: int | None = None, regs: int | None = None, norm: tuple | None = None, mt: int | None = None,
-             quantized: bool = False, reduce: bool = True):
+             quantized: bool = False, reduce: bool = True, ring: bool | None = None):
     """c (M, N) float32 = x̂ · dequant(w)ᵀ (c += with accumulate), x (M, K) float32 quantized into
     xq first (of RMSNorm(x) * wn with norm (wn, eps); quantized: xq holds it already, written by
     another kernel, x read for its shape alone); part: a float32 scratch (splits, M, N), where
     reduce=False leaves the partial products (c untouched). ni (token tiles a block, ni_for's by
-    default), regs (a register cap, REGS's by default) and mt (m16 tiles of W a warp) are for
-    scripts/bench_gemm_few.py."""
+    default), regs (a register cap, REGS's or RING_REGS's by default), mt (m16 tiles of W a warp)
+    and ring (W through the cp.async ring; ring_for's by default) are for scripts/bench_gemm_few.py
+    and the tests."""
     M = x.shape[0]
     assert x.shape[1] == w.cols and c.shape == (M, w.rows) and not (quantized and norm is not None)
     if not quantized:
         quantize_x32(x, xq, stream, norm)
-    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs, mt, reduce)
+    _launch(xq, M, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, ni, regs, mt, reduce, ring)
 
 
 def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None):
@@ -446,4 +566,8 @@ def build_signatures() -> list:
         (gemm_mmq_kernel(t, ni, REGS.get((t, ni, mt), 0), mt), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
          {"max_registers": REGS.get((t, ni, mt), 255)})
         for t in TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
+    ] + [
+        (gemm_mmq_kernel(t, ni, RING_REGS.get((t, ni, mt), 0), mt, True),
+         types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": RING_REGS.get((t, ni, mt), 255)})
+        for t in W_RING_TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
     ]
