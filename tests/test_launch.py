@@ -93,8 +93,9 @@ def test_key_of_a_kernel_made_from_a_string_follows_its_code_and_globals():
     from impnb.kernels.gemm import gemm_mmq
 
     sig = types.void(gemm_mmq.U32_2D, gemm_mmq.F32_3D, gemm_mmq.parts_type(T.Q4_K), gemm_mmq.F32_3D).args
-    keys = {cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, ni, 0, mt), sig, CC) for ni in (1, 2, 4) for mt in (2, 4)}
-    assert len(keys) == 6 and None not in keys
+    keys = {cache.cache_key(gemm_mmq.gemm_mmq_kernel(T.Q4_K, ni, 0, mt, ring), sig, CC)
+            for ni in (1, 2, 4) for mt, ring in ((2, False), (4, False), (1, True), (2, True))}
+    assert len(keys) == 12 and None not in keys  # the W ring's bodies too
     out = key_in_another_process("from numba.cuda import types; from impnb.kernels.gemm import gemm_mmq as g",
                                  "g.gemm_mmq_kernel(T.Q4_K, 4, 0, 2), "
                                  "types.void(g.U32_2D, g.F32_3D, g.parts_type(T.Q4_K), g.F32_3D).args")
