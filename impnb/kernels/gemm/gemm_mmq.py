@@ -36,7 +36,8 @@ their words from shared memory, rows WROW bytes apart so those loads fall on dis
 x̂ is quant_x32's QuantX32 (quantize_x32, or another kernel's int8 output).
 
 The kernel's work is a device function of its weight, rows and output columns (body_of), which
-gemm_mmq_pair.py's kernel runs for two weights in one launch.
+gemm_mmq_pair.py's kernel runs for two weights in one launch; a K group's lane loads and mma
+steps are gemm_mmq_step.py's.
 
 Requirements (asserted): K a multiple of 256 (Q4_K, Q6_K) or 128 (Q8_0); N % 8 == 0.
 Numpy reference: gemm_mmq_ref.
@@ -46,14 +47,13 @@ from functools import lru_cache
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from numba import cuda, float32, int32, types, uint32
+from numba import cuda, float32, types, uint32
 
 from impnb import tuning
 from impnb.kernels.common import ptx
-from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.quant_blocks_k import k_scales
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.gemm_few import block_split
+from impnb.kernels.gemm.gemm_mmq_step import ROWS, XROW, make_step
 from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemm.quant_x32 import U32_2D, QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.kernels.gemv.gemv import parts_type
@@ -70,8 +70,6 @@ MAX_NI = 4                  # n8 token tiles a block at most (32 tokens; more: g
 # 2: 1.0-1.5x at the 8B's shapes, 16 rows); Q6_K and Q8_0 spill there
 REGS = {(T.Q4_K, 2, 2): 168}
 TYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
-XROW = 160                  # bytes a token's x̂ row of a group takes in the shared stage (128 + 32:
-                            # a warp's 8-byte fragment loads fall on distinct banks)
 XSTAGES = 3                 # x̂ stages in the kernel's ring (and W's, with a W ring)
 W_RING_TYPES = (T.Q4_K,)    # the types whose W can come through the ring
 WROW = 96                   # bytes a W row of a group takes in the W ring: Q4_K's 64 bytes of quants
@@ -79,10 +77,6 @@ WROW = 96                   # bytes a W row of a group takes in the W ring: Q4_K
                             # 8-byte loads read at once (2 phases of 4 rows) fall on distinct banks
 # (type, ni, mt) -> register cap with a W ring (3 blocks an SM at two token and two W tiles)
 RING_REGS = {(T.Q4_K, 2, 2): 152}  # two token tiles and two W tiles: 168 uncapped, 152 without spills
-LO4 = qi.LO4
-LO2 = qi.LO2
-S6_BIAS = np.uint32(0x60606060)   # (q + 96) ^ 128 = q - 32 in int8, byte-wise for q < 64
-SIGN8 = qi.SIGN8
 
 
 def gemm_mmq_ref(x: np.ndarray, raw: np.ndarray, ggml_type, c: np.ndarray | None = None) -> np.ndarray:
@@ -101,173 +95,6 @@ def slab_rows(M: int) -> int:
 
 
 # -- the GEMM --
-
-@cuda.jit(device=True, inline=True)
-def _s8(word, b):
-    # byte b of word as a signed int32
-    v = int32(qi.shr32(word, 8 * b) & 0xFF)
-    return int32(v - 256) if v > 127 else v
-
-
-@cuda.jit(device=True, inline=True)
-def _q4_k_row(parts, r, K, grp, t):
-    # row r's group grp: qs words (pair 0: w0, w1; pair 1: w2, w3) at columns 8t.., its superblock's header
-    qs, hdr = parts
-    base = r * (K // 8) + 16 * grp + 2 * t
-    w0, w1 = qi.ldg_u32x2(qs, base)
-    w2, w3 = qi.ldg_u32x2(qs, base + 8)
-    h0, h1, h2, h3 = qi.ldg_u32x4_l1(hdr, 4 * (r * (K // 256) + (grp >> 1)))
-    return (w0, w1, w2, w3), (h0, h1, h2, h3)
-
-
-@cuda.jit(device=True, inline=True)
-def _q4_k_scales(raw, P):
-    # (d sc, dmin m) of sub-blocks 2P and 2P + 1 of the row's superblock
-    hdr = raw[1]
-    sc0, mn0, sc1, mn1 = k_scales(hdr, 2 * P)
-    d = qi.f16_to_f32(hdr[0] & qi.HALF)
-    dm = qi.f16_to_f32(hdr[0] >> 16)
-    return d * sc0, dm * mn0, d * sc1, dm * mn1
-
-
-@cuda.jit(device=True, inline=True)
-def _q6_k_row(parts, r, K, grp, t):
-    # row r's half-superblock grp: ql words (columns 16m + 4t.., m < 4), qh words, 8 int8 scales, d
-    ql, qh, sc, d = parts
-    lb = r * (K // 8) + 16 * grp + t
-    hb = r * (K // 16) + 8 * grp + t
-    s0, s1 = qi.ldg_u32x2_l1(sc, r * (K // 16) + 8 * grp)
-    return ((qi.ldg_u32_l1(ql, lb), qi.ldg_u32_l1(ql, lb + 4), qi.ldg_u32_l1(ql, lb + 8), qi.ldg_u32_l1(ql, lb + 12)),
-            (qi.ldg_u32_l1(qh, hb), qi.ldg_u32_l1(qh, hb + 4)), (s0, s1), float32(d[r * (K // 256) + (grp >> 1)]))
-
-
-@cuda.jit(device=True, inline=True)
-def _q6_k_quants(raw, i):
-    # sub-block i's 4 values of this lane (columns 16 i + 4t ..) as int8 q - 32
-    q = (qi.shr32(raw[0][i & 3], 4 * (i >> 2)) & LO4) | ((qi.shr32(raw[1][i & 1], 2 * (i >> 1)) & LO2) << 4)
-    return (q + S6_BIAS) ^ SIGN8
-
-
-@cuda.jit(device=True, inline=True)
-def _q8_0_row(parts, r, K, grp, t):
-    # row r's group grp: 4 blocks' words at columns 8t.. (w[2j], w[2j + 1] of block j) and their scales
-    qs, d = parts
-    base = r * (K // 4) + 32 * grp + 2 * t
-    w0, w1 = qi.ldg_u32x2(qs, base)
-    w2, w3 = qi.ldg_u32x2(qs, base + 8)
-    w4, w5 = qi.ldg_u32x2(qs, base + 16)
-    w6, w7 = qi.ldg_u32x2(qs, base + 24)
-    db = r * (K // 32) + 4 * grp
-    return (w0, w1, w2, w3, w4, w5, w6, w7), (float32(d[db]), float32(d[db + 1]), float32(d[db + 2]),
-                                              float32(d[db + 3]))
-
-
-# -- each type's step over one group, generated as straight-line code (loops over constants stay
-#    rolled in numba, and the loads, mma and epilogue of a chain then serialize) --
-
-# dense: the group's x̂ stage in shared memory at xs (the kernel's ring); grouped (one token tile
-# whose rows are gathered, x̂ from global memory): the lane's token row xrow (its B fragment's) and
-# the rows d0, d1 of tokens 2t, 2t + 1 (its C columns')
-_STEP_ARGS = "rows, grp, xs, acc, t, g"
-_GROUPED_STEP_ARGS = "rows, grp, xq, xds, acc, xrow, d0, d1, MP, KW, t"
-
-
-def _x_loads(L, n, j, both, grouped, bm):
-    # token tile n's x̂ fragments and (d, s) of tokens 2t, 2t + 1 in x̂ group j of the K group:
-    # dense from the stage (xa{n} the lane's row there, xd{n} its tokens' pairs of group 0),
-    # grouped from xq, xds at group 4 grp + j
-    if grouped:
-        pair, one = "qi.ldg_u32x2_l1(xq, {})", "qi.ldg_u32_l1(xq, {})"
-        at = (f"xr{n} + 8 * (4 * grp + {j})", f"xr{n} + 8 * (4 * grp + {j}) + 4")
-    else:
-        pair, one = "ptx.ld_shared_v2_u32({})", "ptx.ld_shared_u32({})"
-        at = (f"xa{n} + {32 * j}", f"xa{n} + {32 * j + 16}")
-    if both:
-        L.append(f"    b0, b1 = {pair.format(at[0])}")
-    else:
-        L += [f"    be = {one.format(at[0])}", f"    bo = {one.format(at[1])}"]
-    if not grouped:
-        L.append(f"    dx0, sx0, dx1, sx1 = ptx.ld_shared_v4_f32(xd{n} + {8 * j * bm})")
-        return
-    L.append(f"    u0, u1 = qi.ldg_u32x2_l1(xds, 2 * ((4 * grp + {j}) * MP + d0))")
-    L.append(f"    u2, u3 = qi.ldg_u32x2_l1(xds, 2 * ((4 * grp + {j}) * MP + d1))")
-    L.append("    dx0, sx0, dx1, sx1 = qi.as_f32(u0), qi.as_f32(u1), qi.as_f32(u2), qi.as_f32(u3)")
-
-
-def _acc(L, o, c, f, mins=None):
-    # acc[o + i] += float(c_i) * (f_row * dx_tok) (- m_row * sx_tok): i = 0, 1 row g; 2, 3 row g + 8
-    for i in range(4):
-        fr, tok = f[i >> 1], i & 1
-        L.append(f"    acc[{o + i}] += float32({c[i]}) * ({fr} * dx{tok})")
-        if mins:
-            L.append(f"    acc[{o + i}] -= {mins[i >> 1]} * sx{tok}")
-
-
-def _step_source(ggml_type, ni: int, mt: int = MT, grouped: bool = False) -> str:
-    # lane rows x0 .. x{2 mt - 1}: tile i holds rows 2i (g) and 2i + 1 (g + 8); acc[4 mt n + 4 i ..]
-    rows, tiles = range(2 * mt), range(mt)
-    assert ni == 1 or not grouped
-    bm = 8 * ni
-    L = [f"def step({_GROUPED_STEP_ARGS if grouped else _STEP_ARGS}):"]
-    L += [f"    x{r} = rows[{r}]" for r in rows]
-    for n in range(ni):
-        if grouped:
-            L.append(f"    xr{n} = xrow * KW + {1 if ggml_type == T.Q6_K else 2} * t")
-        else:
-            L.append(f"    xa{n} = xs + {8 * n * XROW} + g * {XROW} + {4 if ggml_type == T.Q6_K else 8} * t")
-            L.append(f"    xd{n} = xs + {bm * XROW + 64 * n} + 16 * t")
-    if ggml_type == T.Q4_K:
-        for p in range(2):
-            L += [f"    s{r} = _q4_k_scales(x{r}, 2 * (grp & 1) + {p})" for r in rows]
-            for hi in range(2):
-                L += [f"    a{i}_{j} = qi.shr32(x{2 * i + (j & 1)}[0][{2 * p + (j >> 1)}], {4 * hi}) & LO4"
-                      for i in tiles for j in range(4)]
-                for n in range(ni):
-                    _x_loads(L, n, 2 * p + hi, True, grouped, bm)
-                    for i in tiles:
-                        L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(a{i}_0, a{i}_1, a{i}_2, a{i}_3, b0, b1, "
-                                 "0, 0, 0, 0)")
-                        _acc(L, 4 * mt * n + 4 * i, ("c0", "c1", "c2", "c3"),
-                             (f"s{2 * i}[{2 * hi}]", f"s{2 * i + 1}[{2 * hi}]"),
-                             (f"s{2 * i}[{2 * hi + 1}]", f"s{2 * i + 1}[{2 * hi + 1}]"))
-    elif ggml_type == T.Q6_K:
-        for pr in range(4):
-            L += [f"    e{r} = _q6_k_quants(x{r}, {2 * pr})" for r in rows]
-            L += [f"    o{r} = _q6_k_quants(x{r}, {2 * pr + 1})" for r in rows]
-            L += [f"    se{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1)})" for r in rows]
-            L += [f"    so{r} = _s8(x{r}[2][{pr >> 1}], {2 * (pr & 1) + 1})" for r in rows]
-            for n in range(ni):
-                _x_loads(L, n, pr, False, grouped, bm)
-                for i in tiles:
-                    r0, r1 = 2 * i, 2 * i + 1
-                    L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k16(e{r0}, e{r1}, be, 0, 0, 0, 0)")
-                    L.append(f"    f0, f1, f2, f3 = ptx.mma_s8_k16(o{r0}, o{r1}, bo, 0, 0, 0, 0)")
-                    sums = [f"int32(se{r0 if k < 2 else r1} * c{k} + so{r0 if k < 2 else r1} * f{k})" for k in range(4)]
-                    _acc(L, 4 * mt * n + 4 * i, sums, (f"x{r0}[3]", f"x{r1}[3]"))
-    else:
-        for j in range(4):
-            for n in range(ni):
-                _x_loads(L, n, j, True, grouped, bm)
-                for i in tiles:
-                    r0, r1 = 2 * i, 2 * i + 1
-                    L.append(f"    c0, c1, c2, c3 = ptx.mma_s8_k32(x{r0}[0][{2 * j}], x{r1}[0][{2 * j}], "
-                             f"x{r0}[0][{2 * j + 1}], x{r1}[0][{2 * j + 1}], b0, b1, 0, 0, 0, 0)")
-                    _acc(L, 4 * mt * n + 4 * i, ("c0", "c1", "c2", "c3"), (f"x{r0}[1][{j}]", f"x{r1}[1][{j}]"))
-    return "\n".join(L) + "\n"
-
-
-def make_step(ggml_type, ni: int, mt: int = MT, grouped: bool = False):
-    """The device function of one K group's mma steps (_step_source), for gemm_mmq's kernel (x̂
-    from the block's shared stage) or, grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py)."""
-    scope = {"__name__": __name__, "qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4,
-             "_q4_k_scales": _q4_k_scales,
-             "_q6_k_quants": _q6_k_quants, "_s8": _s8}
-    exec(_step_source(T(ggml_type), ni, mt, grouped), scope)
-    return cuda.jit(device=True, inline=True)(scope["step"])
-
-
-ROWS = {T.Q4_K: _q4_k_row, T.Q6_K: _q6_k_row, T.Q8_0: _q8_0_row}  # a lane's loads of a W row's K group
-
 
 def stage_bytes(bm: int) -> int:
     """Shared bytes of one x̂ stage of bm tokens: each token's 128 bytes of the group (rows XROW
@@ -329,51 +156,28 @@ def _q4_k_row_shared(ws, lr, t):
     return (w0, w1, w2, w3), (h0, h1, h2, h3)
 
 
-_BODY_RING = """
-def body(xq, xds, parts, part, bx, col0, N, xs0):
-    s = cuda.blockIdx.y
-    M = part.shape[1]
-    KW = xq.shape[1]
-    K = 4 * KW
-    MP = xq.shape[0]
-    g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
-    lr0 = warp * {warp_rows} + g  # this lane's rows in the block: lr0 + 8 i
-    nb = bx * bn + lr0
-    ws0 = xs0 + XSTAGES * sbytes  # the W ring after x̂'s
-    stage_w(ws0, parts, bx * bn, N, K, g0)
-    stage_x(xs0, xq, xds, m0, MP, KW, g0)
-    ptx.cp_async_commit()
-    if g0 + 1 < g1:
-        stage_w(ws0 + wbytes, parts, bx * bn, N, K, g0 + 1)
-        stage_x(xs0 + sbytes, xq, xds, m0, MP, KW, g0 + 1)
-    ptx.cp_async_commit()
-    acc = cuda.local.array(n_acc, float32)
-    for i in range(n_acc):
-        acc[i] = float32(0.0)
-    for grp in range(g0, g1):
-        i = grp - g0
-        ptx.cp_async_wait_group(1)
-        cuda.syncthreads()  # the group's stages have landed; every warp is done with those it frees
-        if grp + 2 < g1:
-            stage_w(ws0 + ((i + 2) % 3) * wbytes, parts, bx * bn, N, K, grp + 2)
-            stage_x(xs0 + ((i + 2) % 3) * sbytes, xq, xds, m0, MP, KW, grp + 2)
-        ptx.cp_async_commit()
-        wsi = ws0 + (i % 3) * wbytes
-{rows}
-        step(({xs},), grp, xs0 + (i % 3) * sbytes, acc, t, g)
-    ptx.cp_async_wait_all()
-    # -- epilogue: acc[4 mt n + 2 i + j]: row nb + 8 i, token 8 n + 2t + j --
-    for n in range(ni):
-        for j in range(2):
-            tok = m0 + 8 * n + 2 * t + j
-            if tok < M:
-                for i in range({lane_rows}):
-                    row = nb + 8 * i
-                    if row < N:
-                        part[s, tok, col0 + row] = acc[{lane_rows} * 2 * n + 2 * i + j]
-"""
+def _stage(bm: int, bn: int, ring: bool):
+    """The device function staging group grp: x̂ of tokens m0 .. at xs and, with a W ring, W rows
+    r0 .. at ws."""
+    stage_x = _stage_x(bm)
+    if not ring:
+        @cuda.jit(device=True, inline=True)
+        def stage(xs, ws, xq, xds, parts, m0, MP, KW, r0, N, K, grp):
+            stage_x(xs, xq, xds, m0, MP, KW, grp)
+        return stage
+    stage_w = _stage_w(bn)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_ring(xs, ws, xq, xds, parts, m0, MP, KW, r0, N, K, grp):
+        stage_w(ws, parts, r0, N, K, grp)
+        stage_x(xs, xq, xds, m0, MP, KW, grp)
+    return stage_ring
 
 
+# the block's work; the W rows' loads differ by ring (body_of): without it {rows} clamps the lane's
+# rows, {first} / {next} load group g0's / the next group's words into registers and {advance}
+# makes those the current; with it {rows} places the lane's rows in the block and {current} reads
+# the group's words from its W stage
 _BODY = """
 def body(xq, xds, parts, part, bx, col0, N, xs0):
     s = cuda.blockIdx.y
@@ -383,27 +187,29 @@ def body(xq, xds, parts, part, bx, col0, N, xs0):
     MP = xq.shape[0]
     g0, g1, m0, warp, g, t = block_split(K // GROUP, bm)
     nb = bx * bn + warp * {warp_rows} + g  # this lane's rows: nb + 8 i (tile i // 2)
+    ws0 = xs0 + XSTAGES * sbytes  # the W ring after x̂'s, with one
 {rows}
-    stage_x(xs0, xq, xds, m0, MP, KW, g0)
+    stage(xs0, ws0, xq, xds, parts, m0, MP, KW, bx * bn, N, K, g0)
     ptx.cp_async_commit()
     if g0 + 1 < g1:
-        stage_x(xs0 + sbytes, xq, xds, m0, MP, KW, g0 + 1)
+        stage(xs0 + sbytes, ws0 + wbytes, xq, xds, parts, m0, MP, KW, bx * bn, N, K, g0 + 1)
     ptx.cp_async_commit()
     acc = cuda.local.array(n_acc, float32)
     for i in range(n_acc):
         acc[i] = float32(0.0)
 {first}
     for grp in range(g0, g1):
-        gn = min(grp + 1, g1 - 1)
 {next}
         i = grp - g0
         ptx.cp_async_wait_group(1)
-        cuda.syncthreads()  # the group's stage has landed; every warp is done with the stage it frees
+        cuda.syncthreads()  # the group's stages have landed; every warp is done with those it frees
         if grp + 2 < g1:
-            stage_x(xs0 + ((i + 2) % 3) * sbytes, xq, xds, m0, MP, KW, grp + 2)
+            stage(xs0 + ((i + 2) % 3) * sbytes, ws0 + ((i + 2) % 3) * wbytes, xq, xds, parts, m0, MP, KW,
+                  bx * bn, N, K, grp + 2)
         ptx.cp_async_commit()
+{current}
         step(({xs},), grp, xs0 + (i % 3) * sbytes, acc, t, g)
-        {xs} = {ys}
+{advance}
     ptx.cp_async_wait_all()
     # -- epilogue: acc[4 mt n + 2 i + j]: row nb + 8 i, token 8 n + 2t + j --
     for n in range(ni):
@@ -420,34 +226,30 @@ def body(xq, xds, parts, part, bx, col0, N, xs0):
 def body_of(ggml_type, ni: int, mt: int, ring: bool = False):
     """The device function of one block's work, body(xq, xds, parts, part, bx, col0, N, xs0): W
     rows bn bx .. of a weight of N rows (parts) against tokens bm blockIdx.z .. over split
-    blockIdx.y, its partial tile into part[s] from column col0; xs0 the x̂ ring in shared memory
-    (ring_bytes(ni, mt, ring) of it: with a W ring, W's stages follow x̂'s)."""
+    blockIdx.y, its partial tile into part[s] from column col0; xs0 the block's ring in shared
+    memory (ring_bytes(ni, mt, ring) of it: with a W ring, W's stages follow x̂'s)."""
+    assert not ring or T(ggml_type) in W_RING_TYPES, f"no W ring for {T(ggml_type).name}"
     lane_rows = 2 * mt
+
+    def lines(fmt):  # fmt for each of the lane's rows i (offset o = 8 i in the warp's rows)
+        return "\n".join(fmt.format(i=i, o=8 * i) for i in range(lane_rows))
+    xs = ", ".join(f"x{i}" for i in range(lane_rows))
     if ring:
-        assert T(ggml_type) in W_RING_TYPES, f"no W ring for {T(ggml_type).name}"
-        src = _BODY_RING.format(
-            warp_rows=16 * mt, lane_rows=lane_rows,
-            rows="\n".join(f"        x{i} = _q4_k_row_shared(wsi, lr0 + {8 * i}, t)" for i in range(lane_rows)),
-            xs=", ".join(f"x{i}" for i in range(lane_rows)))
-        bm, bn = 8 * ni, block_rows(mt)
-        scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
-                 "_q4_k_row_shared": _q4_k_row_shared, "step": make_step(ggml_type, ni, mt), "bm": bm, "bn": bn,
-                 "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx, "XSTAGES": XSTAGES,
-                 "stage_x": _stage_x(bm), "sbytes": stage_bytes(bm), "stage_w": _stage_w(bn),
-                 "wbytes": w_stage_bytes(bn)}
-        exec(src, scope)
-        return cuda.jit(device=True, inline=True)(scope["body"])
-    src = _BODY.format(
-        warp_rows=16 * mt, lane_rows=lane_rows,
-        rows="\n".join(f"    r{i} = min(nb + {8 * i}, N - 1)" for i in range(lane_rows)),
-        first="\n".join(f"    x{i} = load_row(parts, r{i}, K, g0, t)" for i in range(lane_rows)),
-        next="\n".join(f"        y{i} = load_row(parts, r{i}, K, gn, t)" for i in range(lane_rows)),
-        xs=", ".join(f"x{i}" for i in range(lane_rows)), ys=", ".join(f"y{i}" for i in range(lane_rows)))
-    bm = 8 * ni
+        regs = {"rows": f"    lr0 = warp * {16 * mt} + g  # the lane's rows in the block: lr0 + 8 i",
+                "first": "", "next": "", "advance": "",
+                "current": lines("        x{i} = _q4_k_row_shared(ws0 + (i % 3) * wbytes, lr0 + {o}, t)")}
+    else:
+        regs = {"rows": lines("    r{i} = min(nb + {o}, N - 1)"),
+                "first": lines("    x{i} = load_row(parts, r{i}, K, g0, t)"),
+                "next": "        gn = min(grp + 1, g1 - 1)\n" + lines("        y{i} = load_row(parts, r{i}, K, gn, t)"),
+                "current": "", "advance": f"        {xs} = {', '.join(f'y{i}' for i in range(lane_rows))}"}
+    src = _BODY.format(warp_rows=16 * mt, lane_rows=lane_rows, xs=xs, **regs)
+    bm, bn = 8 * ni, block_rows(mt)
     scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
-             "load_row": ROWS[T(ggml_type)], "step": make_step(ggml_type, ni, mt), "bm": bm,
-             "bn": block_rows(mt), "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx,
-             "stage_x": _stage_x(bm), "sbytes": stage_bytes(bm)}
+             "load_row": ROWS[T(ggml_type)], "_q4_k_row_shared": _q4_k_row_shared,
+             "step": make_step(ggml_type, ni, mt), "bm": bm, "bn": bn, "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx,
+             "XSTAGES": XSTAGES, "stage": _stage(bm, bn, ring), "sbytes": stage_bytes(bm),
+             "wbytes": w_stage_bytes(bn) if ring else 0}
     exec(src, scope)
     return cuda.jit(device=True, inline=True)(scope["body"])
 

@@ -26,6 +26,7 @@ from numba import cuda, float32, types
 from impnb.kernels.common import ptx
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm import gemm_mmq as mmq
+from impnb.kernels.gemm.gemm_mmq_step import ROWS, make_step
 from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32, dequantize_x32_ref
 from impnb.kernels.gemv.gemv import parts_type
 from impnb.kernels.gemv.gemv_units import GLU_ACTS, NO_GLU
@@ -111,7 +112,7 @@ def gemm_mmq_grouped_kernel(ggml_type, glu: int = NO_GLU):
         next="\n".join(f"        y{i} = load_row(parts, r{i}, K, gn, t)" for i in range(lane_rows)),
         xs=", ".join(f"x{i}" for i in range(lane_rows)), ys=", ".join(f"y{i}" for i in range(lane_rows)))
     scope = {"__name__": __name__, "cuda": cuda, "ptx": ptx, "float32": float32, "GROUP": mmq.GROUP,
-             "load_row": mmq.ROWS[T(ggml_type)], "step": mmq.make_step(ggml_type, 1, MT, grouped=True),
+             "load_row": ROWS[T(ggml_type)], "step": make_step(ggml_type, 1, MT, grouped=True),
              "bn": out_rows_per_block(bool(glu)), "warp_rows": out_rows_per_block(bool(glu)) // WARPS,
              "n_acc": 4 * MT, "out_lane_rows": 2 if glu else lane_rows, "glu": bool(glu), "act": GLU_ACTS[glu]}
     exec(src, scope)
