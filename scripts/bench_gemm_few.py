@@ -43,7 +43,6 @@ def main() -> int:
     ap.add_argument("--shapes", help="only these shapes (TYPE NxK, comma-separated)")
     args = ap.parse_args()
     m = DeviceModel(open_model_file(resolve_model(args.model)), 1024)
-    rng = np.random.default_rng(0)
     sms = gemv_stream.sm_count()
     groups, _ = weights_by_shape(m)
     for (t, N, K), ws in groups.items():
@@ -54,15 +53,16 @@ def main() -> int:
             if not mod.supports(t, K):
                 continue
             for M in map(int, args.rows.split(",")):
-                bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args)
+                bench_shape(m, name, mod, t, N, K, M, ws, sms, args)
     return 0
 
 
 _FIRST = {}  # (type, N, K, M, family) -> the first variant's output
 
 
-def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
-    x = m.ctx.upload(rng.standard_normal((M, K)).astype(np.float32))
+def bench_shape(m, name, mod, t, N, K, M, ws, sms, args) -> None:
+    # the same x for every kernel and variant of a shape: each output is checked against the first's
+    x = m.ctx.upload(np.random.default_rng([M, K]).standard_normal((M, K)).astype(np.float32))
     h16 = np.random.default_rng(1).standard_normal((M, K)).astype(np.float16)
     x16 = m.ctx.upload(h16)
     x16p = m.ctx.upload(gemm_wgmma_rs_block.permute_a(h16))
@@ -71,7 +71,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     variants = [(None, 0, 2)] if name in ("few", "wrs", "wrs3", "wrs4") else [(None, int(d), int(f)) for d in args.ahead.split(",")
                                                       for f in args.f16x2.split(",")] \
         if name == "wgf" else [
-        tuple(int(f) for f in (v + ":-1:0").split(":")[:3])
+        tuple(int(f) for f in (v.split(":") + ["-1", "0"][v.count(":"):])[:3])
         for v in (args.mmqr_variants if name == "mmqr" else args.mmq_variants).split(",")]
     # the first variant's output: every other must match it (mmq's and mmqr's variants, one product)
     key = (t, N, K, M, "mmq" if name.startswith("mmq") else name)
@@ -79,7 +79,7 @@ def bench_shape(m, name, mod, t, N, K, M, ws, rng, sms, args) -> None:
     for ni, regs, mt in variants:
         if ni is not None and ni > -(-M // 8):
             continue
-        S0 = gemm_mmq.splits_for(M, N, K, sms, mt or None) if name.startswith("mmq") else mod.splits_for(M, N, K, sms=sms)
+        S0 = gemm_mmq.splits_for(M, N, K, sms, mt or None, ggml_type=t, ring=name == "mmqr") if name.startswith("mmq") else mod.splits_for(M, N, K, sms=sms)
         unit = gemm_wgmma_few.BK if name == "wgf" else mod.GROUP
         row = []
         for S in sorted({max(1, min(K // unit, round(S0 * float(f))))

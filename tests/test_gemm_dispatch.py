@@ -81,6 +81,30 @@ def test_few_splits_for():
     assert splits_for(16, 1024, 4096) == 16  # at least two groups of 128 columns a split
 
 
+def test_mmq_splits_fill_one_wave(monkeypatch):
+    """gemm_mmq's splits: one wave of the build's resident blocks (the 8B's shapes at 16 and 32
+    rows, where it measured fastest), the W ring's fewer registers holding more; at least two K
+    groups a split; without a type (the pair) the two-blocks-an-SM rule."""
+    from gguf import GGMLQuantizationType as T
+
+    from impnb.kernels.gemm import gemm_mmq as g
+
+    assert [g.blocks_per_sm(T.Q4_K, ni, mt) for ni, mt in ((1, 1), (2, 1), (2, 2), (4, 1))] == [5, 4, 3, 3]
+    assert [g.blocks_per_sm(T.Q4_K, ni, mt, True) for ni, mt in ((1, 1), (2, 1), (2, 2), (4, 1))] == [7, 5, 4, 4]
+    assert g.blocks_per_sm(T.Q6_K, 2, 2) == 2
+    q4 = dict(ggml_type=T.Q4_K, ring=False)
+    assert g.splits_for(16, 24576, 4096, **q4) == 2    # 192 blocks of 128 rows, 396 slots
+    assert g.splits_for(16, 4096, 12288, **q4) == 8    # 64 blocks of 64 rows, 528 slots
+    assert g.splits_for(16, 6144, 4096, **q4) == 5
+    assert g.splits_for(32, 4096, 12288, **q4) == 6    # four token tiles: 132 registers, 396 slots
+    assert g.splits_for(32, 4096, 12288, ggml_type=T.Q4_K, ring=True) == 8  # 117 registers, 528 slots
+    assert g.splits_for(32, 24576, 4096, **q4) == 1    # 384 blocks fill the wave
+    assert g.splits_for(8, 1024, 1024, **q4) == 4      # at least two groups a split
+    assert g.splits_for(16, 4096, 12288) == 5          # the pair's rule
+    monkeypatch.setattr(g.tuning, "MMQ_WAVE_SPLITS", False)
+    assert g.splits_for(16, 4096, 12288, **q4) == 5
+
+
 INF = float("inf")
 
 

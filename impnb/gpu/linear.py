@@ -12,6 +12,8 @@ split-K tiles or the few-row GEMMs where its table entry says so, else cuBLAS. S
 Legend: T tokens, K input width, N output rows.
 """
 
+from functools import partial
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
@@ -105,7 +107,7 @@ class MatMul:
     def mmq(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False) -> None:
         """gemm_mmq of x (or of RMSNorm(x) * wn with norm) into y (y += with accumulate)."""
         w, (M, N) = lin.w, y.shape
-        S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count())
+        S = gemm_mmq.splits_for(M, N, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
         gemm_mmq.gemm_mmq(x, self.x32_buffers(M, w.cols), w, y, self.arena.get("splitk_part", (S, M, N)),
                           self.ctx.nb_stream, S, accumulate, norm=norm)
 
@@ -154,7 +156,8 @@ class MatMul:
             return ready if ready is not None else self.x16(x, norm, perm=path == "wrs")
 
         split_for = {"splitk": splits_for, "few": gemm_few.splits_for, "wgmma_few": gemm_wgmma_few.splits_for,
-                     "mmq": gemm_mmq.splits_for, "wrs": gemm_wgmma_rs.splits_for}.get(path)
+                     "mmq": partial(gemm_mmq.splits_for, ggml_type=w.ggml_type),
+                     "wrs": gemm_wgmma_rs.splits_for}.get(path)
         if split_for is not None:
             S = split_for(M, N, w.cols, sms=gemv_stream.sm_count())
             part = self.arena.get("splitk_part", (S, M, N))
@@ -197,7 +200,7 @@ class MatMul:
         if multi == MMQ:
             assert xin is None, "gemm_mmq quantizes its own x"
             M = x.shape[0]
-            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
             return
@@ -217,7 +220,7 @@ class MatMul:
             return
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
         if path == "mmq":
-            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
                                     self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
             return

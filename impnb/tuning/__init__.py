@@ -315,9 +315,13 @@ GEMM_PAIR_MMQ_ROWS = ()
 # blocks still hold SMs, the GEMM's blocks spread unevenly; measured faster at 32 (the synthetic
 # Qwen3-8B's B = 32; docs/EXPERIMENTS.md, 'Early launches'), not measured at the others.
 # IMPNB_WRS_PLAIN_TOKENS overrides (empty: every tile programmatic).
-# gemm_mmq's Q4_K W through its cp.async ring with x̂ (kernels/gemm/gemm_mmq.py, W_RING_TYPES)
-# instead of a group ahead in registers. IMPNB_MMQ_W_RING=1 turns it on.
-MMQ_W_RING = switch("MMQ_W_RING", False)
+# gemm_mmq's Q4_K W through its cp.async ring with x̂, each row's scales decoded once there
+# (kernels/gemm/gemm_mmq.py, W_RING_TYPES), instead of a group ahead in registers (the Qwen3-8B's
+# B = 16; level at its B = 32 and the 30B-A3B's B = 8 and 16). IMPNB_MMQ_W_RING=0 turns it off.
+MMQ_W_RING = switch("MMQ_W_RING", True)
+# gemm_mmq's split count: one wave of the build's resident blocks (gemm_mmq.splits_for);
+# IMPNB_MMQ_WAVE_SPLITS=0 takes about two blocks an SM instead.
+MMQ_WAVE_SPLITS = switch("MMQ_WAVE_SPLITS", True)
 WRS_PLAIN_TOKENS = env_ints("IMPNB_WRS_PLAIN_TOKENS")
 WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this

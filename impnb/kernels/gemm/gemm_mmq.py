@@ -31,7 +31,11 @@ on the step's chains, and a miss to L2 stalled them (1.1-1.25x slower at 8-16 to
 With a W ring (ring=True, Q4_K: W_RING_TYPES; tuning.MMQ_W_RING) the block's W rows come through
 the same cp.async ring as x̂, both in one commit group a K group: two groups of W in flight a block
 instead of one in registers, and no registers holding the next group (a warp's lanes then read
-their words from shared memory, rows WROW bytes apart so those loads fall on distinct banks).
+their words from shared memory, rows WROW bytes apart so those loads fall on distinct banks). Each
+row's 6-bit scales and mins are decoded once there, by the thread that copied its header, while
+the block multiplies the group before (without the ring each of the four lanes holding a row
+decodes them); at two token and two W tiles the build then takes 128 registers instead of 168:
+four blocks an SM instead of three.
 
 x̂ is quant_x32's QuantX32 (quantize_x32, or another kernel's int8 output).
 
@@ -51,6 +55,8 @@ from numba import cuda, float32, types, uint32
 
 from impnb import tuning
 from impnb.kernels.common import ptx
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.quant_blocks_k import k_scales
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.gemm_few import block_split
 from impnb.kernels.gemm.gemm_mmq_step import ROWS, XROW, make_step
@@ -75,8 +81,20 @@ W_RING_TYPES = (T.Q4_K,)    # the types whose W can come through the ring
 WROW = 96                   # bytes a W row of a group takes in the W ring: Q4_K's 64 bytes of quants
                             # and its superblock's 16-byte header, padded so the 8 rows a warp's
                             # 8-byte loads read at once (2 phases of 4 rows) fall on distinct banks
-# (type, ni, mt) -> register cap with a W ring (3 blocks an SM at two token and two W tiles)
-RING_REGS = {(T.Q4_K, 2, 2): 152}  # two token tiles and two W tiles: 168 uncapped, 152 without spills
+# (type, ni, mt) -> register cap with a W ring
+RING_REGS = {(T.Q4_K, 2, 2): 128}  # two token tiles and two W tiles: four blocks an SM, no spills
+# (type, ni, mt, ring) -> the registers a build takes at most (its REGS / RING_REGS cap, else the
+# compiler's choice; tests/test_kernel_build.py holds each build to it): blocks_per_sm's input
+REGISTERS = {
+    (T.Q4_K, 1, 1, False): 90, (T.Q4_K, 1, 2, False): 151, (T.Q4_K, 2, 1, False): 118, (T.Q4_K, 2, 2, False): 168,
+    (T.Q4_K, 4, 1, False): 132,
+    (T.Q6_K, 1, 1, False): 91, (T.Q6_K, 1, 2, False): 155, (T.Q6_K, 2, 1, False): 117, (T.Q6_K, 2, 2, False): 203,
+    (T.Q6_K, 4, 1, False): 130,
+    (T.Q8_0, 1, 1, False): 95, (T.Q8_0, 1, 2, False): 166, (T.Q8_0, 2, 1, False): 119, (T.Q8_0, 2, 2, False): 202,
+    (T.Q8_0, 4, 1, False): 128,
+    (T.Q4_K, 1, 1, True): 67, (T.Q4_K, 1, 2, True): 96, (T.Q4_K, 2, 1, True): 81, (T.Q4_K, 2, 2, True): 128,
+    (T.Q4_K, 4, 1, True): 117,
+}
 
 
 def gemm_mmq_ref(x: np.ndarray, raw: np.ndarray, ggml_type, c: np.ndarray | None = None) -> np.ndarray:
@@ -148,12 +166,30 @@ def _stage_w(bn: int):
 
 @cuda.jit(device=True, inline=True)
 def _q4_k_row_shared(ws, lr, t):
-    # _q4_k_row's words of the block's row lr from the W stage at ws
+    # _q4_k_row's quant words of the block's row lr from the W stage at ws, and the address of the
+    # row's decoded scales there (_decode_w; make_step's shared_scales)
     a = ws + lr * WROW + 8 * t
     w0, w1 = ptx.ld_shared_v2_u32(a)
     w2, w3 = ptx.ld_shared_v2_u32(a + 32)
-    h0, h1, h2, h3 = ptx.ld_shared_v4_u32(ws + lr * WROW + 64)
-    return (w0, w1, w2, w3), (h0, h1, h2, h3)
+    return (w0, w1, w2, w3), ws + lr * WROW + 64
+
+
+def _decode_w(bn: int):
+    @cuda.jit(device=True, inline=True)
+    def decode_w(ws, grp):
+        # thread r < bn: row r's superblock header in the W stage at ws (its own copy, landed) ->
+        # in its place, for pairs p = 0, 1 of group grp, _q4_k_scales's (d sc, dmin m, d sc', dmin m')
+        r = cuda.threadIdx.x
+        if r < bn:
+            a = ws + r * WROW + 64
+            hdr = ptx.ld_shared_v4_u32(a)
+            d = qi.f16_to_f32(hdr[0] & qi.HALF)
+            dm = qi.f16_to_f32(hdr[0] >> 16)
+            for p in range(2):
+                sc0, mn0, sc1, mn1 = k_scales(hdr, 2 * (2 * (grp & 1) + p))
+                ptx.st_shared_v4_u32(a + 16 * p, qi.f32_bits(d * sc0), qi.f32_bits(dm * mn0),
+                                     qi.f32_bits(d * sc1), qi.f32_bits(dm * mn1))
+    return decode_w
 
 
 def _stage(bm: int, bn: int, ring: bool):
@@ -176,8 +212,9 @@ def _stage(bm: int, bn: int, ring: bool):
 
 # the block's work; the W rows' loads differ by ring (body_of): without it {rows} clamps the lane's
 # rows, {first} / {next} load group g0's / the next group's words into registers and {advance}
-# makes those the current; with it {rows} places the lane's rows in the block and {current} reads
-# the group's words from its W stage
+# makes those the current; with it {rows} places the lane's rows in the block, {first} / {advance}
+# decode group g0's / the next group's scales in their W stage once it has landed, and {current}
+# reads the group's words from its W stage
 _BODY = """
 def body(xq, xds, parts, part, bx, col0, N, xs0):
     s = cuda.blockIdx.y
@@ -236,7 +273,9 @@ def body_of(ggml_type, ni: int, mt: int, ring: bool = False):
     xs = ", ".join(f"x{i}" for i in range(lane_rows))
     if ring:
         regs = {"rows": f"    lr0 = warp * {16 * mt} + g  # the lane's rows in the block: lr0 + 8 i",
-                "first": "", "next": "", "advance": "",
+                "first": "    ptx.cp_async_wait_group(1)\n    decode_w(ws0, g0)", "next": "",
+                "advance": "        if grp + 1 < g1:\n            ptx.cp_async_wait_group(1)\n"
+                           "            decode_w(ws0 + ((i + 1) % 3) * wbytes, grp + 1)",
                 "current": lines("        x{i} = _q4_k_row_shared(ws0 + (i % 3) * wbytes, lr0 + {o}, t)")}
     else:
         regs = {"rows": lines("    r{i} = min(nb + {o}, N - 1)"),
@@ -247,7 +286,8 @@ def body_of(ggml_type, ni: int, mt: int, ring: bool = False):
     bm, bn = 8 * ni, block_rows(mt)
     scope = {"__name__": __name__, "cuda": cuda, "float32": float32, "block_split": block_split, "GROUP": GROUP,
              "load_row": ROWS[T(ggml_type)], "_q4_k_row_shared": _q4_k_row_shared,
-             "step": make_step(ggml_type, ni, mt), "bm": bm, "bn": bn, "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx,
+             "step": make_step(ggml_type, ni, mt, shared_scales=ring), "decode_w": _decode_w(bn) if ring else None,
+             "bm": bm, "bn": bn, "n_acc": 4 * mt * ni, "ni": ni, "ptx": ptx,
              "XSTAGES": XSTAGES, "stage": _stage(bm, bn, ring), "sbytes": stage_bytes(bm),
              "wbytes": w_stage_bytes(bn) if ring else 0}
     exec(src, scope)
@@ -292,14 +332,29 @@ def mt_for(M: int, N: int) -> int:
     return MT if M <= 16 and N > MT2_MIN_N else 1
 
 
-def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int | None = None) -> int:
-    """Splits that bring the grid to about two blocks an SM (four for one token tile and one W
-    tile a warp: 112 registers, four fit), each at least two groups deep."""
+def blocks_per_sm(ggml_type, ni: int, mt: int, ring: bool = False) -> int:
+    """Blocks of a build an SM holds at once: its REGISTERS (a warp's registers in units of 256,
+    one warp of the block on each of the SM's four 16K-register schedulers) and its ring in the
+    228 KB of shared memory (1 KB more a block the driver takes)."""
+    regs = REGISTERS[(T(ggml_type), ni, mt, ring)]
+    return min(64 // -(-regs // 8), 228 * 1024 // (ring_bytes(ni, mt, ring) + 1024), 16)
+
+
+def splits_for(M: int, N: int, K: int, sms: int = 132, mt: int | None = None, ggml_type=None,
+               ring: bool | None = None) -> int:
+    """Splits of a launch of M tokens on an N x K weight of ggml_type: as many as one wave of the
+    build's resident blocks takes (blocks_per_sm; more splits than fill the wave start a second one,
+    fewer leave SMs short of the warps that hide the loads' latency: the 8B's 16 and 32 rows
+    measured), each at least two groups deep. Without a type (gemm_mmq_pair's two weights), or with
+    tuning.MMQ_WAVE_SPLITS off: about two blocks an SM (four at one token and one W tile a warp)."""
     mt = mt or mt_for(M, N)
     ni = ni_for(M)
     blocks = -(-N // block_rows(mt)) * -(-M // (8 * ni))
-    per_sm = 4 if (ni, mt) == (1, 1) else 2
-    return max(1, min(-(-per_sm * sms // blocks), K // GROUP // 2))
+    if ggml_type is None or not tuning.MMQ_WAVE_SPLITS:
+        per_sm = 4 if (ni, mt) == (1, 1) else 2
+        return max(1, min(-(-per_sm * sms // blocks), K // GROUP // 2))
+    ring = ring_for(ggml_type) if ring is None else ring
+    return max(1, min(blocks_per_sm(ggml_type, ni, mt, ring) * sms // blocks, K // GROUP // 2))
 
 
 def supports(ggml_type, K: int) -> bool:
@@ -365,11 +420,8 @@ def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
     return [
-        (gemm_mmq_kernel(t, ni, REGS.get((t, ni, mt), 0), mt), types.void(U32_2D, F32_3D, parts_type(t), F32_3D),
-         {"max_registers": REGS.get((t, ni, mt), 255)})
-        for t in TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
-    ] + [
-        (gemm_mmq_kernel(t, ni, RING_REGS.get((t, ni, mt), 0), mt, True),
-         types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": RING_REGS.get((t, ni, mt), 255)})
-        for t in W_RING_TYPES for ni in (1, 2, 4) for mt in ((1, MT) if ni < MAX_NI else (1,))
+        (gemm_mmq_kernel(t, ni, (RING_REGS if ring else REGS).get((t, ni, mt), 0), mt, ring),
+         types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": REGISTERS[(t, ni, mt, ring)]})
+        for ring in (False, True) for t in (W_RING_TYPES if ring else TYPES) for ni in (1, 2, 4)
+        for mt in ((1, MT) if ni < MAX_NI else (1,))
     ]

@@ -50,6 +50,13 @@ def _q4_k_scales(raw, P):
 
 
 @cuda.jit(device=True, inline=True)
+def _q4_k_scales_shared(raw, P):
+    # _q4_k_scales's four values of pair P from the row's W stage in shared memory, where
+    # gemm_mmq's W ring decoded them (raw[1]: the address of the row's decoded pairs)
+    return ptx.ld_shared_v4_f32(raw[1] + 16 * (P & 1))
+
+
+@cuda.jit(device=True, inline=True)
 def _q6_k_row(parts, r, K, grp, t):
     # row r's half-superblock grp: ql words (columns 16m + 4t.., m < 4), qh words, 8 int8 scales, d
     ql, qh, sc, d = parts
@@ -175,11 +182,13 @@ def _step_source(ggml_type, ni: int, mt: int, grouped: bool = False) -> str:
     return "\n".join(L) + "\n"
 
 
-def make_step(ggml_type, ni: int, mt: int, grouped: bool = False):
+def make_step(ggml_type, ni: int, mt: int, grouped: bool = False, shared_scales: bool = False):
     """The device function of one K group's mma steps (_step_source), for gemm_mmq's kernel (x̂
-    from the block's shared stage) or, grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py)."""
+    from the block's shared stage) or, grouped, the routed experts' (kernels/moe/gemm_mmq_grouped.py);
+    shared_scales: Q4_K's rows' scales read decoded from the W ring (a row's second item its address
+    there) rather than decoded from its header."""
     scope = {"__name__": __name__, "qi": qi, "ptx": ptx, "float32": float32, "int32": int32, "LO4": LO4,
-             "_q4_k_scales": _q4_k_scales,
+             "_q4_k_scales": _q4_k_scales_shared if shared_scales else _q4_k_scales,
              "_q6_k_quants": _q6_k_quants, "_s8": _s8}
     exec(_step_source(T(ggml_type), ni, mt, grouped), scope)
     return cuda.jit(device=True, inline=True)(scope["step"])
