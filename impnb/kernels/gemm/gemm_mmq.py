@@ -56,10 +56,9 @@ from numba import cuda, float32, types, uint32
 from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.quant_blocks_k import k_scales
 from impnb.kernels.common.repack import PackedWeight
 from impnb.kernels.gemm.gemm_few import block_split
-from impnb.kernels.gemm.gemm_mmq_step import ROWS, XROW, make_step
+from impnb.kernels.gemm.gemm_mmq_step import ROWS, XROW, make_step, q4_k_pair_scales
 from impnb.kernels.gemm.gemm_quant_splitk import F32_3D, reduce_parts
 from impnb.kernels.gemm.quant_x32 import U32_2D, QuantX32, dequantize_x32_ref, quantize_x32, quantize_x32_ref
 from impnb.kernels.gemv.gemv import parts_type
@@ -178,17 +177,14 @@ def _decode_w(bn: int):
     @cuda.jit(device=True, inline=True)
     def decode_w(ws, grp):
         # thread r < bn: row r's superblock header in the W stage at ws (its own copy, landed) ->
-        # in its place, for pairs p = 0, 1 of group grp, _q4_k_scales's (d sc, dmin m, d sc', dmin m')
+        # in its place, for pairs p = 0, 1 of group grp, q4_k_pair_scales's four values
         r = cuda.threadIdx.x
         if r < bn:
             a = ws + r * WROW + 64
             hdr = ptx.ld_shared_v4_u32(a)
-            d = qi.f16_to_f32(hdr[0] & qi.HALF)
-            dm = qi.f16_to_f32(hdr[0] >> 16)
             for p in range(2):
-                sc0, mn0, sc1, mn1 = k_scales(hdr, 2 * (2 * (grp & 1) + p))
-                ptx.st_shared_v4_u32(a + 16 * p, qi.f32_bits(d * sc0), qi.f32_bits(dm * mn0),
-                                     qi.f32_bits(d * sc1), qi.f32_bits(dm * mn1))
+                v0, v1, v2, v3 = q4_k_pair_scales(hdr, 2 * (grp & 1) + p)
+                ptx.st_shared_v4_u32(a + 16 * p, qi.f32_bits(v0), qi.f32_bits(v1), qi.f32_bits(v2), qi.f32_bits(v3))
     return decode_w
 
 

@@ -40,13 +40,18 @@ def _q4_k_row(parts, r, K, grp, t):
 
 
 @cuda.jit(device=True, inline=True)
-def _q4_k_scales(raw, P):
-    # (d sc, dmin m) of sub-blocks 2P and 2P + 1 of the row's superblock
-    hdr = raw[1]
+def q4_k_pair_scales(hdr, P):
+    # (d sc, dmin m, d sc', dmin m') of sub-blocks 2P and 2P + 1 of a Q4_K superblock's header words
     sc0, mn0, sc1, mn1 = k_scales(hdr, 2 * P)
     d = qi.f16_to_f32(hdr[0] & qi.HALF)
     dm = qi.f16_to_f32(hdr[0] >> 16)
     return d * sc0, dm * mn0, d * sc1, dm * mn1
+
+
+@cuda.jit(device=True, inline=True)
+def _q4_k_scales(raw, P):
+    # q4_k_pair_scales of the row's superblock (raw[1]: its header words)
+    return q4_k_pair_scales(raw[1], P)
 
 
 @cuda.jit(device=True, inline=True)
