@@ -114,3 +114,20 @@ def test_mma_ring_stages(n_sm):
         assert depths == sorted(depths, reverse=True)  # more blocks an SM, never a deeper ring
         assert depths[0] == max(mma.STAGE_CHOICES[D]) and depths[-1] == mma.STAGES[D]
     assert mma.ring_stages(128, 128, n_sm=132) == 4 and mma.ring_stages(128, 256, n_sm=132) == 2
+
+
+@pytest.mark.parametrize("n_sm", [132, 114])
+def test_mma_ring_plan(n_sm):
+    """attention_decode_mma.ring_plan: blocks of WIDE_WARPS warps only where asked and every block
+    owns an SM, their rings then WIDE_STAGES deep and within an SM's shared memory; else four
+    warps at ring_stages' depth."""
+    from impnb.kernels.attention import attention_decode_mma as mma
+
+    for D in mma.HEAD_DIMS:
+        assert mma.ring_bytes(D, mma.WIDE_STAGES[D], mma.WIDE_WARPS) + 1024 <= mma.SM_SHARED
+        for blocks in (1, 32, n_sm, n_sm + 1, 3 * n_sm):
+            assert mma.ring_plan(D, blocks, n_sm) == (mma.ring_stages(D, blocks, n_sm), mma.WARPS)
+            wide = mma.ring_plan(D, blocks, n_sm, mma.WIDE_WARPS)
+            assert wide == ((mma.WIDE_STAGES[D], mma.WIDE_WARPS) if blocks <= n_sm else
+                            (mma.ring_stages(D, blocks, n_sm), mma.WARPS)), (D, blocks, wide)
+            assert wide in mma.layouts(D)

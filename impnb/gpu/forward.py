@@ -327,11 +327,11 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
     elif step.split_on_mma(window) and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv):
-        splits, stages = _mma_plan(m, il, step, D)
+        splits, stages, warps = _mma_plan(m, il, step, D)
         partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
         attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
                                                   _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s,
-                                                  stages=stages, xq=xq)
+                                                  stages=stages, xq=xq, warps=warps)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(
@@ -349,11 +349,14 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
 
 
 def _mma_plan(m, il: int, step: StepPlan, D: int) -> tuple:
-    """(splits, each warp's ring depth or None) of attention_decode_mma for layer il at this step."""
+    """(splits, each warp's ring depth or None, warps a block) of attention_decode_mma for layer il at
+    this step."""
     Hkv, n_sm = m.kv.k[il].shape[2], gemv_stream.sm_count()
     splits = attention_decode_mma.num_splits(step.ctx_bucket, Hkv, step.batch, m.cfg.window(il), n_sm)
-    deep = m.tuning.batch_mma_deep_ring
-    return splits, attention_decode_mma.ring_stages(D, splits * Hkv * step.batch, n_sm) if deep else None
+    if not m.tuning.batch_mma_deep_ring:
+        return splits, None, attention_decode_mma.WARPS
+    stages, warps = attention_decode_mma.ring_plan(D, splits * Hkv * step.batch, n_sm, m.tuning.batch_mma_warps)
+    return splits, stages, warps
 
 
 def _mma_one_split(m, il: int, step: StepPlan) -> bool:

@@ -187,6 +187,11 @@ BATCH_MMA_ATTENTION = True
 # few sequences has few blocks, each streaming its keys (the Qwen3-30B-A3B's B = 16 faster, the
 # Qwen3-8B's level). IMPNB_BATCH_MMA_DEEP_RING=0 keeps STAGES.
 BATCH_MMA_DEEP_RING = True
+# attention_decode_mma's blocks of eight warps rather than four where each block owns an SM
+# (attention_decode_mma.ring_plan; their rings three tiles deep at head dim 128): a warp's chain of
+# 16-key tiles half as long (the Qwen3-30B-A3B's B = 8 a little faster, its B = 16 and the Qwen3-8B's
+# level: docs/EXPERIMENTS.md). IMPNB_BATCH_MMA_WARPS=4 keeps four.
+BATCH_MMA_WARPS = 8
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
 # 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
@@ -379,6 +384,7 @@ class Overrides:
     batch_lookahead: bool = BATCH_LOOKAHEAD  # the batched engine queues its next decode step ahead
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
     batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
+    batch_mma_warps: int = BATCH_MMA_WARPS  # there, warps a block where each block owns an SM
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
@@ -416,6 +422,7 @@ class Overrides:
                    batch_lookahead=switch("BATCH_LOOKAHEAD", BATCH_LOOKAHEAD),
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
                    batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
+                   batch_mma_warps=int(env_number("IMPNB_BATCH_MMA_WARPS", BATCH_MMA_WARPS)),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),

@@ -11,7 +11,8 @@ import pytest
 from numba import cuda
 
 from impnb.kernels.attention.attention import attention_ref
-from impnb.kernels.attention.attention_decode_mma import STAGE_CHOICES, attention_decode_mma, num_splits, partials_shape
+from impnb.kernels.attention.attention_decode_mma import (WARPS, attention_decode_mma, layouts, num_splits,
+                                                          partials_shape)
 from impnb.kernels.attention.kv_cache import kv_gather_ref
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x_ref
 from tests.gpu.test_attention import gauss, paged_cache
@@ -21,9 +22,10 @@ pytestmark = pytest.mark.gpu
 
 
 def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size=32, n_splits=None, stages=None,
-              quant=False):
+              quant=False, warps=WARPS):
     """Sequence b's token at position lengths[b] - 1 over its keys 0 .. lengths[b] - 1; n_splits
-    default num_splits' for the longest; stages: the warps' ring depth (the kernel's default); quant:
+    default num_splits' for the longest; stages: the warps' ring depth (the kernel's default), warps
+    a block's; quant:
     the output's int8 form too (one split), poisoned first, equal bit for bit to quantize_x's of the
     output the kernel wrote."""
     B = len(lengths)
@@ -40,7 +42,7 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
     if quant:
         xq = QuantX(cuda.to_device(np.full((B, H * D // 4), 0xDEADBEEF, np.uint32), stream=stream),
                     *(cuda.to_device(np.full((B, H * D // GROUP), np.nan, np.float32), stream=stream) for _ in "ds"))
-    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream, stages=stages, xq=xq)
+    attention_decode_mma(*dev, n_splits, scale, window, softcap, stream, stages=stages, xq=xq, warps=warps)
     got = dev[5].copy_to_host(stream=stream)
     stream.synchronize()
     if quant:
@@ -50,7 +52,7 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
     tol16, tol32 = TOL["f16"]
     for b, L in enumerate(lengths):
         what = (f"mma b={b} L={L} H={H}/{Hkv} D={D} std={std} window={window} softcap={softcap} splits={n_splits} "
-                f"stages={stages}")
+                f"stages={stages} warps={warps}")
         assert np.isfinite(got[b]).all(), f"{what}: non-finite output"
         k16, v16 = kv_gather_ref(k_pool, table[b], L), kv_gather_ref(v_pool, table[b], L)
         err16 = np.abs(got[b] - attention_ref(q[b], k16, v16, pos[b], scale, window, softcap)).max()
@@ -80,10 +82,11 @@ def test_batch(H, Hkv, D, window, std):
 @pytest.mark.parametrize("std", (0.1, 1.0, 3.0))
 @pytest.mark.parametrize("H,Hkv,D,window", SHAPES)
 def test_int8_output(H, Hkv, D, window, std):
-    """One split with the output's int8 form (attn_output's dp4a input), every ring depth."""
-    for stages in STAGE_CHOICES[D]:
-        check_mma(_seed(H, D, std, stages), [1, 17, 130, 255, 700, 64, 33], H, Hkv, D, std, window, n_splits=1,
-                  stages=stages, quant=True)
+    """One split with the output's int8 form (attn_output's dp4a input), every ring depth and block
+    of warps."""
+    for stages, warps in layouts(D):
+        check_mma(_seed(H, D, std, stages, warps), [1, 17, 130, 255, 700, 64, 33], H, Hkv, D, std, window,
+                  n_splits=1, stages=stages, quant=True, warps=warps)
 
 
 @pytest.mark.parametrize("page_size", (16, 32))
@@ -98,14 +101,15 @@ def test_softcap(softcap):
     check_mma(_seed(softcap), [40, 700], 16, 4, 128, 3.0, window=300, softcap=softcap)
 
 
-@pytest.mark.parametrize("D,stages", [(D, st) for D in STAGE_CHOICES for st in STAGE_CHOICES[D]])
+@pytest.mark.parametrize("D,stages,warps", [(D, st, w) for D in (64, 128) for st, w in layouts(D)])
 @pytest.mark.parametrize("n_splits", (1, 3))
-def test_ring_depths(D, stages, n_splits):
-    """Every ring depth a launch may take (ring_stages), over sequences shorter and longer than
-    a warp's ring, a window's first tile partly live, in one split and in three."""
-    check_mma(_seed(D, stages, n_splits), [1, 40, 129, 700, 3000], 16, 4, D, 1.0, window=None,
-              n_splits=n_splits, stages=stages)
-    check_mma(_seed(D, stages, n_splits, 1), [90, 1200], 8, 2, D, 3.0, window=333, n_splits=n_splits, stages=stages)
+def test_ring_depths(D, stages, warps, n_splits):
+    """Every ring depth and block of warps a launch may take (ring_plan), over sequences shorter
+    and longer than a warp's ring, a window's first tile partly live, in one split and in three."""
+    check_mma(_seed(D, stages, n_splits, warps), [1, 40, 129, 700, 3000], 16, 4, D, 1.0, window=None,
+              n_splits=n_splits, stages=stages, warps=warps)
+    check_mma(_seed(D, stages, n_splits, 1, warps), [90, 1200], 8, 2, D, 3.0, window=333, n_splits=n_splits,
+              stages=stages, warps=warps)
 
 
 def test_large_batch():

@@ -34,3 +34,14 @@ def test_mma_int8_output(lengths, H, Hkv, D, window, page_size):
 def test_mma_ring_depths(lengths, D, window, page_size, stages):
     """The deeper ring ring_stages picks for a grid of few blocks."""
     check_mma(_seed(len(lengths), D, stages), lengths, 4, 2, D, 1.0, window, None, page_size, 1, stages)
+
+
+@pytest.mark.parametrize("lengths,D,window,page_size,n_splits,quant", [
+    ([300, 7], 64, None, 16, 1, True),     # eight warps: a warp's share two tiles, one tile's sequence
+    ([200, 61], 128, 150, 32, 2, False),   # a window, two splits
+])
+def test_mma_wide_blocks(lengths, D, window, page_size, n_splits, quant):
+    """Blocks of WIDE_WARPS warps with their rings WIDE_STAGES deep (ring_plan's blocks that own an SM)."""
+    from impnb.kernels.attention.attention_decode_mma import WIDE_STAGES, WIDE_WARPS
+    check_mma(_seed(len(lengths), D, 8), lengths, 4, 2, D, 1.0, window, None, page_size, n_splits, WIDE_STAGES[D],
+              quant=quant, warps=WIDE_WARPS)

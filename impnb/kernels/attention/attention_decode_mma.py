@@ -6,9 +6,10 @@ The split kernel (attention_decode) forms each score on the FMA units, a key's d
 lane group and summed by shuffles, row by row; here a warp's 16-key tile takes 2 D / 8 mma for
 all G rows at once, and the step is a stream of K and V tiles.
 
-Work: grid (S, Hkv, B), block 4 warps. Block (s, kh, b) owns query heads kh G .. kh G + G - 1 of
-sequence b and split s of the 16-key tiles its token sees (keys lo .. hi: hi = pos[b, 0], lo = hi
-- window + 1 or 0; S even shares of the tiles), warp w every fourth tile of the share, each
+Work: grid (S, Hkv, B), block W warps (WARPS; WIDE_WARPS where each block owns an SM: ring_plan).
+Block (s, kh, b) owns query heads kh G .. kh G + G - 1 of sequence b and split s of the 16-key tiles
+its token sees (keys lo .. hi: hi = pos[b, 0], lo = hi - window + 1 or 0; S even shares of the
+tiles), warp w every W-th tile of the share, each
 through its own cp.async ring in shared memory (STAGES deep, deeper where fewer blocks share an
 SM: ring_stages), so no block barrier runs in the loop; a tile's page number is read a step before
 its copies go out. Keys outside lo .. hi are zero-filled and their scores masked. The warps'
@@ -45,6 +46,10 @@ STAGES = {64: 4, 128: 2}  # a warp's ring depth at three blocks an SM
 # ring depths a launch may take (ring_stages): at head dim 128 four where a block owns an SM (the
 # one depth past STAGES that measured faster: docs/EXPERIMENTS.md, "ncu's view against the graph's")
 STAGE_CHOICES = {64: (4,), 128: (2, 4)}
+# A block of few sequences' batch that owns an SM: WIDE_WARPS warps, each its ring WIDE_STAGES[D]
+# deep (the deepest that fits an SM), so each warp's serial chain of tiles is half as long
+WIDE_WARPS = 8
+WIDE_STAGES = {64: 4, 128: 3}
 SM_SHARED = 228 * 1024    # shared memory of an SM (sm_90), 1 KB of it reserved a block
 MAX_SPLITS = attention_wide.MAX_SPLITS
 SPLIT_MIN_KEYS = 256      # keys a split at the least
@@ -53,10 +58,10 @@ NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weig
 SMEM_ALIGN = ptx.SMEM_ALIGN
 
 
-def ring_bytes(D: int, stages: int | None = None) -> int:
-    """Dynamic shared memory of a block: each warp's ring of K and V tiles (fp16), stages deep
-    (STAGES[D] by default), which the merge reuses for the warps' rows."""
-    return WARPS * (stages or STAGES[D]) * 2 * BN * 2 * D
+def ring_bytes(D: int, stages: int | None = None, warps: int = WARPS) -> int:
+    """Dynamic shared memory of a block of `warps` warps: each warp's ring of K and V tiles
+    (fp16), stages deep (STAGES[D] by default), which the merge reuses for the warps' rows."""
+    return warps * (stages or STAGES[D]) * 2 * BN * 2 * D
 
 
 def ring_stages(D: int, blocks: int, n_sm: int = 132) -> int:
@@ -68,11 +73,23 @@ def ring_stages(D: int, blocks: int, n_sm: int = 132) -> int:
     return max(fits, default=STAGES[D])
 
 
+def ring_plan(D: int, blocks: int, n_sm: int = 132, warps: int = WARPS) -> tuple[int, int]:
+    """(each warp's ring depth, warps a block) for a launch of `blocks` blocks: `warps` (WIDE_WARPS
+    where tuning.BATCH_MMA_WARPS asks for it) at WIDE_STAGES deep where every block owns an SM,
+    else WARPS at ring_stages' depth."""
+    if warps == WIDE_WARPS and blocks <= n_sm:
+        return WIDE_STAGES[D], WIDE_WARPS
+    return ring_stages(D, blocks, n_sm), WARPS
+
+
 @lru_cache(maxsize=None)
-def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant: bool = False):
-    """The kernel of head dim D and page size `page`, each warp's ring `stages` deep (STAGES[D] by
-    default); capped: scores through softcap · tanh(s / softcap); quant: in one split, the output
-    rows in int8 too (quant_x's groups, for the dp4a GEMV of attn_output after it)."""
+def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant: bool = False, warps: int = WARPS):
+    """The kernel of head dim D and page size `page`, `warps` warps a block, each warp's ring
+    `stages` deep (STAGES[D] by default); capped: scores through softcap · tanh(s / softcap); quant:
+    in one split, the output rows in int8 too (quant_x's groups, for the dp4a GEMV of attn_output
+    after it)."""
+    W = warps                  # warps a block
+    NT = 32 * W                # threads a block
     ROWB = 2 * D               # bytes of a K or V row
     TILE = BN * ROWB           # bytes of a K (or V) tile
     STAGE = 2 * TILE           # K tile, then V tile
@@ -85,9 +102,9 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
     NQF = 4 * KK               # Q's A fragment registers a lane
     N_O = 4 * NO               # O accumulators a lane
     PSH = page.bit_length() - 1
-    MERGE = WARPS * 16 * D     # float32 words of the warps' O rows in the merge (then m, l)
-    OUTQ = MERGE + 2 * WARPS * 16  # quant: the block's output rows, then in int8 a thread a group
-    assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST) // 4
+    MERGE = W * 16 * D         # float32 words of the warps' O rows in the merge (then m, l)
+    OUTQ = MERGE + 2 * W * 16  # quant: the block's output rows, then in int8 a thread a group
+    assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST, W) // 4
     assert D % GROUP == 0
 
     @cuda.jit(device=True, inline=True)
@@ -113,7 +130,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
         ptx.cp_async_commit()
 
-    # grid (S, Hkv, B), block THREADS (4 warps); see the module's docstring
+    # grid (S, Hkv, B), block NT threads (W warps); see the module's docstring
     def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs):
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
@@ -128,7 +145,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         ring = ptx.smem_addr(smem, 0) + warp * (NST * STAGE)
 
-        # -- the keys, this split's tiles and this warp's: tiles t0 + warp + 4 i, i < n_mine --
+        # -- the keys, this split's tiles and this warp's: tiles t0 + warp + W i, i < n_mine --
         hi = int32(pos[b, 0])
         lo = int32(max(0, hi - window + 1) if window > 0 else 0)
         j0 = lo // BN
@@ -136,16 +153,16 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
         per = (n_tiles + S - 1) // S
         t0 = j0 + split * per
         n_split = max(0, min(per, n_tiles - split * per))
-        n_mine = (n_split - warp + WARPS - 1) // WARPS if n_split > warp else 0
+        n_mine = (n_split - warp + W - 1) // W if n_split > warp else 0
         for i in range(NST - 1):  # a group each, empty past n_mine: wait_group counts groups
             if i < n_mine:
-                k0 = (t0 + warp + WARPS * i) * BN
+                k0 = (t0 + warp + W * i) * BN
                 issue(ring, k_pool, v_pool, page_of(table, b, k0, lo), kh, Hkv, k0, lo, hi, i, lane)
             else:
                 ptx.cp_async_commit()
         # the page of the tile the loop issues next, read a step ahead: its copies then wait on no
         # load of the block table
-        pg = page_of(table, b, (t0 + warp + WARPS * (NST - 1)) * BN, lo) if NST - 1 < n_mine else 0
+        pg = page_of(table, b, (t0 + warp + W * (NST - 1)) * BN, lo) if NST - 1 < n_mine else 0
 
         # -- Q's A fragments (rows g, g + 8: heads kh G + row; rows past G zero), times qscale --
         qf = cuda.local.array(NQF, uint32)
@@ -177,14 +194,14 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             ptx.cp_async_wait_group(PENDING)
             warp_sync()  # every lane's copies of tile i have landed; tile i - 1's stage is free
             if i + NST - 1 < n_mine:
-                issue(ring, k_pool, v_pool, pg, kh, Hkv, (t0 + warp + WARPS * (i + NST - 1)) * BN, lo, hi,
+                issue(ring, k_pool, v_pool, pg, kh, Hkv, (t0 + warp + W * (i + NST - 1)) * BN, lo, hi,
                       (i + NST - 1) % NST, lane)
             else:
                 ptx.cp_async_commit()  # an empty group keeps wait_group's count
             if i + NST < n_mine:
-                pg = page_of(table, b, (t0 + warp + WARPS * (i + NST)) * BN, lo)
+                pg = page_of(table, b, (t0 + warp + W * (i + NST)) * BN, lo)
             base = ring + (i % NST) * STAGE
-            k0 = (t0 + warp + WARPS * i) * BN
+            k0 = (t0 + warp + W * i) * BN
 
             # -- S = Q·Kᵀ over the tile's 16 keys: two n8 tiles --
             for e in range(8):
@@ -252,20 +269,20 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
                     red[(warp * 16 + row) * D + 8 * n + 2 * c + 1] = o[4 * n + 2 * rh + 1]
                 if c == 0:
                     red[MERGE + warp * 16 + row] = m[rh]
-                    red[MERGE + WARPS * 16 + warp * 16 + row] = lrow
+                    red[MERGE + W * 16 + warp * 16 + row] = lrow
         cuda.syncthreads()
-        for idx in range(tid, G * D, THREADS):
+        for idx in range(tid, G * D, NT):
             row = idx // D
             d = idx - row * D
             mx = NEG
-            for w in range(WARPS):
+            for w in range(W):
                 mx = max(mx, red[MERGE + w * 16 + row])
             num = float32(0)
             den = float32(0)
-            for w in range(WARPS):
+            for w in range(W):
                 e = ptx.ex2_approx_ftz(red[MERGE + w * 16 + row] - mx)
                 num += e * red[(w * 16 + row) * D + d]
-                den += e * red[MERGE + WARPS * 16 + w * 16 + row]
+                den += e * red[MERGE + W * 16 + w * 16 + row]
             h = kh * G + row
             if S == 1:
                 val = num / den
@@ -285,11 +302,17 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
                     v[j] = red[OUTQ + tid * GROUP + j]
                 store_group(v, xq, xd, xs, b, kh * G * D // GROUP + tid)
 
-    kernel.__name__ = f"_decode_mma_d{D}_p{page}_s{NST}{'_softcap' if capped else ''}{'_quant' if quant else ''}_kernel"
+    kernel.__name__ = (f"_decode_mma_d{D}_p{page}_s{NST}{'' if W == WARPS else f'_w{W}'}{'_softcap' if capped else ''}"
+                       f"{'_quant' if quant else ''}_kernel")
     return cuda.jit(kernel)
 
 
 # ---------------------------------------------------------------- host side
+
+def layouts(D: int) -> list[tuple[int, int]]:
+    """The (ring depth, warps) pairs a launch at head dim D may take (ring_plan's)."""
+    return [(st, WARPS) for st in STAGE_CHOICES[D]] + [(WIDE_STAGES[D], WIDE_WARPS)]
+
 
 def supports(head_dim: int, n_head: int, n_head_kv: int) -> bool:
     """Whether this kernel takes a model of these heads (fp16 pools, one token a sequence)."""
@@ -317,13 +340,14 @@ def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tup
 
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
                          window: int | None, softcap: float | None, stream, stages: int | None = None,
-                         xq: QuantX | None = None) -> None:
+                         xq: QuantX | None = None, warps: int = WARPS) -> None:
     """out (B, 1, H, D) = attention of q (B, 1, H, D) float32, sequence b's token at pos[b, 0], over
     the paged fp16 cache: k_pool, v_pool (n_pages, page_size, Hkv, D) float16 already holding keys
     0 .. pos[b, 0]; block_table (B, max_pages) int32. partials (partials_shape with >= n_splits
     splits and B) float32 scratch, unread at n_splits 1. The key range is read from pos on the
     device: a captured graph stays valid as the context grows. window None or > 0; softcap None
-    or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None). xq
+    or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None), or
+    WIDE_STAGES[D] at warps WIDE_WARPS (ring_plan's pairs). xq
     (quant_x.QuantX of B rows, H * D columns; one split, no softcap): out's int8 form is written
     there too, equal to quantize_x's of out as (B, H * D) (one kernel fewer before a dp4a GEMV)."""
     B, T, H, D = q.shape
@@ -340,15 +364,15 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
     assert window is None or window > 0, "window must be None or positive"
     assert softcap is None or softcap > 0, "softcap must be None or positive"
     stages = stages or STAGES[D]
-    assert stages in STAGE_CHOICES[D], f"ring of {stages} stages at head dim {D}"
+    assert (stages, warps) in layouts(D), f"ring of {stages} stages at {warps} warps, head dim {D}"
     if xq is not None:
         assert n_splits == 1 and not softcap, "int8 output: one split, no softcap"
         assert xq.q.shape == (B, H * D // 4) and xq.d.shape == xq.s.shape == (B, H * D // GROUP), "xq shapes"
     flat = out.reshape(B, H * D)
     q8, xd, xs = xq or (flat.view(np.uint32), flat, flat)  # unread without xq
-    launch(mma_kernel(D, P, bool(softcap), stages, xq is not None), (n_splits, Hkv, B), THREADS, stream,
+    launch(mma_kernel(D, P, bool(softcap), stages, xq is not None, warps), (n_splits, Hkv, B), 32 * warps, stream,
            q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E), np.int32(window or 0),
-           np.float32(softcap or 0.0), q8, xd, xs, shared_bytes=ring_bytes(D, stages))
+           np.float32(softcap or 0.0), q8, xd, xs, shared_bytes=ring_bytes(D, stages, warps))
     if n_splits > 1:
         attention_wide.merge_splits(partials[:n_splits], out.reshape(B, H, D), n_splits, stream)
 
@@ -361,6 +385,6 @@ _SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.fl
 
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
-    return [(mma_kernel(D, P, capped, st, quant), _SIG, {"max_registers": 255})
-            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st in STAGE_CHOICES[D]
+    return [(mma_kernel(D, P, capped, st, quant, w), _SIG, {"max_registers": 255})
+            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st, w in layouts(D)
             for quant in ((False,) if capped else (False, True))]
