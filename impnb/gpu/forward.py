@@ -218,6 +218,9 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=short, xq=xq)
+    elif _mma_post(m, il, step):
+        post = attention_decode_mma.Post(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps)
+        _attend_mma(m, il, q, pos, attn, step, xq, post)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                           tables, m.kv.k[il], m.kv.v[il], s)
@@ -327,11 +330,7 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
         attention_decode_short(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B), _seqs(out, B),
                                cfg.attn_scale, window, None, s, splits=short, xq=xq)
     elif step.split_on_mma(window) and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv):
-        splits, stages, warps = _mma_plan(m, il, step, D)
-        partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
-        attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], tables, _seqs(pos, B),
-                                                  _seqs(out, B), partials, splits, cfg.attn_scale, window, None, s,
-                                                  stages=stages, xq=xq, warps=warps)
+        _attend_mma(m, il, q, pos, out, step, xq)
     elif T <= attention_decode.MAX_T and step.splits:
         # one sequence: sized for any step's splits (one buffer for every graph); a batch: its own
         partials = m.arena.get("partials", attention_decode.partials_shape(
@@ -346,6 +345,28 @@ def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):
     else:
         attention_fa2.attention_fa2(q, m.kv.k[il], m.kv.v[il], m.kv.block_table_of(il), pos, out,
                                     cfg.attn_scale, window, None, s)
+
+
+def _attend_mma(m, il: int, q, pos, out, step: StepPlan, xq=None, post=None) -> None:
+    """attend's batch on attention_decode_mma (post: attention_decode_mma.Post, qkv_post in front)."""
+    cfg, B, D = m.cfg, step.batch, q.shape[2]
+    splits, stages, warps = _mma_plan(m, il, step, D)
+    partials = m.arena.get("partials_mma", attention_decode_mma.partials_shape(splits, B, cfg.n_head, D))
+    attention_decode_mma.attention_decode_mma(_seqs(q, B), m.kv.k[il], m.kv.v[il], m.kv.tables_of(il)[:B],
+                                              _seqs(pos, B), _seqs(out, B), partials, splits, cfg.attn_scale,
+                                              cfg.window(il), None, m.ctx.nb_stream, stages=stages, xq=xq,
+                                              warps=warps, post=post)
+
+
+def _mma_post(m, il: int, step: StepPlan) -> bool:
+    """Whether a batch's decode step runs layer il's qkv_post in front of attention_decode_mma
+    (tuning.BATCH_MMA_POST): where attend would take that kernel for one token a sequence."""
+    cfg, window = m.cfg, m.cfg.window(il)
+    D = cfg.head_dim
+    return (m.tuning.batch_mma_post and step.batch > 1 and step.n_tokens == 1
+            and not (step.n_tokens <= attention_decode.MAX_T and step.short_for(window))
+            and step.split_on_mma(window) and D == cfg.head_dim_v and D not in attention_wide.HEAD_DIMS
+            and attention_decode_mma.supports(D, cfg.n_head, cfg.n_head_kv))
 
 
 def _mma_plan(m, il: int, step: StepPlan, D: int) -> tuple:

@@ -192,6 +192,10 @@ BATCH_MMA_DEEP_RING = True
 # 16-key tiles half as long (the Qwen3-30B-A3B's B = 8 a little faster, its B = 16 and the Qwen3-8B's
 # level: docs/EXPERIMENTS.md). IMPNB_BATCH_MMA_WARPS=4 keeps four.
 BATCH_MMA_WARPS = 8
+# qkv_post in front of attention_decode_mma at a batch's decode step (its Post), in place of its
+# launch, the cached keys' first tiles sent before the kernel's wait (the Qwen3-8B's B = 16 and 32 and
+# the Qwen3-30B-A3B's 8 and 16 4-6% faster: docs/PERFORMANCE.md). IMPNB_BATCH_MMA_POST=0 keeps qkv_post.
+BATCH_MMA_POST = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
 # 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
@@ -385,6 +389,7 @@ class Overrides:
     batch_mma_attention: bool = BATCH_MMA_ATTENTION  # a batch's split-kernel decode attention on attention_decode_mma
     batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
     batch_mma_warps: int = BATCH_MMA_WARPS  # there, warps a block where each block owns an SM
+    batch_mma_post: bool = BATCH_MMA_POST  # there, qkv_post in front of the kernel
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
@@ -423,6 +428,7 @@ class Overrides:
                    batch_mma_attention=switch("BATCH_MMA_ATTENTION", BATCH_MMA_ATTENTION),
                    batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
                    batch_mma_warps=int(env_number("IMPNB_BATCH_MMA_WARPS", BATCH_MMA_WARPS)),
+                   batch_mma_post=switch("BATCH_MMA_POST", BATCH_MMA_POST),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),

@@ -45,3 +45,16 @@ def test_mma_wide_blocks(lengths, D, window, page_size, n_splits, quant):
     from impnb.kernels.attention.attention_decode_mma import WIDE_STAGES, WIDE_WARPS
     check_mma(_seed(len(lengths), D, 8), lengths, 4, 2, D, 1.0, window, None, page_size, n_splits, WIDE_STAGES[D],
               quant=quant, warps=WIDE_WARPS)
+
+
+@pytest.mark.parametrize("lengths,H,Hkv,D,window,page_size,n_splits,quant,warps,post", [
+    ([1, 20], 4, 1, 64, None, 16, 1, True, 4, (True, True, 64)),      # a sequence of the fresh key alone
+    ([70, 33], 6, 2, 128, 40, 32, 2, False, 4, (False, False, 64)),   # a window, the fresh key in split 2, half rotated
+    ([140, 7], 4, 2, 64, None, 16, 1, False, 8, (True, True, 48)),     # eight warps, partial NeoX rotation
+])
+def test_mma_post(lengths, H, Hkv, D, window, page_size, n_splits, quant, warps, post):
+    """qkv_post in front: the fresh K and V written to the cache and merged as one more part."""
+    from impnb.kernels.attention.attention_decode_mma import WIDE_STAGES
+    stages = WIDE_STAGES[D] if warps == 8 else None
+    check_mma(_seed(len(lengths), H, D, 2), lengths, H, Hkv, D, 1.0, window, None, page_size, n_splits, stages,
+              quant=quant, warps=warps, post=post)

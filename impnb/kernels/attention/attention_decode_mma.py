@@ -17,6 +17,14 @@ its copies go out. Keys outside lo .. hi are zero-filled and their scores masked
 split's unnormalised O, its rows' max m (log2 units) and sum l to partials (S, B, H, D + 2), which
 attention_wide.merge_splits adds (an empty split writes m = NEG, l = 0, weight 0).
 
+With post, qkv_post runs in front, in place of its launch: the cache holds keys up to pos - 1, so
+before griddepcontrol.wait a block reads pos and the block table and sends its warps' first tiles
+(no kernel of this step writes them) and works out the fresh key's rotation; after it, the warps
+normalize and rotate the block's G query rows and the fresh K row and round K and V to fp16 in
+shared memory (the last split writing them to the cache), Q's fragments come from there, and the
+fresh key joins the merge as one more part: score q·k of the fp16 operands as an mma sums them,
+sum 1, row V. q is left as the GEMM wrote it.
+
 Fragment layouts as attention_fa2's (lane (g, c) = (lane >> 2, lane & 3)): Q's A fragments built
 from global memory once (rows past G zero), K's B fragments by ldmatrix from the swizzled tile
 rows, P's A fragments straight from the S accumulators, V's B fragments by ldmatrix .trans.
@@ -24,6 +32,7 @@ Numpy reference: attention.attention_ref.
 """
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -32,8 +41,10 @@ from numba import cuda, float32, int32, types, uint32
 from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
+from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin
 from impnb.kernels.common import ptx
-from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sync
+from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sum, warp_sync
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group
 from impnb.launch import launch
 
@@ -82,12 +93,19 @@ def ring_plan(D: int, blocks: int, n_sm: int = 132, warps: int = WARPS) -> tuple
     return ring_stages(D, blocks, n_sm), WARPS
 
 
+def post_shared_bytes(D: int) -> int:
+    """Static shared memory of a kernel with qkv_post in front: the block's G query rows and the
+    fresh K and V rows (float32), and the fresh key's scores."""
+    return 4 * ((MAX_GROUP + 2) * D + MAX_GROUP)
+
+
 @lru_cache(maxsize=None)
-def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant: bool = False, warps: int = WARPS):
+def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant: bool = False, warps: int = WARPS,
+               post: bool = False):
     """The kernel of head dim D and page size `page`, `warps` warps a block, each warp's ring
     `stages` deep (STAGES[D] by default); capped: scores through softcap · tanh(s / softcap); quant:
     in one split, the output rows in int8 too (quant_x's groups, for the dp4a GEMV of attn_output
-    after it)."""
+    after it); post: qkv_post in front (the module's docstring, "With post")."""
     W = warps                  # warps a block
     NT = 32 * W                # threads a block
     ROWB = 2 * D               # bytes of a K or V row
@@ -106,6 +124,9 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
     OUTQ = MERGE + 2 * W * 16  # quant: the block's output rows, then in int8 a thread a group
     assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST, W) // 4
     assert D % GROUP == 0
+    NPR = D // 32              # post: a lane's columns of a row (d = lane + 32 m)
+    NPAIR = (D // 2 + 31) // 32  # post: a lane's rotation pairs at most (i = lane + 32 j)
+    XR = MAX_GROUP + 2         # post: staged rows, the G query heads', then the fresh K's and V's
 
     @cuda.jit(device=True, inline=True)
     def page_of(table, b, k0, lo):
@@ -130,10 +151,63 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
         ptx.cp_async_commit()
 
+    @cuda.jit(device=True, inline=True)
+    def post_rows(q, k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh, G,
+                  page_n, off_n, writer, k_pool, v_pool, lane, warp):
+        # qkv_post's math for the block's rows (warp w: rows w, w + W, ...): query head kh G + r
+        # (r < G), then the fresh K (r = G) and V (r = G + 1) of head kh; q and k normalized where
+        # use_norm and rotated, into xr (XR, D); K and V rounded to fp16 there, and written to the
+        # cache by the writer
+        half = inv_freq.shape[1]
+        for r in range(warp, G + 2, W):
+            xv = cuda.local.array(NPR, float32)
+            acc = float32(0)
+            for mm in range(NPR):
+                d = lane + 32 * mm
+                if r < G:
+                    x = q[b, 0, kh * G + r, d]
+                elif r == G:
+                    x = k_new[b, 0, kh, d]
+                else:
+                    x = v_new[b, 0, kh, d]
+                xv[mm] = x
+                acc += x * x
+            if use_norm and r <= G:
+                inv = float32(1) / math.sqrt(warp_sum(acc) / float32(D) + eps)
+                for mm in range(NPR):
+                    d = lane + 32 * mm
+                    xv[mm] = xv[mm] * inv * (q_norm[d] if r < G else k_norm[d])
+            for mm in range(NPR):
+                xr[r, lane + 32 * mm] = xv[mm]
+            warp_sync()
+            if r <= G:
+                for j in range(NPAIR):
+                    i = lane + 32 * j
+                    if i < half:
+                        i0 = i if neox else 2 * i
+                        i1 = i + half if neox else 2 * i + 1
+                        a = xr[r, i0]
+                        c = xr[r, i1]
+                        xr[r, i0] = a * cs[j] - c * sn[j]
+                        xr[r, i1] = c * cs[j] + a * sn[j]
+                warp_sync()
+            if r >= G:
+                for mm in range(NPR):
+                    d = lane + 32 * mm
+                    h = qi.f32_to_f16_bits(xr[r, d])
+                    xr[r, d] = qi.f16_to_f32(h)
+                    if writer and r == G:
+                        k_pool[page_n, off_n, kh, d] = xr[r, d]
+                    elif writer:
+                        v_pool[page_n, off_n, kh, d] = xr[r, d]
+                warp_sync()
+
     # grid (S, Hkv, B), block NT threads (W warps); see the module's docstring
-    def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
+    def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs,
+               k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
+        if not post:
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+            ptx.grid_dep_launch()
         split = cuda.blockIdx.x
         kh = cuda.blockIdx.y
         b = cuda.blockIdx.z
@@ -145,11 +219,13 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
         smem = cuda.shared.array(0, uint32, alignment=SMEM_ALIGN)
         ring = ptx.smem_addr(smem, 0) + warp * (NST * STAGE)
 
-        # -- the keys, this split's tiles and this warp's: tiles t0 + warp + W i, i < n_mine --
-        hi = int32(pos[b, 0])
-        lo = int32(max(0, hi - window + 1) if window > 0 else 0)
+        # -- the keys, this split's tiles and this warp's: tiles t0 + warp + W i, i < n_mine; with
+        # post the cache holds keys .. hn - 1 and the fresh key hn joins at the merge --
+        hn = int32(pos[b, 0])
+        hi = hn - 1 if post else hn
+        lo = int32(max(0, hn - window + 1) if window > 0 else 0)
         j0 = lo // BN
-        n_tiles = hi // BN - j0 + 1
+        n_tiles = hi // BN - j0 + 1 if hi >= lo else 0
         per = (n_tiles + S - 1) // S
         t0 = j0 + split * per
         n_split = max(0, min(per, n_tiles - split * per))
@@ -166,14 +242,53 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
 
         # -- Q's A fragments (rows g, g + 8: heads kh G + row; rows past G zero), times qscale --
         qf = cuda.local.array(NQF, uint32)
-        for kk in range(KK):
-            for u in range(4):
-                row = g + 8 * (u & 1)
-                d = 16 * kk + 8 * (u >> 1) + 2 * c
-                qf[4 * kk + u] = 0
-                if row < G:
-                    qf[4 * kk + u] = ptx.pack_f16x2(q[b, 0, kh * G + row, d] * qscale,
-                                                    q[b, 0, kh * G + row, d + 1] * qscale)
+        xr = cuda.shared.array((XR if post else 1, D), float32)
+        sf = cuda.shared.array(MAX_GROUP if post else 1, float32)
+        fresh = False
+        if post:
+            # before the wait: the fresh key's rotation and its cache slot (pos, the block table
+            # and the cached keys' tiles above are no kernel's of this step)
+            cs = cuda.local.array(NPAIR, float32)
+            sn = cuda.local.array(NPAIR, float32)
+            for j in range(NPAIR):
+                i = lane + 32 * j
+                cs[j], sn[j] = cos_sin(max(hn, 0), inv_freq, min(i, inv_freq.shape[1] - 1))
+            page_n = table[b, max(hn, 0) >> PSH]
+            off_n = max(hn, 0) & (page - 1)
+            fresh = split == S - 1 and hn >= 0  # this block merges the fresh key (and writes it)
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (q, k, v)
+            ptx.grid_dep_launch()
+            post_rows(q, k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh, G,
+                      page_n, off_n, fresh, k_pool, v_pool, lane, warp)
+            cuda.syncthreads()  # the rows are staged
+            for kk in range(KK):
+                for u in range(4):
+                    row = g + 8 * (u & 1)
+                    d = 16 * kk + 8 * (u >> 1) + 2 * c
+                    qf[4 * kk + u] = 0
+                    if row < G:
+                        qf[4 * kk + u] = ptx.pack_f16x2(xr[row, d] * qscale, xr[row, d + 1] * qscale)
+            # the fresh key's score of each row, as the mma forms one: fp16 products, fp32 sums
+            for r in range(warp, G, W):
+                acc = float32(0)
+                for mm in range(NPR):
+                    d = lane + 32 * mm
+                    acc += qi.f16_to_f32(qi.f32_to_f16_bits(xr[r, d] * qscale)) * xr[G, d]
+                acc = warp_sum(acc)
+                if capped:
+                    cap_out = float32(softcap * LOG2E)
+                    acc = cap_out * math.tanh(acc * (float32(1) / cap_out))
+                if lane == 0:
+                    sf[r] = acc
+        else:
+            for kk in range(KK):
+                for u in range(4):
+                    row = g + 8 * (u & 1)
+                    d = 16 * kk + 8 * (u >> 1) + 2 * c
+                    qf[4 * kk + u] = 0
+                    if row < G:
+                        qf[4 * kk + u] = ptx.pack_f16x2(q[b, 0, kh * G + row, d] * qscale,
+                                                        q[b, 0, kh * G + row, d + 1] * qscale)
 
         m = cuda.local.array(2, float32)
         lsum = cuda.local.array(2, float32)
@@ -277,12 +392,18 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             mx = NEG
             for w in range(W):
                 mx = max(mx, red[MERGE + w * 16 + row])
+            if fresh:
+                mx = max(mx, sf[row])
             num = float32(0)
             den = float32(0)
             for w in range(W):
                 e = ptx.ex2_approx_ftz(red[MERGE + w * 16 + row] - mx)
                 num += e * red[(w * 16 + row) * D + d]
                 den += e * red[MERGE + W * 16 + w * 16 + row]
+            if fresh:  # the fresh key: score sf, sum 1, row V
+                e = ptx.ex2_approx_ftz(sf[row] - mx)
+                num += e * xr[G + 1, d]
+                den += e
             h = kh * G + row
             if S == 1:
                 val = num / den
@@ -303,7 +424,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
                 store_group(v, xq, xd, xs, b, kh * G * D // GROUP + tid)
 
     kernel.__name__ = (f"_decode_mma_d{D}_p{page}_s{NST}{'' if W == WARPS else f'_w{W}'}{'_softcap' if capped else ''}"
-                       f"{'_quant' if quant else ''}_kernel")
+                       f"{'_quant' if quant else ''}{'_post' if post else ''}_kernel")
     return cuda.jit(kernel)
 
 
@@ -338,18 +459,35 @@ def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tup
     return n_splits, batch, n_head, head_dim + 2
 
 
+@dataclass(frozen=True)
+class Post:
+    """qkv_post in front of the kernel (qkv_post.py's math): q (B, 1, H, D) is the Q|K|V GEMM's raw
+    output, k_new, v_new (B, 1, Hkv, D) float32 the step's fresh K and V rows, normalized where
+    q_norm, k_norm (D,) float32 are given, q and k rotated by inv_freq (rope_inv_freq: (2, n_rot
+    / 2)) at pos, NeoX or adjacent pairs; the fresh rows are written to the cache at pos."""
+    k_new: object
+    v_new: object
+    inv_freq: object
+    neox: bool
+    q_norm: object
+    k_norm: object
+    eps: float
+
+
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
                          window: int | None, softcap: float | None, stream, stages: int | None = None,
-                         xq: QuantX | None = None, warps: int = WARPS) -> None:
+                         xq: QuantX | None = None, warps: int = WARPS, post: Post | None = None) -> None:
     """out (B, 1, H, D) = attention of q (B, 1, H, D) float32, sequence b's token at pos[b, 0], over
     the paged fp16 cache: k_pool, v_pool (n_pages, page_size, Hkv, D) float16 already holding keys
-    0 .. pos[b, 0]; block_table (B, max_pages) int32. partials (partials_shape with >= n_splits
+    0 .. pos[b, 0] (with post: 0 .. pos[b, 0] - 1, the kernel adding the fresh one); block_table
+    (B, max_pages) int32. partials (partials_shape with >= n_splits
     splits and B) float32 scratch, unread at n_splits 1. The key range is read from pos on the
     device: a captured graph stays valid as the context grows. window None or > 0; softcap None
     or > 0; stages: each warp's ring depth, one of STAGE_CHOICES[D] (STAGES[D] where None), or
     WIDE_STAGES[D] at warps WIDE_WARPS (ring_plan's pairs). xq
     (quant_x.QuantX of B rows, H * D columns; one split, no softcap): out's int8 form is written
-    there too, equal to quantize_x's of out as (B, H * D) (one kernel fewer before a dp4a GEMV)."""
+    there too, equal to quantize_x's of out as (B, H * D) (one kernel fewer before a dp4a GEMV).
+    post (Post, no softcap): qkv_post in front, in place of its launch; q is left as it came."""
     B, T, H, D = q.shape
     P, Hkv = k_pool.shape[1], k_pool.shape[2]
     for a, dt, nd, name in ((q, np.float32, 4, "q"), (out, np.float32, 4, "out"), (k_pool, np.float16, 4, "k_pool"),
@@ -370,21 +508,44 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
         assert xq.q.shape == (B, H * D // 4) and xq.d.shape == xq.s.shape == (B, H * D // GROUP), "xq shapes"
     flat = out.reshape(B, H * D)
     q8, xd, xs = xq or (flat.view(np.uint32), flat, flat)  # unread without xq
-    launch(mma_kernel(D, P, bool(softcap), stages, xq is not None, warps), (n_splits, Hkv, B), 32 * warps, stream,
-           q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E), np.int32(window or 0),
-           np.float32(softcap or 0.0), q8, xd, xs, shared_bytes=ring_bytes(D, stages, warps))
+    if post is not None:
+        assert not softcap, "qkv_post in front: no softcap"
+        for a, name in ((post.k_new, "k_new"), (post.v_new, "v_new")):
+            assert a.dtype == np.float32 and a.shape == (B, 1, Hkv, D) and a.is_c_contiguous(), \
+                f"{name}: (B, 1, Hkv, D) float32"
+        inv_freq = post.inv_freq
+        assert inv_freq.dtype == np.float32 and inv_freq.ndim == 2 and 2 * inv_freq.shape[1] <= D, "inv_freq"
+        use_norm = post.q_norm is not None
+        assert not use_norm or post.q_norm.shape == post.k_norm.shape == (D,), "QK-norm weights: (D,)"
+        q_norm, k_norm = (post.q_norm, post.k_norm) if use_norm else (inv_freq[0], inv_freq[0])  # unread
+        tail = (post.k_new, post.v_new, inv_freq, np.int32(bool(post.neox)), q_norm, k_norm, np.float32(post.eps),
+                np.int32(use_norm))
+    else:
+        f1 = flat.reshape(B * H * D)
+        tail = (q, q, flat, np.int32(0), f1, f1, np.float32(0), np.int32(0))  # unread
+    launch(mma_kernel(D, P, bool(softcap), stages, xq is not None, warps, post is not None), (n_splits, Hkv, B),
+           32 * warps, stream, q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E),
+           np.int32(window or 0), np.float32(softcap or 0.0), q8, xd, xs, *tail,
+           shared_bytes=ring_bytes(D, stages, warps))
     if n_splits > 1:
         attention_wide.merge_splits(partials[:n_splits], out.reshape(B, H, D), n_splits, stream)
 
 
 _Q = types.float32[:, :, :, ::1]
 _POOL = types.float16[:, :, :, ::1]
+_F2 = types.float32[:, ::1]
+_F1 = types.float32[::1]
 _SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.float32[:, :, :, ::1],
-        types.float32, types.int32, types.float32, types.uint32[:, ::1], types.float32[:, ::1], types.float32[:, ::1])
+        types.float32, types.int32, types.float32, types.uint32[:, ::1], _F2, _F2,
+        _Q, _Q, _F2, types.int32, _F1, _F1, types.float32, types.int32)
 
 
 def build_signatures() -> list:
-    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py)."""
-    return [(mma_kernel(D, P, capped, st, quant, w), _SIG, {"max_registers": 255})
-            for D in HEAD_DIMS for P in PAGE_SIZES for capped in (False, True) for st, w in layouts(D)
-            for quant in ((False,) if capped else (False, True))]
+    """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py): every
+    head dim, page size and ring layout, plain, capped and with the int8 output; qkv_post in front
+    (no softcap) with and without it."""
+    plain = [(capped, quant, False) for capped in (False, True) for quant in ((False,) if capped else (False, True))]
+    fused = [(False, quant, True) for quant in (False, True)]
+    return [(mma_kernel(D, P, capped, st, quant, w, post), _SIG,
+             {"max_registers": 255, "stack_bytes": SIN_COS_STACK if post else 0})
+            for D in HEAD_DIMS for P in PAGE_SIZES for st, w in layouts(D) for capped, quant, post in plain + fused]
