@@ -197,10 +197,14 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     T, B = step.rows, step.batch
     qkv, joint = m.mm.stacked_outputs("qkv_out", T, (H * Dh, Hkv * Dh, Hkv * Dv))
     q, k, v = qkv[0].reshape(T, H, Dh), qkv[1].reshape(T, Hkv, Dh), qkv[2].reshape(T, Hkv, Dv)
+    post = _mma_post(m, il, step)
+    parts = None  # (split-K partials the attention kernel adds up, whether V's are among them)
+    keep = post and m.tuning.batch_mma_post_parts
     if att.qkv is not None:
-        m.mm.split(h, att.qkv, qkv, norm_w, joint, xin)
+        part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep)
+        parts = None if part is None else (part, True)
     elif att.qk is not None:
-        m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair)
+        parts = m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair, keep_parts=keep)
     else:
         for lin, y in zip((att.q, att.k, att.v), qkv):
             m.mm.linear(h, lin, y, norm_w)
@@ -218,8 +222,9 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=short, xq=xq)
-    elif _mma_post(m, il, step):
-        post = attention_decode_mma.Post(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps)
+    elif post:
+        post = attention_decode_mma.Post(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
+                                         *(parts or ()))
         _attend_mma(m, il, q, pos, attn, step, xq, post)
     else:
         qkv_post.qkv_post(q, k, v, pos, m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,

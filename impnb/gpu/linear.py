@@ -190,20 +190,25 @@ class MatMul:
             return self.x32_buffers(n_tok, lin.w.cols)
         return self.arena.get("a16", (n_tok, lin.w.cols), np.float16)
 
-    def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None) -> None:
+    def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None,
+              keep_parts: bool = False):
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
         joint: ys as one (1, sum N_i) array where stacked_outputs made them (one token): a dp4a
         Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone. xin: the
-        input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T)."""
+        input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T).
+        keep_parts: where the path splits K on gemm_mmq or gemm_wgmma_rs, its partial products
+        (S, T, sum N_i) are left unreduced in a buffer of their own and returned (ys untouched);
+        -> None where ys were written."""
         w = lin.w
         multi = lin.multi.get(x.shape[0])
-        if multi == MMQ:
+        if multi == MMQ or (multi is None and x.shape[0] > GEMV_MAX_ROWS and lin.gemm_path(x.shape[0]) == "mmq"):
             assert xin is None, "gemm_mmq quantizes its own x"
             M = x.shape[0]
             S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
-            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
-                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
-            return
+            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, M, w.rows))
+            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys, part, self.ctx.nb_stream, S, norm,
+                                    reduce=not keep_parts)
+            return part if keep_parts else None
         if multi:
             gemv_dp4a_multi_split(w, xin if xin is not None else self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
             return
@@ -219,11 +224,12 @@ class MatMul:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
-        if path == "mmq":
-            S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
-            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys,
-                                    self.arena.get("splitk_part", (S, M, w.rows)), self.ctx.nb_stream, S, norm)
-            return
+        if path == "wrs" and keep_parts:
+            S = gemm_wgmma_rs.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
+            part = self.arena.get("qkv_part", (S, M, w.rows))
+            gemm_wgmma_rs.gemm_wgmma_rs_split(self.x16(x, norm, perm=True), w, ys, part, self.ctx.nb_stream, S,
+                                              reduce=False)
+            return part
         if path in ("splitk", "few", "wgmma_few", "wrs"):
             split_for, gemm_split = {
                 "splitk": (splits_for, gemm_splitk_split),
@@ -239,12 +245,15 @@ class MatMul:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
             row += y.shape[1]
 
-    def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool) -> None:
+    def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool,
+             keep_parts: bool = False):
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
         load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T; one
         gemm_wgmma_rs_pair launch past GEMV_MAX_ROWS at tuning's GEMM_PAIR_RS_ROWS buckets
-        (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets."""
+        (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets.
+        keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
+        V's columns are among them: on gemm_wgmma_rs_pair; else y_b was written)."""
         n_tok = x.shape[0]
         if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
@@ -260,11 +269,13 @@ class MatMul:
                 and len(ys_a) == 2 and gemm_wgmma_rs.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols):
             N = lin_a.w.rows + lin_b.w.rows
             S = gemm_wgmma_rs.splits_for(n_tok, N, lin_a.w.cols, sms=gemv_stream.sm_count())
-            gemm_wgmma_rs.gemm_wgmma_rs_pair(self.x16(x, norm, perm=True), lin_a.w, lin_b.w, (*ys_a, y_b),
-                                             self.arena.get("splitk_part", (S, n_tok, N)), self.ctx.nb_stream, S)
-            return
-        self.split(x, lin_a, ys_a, norm)
+            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, n_tok, N))
+            gemm_wgmma_rs.gemm_wgmma_rs_pair(self.x16(x, norm, perm=True), lin_a.w, lin_b.w, (*ys_a, y_b), part,
+                                             self.ctx.nb_stream, S, reduce=not keep_parts)
+            return (part, True) if keep_parts else None
+        part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts)
         self.linear(x, lin_b, y_b, norm)
+        return None if part is None else (part, False)
 
     def _mmq_pair(self, n_tok: int, lin_a: Linear, ys_a, lin_b: Linear) -> bool:
         """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_mmq_pair at n_tok rows: its bucket

@@ -196,6 +196,10 @@ BATCH_MMA_WARPS = 8
 # launch, the cached keys' first tiles sent before the kernel's wait (the Qwen3-8B's B = 16 and 32 and
 # the Qwen3-30B-A3B's 8 and 16 4-6% faster: docs/PERFORMANCE.md). IMPNB_BATCH_MMA_POST=0 keeps qkv_post.
 BATCH_MMA_POST = True
+# There, Q|K|V's split-K partial products (gemm_mmq, gemm_wgmma_rs and its pair) added up by the
+# attention kernel's qkv_post rather than by their reduce launch (both models' batches 2-5% faster:
+# docs/PERFORMANCE.md). IMPNB_BATCH_MMA_POST_PARTS=0 keeps the reduce.
+BATCH_MMA_POST_PARTS = True
 # (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
 # keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
 # 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
@@ -390,6 +394,7 @@ class Overrides:
     batch_mma_deep_ring: bool = BATCH_MMA_DEEP_RING  # there, each warp's ring as deep as its SM's shared memory holds
     batch_mma_warps: int = BATCH_MMA_WARPS  # there, warps a block where each block owns an SM
     batch_mma_post: bool = BATCH_MMA_POST  # there, qkv_post in front of the kernel
+    batch_mma_post_parts: bool = BATCH_MMA_POST_PARTS  # and Q|K|V's split-K partials added up there
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
@@ -429,6 +434,7 @@ class Overrides:
                    batch_mma_deep_ring=switch("BATCH_MMA_DEEP_RING", BATCH_MMA_DEEP_RING),
                    batch_mma_warps=int(env_number("IMPNB_BATCH_MMA_WARPS", BATCH_MMA_WARPS)),
                    batch_mma_post=switch("BATCH_MMA_POST", BATCH_MMA_POST),
+                   batch_mma_post_parts=switch("BATCH_MMA_POST_PARTS", BATCH_MMA_POST_PARTS),
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),

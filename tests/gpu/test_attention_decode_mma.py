@@ -30,8 +30,8 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
     default num_splits' for the longest; stages: the warps' ring depth (the kernel's default), warps
     a block's; quant:
     the output's int8 form too (one split), poisoned first, equal bit for bit to quantize_x's of the
-    output the kernel wrote. post (neox, QK-norm, rotated dims): qkv_post in front, the token's own
-    K and V rows poisoned in the pools (see check_post)."""
+    output the kernel wrote. post (neox, QK-norm, rotated dims[, split-K partials, V among them]):
+    qkv_post in front, the token's own K and V rows poisoned in the pools (post_case)."""
     B = len(lengths)
     k_pool, v_pool, table, ks, vs = paged_cache(rng, lengths, Hkv, D, page_size, std)
     q = gauss(rng, (B, 1, H, D), std)
@@ -74,15 +74,27 @@ def check_mma(rng, lengths, H, Hkv, D, std, window=None, softcap=None, page_size
 
 def post_case(rng, post, q_raw, k_pool, v_pool, table, ks, vs, pos, std, stream):
     """qkv_post's inputs for check_mma: the fresh K and V rows Gaussian, QK-norm weights Gaussian
-    around 1, the token's row NaN in both pools -> (q_raw, the pools poisoned there, the float32
+    around 1, the token's row NaN in both pools; with n_parts, q, k (and v with v_in_parts) come as
+    Gaussian split-K partials, their arrays NaN -> (q as given, the pools poisoned there, the float32
     K/V with the fresh rows as the reference has them, Post on the device, check_pools). check_pools
     (q, k_pool, v_pool after the kernel) asserts q unchanged, the fresh K row within one fp16 ulp of
     norm -> RoPE's (qkv_post's reference), the V row its fp16 rounding, every other slot as it was,
     and returns (the reference's rotated q, the pools as the reference has them)."""
-    neox, norm, n_rot = post
+    neox, norm, n_rot, n_parts, v_in_parts = (*post, 0, True)[:5]
     B, _, H, D = q_raw.shape
     Hkv = k_pool.shape[2]
     k_new, v_new = gauss(rng, (B, 1, Hkv, D), std), gauss(rng, (B, 1, Hkv, D), std)
+    parts = None
+    if n_parts:  # the GEMM's split-K partials, [Q | K | V] columns; the rows are their float32 sum in split order
+        cols = [q_raw.reshape(B, H * D), k_new.reshape(B, Hkv * D)] + ([v_new.reshape(B, Hkv * D)] if v_in_parts else [])
+        parts = gauss(rng, (n_parts, B, sum(c.shape[1] for c in cols)), std)
+        total = parts[0].copy()
+        for i in range(1, n_parts):
+            total += parts[i]
+        at = 0
+        for c in cols:
+            c[:] = total[:, at:at + c.shape[1]]
+            at += c.shape[1]
     qn, kn = ((1 + 0.3 * rng.standard_normal(D)).astype(np.float32) for _ in "qk") if norm else (None, None)
     inv_freq = rope_inv_freq(n_rot, 10000.0)
     p = pos[:, 0]
@@ -97,10 +109,13 @@ def post_case(rng, post, q_raw, k_pool, v_pool, table, ks, vs, pos, std, stream)
     ks = [np.concatenate([kb[:-1], want_k[b]]) for b, kb in enumerate(ks)]
     vs = [np.concatenate([vb[:-1], v_new[b]]) for b, vb in enumerate(vs)]
     dev = lambda a: None if a is None else cuda.to_device(a, stream=stream)  # noqa: E731
-    fused = Post(dev(k_new), dev(v_new), dev(inv_freq), neox, dev(qn), dev(kn), 1e-6)
+    q_given = q_raw if parts is None else np.full_like(q_raw, np.nan)  # from the partials: q, k (and v) unread
+    k_given = k_new if parts is None else np.full_like(k_new, np.nan)
+    v_given = v_new if parts is None or not v_in_parts else np.full_like(v_new, np.nan)
+    fused = Post(dev(k_given), dev(v_given), dev(inv_freq), neox, dev(qn), dev(kn), 1e-6, dev(parts), v_in_parts)
 
     def check_pools(got_q, got_k, got_v):
-        assert np.array_equal(got_q, q_raw), "q changed"
+        assert np.array_equal(got_q, q_given, equal_nan=True), "q changed"
         assert np.array_equal(got_v, v_want, equal_nan=True), "V pool: the fresh row or another slot differs"
         assert np.array_equal(np.isnan(got_k), np.isnan(k_want)), "K pool: NaN where the reference has none"
         kr, kg = np.nan_to_num(k_want.astype(np.float32)), np.nan_to_num(got_k.astype(np.float32))
@@ -108,7 +123,7 @@ def post_case(rng, post, q_raw, k_pool, v_pool, table, ks, vs, pos, std, stream)
         assert (np.abs(kg - kr) <= ulp).all(), "K pool: the fresh row past one fp16 ulp of the reference's"
         return want_q, k_want, v_want
 
-    return q_raw, poisoned_k, poisoned_v, ks, vs, fused, check_pools
+    return q_given, poisoned_k, poisoned_v, ks, vs, fused, check_pools
 
 
 def _seed(*xs):
@@ -180,3 +195,16 @@ def test_post(H, Hkv, D, window, std, neox, norm, rot):
         check_mma(_seed(H, D, std, stages, warps, rot), lengths, H, Hkv, D, std, window, n_splits=1, stages=stages,
                   quant=True, warps=warps, post=(neox, norm, int(D * rot)))
     check_mma(_seed(H, D, std, 3, rot), lengths, H, Hkv, D, std, window, n_splits=3, post=(neox, norm, int(D * rot)))
+
+
+@pytest.mark.parametrize("n_parts,v_in_parts", [(1, True), (3, False), (8, True), (11, True), (19, False)])
+@pytest.mark.parametrize("H,Hkv,D,window", [(32, 8, 128, None), (32, 4, 128, None), (9, 3, 64, None), (8, 2, 64, 100)])
+def test_post_from_partials(H, Hkv, D, window, n_parts, v_in_parts):
+    """qkv_post in front, Q|K|V from a split-K GEMM's partial products (one split, chunks of
+    PART_CHUNK and past them; V among them or whole), in one split with the int8 output and in two."""
+    lengths = [1, 17, 130, 255, 700, 64, 33]
+    for stages, warps in layouts(D):
+        check_mma(_seed(H, D, n_parts, stages, warps), lengths, H, Hkv, D, 1.0, window, n_splits=1, stages=stages,
+                  quant=True, warps=warps, post=(True, True, D, n_parts, v_in_parts))
+    check_mma(_seed(H, D, n_parts, 2), lengths, H, Hkv, D, 3.0, window, n_splits=2,
+              post=(False, True, D // 2, n_parts, v_in_parts))

@@ -51,6 +51,8 @@ def test_mma_wide_blocks(lengths, D, window, page_size, n_splits, quant):
     ([1, 20], 4, 1, 64, None, 16, 1, True, 4, (True, True, 64)),      # a sequence of the fresh key alone
     ([70, 33], 6, 2, 128, 40, 32, 2, False, 4, (False, False, 64)),   # a window, the fresh key in split 2, half rotated
     ([140, 7], 4, 2, 64, None, 16, 1, False, 8, (True, True, 48)),     # eight warps, partial NeoX rotation
+    ([1, 20], 4, 1, 64, None, 16, 1, True, 4, (True, True, 64, 10, True)),   # from ten split-K partials
+    ([30, 3], 4, 2, 64, None, 32, 1, False, 4, (False, True, 32, 3, False)),  # three partials, V whole
 ])
 def test_mma_post(lengths, H, Hkv, D, window, page_size, n_splits, quant, warps, post):
     """qkv_post in front: the fresh K and V written to the cache and merged as one more part."""

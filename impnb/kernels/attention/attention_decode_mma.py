@@ -67,6 +67,8 @@ SPLIT_MIN_KEYS = 256      # keys a split at the least
 LOG2E = math.log2(math.e)
 NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weight 0
 SMEM_ALIGN = ptx.SMEM_ALIGN
+PART_CHUNK = 8            # post from split-K partials: a lane's splits of loads in flight at once
+NO_PARTS = -2             # post's vcol where q, k and v come whole (no split-K partials)
 
 
 def ring_bytes(D: int, stages: int | None = None, warps: int = WARPS) -> int:
@@ -127,6 +129,8 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
     NPR = D // 32              # post: a lane's columns of a row (d = lane + 32 m)
     NPAIR = (D // 2 + 31) // 32  # post: a lane's rotation pairs at most (i = lane + 32 j)
     XR = MAX_GROUP + 2         # post: staged rows, the G query heads', then the fresh K's and V's
+    NCH = -(-D // 128)         # post: a lane's 4-column chunks of a row
+    NXV = 4 * NCH              # post: their values
 
     @cuda.jit(device=True, inline=True)
     def page_of(table, b, k0, lo):
@@ -152,33 +156,62 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline=True)
-    def post_rows(q, k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh, G,
-                  page_n, off_n, writer, k_pool, v_pool, lane, warp):
+    def row_chunk(q, k_new, v_new, parts, vcol, b, kh, G, r, c):
+        # columns c .. c + 3 of post row r (query head kh G + r for r < G, then the fresh K, V of
+        # head kh): from q, k_new, v_new, or with parts (an (S, B, N) split-K GEMM's partial
+        # products, columns [Q | K | V], V's from vcol or, with vcol < 0, in v_new) their sum in
+        # split order, every split's load sent before the first add
+        H = q.shape[2]
+        Hkv = k_new.shape[2]
+        if vcol == NO_PARTS or (r > G and vcol < 0):
+            if r < G:
+                return qi.ldg_f32x4(q, ((b * H) + kh * G + r) * D + c)
+            return qi.ldg_f32x4(k_new if r == G else v_new, (b * Hkv + kh) * D + c)
+        S, B, N = parts.shape
+        col = (kh * G + r) * D + c if r < G else (H + kh) * D + c if r == G else vcol + kh * D + c
+        a0 = a1 = a2 = a3 = float32(0)
+        for s0 in range(0, S, PART_CHUNK):
+            ch = cuda.local.array((PART_CHUNK, 4), float32)
+            for j in range(PART_CHUNK):
+                ch[j, 0], ch[j, 1], ch[j, 2], ch[j, 3] = qi.ldg_f32x4(parts, (min(s0 + j, S - 1) * B + b) * N + col)
+            for j in range(PART_CHUNK):
+                if s0 + j < S:
+                    a0 += ch[j, 0]
+                    a1 += ch[j, 1]
+                    a2 += ch[j, 2]
+                    a3 += ch[j, 3]
+        return a0, a1, a2, a3
+
+    @cuda.jit(device=True, inline=True)
+    def post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
+                  G, page_n, off_n, writer, k_pool, v_pool, lane, warp):
         # qkv_post's math for the block's rows (warp w: rows w, w + W, ...): query head kh G + r
-        # (r < G), then the fresh K (r = G) and V (r = G + 1) of head kh; q and k normalized where
-        # use_norm and rotated, into xr (XR, D); K and V rounded to fp16 there, and written to the
-        # cache by the writer
+        # (r < G), then the fresh K (r = G) and V (r = G + 1) of head kh (row_chunk's, lane l
+        # columns 4 l + 128 j); q and k normalized where use_norm and rotated, into xr (XR, D); K
+        # and V rounded to fp16 there, and written to the cache by the writer
         half = inv_freq.shape[1]
         for r in range(warp, G + 2, W):
-            xv = cuda.local.array(NPR, float32)
+            xv = cuda.local.array(NXV, float32)
             acc = float32(0)
-            for mm in range(NPR):
-                d = lane + 32 * mm
-                if r < G:
-                    x = q[b, 0, kh * G + r, d]
-                elif r == G:
-                    x = k_new[b, 0, kh, d]
-                else:
-                    x = v_new[b, 0, kh, d]
-                xv[mm] = x
-                acc += x * x
+            for j in range(NCH):
+                c = 4 * lane + 128 * j
+                if c < D:
+                    xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3] = row_chunk(q, k_new, v_new, parts, vcol,
+                                                                                     b, kh, G, r, c)
+                    for e in range(4):
+                        acc += xv[4 * j + e] * xv[4 * j + e]
             if use_norm and r <= G:
                 inv = float32(1) / math.sqrt(warp_sum(acc) / float32(D) + eps)
-                for mm in range(NPR):
-                    d = lane + 32 * mm
-                    xv[mm] = xv[mm] * inv * (q_norm[d] if r < G else k_norm[d])
-            for mm in range(NPR):
-                xr[r, lane + 32 * mm] = xv[mm]
+                for j in range(NCH):
+                    c = 4 * lane + 128 * j
+                    if c < D:
+                        for e in range(4):
+                            xv[4 * j + e] = xv[4 * j + e] * inv * (q_norm[c + e] if r < G else k_norm[c + e])
+            for j in range(NCH):
+                c = 4 * lane + 128 * j
+                if c < D:
+                    for e in range(4):
+                        xr[r, c + e] = xv[4 * j + e]
             warp_sync()
             if r <= G:
                 for j in range(NPAIR):
@@ -204,7 +237,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
 
     # grid (S, Hkv, B), block NT threads (W warps); see the module's docstring
     def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs,
-               k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm):
+               k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm):
         if not post:
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
             ptx.grid_dep_launch()
@@ -258,8 +291,8 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             fresh = split == S - 1 and hn >= 0  # this block merges the fresh key (and writes it)
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (q, k, v)
             ptx.grid_dep_launch()
-            post_rows(q, k_new, v_new, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh, G,
-                      page_n, off_n, fresh, k_pool, v_pool, lane, warp)
+            post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
+                      G, page_n, off_n, fresh, k_pool, v_pool, lane, warp)
             cuda.syncthreads()  # the rows are staged
             for kk in range(KK):
                 for u in range(4):
@@ -464,7 +497,10 @@ class Post:
     """qkv_post in front of the kernel (qkv_post.py's math): q (B, 1, H, D) is the Q|K|V GEMM's raw
     output, k_new, v_new (B, 1, Hkv, D) float32 the step's fresh K and V rows, normalized where
     q_norm, k_norm (D,) float32 are given, q and k rotated by inv_freq (rope_inv_freq: (2, n_rot
-    / 2)) at pos, NeoX or adjacent pairs; the fresh rows are written to the cache at pos."""
+    / 2)) at pos, NeoX or adjacent pairs; the fresh rows are written to the cache at pos. parts:
+    where the GEMM left its split-K partial products (S, B, N) float32 unreduced, columns [Q | K |
+    V] (q, k_new and the partials' V unread then), the kernel adds them up in split order as its
+    reduce would; v_in_parts: V's columns are there (else V comes whole in v_new)."""
     k_new: object
     v_new: object
     inv_freq: object
@@ -472,6 +508,8 @@ class Post:
     q_norm: object
     k_norm: object
     eps: float
+    parts: object = None
+    v_in_parts: bool = True
 
 
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
@@ -518,11 +556,20 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
         use_norm = post.q_norm is not None
         assert not use_norm or post.q_norm.shape == post.k_norm.shape == (D,), "QK-norm weights: (D,)"
         q_norm, k_norm = (post.q_norm, post.k_norm) if use_norm else (inv_freq[0], inv_freq[0])  # unread
-        tail = (post.k_new, post.v_new, inv_freq, np.int32(bool(post.neox)), q_norm, k_norm, np.float32(post.eps),
-                np.int32(use_norm))
+        parts, vcol = post.parts, NO_PARTS
+        if parts is None:
+            parts = out.reshape(1, B, H * D)  # unread
+        else:
+            N = parts.shape[2]
+            assert parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1] == B and parts.is_c_contiguous()
+            assert N == (H + (2 if post.v_in_parts else 1) * Hkv) * D, f"partials of {N} columns: [Q | K | V] expected"
+            vcol = (H + Hkv) * D if post.v_in_parts else -1
+        tail = (post.k_new, post.v_new, parts, np.int32(vcol), inv_freq, np.int32(bool(post.neox)), q_norm, k_norm,
+                np.float32(post.eps), np.int32(use_norm))
     else:
         f1 = flat.reshape(B * H * D)
-        tail = (q, q, flat, np.int32(0), f1, f1, np.float32(0), np.int32(0))  # unread
+        tail = (q, q, out.reshape(1, B, H * D), np.int32(NO_PARTS), flat, np.int32(0), f1, f1, np.float32(0),
+                np.int32(0))  # unread
     launch(mma_kernel(D, P, bool(softcap), stages, xq is not None, warps, post is not None), (n_splits, Hkv, B),
            32 * warps, stream, q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E),
            np.int32(window or 0), np.float32(softcap or 0.0), q8, xd, xs, *tail,
@@ -537,7 +584,7 @@ _F2 = types.float32[:, ::1]
 _F1 = types.float32[::1]
 _SIG = (_Q, _POOL, _POOL, types.int32[:, ::1], types.int32[:, ::1], _Q, types.float32[:, :, :, ::1],
         types.float32, types.int32, types.float32, types.uint32[:, ::1], _F2, _F2,
-        _Q, _Q, _F2, types.int32, _F1, _F1, types.float32, types.int32)
+        _Q, _Q, types.float32[:, :, ::1], types.int32, _F2, types.int32, _F1, _F1, types.float32, types.int32)
 
 
 def build_signatures() -> list:

@@ -182,20 +182,22 @@ def gemm_wgmma_rs(a_perm, w, c, part, stream, splits: int, accumulate: bool = Fa
         reduce_parts(part, (c, c, c), w.rows, 0, accumulate, stream)
 
 
-def gemm_wgmma_rs_split(a_perm, w, ys, part, stream, splits: int):
+def gemm_wgmma_rs_split(a_perm, w, ys, part, stream, splits: int, reduce: bool = True):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of
-    i)ᵀ, each N_i a multiple of 4; a_perm, part as in gemm_wgmma_rs."""
+    i)ᵀ, each N_i a multiple of 4; a_perm, part and reduce as in gemm_wgmma_rs."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
     _launch(a_perm, w, part, stream, splits, 3)
-    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
+    if reduce:
+        reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
-def gemm_wgmma_rs_pair(a_perm, w1, w2, ys, part, stream, splits: int):
+def gemm_wgmma_rs_pair(a_perm, w1, w2, ys, part, stream, splits: int, reduce: bool = True):
     """A Q4_K matrix w1 (Q|K: ys[0], ys[1] its rows in turn) and a Q6_K matrix w2 (V: ys[2]) of
     the same input width in one launch (gemm_wgmma_rs_pair_kernel), then one split-K reduce:
-    ys[i] (M, N_i) = a · dequant(rows of i)ᵀ; part a float32 scratch (splits, M, w1.rows + w2.rows)."""
+    ys[i] (M, N_i) = a · dequant(rows of i)ᵀ; part a float32 scratch (splits, M, w1.rows + w2.rows),
+    where reduce=False leaves the partial products (ys untouched)."""
     M, K = a_perm.shape
     y0, y1, y2 = ys
     n0, n1 = y0.shape[1], y1.shape[1]
@@ -209,7 +211,8 @@ def gemm_wgmma_rs_pair(a_perm, w1, w2, ys, part, stream, splits: int):
     launch(gemm_wgmma_rs_pair_kernel(nt), grid, THREADS, stream, a_perm, *w1.parts[:2], *w2.parts, part,
            np.int32(nb1), np.int32(w1.rows), shared_bytes=max(shared_bytes(nt, 3), q6_k.shared_bytes(nt, 3)),
            programmatic=nt not in tuning.WRS_PLAIN_TOKENS)
-    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
+    if reduce:
+        reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
 def pair_supports(type1, type2, K: int) -> bool:
