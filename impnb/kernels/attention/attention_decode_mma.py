@@ -41,7 +41,7 @@ from numba import cuda, float32, int32, types, uint32
 from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
-from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin
+from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin, rotate_row_pair
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sum, warp_sync
@@ -217,12 +217,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
                 for j in range(NPAIR):
                     i = lane + 32 * j
                     if i < half:
-                        i0 = i if neox else 2 * i
-                        i1 = i + half if neox else 2 * i + 1
-                        a = xr[r, i0]
-                        c = xr[r, i1]
-                        xr[r, i0] = a * cs[j] - c * sn[j]
-                        xr[r, i1] = c * cs[j] + a * sn[j]
+                        rotate_row_pair(xr, r, i, half, neox, cs[j], sn[j])
                 warp_sync()
             if r >= G:
                 for mm in range(NPR):
@@ -294,13 +289,6 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
                       G, page_n, off_n, fresh, k_pool, v_pool, lane, warp)
             cuda.syncthreads()  # the rows are staged
-            for kk in range(KK):
-                for u in range(4):
-                    row = g + 8 * (u & 1)
-                    d = 16 * kk + 8 * (u >> 1) + 2 * c
-                    qf[4 * kk + u] = 0
-                    if row < G:
-                        qf[4 * kk + u] = ptx.pack_f16x2(xr[row, d] * qscale, xr[row, d + 1] * qscale)
             # the fresh key's score of each row, as the mma forms one: fp16 products, fp32 sums
             for r in range(warp, G, W):
                 acc = float32(0)
@@ -313,15 +301,17 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
                     acc = cap_out * math.tanh(acc * (float32(1) / cap_out))
                 if lane == 0:
                     sf[r] = acc
-        else:
-            for kk in range(KK):
-                for u in range(4):
-                    row = g + 8 * (u & 1)
-                    d = 16 * kk + 8 * (u >> 1) + 2 * c
-                    qf[4 * kk + u] = 0
-                    if row < G:
-                        qf[4 * kk + u] = ptx.pack_f16x2(q[b, 0, kh * G + row, d] * qscale,
-                                                        q[b, 0, kh * G + row, d + 1] * qscale)
+        for kk in range(KK):  # Q's rows from post's staged rows, else as the GEMM wrote them
+            for u in range(4):
+                row = g + 8 * (u & 1)
+                d = 16 * kk + 8 * (u >> 1) + 2 * c
+                qf[4 * kk + u] = 0
+                if row < G:
+                    if post:
+                        q0, q1 = xr[row, d], xr[row, d + 1]
+                    else:
+                        q0, q1 = q[b, 0, kh * G + row, d], q[b, 0, kh * G + row, d + 1]
+                    qf[4 * kk + u] = ptx.pack_f16x2(q0 * qscale, q1 * qscale)
 
         m = cuda.local.array(2, float32)
         lsum = cuda.local.array(2, float32)

@@ -13,7 +13,7 @@ from numba import cuda, types
 from impnb.kernels.common import ptx
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.common.warp import warp_sum, warp_sync
-from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin
+from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin, rotate_row_pair
 from impnb.launch import launch
 
 MAX_D = 256
@@ -87,12 +87,7 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
                 xs[y, d] = xs[y, d] * inv * wv[m]
     warp_sync()
     for i in range(lane, half, 32):
-        i0 = i if neox else 2 * i
-        i1 = i + half if neox else 2 * i + 1
-        a = xs[y, i0]
-        b = xs[y, i1]
-        xs[y, i0] = a * cs[i] - b * sn[i]
-        xs[y, i1] = b * cs[i] + a * sn[i]
+        rotate_row_pair(xs, y, i, half, neox, cs[i], sn[i])
     warp_sync()
     for d in range(lane, D, 32):
         if is_q:

@@ -46,6 +46,18 @@ def _rotate(x, t, head, i0, i1, cs, sn):
     x[t, head, i1] = b * cs + a * sn
 
 
+@cuda.jit(device=True, inline=True)
+def rotate_row_pair(x, r, i, half, neox, cs, sn):
+    """Pair i of row r of x (2-D: NeoX (i, i + half), else adjacent (2 i, 2 i + 1)) rotated in place
+    by the angle of cosine cs and sine sn (qkv_post's and the fused kernels' staged rows)."""
+    i0 = i if neox else 2 * i
+    i1 = i + half if neox else 2 * i + 1
+    a = x[r, i0]
+    b = x[r, i1]
+    x[r, i0] = a * cs - b * sn
+    x[r, i1] = b * cs + a * sn
+
+
 # grid (N, ceil((H + Hkv) * n_rot/2 / 128)), block 128: thread owns one rotating pair j of one head
 # of token t (heads 0..H-1 of q, then 0..Hkv-1 of k). In place; no shared memory.
 # Angle: a = fl(p * hi), e = (p * hi - a) + p * lo (fma, exact), then cos/sin(a + e) from
