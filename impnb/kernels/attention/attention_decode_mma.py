@@ -21,12 +21,13 @@ With post, qkv_post runs in front, in place of its launch: the cache holds keys 
 before griddepcontrol.wait a block reads pos and the block table and sends its warps' first tiles
 (no kernel of this step writes them) and works out the fresh key's rotation; after it, the warps
 normalize and rotate the block's G query rows and the fresh K row and round K and V to fp16 in
-shared memory (the last split writing them to the cache), Q's fragments come from there, and the
-fresh key joins the merge as one more part: score q·k of the fp16 operands as an mma sums them,
-sum 1, row V. q is left as the GEMM wrote it.
+shared memory (the last split writing them to the cache; 9 KB more a block at D 128, which every
+ring layout leaves room for), Q's fragments come from there, and the fresh key joins the merge as
+one more part: score q·k of the fp16 operands as an mma sums them, sum 1, row V. q is left as the
+GEMM wrote it. Q|K|V may come as a split-K GEMM's partial products, added here in split order.
 
 Fragment layouts as attention_fa2's (lane (g, c) = (lane >> 2, lane & 3)): Q's A fragments built
-from global memory once (rows past G zero), K's B fragments by ldmatrix from the swizzled tile
+once from global memory (with post: from the staged rows; rows past G zero), K's B fragments by ldmatrix from the swizzled tile
 rows, P's A fragments straight from the S accumulators, V's B fragments by ldmatrix .trans.
 Numpy reference: attention.attention_ref.
 """
@@ -93,12 +94,6 @@ def ring_plan(D: int, blocks: int, n_sm: int = 132, warps: int = WARPS) -> tuple
     if warps == WIDE_WARPS and blocks <= n_sm:
         return WIDE_STAGES[D], WIDE_WARPS
     return ring_stages(D, blocks, n_sm), WARPS
-
-
-def post_shared_bytes(D: int) -> int:
-    """Static shared memory of a kernel with qkv_post in front: the block's G query rows and the
-    fresh K and V rows (float32), and the fresh key's scores."""
-    return 4 * ((MAX_GROUP + 2) * D + MAX_GROUP)
 
 
 @lru_cache(maxsize=None)
