@@ -253,14 +253,15 @@ class MatMul:
         gemm_wgmma_rs_pair launch past GEMV_MAX_ROWS at tuning's GEMM_PAIR_RS_ROWS buckets
         (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets.
         keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
-        V's columns are among them: on gemm_wgmma_rs_pair; else y_b was written)."""
+        V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written)."""
         n_tok = x.shape[0]
         if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
             S = gemm_mmq_pair.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
-            gemm_mmq_pair.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b),
-                                   self.arena.get("splitk_part", (S, n_tok, N1 + N2)), self.ctx.nb_stream, S, norm)
-            return
+            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, n_tok, N1 + N2))
+            gemm_mmq_pair.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b), part,
+                                        self.ctx.nb_stream, S, norm, reduce=not keep_parts)
+            return (part, True) if keep_parts else None
         if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
                                                                                   or lin_b.multi.get(n_tok)):
             gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)

@@ -43,11 +43,12 @@ def gemm_mmq_pair_kernel(type1, type2, ni: int, mt1: int = 1, mt2: int = 1):
 
 
 def gemm_mmq_pair(x, xq: QuantX32, w1: PackedWeight, w2: PackedWeight, ys, part, stream, splits: int,
-                  norm: tuple | None = None):
+                  norm: tuple | None = None, reduce: bool = True):
     """A layer's Q|K (w1: ys[0], ys[1] its rows in turn) and its V of another type (w2: ys[2]) of
     one input width on one x̂ in one launch, then one split-K reduce:
     ys[i] (M, N_i) = x̂ · dequant(rows of i)ᵀ, x̂ quantized from x (or RMSNorm(x) * wn with norm)
-    into xq first; part a float32 scratch (splits, M, w1.rows + w2.rows)."""
+    into xq first; part a float32 scratch (splits, M, w1.rows + w2.rows), where reduce=False
+    leaves the partial products (ys untouched)."""
     M, K = x.shape
     y0, y1, y2 = ys
     n0, n1 = y0.shape[1], y1.shape[1]
@@ -63,7 +64,8 @@ def gemm_mmq_pair(x, xq: QuantX32, w1: PackedWeight, w2: PackedWeight, ys, part,
     launch(gemm_mmq_pair_kernel(T(w1.ggml_type), T(w2.ggml_type), ni, mt1, mt2),
            (nb1 + -(-w2.rows // block_rows(mt2)), splits, -(-M // (8 * ni))), THREADS, stream,
            xq.q, xq.ds, w1.parts, w2.parts, part, np.int32(nb1), np.int32(w1.rows))
-    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
+    if reduce:
+        reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
 def pair_supports(type1, type2, K: int) -> bool:
