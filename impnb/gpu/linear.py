@@ -196,16 +196,16 @@ class MatMul:
         joint: ys as one (1, sum N_i) array where stacked_outputs made them (one token): a dp4a
         Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone. xin: the
         input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T).
-        keep_parts: where the path splits K on gemm_mmq or gemm_wgmma_rs, its partial products
-        (S, T, sum N_i) are left unreduced in a buffer of their own and returned (ys untouched);
-        -> None where ys were written."""
+        keep_parts: where the path splits K (gemm_mmq, gemm_wgmma_rs, the few-row and split-K
+        GEMMs), its partial products (S, T, sum N_i) are left unreduced in a buffer of their own
+        and returned (ys untouched); -> None where ys were written."""
         w = lin.w
         multi = lin.multi.get(x.shape[0])
         if multi == MMQ or (multi is None and x.shape[0] > GEMV_MAX_ROWS and lin.gemm_path(x.shape[0]) == "mmq"):
             assert xin is None, "gemm_mmq quantizes its own x"
             M = x.shape[0]
             S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
-            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, M, w.rows))
+            part = self._part(keep_parts, (S, M, w.rows))
             gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys, part, self.ctx.nb_stream, S, norm,
                                     reduce=not keep_parts)
             return part if keep_parts else None
@@ -224,12 +224,6 @@ class MatMul:
             gemv_stacked.gemv_split(w, x, ys, self.ctx.nb_stream, norm=norm)
             return
         path, M = lin.gemm_path(x.shape[0]), x.shape[0]
-        if path == "wrs" and keep_parts:
-            S = gemm_wgmma_rs.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            part = self.arena.get("qkv_part", (S, M, w.rows))
-            gemm_wgmma_rs.gemm_wgmma_rs_split(self.x16(x, norm, perm=True), w, ys, part, self.ctx.nb_stream, S,
-                                              reduce=False)
-            return part
         if path in ("splitk", "few", "wgmma_few", "wrs"):
             split_for, gemm_split = {
                 "splitk": (splits_for, gemm_splitk_split),
@@ -237,9 +231,10 @@ class MatMul:
                 "wgmma_few": (gemm_wgmma_few.splits_for, gemm_wgmma_few.gemm_wgmma_few_split),
                 "wrs": (gemm_wgmma_rs.splits_for, gemm_wgmma_rs.gemm_wgmma_rs_split)}[path]
             S = split_for(M, w.rows, w.cols, sms=gemv_stream.sm_count())
-            gemm_split(self.x16(x, norm, perm=path == "wrs"), w, ys, self.arena.get("splitk_part", (S, M, w.rows)),
-                       self.ctx.nb_stream, S)
-            return
+            part = self._part(keep_parts, (S, M, w.rows))
+            gemm_split(self.x16(x, norm, perm=path == "wrs"), w, ys, part, self.ctx.nb_stream, S,
+                       reduce=not keep_parts)
+            return part if keep_parts else None
         x16, w16, row = self.x16(x, norm), self.w16(w), 0
         for y in ys:
             self.cublas.gemm_f16(x16, w16[row:row + y.shape[1]], y)
@@ -258,7 +253,7 @@ class MatMul:
         if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
             S = gemm_mmq_pair.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
-            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, n_tok, N1 + N2))
+            part = self._part(keep_parts, (S, n_tok, N1 + N2))
             gemm_mmq_pair.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b), part,
                                         self.ctx.nb_stream, S, norm, reduce=not keep_parts)
             return (part, True) if keep_parts else None
@@ -270,13 +265,18 @@ class MatMul:
                 and len(ys_a) == 2 and gemm_wgmma_rs.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols):
             N = lin_a.w.rows + lin_b.w.rows
             S = gemm_wgmma_rs.splits_for(n_tok, N, lin_a.w.cols, sms=gemv_stream.sm_count())
-            part = self.arena.get("qkv_part" if keep_parts else "splitk_part", (S, n_tok, N))
+            part = self._part(keep_parts, (S, n_tok, N))
             gemm_wgmma_rs.gemm_wgmma_rs_pair(self.x16(x, norm, perm=True), lin_a.w, lin_b.w, (*ys_a, y_b), part,
                                              self.ctx.nb_stream, S, reduce=not keep_parts)
             return (part, True) if keep_parts else None
         part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts)
         self.linear(x, lin_b, y_b, norm)
         return None if part is None else (part, False)
+
+    def _part(self, keep: bool, shape: tuple):
+        """A split-K GEMM's partials: the shared scratch, or where they are kept for a later kernel
+        (keep_parts) a buffer of their own, which a GEMM between them and their reader cannot reuse."""
+        return self.arena.get("qkv_part" if keep else "splitk_part", shape)
 
     def _mmq_pair(self, n_tok: int, lin_a: Linear, ys_a, lin_b: Linear) -> bool:
         """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_mmq_pair at n_tok rows: its bucket

@@ -228,13 +228,13 @@ def gemm_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate: bool 
     _launch(a, w, (c, c, c), w.rows, 0, part, stream, splits, accumulate, reduce)
 
 
-def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int):
+def gemm_few_split(a, w: PackedWeight, ys, part, stream, splits: int, reduce: bool = True):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of i)ᵀ,
-    each N_i a multiple of 4; part as in gemm_few."""
+    each N_i a multiple of 4; part and reduce as in gemm_few."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False)
+    _launch(a, w, (y0, y1, y2), n0, n1, part, stream, splits, False, reduce)
 
 
 def build_signatures() -> list:

@@ -191,14 +191,16 @@ def gemm_wgmma_few(a, w: PackedWeight, c, part, stream, splits: int, accumulate:
     reduce_parts(part, (c, c, c), w.rows, 0, accumulate, stream)
 
 
-def gemm_wgmma_few_split(a, w: PackedWeight, ys, part, stream, splits: int):
+def gemm_wgmma_few_split(a, w: PackedWeight, ys, part, stream, splits: int, reduce: bool = True):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = a · dequant(W rows of i)ᵀ,
-    each N_i a multiple of 4; part (splits, M, N) as in gemm_wgmma_few, used at any split count."""
+    each N_i a multiple of 4; part (splits, M, N) as in gemm_wgmma_few, used at any split count;
+    reduce=False leaves the partial products there (ys untouched)."""
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
     _launch(a, w, part, stream, splits, False)
-    reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
+    if reduce:
+        reduce_parts(part, (y0, y1, y2), n0, n1, False, stream)
 
 
 def build_signatures() -> list:
