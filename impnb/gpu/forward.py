@@ -197,9 +197,9 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     T, B = step.rows, step.batch
     qkv, joint = m.mm.stacked_outputs("qkv_out", T, (H * Dh, Hkv * Dh, Hkv * Dv))
     q, k, v = qkv[0].reshape(T, H, Dh), qkv[1].reshape(T, Hkv, Dh), qkv[2].reshape(T, Hkv, Dv)
-    post = _mma_post(m, il, step)
+    fused = _mma_post(m, il, step)  # qkv_post inside attention_decode_mma
     parts = None  # (split-K partials the attention kernel adds up, whether V's are among them)
-    keep = post and m.tuning.batch_mma_post_parts
+    keep = fused and m.tuning.batch_mma_post_parts
     if att.qkv is not None:
         part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep)
         parts = None if part is None else (part, True)
@@ -222,7 +222,7 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
                                cfg.attn_scale, cfg.window(il), None, s,
                                post=(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps),
                                splits=short, xq=xq)
-    elif post:
+    elif fused:
         post = attention_decode_mma.Post(_seqs(k, B), _seqs(v, B), m.inv_freq[il], cfg.rope_neox, *qk_norm, cfg.eps,
                                          *(parts or ()))
         _attend_mma(m, il, q, pos, attn, step, xq, post)

@@ -29,7 +29,7 @@ class NamedRecorder(Recorder):
 def test_batch_decode_post(post, tmp_path, monkeypatch):
     from impnb.engine_batch import CudaBatchEngine, DecodeRow
     from impnb.gguf_file import open_model_file
-    from impnb.kernels.attention.attention_decode_mma import NO_PARTS
+    from impnb.kernels.attention.attention_decode_mma_post import NO_PARTS
     from impnb.sampling import SamplingParams
 
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX_BATCH", "1")  # three sequences past the short kernel's batches

@@ -24,7 +24,8 @@ normalize and rotate the block's G query rows and the fresh K row and round K an
 shared memory (the last split writing them to the cache; 9 KB more a block at D 128, which every
 ring layout leaves room for), Q's fragments come from there, and the fresh key joins the merge as
 one more part: score q·k of the fp16 operands as an mma sums them, sum 1, row V. q is left as the
-GEMM wrote it. Q|K|V may come as a split-K GEMM's partial products, added here in split order.
+GEMM wrote it. Q|K|V may come as a split-K GEMM's partial products, added here in split order
+(attention_decode_mma_post.py).
 
 Fragment layouts as attention_fa2's (lane (g, c) = (lane >> 2, lane & 3)): Q's A fragments built
 once from global memory (with post: from the staged rows; rows past G zero), K's B fragments by ldmatrix from the swizzled tile
@@ -33,7 +34,6 @@ Numpy reference: attention.attention_ref.
 """
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -42,10 +42,11 @@ from numba import cuda, float32, int32, types, uint32
 from impnb.kernels.attention import attention_wide
 from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
-from impnb.kernels.attention.rope import SIN_COS_STACK, cos_sin, rotate_row_pair
+from impnb.kernels.attention.attention_decode_mma_post import Post, make_post, post_args
+from impnb.kernels.attention.attention_decode_mma_post import pairs as post_pairs
+from impnb.kernels.attention.rope import SIN_COS_STACK
 from impnb.kernels.common import ptx
-from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sum, warp_sync
+from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sync
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group
 from impnb.launch import launch
 
@@ -68,8 +69,6 @@ SPLIT_MIN_KEYS = 256      # keys a split at the least
 LOG2E = math.log2(math.e)
 NEG = np.float32(-1e30)   # finite "minus infinity": empty parts merge with weight 0
 SMEM_ALIGN = ptx.SMEM_ALIGN
-PART_CHUNK = 8            # post from split-K partials: a lane's splits of loads in flight at once
-NO_PARTS = -2             # post's vcol where q, k and v come whole (no split-K partials)
 
 
 def ring_bytes(D: int, stages: int | None = None, warps: int = WARPS) -> int:
@@ -121,11 +120,8 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
     OUTQ = MERGE + 2 * W * 16  # quant: the block's output rows, then in int8 a thread a group
     assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST, W) // 4
     assert D % GROUP == 0
-    NPR = D // 32              # post: a lane's columns of a row (d = lane + 32 m)
-    NPAIR = (D // 2 + 31) // 32  # post: a lane's rotation pairs at most (i = lane + 32 j)
+    NPAIR = post_pairs(D)      # post: a lane's rotation pairs
     XR = MAX_GROUP + 2         # post: staged rows, the G query heads', then the fresh K's and V's
-    NCH = -(-D // 128)         # post: a lane's 4-column chunks of a row
-    NXV = 4 * NCH              # post: their values
 
     @cuda.jit(device=True, inline=True)
     def page_of(table, b, k0, lo):
@@ -150,80 +146,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
         ptx.cp_async_commit()
 
-    @cuda.jit(device=True, inline=True)
-    def row_chunk(q, k_new, v_new, parts, vcol, b, kh, G, r, c):
-        # columns c .. c + 3 of post row r (query head kh G + r for r < G, then the fresh K, V of
-        # head kh): from q, k_new, v_new, or with parts (an (S, B, N) split-K GEMM's partial
-        # products, columns [Q | K | V], V's from vcol or, with vcol < 0, in v_new) their sum in
-        # split order, every split's load sent before the first add
-        H = q.shape[2]
-        Hkv = k_new.shape[2]
-        if vcol == NO_PARTS or (r > G and vcol < 0):
-            if r < G:
-                return qi.ldg_f32x4(q, ((b * H) + kh * G + r) * D + c)
-            return qi.ldg_f32x4(k_new if r == G else v_new, (b * Hkv + kh) * D + c)
-        S, B, N = parts.shape
-        col = (kh * G + r) * D + c if r < G else (H + kh) * D + c if r == G else vcol + kh * D + c
-        a0 = a1 = a2 = a3 = float32(0)
-        for s0 in range(0, S, PART_CHUNK):
-            ch = cuda.local.array((PART_CHUNK, 4), float32)
-            for j in range(PART_CHUNK):
-                ch[j, 0], ch[j, 1], ch[j, 2], ch[j, 3] = qi.ldg_f32x4(parts, (min(s0 + j, S - 1) * B + b) * N + col)
-            for j in range(PART_CHUNK):
-                if s0 + j < S:
-                    a0 += ch[j, 0]
-                    a1 += ch[j, 1]
-                    a2 += ch[j, 2]
-                    a3 += ch[j, 3]
-        return a0, a1, a2, a3
-
-    @cuda.jit(device=True, inline=True)
-    def post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
-                  G, page_n, off_n, writer, k_pool, v_pool, lane, warp):
-        # qkv_post's math for the block's rows (warp w: rows w, w + W, ...): query head kh G + r
-        # (r < G), then the fresh K (r = G) and V (r = G + 1) of head kh (row_chunk's, lane l
-        # columns 4 l + 128 j); q and k normalized where use_norm and rotated, into xr (XR, D); K
-        # and V rounded to fp16 there, and written to the cache by the writer
-        half = inv_freq.shape[1]
-        for r in range(warp, G + 2, W):
-            xv = cuda.local.array(NXV, float32)
-            acc = float32(0)
-            for j in range(NCH):
-                c = 4 * lane + 128 * j
-                if c < D:
-                    xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3] = row_chunk(q, k_new, v_new, parts, vcol,
-                                                                                     b, kh, G, r, c)
-                    for e in range(4):
-                        acc += xv[4 * j + e] * xv[4 * j + e]
-            if use_norm and r <= G:
-                inv = float32(1) / math.sqrt(warp_sum(acc) / float32(D) + eps)
-                for j in range(NCH):
-                    c = 4 * lane + 128 * j
-                    if c < D:
-                        for e in range(4):
-                            xv[4 * j + e] = xv[4 * j + e] * inv * (q_norm[c + e] if r < G else k_norm[c + e])
-            for j in range(NCH):
-                c = 4 * lane + 128 * j
-                if c < D:
-                    for e in range(4):
-                        xr[r, c + e] = xv[4 * j + e]
-            warp_sync()
-            if r <= G:
-                for j in range(NPAIR):
-                    i = lane + 32 * j
-                    if i < half:
-                        rotate_row_pair(xr, r, i, half, neox, cs[j], sn[j])
-                warp_sync()
-            if r >= G:
-                for mm in range(NPR):
-                    d = lane + 32 * mm
-                    h = qi.f32_to_f16_bits(xr[r, d])
-                    xr[r, d] = qi.f16_to_f32(h)
-                    if writer and r == G:
-                        k_pool[page_n, off_n, kh, d] = xr[r, d]
-                    elif writer:
-                        v_pool[page_n, off_n, kh, d] = xr[r, d]
-                warp_sync()
+    rotation, post_rows, fresh_scores = make_post(D, W)
 
     # grid (S, Hkv, B), block NT threads (W warps); see the module's docstring
     def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs,
@@ -273,9 +196,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             # and the cached keys' tiles above are no kernel's of this step)
             cs = cuda.local.array(NPAIR, float32)
             sn = cuda.local.array(NPAIR, float32)
-            for j in range(NPAIR):
-                i = lane + 32 * j
-                cs[j], sn[j] = cos_sin(max(hn, 0), inv_freq, min(i, inv_freq.shape[1] - 1))
+            rotation(hn, inv_freq, lane, cs, sn)
             page_n = table[b, max(hn, 0) >> PSH]
             off_n = max(hn, 0) & (page - 1)
             fresh = split == S - 1 and hn >= 0  # this block merges the fresh key (and writes it)
@@ -284,18 +205,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
                       G, page_n, off_n, fresh, k_pool, v_pool, lane, warp)
             cuda.syncthreads()  # the rows are staged
-            # the fresh key's score of each row, as the mma forms one: fp16 products, fp32 sums
-            for r in range(warp, G, W):
-                acc = float32(0)
-                for mm in range(NPR):
-                    d = lane + 32 * mm
-                    acc += qi.f16_to_f32(qi.f32_to_f16_bits(xr[r, d] * qscale)) * xr[G, d]
-                acc = warp_sum(acc)
-                if capped:
-                    cap_out = float32(softcap * LOG2E)
-                    acc = cap_out * math.tanh(acc * (float32(1) / cap_out))
-                if lane == 0:
-                    sf[r] = acc
+            fresh_scores(xr, sf, G, qscale, capped, float32(softcap * LOG2E), lane, warp)
         for kk in range(KK):  # Q's rows from post's staged rows, else as the GEMM wrote them
             for u in range(4):
                 row = g + 8 * (u & 1)
@@ -477,26 +387,6 @@ def partials_shape(n_splits: int, batch: int, n_head: int, head_dim: int) -> tup
     return n_splits, batch, n_head, head_dim + 2
 
 
-@dataclass(frozen=True)
-class Post:
-    """qkv_post in front of the kernel (qkv_post.py's math): q (B, 1, H, D) is the Q|K|V GEMM's raw
-    output, k_new, v_new (B, 1, Hkv, D) float32 the step's fresh K and V rows, normalized where
-    q_norm, k_norm (D,) float32 are given, q and k rotated by inv_freq (rope_inv_freq: (2, n_rot
-    / 2)) at pos, NeoX or adjacent pairs; the fresh rows are written to the cache at pos. parts:
-    where the GEMM left its split-K partial products (S, B, N) float32 unreduced, columns [Q | K |
-    V] (q, k_new and the partials' V unread then), the kernel adds them up in split order as its
-    reduce would; v_in_parts: V's columns are there (else V comes whole in v_new)."""
-    k_new: object
-    v_new: object
-    inv_freq: object
-    neox: bool
-    q_norm: object
-    k_norm: object
-    eps: float
-    parts: object = None
-    v_in_parts: bool = True
-
-
 def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_splits: int, scale: float,
                          window: int | None, softcap: float | None, stream, stages: int | None = None,
                          xq: QuantX | None = None, warps: int = WARPS, post: Post | None = None) -> None:
@@ -531,30 +421,8 @@ def attention_decode_mma(q, k_pool, v_pool, block_table, pos, out, partials, n_s
         assert xq.q.shape == (B, H * D // 4) and xq.d.shape == xq.s.shape == (B, H * D // GROUP), "xq shapes"
     flat = out.reshape(B, H * D)
     q8, xd, xs = xq or (flat.view(np.uint32), flat, flat)  # unread without xq
-    if post is not None:
-        assert not softcap, "qkv_post in front: no softcap"
-        for a, name in ((post.k_new, "k_new"), (post.v_new, "v_new")):
-            assert a.dtype == np.float32 and a.shape == (B, 1, Hkv, D) and a.is_c_contiguous(), \
-                f"{name}: (B, 1, Hkv, D) float32"
-        inv_freq = post.inv_freq
-        assert inv_freq.dtype == np.float32 and inv_freq.ndim == 2 and 2 * inv_freq.shape[1] <= D, "inv_freq"
-        use_norm = post.q_norm is not None
-        assert not use_norm or post.q_norm.shape == post.k_norm.shape == (D,), "QK-norm weights: (D,)"
-        q_norm, k_norm = (post.q_norm, post.k_norm) if use_norm else (inv_freq[0], inv_freq[0])  # unread
-        parts, vcol = post.parts, NO_PARTS
-        if parts is None:
-            parts = out.reshape(1, B, H * D)  # unread
-        else:
-            N = parts.shape[2]
-            assert parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1] == B and parts.is_c_contiguous()
-            assert N == (H + (2 if post.v_in_parts else 1) * Hkv) * D, f"partials of {N} columns: [Q | K | V] expected"
-            vcol = (H + Hkv) * D if post.v_in_parts else -1
-        tail = (post.k_new, post.v_new, parts, np.int32(vcol), inv_freq, np.int32(bool(post.neox)), q_norm, k_norm,
-                np.float32(post.eps), np.int32(use_norm))
-    else:
-        f1 = flat.reshape(B * H * D)
-        tail = (q, q, out.reshape(1, B, H * D), np.int32(NO_PARTS), flat, np.int32(0), f1, f1, np.float32(0),
-                np.int32(0))  # unread
+    assert post is None or not softcap, "qkv_post in front: no softcap"
+    tail = post_args(post, q, out)
     launch(mma_kernel(D, P, bool(softcap), stages, xq is not None, warps, post is not None), (n_splits, Hkv, B),
            32 * warps, stream, q, k_pool, v_pool, block_table, pos, out, partials, np.float32(scale * LOG2E),
            np.int32(window or 0), np.float32(softcap or 0.0), q8, xd, xs, *tail,
