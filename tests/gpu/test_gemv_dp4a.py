@@ -101,10 +101,11 @@ def assert_normed_int8(xq, x, wn, eps):
     assert (err <= d[:, :, None] / 2 * 1.001 + 1e-5 * np.abs(xn)).all(), f"max err {err.max():.3g}"
 
 
-def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None, run=None, std=1.0):
+def check_glu(ggml_type, F, cols, n_tok, glu, seed, variant=None, run=None, std=1.0, w=None):
     """gate|up stacked (2F, cols): act(gate x̂) * up x̂ against the float64 rows of gemv_dp4a_ref;
-    run: another launcher of gemv_dp4a's arguments."""
-    raw, wabs, w = weight(ggml_type, 2 * F, cols)
+    run: another launcher of gemv_dp4a's arguments; w: the weight's (raw, wabs, packed), else a
+    fresh one."""
+    raw, wabs, w = w or weight(ggml_type, 2 * F, cols)
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     xq, (q, d, _) = check_quantize_x(x)

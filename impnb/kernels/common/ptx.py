@@ -25,8 +25,8 @@ if SIM:
         ld_cluster_f32, ld_global_cg_f32, ld_global_cg_v4_f32, ld_global_v4_u32, ld_shared_u32, ld_shared_v2_u32,
         ld_shared_v4_f32, ld_shared_v4_u32,
         ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans,
-        mma_bf16, mma_f16, mma_s8_k16, mma_s8_k32, pack_bf16x2, pack_f16x2, smem_addr, st_global_v2_f32, st_global_v4_u32,
-        st_shared_v4_u32)
+        mma_bf16, mma_f16, mma_s8_k16, mma_s8_k32, pack_bf16x2, pack_f16x2, prefetch_l2, smem_addr, st_global_v2_f32,
+        st_global_v4_u32, st_shared_v4_u32)
 else:
     from llvmlite import ir
     from numba import types
@@ -244,6 +244,24 @@ else:
             inline_asm(builder, ir.VoidType(), [], text, "~{memory}", side_effect=True)
             return context.get_dummy_value()
         return types.void(n), codegen
+
+    @intrinsic
+    def prefetch_l2(typingctx, a, byte0, nbytes):
+        """cp.async.bulk.prefetch.L2.global [&a + byte0], nbytes (sm_90): nbytes of a from byte
+        byte0 on brought into L2 in the background, nothing waiting for them; both multiples of 16
+        (a's data is 256-byte aligned). A hint: the lines may be evicted before they are read."""
+        if not (isinstance(a, types.Array) and _ints(byte0, nbytes)):
+            return None
+        sig = types.void(a, byte0, nbytes)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            base = builder.bitcast(data, ir.PointerType(ir.IntType(8)))
+            ptr = builder.gep(base, [context.cast(builder, args[1], sig.args[1], types.intp)])
+            inline_asm(builder, ir.VoidType(), [ptr, as_i32(builder, args[2])],
+                       "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}", side_effect=True)
+            return context.get_dummy_value()
+        return sig, codegen
 
     # -- 16-byte global and shared moves --
 

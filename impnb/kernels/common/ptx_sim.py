@@ -135,6 +135,21 @@ def cp_async_wait_group(n):
             _shared_bytes(saddr, 16)[:] = data
 
 
+def prefetch_l2(a, byte0, nbytes):
+    """A hint the simulator has no cache for: only its operands checked, as the hardware takes
+    them (16-byte multiples, a range within a's bytes: a prefetch past them would fault)."""
+    byte0, nbytes = int(byte0), int(nbytes)
+    h = _host(a)
+    assert byte0 % 16 == 0 and nbytes % 16 == 0 and nbytes > 0, (byte0, nbytes)
+    assert 0 <= byte0 and byte0 + nbytes <= h.nbytes, (byte0, nbytes, h.nbytes)
+    if prefetched is not None:
+        with _lock:
+            prefetched.append((h.__array_interface__["data"][0], byte0, nbytes))
+
+
+prefetched = None  # a list, where a test sets one: (a's host address, byte0, nbytes) of each prefetch_l2
+
+
 def grid_dep_wait():
     """griddepcontrol.wait: the simulator runs kernels one after another."""
 

@@ -19,11 +19,15 @@ Numpy reference: router_batch_ref.
 """
 
 import math
+from functools import lru_cache
+
 import numpy as np
 from numba import cuda, float32, types
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
+from impnb.kernels.common.prefetch import PREFETCH_OP
 from impnb.kernels.common.warp import warp_sums_lanes
 from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.gemv.gemv import aligned16
@@ -45,74 +49,85 @@ assert MAX_T % TC == 0 and SUMS <= 32
 _group_slots = make_group_slots(THREADS, MAX_E)
 
 
-@cuda.jit
-def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, weights, q, d, s, quant,
-                         tm, order, slot_row, tiles, n_tiles, tm2, order2, slot_row2, tiles2, n_tiles2, counter):
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    warp = tid >> 5
-    T, D = x.shape
-    E = w.shape[0]
-    e0 = cuda.blockIdx.x * ROWS
-    red = cuda.shared.array((WARPS, SUMS), float32)
-    rs = cuda.shared.array(MAX_T, float32)  # 1 / rms of each token
-    acc = cuda.local.array(32, float32)  # a pass's sums: row r's dot of token t at r TC + t, its squares at SQ + t
-    wr = cuda.local.array((ROWS, 4), float32)
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
-    ptx.grid_dep_launch()
-    # -- the block's logits, TC tokens a pass --
-    for c0 in range(0, T, TC):
-        for i in range(32):
-            acc[i] = float32(0.0)
-        for col in range(4 * tid, D, 4 * THREADS):
-            n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
-            for r in range(ROWS):
-                wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
-            for t in range(TC):
-                v0, v1, v2, v3 = qi.ldg_f32x4(x, min(c0 + t, T - 1) * D + col)
-                acc[SQ + t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
-                h0, h1, h2, h3 = v0 * n0, v1 * n1, v2 * n2, v3 * n3
+@lru_cache(maxsize=None)
+def router_batch_kernel(l2_rows: bool = False):
+    """The kernel; l2_rows: each block's router rows prefetched into L2 before its wait."""
+    return cuda.jit(_make(l2_rows))
+
+
+def _make(l2_rows: bool):
+    """_router_batch_kernel's Python function for one setting of l2_rows."""
+    def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, weights, q, d, s, quant,
+                             tm, order, slot_row, tiles, n_tiles, tm2, order2, slot_row2, tiles2, n_tiles2, counter):
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        T, D = x.shape
+        E = w.shape[0]
+        e0 = cuda.blockIdx.x * ROWS
+        red = cuda.shared.array((WARPS, SUMS), float32)
+        rs = cuda.shared.array(MAX_T, float32)  # 1 / rms of each token
+        acc = cuda.local.array(32, float32)  # a pass's sums: row r's dot of token t at r TC + t, its squares at SQ + t
+        wr = cuda.local.array((ROWS, 4), float32)
+        if l2_rows and tid == 0:  # the block's router rows on their way to L2 while the kernel before runs
+            ptx.prefetch_l2(w, e0 * D * 4, (min(e0 + ROWS, E) - e0) * D * 4)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
+        ptx.grid_dep_launch()
+        # -- the block's logits, TC tokens a pass --
+        for c0 in range(0, T, TC):
+            for i in range(32):
+                acc[i] = float32(0.0)
+            for col in range(4 * tid, D, 4 * THREADS):
+                n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
                 for r in range(ROWS):
-                    acc[r * TC + t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
-        v = warp_sums_lanes(acc, 32)  # lane i: the warp's sum i
-        if lane < SUMS:
-            red[warp, lane] = v
-        cuda.syncthreads()
-        if tid < SUMS:  # thread r TC + t: row r's logit of token c0 + t; past them: 1 / rms
-            t = tid % TC
-            dot = float32(0.0)
-            ss = float32(0.0)
-            for i in range(WARPS):
-                dot += red[i, tid]
-                ss += red[i, SQ + t]
-            scale = float32(1.0) / math.sqrt(ss / float32(D) + eps)
-            e = e0 + tid // TC
-            if tid >= SQ:
-                rs[c0 + t] = scale
-            elif c0 + t < T and e < E:
-                logits[c0 + t, e] = dot * scale
-        cuda.syncthreads()  # red is free again; rs written
-    # -- the block's share of h's int8 groups --
-    if quant:
-        G = d.shape[1]
-        v = cuda.local.array(GROUP, float32)
-        for item in range(cuda.blockIdx.x + cuda.gridDim.x * tid, T * G, cuda.gridDim.x * THREADS):
-            t = item // G
-            g = item - t * G
-            for j in range(WORDS):
-                c = GROUP * g + 4 * j
-                v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * D + c)
-                scale4(v, j, rs[t], wn, c)
-            store_group(v, q, d, s, t, g)
-    # -- the last block: route each token, then group the slots --
-    if last_block(counter):
-        rows = cuda.shared.array((WARPS, MAX_E), float32)
-        for t in range(warp, T, WARPS):
-            route_warp(logits, t, E, k, normalize, experts, weights, rows[warp], 0)
-        cuda.syncthreads()  # experts written for the grouping's readers
-        _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
-        if tm2 > 0:
-            _group_slots(slots, E, tm2, order2, slot_row2, tiles2, n_tiles2)
+                    wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
+                for t in range(TC):
+                    v0, v1, v2, v3 = qi.ldg_f32x4(x, min(c0 + t, T - 1) * D + col)
+                    acc[SQ + t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+                    h0, h1, h2, h3 = v0 * n0, v1 * n1, v2 * n2, v3 * n3
+                    for r in range(ROWS):
+                        acc[r * TC + t] += (h0 * wr[r, 0] + h1 * wr[r, 1]) + (h2 * wr[r, 2] + h3 * wr[r, 3])
+            v = warp_sums_lanes(acc, 32)  # lane i: the warp's sum i
+            if lane < SUMS:
+                red[warp, lane] = v
+            cuda.syncthreads()
+            if tid < SUMS:  # thread r TC + t: row r's logit of token c0 + t; past them: 1 / rms
+                t = tid % TC
+                dot = float32(0.0)
+                ss = float32(0.0)
+                for i in range(WARPS):
+                    dot += red[i, tid]
+                    ss += red[i, SQ + t]
+                scale = float32(1.0) / math.sqrt(ss / float32(D) + eps)
+                e = e0 + tid // TC
+                if tid >= SQ:
+                    rs[c0 + t] = scale
+                elif c0 + t < T and e < E:
+                    logits[c0 + t, e] = dot * scale
+            cuda.syncthreads()  # red is free again; rs written
+        # -- the block's share of h's int8 groups --
+        if quant:
+            G = d.shape[1]
+            v = cuda.local.array(GROUP, float32)
+            for item in range(cuda.blockIdx.x + cuda.gridDim.x * tid, T * G, cuda.gridDim.x * THREADS):
+                t = item // G
+                g = item - t * G
+                for j in range(WORDS):
+                    c = GROUP * g + 4 * j
+                    v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * D + c)
+                    scale4(v, j, rs[t], wn, c)
+                store_group(v, q, d, s, t, g)
+        # -- the last block: route each token, then group the slots --
+        if last_block(counter):
+            rows = cuda.shared.array((WARPS, MAX_E), float32)
+            for t in range(warp, T, WARPS):
+                route_warp(logits, t, E, k, normalize, experts, weights, rows[warp], 0)
+            cuda.syncthreads()  # experts written for the grouping's readers
+            _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
+            if tm2 > 0:
+                _group_slots(slots, E, tm2, order2, slot_row2, tiles2, n_tiles2)
+
+    return _router_batch_kernel
 
 
 def takes(n_tok: int, n_expert: int, k: int) -> bool:
@@ -145,7 +160,7 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
         assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
     q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
-    launch(_router_batch_kernel, -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w, logits, np.int32(k),
+    launch(router_batch_kernel(tuning.L2_PREFETCH_DENSE), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w, logits, np.int32(k),
            np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
@@ -169,4 +184,5 @@ def build_signatures() -> list:
     sig = types.void(_F2, _F1, types.float32, _F2, _F2, types.int32, types.int32, _I2, _I1, _F2,
                      types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
                      types.Array(types.uint32, 1, "C"))
-    return [(_router_batch_kernel, sig, {"max_registers": 128})]
+    return [(router_batch_kernel(l2), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
+            for l2 in (False, True)]
