@@ -337,14 +337,12 @@ MMQ_W_RING = switch("MMQ_W_RING", True)
 MMQ_WAVE_SPLITS = switch("MMQ_WAVE_SPLITS", True)
 WRS_PLAIN_TOKENS = env_ints("IMPNB_WRS_PLAIN_TOKENS")
 WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
-# L2 prefetches of the weights (kernels/common/prefetch.py; cp.async.bulk.prefetch.L2, a part's
-# range by one thread): the multi-token dp4a GEMV's blocks send their rows before griddepcontrol.wait
-# (L2_PREFETCH_DENSE), so they stream while the kernel before (attention, a quantization) runs; the
-# grouped expert GEMVs' blocks send theirs at once after it (L2_PREFETCH_EXPERTS) and those of the
-# block EXPERTS_PREFETCH_AHEAD later in launch order (0: none). Not yet measured: off by default.
-L2_PREFETCH_DENSE = switch("L2_PREFETCH_DENSE", False)
-L2_PREFETCH_EXPERTS = switch("L2_PREFETCH_EXPERTS", False)
-EXPERTS_PREFETCH_AHEAD = int(env_number("IMPNB_EXPERTS_PREFETCH_AHEAD", 0))
+# The multi-token dp4a GEMV's and router_batch's blocks send their weight rows to L2 before
+# griddepcontrol.wait (kernels/common/prefetch.py), so they stream while the kernel before them
+# (attention, the attn_output GEMV) runs: the Qwen3-30B-A3B's B = 8 +0.4%, level at 16
+# (docs/EXPERIMENTS.md, 'L2 prefetches'). The grouped expert GEMVs' blocks prefetching theirs after
+# the wait were slower (there). IMPNB_L2_PREFETCH_ROWS=0 turns it off.
+L2_PREFETCH_ROWS = switch("L2_PREFETCH_ROWS", True)
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,

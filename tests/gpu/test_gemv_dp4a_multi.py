@@ -11,8 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
+from impnb import tuning
 from impnb.kernels.common import ptx, ptx_sim
-from impnb.kernels.common.prefetch import L2, NO_L2
 from impnb.kernels.gemv.gemv_dp4a import SILU, GELU, gemv_dp4a_ref
 from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped, gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
@@ -43,10 +43,7 @@ GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(3
            (T.Q6_K, 768, 1, Variant(32, 1, 8), 0), (T.Q6_K, 768, 1, Variant(8, 2, 8), 0),
            (T.Q4_K, 768, 1, Variant(8, 1, 8), 0), (T.Q4_K, 2048, 1, Variant(16, 2, 8), SILU)]
 GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # a token a tile, Variant(32, 1, 8)
-# with L2 prefetches: (type, K, glu, variant, l2) grouped, at a token a tile; (type, glu) plain at K 4096
-L2_BUILDS = [(T.Q4_K, 2048, SILU, Variant(32, 1, 8), L2(True, 528)), (T.Q6_K, 768, 0, Variant(8, 2, 8), L2(True, 64)),
-             (T.Q4_K, 768, 0, Variant(8, 1, 8), L2(True))]
-PLAIN_L2 = [(T.Q4_K, 0), (T.Q6_K, 0), (T.Q4_K, SILU), (T.Q8_0, 0)]
+PLAIN_L2 = [(T.Q4_K, 0), (T.Q6_K, 0), (T.Q4_K, SILU), (T.Q8_0, 0)]  # (type, glu) with the L2 prefetches, K 4096
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,15 +75,10 @@ def precompiled():
             N = 16 if glu else 32
             gemv_dp4a_grouped(w, 32, quant_x_buffers(1, K), cuda.device_array((1, N), np.float32),
                               tiles, i1, i1, 1, 0, Variant(32, 1, 8), 1, glu, quant_x_buffers(1, N))
-        for t, K, glu, v, l2 in L2_BUILDS:
-            w = weight(t, 16, K)[2]
-            i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
-            gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 8 if glu else 16), np.float32),
-                              tiles, i1, i1, 1, 0, v, 1, glu, l2=l2)
         for t, glu in PLAIN_L2:
             gemv_dp4a_multi(weight(t, 8, 4096)[2], quant_x_buffers(8, 4096),
                             cuda.device_array((8, 4 if glu else 8), np.float32), 0, Variant(32, 1, 4), glu=glu,
-                            l2=L2(True))
+                            l2=True)
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(cache_dir() / "test_gemv_dp4a_multi.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -136,9 +128,10 @@ def prefetch_lines(w, rows) -> list:
     return out
 
 
-def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=False, l2=NO_L2, glu=0):
-    """check_gemv_dp4a (check_glu with glu) through gemv_dp4a_multi; l2: its build's L2
-    prefetches, which in the simulator must cover every row of W (prefetch_cover)."""
+def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=False, l2=None, glu=0):
+    """check_gemv_dp4a (check_glu with glu) through gemv_dp4a_multi; l2: whether its build
+    prefetches W's rows into L2 (default tuning's), which in the simulator must then cover every
+    row (prefetch_cover) and else none."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     raw, wabs, w = weight(ggml_type, rows, cols)
@@ -150,7 +143,8 @@ def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=Fals
             check_gemv_dp4a(raw, wabs, w, x, accumulate=accumulate, variant=variant, rng=rng,
                             run=lambda *a, **kw: multi(*a, **kw, l2=l2))
     if sent is not None:
-        assert prefetch_cover(w, sent) == prefetch_lines(w, range(rows) if l2.own else []), "L2 prefetches"
+        every = tuning.L2_PREFETCH_ROWS if l2 is None else l2
+        assert prefetch_cover(w, sent) == prefetch_lines(w, range(rows) if every else []), "L2 prefetches"
 
 
 def check_split(ggml_type, sizes, cols, n_tok, std, seed, variant):
@@ -217,16 +211,13 @@ def test_glu(glu, n_tok):
     check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)
 
 
-def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False,
-                  l2=NO_L2):
+def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False):
     """The grouped GEMV over n_tok tokens' k routed slots (a third of the tokens sharing one
     token's experts, so some experts take several tiles), tiles of at most tm rows in expert
     order, the tile array's rows past n_tiles poisoned: each grouped row against its slot's
     expert (assert_expert_row). x_div: x̂ of the tokens (row order[r] // k), else of the grouped
     rows themselves (the down's act). Grouped rows are NaN-poisoned first. quant: the output's int8
-    form too (poisoned first), equal bit for bit to quantize_x's of the output. l2: the build's L2
-    prefetches; in the simulator they must cover exactly the rows of the experts routed to
-    (prefetch_cover)."""
+    form too (poisoned first), equal bit for bit to quantize_x's of the output."""
     raw, wabs, w = weight(ggml_type, E * n_rows, cols)
     rng = np.random.default_rng(seed)
     experts = np.argsort(rng.random((n_tok, E)), axis=1)[:, :k].astype(np.int32)
@@ -245,12 +236,8 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
     if quant:
         y_q = QuantX(cuda.to_device(np.full((S, out_rows // 4), 0xDEADBEEF, np.uint32)),
                      *(cuda.to_device(np.full((S, out_rows // GROUP), np.nan, np.float32)) for _ in "ds"))
-    with prefetch_record() as sent:
-        gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
-                          cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q, l2)
-    if sent is not None:
-        rows = [r for e in np.unique(slots) for r in range(e * n_rows, (e + 1) * n_rows)]
-        assert prefetch_cover(w, sent) == prefetch_lines(w, rows if l2.own else []), "L2 prefetches"
+    gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
+                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q)
     y = d_y.copy_to_host()
     if quant:
         for name, a, want in zip("qds", y_q, quantize_x_ref(y)):
@@ -285,19 +272,9 @@ def test_grouped(ggml_type, K, tm, variant, glu):
     check_grouped(ggml_type, 16, n_rows, K, 30, 8, tm, glu, variant, seed=tm, x_div=glu == 0, std=10.0)
 
 
-@pytest.mark.parametrize("ggml_type,K,glu,variant,l2", L2_BUILDS, ids=lambda a: getattr(a, "name", str(a)))
-def test_grouped_l2_prefetches(ggml_type, K, glu, variant, l2):
-    """The grouped GEMV at a token a tile with its L2 prefetches (each block's rows after the wait,
-    the block `ahead` later's too): the same outputs as the checks of every build, at the 30B-A3B's
-    expert shapes, some experts never routed to, and ahead past the grid's end."""
-    n_rows = 2 * 768 if glu else 2048
-    for i, std in enumerate((0.1, 1.0, 10.0)):
-        check_grouped(ggml_type, 17, n_rows, K, 8, 4, 1, glu, variant, seed=40 + i, x_div=glu != 0, std=std, l2=l2)
-
-
 @pytest.mark.parametrize("ggml_type,glu", PLAIN_L2)
 def test_plain_l2_prefetches(ggml_type, glu):
     """The plain multi-token GEMV with its rows prefetched before its wait, at odd rows (the last
     block's clamped) and 8 tokens."""
-    check_case(ggml_type, 2 * 1023 if glu else 2047, 4096, 8, 1.0, seed=50, variant=Variant(32, 1, 4), l2=L2(True),
+    check_case(ggml_type, 2 * 1023 if glu else 2047, 4096, 8, 1.0, seed=50, variant=Variant(32, 1, 4), l2=True,
                glu=glu)

@@ -3,7 +3,6 @@ tests/gpu/test_gemv_dp4a_multi.py's checks (dp4a through its plain-Python twin).
 
 from gguf import GGMLQuantizationType as T
 
-from impnb.kernels.common.prefetch import L2
 from impnb.kernels.gemv.gemv_dp4a import SILU
 from impnb.kernels.gemv.gemv_variants import Variant
 from tests.gpu import test_gemv_dp4a as g
@@ -45,14 +44,11 @@ def test_grouped_spans_within_a_warp():
 
 
 def test_l2_prefetches():
-    """The builds with L2 prefetches: outputs as without, and the prefetches (recorded by the
-    simulator's twin, which checks their operands as the hardware takes them) covering exactly
-    W's rows: a plain weight's all, before the wait; a grouped one's the routed experts' rows
-    (some of the nine experts unrouted), each block's own and the block's `ahead` later."""
-    m.check_case(T.Q4_K, 21, 256, 2, 1.0, seed=21, variant=Variant(32, 1, 4), l2=L2(True))
-    m.check_case(T.Q4_K, 2 * 9, 256, 2, 1.0, seed=22, variant=Variant(32, 1, 2), l2=L2(True), glu=SILU)
-    m.check_case(T.Q6_K, 13, 256, 2, 1.0, seed=27, variant=Variant(32, 2, 4), l2=L2(True))
-    m.check_grouped(T.Q4_K, 9, 2 * 16, 256, 5, 2, 1, SILU, Variant(32, 1, 8), seed=24, std=0.1, quant=True,
-                    l2=L2(True, 3))
-    m.check_grouped(T.Q6_K, 9, 40, 256, 4, 3, 1, 0, Variant(32, 1, 8), seed=25, x_div=False, l2=L2(True, 5))
-    m.check_grouped(T.Q5_0, 9, 24, 64, 5, 2, 2, 0, Variant(32, 1, 4), seed=26, x_div=False, l2=L2(True))
+    """The plain builds with their rows prefetched into L2 before the wait: outputs as without, and
+    the prefetches (recorded by the simulator's twin, which checks their operands as the hardware
+    takes them) covering exactly W's rows, the last block's clamped ones too."""
+    m.check_case(T.Q4_K, 21, 256, 2, 1.0, seed=21, variant=Variant(32, 1, 4), l2=True)
+    m.check_case(T.Q4_K, 2 * 9, 256, 2, 1.0, seed=22, variant=Variant(32, 1, 2), l2=True, glu=SILU)
+    m.check_case(T.Q6_K, 13, 256, 2, 1.0, seed=27, variant=Variant(32, 2, 4), l2=True)
+    m.check_case(T.Q5_0, 7, 64, 3, 1.0, seed=28, variant=Variant(64, 1, 2), l2=True)
+    m.check_case(T.Q8_0, 5, 64, 2, 1.0, seed=29, variant=Variant(32, 1, 2), l2=False)  # none sent

@@ -1,12 +1,8 @@
 """L2 prefetches of a packed weight's chunks (repack.LAYOUTS' parts; a chunk is 32 weights of a
 row, the rows one after another): one cp.async.bulk.prefetch.L2 a part, issued by one thread,
-nothing waiting for it. For the kernels of a batch's small rows whose blocks hold too few loads in
-flight to keep DRAM busy (the grouped expert GEMVs, a block's 8 rows a chunk at a time), and for
-those that may send their weights' reads before griddepcontrol.wait (W is no kernel's output):
-then they stream while the kernel before still runs.
+nothing waiting for it. For kernels that may send their weights' reads before griddepcontrol.wait
+(W is no kernel's output): then they stream while the kernel before still runs.
 """
-
-from typing import NamedTuple
 
 from numba import cuda, int64
 
@@ -15,16 +11,6 @@ from impnb.kernels.common.repack import LAYOUTS
 
 CHUNK = 32  # weights a chunk
 PREFETCH_OP = "cp.async.bulk.prefetch.L2.global"  # the instruction (the build checks look for it)
-
-
-class L2(NamedTuple):
-    """Which L2 prefetches a kernel build sends (a build parameter)."""
-
-    own: bool = False  # each block's own weight rows
-    ahead: int = 0  # and those of the block this many later in launch order (grouped kernels)
-
-
-NO_L2 = L2()
 
 
 @cuda.jit(device=True, inline=True)

@@ -21,7 +21,7 @@ from numba import cuda, float32, int32, types, uint32
 from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.common.prefetch import L2, NO_L2, PREFETCH_OP, chunk_prefetcher
+from impnb.kernels.common.prefetch import PREFETCH_OP, chunk_prefetcher
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
@@ -47,7 +47,7 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=NO_L2):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     dot = dot_of(ggml_type, max(n_tok, 2))  # grouped at T = 1 too: x̂ in the multi-token order
@@ -63,20 +63,17 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
 
     rows_chunk, chunk_or = chunk_loaders(load, rows, glu, cpr)
     prefetch_chunks = chunk_prefetcher(ggml_type)
-    l2_own, l2_ahead = bool(l2.own), int(l2.ahead)
     block_out = groups * out_rows  # output rows a block
 
     @cuda.jit(device=True, inline=True)
-    def prefetch_block(parts, bx, e, n_rows, n_out, tid):
-        # -- into L2: block bx's rows of expert e (of n_rows rows; a plain weight: e 0), its gate
-        # (or plain) rows by thread 0, the up rows by thread 1 --
-        rb = max(min(bx * block_out, n_out - block_out), 0)
+    def prefetch_block(parts, n_out, tid):
+        # -- into L2: the block's rows, its gate (or plain) rows by thread 0, the up rows by thread 1 --
+        rb = max(min(cuda.blockIdx.x * block_out, n_out - block_out), 0)
         n = (min(rb + block_out, n_out) - rb) * cpr
-        g = (e * n_rows + rb) * cpr
         if tid == 0:
-            prefetch_chunks(parts, g, n)
+            prefetch_chunks(parts, rb * cpr, n)
         elif glu and tid == 1:
-            prefetch_chunks(parts, g + n_out * cpr, n)
+            prefetch_chunks(parts, (rb + n_out) * cpr, n)
 
     @cuda.jit(device=True, inline=True)
     def token_dots(cur, c8, xq, xd, xs, k0, k1, xw, xf, acc, xr, t):
@@ -149,8 +146,8 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         g0 = row0 * cpr
         a = (parts, g0, g0 + (n_out * cpr if glu else 0))
         c0 = tid - group * span
-        if l2_own:  # the block's rows on their way to L2 while the kernel before runs
-            prefetch_block(parts, cuda.blockIdx.x, 0, n_rows, n_out, tid)
+        if l2:  # the block's rows on their way to L2 while the kernel before runs
+            prefetch_block(parts, n_out, tid)
         raws = rows_chunk(a, min(c0, cpr - 1))  # W is no kernel's output: loaded before the wait
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
         ptx.grid_dep_launch()
@@ -190,13 +187,6 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         tid = cuda.threadIdx.x
         group = tid // span
         n_out = n_rows // 2 if glu else n_rows
-        if l2_own:  # the block's rows, all their chunks in flight at once
-            prefetch_block(parts, cuda.blockIdx.x, e, n_rows, n_out, tid)
-        if l2_ahead > 0:  # and the rows of the block l2_ahead later in launch order (threads 32, 33)
-            j = i * cuda.gridDim.x + cuda.blockIdx.x + l2_ahead
-            ia = j // cuda.gridDim.x
-            if ia < n_tiles[0] and tid >= 32:
-                prefetch_block(parts, j - ia * cuda.gridDim.x, tiles[ia, 0], n_rows, n_out, tid - 32)
         row0 = min((cuda.blockIdx.x * groups + group) * out_rows, n_out - out_rows)
         g0 = (e * n_rows + row0) * cpr
         a = (parts, g0, g0 + (n_out * cpr if glu else 0))
@@ -228,25 +218,24 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                           depth: int = 1, grouped: bool = False, quant: bool = False, l2: L2 = NO_L2):
+                           depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
     tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
-    its outputs in int8 too (grouped, one token a tile); l2: the L2 prefetches of its weight
-    rows (L2: a plain kernel's before its wait, a grouped one's own rows and those of the block
-    `ahead` later after it)."""
+    its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
+    into L2 before its wait (not grouped: a grouped block's rows are known only after it)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
-    assert not l2.ahead or grouped
+    assert not (l2 and grouped)
     return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
-            glu: int, l2: L2 | None = None):
+            glu: int, l2: bool | None = None):
     n_tok = y0.shape[0]
     K = w.cols
     assert w.ggml_type in DOTS and MIN_T <= n_tok <= MAX_T
@@ -257,16 +246,16 @@ def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, vari
     assert out_rows <= n_out, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // variant.span)
     kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll,
-                                    l2=L2(own=tuning.L2_PREFETCH_DENSE) if l2 is None else l2)
+                                    l2=tuning.L2_PREFETCH_ROWS if l2 is None else l2)
     launch(kernel, ((n_out + per_block - 1) // per_block,), BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok],
            x.s[:n_tok], y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
 
 
 def gemv_dp4a_multi(w, x: QuantX, y, stream, variant: Variant, accumulate: bool = False, glu: int = NO_GLU,
-                    l2: L2 | None = None):
+                    l2: bool | None = None):
     """y (T, N) float32 = W x̂ (y += W x̂ with accumulate), x̂ of T = y's rows in 2..8 tokens;
     glu (SILU, GELU): W is gate|up stacked (2F, K) and y (T, F) = act(W[:F] x̂) * W[F:] x̂; l2: the
-    build's L2 prefetches (default: tuning.L2_PREFETCH_DENSE's)."""
+    rows prefetched into L2 before the kernel's wait (default: tuning.L2_PREFETCH_ROWS)."""
     N = y.shape[1]
     assert N == (w.rows // 2 if glu else w.rows) and not (glu and accumulate)
     assert glu == NO_GLU or variant.rows % 2 == 0, "GLU: an even number of rows a group"
@@ -282,14 +271,13 @@ def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
 
 
 def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div: int, stream, variant: Variant,
-                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None, l2: L2 | None = None):
+                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None):
     """The routed experts of a batch grouped by expert (moe.moe_group's order, tiles (max_tiles, 3)
     of at most n_tok rows each, n_tiles): y (S, N) float32 row r0 + j of tile (e, r0, n), j < n, =
     W_e x̂[order[r0 + j] // x_div] (x_div 0: x̂[r0 + j]), or with glu (SILU, GELU) y (S, F) =
     act(gate_e x̂) * up_e x̂ for gate|up stacked per expert. w: E experts of n_rows rows stacked,
     (E * n_rows, K); x̂ (quant_x.quantize_x) of the tokens (x_div = k) or of the grouped rows. y_q
-    (where writes_int8): y's int8 form too, quantize_x's of y bit for bit. l2: the build's L2
-    prefetches (default: tuning.L2_PREFETCH_EXPERTS' and EXPERTS_PREFETCH_AHEAD's)."""
+    (where writes_int8): y's int8 form too, quantize_x's of y bit for bit."""
     N = n_rows // 2 if glu else n_rows
     K = w.cols
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and 1 <= n_tok <= MAX_T and x_div >= 0
@@ -304,9 +292,8 @@ def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div
     if y_q is not None:
         assert writes_int8(variant, n_tok, n_rows, glu), "int8 output: a token a tile, whole groups a block"
         assert y_q.q.shape == (y.shape[0], N // 4) and y_q.d.shape == y_q.s.shape == (y.shape[0], N // GROUP)
-    l2 = L2(tuning.L2_PREFETCH_EXPERTS, tuning.EXPERTS_PREFETCH_AHEAD) if l2 is None else l2
     kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True,
-                                    y_q is not None, l2)
+                                    y_q is not None)
     oq, od, os_ = y_q or (y.view(np.uint32), y, y)  # unread without y_q
     launch(kernel, ((N + per_block - 1) // per_block, tiles.shape[0]), BLOCK, stream, w.parts, x.q, x.d, x.s, y,
            np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div), oq, od, os_)
@@ -358,8 +345,5 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}) for span in (32, 16)
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, depth, True),  # the down over groups of 8 lanes
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)
-    ] + [(gemv_dp4a_multi_kernel(t, K, 1, span, 8, glu, 1, True, quant, L2(True, 528)),  # with L2 prefetches
-          types.void(*grouped_kernel_args(t)), {"max_registers": 255, "ptx_contains": (PREFETCH_OP,)})
-         for t, K, span, glu, quant in ((T.Q4_K, 2048, 32, SILU, True), (T.Q6_K, 768, 8, NO_GLU, False))
-    ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=L2(True)), types.void(*kernel_args(t)),
+    ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)]

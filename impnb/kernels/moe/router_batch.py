@@ -160,8 +160,8 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
         assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
     q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
-    launch(router_batch_kernel(tuning.L2_PREFETCH_DENSE), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w, logits, np.int32(k),
-           np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
+    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
+           logits, np.int32(k), np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
 
