@@ -132,16 +132,16 @@ def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=Fals
     """check_gemv_dp4a (check_glu with glu) through gemv_dp4a_multi; l2: whether its build
     prefetches W's rows into L2 (default tuning's), which in the simulator must then cover every
     row (prefetch_cover) and else none."""
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
     raw, wabs, w = weight(ggml_type, rows, cols)
+    run = lambda *a, **kw: multi(*a, **kw, l2=l2)  # noqa: E731
     with prefetch_record() as sent:
-        if glu:
-            check_glu(ggml_type, rows // 2, cols, n_tok, glu, seed=seed, variant=variant,
-                      run=lambda *a, **kw: multi(*a, **kw, l2=l2), w=(raw, wabs, w))
+        if glu:  # x drawn there from the same seed
+            check_glu(ggml_type, rows // 2, cols, n_tok, glu, seed=seed, variant=variant, run=run, w=(raw, wabs, w),
+                      std=std)
         else:
-            check_gemv_dp4a(raw, wabs, w, x, accumulate=accumulate, variant=variant, rng=rng,
-                            run=lambda *a, **kw: multi(*a, **kw, l2=l2))
+            rng = np.random.default_rng(seed)
+            x = (rng.standard_normal((n_tok, cols)) * std).astype(np.float32)
+            check_gemv_dp4a(raw, wabs, w, x, accumulate=accumulate, variant=variant, rng=rng, run=run)
     if sent is not None:
         every = tuning.L2_PREFETCH_ROWS if l2 is None else l2
         assert prefetch_cover(w, sent) == prefetch_lines(w, range(rows) if every else []), "L2 prefetches"

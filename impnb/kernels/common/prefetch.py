@@ -4,6 +4,7 @@ nothing waiting for it. For kernels that may send their weights' reads before gr
 (W is no kernel's output): then they stream while the kernel before still runs.
 """
 
+from gguf import GGML_QUANT_SIZES
 from numba import cuda, int64
 
 from impnb.kernels.common import ptx
@@ -25,8 +26,6 @@ def _part(p, g, n, num, den):
 
 def part_rates(ggml_type) -> tuple:
     """(num, den) of each part of ggml_type: a chunk's bytes there are num / den."""
-    from gguf import GGML_QUANT_SIZES
-
     block = GGML_QUANT_SIZES[ggml_type][0]
     return tuple(((end - start) * CHUNK, block) for _, start, end, _ in LAYOUTS[ggml_type])
 
@@ -38,4 +37,3 @@ def chunk_prefetcher(ggml_type):
     scope = {"_part": _part}
     exec(f"def prefetch(parts, g, n):\n{body}", scope)
     return cuda.jit(device=True, inline=True)(scope["prefetch"])
-

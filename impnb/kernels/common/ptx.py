@@ -248,8 +248,8 @@ else:
     @intrinsic
     def prefetch_l2(typingctx, a, byte0, nbytes):
         """cp.async.bulk.prefetch.L2.global [&a + byte0], nbytes (sm_90): nbytes of a from byte
-        byte0 on brought into L2 in the background, nothing waiting for them; both multiples of 16
-        (a's data is 256-byte aligned). A hint: the lines may be evicted before they are read."""
+        byte0 on brought into L2 in the background, nothing waiting for them; a's data 16-byte
+        aligned and both multiples of 16. A hint: the lines may be evicted before they are read."""
         if not (isinstance(a, types.Array) and _ints(byte0, nbytes)):
             return None
         sig = types.void(a, byte0, nbytes)
