@@ -343,6 +343,11 @@ WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
 # (docs/EXPERIMENTS.md, 'L2 prefetches'). The grouped expert GEMVs' blocks prefetching theirs after
 # the wait were slower (there). IMPNB_L2_PREFETCH_ROWS=0 turns it off.
 L2_PREFETCH_ROWS = switch("L2_PREFETCH_ROWS", True)
+# The one-token dp4a dots of Q4_K (a row-chunk against one token: gemv_dp4a at T = 1, the routed
+# experts' GEMVs, the grouped ones at a token a tile) meet the high nibbles masked in place, one
+# shift a sum where the nibbles' shifts take four (gemv_dp4a_units.q4_k_dot_t1): the 30B-A3B's
+# B = 8 / 16 +0.3% (docs/EXPERIMENTS.md). IMPNB_NIBBLE_HI16=0: shifted nibbles.
+NIBBLE_HI16 = switch("NIBBLE_HI16", True)
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,

@@ -15,6 +15,7 @@ NEG_TWO23 = np.float32(-8388608.0)
 MAGIC_S = np.int32(0x4B400000)  # float bits of 1.5 x 2^23
 TWO23_S = np.float32(12582912.0)
 LO4 = np.uint32(0x0F0F0F0F)
+HI4 = np.uint32(0xF0F0F0F0)
 LO1 = np.uint32(0x01010101)
 LO2 = np.uint32(0x03030303)
 BYTE = np.uint32(0xFF)
@@ -85,6 +86,9 @@ if SIM:
 
     def shr32(u, s):
         return np.uint32((int(u) & 0xFFFFFFFF) >> int(s))
+
+    def sar32(v, s):
+        return np.int32(int(v) >> int(s))
 
     def prmt(a, b, sel):
         """Byte permute: byte i of the result is byte sel[4i:4i+3] of the 8 bytes b:a, or where
@@ -277,6 +281,16 @@ else:
         def codegen(context, builder, sig, args):
             return builder.lshr(as_i32(builder, args[0]), as_i32(builder, args[1]))
         return types.uint32(u, s), codegen
+
+    @intrinsic
+    def sar32(typingctx, v, s):
+        """v >> s of a 32-bit signed v as a 32-bit arithmetic shift (0 <= s < 32)."""
+        if not (isinstance(v, types.Integer) and isinstance(s, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.ashr(as_i32(builder, args[0]), as_i32(builder, args[1]))
+        return types.int32(v, s), codegen
 
     @intrinsic
     def prmt(typingctx, a, b, sel):

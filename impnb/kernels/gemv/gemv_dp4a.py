@@ -22,12 +22,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32, from_dtype, types, uint32
 
+from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.gemv.gemv import gemv_ref
 from impnb.kernels.gemv.gemv_units import DECODERS, GELU, GLU_ACTS, NO_GLU, SILU  # noqa: F401 (re-exported)
 from impnb.kernels.gemv.gemv_dp4a_units import (DOTS, DP4A_TYPES, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of,
-                                               q4_k_dot_w, q4_k_load_w, x_order_of)
+                                               q4_k_dot_w, q4_k_dot_w_t1, q4_k_load_w, x_order_of)
 from impnb.kernels.gemv.gemv_dp4a_variants import choose_capped
 from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail
 from impnb.kernels.gemv.gemv_variants import BLOCK, WARPS, Variant
@@ -51,7 +52,8 @@ def _make_gemv_dp4a(ggml_type, n_tok, span, rows, glu, experts, cols, depth, max
     prepare = prepare_of(ggml_type, n_tok)
     x_order = x_order_of(ggml_type)
     if ggml_type == T.Q4_K and cols % 1024 == 0 and n_tok == 1 and glu == NO_GLU and not experts and not qi.SIM:
-        load, dot = q4_k_load_w, q4_k_dot_w  # the header by shuffles (a warp's chunk loops agree)
+        # the header by shuffles (a warp's chunk loops agree)
+        load, dot = q4_k_load_w, q4_k_dot_w_t1 if tuning.NIBBLE_HI16 else q4_k_dot_w
     act = GLU_ACTS[glu]
     wpg = span // 32  # warps per row group
     groups = WARPS // wpg

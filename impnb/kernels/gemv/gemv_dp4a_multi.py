@@ -50,7 +50,8 @@ def unrolled(f, n):
 def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
-    dot = dot_of(ggml_type, max(n_tok, 2))  # grouped at T = 1 too: x̂ in the multi-token order
+    # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
+    dot = dot_of(T.Q4_K, 1) if n_tok == 1 and ggml_type == T.Q4_K else dot_of(ggml_type, max(n_tok, 2))
     prepare = prepare_of(ggml_type, max(n_tok, 2))
     x_order = x_order_of(ggml_type)
     act = GLU_ACTS[glu]

@@ -274,6 +274,24 @@ def q4_k_dot(raw, c, xw, xf, t):
 
 
 @cuda.jit(device=True, inline=True)
+def _nibbles_hi16(q, xw, t):
+    """_nibbles with the high nibbles met in place (q & 0xF0F0F0F0: 16 times each nibble, at most
+    240 x 127 x 16 in the sum) and their sum shifted down by 4 once, exactly: one operation a
+    chunk where the shifts of each word take four. For one token a row-chunk (the multi-token dots
+    share the masked words between tokens, and would shift each token's sum)."""
+    lo = _dot_u(q[0] & qi.LO4, q[1] & qi.LO4, q[2] & qi.LO4, q[3] & qi.LO4, xw, t, 0)
+    hi16 = _dot_u(q[0] & qi.HI4, q[1] & qi.HI4, q[2] & qi.HI4, q[3] & qi.HI4, xw, t, 4)
+    return lo, qi.sar32(hi16, 4)
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot_t1(raw, c, xw, xf, t):
+    """q4_k_dot at one token a row-chunk (_nibbles_hi16): the same sums bit for bit."""
+    lo, hi = _nibbles_hi16(raw[0], xw, t)
+    return _k_dot(raw[1], c, lo, hi, xf, t)
+
+
+@cuda.jit(device=True, inline=True)
 def _q5_k_word(q, qh, hb, h):
     return (qi.shr32(q, 4 * h) & qi.LO4) | ((qi.shr32(qh, hb + h) & qi.LO1) << 4)
 
@@ -300,6 +318,18 @@ def q4_k_dot_w(raw, c, xw, xf, t):
     hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
            uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
     lo, hi = _nibbles(q, xw, t)
+    return _k_dot(hdr, c, lo, hi, xf, t)
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot_w_t1(raw, c, xw, xf, t):
+    """q4_k_dot_w with the high nibbles masked in place (_nibbles_hi16): the same sums bit for bit."""
+    q, w = raw
+    base = cuda.threadIdx.x & 24
+    v = int32(w)
+    hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
+           uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+    lo, hi = _nibbles_hi16(q, xw, t)
     return _k_dot(hdr, c, lo, hi, xf, t)
 
 
@@ -360,6 +390,8 @@ def dot_of(ggml_type, n_tok: int = 2):
     """The dot unit over prepare_of(ggml_type, n_tok)'s output."""
     if n_tok == 1 and ggml_type in SIGNED_T1 and ggml_type in tuning.FP4_SIGNED_T1:
         return SIGNED_T1[ggml_type][1]
+    if n_tok == 1 and ggml_type == T.Q4_K and tuning.NIBBLE_HI16:
+        return q4_k_dot_t1
     return DOTS[ggml_type]
 
 
