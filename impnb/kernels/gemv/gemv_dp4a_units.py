@@ -311,12 +311,18 @@ def q4_k_load_w(parts, g, dr):
 
 
 @cuda.jit(device=True, inline=True)
-def q4_k_dot_w(raw, c, xw, xf, t):
-    q, w = raw
+def _lanes_header(w):
+    """The 16-byte header of a lane's superblock from the word each of lanes 8 (l // 8) .. +3 loaded."""
     base = cuda.threadIdx.x & 24
     v = int32(w)
-    hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
-           uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+    return (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
+            uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+
+
+@cuda.jit(device=True, inline=True)
+def q4_k_dot_w(raw, c, xw, xf, t):
+    q, w = raw
+    hdr = _lanes_header(w)
     lo, hi = _nibbles(q, xw, t)
     return _k_dot(hdr, c, lo, hi, xf, t)
 
@@ -325,10 +331,7 @@ def q4_k_dot_w(raw, c, xw, xf, t):
 def q4_k_dot_w_t1(raw, c, xw, xf, t):
     """q4_k_dot_w with the high nibbles masked in place (_nibbles_hi16): the same sums bit for bit."""
     q, w = raw
-    base = cuda.threadIdx.x & 24
-    v = int32(w)
-    hdr = (uint32(cuda.shfl_sync(0xFFFFFFFF, v, base)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 1)),
-           uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
+    hdr = _lanes_header(w)
     lo, hi = _nibbles_hi16(q, xw, t)
     return _k_dot(hdr, c, lo, hi, xf, t)
 
