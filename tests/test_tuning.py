@@ -123,7 +123,17 @@ def test_fp4_signed_form_at_one_token(monkeypatch):
         assert units.prepare_of(t, 2) is units.PREPARES[t] and units.dot_of(t, 2) is units.DOTS[t]
         monkeypatch.setattr(tuning, "FP4_SIGNED_T1", ())
         assert units.prepare_of(t, 1) is units.PREPARES[t] and units.dot_of(t, 1) is units.DOTS[t]
-    assert units.prepare_of(T.Q4_K, 1) is units.as_loaded and units.dot_of(T.Q4_K, 1) is units.q4_k_dot
+    assert units.prepare_of(T.Q4_K, 1) is units.as_loaded and units.dot_of(T.Q4_K, 2) is units.q4_k_dot
+
+
+def test_q4_k_high_nibbles_in_place_at_one_token(monkeypatch):
+    """Q4_K's one-token dot masks the high nibbles in place where NIBBLE_HI16 is on; its
+    multi-token dot and the switch off keep the shifted nibbles."""
+    units = gemv_dp4a_units
+    monkeypatch.setattr(tuning, "NIBBLE_HI16", True)
+    assert units.dot_of(T.Q4_K, 1) is units.q4_k_dot_t1 and units.dot_of(T.Q4_K, 2) is units.q4_k_dot
+    monkeypatch.setattr(tuning, "NIBBLE_HI16", False)
+    assert units.dot_of(T.Q4_K, 1) is units.q4_k_dot
 
 
 def test_env_table(monkeypatch):
