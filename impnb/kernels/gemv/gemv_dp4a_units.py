@@ -319,21 +319,19 @@ def _lanes_header(w):
             uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 2)), uint32(cuda.shfl_sync(0xFFFFFFFF, v, base + 3)))
 
 
-@cuda.jit(device=True, inline=True)
-def q4_k_dot_w(raw, c, xw, xf, t):
-    q, w = raw
-    hdr = _lanes_header(w)
-    lo, hi = _nibbles(q, xw, t)
-    return _k_dot(hdr, c, lo, hi, xf, t)
+def _dot_w_of(nibbles):
+    """q4_k's dot over the shuffled header (q4_k_load_w's loads) with nibbles' sums of the quants."""
+    @cuda.jit(device=True, inline=True)
+    def dot_w(raw, c, xw, xf, t):
+        q, w = raw
+        hdr = _lanes_header(w)
+        lo, hi = nibbles(q, xw, t)
+        return _k_dot(hdr, c, lo, hi, xf, t)
+    return dot_w
 
 
-@cuda.jit(device=True, inline=True)
-def q4_k_dot_w_t1(raw, c, xw, xf, t):
-    """q4_k_dot_w with the high nibbles masked in place (_nibbles_hi16): the same sums bit for bit."""
-    q, w = raw
-    hdr = _lanes_header(w)
-    lo, hi = _nibbles_hi16(q, xw, t)
-    return _k_dot(hdr, c, lo, hi, xf, t)
+q4_k_dot_w = _dot_w_of(_nibbles)
+q4_k_dot_w_t1 = _dot_w_of(_nibbles_hi16)  # the high nibbles masked in place: the same sums bit for bit
 
 
 @cuda.jit(device=True, inline=True)
