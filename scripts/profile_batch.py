@@ -28,6 +28,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from profile_step import kernel_name, node_cost, ok, time_graph  # noqa: E402
 
 STEPS = 24  # timed decode() calls per B
+REPLAYS = 30  # timed replays of a B's graph
+# positions a B's profile advances its sequences past the prompt: the eager and captured steps, one
+# more, the host's two rounds of STEPS, and the graph's replays with their warm-up (each replay
+# advances the positions on the device, past any check of the host's)
+OWN_STEPS = 3 + 2 * STEPS + 3 + REPLAYS
 UNITS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}  # -> ns, bytes
 
 
@@ -78,9 +83,9 @@ def make_engine(model: str, batches: list[int], npp: int, ntg: int):
     from impnb.warmup import prepare
 
     mf = open_model_file(resolve_model(model))
-    n_ctx = npp + ntg + 1
+    n_ctx = npp + ntg + OWN_STEPS + 1
     prepare(mf, n_ctx)
-    pages_each = -(-(npp + ntg) // PAGE_SIZE)
+    pages_each = -(-(n_ctx - 1) // PAGE_SIZE)
     engine = CudaBatchEngine(mf, n_ctx, kv_tokens=max(batches) * pages_each * PAGE_SIZE, max_batch=max(batches))
     return engine, pages_each
 
@@ -165,7 +170,7 @@ def profile(args) -> dict:
         engine.lookahead = True  # the next step queued before the host reads this one's tokens
         ahead = host_times(engine, seqs, STEPS)["wall"]
         engine.lookahead = False
-        replay = time_graph(graph.exec, graph.stream, 30)
+        replay = time_graph(graph.exec, graph.stream, REPLAYS)
         nodes, _ = ok(driver.cuGraphGetNodes(graph.graph, graph.n_nodes))
         kernels = []
         n_launch = len(labels) // 2  # the eager step's launches, then the capture's
@@ -255,7 +260,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?")
     ap.add_argument("--batch", default="1,8,32,64")
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--gen", type=int, default=64, help="decode positions the KV pool holds past the prompt")
+    ap.add_argument("--gen", type=int, default=64, help="decode positions the KV pool holds past the prompt and the profile's own steps")
     ap.add_argument("--reps", type=int, default=5, help="copies of a node in its timing graph")
     ap.add_argument("--json")
     ap.add_argument("--ncu", action="store_true", help="each B's graph replayed once in the profiler's range")
