@@ -129,6 +129,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     xin = None  # this layer's Q|K|V input in int8, where the layer before wrote it
+    x32 = None  # or in gemm_mmq's int8 form
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         grouped = _grouped_decode(m, spec, lw.ffn, T)
         nxt = None if grouped else _next_input(m, il, T)
@@ -140,7 +141,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
             # attention writes its output in int8 there too (not where a gate multiplies it first)
             xq = m.mm.attn_xq(lw.attn.o, step, m.cfg.window(il), _mma_one_split(m, il, step)) \
                 if lw.attn.q_gate is None else None
-            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq, xin)
+            attn = _attention_block(m, il, lw.attn, x, m.pos[:T], step, (lw.attn.norm, eps), xq, xin, x32)
             if xq is not None and spec.ffn == "moe" and lw.ffn.fold is not None and not grouped:
                 attn_output_moe_decode(m, attn, xq, x, spare, lw.attn.o, lw.ffn, (lw.ffn.norm, eps), nxt)  # one launch
                 x, spare = spare, x
@@ -148,8 +149,9 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
                 continue
             m.mm.linear(attn, lw.attn.o, x, accumulate=m.reduce_leader, xq=xq)
             m.all_reduce(x)
+        x32 = None
         if spec.ffn in ("moe", "moe_shared") and (grouped or T > GEMV_MAX_ROWS):
-            moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps))
+            x32 = moe_ffn_grouped_decode(m, x, lw.ffn, (lw.ffn.norm, eps), _next_x32(m, il, T))
         elif spec.ffn in ("moe", "moe_shared"):
             moe_ffn_decode(m, x, lw.ffn, (lw.ffn.norm, eps), nxt)
         else:
@@ -171,6 +173,26 @@ def _grouped_decode(m, spec, ffn, T: int) -> bool:
     return moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), E, T)[0] in moe_dispatch.INT8_PATHS
 
 
+def _next_x32(m, il: int, T: int):
+    """(norm, QuantX32) where a batch's grouped MoE layer il may end in moe_combine_next, writing
+    layer il + 1's Q|K|V input, RMSNorm(x) * its norm, in gemm_mmq's int8 form (tuning.COMBINE_NEXT):
+    that layer's Q|K|V (or Q|K and V) on gemm_mmq at T rows, one rank; else None."""
+    if not m.tuning.combine_next or m.tp is not None or il + 1 >= len(m.layers):
+        return None
+    nxt, spec = m.blk[il + 1].attn, m.layers[il + 1]
+    if spec.mixer != "attention" or nxt.q_gate is not None:
+        return None
+    if nxt.qkv is not None:
+        lin, v = nxt.qkv, None
+    elif nxt.qk is not None:
+        lin, v = nxt.qk, nxt.v
+    else:
+        return None
+    if not m.mm.takes_x32(lin, T, v):
+        return None
+    return (nxt.norm, m.cfg.eps), m.mm.x32_buffers(T, lin.w.cols)
+
+
 def _next_input(m, il: int, T: int):
     """gemv_moe_dp4a.NextInput where layer il's routed experts' down (on dp4a, no shared expert
     after it, one rank) may write layer il + 1's Q|K|V input, RMSNorm(x) * its norm, in int8 for
@@ -187,11 +209,12 @@ def _next_input(m, il: int, T: int):
                      m.arena.zeros("next_xq_counter", (1,), np.uint32))
 
 
-def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None):
+def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None, x32=None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
     times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the decode kernel (short,
     or a batch's mma in one split) writes the output's int8 form there too (ungated only); xin: the
-    stacked Q|K|V's input in int8, written by the layer before (_next_input)."""
+    stacked Q|K|V's input in int8, written by the layer before (_next_input); x32: Q|K|V's (or Q|K and
+    V's) input in gemm_mmq's int8 form, written by the layer before (_next_x32)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
@@ -201,10 +224,10 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     parts = None  # (split-K partials the attention kernel adds up, whether V's are among them)
     keep = fused and m.tuning.batch_mma_post_parts
     if att.qkv is not None:
-        part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep)
+        part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep, x32=x32)
         parts = None if part is None else (part, True)
     elif att.qk is not None:
-        parts = m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair, keep_parts=keep)
+        parts = m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair, keep_parts=keep, x32=x32)
     else:
         for lin, y in zip((att.q, att.k, att.v), qkv):
             m.mm.linear(h, lin, y, norm_w)

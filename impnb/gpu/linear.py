@@ -122,6 +122,18 @@ class MatMul:
         multi = lin.multi.get(n_tok)
         return (bool(multi) and multi != MMQ) or (n_tok == 1 and lin.dp4a)
 
+    def takes_x32(self, lin: Linear, n_tok: int, v: Linear | None = None) -> bool:
+        """Whether split(x, lin, ...) of n_tok rows, or with v pair(x, lin, (Q, K), v, ...), runs
+        gemm_mmq (gemm_mmq_pair, or Q|K's split on gemm_mmq beside V's own launch) on x's int8 form
+        in groups of 32, so that it may take one written before (their x32)."""
+        if v is not None:
+            if self._mmq_pair(n_tok, lin, 2, v):
+                return True
+            if self._rs_pair(n_tok, lin, 2, v):
+                return False
+        multi = lin.multi.get(n_tok)
+        return multi == MMQ or (multi is None and n_tok > GEMV_MAX_ROWS and lin.gemm_path(n_tok) == "mmq")
+
     def takes_gated(self, lin: Linear, n_tok: int) -> bool:
         """Whether linear(x, lin, y, accumulate=True) of n_tok rows runs gemv.py's kernel, which has
         a gated form (linear_gated); not gemv_dp4a, gemv_dp4a_multi or a GEMM."""
@@ -191,24 +203,26 @@ class MatMul:
         return self.arena.get("a16", (n_tok, lin.w.cols), np.float16)
 
     def split(self, x, lin: Linear, ys, norm: tuple | None = None, joint=None, xin: QuantX | None = None,
-              keep_parts: bool = False):
+              keep_parts: bool = False, x32: quant_x32.QuantX32 | None = None):
         """ys[i] (T, N_i) = x · W_iᵀ for the matrices stacked in lin (attn_qkv); norm as in linear.
         joint: ys as one (1, sum N_i) array where stacked_outputs made them (one token): a dp4a
         Linear then takes gemv_dp4a's plain GEMV, the split being the rows' order alone. xin: the
         input's int8 form (of RMSNorm(x) * wn with norm), already written, where takes_int8(lin, T).
         keep_parts: where the path splits K (gemm_mmq, gemm_wgmma_rs, the few-row and split-K
         GEMMs), its partial products (S, T, sum N_i) are left unreduced in a buffer of their own
-        and returned (ys untouched); -> None where ys were written."""
+        and returned (ys untouched); -> None where ys were written. x32: the input's int8 form for
+        gemm_mmq (x32_buffers', of RMSNorm(x) * wn with norm), already written, where takes_x32."""
         w = lin.w
-        multi = lin.multi.get(x.shape[0])
-        if multi == MMQ or (multi is None and x.shape[0] > GEMV_MAX_ROWS and lin.gemm_path(x.shape[0]) == "mmq"):
-            assert xin is None, "gemm_mmq quantizes its own x"
+        if self.takes_x32(lin, x.shape[0]):
+            assert xin is None, "gemm_mmq reads x̂ in groups of 32"
             M = x.shape[0]
             S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
             part = self._part(keep_parts, (S, M, w.rows))
-            gemm_mmq.gemm_mmq_split(x, self.x32_buffers(M, w.cols), w, ys, part, self.ctx.nb_stream, S, norm,
-                                    reduce=not keep_parts)
+            gemm_mmq.gemm_mmq_split(x, x32 or self.x32_buffers(M, w.cols), w, ys, part, self.ctx.nb_stream, S,
+                                    None if x32 else norm, reduce=not keep_parts, quantized=x32 is not None)
             return part if keep_parts else None
+        assert x32 is None, "an int8 input in groups of 32 for a path other than gemm_mmq"
+        multi = lin.multi.get(x.shape[0])
         if multi:
             gemv_dp4a_multi_split(w, xin if xin is not None else self.quantized(x, norm), ys, self.ctx.nb_stream, multi)
             return
@@ -241,44 +255,52 @@ class MatMul:
             row += y.shape[1]
 
     def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool,
-             keep_parts: bool = False):
+             keep_parts: bool = False, x32: quant_x32.QuantX32 | None = None):
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
         load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T; one
         gemm_wgmma_rs_pair launch past GEMV_MAX_ROWS at tuning's GEMM_PAIR_RS_ROWS buckets
         (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets.
         keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
-        V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written)."""
+        V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written).
+        x32: as split's, where takes_x32(lin_a, n_tok, lin_b)."""
         n_tok = x.shape[0]
-        if self._mmq_pair(n_tok, lin_a, ys_a, lin_b):
+        if self._mmq_pair(n_tok, lin_a, len(ys_a), lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
             S = gemm_mmq_pair.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
             part = self._part(keep_parts, (S, n_tok, N1 + N2))
-            gemm_mmq_pair.gemm_mmq_pair(x, self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b), part,
-                                        self.ctx.nb_stream, S, norm, reduce=not keep_parts)
+            gemm_mmq_pair.gemm_mmq_pair(x, x32 or self.x32_buffers(n_tok, K), lin_a.w, lin_b.w, (*ys_a, y_b), part,
+                                        self.ctx.nb_stream, S, None if x32 else norm, reduce=not keep_parts,
+                                        quantized=x32 is not None)
             return (part, True) if keep_parts else None
         if one_launch and n_tok <= GEMV_MAX_ROWS and norm is not None and not (lin_a.multi.get(n_tok)
                                                                                   or lin_b.multi.get(n_tok)):
+            assert x32 is None, "gemv_pair reads x in fp32"
             gemv_stacked.gemv_pair(lin_a.w, ys_a, lin_b.w, y_b, x, norm, self.ctx.nb_stream)
             return
-        if n_tok > GEMV_MAX_ROWS and gemm_dispatch.m_bucket(n_tok) in self.tuning.gemm_pair_rs \
-                and len(ys_a) == 2 and gemm_wgmma_rs.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols):
+        if self._rs_pair(n_tok, lin_a, len(ys_a), lin_b):
+            assert x32 is None, "gemm_wgmma_rs_pair reads x in fp16"
             N = lin_a.w.rows + lin_b.w.rows
             S = gemm_wgmma_rs.splits_for(n_tok, N, lin_a.w.cols, sms=gemv_stream.sm_count())
             part = self._part(keep_parts, (S, n_tok, N))
             gemm_wgmma_rs.gemm_wgmma_rs_pair(self.x16(x, norm, perm=True), lin_a.w, lin_b.w, (*ys_a, y_b), part,
                                              self.ctx.nb_stream, S, reduce=not keep_parts)
             return (part, True) if keep_parts else None
-        part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts)
+        part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts, x32=x32)
         self.linear(x, lin_b, y_b, norm)
         return None if part is None else (part, False)
+
+    def _rs_pair(self, n_tok: int, lin_a: Linear, n_a: int, lin_b: Linear) -> bool:
+        """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_wgmma_rs_pair at n_tok rows."""
+        return n_tok > GEMV_MAX_ROWS and gemm_dispatch.m_bucket(n_tok) in self.tuning.gemm_pair_rs and n_a == 2 \
+            and gemm_wgmma_rs.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
 
     def _part(self, keep: bool, shape: tuple):
         """A split-K GEMM's partials: the shared scratch, or where they are kept for a later kernel
         (keep_parts) a buffer of their own, which a GEMM between them and their reader cannot reuse."""
         return self.arena.get("qkv_part" if keep else "splitk_part", shape)
 
-    def _mmq_pair(self, n_tok: int, lin_a: Linear, ys_a, lin_b: Linear) -> bool:
+    def _mmq_pair(self, n_tok: int, lin_a: Linear, n_a: int, lin_b: Linear) -> bool:
         """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_mmq_pair at n_tok rows: its bucket
         (GEMV_MAX_ROWS up to that many rows, where lin_a's rows path is the int8 GEMM; else the
         GEMM bucket) in tuning's gemm_pair_mmq, types it takes."""
@@ -286,7 +308,7 @@ class MatMul:
             bucket = GEMV_MAX_ROWS if lin_a.multi.get(n_tok) == MMQ else None
         else:
             bucket = gemm_dispatch.m_bucket(n_tok)
-        return bucket in self.tuning.gemm_pair_mmq and len(ys_a) == 2 \
+        return bucket in self.tuning.gemm_pair_mmq and n_a == 2 \
             and gemm_mmq_pair.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
 
     def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None):

@@ -50,6 +50,7 @@ from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import arena_buffers
 from impnb.kernels.moe.expert_shard import localize
 from impnb.kernels.moe import router_batch
+from impnb.kernels.moe.combine_next import moe_combine_next
 from impnb.kernels.moe.moe import moe_combine, moe_route
 from impnb.kernels.moe.router_fold import router_fold
 from impnb.tuning import GEMV_MAX_ROWS
@@ -149,24 +150,26 @@ def _shared_act(m, h, ex: Experts, norm: tuple | None, gated: bool = True):
     return act
 
 
-def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple) -> None:
+def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple, next32=None):
     """Decode of a batch's rows (tuning.MOE_GROUPED_MIN_ROWS..MOE_GROUPED_ROWS, and any batch past
     GEMV_MAX_ROWS) with the experts grouped as at prefill: x (T, D) += moe_ffn of h = RMSNorm(x) *
     wn, norm = (wn, eps), written by a norm kernel first. The combine adds into x (under tensor
     parallelism rank 0 adds its partial sum, the others write theirs there, and x is all-reduced);
     with a shared expert a residual update adds each output instead (its norm output to a scratch:
-    the next layer norms x itself)."""
+    the next layer norms x itself). next32 ((norm, QuantX32) of forward's _next_x32, or None): where
+    router_batch routes, the combine also writes the next layer's input there (moe_combine_next)
+    and returns that QuantX32; else None (the next layer quantizes its own)."""
     a, s = m.arena, m.ctx.nb_stream
     if _routes_in_one(m, ex, x.shape[0]):
-        _grouped_routed(m, x, ex, norm)
-        return
+        return _grouped_routed(m, x, ex, norm, next32)
     h = a.get("h", x.shape)
     norm_fn.rms_norm(x, norm[0], h, norm[1], s)
     if ex.shared is None:
         moe_ffn(m, h, ex, x, None, accumulate=m.reduce_leader)
-        return
+        return None
     res = Residual(x, a.get("moe_h_next", x.shape), norm[0], None, norm[1], a.zeros("tail_counter", (1,), np.uint32))
     moe_ffn(m, h, ex, a.get("moe_out", x.shape), res)
+    return None
 
 
 def _routes_in_one(m, ex: Experts, n_tok: int) -> bool:
@@ -181,10 +184,11 @@ def _routes_in_one(m, ex: Experts, n_tok: int) -> bool:
     return moe_dispatch.ffn_paths((ex.gate_up, ex.down), cfg.n_expert, n_tok)[0] in moe_dispatch.INT8_PATHS
 
 
-def _grouped_routed(m, x, ex: Experts, norm: tuple) -> None:
+def _grouped_routed(m, x, ex: Experts, norm: tuple, next32=None):
     """moe_ffn_grouped_decode with the router, the routing, the grouping of the slots and (for a
     dp4a GEMV gate|up) h in int8 in one launch (router_batch): x (T, D) += the routed experts'
-    SwiGLU FFN of RMSNorm(x) * wn, norm = (wn, eps)."""
+    SwiGLU FFN of RMSNorm(x) * wn, norm = (wn, eps); with next32 (one rank) the combine writes the
+    next layer's input too -> its QuantX32, else None."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     k, E = cfg.n_expert_used, cfg.n_expert
@@ -197,8 +201,13 @@ def _grouped_routed(m, x, ex: Experts, norm: tuple) -> None:
                               a.zeros("router_batch_counter", (1,), np.uint32), s)
     y, rows = experts_int8(m, x, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU, norm,
                            routed=True)
+    if next32 is not None:
+        assert m.tp is None, "the next layer's input is of x all-reduced"
+        moe_combine_next(y, rows, weights, x, s, m.reduce_leader, *next32)
+        return next32[1]
     moe_combine(y, rows, weights, x, s, m.reduce_leader)
     m.all_reduce(x)  # each rank's experts are a slice of every expert's width
+    return None
 
 
 def attn_output_moe_decode(m, attn, aq, x, out, o: Linear, ex: Experts, norm: tuple, next_input=None) -> None:

@@ -348,6 +348,11 @@ L2_PREFETCH_ROWS = switch("L2_PREFETCH_ROWS", True)
 # shift a sum where the nibbles' shifts take four (gemv_dp4a_units.q4_k_dot_t1): the 30B-A3B's
 # B = 8 / 16 +0.3% (docs/EXPERIMENTS.md). IMPNB_NIBBLE_HI16=0: shifted nibbles.
 NIBBLE_HI16 = switch("NIBBLE_HI16", True)
+# A batch's grouped MoE layer (router_batch's path) ends in one launch that adds the routed experts
+# into x and writes the next layer's Q|K|V input in gemm_mmq's int8 form (kernels/moe/combine_next.py)
+# where that layer's Q|K|V take gemm_mmq, in place of moe_combine and the next layer's quantize_x32.
+# IMPNB_COMBINE_NEXT=0: the two launches.
+COMBINE_NEXT = True
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,
@@ -409,6 +414,7 @@ class Overrides:
     batch_fused_norms: bool = BATCH_FUSED_NORMS  # a batch's GEMM decode steps read the norms in their inputs' casts
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
+    combine_next: bool = COMBINE_NEXT  # there, the combine writes the next layer's gemm_mmq input
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     gemm_pair_mmq: tuple[int, ...] = GEMM_PAIR_MMQ_ROWS  # row buckets where Q|K and V take gemm_mmq_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
@@ -449,6 +455,7 @@ class Overrides:
                    batch_fused_norms=switch("BATCH_FUSED_NORMS", BATCH_FUSED_NORMS),
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),
+                   combine_next=switch("COMBINE_NEXT", COMBINE_NEXT),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))

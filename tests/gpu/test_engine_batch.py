@@ -348,6 +348,34 @@ def test_router_batch_equals_its_kernels(tmp_path, monkeypatch, n_seqs):
     assert_routed_steps_agree(got[1], got[0], 1e-5, f"B{n_seqs}")
 
 
+def test_combine_next_equals_combine_and_quantize(tmp_path, monkeypatch, n_seqs=8):
+    """Decode steps of 8 rows of two layers of the synthetic Qwen3-30B-A3B Q4_K_M: layer 0's
+    grouped MoE ending in moe_combine_next (the combine and layer 1's Q|K|V input in gemm_mmq's
+    int8 form in one launch) against moe_combine and layer 1's own quantize_x32
+    (IMPNB_COMBINE_NEXT=0); it runs where on and not where off. x is the same bit for bit and the
+    int8 input within its scales' last bit (test_moe.py's check_combine_next), so every step's
+    logits agree within 1e-4 of the largest and the greedy tokens where the top two are apart."""
+    from impnb.gpu import moe
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 2)
+    monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
+    calls = []
+    fused = moe.moe_combine_next
+    monkeypatch.setattr(moe, "moe_combine_next", lambda *a: calls.append(1) or fused(*a))
+    got = {}
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_COMBINE_NEXT", str(on))
+        calls.clear()
+        got[on] = moe_decode_logits(mf, n_seqs, lambda engine: None)
+        assert bool(calls) == bool(on)
+    a, b = got[1], got[0]
+    rel = np.abs(a - b).max(-1) / np.abs(b).max(-1)
+    assert np.isfinite(a).all() and rel.max() < 1e-4, rel.max()
+    top2 = np.sort(b, -1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > 1e-3 * np.abs(b).max(-1)
+    assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+
+
 def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):
     """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M: attn_output's int8
     input written by attention_decode_mma in one split (the spy sees it asked for) against the same

@@ -89,3 +89,8 @@ def test_gemm_grouped():
 def test_combine():
     moe.check_combine(np.random.default_rng(4), 3, 2, 200, 1.0)
     moe.check_combine(np.random.default_rng(5), 2, 3, 130, 4.0, accumulate=True)
+
+
+def test_combine_next():
+    moe.check_combine_next(np.random.default_rng(6), 3, 2, 512, 1.0, True, 2)
+    moe.check_combine_next(np.random.default_rng(7), 2, 3, 512, 10.0, False, 0)

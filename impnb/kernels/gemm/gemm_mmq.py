@@ -402,14 +402,16 @@ def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, acc
 
 
 def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None,
-                   reduce: bool = True):
+                   reduce: bool = True, quantized: bool = False):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = x̂ · dequant(W rows of
-    i)ᵀ, each N_i a multiple of 4; xq, part and reduce as in gemm_mmq."""
+    i)ᵀ, each N_i a multiple of 4; xq, part, reduce and quantized as in gemm_mmq."""
     M = x.shape[0]
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
     n0, n1 = ys[0].shape[1], ys[1].shape[1] if len(ys) > 1 else 0
-    quantize_x32(x, xq, stream, norm)
+    assert not (quantized and norm is not None)
+    if not quantized:
+        quantize_x32(x, xq, stream, norm)
     _launch(xq, M, w, (y0, y1, y2), n0, n1, part, stream, splits, False, reduce=reduce)
 
 

@@ -43,12 +43,13 @@ def gemm_mmq_pair_kernel(type1, type2, ni: int, mt1: int = 1, mt2: int = 1):
 
 
 def gemm_mmq_pair(x, xq: QuantX32, w1: PackedWeight, w2: PackedWeight, ys, part, stream, splits: int,
-                  norm: tuple | None = None, reduce: bool = True):
+                  norm: tuple | None = None, reduce: bool = True, quantized: bool = False):
     """A layer's Q|K (w1: ys[0], ys[1] its rows in turn) and its V of another type (w2: ys[2]) of
     one input width on one x̂ in one launch, then one split-K reduce:
     ys[i] (M, N_i) = x̂ · dequant(rows of i)ᵀ, x̂ quantized from x (or RMSNorm(x) * wn with norm)
-    into xq first; part a float32 scratch (splits, M, w1.rows + w2.rows), where reduce=False
-    leaves the partial products (ys untouched)."""
+    into xq first (quantized: xq holds it already, written by another kernel, x read for its shape
+    alone); part a float32 scratch (splits, M, w1.rows + w2.rows), where reduce=False leaves the
+    partial products (ys untouched)."""
     M, K = x.shape
     y0, y1, y2 = ys
     n0, n1 = y0.shape[1], y1.shape[1]
@@ -59,7 +60,9 @@ def gemm_mmq_pair(x, xq: QuantX32, w1: PackedWeight, w2: PackedWeight, ys, part,
     ni = ni_for(M)
     mt1, mt2 = mt_for(M, w1.rows), mt_for(M, w2.rows)
     assert xq.q.shape[1] == K // 4 and xq.q.shape[0] >= slab_rows(M)
-    quantize_x32(x, xq, stream, norm)
+    assert not (quantized and norm is not None)
+    if not quantized:
+        quantize_x32(x, xq, stream, norm)
     nb1 = -(-w1.rows // block_rows(mt1))
     launch(gemm_mmq_pair_kernel(T(w1.ggml_type), T(w2.ggml_type), ni, mt1, mt2),
            (nb1 + -(-w2.rows // block_rows(mt2)), splits, -(-M // (8 * ni))), THREADS, stream,
