@@ -8,8 +8,7 @@ host time: staging the rows, launching the replay, and the wait for the device.
 With --ncu each B's graph is replayed once between cuProfilerStart and cuProfilerStop and nothing
 is timed; --merge JSON NCU_CSV then adds each kernel's DRAM bytes and cold-L2 duration from ncu's
 CSV (`ncu --profile-from-start off --csv --print-units base --metrics gpu__time_duration.sum,
-dram__bytes_read.sum,dram__bytes_write.sum`), matched to the nodes in graph order. With
---knockout each op's column "graph µs" is what the replay loses without it (knockout).
+dram__bytes_read.sum,dram__bytes_write.sum`), matched to the nodes in graph order.
 """
 
 import argparse
@@ -173,7 +172,7 @@ def profile(args) -> dict:
         engine.lookahead = False
         replay = time_graph(graph.exec, graph.stream, REPLAYS)
         nodes, _ = ok(driver.cuGraphGetNodes(graph.graph, graph.n_nodes))
-        kernels, kernel_nodes = [], []
+        kernels = []
         n_launch = len(labels) // 2  # the eager step's launches, then the capture's
         launched = labels[n_launch:]
         at = 0
@@ -186,12 +185,9 @@ def profile(args) -> dict:
             match = next((i for i in range(at, min(at + 4, len(launched))) if launched[i][0] == name), None)
             if match is not None:
                 op, at = launched[match][1], match + 1
-            kernels.append({"op": op, "kernel": name, "grid": f"{params.gridDimX}x{params.gridDimY}x{params.gridDimZ}"})
-            kernel_nodes.append((node, params))
-        if args.knockout:  # first: a node timed alone may advance the positions (step_state's)
-            knockout(graph, kernels, [n for n, _ in kernel_nodes])
-        for k, (node, params) in zip(kernels, kernel_nodes):
-            k["us"] = node_cost(node, params, graph.stream, args.reps)
+            us = node_cost(node, params, graph.stream, args.reps)
+            kernels.append({"op": op, "kernel": name, "grid": f"{params.gridDimX}x{params.gridDimY}x{params.gridDimZ}",
+                            "us": us})
         matched = sum(not k["op"].startswith("(") for k in kernels)
         out["batches"].append({"B": B, "bucket": key[0], "graph_nodes": graph.n_nodes, "replay_us": replay,
                                "graphs": len(engine.batch_graphs), "graph_disabled": engine.graph_disabled,
@@ -203,36 +199,6 @@ def profile(args) -> dict:
               f"(python {host['python']:.1f}, stage {host.get('stage', 0):.1f}, waits {host.get('wait', 0):.1f})"
               + (f"; look-ahead route {ahead:.1f} µs" if ahead else ""), file=sys.stderr, flush=True)
     return out
-
-
-def knockout(graph, kernels: list[dict], nodes: list) -> None:
-    """Each (op, kernel) group's cost in the graph: the replay's median with the group's nodes
-    disabled (cuGraphNodeSetEnabled: each then an empty node, its dependencies kept) taken from the
-    replay's with them all enabled, into the group's kernels' "knockout_us" (the group's total, on
-    each). What a kernel costs alone can overlap its neighbours in the graph (its loads out before
-    its wait), or hide behind them; this is what the step loses without it. The outputs of a
-    replay with nodes disabled are stale, and the positions' advance (sample.step_state) is
-    disabled throughout, so the replays stay on the same positions."""
-    def enable(ns, on: bool):
-        for n in ns:
-            ok(driver.cuGraphNodeSetEnabled(graph.exec, n, int(on)))
-
-    groups = defaultdict(list)
-    for i, k in enumerate(kernels):
-        groups[(k["op"], k["kernel"])].append(i)
-    advance = [i for i, k in enumerate(kernels) if k["kernel"] == "sample.step_state"]
-    enable([nodes[i] for i in advance], False)
-    base = time_graph(graph.exec, graph.stream, REPLAYS)
-    for members in groups.values():
-        ns = [nodes[i] for i in members if i not in advance]
-        if not ns:
-            continue
-        enable(ns, False)
-        without = time_graph(graph.exec, graph.stream, REPLAYS)
-        enable(ns, True)
-        for i in members:
-            kernels[i]["knockout_us"] = base - without
-    enable([nodes[i] for i in advance], True)
 
 
 def ncu_kernels(path: str) -> list[dict]:
@@ -265,7 +231,7 @@ def merge(data: dict, ncu: list[dict]) -> None:
 
 def report(data: dict) -> None:
     """A row per (op, kernel) per B, heaviest first, then a line per B of the host's figures."""
-    print(f"{'B':>3} {'op':<44} {'kernel':<34} {'n':>3} {'µs':>8} {'%step':>6} {'MB':>8} {'GB/s':>6} {'ncu µs':>7} {'graph µs':>8}")
+    print(f"{'B':>3} {'op':<44} {'kernel':<34} {'n':>3} {'µs':>8} {'%step':>6} {'MB':>8} {'GB/s':>6} {'ncu µs':>7}")
     for b in data["batches"]:
         groups = defaultdict(list)
         for k in b["kernels"]:
@@ -277,9 +243,8 @@ def report(data: dict) -> None:
             us = sum(k["us"] for k in ks)
             mb = sum(k.get("bytes", float("nan")) for k in ks) / 1e6
             ncu_us = sum(k.get("ncu_us", float("nan")) for k in ks)
-            knocked = f" {ks[0]['knockout_us']:>8.1f}" if "knockout_us" in ks[0] else ""
             print(f"{b['B']:>3} {op[:44]:<44} {name[:34]:<34} {len(ks):>3} {us:>8.1f} {us / b['replay_us']:>6.1%} "
-                  f"{mb:>8.2f} {mb * 1e6 / (ncu_us * 1e3) if ncu_us else float('nan'):>6.0f} {ncu_us:>7.1f}{knocked}")
+                  f"{mb:>8.2f} {mb * 1e6 / (ncu_us * 1e3) if ncu_us else float('nan'):>6.0f} {ncu_us:>7.1f}")
     print(f"\n{'B':>3} {'bucket':>6} {'nodes':>5} {'replay µs':>9} {'wall µs':>8} {'python':>7} {'stage':>7} "
           f"{'replay()':>8} {'waits':>7} {'tok/s':>7} {'B=1 ahead µs':>12} {'unmatched':>9}")
     for b in data["batches"]:
@@ -300,8 +265,6 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--ncu", action="store_true", help="each B's graph replayed once in the profiler's range")
     ap.add_argument("--merge", nargs=2, metavar=("JSON", "NCU_CSV"))
-    ap.add_argument("--knockout", action="store_true",
-                    help="each op's cost in the graph: the replay less the replay with its nodes disabled")
     args = ap.parse_args()
     if args.merge:
         data = json.loads(Path(args.merge[0]).read_text())
