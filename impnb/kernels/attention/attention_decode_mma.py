@@ -44,6 +44,7 @@ from impnb.kernels.attention.attention_fa2 import swz
 from impnb.kernels.attention.kv_cache import PAGE_SIZES
 from impnb.kernels.attention.attention_decode_mma_post import Post, make_post, post_args
 from impnb.kernels.attention.attention_decode_mma_post import pairs as post_pairs
+from impnb.kernels.attention.attention_decode_mma_post import values as post_values
 from impnb.kernels.attention.rope import SIN_COS_STACK
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import mma_lane, quad_max, quad_sum, warp_sync
@@ -64,6 +65,7 @@ STAGE_CHOICES = {64: (4,), 128: (2, 4)}
 WIDE_WARPS = 8
 WIDE_STAGES = {64: 4, 128: 3}
 SM_SHARED = 228 * 1024    # shared memory of an SM (sm_90), 1 KB of it reserved a block
+SHARED_SM_REGISTERS = 168  # a thread's registers at most in blocks of WARPS warps: three blocks an SM
 MAX_SPLITS = attention_wide.MAX_SPLITS
 SPLIT_MIN_KEYS = 256      # keys a split at the least
 LOG2E = math.log2(math.e)
@@ -116,11 +118,18 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
     NQF = 4 * KK               # Q's A fragment registers a lane
     N_O = 4 * NO               # O accumulators a lane
     PSH = page.bit_length() - 1
-    MERGE = W * 16 * D         # float32 words of the warps' O rows in the merge (then m, l)
-    OUTQ = MERGE + 2 * W * 16  # quant: the block's output rows, then in int8 a thread a group
+    DP = D + 8                 # a staged row's stride in shared memory (float32): the 8 rows g of an
+    # mma fragment's lanes on 2-way rather than 8-way bank conflicts
+    MERGE = W * 16 * DP        # float32 words of the warps' O rows in the merge (then m, l)
+    EW = MERGE + 2 * W * 16    # then each warp's weight of each row,
+    DEN = EW + W * 16          # each row's sum,
+    MX = DEN + 16              # its max
+    EF = MX + 16               # and the fresh key's weight
+    OUTQ = EF + 16             # quant: the block's output rows, then in int8 a thread a group
     assert BN <= page and page == 1 << PSH and OUTQ + MAX_GROUP * D <= ring_bytes(D, NST, W) // 4
     assert D % GROUP == 0
     NPAIR = post_pairs(D)      # post: a lane's rotation pairs
+    NXV = post_values(D)       # post: a lane's columns of a row (its QK-norm weights)
     XR = MAX_GROUP + 2         # post: staged rows, the G query heads', then the fresh K's and V's
 
     @cuda.jit(device=True, inline=True)
@@ -146,7 +155,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             ptx.cp_async_16_zfill(dst + TILE, v_pool, src, n)
         ptx.cp_async_commit()
 
-    rotation, post_rows, fresh_scores = make_post(D, W)
+    rotation, norm_weights, post_rows, fresh_scores = make_post(D, W, paired=W == WIDE_WARPS)
 
     # grid (S, Hkv, B), block NT threads (W warps); see the module's docstring
     def kernel(q, k_pool, v_pool, table, pos, out, partials, qscale, window, softcap, xq, xd, xs,
@@ -188,7 +197,7 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
 
         # -- Q's A fragments (rows g, g + 8: heads kh G + row; rows past G zero), times qscale --
         qf = cuda.local.array(NQF, uint32)
-        xr = cuda.shared.array((XR if post else 1, D), float32)
+        xr = cuda.shared.array((XR if post else 1, DP), float32)
         sf = cuda.shared.array(MAX_GROUP if post else 1, float32)
         fresh = False
         if post:
@@ -200,9 +209,12 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             page_n = table[b, max(hn, 0) >> PSH]
             off_n = max(hn, 0) & (page - 1)
             fresh = split == S - 1 and hn >= 0  # this block merges the fresh key (and writes it)
+            qn = cuda.local.array(NXV, float32)
+            kn = cuda.local.array(NXV, float32)
+            norm_weights(q_norm, k_norm, use_norm, lane, qn, kn)
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (q, k, v)
             ptx.grid_dep_launch()
-            post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
+            post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, qn, kn, eps, use_norm, cs, sn, xr, b, kh,
                       G, page_n, off_n, fresh, k_pool, v_pool, lane, warp)
             cuda.syncthreads()  # the rows are staged
             fresh_scores(xr, sf, G, qscale, capped, float32(softcap * LOG2E), lane, warp)
@@ -308,30 +320,42 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
             lrow = quad_sum(lsum[rh])
             if row < G:
                 for n in range(NO):
-                    red[(warp * 16 + row) * D + 8 * n + 2 * c] = o[4 * n + 2 * rh]
-                    red[(warp * 16 + row) * D + 8 * n + 2 * c + 1] = o[4 * n + 2 * rh + 1]
+                    red[(warp * 16 + row) * DP + 8 * n + 2 * c] = o[4 * n + 2 * rh]
+                    red[(warp * 16 + row) * DP + 8 * n + 2 * c + 1] = o[4 * n + 2 * rh + 1]
                 if c == 0:
                     red[MERGE + warp * 16 + row] = m[rh]
                     red[MERGE + W * 16 + warp * 16 + row] = lrow
         cuda.syncthreads()
-        for idx in range(tid, G * D, NT):
-            row = idx // D
-            d = idx - row * D
+        if tid < G:  # a thread a row: each warp's weight 2^(m - mx), the sum and the fresh key's weight
+            row = tid
             mx = NEG
             for w in range(W):
                 mx = max(mx, red[MERGE + w * 16 + row])
             if fresh:
                 mx = max(mx, sf[row])
-            num = float32(0)
             den = float32(0)
             for w in range(W):
                 e = ptx.ex2_approx_ftz(red[MERGE + w * 16 + row] - mx)
-                num += e * red[(w * 16 + row) * D + d]
+                red[EW + w * 16 + row] = e
                 den += e * red[MERGE + W * 16 + w * 16 + row]
+            ef = float32(0)
+            if fresh:
+                ef = ptx.ex2_approx_ftz(sf[row] - mx)
+                den += ef
+            red[DEN + row] = den
+            red[MX + row] = mx
+            red[EF + row] = ef
+        cuda.syncthreads()
+        for idx in range(tid, G * D, NT):
+            row = idx // D
+            d = idx - row * D
+            num = float32(0)
+            for w in range(W):
+                num += red[EW + w * 16 + row] * red[(w * 16 + row) * DP + d]
             if fresh:  # the fresh key: score sf, sum 1, row V
-                e = ptx.ex2_approx_ftz(sf[row] - mx)
-                num += e * xr[G + 1, d]
-                den += e
+                num += red[EF + row] * xr[G + 1, d]
+            den = red[DEN + row]
+            mx = red[MX + row]
             h = kh * G + row
             if S == 1:
                 val = num / den
@@ -353,6 +377,8 @@ def mma_kernel(D: int, page: int, capped: bool, stages: int | None = None, quant
 
     kernel.__name__ = (f"_decode_mma_d{D}_p{page}_s{NST}{'' if W == WARPS else f'_w{W}'}{'_softcap' if capped else ''}"
                        f"{'_quant' if quant else ''}{'_post' if post else ''}_kernel")
+    if W == WARPS and not ptx.SIM:  # three blocks an SM share its registers
+        return cuda.jit(kernel, max_registers=SHARED_SM_REGISTERS)
     return cuda.jit(kernel)
 
 

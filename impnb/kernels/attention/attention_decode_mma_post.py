@@ -24,12 +24,20 @@ def pairs(D: int) -> int:
     return (D // 2 + 31) // 32
 
 
-def make_post(D: int, W: int):
-    """(rotation, post_rows, fresh_scores) device functions for head dim D and W warps a block."""
+def values(D: int) -> int:
+    """A lane's columns of a staged row at head dim D (4 a chunk c = 4 lane + 128 j): the length of
+    its norm weights qn, kn."""
+    return 4 * -(-D // 128)
+
+
+def make_post(D: int, W: int, paired: bool = False):
+    """(rotation, norm_weights, post_rows, fresh_scores) device functions for head dim D and W warps a
+    block; paired: a warp's rows two at a time, both rows' loads out together (more registers: for
+    blocks that own an SM)."""
     NPR = D // 32         # a lane's columns of a row (d = lane + 32 m)
     NPAIR = pairs(D)
     NCH = -(-D // 128)    # a lane's 4-column chunks of a row (c = 4 lane + 128 j)
-    NXV = 4 * NCH         # their values
+    NXV = values(D)       # their values
 
     @cuda.jit(device=True, inline=True)
     def rotation(hn, inv_freq, lane, cs, sn):
@@ -38,78 +46,134 @@ def make_post(D: int, W: int):
             cs[j], sn[j] = cos_sin(max(hn, 0), inv_freq, min(lane + 32 * j, inv_freq.shape[1] - 1))
 
     @cuda.jit(device=True, inline=True)
-    def row_chunk(q, k_new, v_new, parts, vcol, b, kh, G, r, c):
-        # columns c .. c + 3 of post row r (query head kh G + r for r < G, then the fresh K, V of
-        # head kh): from q, k_new, v_new, or with parts (an (S, B, N) split-K GEMM's partial
-        # products, columns [Q | K | V], V's from vcol or, with vcol < 0, in v_new) their sum in
-        # split order, every split's load sent before the first add
-        H = q.shape[2]
-        Hkv = k_new.shape[2]
-        if vcol == NO_PARTS or (r > G and vcol < 0):
-            if r < G:
-                return qi.ldg_f32x4(q, ((b * H) + kh * G + r) * D + c)
-            return qi.ldg_f32x4(k_new if r == G else v_new, (b * Hkv + kh) * D + c)
-        S, B, N = parts.shape
-        col = (kh * G + r) * D + c if r < G else (H + kh) * D + c if r == G else vcol + kh * D + c
-        a0 = a1 = a2 = a3 = float32(0)
-        for s0 in range(0, S, PART_CHUNK):
-            ch = cuda.local.array((PART_CHUNK, 4), float32)
-            for j in range(PART_CHUNK):
-                ch[j, 0], ch[j, 1], ch[j, 2], ch[j, 3] = qi.ldg_f32x4(parts, (min(s0 + j, S - 1) * B + b) * N + col)
-            for j in range(PART_CHUNK):
-                if s0 + j < S:
-                    a0 += ch[j, 0]
-                    a1 += ch[j, 1]
-                    a2 += ch[j, 2]
-                    a3 += ch[j, 3]
-        return a0, a1, a2, a3
+    def norm_weights(q_norm, k_norm, use_norm, lane, qn, kn):
+        # this lane's columns c = 4 lane + 128 j of the QK-norm weights (no kernel's output: read
+        # before the wait)
+        for j in range(NCH):
+            c = min(4 * lane + 128 * j, D - 4)
+            for e in range(4):
+                qn[4 * j + e] = q_norm[c + e] if use_norm else float32(1)
+                kn[4 * j + e] = k_norm[c + e] if use_norm else float32(1)
 
     @cuda.jit(device=True, inline=True)
-    def post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, q_norm, k_norm, eps, use_norm, cs, sn, xr, b, kh,
-                  G, page_n, off_n, writer, k_pool, v_pool, lane, warp):
-        # qkv_post's math for the block's rows (warp w: rows w, w + W, ...): query head kh G + r
-        # (r < G), then the fresh K (r = G) and V (r = G + 1) of head kh (row_chunk's); q and k
-        # normalized where use_norm and rotated, into xr (G + 2, D); K and V rounded to fp16 there,
-        # and written to the cache by the writer
-        half = inv_freq.shape[1]
-        for r in range(warp, G + 2, W):
-            xv = cuda.local.array(NXV, float32)
+    def whole(vcol, G, r):
+        # row r comes whole (q, k_new or v_new), not from split-K partials
+        return vcol == NO_PARTS or (r > G and vcol < 0)
+
+    @cuda.jit(device=True, inline=True)
+    def row_loads(q, k_new, v_new, parts, vcol, b, kh, G, r, c, s0, ch):
+        # columns c .. c + 3 of post row r (query head kh G + r for r < G, then the fresh K, V of
+        # head kh) into ch: whole, in ch[0]; else splits s0 .. s0 + PART_CHUNK - 1 of parts (an (S,
+        # B, N) split-K GEMM's partial products, columns [Q | K | V], V's from vcol or, with vcol <
+        # 0, in v_new; past S the last split again, unadded)
+        H = q.shape[2]
+        Hkv = k_new.shape[2]
+        if whole(vcol, G, r):
+            if r < G:
+                ch[0, 0], ch[0, 1], ch[0, 2], ch[0, 3] = qi.ldg_f32x4(q, ((b * H) + kh * G + r) * D + c)
+            else:
+                ch[0, 0], ch[0, 1], ch[0, 2], ch[0, 3] = qi.ldg_f32x4(k_new if r == G else v_new,
+                                                                    (b * Hkv + kh) * D + c)
+            return
+        S, B, N = parts.shape
+        col = (kh * G + r) * D + c if r < G else (H + kh) * D + c if r == G else vcol + kh * D + c
+        for j in range(PART_CHUNK):
+            ch[j, 0], ch[j, 1], ch[j, 2], ch[j, 3] = qi.ldg_f32x4(parts, (min(s0 + j, S - 1) * B + b) * N + col)
+
+    @cuda.jit(device=True, inline=True)
+    def row_adds(parts, vcol, G, r, s0, ch, xv, j0):
+        # the loads of row_loads(r, s0) into xv[j0 .. j0 + 3]: whole, as they came; else added in
+        # split order onto what the splits before s0 left there
+        if whole(vcol, G, r):
+            for e in range(4):
+                xv[j0 + e] = ch[0, e]
+            return
+        S = parts.shape[0]
+        if s0 == 0:
+            for e in range(4):
+                xv[j0 + e] = float32(0)
+        for j in range(PART_CHUNK):
+            if s0 + j < S:
+                for e in range(4):
+                    xv[j0 + e] += ch[j, e]
+
+    @cuda.jit(device=True, inline=True)
+    def row_pair(q, k_new, v_new, parts, vcol, b, kh, G, r, r2, c, xv, xv2, j0):
+        # columns c .. c + 3 of rows r and r2 (r2 < 0: none) into xv, xv2 at j0, every load of
+        # both rows' split chunk out before the first add
+        n_s = 1 if whole(vcol, G, r) else parts.shape[0]
+        n_s2 = 0 if r2 < 0 else 1 if whole(vcol, G, r2) else parts.shape[0]
+        for s0 in range(0, max(n_s, n_s2), PART_CHUNK):
+            ch = cuda.local.array((PART_CHUNK, 4), float32)
+            ch2 = cuda.local.array((PART_CHUNK, 4), float32)
+            if s0 < n_s:
+                row_loads(q, k_new, v_new, parts, vcol, b, kh, G, r, c, s0, ch)
+            if s0 < n_s2:
+                row_loads(q, k_new, v_new, parts, vcol, b, kh, G, r2, c, s0, ch2)
+            if s0 < n_s:
+                row_adds(parts, vcol, G, r, s0, ch, xv, j0)
+            if s0 < n_s2:
+                row_adds(parts, vcol, G, r2, s0, ch2, xv2, j0)
+
+    @cuda.jit(device=True, inline=True)
+    def finish_row(xv, r, G, qn, kn, eps, use_norm, neox, half, cs, sn, xr, page_n, off_n, writer, k_pool, v_pool,
+                   kh, lane):
+        # row r's columns (xv) normalized where use_norm (r <= G) and rotated (q and k), into xr;
+        # K and V rounded to fp16 there, and written to the cache by the writer
+        if use_norm and r <= G:
             acc = float32(0)
             for j in range(NCH):
-                c = 4 * lane + 128 * j
-                if c < D:
-                    xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3] = row_chunk(q, k_new, v_new, parts, vcol,
-                                                                                     b, kh, G, r, c)
+                if 4 * lane + 128 * j < D:
                     for e in range(4):
                         acc += xv[4 * j + e] * xv[4 * j + e]
-            if use_norm and r <= G:
-                inv = float32(1) / math.sqrt(warp_sum(acc) / float32(D) + eps)
-                for j in range(NCH):
-                    c = 4 * lane + 128 * j
-                    if c < D:
-                        for e in range(4):
-                            xv[4 * j + e] = xv[4 * j + e] * inv * (q_norm[c + e] if r < G else k_norm[c + e])
+            inv = float32(1) / math.sqrt(warp_sum(acc) / float32(D) + eps)
+            for j in range(NCH):
+                for e in range(4):
+                    xv[4 * j + e] = xv[4 * j + e] * inv * (qn[4 * j + e] if r < G else kn[4 * j + e])
+        for j in range(NCH):
+            c = 4 * lane + 128 * j
+            if c < D:
+                for e in range(4):
+                    xr[r, c + e] = xv[4 * j + e]
+        warp_sync()
+        if r <= G:
+            for j in range(NPAIR):
+                i = lane + 32 * j
+                if i < half:
+                    rotate_row_pair(xr, r, i, half, neox, cs[j], sn[j])
+            warp_sync()
+        if r >= G:
+            for mm in range(NPR):
+                d = lane + 32 * mm
+                xr[r, d] = qi.f16_to_f32(qi.f32_to_f16_bits(xr[r, d]))
+                if writer and r == G:
+                    k_pool[page_n, off_n, kh, d] = xr[r, d]
+                elif writer:
+                    v_pool[page_n, off_n, kh, d] = xr[r, d]
+            warp_sync()
+
+    @cuda.jit(device=True, inline=True)
+    def post_rows(q, k_new, v_new, parts, vcol, inv_freq, neox, qn, kn, eps, use_norm, cs, sn, xr, b, kh,
+                  G, page_n, off_n, writer, k_pool, v_pool, lane, warp):
+        # qkv_post's math for the block's rows (warp w: rows w, w + W, ...; paired, two of them at
+        # a time, their loads out together): query head kh G + r (r < G), then the fresh K (r = G) and V
+        # (r = G + 1) of head kh (row_loads'); q and k normalized where use_norm (qn, kn: this
+        # lane's norm weights, norm_weights') and rotated, into xr (G + 2, >= D); K and V rounded
+        # to fp16 there, and written to the cache by the writer
+        half = inv_freq.shape[1]
+        for r in range(warp, G + 2, 2 * W if paired else W):
+            r2 = r + W if paired and r + W < G + 2 else -1
+            xv = cuda.local.array(NXV, float32)
+            xv2 = cuda.local.array(NXV, float32)
             for j in range(NCH):
                 c = 4 * lane + 128 * j
                 if c < D:
-                    for e in range(4):
-                        xr[r, c + e] = xv[4 * j + e]
-            warp_sync()
-            if r <= G:
-                for j in range(NPAIR):
-                    i = lane + 32 * j
-                    if i < half:
-                        rotate_row_pair(xr, r, i, half, neox, cs[j], sn[j])
-                warp_sync()
-            if r >= G:
-                for mm in range(NPR):
-                    d = lane + 32 * mm
-                    xr[r, d] = qi.f16_to_f32(qi.f32_to_f16_bits(xr[r, d]))
-                    if writer and r == G:
-                        k_pool[page_n, off_n, kh, d] = xr[r, d]
-                    elif writer:
-                        v_pool[page_n, off_n, kh, d] = xr[r, d]
-                warp_sync()
+                    row_pair(q, k_new, v_new, parts, vcol, b, kh, G, r, r2, c, xv, xv2, 4 * j)
+            finish_row(xv, r, G, qn, kn, eps, use_norm, neox, half, cs, sn, xr, page_n, off_n, writer, k_pool,
+                       v_pool, kh, lane)
+            if r2 >= 0:
+                finish_row(xv2, r2, G, qn, kn, eps, use_norm, neox, half, cs, sn, xr, page_n, off_n, writer, k_pool,
+                           v_pool, kh, lane)
 
     @cuda.jit(device=True, inline=True)
     def fresh_scores(xr, sf, G, qscale, capped, cap_out, lane, warp):
@@ -126,7 +190,7 @@ def make_post(D: int, W: int):
             if lane == 0:
                 sf[r] = acc
 
-    return rotation, post_rows, fresh_scores
+    return rotation, norm_weights, post_rows, fresh_scores
 
 
 @dataclass(frozen=True)
