@@ -33,4 +33,4 @@ def lin(ggml_type, multi=None, cols=4096):
 def test_mmq_pair_choice(n_tok, buckets, qk, v, n_ys, want):
     mm = MatMul.__new__(MatMul)
     mm.tuning = Overrides(gemm_pair_mmq=buckets)
-    assert mm._mmq_pair(n_tok, qk, [None] * n_ys, v) == want
+    assert mm._mmq_pair(n_tok, qk, n_ys, v) == want
