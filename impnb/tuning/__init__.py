@@ -351,7 +351,7 @@ NIBBLE_HI16 = switch("NIBBLE_HI16", True)
 # A batch's grouped MoE layer (router_batch's path) ends in one launch that adds the routed experts
 # into x and writes the next layer's Q|K|V input in gemm_mmq's int8 form (kernels/moe/combine_next.py)
 # where that layer's Q|K|V take gemm_mmq, in place of moe_combine and the next layer's quantize_x32:
-# the Qwen3-30B-A3B's B = 8 / 16 2.3% / 1.3% faster (docs/PERFORMANCE.md, 'Batched decode').
+# faster at the Qwen3-30B-A3B's B = 8 and 16 (docs/PERFORMANCE.md, 'Batched decode').
 # IMPNB_COMBINE_NEXT=0: the two launches.
 COMBINE_NEXT = True
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
