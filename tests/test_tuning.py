@@ -71,7 +71,10 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_GEMM_PAIR_MMQ_ROWS", "8,16")
     monkeypatch.setenv("IMPNB_ROUTER_BATCH_ROWS", "0")
     monkeypatch.setenv("IMPNB_MOE_ACT_INT8", "0")
+    monkeypatch.setenv("IMPNB_COMBINE_NEXT", "0")
+    monkeypatch.setenv("IMPNB_COMBINE_NEXT_V", "0")
     o = tuning.Overrides.from_env()
+    assert not (o.combine_next or o.combine_next_v) and tuning.Overrides().combine_next and tuning.Overrides().combine_next_v
     assert o.router_batch_rows == 0 and tuning.Overrides().router_batch_rows == tuning.ROUTER_BATCH_ROWS == 16
     assert not o.moe_act_int8 and tuning.Overrides().moe_act_int8
     assert not (o.batch_fused_norms or o.batch_glu_reduce)

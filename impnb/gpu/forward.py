@@ -41,7 +41,7 @@ from impnb.gpu import attention_dispatch
 from impnb.gpu.layer_weights import Attention, DenseFFN
 from impnb.gpu.plan import StepPlan
 from impnb.gpu import moe_dispatch
-from impnb.gpu.moe import attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
+from impnb.gpu.moe import NextX32, attn_output_moe_decode, moe_ffn, moe_ffn_decode, moe_ffn_grouped_decode
 from impnb.kernels.moe.gemv_moe_dp4a import NextInput
 from impnb.kernels.elementwise import activations, norm
 from impnb.kernels.attention import (attention_decode, attention_decode_mma, attention_fa2, attention_fa2_decode,
@@ -129,7 +129,7 @@ def _forward_fused(m, x, step: StepPlan, last_only: bool, last_row):
     cfg, eps, T = m.cfg, m.cfg.eps, step.rows
     spare = m.arena.get("x_spare", x.shape) if m.router_folds else None  # the fold's out-of-place residual
     xin = None  # this layer's Q|K|V input in int8, where the layer before wrote it
-    x32 = None  # or in gemm_mmq's int8 form
+    x32 = None  # or in gemm_mmq's int8 form (moe.NextX32)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         grouped = _grouped_decode(m, spec, lw.ffn, T)
         nxt = None if grouped else _next_input(m, il, T)
@@ -174,9 +174,10 @@ def _grouped_decode(m, spec, ffn, T: int) -> bool:
 
 
 def _next_x32(m, il: int, T: int):
-    """(norm, QuantX32) where a batch's grouped MoE layer il may end in moe_combine_next, writing
-    layer il + 1's Q|K|V input, RMSNorm(x) * its norm, in gemm_mmq's int8 form (tuning.COMBINE_NEXT):
-    that layer's Q|K|V (or Q|K and V) on gemm_mmq at T rows, one rank; else None."""
+    """moe.NextX32 where a batch's grouped MoE layer il may end in moe_combine_next, writing layer
+    il + 1's Q|K|V input, RMSNorm(x) * its norm, in gemm_mmq's int8 form (tuning.COMBINE_NEXT):
+    that layer's Q|K|V (or Q|K and V) on gemm_mmq at T rows, one rank; with a V of its own on
+    the dp4a GEMV (tuning.COMBINE_NEXT_V) V's input in quant_x's form too; else None."""
     if not m.tuning.combine_next or m.tp is not None or il + 1 >= len(m.layers):
         return None
     nxt, spec = m.blk[il + 1].attn, m.layers[il + 1]
@@ -190,7 +191,10 @@ def _next_x32(m, il: int, T: int):
         return None
     if not m.mm.takes_x32(lin, T, v):
         return None
-    return (nxt.norm, m.cfg.eps), m.mm.x32_buffers(T, lin.w.cols)
+    vq = None
+    if v is not None and m.tuning.combine_next_v and m.mm.pair_takes_xq(lin, v, T):
+        vq = m.mm.xq_buffers(T, v.w.cols, "next_vq")
+    return NextX32((nxt.norm, m.cfg.eps), m.mm.x32_buffers(T, lin.w.cols), vq)
 
 
 def _next_input(m, il: int, T: int):
@@ -209,12 +213,14 @@ def _next_input(m, il: int, T: int):
                      m.arena.zeros("next_xq_counter", (1,), np.uint32))
 
 
-def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None, x32=None):
+def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=None, xq=None, xin=None,
+                     x32: NextX32 | None = None):
     """Q|K|V of h (norm_w: of RMSNorm(h) * w), QK-norm, RoPE, the KV write and attention -> (R, H * Dv),
     times sigmoid(h · q_gateᵀ) for a gated attention; xq (model.attn_xq): the decode kernel (short,
     or a batch's mma in one split) writes the output's int8 form there too (ungated only); xin: the
     stacked Q|K|V's input in int8, written by the layer before (_next_input); x32: Q|K|V's (or Q|K and
-    V's) input in gemm_mmq's int8 form, written by the layer before (_next_x32)."""
+    V's) input in gemm_mmq's int8 form (and V's in quant_x's), written by the layer before
+    (_next_x32)."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
     T, B = step.rows, step.batch
@@ -224,10 +230,11 @@ def _attention_block(m, il: int, att: Attention, h, pos, step: StepPlan, norm_w=
     parts = None  # (split-K partials the attention kernel adds up, whether V's are among them)
     keep = fused and m.tuning.batch_mma_post_parts
     if att.qkv is not None:
-        part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep, x32=x32)
+        part = m.mm.split(h, att.qkv, qkv, norm_w, joint, xin, keep_parts=keep, x32=x32 and x32.x32)
         parts = None if part is None else (part, True)
     elif att.qk is not None:
-        parts = m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair, keep_parts=keep, x32=x32)
+        parts = m.mm.pair(h, att.qk, qkv[:2], att.v, qkv[2], norm_w, att.pair, keep_parts=keep,
+                          x32=x32 and x32.x32, xq_b=x32 and x32.vq)
     else:
         for lin, y in zip((att.q, att.k, att.v), qkv):
             m.mm.linear(h, lin, y, norm_w)

@@ -63,7 +63,7 @@ class MatMul:
                residual: Residual | None = None, xq: QuantX | None = None, ready=None) -> None:
         """y (T, N) = x (T, K) · Wᵀ. norm (wn, eps) reads RMSNorm(x) * wn for x (a GEMM: in its
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
-        (attn_xq), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
+        (attn_xq, or the combine's for a pair's V), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
         residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
         a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
@@ -255,7 +255,7 @@ class MatMul:
             row += y.shape[1]
 
     def pair(self, x, lin_a: Linear, ys_a, lin_b: Linear, y_b, norm: tuple | None, one_launch: bool,
-             keep_parts: bool = False, x32: quant_x32.QuantX32 | None = None):
+             keep_parts: bool = False, x32: quant_x32.QuantX32 | None = None, xq_b: QuantX | None = None):
         """split(x, lin_a, ys_a, norm) then linear(x, lin_b, y_b, norm) (a layer's Q|K and its V of
         another type): one GEMV launch for both at decode with norm where one_launch (chosen at
         load: GEMV_PAIR, neither on dp4a) unless either takes gemv_dp4a_multi at this T; one
@@ -263,8 +263,10 @@ class MatMul:
         (Q4_K Q|K, Q6_K V); one gemm_mmq_pair launch at its GEMM_PAIR_MMQ_ROWS buckets.
         keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
         V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written).
-        x32: as split's, where takes_x32(lin_a, n_tok, lin_b)."""
+        x32: as split's, where takes_x32(lin_a, n_tok, lin_b); xq_b: lin_b's input in int8 (quant_x's),
+        already written, where pair_takes_xq(lin_a, lin_b, n_tok)."""
         n_tok = x.shape[0]
+        assert xq_b is None or self.pair_takes_xq(lin_a, lin_b, n_tok), "V's int8 input: its dp4a GEMV alone"
         if self._mmq_pair(n_tok, lin_a, len(ys_a), lin_b):
             N1, N2, K = lin_a.w.rows, lin_b.w.rows, lin_a.w.cols
             S = gemm_mmq_pair.pair_splits(n_tok, N1, N2, K, sms=gemv_stream.sm_count())
@@ -287,8 +289,15 @@ class MatMul:
                                              self.ctx.nb_stream, S, reduce=not keep_parts)
             return (part, True) if keep_parts else None
         part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts, x32=x32)
-        self.linear(x, lin_b, y_b, norm)
+        self.linear(x, lin_b, y_b, norm, xq=xq_b)
         return None if part is None else (part, False)
+
+    def pair_takes_xq(self, lin_a: Linear, lin_b: Linear, n_tok: int) -> bool:
+        """Whether pair(x, lin_a, ..., lin_b, ...) of n_tok rows runs lin_b alone on gemv_dp4a_multi,
+        so that its int8 input may come written before (pair's xq_b)."""
+        multi = lin_b.multi.get(n_tok)
+        return (bool(multi) and multi != MMQ and n_tok <= GEMV_MAX_ROWS
+                and not self._mmq_pair(n_tok, lin_a, 2, lin_b) and not self._rs_pair(n_tok, lin_a, 2, lin_b))
 
     def _rs_pair(self, n_tok: int, lin_a: Linear, n_a: int, lin_b: Linear) -> bool:
         """Whether pair's Q|K (lin_a) and V (lin_b) take gemm_wgmma_rs_pair at n_tok rows."""

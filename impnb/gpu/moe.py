@@ -32,6 +32,8 @@ Everything stays on the device: no host synchronization, so a step remains one C
 Legend: T tokens, D model dim, E experts, k used per token, F expert FFN dim, S = T * k slots.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -47,7 +49,8 @@ from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.kernels.gemv.gemv_dp4a_experts import gemv_dp4a_experts
 from impnb.kernels.moe.gemv_moe import experts_down_sum
 from impnb.kernels.gemv.gemv_tail import Residual
-from impnb.kernels.gemv.quant_x import arena_buffers
+from impnb.kernels.gemm.quant_x32 import QuantX32
+from impnb.kernels.gemv.quant_x import QuantX, arena_buffers
 from impnb.kernels.moe.expert_shard import localize
 from impnb.kernels.moe import router_batch
 from impnb.kernels.moe.combine_next import moe_combine_next
@@ -150,15 +153,24 @@ def _shared_act(m, h, ex: Experts, norm: tuple | None, gated: bool = True):
     return act
 
 
+class NextX32(NamedTuple):
+    """The next layer's Q|K|V input a grouped MoE layer's combine writes (moe_combine_next):
+    RMSNorm(x) * wn, norm = (wn, eps), in gemm_mmq's int8 form (x32), and for a V of another type on
+    the dp4a GEMV in quant_x's form too (vq)."""
+    norm: tuple
+    x32: QuantX32
+    vq: QuantX | None = None
+
+
 def moe_ffn_grouped_decode(m, x, ex: Experts, norm: tuple, next32=None):
     """Decode of a batch's rows (tuning.MOE_GROUPED_MIN_ROWS..MOE_GROUPED_ROWS, and any batch past
     GEMV_MAX_ROWS) with the experts grouped as at prefill: x (T, D) += moe_ffn of h = RMSNorm(x) *
     wn, norm = (wn, eps), written by a norm kernel first. The combine adds into x (under tensor
     parallelism rank 0 adds its partial sum, the others write theirs there, and x is all-reduced);
     with a shared expert a residual update adds each output instead (its norm output to a scratch:
-    the next layer norms x itself). next32 ((norm, QuantX32) of forward's _next_x32, or None): where
+    the next layer norms x itself). next32 (NextX32 of forward's _next_x32, or None): where
     router_batch routes, the combine also writes the next layer's input there (moe_combine_next)
-    and returns that QuantX32; else None (the next layer quantizes its own)."""
+    and returns next32; else None (the next layer quantizes its own)."""
     a, s = m.arena, m.ctx.nb_stream
     if _routes_in_one(m, ex, x.shape[0]):
         return _grouped_routed(m, x, ex, norm, next32)
@@ -188,7 +200,7 @@ def _grouped_routed(m, x, ex: Experts, norm: tuple, next32=None):
     """moe_ffn_grouped_decode with the router, the routing, the grouping of the slots and (for a
     dp4a GEMV gate|up) h in int8 in one launch (router_batch): x (T, D) += the routed experts'
     SwiGLU FFN of RMSNorm(x) * wn, norm = (wn, eps); with next32 (one rank) the combine writes the
-    next layer's input too -> its QuantX32, else None."""
+    next layer's input too -> next32, else None."""
     cfg, a, s = m.cfg, m.arena, m.ctx.nb_stream
     T, D = x.shape
     k, E = cfg.n_expert_used, cfg.n_expert
@@ -203,8 +215,8 @@ def _grouped_routed(m, x, ex: Experts, norm: tuple, next32=None):
                            routed=True)
     if next32 is not None:
         assert m.tp is None, "the next layer's input is of x all-reduced"
-        moe_combine_next(y, rows, weights, x, s, m.reduce_leader, *next32)
-        return next32[1]
+        moe_combine_next(y, rows, weights, x, s, m.reduce_leader, next32.norm, next32.x32, vq=next32.vq)
+        return next32
     moe_combine(y, rows, weights, x, s, m.reduce_leader)
     m.all_reduce(x)  # each rank's experts are a slice of every expert's width
     return None

@@ -354,6 +354,10 @@ NIBBLE_HI16 = switch("NIBBLE_HI16", True)
 # faster at the Qwen3-30B-A3B's B = 8 and 16 (docs/PERFORMANCE.md, 'Batched decode').
 # IMPNB_COMBINE_NEXT=0: the two launches.
 COMBINE_NEXT = True
+# There, where the next layer's V is of another type than its Q|K and takes the dp4a GEMV (the
+# Qwen3-30B-A3B's Q6_K V layers), the combine writes V's input in quant_x's form too, in place of its
+# quantize_x launch. IMPNB_COMBINE_NEXT_V=0: V quantizes its own input.
+COMBINE_NEXT_V = True
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,
@@ -416,6 +420,7 @@ class Overrides:
     batch_glu_reduce: bool = BATCH_GLU_REDUCE  # there, gate|up's reduce, GLU and the down's operand in one kernel
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
     combine_next: bool = COMBINE_NEXT  # there, the combine writes the next layer's gemm_mmq input
+    combine_next_v: bool = COMBINE_NEXT_V  # and its V's dp4a input
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     gemm_pair_mmq: tuple[int, ...] = GEMM_PAIR_MMQ_ROWS  # row buckets where Q|K and V take gemm_mmq_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
@@ -457,6 +462,7 @@ class Overrides:
                    batch_glu_reduce=switch("BATCH_GLU_REDUCE", BATCH_GLU_REDUCE),
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),
                    combine_next=switch("COMBINE_NEXT", COMBINE_NEXT),
+                   combine_next_v=switch("COMBINE_NEXT_V", COMBINE_NEXT_V),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))

@@ -351,32 +351,36 @@ def test_router_batch_equals_its_kernels(tmp_path, monkeypatch, n_seqs):
 def test_combine_next_equals_combine_and_quantize(tmp_path, monkeypatch, n_seqs=8):
     """Decode steps of 8 rows of two layers of the synthetic Qwen3-30B-A3B Q4_K_M: layer 0's
     grouped MoE ending in moe_combine_next (the combine and layer 1's Q|K|V input in gemm_mmq's
-    int8 form in one launch) against moe_combine and layer 1's own quantize_x32
-    (IMPNB_COMBINE_NEXT=0); it runs where on and not where off. x is the same bit for bit and the
-    int8 input within its scales' last bit (test_moe.py's check_combine_next): a scale's last bit
-    may flip one x̂ rounding, and every GEMM after it takes int8 input, so a step's logits agree
-    within 2e-2 of the largest (the mmq pair's tolerance, for the same reason: one row of a step
-    measured 5.3e-3 on an H200, the others 0 or ~1e-6) and the greedy tokens where the top two
-    are further apart than twice that."""
+    int8 form in one launch, and its Q6_K V's in quant_x's with IMPNB_COMBINE_NEXT_V) against
+    moe_combine and layer 1's own quantize_x32 and quantize_x (IMPNB_COMBINE_NEXT=0); it runs where
+    on and not where off, V's form where asked. x is the same bit for bit and the int8 inputs
+    within their scales' last bit (test_moe.py's check_combine_next): a scale's last bit may flip
+    one x̂ rounding, and every GEMM after it takes int8 input, so a step's logits agree within 2e-2
+    of the largest (the mmq pair's tolerance, for the same reason: one row of a step measured 5.3e-3
+    on an H200, the others 0 or ~1e-6) and the greedy tokens where the top two are further apart
+    than twice that."""
     from impnb.gpu import moe
 
     mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 2)
     monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
     calls = []
     fused = moe.moe_combine_next
-    monkeypatch.setattr(moe, "moe_combine_next", lambda *a: calls.append(1) or fused(*a))
+    monkeypatch.setattr(moe, "moe_combine_next", lambda *a, **kw: calls.append(kw.get("vq") is not None) or fused(*a, **kw))
     got = {}
-    for on in (1, 0):
+    for on, v in ((0, 1), (1, 0), (1, 1)):
         monkeypatch.setenv("IMPNB_COMBINE_NEXT", str(on))
+        monkeypatch.setenv("IMPNB_COMBINE_NEXT_V", str(v))
         calls.clear()
-        got[on] = moe_decode_logits(mf, n_seqs, lambda engine: None)
-        assert bool(calls) == bool(on)
-    a, b = got[1], got[0]
-    rel = np.abs(a - b).max(-1) / np.abs(b).max(-1)
-    assert np.isfinite(a).all() and rel.max() < 2e-2, rel.max()
-    top2 = np.sort(b, -1)[..., -2:]
-    clear = top2[..., 1] - top2[..., 0] > 4e-2 * np.abs(b).max(-1)
-    assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+        got[on, v] = moe_decode_logits(mf, n_seqs, lambda engine: None)
+        assert bool(calls) == bool(on) and all(c == bool(v) for c in calls), (on, v, calls)
+    b = got[0, 1]
+    for key in ((1, 0), (1, 1)):
+        a = got[key]
+        rel = np.abs(a - b).max(-1) / np.abs(b).max(-1)
+        assert np.isfinite(a).all() and rel.max() < 2e-2, (key, rel.max())
+        top2 = np.sort(b, -1)[..., -2:]
+        clear = top2[..., 1] - top2[..., 0] > 4e-2 * np.abs(b).max(-1)
+        assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear]), key
 
 
 def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):

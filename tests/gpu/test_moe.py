@@ -29,7 +29,7 @@ from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.moe.router_batch import router_batch, router_batch_ref
 from impnb.kernels.moe.combine_next import combine_next_ref, moe_combine_next
 from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32, quantize_x32
-from impnb.kernels.gemv.quant_x import QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
+from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
 from tests.gpu.test_gemm_tc import check as check_gemm
@@ -325,14 +325,15 @@ def check_combine(rng, T_, k, D, std, accumulate=False):
     assert np.array_equal(got, start + d_sum.copy_to_host())
 
 
-def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None):
+def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None, vq=False):
     """moe_combine_next (x and the next layer's x̂ of T_ rows and pad rows of slab padding) against
     moe_combine then quantize_x32, every output poisoned first: x bit for bit (the same sums in the
     same order), the scales within the last bits of the row's norm (its sum of squares in another
     order) and so each int8 value within one; nc blocks a row (default: the GPU's cluster, the
     simulator's one block); against the references: the
     combine within rounding, the padding zero, each x̂ within half its group's step of
-    RMSNorm(x) * wn, each group's s = d times its int8 sum."""
+    RMSNorm(x) * wn, each group's s = d times its int8 sum. vq: V's input in quant_x's form too,
+    against quantize_x's of the same rows the same way."""
     S, MP, eps = T_ * k, T_ + pad, 1e-6
     y = (rng.standard_normal((S, D)) * std).astype(np.float32)
     rows = rng.permutation(S).astype(np.int32)
@@ -345,24 +346,38 @@ def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None):
         dx = cuda.to_device(start)
         out = QuantX32(cuda.to_device(np.full((MP, D // 4), 0xDEADBEEF, np.uint32)),
                        cuda.to_device(np.full((D // XGROUP, MP, 2), np.nan, np.float32)))
+        xq = QuantX(cuda.to_device(np.full((T_, D // 4), 0xDEADBEEF, np.uint32)),
+                    *(cuda.to_device(np.full((T_, D // GROUP), np.nan, np.float32)) for _ in "ds")) if vq else None
         if fused:
-            moe_combine_next(dy, drows, dw, dx, 0, accumulate, (dwn, eps), out, nc)
+            moe_combine_next(dy, drows, dw, dx, 0, accumulate, (dwn, eps), out, nc, vq=xq)
         else:
             moe_combine(dy, drows, dw, dx, 0, accumulate=accumulate)
             quantize_x32(dx, out, 0, (dwn, eps))
-        got.append((dx.copy_to_host(), out.q.copy_to_host(), out.ds.copy_to_host()))
-    (x, q, ds), (x2, q2, ds2) = got
+            if vq:
+                quantize_x(dx, xq, 0, (dwn, eps))
+        got.append((dx.copy_to_host(), out.q.copy_to_host(), out.ds.copy_to_host(),
+                    xq and tuple(a.copy_to_host() for a in xq)))
+    (x, q, ds, v), (x2, q2, ds2, v2) = got
     assert np.array_equal(x, x2)
     np.testing.assert_allclose(ds[:, :, 0], ds2[:, :, 0], rtol=2e-6, atol=0)
     assert np.abs(q.view(np.int8).astype(np.int32) - q2.view(np.int8).astype(np.int32)).max() <= 1
-    ref_x, _ = combine_next_ref(y, rows, weights, start, accumulate, wn, eps, MP)
+    ref_x, _, _ = combine_next_ref(y, rows, weights, start, accumulate, wn, eps, MP)
     np.testing.assert_allclose(x, ref_x, rtol=1e-5, atol=1e-5 * std)
     assert not q[T_:].any() and not ds[:, T_:].any()
+    xn = rms_norm_ref(x, wn, eps).astype(np.float64)
     d = ds[:, :T_, 0].T.astype(np.float64)  # (T_, groups)
-    xn = rms_norm_ref(x, wn, eps).astype(np.float64).reshape(T_, -1, XGROUP)
     vals = q[:T_].view(np.int8).reshape(T_, -1, XGROUP).astype(np.float64)
-    assert np.all(np.abs(vals * d[:, :, None] - xn) <= d[:, :, None] * 0.5001 + 1e-6 * np.abs(xn))
+    xg = xn.reshape(T_, -1, XGROUP)
+    assert np.all(np.abs(vals * d[:, :, None] - xg) <= d[:, :, None] * 0.5001 + 1e-6 * np.abs(xg))
     assert np.array_equal(ds[:, :T_, 1].T, (ds[:, :T_, 0].T * vals.sum(axis=2).astype(np.float32)))
+    if vq:
+        (vq_q, vq_d, vq_s), (q16, d16, _) = v, v2
+        np.testing.assert_allclose(vq_d, d16, rtol=2e-6, atol=0)
+        assert np.abs(vq_q.view(np.int8).astype(np.int32) - q16.view(np.int8).astype(np.int32)).max() <= 1
+        vals16 = vq_q.view(np.int8).reshape(T_, -1, GROUP).astype(np.float64)
+        x16 = xn.reshape(T_, -1, GROUP)
+        assert np.all(np.abs(vals16 * vq_d[:, :, None] - x16) <= vq_d[:, :, None] * 0.5001 + 1e-6 * np.abs(x16))
+        assert np.array_equal(vq_s, vq_d * vals16.sum(axis=2).astype(np.float32))
 
 
 @pytest.mark.parametrize("nc", [1, 8])
@@ -371,7 +386,7 @@ def test_combine_next(T_, k, D, pad, nc):
     rng = np.random.default_rng([T_, k, D, pad, nc])
     for std in STDS:
         for accumulate in (True, False):
-            check_combine_next(rng, T_, k, D, std, accumulate, pad, nc)
+            check_combine_next(rng, T_, k, D, std, accumulate, pad, nc, vq=accumulate)
 
 
 @pytest.mark.parametrize("k", [1, 2, 8])
