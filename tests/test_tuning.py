@@ -73,7 +73,10 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_MOE_ACT_INT8", "0")
     monkeypatch.setenv("IMPNB_COMBINE_NEXT", "0")
     monkeypatch.setenv("IMPNB_COMBINE_NEXT_V", "0")
+    monkeypatch.setenv("IMPNB_DOWN_EARLY", "0")
+    monkeypatch.setenv("IMPNB_COMBINE_EARLY", "0")
     o = tuning.Overrides.from_env()
+    assert not (o.down_early or o.combine_early) and tuning.Overrides().down_early and tuning.Overrides().combine_early
     assert not (o.combine_next or o.combine_next_v) and tuning.Overrides().combine_next and tuning.Overrides().combine_next_v
     assert o.router_batch_rows == 0 and tuning.Overrides().router_batch_rows == tuning.ROUTER_BATCH_ROWS == 16
     assert not o.moe_act_int8 and tuning.Overrides().moe_act_int8

@@ -215,7 +215,9 @@ def _grouped_routed(m, x, ex: Experts, norm: tuple, next32=None):
                            routed=True)
     if next32 is not None:
         assert m.tp is None, "the next layer's input is of x all-reduced"
-        moe_combine_next(y, rows, weights, x, s, m.reduce_leader, next32.norm, next32.x32, vq=next32.vq)
+        # (the down's kernel, grouped GEMV or GEMM, waits for its inputs before it lets the combine launch)
+        moe_combine_next(y, rows, weights, x, s, m.reduce_leader, next32.norm, next32.x32, vq=next32.vq,
+                         early=m.tuning.combine_early)
         return next32
     moe_combine(y, rows, weights, x, s, m.reduce_leader)
     m.all_reduce(x)  # each rank's experts are a slice of every expert's width

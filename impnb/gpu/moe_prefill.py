@@ -94,9 +94,9 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
     order, slot_row = groupings[0].order, groupings[0].slot_row  # the first grouping's, the tiles' rows
     by_tm = {g.tm: g for g in groupings}
 
-    def run(w, path, x, name, n_rows, out, x_div, act, norm, ready, out_q=None):
+    def run(w, path, x, name, n_rows, out, x_div, act, norm, ready, out_q=None, early=False):
         # x (rows, K) float32 to int8 in the path's layout (unless ready), then the path's kernel into
-        # out (and out's int8 form into out_q)
+        # out (and out's int8 form into out_q); early: the GEMV right after gate|up's (gemv_dp4a_grouped)
         g = by_tm[moe_dispatch.tile_tokens(path)]
         if path == moe_dispatch.MMQ:
             xq = quant_x32.QuantX32(a.get(name, (x.shape[0], w.cols // 4), np.uint32),
@@ -108,13 +108,14 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
             if not ready:
                 quantize_x(x, xq, s, norm)
             gemv_dp4a_grouped(w, n_rows, xq, out, g.tiles, g.n_tiles, order, x_div, s,
-                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q)
+                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q, early)
 
     act = a.get("moe_gemv_act", (S, F))
     act_q = arena_buffers(a, S, F, "moe_actq") if act_int8(m, paths, F, glu) else None
     run(gate_up, paths[0], h, "moe_hq", 2 * F, act, k, glu, norm, routed, act_q)
     y = a.get("moe_y", (S, D))
-    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU, None, act_q is not None)
+    run(down, paths[1], act, "moe_actq", D, y, 0, NO_GLU, None, act_q is not None,
+        early=act_q is not None and m.tuning.down_early)
     return y, slot_row
 
 

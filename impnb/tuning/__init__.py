@@ -358,6 +358,13 @@ COMBINE_NEXT = True
 # Qwen3-30B-A3B's Q6_K V layers), the combine writes V's input in quant_x's form too, in place of its
 # quantize_x launch. IMPNB_COMBINE_NEXT_V=0: V quantizes its own input.
 COMBINE_NEXT_V = True
+# There, where gate|up's grouped dp4a GEMV writes the down's int8 input itself, the down's GEMV reads
+# its tiles and first weight chunk before it waits for gate|up (the tiles are the router's, which
+# gate|up waited for before it let the down launch). IMPNB_DOWN_EARLY=0: the down waits first.
+DOWN_EARLY = True
+# moe_combine_next there reads the slots' rows and weights (the router's) and x before it waits for
+# the down. IMPNB_COMBINE_EARLY=0: it waits first.
+COMBINE_EARLY = True
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,
@@ -421,6 +428,8 @@ class Overrides:
     router_batch_rows: int = ROUTER_BATCH_ROWS  # up to these rows a batch's grouped MoE routes in one launch
     combine_next: bool = COMBINE_NEXT  # there, the combine writes the next layer's gemm_mmq input
     combine_next_v: bool = COMBINE_NEXT_V  # and its V's dp4a input
+    down_early: bool = DOWN_EARLY  # there, the down's GEMV loads its first chunk before its wait
+    combine_early: bool = COMBINE_EARLY  # and the combine reads the router's outputs and x before its wait
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     gemm_pair_mmq: tuple[int, ...] = GEMM_PAIR_MMQ_ROWS  # row buckets where Q|K and V take gemm_mmq_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
@@ -463,6 +472,8 @@ class Overrides:
                    router_batch_rows=int(env_number("IMPNB_ROUTER_BATCH_ROWS", ROUTER_BATCH_ROWS)),
                    combine_next=switch("COMBINE_NEXT", COMBINE_NEXT),
                    combine_next_v=switch("COMBINE_NEXT_V", COMBINE_NEXT_V),
+                   down_early=switch("DOWN_EARLY", DOWN_EARLY),
+                   combine_early=switch("COMBINE_EARLY", COMBINE_EARLY),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))

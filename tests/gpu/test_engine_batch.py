@@ -432,6 +432,30 @@ def test_expert_act_int8_equals_quantize_x(tmp_path, monkeypatch):
     assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
 
 
+def test_down_early_equals_waiting(tmp_path, monkeypatch):
+    """Decode steps of 8 rows of two layers of the synthetic Qwen3-30B-A3B Q4_K_M (graphs on): the
+    down's grouped GEMV reading its tiles before its wait (tuning.DOWN_EARLY) against it waiting
+    first. The same products in the same order, so the logits are equal bit for bit; a tile read
+    before the router of its step and layer wrote it would route the down to another expert."""
+    from impnb.gpu import moe_prefill
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 2)
+    got, asked = {}, []
+    real = moe_prefill.gemv_dp4a_grouped
+
+    def spy(*args, **kw):
+        asked.append(args[13] if len(args) > 13 else kw.get("early", False))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(moe_prefill, "gemv_dp4a_grouped", spy)
+    for on in (1, 0):
+        monkeypatch.setenv("IMPNB_DOWN_EARLY", str(on))
+        asked.clear()
+        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
+        assert any(asked) == bool(on), f"DOWN_EARLY={on}: early asked for {asked}"
+    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+
+
 @pytest.mark.parametrize("n_seqs", [3, 12])
 def test_grouped_expert_gemv_equals_the_tiles(tmp_path, monkeypatch, n_seqs):
     """Decode steps of 3 and 12 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M (its

@@ -43,6 +43,8 @@ GROUPED = [(T.Q4_K, 512, 4, Variant(32, 1, 2), SILU), (T.Q4_K, 512, 8, Variant(3
            (T.Q6_K, 768, 1, Variant(32, 1, 8), 0), (T.Q6_K, 768, 1, Variant(8, 2, 8), 0),
            (T.Q4_K, 768, 1, Variant(8, 1, 8), 0), (T.Q4_K, 2048, 1, Variant(16, 2, 8), SILU)]
 GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # a token a tile, Variant(32, 1, 8)
+# (type, K, variant) of the downs that read their tiles before the wait (early), a token a tile
+GROUPED_EARLY = [(T.Q6_K, 768, Variant(8, 2, 8)), (T.Q4_K, 768, Variant(8, 1, 8)), (T.Q6_K, 768, Variant(32, 1, 8))]
 PLAIN_L2 = [(T.Q4_K, 0), (T.Q6_K, 0), (T.Q4_K, SILU), (T.Q8_0, 0)]  # (type, glu) with the L2 prefetches, K 4096
 
 
@@ -75,6 +77,11 @@ def precompiled():
             N = 16 if glu else 32
             gemv_dp4a_grouped(w, 32, quant_x_buffers(1, K), cuda.device_array((1, N), np.float32),
                               tiles, i1, i1, 1, 0, Variant(32, 1, 8), 1, glu, quant_x_buffers(1, N))
+        for t, K, v in GROUPED_EARLY:
+            w = weight(t, 16, K)[2]
+            i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
+            gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 16), np.float32),
+                              tiles, i1, i1, 0, 0, v, 1, early=True)
         for t, glu in PLAIN_L2:
             gemv_dp4a_multi(weight(t, 8, 4096)[2], quant_x_buffers(8, 4096),
                             cuda.device_array((8, 4 if glu else 8), np.float32), 0, Variant(32, 1, 4), glu=glu,
@@ -211,13 +218,15 @@ def test_glu(glu, n_tok):
     check_glu(T.Q6_K, 99, 2048, n_tok, glu, seed=20 + n_tok, variant=Variant(32, 2, 4), run=multi)
 
 
-def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False):
+def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False,
+                  early=False):
     """The grouped GEMV over n_tok tokens' k routed slots (a third of the tokens sharing one
     token's experts, so some experts take several tiles), tiles of at most tm rows in expert
     order, the tile array's rows past n_tiles poisoned: each grouped row against its slot's
     expert (assert_expert_row). x_div: x̂ of the tokens (row order[r] // k), else of the grouped
     rows themselves (the down's act). Grouped rows are NaN-poisoned first. quant: the output's int8
-    form too (poisoned first), equal bit for bit to quantize_x's of the output."""
+    form too (poisoned first), equal bit for bit to quantize_x's of the output. early: the kernel
+    that reads its tiles before its wait."""
     raw, wabs, w = weight(ggml_type, E * n_rows, cols)
     rng = np.random.default_rng(seed)
     experts = np.argsort(rng.random((n_tok, E)), axis=1)[:, :k].astype(np.int32)
@@ -237,7 +246,7 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
         y_q = QuantX(cuda.to_device(np.full((S, out_rows // 4), 0xDEADBEEF, np.uint32)),
                      *(cuda.to_device(np.full((S, out_rows // GROUP), np.nan, np.float32)) for _ in "ds"))
     gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
-                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q)
+                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q, early)
     y = d_y.copy_to_host()
     if quant:
         for name, a, want in zip("qds", y_q, quantize_x_ref(y)):
@@ -263,6 +272,15 @@ def test_grouped_int8_output_spans_within_a_warp(span):
     for i, std in enumerate((0.1, 1.0, 10.0)):
         check_grouped(T.Q4_K, 9, 2 * 128, 2048, 13, 4, 1, SILU, Variant(span, 1, 8), seed=i + span, std=std,
                       quant=True)
+
+
+@pytest.mark.parametrize("ggml_type,K,variant", GROUPED_EARLY, ids=lambda a: getattr(a, "name", str(a)))
+def test_grouped_down_early(ggml_type, K, variant):
+    """The down's GEMV (x̂ of the grouped rows) that reads its tiles and first chunk before its
+    wait, a token a tile, odd output rows, at three magnitudes (its ordering against gate|up's
+    launch: test_engine_batch's test_down_early_equals_waiting)."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_grouped(ggml_type, 9, 77, K, 13, 4, 1, 0, variant, seed=30 + i, x_div=False, std=std, early=True)
 
 
 @pytest.mark.parametrize("ggml_type,K,tm,variant,glu", GROUPED, ids=lambda a: getattr(a, "name", str(a)))

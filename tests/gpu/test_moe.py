@@ -325,7 +325,7 @@ def check_combine(rng, T_, k, D, std, accumulate=False):
     assert np.array_equal(got, start + d_sum.copy_to_host())
 
 
-def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None, vq=False):
+def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None, vq=False, early=False):
     """moe_combine_next (x and the next layer's x̂ of T_ rows and pad rows of slab padding) against
     moe_combine then quantize_x32, every output poisoned first: x bit for bit (the same sums in the
     same order), the scales within the last bits of the row's norm (its sum of squares in another
@@ -333,7 +333,8 @@ def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None, vq=False):
     simulator's one block); against the references: the
     combine within rounding, the padding zero, each x̂ within half its group's step of
     RMSNorm(x) * wn, each group's s = d times its int8 sum. vq: V's input in quant_x's form too,
-    against quantize_x's of the same rows the same way."""
+    against quantize_x's of the same rows the same way. early: the build that reads rows, weights
+    and x before its wait."""
     S, MP, eps = T_ * k, T_ + pad, 1e-6
     y = (rng.standard_normal((S, D)) * std).astype(np.float32)
     rows = rng.permutation(S).astype(np.int32)
@@ -349,7 +350,7 @@ def check_combine_next(rng, T_, k, D, std, accumulate, pad, nc=None, vq=False):
         xq = QuantX(cuda.to_device(np.full((T_, D // 4), 0xDEADBEEF, np.uint32)),
                     *(cuda.to_device(np.full((T_, D // GROUP), np.nan, np.float32)) for _ in "ds")) if vq else None
         if fused:
-            moe_combine_next(dy, drows, dw, dx, 0, accumulate, (dwn, eps), out, nc, vq=xq)
+            moe_combine_next(dy, drows, dw, dx, 0, accumulate, (dwn, eps), out, nc, vq=xq, early=early)
         else:
             moe_combine(dy, drows, dw, dx, 0, accumulate=accumulate)
             quantize_x32(dx, out, 0, (dwn, eps))
@@ -386,7 +387,8 @@ def test_combine_next(T_, k, D, pad, nc):
     rng = np.random.default_rng([T_, k, D, pad, nc])
     for std in STDS:
         for accumulate in (True, False):
-            check_combine_next(rng, T_, k, D, std, accumulate, pad, nc, vq=accumulate)
+            for early in (False, True):
+                check_combine_next(rng, T_, k, D, std, accumulate, pad, nc, vq=accumulate, early=early)
 
 
 @pytest.mark.parametrize("k", [1, 2, 8])

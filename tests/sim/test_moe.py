@@ -95,3 +95,4 @@ def test_combine_next():
     moe.check_combine_next(np.random.default_rng(6), 3, 2, 512, 1.0, True, 2)
     moe.check_combine_next(np.random.default_rng(7), 2, 3, 512, 10.0, False, 0)
     moe.check_combine_next(np.random.default_rng(8), 3, 2, 512, 1.0, True, 1, vq=True)
+    moe.check_combine_next(np.random.default_rng(9), 3, 2, 512, 1.0, True, 1, vq=True, early=True)

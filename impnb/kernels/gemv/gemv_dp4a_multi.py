@@ -47,7 +47,7 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
@@ -175,10 +175,14 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     # (row o, token t) goes to y[r0 + t, o].
     # quant (a token a tile, outs a multiple of GROUP): the block's outputs, GROUP a half-warp, in
     # int8 too, into row r0 of (oq, od, os) (quant_x's layout; the down's x̂ without a quantize_x).
+    # early: the tiles (and order) come from a kernel before the previous one, which waited for
+    # them before it let this one launch (the down after gate|up's grouped GEMV): the tile's
+    # metadata and its first W chunk are read before griddepcontrol.wait, x̂ after it.
     @cuda.jit
     def _gemv_dp4a_grouped_kernel(parts, xq, xd, xs, y, n_rows, tiles, n_tiles, order, x_div, oq, od, os):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (tiles, x̂)
-        ptx.grid_dep_launch()
+        if not early:
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (tiles, x̂)
+            ptx.grid_dep_launch()
         i = cuda.blockIdx.y
         if i >= n_tiles[0]:
             return
@@ -197,6 +201,9 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         for t in range(n_tok):
             j = r0 + min(t, n - 1)
             xr[t] = order[j] // x_div if x_div > 0 else j
+        if early:
+            ptx.grid_dep_wait()  # the previous kernel has finished (x̂)
+            ptx.grid_dep_launch()
         red = block_sums(a, raws, c0, xq, xd, xs, xr, tid)
         if quant:  # every lane: the half-warp shuffles of store_group_lanes
             o = min(tid, outs - 1)
@@ -219,20 +226,22 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
-                           depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False):
+                           depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False,
+                           early: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
     tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
     its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
-    into L2 before its wait (not grouped: a grouped block's rows are known only after it)."""
+    into L2 before its wait (not grouped: a grouped block's rows are known only after it); early
+    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
-    assert not (l2 and grouped)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2)
+    assert not (l2 and grouped) and (grouped or not early)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -272,13 +281,16 @@ def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
 
 
 def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div: int, stream, variant: Variant,
-                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None):
+                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None, early: bool = False):
     """The routed experts of a batch grouped by expert (moe.moe_group's order, tiles (max_tiles, 3)
     of at most n_tok rows each, n_tiles): y (S, N) float32 row r0 + j of tile (e, r0, n), j < n, =
     W_e x̂[order[r0 + j] // x_div] (x_div 0: x̂[r0 + j]), or with glu (SILU, GELU) y (S, F) =
     act(gate_e x̂) * up_e x̂ for gate|up stacked per expert. w: E experts of n_rows rows stacked,
     (E * n_rows, K); x̂ (quant_x.quantize_x) of the tokens (x_div = k) or of the grouped rows. y_q
-    (where writes_int8): y's int8 form too, quantize_x's of y bit for bit."""
+    (where writes_int8): y's int8 form too, quantize_x's of y bit for bit. early: tiles, n_tiles and
+    order were written before the kernel before this one, which waits for its own inputs before it
+    lets this one launch (programmatic launch), so this kernel reads them and its first W chunk
+    before its wait: only x̂ is that kernel's output."""
     N = n_rows // 2 if glu else n_rows
     K = w.cols
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and 1 <= n_tok <= MAX_T and x_div >= 0
@@ -294,7 +306,7 @@ def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div
         assert writes_int8(variant, n_tok, n_rows, glu), "int8 output: a token a tile, whole groups a block"
         assert y_q.q.shape == (y.shape[0], N // 4) and y_q.d.shape == y_q.s.shape == (y.shape[0], N // GROUP)
     kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True,
-                                    y_q is not None)
+                                    y_q is not None, early=early)
     oq, od, os_ = y_q or (y.view(np.uint32), y, y)  # unread without y_q
     launch(kernel, ((N + per_block - 1) // per_block, tiles.shape[0]), BLOCK, stream, w.parts, x.q, x.d, x.s, y,
            np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div), oq, od, os_)
@@ -346,5 +358,7 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}) for span in (32, 16)
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, depth, True),  # the down over groups of 8 lanes
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)
+    ] + [(gemv_dp4a_multi_kernel(t, 768, 1, 8, 8, NO_GLU, depth, True, early=True),  # the downs reading tiles early
+          types.void(*grouped_kernel_args(t)), {"max_registers": 255}) for t, depth in ((T.Q6_K, 2), (T.Q4_K, 1))
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)]

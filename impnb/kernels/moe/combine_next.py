@@ -20,7 +20,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, int32, types, uint32
 
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
@@ -54,9 +54,9 @@ def shape_of(D: int, nc: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def combine_next_kernel(D: int, k: int, nc: int, vq: bool = False):
+def combine_next_kernel(D: int, k: int, nc: int, vq: bool = False, early: bool = False):
     """The kernel for rows of D columns, k slots a token and nc blocks a row (the cluster's); vq:
-    quant_x's groups too."""
+    quant_x's groups too; early: rows, weights and x read before griddepcontrol.wait."""
     NT = shape_of(D, nc)
     CB = D // nc  # a block's columns
     NW = NT // 32
@@ -67,8 +67,9 @@ def combine_next_kernel(D: int, k: int, nc: int, vq: bool = False):
 
     @cuda.jit
     def _combine_next_kernel(y, rows, weights, x, accumulate, wn, eps, q, ds, vq_q, vq_d, vq_s):
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (y)
-        ptx.grid_dep_launch()
+        if not early:
+            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (y)
+            ptx.grid_dep_launch()
         z = cuda.blockIdx.x
         t = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -82,16 +83,27 @@ def combine_next_kernel(D: int, k: int, nc: int, vq: bool = False):
         a1 = float32(0.0)
         a2 = float32(0.0)
         a3 = float32(0.0)
+        ws = cuda.local.array(k, float32)
+        rs = cuda.local.array(k, int32)
+        x0 = x1 = x2 = x3 = float32(0.0)
+        if live:  # (early: the router's slots and weights, and x, before the wait; only y is the previous kernel's)
+            for j in range(k):
+                ws[j] = weights[t, j]
+                rs[j] = rows[t * k + j]
+            if accumulate:
+                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * D + c)
+        if early:
+            ptx.grid_dep_wait()  # the previous kernel has finished (y)
+            ptx.grid_dep_launch()
         if live:
             for j in range(k):
-                w = weights[t, j]
-                y0, y1, y2, y3 = qi.ldg_f32x4(y, rows[t * k + j] * D + c)
+                w = ws[j]
+                y0, y1, y2, y3 = qi.ldg_f32x4(y, rs[j] * D + c)
                 a0 += w * y0
                 a1 += w * y1
                 a2 += w * y2
                 a3 += w * y3
             if accumulate:
-                x0, x1, x2, x3 = qi.ldg_f32x4(x, t * D + c)
                 a0 = x0 + a0
                 a1 = x1 + a1
                 a2 = x2 + a2
@@ -152,11 +164,13 @@ def combine_next_kernel(D: int, k: int, nc: int, vq: bool = False):
 
 
 def moe_combine_next(y, rows, weights, x, stream, accumulate: bool, norm: tuple, out: QuantX32,
-                     nc: int | None = None, vq: QuantX | None = None) -> None:
+                     nc: int | None = None, vq: QuantX | None = None, early: bool = False) -> None:
     """moe_combine(y, rows, weights, x, stream, accumulate), then out = quantize_x32 of
     RMSNorm(x) * wn, norm = (wn, eps), for all of out's rows (past x's zero), and with vq the
     same rows as quantize_x writes them for x's rows, in one launch; nc: blocks a row (CLUSTER on
-    the GPU, 1 in the simulator, which has no clusters)."""
+    the GPU, 1 in the simulator, which has no clusters). early: only y is the previous kernel's
+    output, and that kernel waits for its own inputs before it lets this one launch (programmatic
+    launch): rows, weights and x are read before the wait."""
     T, D = x.shape
     MP = out.q.shape[0]
     wn, eps = norm
@@ -167,7 +181,7 @@ def moe_combine_next(y, rows, weights, x, stream, accumulate: bool, norm: tuple,
     if vq is not None:
         assert vq.q.shape == (T, D // 4) and vq.d.shape == vq.s.shape == (T, D // GROUP)
     vq_q, vq_d, vq_s = vq or (out.q, x, x)  # without vq: not written, any of the right types
-    launch(combine_next_kernel(D, weights.shape[1], nc, vq is not None), (nc, MP), shape_of(D, nc), stream, y, rows,
+    launch(combine_next_kernel(D, weights.shape[1], nc, vq is not None, early), (nc, MP), shape_of(D, nc), stream, y, rows,
            weights, x, np.int32(accumulate), wn, np.float32(eps), out.q, out.ds, vq_q, vq_d, vq_s,
            cluster=(nc, 1, 1) if nc > 1 else None)
 
@@ -178,6 +192,6 @@ def build_signatures() -> list:
     u2 = types.Array(types.uint32, 2, "C")
     sig = types.void(f2, types.Array(types.int32, 1, "C"), f2, f2, types.int32, f1, types.float32, u2, F32_3D,
                      u2, f2, f2)
-    return [(combine_next_kernel(2048, 8, nc, vq), sig,
+    return [(combine_next_kernel(2048, 8, nc, vq, early), sig,
              {"max_registers": 64, "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if nc > 1 else ()})
-            for nc in (1, CLUSTER) for vq in (False, True)]
+            for nc in (1, CLUSTER) for vq in (False, True) for early in (False, True)]
