@@ -343,6 +343,9 @@ WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
 # (docs/EXPERIMENTS.md, 'L2 prefetches'). The grouped expert GEMVs' blocks prefetching theirs after
 # the wait were slower (there). IMPNB_L2_PREFETCH_ROWS=0 turns it off.
 L2_PREFETCH_ROWS = switch("L2_PREFETCH_ROWS", True)
+# router_batch's threads load their first columns of the router's rows and of the norm's weights
+# into registers before griddepcontrol.wait (no kernel writes them). IMPNB_ROUTER_EARLY=0: after it.
+ROUTER_EARLY = switch("ROUTER_EARLY", True)
 # The one-token dp4a dots of Q4_K (a row-chunk against one token: gemv_dp4a at T = 1, the routed
 # experts' GEMVs, the grouped ones at a token a tile) meet the high nibbles masked in place, one
 # shift a sum where the nibbles' shifts take four (gemv_dp4a_units.q4_k_dot_t1): the 30B-A3B's

@@ -50,13 +50,14 @@ _group_slots = make_group_slots(THREADS, MAX_E)
 
 
 @lru_cache(maxsize=None)
-def router_batch_kernel(l2_rows: bool = False):
-    """The kernel; l2_rows: each block's router rows prefetched into L2 before its wait."""
-    return cuda.jit(_make(l2_rows))
+def router_batch_kernel(l2_rows: bool = False, early: bool = False):
+    """The kernel; l2_rows: each block's router rows prefetched into L2 before its wait; early: a
+    thread's first four columns of its rows and of wn loaded into registers before it."""
+    return cuda.jit(_make(l2_rows, early))
 
 
-def _make(l2_rows: bool):
-    """_router_batch_kernel's Python function for one setting of l2_rows."""
+def _make(l2_rows: bool, early: bool = False):
+    """_router_batch_kernel's Python function for one setting of l2_rows and early."""
     def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, weights, q, d, s, quant,
                              tm, order, slot_row, tiles, n_tiles, tm2, order2, slot_row2, tiles2, n_tiles2, counter):
         tid = cuda.threadIdx.x
@@ -71,6 +72,12 @@ def _make(l2_rows: bool):
         wr = cuda.local.array((ROWS, 4), float32)
         if l2_rows and tid == 0:  # the block's router rows on their way to L2 while the kernel before runs
             ptx.prefetch_l2(w, e0 * D * 4, (min(e0 + ROWS, E) - e0) * D * 4)
+        pw = cuda.local.array((ROWS, 4), float32)  # early: the first columns' router rows and wn
+        p0 = p1 = p2 = p3 = float32(0.0)
+        if early and 4 * tid < D:  # (no kernel writes W or wn)
+            p0, p1, p2, p3 = qi.ldg_f32x4(wn, 4 * tid)
+            for r in range(ROWS):
+                pw[r, 0], pw[r, 1], pw[r, 2], pw[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + 4 * tid)
         ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
         ptx.grid_dep_launch()
         # -- the block's logits, TC tokens a pass --
@@ -78,9 +85,14 @@ def _make(l2_rows: bool):
             for i in range(32):
                 acc[i] = float32(0.0)
             for col in range(4 * tid, D, 4 * THREADS):
-                n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
-                for r in range(ROWS):
-                    wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
+                if early and col == 4 * tid:
+                    n0, n1, n2, n3 = p0, p1, p2, p3
+                    for r in range(ROWS):
+                        wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = pw[r, 0], pw[r, 1], pw[r, 2], pw[r, 3]
+                else:
+                    n0, n1, n2, n3 = qi.ldg_f32x4(wn, col)
+                    for r in range(ROWS):
+                        wr[r, 0], wr[r, 1], wr[r, 2], wr[r, 3] = qi.ldg_f32x4(w, min(e0 + r, E - 1) * D + col)
                 for t in range(TC):
                     v0, v1, v2, v3 = qi.ldg_f32x4(x, min(c0 + t, T - 1) * D + col)
                     acc[SQ + t] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
@@ -160,7 +172,7 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
         assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
     q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
-    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
+    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS, tuning.ROUTER_EARLY), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
            logits, np.int32(k), np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
@@ -184,5 +196,5 @@ def build_signatures() -> list:
     sig = types.void(_F2, _F1, types.float32, _F2, _F2, types.int32, types.int32, _I2, _I1, _F2,
                      types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
                      types.Array(types.uint32, 1, "C"))
-    return [(router_batch_kernel(l2), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
-            for l2 in (False, True)]
+    return [(router_batch_kernel(l2, early), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
+            for l2 in (False, True) for early in (False, True)]
