@@ -43,6 +43,11 @@ def test_grouped_spans_within_a_warp():
     m.check_grouped(T.Q4_K, 5, 2 * 64, 512, 7, 2, 1, SILU, Variant(16, 1, 8), seed=14, std=0.1, quant=True)
 
 
+def test_grouped_down_early():
+    """The down's build that reads its tiles and first chunk before its wait, over 8 lanes a group."""
+    m.check_grouped(T.Q6_K, 4, 40, 256, 6, 3, 1, 0, Variant(8, 2, 8), seed=15, x_div=False, std=10.0, early=True)
+
+
 def test_l2_prefetches():
     """The plain builds with their rows prefetched into L2 before the wait: outputs as without, and
     the prefetches (recorded by the simulator's twin, which checks their operands as the hardware

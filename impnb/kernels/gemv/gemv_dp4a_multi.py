@@ -358,7 +358,7 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}) for span in (32, 16)
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, depth, True),  # the down over groups of 8 lanes
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)
-    ] + [(gemv_dp4a_multi_kernel(t, 768, 1, 8, 8, NO_GLU, depth, True, early=True),  # the downs reading tiles early
-          types.void(*grouped_kernel_args(t)), {"max_registers": 255}) for t, depth in ((T.Q6_K, 2), (T.Q4_K, 1))
+    ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, 2, True, early=True),  # the down reading tiles early
+          types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)]

@@ -194,4 +194,4 @@ def build_signatures() -> list:
                      u2, f2, f2)
     return [(combine_next_kernel(2048, 8, nc, vq, early), sig,
              {"max_registers": 64, "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if nc > 1 else ()})
-            for nc in (1, CLUSTER) for vq in (False, True) for early in (False, True)]
+            for nc, vq, early in ((1, False, False), (1, True, False), (CLUSTER, False, False), (CLUSTER, True, True))]

@@ -196,5 +196,5 @@ def build_signatures() -> list:
     sig = types.void(_F2, _F1, types.float32, _F2, _F2, types.int32, types.int32, _I2, _I1, _F2,
                      types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
                      types.Array(types.uint32, 1, "C"))
-    return [(router_batch_kernel(l2, early), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
-            for l2 in (False, True) for early in (False, True)]
+    return [(router_batch_kernel(l2, l2), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
+            for l2 in (False, True)]  # (the engine's build: both on)
