@@ -60,12 +60,13 @@ class MatMul:
         return total
 
     def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
-               residual: Residual | None = None, xq: QuantX | None = None, ready=None) -> None:
+               residual: Residual | None = None, xq: QuantX | None = None, ready=None, late: bool = False) -> None:
         """y (T, N) = x (T, K) · Wᵀ. norm (wn, eps) reads RMSNorm(x) * wn for x (a GEMM: in its
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
         (attn_xq, or the combine's for a pair's V), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
         residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
-        a norm kernel."""
+        a norm kernel. late (with xq, on gemv_dp4a_multi): neither xq nor y is touched by the kernel
+        launched just before, so the GEMV reads and writes them before it waits (gemv_dp4a_multi's)."""
         w, s = lin.w, self.ctx.nb_stream
         assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
@@ -75,8 +76,9 @@ class MatMul:
             if residual is not None:
                 residual.unfused(y, s)
             return
+        assert not late or (xq is not None and multi and residual is None), "late: gemv_dp4a_multi on a written xq"
         if multi and (residual is None or not self.tuning.gemv_tail):
-            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
+            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate, late=late)
             if residual is not None:
                 residual.unfused(y, s)
             return
@@ -211,7 +213,9 @@ class MatMul:
         keep_parts: where the path splits K (gemm_mmq, gemm_wgmma_rs, the few-row and split-K
         GEMMs), its partial products (S, T, sum N_i) are left unreduced in a buffer of their own
         and returned (ys untouched); -> None where ys were written. x32: the input's int8 form for
-        gemm_mmq (x32_buffers', of RMSNorm(x) * wn with norm), already written, where takes_x32."""
+        gemm_mmq (x32_buffers', of RMSNorm(x) * wn with norm), already written, where takes_x32.
+        gemm_mmq keeping its partials lets the next kernel (their reader) launch as its blocks start
+        (tuning.MMQ_TRIGGER)."""
         w = lin.w
         if self.takes_x32(lin, x.shape[0]):
             assert xin is None, "gemm_mmq reads x̂ in groups of 32"
@@ -219,7 +223,8 @@ class MatMul:
             S = gemm_mmq.splits_for(M, w.rows, w.cols, sms=gemv_stream.sm_count(), ggml_type=w.ggml_type)
             part = self._part(keep_parts, (S, M, w.rows))
             gemm_mmq.gemm_mmq_split(x, x32 or self.x32_buffers(M, w.cols), w, ys, part, self.ctx.nb_stream, S,
-                                    None if x32 else norm, reduce=not keep_parts, quantized=x32 is not None)
+                                    None if x32 else norm, reduce=not keep_parts, quantized=x32 is not None,
+                                    trigger=keep_parts and self.tuning.mmq_trigger)
             return part if keep_parts else None
         assert x32 is None, "an int8 input in groups of 32 for a path other than gemm_mmq"
         multi = lin.multi.get(x.shape[0])
@@ -264,7 +269,8 @@ class MatMul:
         keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
         V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written).
         x32: as split's, where takes_x32(lin_a, n_tok, lin_b); xq_b: lin_b's input in int8 (quant_x's),
-        already written, where pair_takes_xq(lin_a, lin_b, n_tok)."""
+        already written, where pair_takes_xq(lin_a, lin_b, n_tok): then V's GEMV, which reads nothing
+        Q|K's gemm_mmq writes, runs before its wait (tuning.V_LATE)."""
         n_tok = x.shape[0]
         assert xq_b is None or self.pair_takes_xq(lin_a, lin_b, n_tok), "V's int8 input: its dp4a GEMV alone"
         if self._mmq_pair(n_tok, lin_a, len(ys_a), lin_b):
@@ -289,7 +295,7 @@ class MatMul:
                                              self.ctx.nb_stream, S, reduce=not keep_parts)
             return (part, True) if keep_parts else None
         part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts, x32=x32)
-        self.linear(x, lin_b, y_b, norm, xq=xq_b)
+        self.linear(x, lin_b, y_b, norm, xq=xq_b, late=xq_b is not None and self.tuning.v_late)
         return None if part is None else (part, False)
 
     def pair_takes_xq(self, lin_a: Linear, lin_b: Linear, n_tok: int) -> bool:

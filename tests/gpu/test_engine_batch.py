@@ -383,77 +383,84 @@ def test_combine_next_equals_combine_and_quantize(tmp_path, monkeypatch, n_seqs=
         assert np.array_equal(a.argmax(-1)[clear], b.argmax(-1)[clear]), key
 
 
-def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):
-    """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M: attn_output's int8
-    input written by attention_decode_mma in one split (the spy sees it asked for) against the same
-    step with it off (IMPNB_ATTN_DP4A=0: quantize_x of attention's float output). The int8 forms
-    are equal bit for bit, so the logits are."""
-    from impnb.kernels.attention import attention_decode_mma as adm
-
-    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+def assert_switch_bit_exact(tmp_path, monkeypatch, layers: int, switch: str, module, name: str, asked_of, reached):
+    """Decode steps of 8 rows of the first `layers` layers of the synthetic Qwen3-30B-A3B Q4_K_M
+    (moe_decode_logits, graphs on) with IMPNB_<switch> on and off. A spy on module.name records
+    asked_of(args, kw, result) of each call (at capture), and reached(on, asked) says whether the
+    switch got to them. Both ways make the same sums in the same order, so the logits are equal bit
+    for bit; a kernel reading an input before the launch that writes it has finished reads the step
+    before's (or the poison of a fresh arena)."""
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", layers)
     got, asked = {}, []
-    real = adm.attention_decode_mma
+    real = getattr(module, name)
 
     def spy(*args, **kw):
-        asked.append(kw.get("xq") is not None and args[7] == 1)
-        real(*args, **kw)
+        out = real(*args, **kw)
+        asked.append(asked_of(args, kw, out))
+        return out
 
-    monkeypatch.setattr(adm, "attention_decode_mma", spy)
+    monkeypatch.setattr(module, name, spy)
     for on in (1, 0):
-        monkeypatch.setenv("IMPNB_ATTN_DP4A", str(on))
+        monkeypatch.setenv(f"IMPNB_{switch}", str(on))
         asked.clear()
         got[on] = moe_decode_logits(mf, 8, lambda engine: None)
-        assert asked and all(a == bool(on) for a in asked), f"ATTN_DP4A={on}: int8 output asked for {asked}"
+        assert reached(on, asked), f"{switch}={on}: {asked}"
     assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+
+
+def test_attention_int8_output_equals_quantize_x(tmp_path, monkeypatch):
+    """One layer: attn_output's int8 input written by attention_decode_mma in one split against
+    quantize_x of attention's float output (IMPNB_ATTN_DP4A=0); the int8 forms are equal bit for bit."""
+    from impnb.kernels.attention import attention_decode_mma as adm
+
+    assert_switch_bit_exact(tmp_path, monkeypatch, 1, "ATTN_DP4A", adm, "attention_decode_mma",
+                            lambda args, kw, out: kw.get("xq") is not None and args[7] == 1,
+                            lambda on, asked: asked and all(a == bool(on) for a in asked))
 
 
 def test_expert_act_int8_equals_quantize_x(tmp_path, monkeypatch):
-    """Decode steps of 8 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M, moe_table's token
-    a tile at the 16 bucket: the down GEMV's int8 act written by gate|up's GEMV (moe_prefill.act_int8)
-    against quantize_x of its float act (IMPNB_MOE_ACT_INT8=0). The int8 forms are equal bit for
-    bit, so the logits are."""
+    """One layer, moe_table's token a tile at the 16 bucket: the down GEMV's int8 act written by
+    gate|up's GEMV (moe_prefill.act_int8) against quantize_x of its float act (IMPNB_MOE_ACT_INT8=0);
+    the int8 forms are equal bit for bit. (The prompts' prefills before the 8 steps take other
+    buckets' paths.)"""
     from impnb.gpu import moe_prefill
 
-    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
-    got, asked = {}, []
-    real = moe_prefill.act_int8
-
-    def spy(*args):
-        asked.append(real(*args))
-        return asked[-1]
-
-    monkeypatch.setattr(moe_prefill, "act_int8", spy)
-    for on in (1, 0):
-        monkeypatch.setenv("IMPNB_MOE_ACT_INT8", str(on))
-        asked.clear()
-        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
-        steps = asked[-8:]  # the prompts' prefills before them take other buckets' paths
-        assert len(steps) == 8 and all(a == bool(on) for a in steps), f"MOE_ACT_INT8={on}: int8 act {asked}"
-    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+    assert_switch_bit_exact(tmp_path, monkeypatch, 1, "MOE_ACT_INT8", moe_prefill, "act_int8",
+                            lambda args, kw, out: out,
+                            lambda on, asked: len(asked) >= 8 and all(a == bool(on) for a in asked[-8:]))
 
 
 def test_down_early_equals_waiting(tmp_path, monkeypatch):
-    """Decode steps of 8 rows of two layers of the synthetic Qwen3-30B-A3B Q4_K_M (graphs on): the
-    down's grouped GEMV reading its tiles before its wait (tuning.DOWN_EARLY) against it waiting
-    first. The same products in the same order, so the logits are equal bit for bit; a tile read
-    before the router of its step and layer wrote it would route the down to another expert."""
+    """Two layers: the down's grouped GEMV reading its tiles before its wait (tuning.DOWN_EARLY)
+    against it waiting first; a tile read before the router of its step and layer wrote it would
+    route the down to another expert."""
     from impnb.gpu import moe_prefill
 
-    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 2)
-    got, asked = {}, []
-    real = moe_prefill.gemv_dp4a_grouped
+    assert_switch_bit_exact(tmp_path, monkeypatch, 2, "DOWN_EARLY", moe_prefill, "gemv_dp4a_grouped",
+                            lambda args, kw, out: args[13] if len(args) > 13 else kw.get("early", False),
+                            lambda on, asked: any(asked) == bool(on))
 
-    def spy(*args, **kw):
-        asked.append(args[13] if len(args) > 13 else kw.get("early", False))
-        return real(*args, **kw)
 
-    monkeypatch.setattr(moe_prefill, "gemv_dp4a_grouped", spy)
-    for on in (1, 0):
-        monkeypatch.setenv("IMPNB_DOWN_EARLY", str(on))
-        asked.clear()
-        got[on] = moe_decode_logits(mf, 8, lambda engine: None)
-        assert any(asked) == bool(on), f"DOWN_EARLY={on}: early asked for {asked}"
-    assert np.isfinite(got[1]).all() and np.array_equal(got[1], got[0])
+def test_mmq_trigger_equals_end(tmp_path, monkeypatch):
+    """Two layers (layer 0's V Q4_K in Q|K|V's gemm_mmq, layer 1's Q6_K V on its own GEMV after Q|K's):
+    gemm_mmq keeping its partials for attention and letting the next kernel launch as its blocks
+    start (tuning.MMQ_TRIGGER) against it launching at the GEMM's end."""
+    from impnb.kernels.gemm import gemm_mmq
+
+    assert_switch_bit_exact(tmp_path, monkeypatch, 2, "MMQ_TRIGGER", gemm_mmq, "gemm_mmq_split",
+                            lambda args, kw, out: kw.get("trigger", False),
+                            lambda on, asked: sum(asked) >= 2 if on else not any(asked))
+
+
+def test_v_late_equals_waiting(tmp_path, monkeypatch):
+    """Two layers: layer 1's Q6_K V GEMV on the combine's int8 input reading and writing before its
+    wait (tuning.V_LATE) against it waiting first (x̂ read before layer 0's combine finished would
+    be the step before's)."""
+    from impnb.gpu import linear
+
+    assert_switch_bit_exact(tmp_path, monkeypatch, 2, "V_LATE", linear, "gemv_dp4a_multi",
+                            lambda args, kw, out: kw.get("late", False),
+                            lambda on, asked: any(asked) == bool(on))
 
 
 @pytest.mark.parametrize("n_seqs", [3, 12])

@@ -296,16 +296,21 @@ def ring_bytes(ni: int, mt: int, ring: bool = False) -> int:
 
 
 @lru_cache(maxsize=None)
-def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT, ring: bool = False):
+def gemm_mmq_kernel(ggml_type, ni: int, regs: int = 0, mt: int = MT, ring: bool = False, trigger: bool = False):
     """The split-K kernel of one weight type, ni n8 token tiles a block and mt m16 tiles of W a
     warp, capped at `regs` registers a thread where given; W through the cp.async ring (ring) or
-    a group ahead in registers."""
+    a group ahead in registers. trigger: each block lets the next kernel launch as it starts
+    (griddepcontrol.launch_dependents) rather than as it exits."""
     body = body_of(ggml_type, ni, mt, ring)
     ring_words, align = ring_bytes(ni, mt, ring) // 4, ptx.SMEM_ALIGN
 
     # grid (ceil(N / bn), S, ceil(M / bm)), block THREADS: block (x, s, z) owns W rows bn x ..
     # and tokens bm z .., over split s of the K groups; its partial tile -> part[s] (S, M, N).
+    # Launched without programmatic serialization (it never waits on the grid): the kernel before
+    # it has finished when it starts.
     def _gemm_mmq_kernel(xq, xds, parts, part):
+        if trigger:
+            ptx.grid_dep_launch()
         smem = cuda.shared.array(ring_words, uint32, alignment=align)
         body(xq, xds, parts, part, cuda.blockIdx.x, 0, part.shape[2], ptx.smem_addr(smem, 0))
 
@@ -365,7 +370,7 @@ def ring_for(ggml_type) -> bool:
 
 def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, stream, splits: int,
             accumulate: bool, ni: int | None = None, regs: int | None = None, mt: int | None = None,
-            reduce: bool = True, ring: bool | None = None):
+            reduce: bool = True, ring: bool | None = None, trigger: bool = False):
     N, K = w.rows, w.cols
     mt = mt or mt_for(M, N)
     ni = ni or ni_for(M)
@@ -377,7 +382,9 @@ def _launch(xq: QuantX32, M: int, w: PackedWeight, ys, n0: int, n1: int, part, s
     assert supports(w.ggml_type, K), f"no int8 GEMM for {T(w.ggml_type).name} at K={K}"
     assert 1 <= splits <= K // GROUP, f"{splits} splits of {K // GROUP} groups"
     assert part.dtype == np.float32 and part.shape == (splits, M, N) and part.is_c_contiguous()
-    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt, ring), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
+    # an early reduce's blocks would sit waiting on the SMs the GEMM's later blocks need
+    assert not (trigger and reduce), "the next kernel launched early: the partials left to a kernel that waits"
+    launch(gemm_mmq_kernel(T(w.ggml_type), ni, regs, mt, ring, trigger), (-(-N // block_rows(mt)), splits, -(-M // (8 * ni))),
            THREADS, stream,
            xq.q, xq.ds, w.parts, part)
     if reduce:
@@ -402,9 +409,11 @@ def gemm_mmq(x, xq: QuantX32, w: PackedWeight, c, part, stream, splits: int, acc
 
 
 def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: int, norm: tuple | None = None,
-                   reduce: bool = True, quantized: bool = False):
+                   reduce: bool = True, quantized: bool = False, trigger: bool = False):
     """Rows of W stacked from up to three matrices (Q|K|V): ys[i] (M, N_i) = x̂ · dequant(W rows of
-    i)ᵀ, each N_i a multiple of 4; xq, part, reduce and quantized as in gemm_mmq."""
+    i)ᵀ, each N_i a multiple of 4; xq, part, reduce and quantized as in gemm_mmq. trigger (with
+    reduce=False): the next kernel, one that waits on the grid before it reads the partials, may
+    launch as the GEMM's blocks start (tuning.MMQ_TRIGGER)."""
     M = x.shape[0]
     assert 1 <= len(ys) <= 3 and sum(y.shape[1] for y in ys) == w.rows and all(y.shape[1] % 4 == 0 for y in ys)
     y0, y1, y2 = (list(ys) + [ys[-1]] * 2)[:3]
@@ -412,7 +421,7 @@ def gemm_mmq_split(x, xq: QuantX32, w: PackedWeight, ys, part, stream, splits: i
     assert not (quantized and norm is not None)
     if not quantized:
         quantize_x32(x, xq, stream, norm)
-    _launch(xq, M, w, (y0, y1, y2), n0, n1, part, stream, splits, False, reduce=reduce)
+    _launch(xq, M, w, (y0, y1, y2), n0, n1, part, stream, splits, False, reduce=reduce, trigger=trigger)
 
 
 def build_signatures() -> list:
@@ -423,4 +432,7 @@ def build_signatures() -> list:
          types.void(U32_2D, F32_3D, parts_type(t), F32_3D), {"max_registers": REGISTERS[(t, ni, mt, ring)]})
         for ring in (False, True) for t in (W_RING_TYPES if ring else TYPES) for ni in (1, 2, 4)
         for mt in ((1, MT) if ni < MAX_NI else (1,))
+    ] + [  # the batch's Q|K|V at 8 rows letting attention launch as it starts
+        (gemm_mmq_kernel(T.Q4_K, 1, RING_REGS.get((T.Q4_K, 1, 1), 0), 1, True, True),
+         types.void(U32_2D, F32_3D, parts_type(T.Q4_K), F32_3D), {"max_registers": REGISTERS[(T.Q4_K, 1, 1, True)]})
     ]
