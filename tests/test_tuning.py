@@ -76,9 +76,8 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DOWN_EARLY", "0")
     monkeypatch.setenv("IMPNB_COMBINE_EARLY", "0")
     monkeypatch.setenv("IMPNB_MMQ_TRIGGER", "0")
-    monkeypatch.setenv("IMPNB_V_LATE", "0")
     o = tuning.Overrides.from_env()
-    assert not (o.mmq_trigger or o.v_late) and tuning.Overrides().mmq_trigger and tuning.Overrides().v_late
+    assert not o.mmq_trigger and tuning.Overrides().mmq_trigger
     assert not (o.down_early or o.combine_early) and tuning.Overrides().down_early and tuning.Overrides().combine_early
     assert not (o.combine_next or o.combine_next_v) and tuning.Overrides().combine_next and tuning.Overrides().combine_next_v
     assert o.router_batch_rows == 0 and tuning.Overrides().router_batch_rows == tuning.ROUTER_BATCH_ROWS == 16

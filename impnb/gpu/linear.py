@@ -60,13 +60,12 @@ class MatMul:
         return total
 
     def linear(self, x, lin: Linear, y, norm: tuple | None = None, accumulate: bool = False,
-               residual: Residual | None = None, xq: QuantX | None = None, ready=None, late: bool = False) -> None:
+               residual: Residual | None = None, xq: QuantX | None = None, ready=None) -> None:
         """y (T, N) = x (T, K) · Wᵀ. norm (wn, eps) reads RMSNorm(x) * wn for x (a GEMM: in its
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
         (attn_xq, or the combine's for a pair's V), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
         residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
-        a norm kernel. late (with xq, on gemv_dp4a_multi): neither xq nor y is touched by the kernel
-        launched just before, so the GEMV reads and writes them before it waits (gemv_dp4a_multi's)."""
+        a norm kernel."""
         w, s = lin.w, self.ctx.nb_stream
         assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
@@ -76,9 +75,8 @@ class MatMul:
             if residual is not None:
                 residual.unfused(y, s)
             return
-        assert not late or (xq is not None and multi and residual is None), "late: gemv_dp4a_multi on a written xq"
         if multi and (residual is None or not self.tuning.gemv_tail):
-            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate, late=late)
+            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
             if residual is not None:
                 residual.unfused(y, s)
             return
@@ -269,8 +267,7 @@ class MatMul:
         keep_parts (as in split) -> None where the outputs were written, else (the partials, whether
         V's columns are among them: on gemm_wgmma_rs_pair and gemm_mmq_pair; else y_b was written).
         x32: as split's, where takes_x32(lin_a, n_tok, lin_b); xq_b: lin_b's input in int8 (quant_x's),
-        already written, where pair_takes_xq(lin_a, lin_b, n_tok): then V's GEMV, which reads nothing
-        Q|K's gemm_mmq writes, runs before its wait (tuning.V_LATE)."""
+        already written, where pair_takes_xq(lin_a, lin_b, n_tok)."""
         n_tok = x.shape[0]
         assert xq_b is None or self.pair_takes_xq(lin_a, lin_b, n_tok), "V's int8 input: its dp4a GEMV alone"
         if self._mmq_pair(n_tok, lin_a, len(ys_a), lin_b):
@@ -295,7 +292,7 @@ class MatMul:
                                              self.ctx.nb_stream, S, reduce=not keep_parts)
             return (part, True) if keep_parts else None
         part = self.split(x, lin_a, ys_a, norm, keep_parts=keep_parts, x32=x32)
-        self.linear(x, lin_b, y_b, norm, xq=xq_b, late=xq_b is not None and self.tuning.v_late)
+        self.linear(x, lin_b, y_b, norm, xq=xq_b)
         return None if part is None else (part, False)
 
     def pair_takes_xq(self, lin_a: Linear, lin_b: Linear, n_tok: int) -> bool:

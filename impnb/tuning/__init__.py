@@ -337,9 +337,10 @@ MMQ_W_RING = switch("MMQ_W_RING", True)
 MMQ_WAVE_SPLITS = switch("MMQ_WAVE_SPLITS", True)
 # gemm_mmq's Q|K|V whose partials attention adds up (MatMul.split's keep_parts) lets the kernel after
 # it launch as its blocks start (griddepcontrol.launch_dependents) instead of at its end: attention's
-# reads before its wait (and a pair's V GEMV, V_LATE) then run beside the GEMM's blocks. gemm_mmq is
-# launched after the kernel before it has finished, so the kernel after it still starts only once that
-# one has. Not where the reduce follows. IMPNB_MMQ_TRIGGER=0: at its end.
+# reads before its wait (or a pair's V GEMV's) then run beside the GEMM's blocks: the Qwen3-30B-A3B's
+# B = 8 +2.0-2.6% (docs/PERFORMANCE.md, 'Batched decode'). gemm_mmq is launched after the kernel before
+# it has finished, so the kernel after it still starts only once that one has. Not where the reduce
+# follows. IMPNB_MMQ_TRIGGER=0: at its end.
 MMQ_TRIGGER = True
 WRS_PLAIN_TOKENS = env_ints("IMPNB_WRS_PLAIN_TOKENS")
 WRS_PLAIN_TOKENS = (32,) if WRS_PLAIN_TOKENS is None else WRS_PLAIN_TOKENS
@@ -374,10 +375,6 @@ DOWN_EARLY = True
 # moe_combine_next there reads the slots' rows and weights (the router's) and x before it waits for
 # the down. IMPNB_COMBINE_EARLY=0: it waits first.
 COMBINE_EARLY = True
-# A pair's V GEMV (the Q6_K-V layers' dp4a GEMV beside Q|K's gemm_mmq) whose int8 input the combine
-# wrote (COMBINE_NEXT_V) reads nothing the Q|K GEMM writes, so it runs its product and writes V before
-# griddepcontrol.wait, waiting only before it lets attention launch. IMPNB_V_LATE=0: it waits first.
-V_LATE = True
 # A batch's grouped MoE layer (moe_ffn_grouped_decode; no shared expert, an F32 router) of up to this
 # many rows routes in one launch (kernels/moe/router_batch.py: the norm, the router's product, top-k,
 # the grouping of the slots and h in int8) in place of five to six kernels: faster at 8 and 16 rows,
@@ -444,7 +441,6 @@ class Overrides:
     down_early: bool = DOWN_EARLY  # there, the down's GEMV loads its first chunk before its wait
     combine_early: bool = COMBINE_EARLY  # and the combine reads the router's outputs and x before its wait
     mmq_trigger: bool = MMQ_TRIGGER  # gemm_mmq's Q|K|V partials for attention: the next kernel launches as it starts
-    v_late: bool = V_LATE  # a pair's V GEMV on the combine's int8 input waits only at its end
     gemm_pair_rs: tuple[int, ...] = GEMM_PAIR_RS_ROWS  # row buckets where Q|K and V take gemm_wgmma_rs_pair
     gemm_pair_mmq: tuple[int, ...] = GEMM_PAIR_MMQ_ROWS  # row buckets where Q|K and V take gemm_mmq_pair
     window_ring: bool = WINDOW_RING  # one sequence's sliding-window layers keep only their window's pages
@@ -489,7 +485,7 @@ class Overrides:
                    combine_next_v=switch("COMBINE_NEXT_V", COMBINE_NEXT_V),
                    down_early=switch("DOWN_EARLY", DOWN_EARLY),
                    combine_early=switch("COMBINE_EARLY", COMBINE_EARLY),
-                   mmq_trigger=switch("MMQ_TRIGGER", MMQ_TRIGGER), v_late=switch("V_LATE", V_LATE),
+                   mmq_trigger=switch("MMQ_TRIGGER", MMQ_TRIGGER),
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))

@@ -442,7 +442,8 @@ def test_down_early_equals_waiting(tmp_path, monkeypatch):
 
 
 def test_mmq_trigger_equals_end(tmp_path, monkeypatch):
-    """Two layers (layer 0's V Q4_K in Q|K|V's gemm_mmq, layer 1's Q6_K V on its own GEMV after Q|K's):
+    """Two layers (layer 0's V Q4_K in Q|K|V's gemm_mmq, layer 1's Q6_K V on its own GEMV after Q|K's,
+    which then launches early and waits):
     gemm_mmq keeping its partials for attention and letting the next kernel launch as its blocks
     start (tuning.MMQ_TRIGGER) against it launching at the GEMM's end."""
     from impnb.kernels.gemm import gemm_mmq
@@ -450,17 +451,6 @@ def test_mmq_trigger_equals_end(tmp_path, monkeypatch):
     assert_switch_bit_exact(tmp_path, monkeypatch, 2, "MMQ_TRIGGER", gemm_mmq, "gemm_mmq_split",
                             lambda args, kw, out: kw.get("trigger", False),
                             lambda on, asked: sum(asked) >= 2 if on else not any(asked))
-
-
-def test_v_late_equals_waiting(tmp_path, monkeypatch):
-    """Two layers: layer 1's Q6_K V GEMV on the combine's int8 input reading and writing before its
-    wait (tuning.V_LATE) against it waiting first (x̂ read before layer 0's combine finished would
-    be the step before's)."""
-    from impnb.gpu import linear
-
-    assert_switch_bit_exact(tmp_path, monkeypatch, 2, "V_LATE", linear, "gemv_dp4a_multi",
-                            lambda args, kw, out: kw.get("late", False),
-                            lambda on, asked: any(asked) == bool(on))
 
 
 @pytest.mark.parametrize("n_seqs", [3, 12])

@@ -46,8 +46,6 @@ GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # 
 # (type, K, variant) of the downs that read their tiles before the wait (early), a token a tile
 GROUPED_EARLY = [(T.Q6_K, 768, Variant(8, 2, 8)), (T.Q4_K, 768, Variant(8, 1, 8)), (T.Q6_K, 768, Variant(32, 1, 8))]
 PLAIN_L2 = [(T.Q4_K, 0), (T.Q6_K, 0), (T.Q4_K, SILU), (T.Q8_0, 0)]  # (type, glu) with the L2 prefetches, K 4096
-# (type, K, T, variant) of the plain builds that wait at their end (late): the 30B-A3B's Q6_K V at 8 rows
-PLAIN_LATE = [(T.Q6_K, 2048, 8, Variant(32, 1, 2)), (T.Q4_K, 2048, 5, Variant(32, 2, 4))]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,9 +82,6 @@ def precompiled():
             i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
             gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 16), np.float32),
                               tiles, i1, i1, 0, 0, v, 1, early=True)
-        for t, K, n, v in PLAIN_LATE:
-            gemv_dp4a_multi(weight(t, 8, K)[2], quant_x_buffers(n, K), cuda.device_array((n, 8), np.float32), 0, v,
-                            late=True)
         for t, glu in PLAIN_L2:
             gemv_dp4a_multi(weight(t, 8, 4096)[2], quant_x_buffers(8, 4096),
                             cuda.device_array((8, 4 if glu else 8), np.float32), 0, Variant(32, 1, 4), glu=glu,
@@ -97,9 +92,9 @@ def precompiled():
         compile_all(rec.missing())
 
 
-def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0, l2=None, late=False):
+def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0, l2=None):
     """gemv_dp4a_multi in gemv_dp4a's argument order (the shared checks call it so)."""
-    gemv_dp4a_multi(w, xq, y, stream, variant, accumulate=accumulate, glu=glu, l2=l2, late=late)
+    gemv_dp4a_multi(w, xq, y, stream, variant, accumulate=accumulate, glu=glu, l2=l2)
 
 
 @contextmanager
@@ -140,12 +135,12 @@ def prefetch_lines(w, rows) -> list:
     return out
 
 
-def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=False, l2=None, glu=0, late=False):
+def check_case(ggml_type, rows, cols, n_tok, std, seed, variant, accumulate=False, l2=None, glu=0):
     """check_gemv_dp4a (check_glu with glu) through gemv_dp4a_multi; l2: whether its build
     prefetches W's rows into L2 (default tuning's), which in the simulator must then cover every
-    row (prefetch_cover) and else none; late: the build that waits at its end."""
+    row (prefetch_cover) and else none."""
     raw, wabs, w = weight(ggml_type, rows, cols)
-    run = lambda *a, **kw: multi(*a, **kw, l2=l2, late=late)  # noqa: E731
+    run = lambda *a, **kw: multi(*a, **kw, l2=l2)  # noqa: E731
     with prefetch_record() as sent:
         if glu:  # x drawn there from the same seed
             check_glu(ggml_type, rows // 2, cols, n_tok, glu, seed=seed, variant=variant, run=run, w=(raw, wabs, w),
@@ -301,12 +296,3 @@ def test_plain_l2_prefetches(ggml_type, glu):
     block's clamped) and 8 tokens."""
     check_case(ggml_type, 2 * 1023 if glu else 2047, 4096, 8, 1.0, seed=50, variant=Variant(32, 1, 4), l2=True,
                glu=glu)
-
-
-@pytest.mark.parametrize("ggml_type,K,n_tok,variant", PLAIN_LATE, ids=lambda a: getattr(a, "name", str(a)))
-def test_plain_late(ggml_type, K, n_tok, variant):
-    """The plain build that reads and writes before its wait (a pair's V, tuning.V_LATE): odd rows
-    (the last group's clamped), plain and accumulating, at three magnitudes (its ordering against
-    the launches around it: test_engine_batch's test_v_late_equals_waiting)."""
-    for i, std in enumerate((0.1, 1.0, 10.0)):
-        check_case(ggml_type, 509, K, n_tok, std, seed=60 + i, variant=variant, accumulate=i == 1, late=True)

@@ -48,12 +48,6 @@ def test_grouped_down_early():
     m.check_grouped(T.Q6_K, 4, 40, 256, 6, 3, 1, 0, Variant(8, 2, 8), seed=15, x_div=False, std=10.0, early=True)
 
 
-def test_late():
-    """The plain build that reads and writes before its wait, plain and accumulating."""
-    m.check_case(T.Q6_K, 13, 256, 3, 1.0, seed=16, variant=Variant(32, 1, 2), late=True)
-    m.check_case(T.Q4_K, 7, 256, 2, 10.0, seed=17, variant=Variant(32, 2, 4), accumulate=True, late=True)
-
-
 def test_l2_prefetches():
     """The plain builds with their rows prefetched into L2 before the wait: outputs as without, and
     the prefetches (recorded by the simulator's twin, which checks their operands as the hardware

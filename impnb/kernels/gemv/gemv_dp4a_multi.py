@@ -47,8 +47,7 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False,
-          late=False):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
@@ -139,9 +138,6 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     # over the warp (a span under 32: its group's lanes) by shuffles, then over the group's warps
     # in shared red (block_reduce).
     # Output row o goes to y0[t, o] below n0, y1[t, o - n0] below n0 + n1, else y2[t, o - n0 - n1].
-    # late: x̂ and y are no output of the kernel just before (x̂ comes from one before that, which
-    # had finished when that one started): the product and the outputs' writes come before the
-    # wait, which only holds back the next kernel's launch until the one before has finished.
     @cuda.jit
     def _gemv_dp4a_multi_kernel(parts, xq, xd, xs, y0, y1, y2, n0, n1, n_rows, accumulate):
         tid = cuda.threadIdx.x
@@ -154,9 +150,8 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         if l2:  # the block's rows on their way to L2 while the kernel before runs
             prefetch_block(parts, n_out, tid)
         raws = rows_chunk(a, min(c0, cpr - 1))  # W is no kernel's output: loaded before the wait
-        if not late:
-            ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-            ptx.grid_dep_launch()
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
         red = block_sums(a, raws, c0, xq, xd, xs, xd, tid)  # (x̂ rows: the tokens themselves)
         # -- epilogue: a thread an output (group g, row r, token t) --
         for o in range(tid, outs, BLOCK):
@@ -172,9 +167,6 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
                     y1[t, row - n0] = s
                 else:
                     y2[t, row - n0 - n1] = s
-        if late:
-            ptx.grid_dep_wait()
-            ptx.grid_dep_launch()
 
     # Grouped (the routed experts of a batch, moe.moe_group's tiles): grid (ceil(N_out / (R_out *
     # G)), max_tiles), block y = tile i = (e, r0, n) with n <= T; as above over expert e's rows
@@ -235,26 +227,25 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
                            depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False,
-                           early: bool = False, late: bool = False):
+                           early: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
     tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
     its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
     into L2 before its wait (not grouped: a grouped block's rows are known only after it); early
-    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped); late
-    (not grouped): the product and its writes before the wait (gemv_dp4a_multi)."""
+    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
-    assert not (l2 and grouped) and (grouped or not early) and not (grouped and late)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early, late)
+    assert not (l2 and grouped) and (grouped or not early)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
-            glu: int, l2: bool | None = None, late: bool = False):
+            glu: int, l2: bool | None = None):
     n_tok = y0.shape[0]
     K = w.cols
     assert w.ggml_type in DOTS and MIN_T <= n_tok <= MAX_T
@@ -265,23 +256,20 @@ def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, vari
     assert out_rows <= n_out, "more rows a group than the weight has"
     per_block = out_rows * (BLOCK // variant.span)
     kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll,
-                                    l2=tuning.L2_PREFETCH_ROWS if l2 is None else l2, late=late)
+                                    l2=tuning.L2_PREFETCH_ROWS if l2 is None else l2)
     launch(kernel, ((n_out + per_block - 1) // per_block,), BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok],
            x.s[:n_tok], y0, y1, y2, np.int32(n0), np.int32(n1), np.int32(w.rows), np.int32(accumulate))
 
 
 def gemv_dp4a_multi(w, x: QuantX, y, stream, variant: Variant, accumulate: bool = False, glu: int = NO_GLU,
-                    l2: bool | None = None, late: bool = False):
+                    l2: bool | None = None):
     """y (T, N) float32 = W x̂ (y += W x̂ with accumulate), x̂ of T = y's rows in 2..8 tokens;
     glu (SILU, GELU): W is gate|up stacked (2F, K) and y (T, F) = act(W[:F] x̂) * W[F:] x̂; l2: the
-    rows prefetched into L2 before the kernel's wait (default: tuning.L2_PREFETCH_ROWS). late: x̂
-    and y are neither read nor written by the kernel launched just before this one (x̂ written
-    before that one), so the kernel reads and writes them before its griddepcontrol.wait
-    (tuning.V_LATE: a pair's V beside Q|K's gemm_mmq)."""
+    rows prefetched into L2 before the kernel's wait (default: tuning.L2_PREFETCH_ROWS)."""
     N = y.shape[1]
     assert N == (w.rows // 2 if glu else w.rows) and not (glu and accumulate)
     assert glu == NO_GLU or variant.rows % 2 == 0, "GLU: an even number of rows a group"
-    _launch(w, x, y, y, y, N, 0, N, stream, variant, accumulate, glu, l2, late)
+    _launch(w, x, y, y, y, N, 0, N, stream, variant, accumulate, glu, l2)
 
 
 def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
@@ -372,7 +360,5 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, 2, True, early=True),  # the down reading tiles early
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
-    ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 2048, 8, 32, 2, NO_GLU, 1, l2=True, late=True),  # V late, s32u1r2
-          types.void(*kernel_args(T.Q6_K)), {"max_registers": 192})
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)]
