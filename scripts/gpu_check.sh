@@ -181,25 +181,42 @@ if [[ $what == startup ]]; then
 fi
 
 if [[ $what == batch ]]; then
-  # impnb bench --batch (llama-batched-bench's table) on the synthetic Qwen3-8B and 30B-A3B Q4_K_M
-  # (BATCH_MODELS), written first to /tmp; where llama-batched-bench is built (the llama-server
-  # mode's build, or LLAMA_BATCHED) it runs on the same GGUF right after, with the same lengths,
-  # and scripts/batch_compare.py writes both S_TG columns and their ratio to batch-compare.log
+  # impnb bench --batch (llama-batched-bench's table) on BATCH_MODELS: `qwen3-8b` / `qwen3-30b-a3b`
+  # (the synthetic Q4_K_M, written first to /tmp) or .gguf paths (the real models); then
+  # llama-batched-bench on the same GGUFs with the same lengths, and scripts/batch_compare.py writes
+  # both S_TG columns and their ratio to batch-compare.log. Where llama-batched-bench is not built
+  # (the llama-server mode's build, or LLAMA_BATCHED) and .dev/llama/src.tgz is here, it is built
+  # in the background while impnb's rows run (~5.5 min on 16 cores: the whole table fits one call)
   lbb=${LLAMA_BATCHED:-/tmp/llama/build/bin/llama-batched-bench}
+  builder=
+  if [ ! -x "$lbb" ] && [ -f .dev/llama/src.tgz ]; then
+    build_llama llama-batched-bench > "$OUT/llama-build.log" 2>&1 &
+    builder=$!
+  fi
+  files=()
   for m in ${BATCH_MODELS:-qwen3-8b qwen3-30b-a3b}; do
-    f=/tmp/$m-q4_k_m.gguf
-    [ -f "$f" ] || timeout 200 python3 scripts/make_synthetic_full.py --model "$m" --quant Q4_K_M --out "$f" > "$OUT/make-$m.log" 2>&1
+    case "$m" in
+      *.gguf) f=$m; m=$(basename "$m" .gguf) ;;
+      *) f=/tmp/$m-q4_k_m.gguf
+         [ -f "$f" ] || timeout 200 python3 scripts/make_synthetic_full.py --model "$m" --quant Q4_K_M --out "$f" \
+           --workers 8 > "$OUT/make-$m.log" 2>&1 ;;
+    esac
+    files+=("$m=$f")
     timeout 250 python3 -m impnb bench --batch "${BATCHES:-1,8,16,32,64,128}" -m "$f" -p 128 -n 128 -r 1 --device cuda \
       > "$OUT/batch-$m.log" 2>&1
     status[batch-$m]="rc=$? S_TG by B $(grep -E '^\| +128 ' "$OUT/batch-$m.log" | awk -F'|' '{printf "%s ", $9}')"
-    if [ -x "$lbb" ]; then
+  done
+  [ -z "$builder" ] || { wait "$builder"; status[llama-build]="rc=$?"; }
+  if [ -x "$lbb" ]; then
+    for mf in "${files[@]}"; do
+      m=${mf%%=*} f=${mf#*=}
       timeout 250 "$lbb" -m "$f" -npp 128 -ntg 128 -npl "${BATCHES:-1,8,16,32,64,128}" -fa on -ngl 99 -c 33000 \
         > "$OUT/batch-llama-$m.log" 2>&1
       status[batch-llama-$m]="rc=$?"
       python3 scripts/batch_compare.py --impnb "$OUT/batch-$m.log" --llama "$OUT/batch-llama-$m.log" --label "$m" \
         --json "$OUT/batch-compare-$m.json" >> "$OUT/batch-compare.log" 2>&1
-    fi
-  done
+    done
+  fi
   [ -f "$OUT/batch-compare.log" ] && cat "$OUT/batch-compare.log"
 fi
 
