@@ -442,10 +442,10 @@ def test_down_early_equals_waiting(tmp_path, monkeypatch):
 
 
 def test_mmq_trigger_equals_end(tmp_path, monkeypatch):
-    """Two layers (layer 0's V Q4_K in Q|K|V's gemm_mmq, layer 1's Q6_K V on its own GEMV after Q|K's,
-    which then launches early and waits):
-    gemm_mmq keeping its partials for attention and letting the next kernel launch as its blocks
-    start (tuning.MMQ_TRIGGER) against it launching at the GEMM's end."""
+    """Two layers (layer 0's Q4_K V in Q|K|V's gemm_mmq; layer 1's Q6_K V on its own GEMV after Q|K's
+    gemm_mmq, which that GEMV then follows into its wait): gemm_mmq keeping its partials for attention
+    and letting the next kernel launch as its blocks start (tuning.MMQ_TRIGGER) against it letting
+    it launch at the GEMM's end."""
     from impnb.kernels.gemm import gemm_mmq
 
     assert_switch_bit_exact(tmp_path, monkeypatch, 2, "MMQ_TRIGGER", gemm_mmq, "gemm_mmq_split",
