@@ -50,6 +50,7 @@ from impnb.kernels.attention.attention_decode_short import attention_decode_shor
 from impnb.kernels.elementwise.embedding import embedding
 from impnb.kernels.gemv import gemv_stream
 from impnb.kernels.gemv.gemv_tail import Residual
+from impnb.kernels.gemv.quant_x import QuantX
 from impnb.kernels.elementwise.rows import gather_row
 from impnb.kernels.elementwise.sigmoid_gate import sigmoid_gate
 from impnb.models.config import ModelConfig
@@ -94,22 +95,39 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
         return _forward_fused(m, x, step, last_only, last_row)
     lengths = m.rec.lengths if last_row is not None and m.rec is not None else None
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
+    hq = None  # h's int8 form, written by the residual update before (_h_int8)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
         if spec.mixer == "gated_deltanet":
             mixed = deltanet_block(m, il, lw.attn, h, pos, step, lengths=lengths)
         else:
-            mixed = _attention_block(m, il, lw.attn, h, pos, step)
+            mixed = _attention_block(m, il, lw.attn, h, pos, step, xin=hq)
         o = a.get("o", (T, D))
-        res = residual_update(m, x, h, lw.attn.post_norm, lw.ffn.norm)
+        dense = spec.ffn not in ("moe", "moe_shared")
+        ffn_q = _h_int8(m, lw.ffn.gate_up if dense else None, T)
+        res = residual_update(m, x, h, lw.attn.post_norm, lw.ffn.norm, ffn_q)
         m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res))
         _reduced(m, o, res)
-        res = residual_update(m, x, h, lw.ffn.post_norm, lw.next_norm)
-        if spec.ffn in ("moe", "moe_shared"):
+        if il + 1 < len(m.layers):
+            hq = _h_int8(m, None if m.layers[il + 1].mixer == "gated_deltanet" else m.blk[il + 1].attn.qkv, T)
+        else:  # the logits' rows, where they are h itself
+            hq = _h_int8(m, None if m.vocab_split or last_row is not None or step.batch == 1 else m.output, T)
+        res = residual_update(m, x, h, lw.ffn.post_norm, lw.next_norm, hq if dense else None)
+        if not dense:
+            hq = None
             moe_ffn(m, h, lw.ffn, o, res)
         else:
-            dense_ffn(m, h, lw.ffn, o, residual=_local(m, res))
+            dense_ffn(m, h, lw.ffn, o, residual=_local(m, res), xin=ffn_q)
             _reduced(m, o, res)
-    return logits_of(m, h, step, last_only, last_row, None)
+    return logits_of(m, h, step, last_only, last_row, None, hq)
+
+
+def _h_int8(m, lin, n_tok: int) -> QuantX | None:
+    """The buffers of h's int8 form where lin, the Linear that reads h next, takes gemv_dp4a_multi's
+    x̂ (T = 2..8, one rank): the residual update before writes it (gemv_dp4a_multi's tail, or a
+    quantize_x after it, the one lin would have launched); else None."""
+    if lin is None or n_tok == 1 or m.tp is not None or not m.mm.takes_int8(lin, n_tok):
+        return None
+    return m.mm.xq_buffers(n_tok, m.cfg.n_embd, "h_xq")
 
 
 def _batch_fused(m, step: StepPlan) -> bool:
@@ -270,9 +288,9 @@ def _seqs(a, B: int):
     return a.reshape(B, a.shape[0] // B, *a.shape[1:])
 
 
-def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
+def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w, xq: QuantX | None = None):
     """Logits of h's rows (all; the last, which in a batch of one row a sequence is all; or row
-    last_row); norm_w: of RMSNorm(h) * w."""
+    last_row); norm_w: of RMSNorm(h) * w; xq: h's int8 form, already written (all its rows)."""
     a, rows, T = m.arena, h, step.rows
     if last_row is not None:
         rows = a.get("h_last", (1, h.shape[1]))
@@ -281,7 +299,8 @@ def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
         rows = h[T - 1:T]
     logits = a.get("logits", (rows.shape[0], m.cfg.n_vocab))
     if not m.vocab_split:
-        m.mm.linear(rows, m.output, logits, norm_w)
+        assert xq is None or rows is h
+        m.mm.linear(rows, m.output, logits, norm_w, xq=xq)
         return logits
     R, N, V = rows.shape[0], m.tp.world, m.cfg.n_vocab
     part = a.get("logits_part", (R, V // N))  # this rank's slice of the vocabulary
@@ -298,18 +317,20 @@ def logits_of(m, h, step: StepPlan, last_only: bool, last_row, norm_w):
 
 
 def dense_ffn(m, h, ffn: DenseFFN, o, norm_w=None, accumulate: bool = False, residual: Residual | None = None,
-              glu_reduce: bool = False):
+              glu_reduce: bool = False, xin: QuantX | None = None):
     """o (T, D) = down(act(gate(h)) * up(h)), or o += that with accumulate; gate|up as one GEMV
     where stacked; norm_w: of RMSNorm(h) * w; residual: applied to o (gemv_tail.Residual);
     glu_reduce (a batch's GEMMs, tuning.BATCH_GLU_REDUCE): the stacked gate|up's split-K reduce,
-    activation and the down's cast or quantization in one launch (MatMul.glu's down)."""
+    activation and the down's cast or quantization in one launch (MatMul.glu's down); xin: h's
+    int8 form, already written, for the stacked gate|up (MatMul.glu's)."""
     cfg, a, T = m.cfg, m.arena, h.shape[0]
     F = ffn.down.w.cols  # the layer's width (gemma4's differ by layer)
     gate = a.get("gate", (T, F))
     ready = None
     if ffn.gate_up is not None:
-        ready = m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w, ffn.down if glu_reduce else None)
+        ready = m.mm.glu(h, ffn.gate_up, cfg.act, gate, norm_w, ffn.down if glu_reduce else None, xin=xin)
     else:
+        assert xin is None, "h's int8 form: for a stacked gate|up"
         up = a.get("up", (T, F))
         m.mm.linear(h, ffn.gate, gate, norm_w)
         m.mm.linear(h, ffn.up, up, norm_w)
@@ -330,10 +351,11 @@ def _reduced(m, o, res: Residual) -> None:
         res.unfused(o, m.ctx.nb_stream)
 
 
-def residual_update(m, x, h, post_norm, next_norm) -> Residual:
+def residual_update(m, x, h, post_norm, next_norm, hq: QuantX | None = None) -> Residual:
     """x += o (with a post_norm weight: x += post_norm(o)), then h = next_norm(x): for the o of a
-    linear (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused."""
-    return Residual(x, h, next_norm, post_norm, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32))
+    linear (its GEMV's tail at decode, else a norm kernel after it) or Residual.unfused; hq: h's
+    int8 form written too (MatMul.linear)."""
+    return Residual(x, h, next_norm, post_norm, m.cfg.eps, m.arena.zeros("tail_counter", (1,), np.uint32), hq)
 
 
 def attend(m, il: int, q, pos, out, step: StepPlan, xq=None):

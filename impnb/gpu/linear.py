@@ -1,7 +1,8 @@
 """Running a Linear (gpu/weights.py) on the kernels chosen for it: y = x · Wᵀ, float32 in and out.
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
-for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py), or on the int8 GEMM
+for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py; a residual tail there
+where MULTI_TAIL), or on the int8 GEMM
 gemm_mmq where it lists MMQ (x's pre-norm in its quantization, a residual and GLU unfused); on dp4a with x in int8
 for the Linears whose `dp4a` is set (a residual tail there where DP4A_TAIL), gemv_stream for
 `stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
@@ -31,7 +32,8 @@ from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemm.reduce_glu import reduce_glu
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_gated, gemv_residual, gemv_stacked, gemv_stream
-from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
+from impnb.kernels.gemv.gemv_dp4a_multi import (gemv_dp4a_multi, gemv_dp4a_multi_residual, gemv_dp4a_multi_split,
+                                                takes_tail)
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import QuantX, arena_buffers, quantize_x
 from impnb.tuning import GEMV_MAX_ROWS, Overrides
@@ -65,10 +67,20 @@ class MatMul:
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
         (attn_xq, or the combine's for a pair's V), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
         residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
-        a norm kernel."""
+        a norm kernel; where it has hq, h's int8 form is written there too (by gemv_dp4a_multi's
+        tail, else quantize_x after)."""
         w, s = lin.w, self.ctx.nb_stream
         assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
+        if (multi and multi != MMQ and residual is not None and self.tuning.gemv_tail and self.tuning.multi_tail
+                and takes_tail(w.rows)):
+            assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
+            gemv_dp4a_multi_residual(w, xq if xq is not None else self.quantized(x), y, residual, s, multi)
+            return
+        if residual is not None and residual.hq is not None:  # h's int8 form after the update, on its own
+            self.linear(x, lin, y, norm, accumulate, residual._replace(hq=None), xq, ready)
+            quantize_x(residual.h, residual.hq, s)
+            return
         if multi == MMQ:
             assert xq is None, "gemm_mmq quantizes its own x"
             self.mmq(x, lin, y, norm, accumulate)
@@ -323,9 +335,11 @@ class MatMul:
         return bucket in self.tuning.gemm_pair_mmq and n_a == 2 \
             and gemm_mmq_pair.pair_supports(lin_a.w.ggml_type, lin_b.w.ggml_type, lin_a.w.cols)
 
-    def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None):
+    def glu(self, x, lin: Linear, act: str, y, norm: tuple | None = None, down: Linear | None = None,
+            xin: QuantX | None = None):
         """y (T, F) = act(x · W_gateᵀ) * (x · W_upᵀ), gate|up stacked in lin; act gelu or silu;
-        norm as in linear. With down (the FFN's down Linear) past GEMV_MAX_ROWS rows the product
+        norm as in linear; xin: x's int8 form, already written (a residual tail's hq), where
+        takes_int8(lin, T). With down (the FFN's down Linear) past GEMV_MAX_ROWS rows the product
         goes straight into down's GEMM operand instead, from gate|up's unreduced split-K partials
         (reduce_glu: one launch for the reduce, the activation and the cast or quantization), and
         that operand is returned for linear's `ready` (y untouched); else None."""
@@ -344,8 +358,10 @@ class MatMul:
             (activations.geglu_fused if act == "gelu" else activations.swiglu_fused)(gate_up, y, s)
             return
         if multi:
-            gemv_dp4a_multi(w, self.quantized(x, norm), y, s, multi, glu=act_id)
+            assert xin is None or norm is None
+            gemv_dp4a_multi(w, xin if xin is not None else self.quantized(x, norm), y, s, multi, glu=act_id)
             return
+        assert xin is None, "an int8 input for a GEMV that reads floats"
         if n_tok <= GEMV_MAX_ROWS and lin.dp4a:
             self.dp4a(x, lin, y, norm, glu=act_id)
             return

@@ -19,11 +19,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from impnb.kernels.common.warp import block_sum
+from impnb.kernels.common.warp import block_sum, warp_sum
 from impnb.kernels.elementwise import norm
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.quant_x import GROUP, quantize16
+from impnb.kernels.gemv.quant_x import GROUP, quantize16, store_group
 
 ADD = 1
 POST_ADD = 2
@@ -61,6 +61,7 @@ class Residual(NamedTuple):
     w_post: object
     eps: float
     counter: object
+    hq: object = None  # quant_x.QuantX: h's int8 form written too, for the dp4a GEMV that reads h next
 
     @property
     def mode(self) -> int:
@@ -84,14 +85,16 @@ class Residual(NamedTuple):
         return self.x, w_post, self.w_next, self.h, np.float32(self.eps), self.counter
 
 
+@cuda.jit(device=True, inline=True)
+def inv_rms(ss, D, eps):
+    """1 / rms of a row of D floats whose squares sum to ss."""
+    return float32(1.0) / math.sqrt(ss / float32(D) + eps)
+
+
 def make_tail(mode: int):
     """Device function tail(y, x, w_post, w_next, h, eps, counter) for every block of a 1-D grid
     of 32k threads a block, called after the block's stores of y; mode ADD or POST_ADD."""
     assert mode in (ADD, POST_ADD)
-
-    @cuda.jit(device=True, inline=True)
-    def inv_rms(ss, D, eps):
-        return float32(1.0) / math.sqrt(ss / float32(D) + eps)
 
     @cuda.jit(device=True, inline=True)
     def tail(y, x, w_post, w_next, h, eps, counter):
@@ -126,6 +129,56 @@ def make_tail(mode: int):
             for i in range(4 * tid, D, 4 * nt):
                 for j in range(4):
                     h[t, i + j] = x[t, i + j] * inv * w_next[i + j]
+
+    return tail
+
+
+def make_tail_rows(mode: int, quant: bool = False):
+    """make_tail's tail(y, x, w_post, w_next, h, eps, counter, q, d, s) for several rows of y (the
+    multi-token GEMVs): in the last block a warp takes a row (rows warp, warp + warps, ...) and a
+    lane its GROUP-column groups (lane, lane + 32, ...), so the rows go in parallel, summed by
+    shuffles, with no block barrier a row. quant: h in int8 too (quant_x's form, quantize16's
+    rounding of the same floats) into q, d, s for the dp4a GEMV that reads h next; else those are
+    not touched. Rows of a multiple of GROUP columns."""
+    assert mode in (ADD, POST_ADD)
+
+    @cuda.jit(device=True, inline=True)
+    def tail(y, x, w_post, w_next, h, eps, counter, q, d, s):
+        if last_block(counter) == 0:
+            return
+        lane = cuda.threadIdx.x & 31
+        D = x.shape[1]
+        v = cuda.local.array(GROUP, float32)
+        for t in range(cuda.threadIdx.x >> 5, x.shape[0], cuda.blockDim.x >> 5):
+            # -- POST_ADD: 1 / rms of y[t] --
+            scale = float32(1.0)
+            if mode == POST_ADD:
+                ss = float32(0.0)
+                for c in range(GROUP * lane, D, GROUP * 32):
+                    for j in range(0, GROUP, 4):
+                        y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
+                        ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
+                scale = inv_rms(warp_sum(ss), D, eps)
+            # -- x[t] += y[t] (scaled, times w_post), summing the new x² --
+            ss = float32(0.0)
+            for c in range(GROUP * lane, D, GROUP * 32):
+                for j in range(0, GROUP, 4):
+                    yv = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
+                    for i in range(4):
+                        u = yv[i]
+                        if mode == POST_ADD:
+                            u = u * scale * w_post[c + j + i]
+                        u += x[t, c + j + i]
+                        x[t, c + j + i] = u
+                        ss += u * u
+            inv = inv_rms(warp_sum(ss), D, eps)
+            # -- h[t] = x[t] / rms * w_next (the lane's own columns of x), a group at a time --
+            for c in range(GROUP * lane, D, GROUP * 32):
+                for i in range(GROUP):
+                    v[i] = x[t, c + i] * inv * w_next[c + i]
+                    h[t, c + i] = v[i]
+                if quant:
+                    store_group(v, q, d, s, t, c // GROUP)
 
     return tail
 
