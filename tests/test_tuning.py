@@ -76,9 +76,9 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DOWN_EARLY", "0")
     monkeypatch.setenv("IMPNB_COMBINE_EARLY", "0")
     monkeypatch.setenv("IMPNB_MMQ_TRIGGER", "0")
-    monkeypatch.setenv("IMPNB_MULTI_TAIL", "0")
+    monkeypatch.setenv("IMPNB_MULTI_TAIL", "1")
     o = tuning.Overrides.from_env()
-    assert not o.multi_tail and tuning.Overrides().multi_tail
+    assert o.multi_tail and not tuning.Overrides().multi_tail
     assert not o.mmq_trigger and tuning.Overrides().mmq_trigger
     assert not (o.down_early or o.combine_early) and tuning.Overrides().down_early and tuning.Overrides().combine_early
     assert not (o.combine_next or o.combine_next_v) and tuning.Overrides().combine_next and tuning.Overrides().combine_next_v

@@ -1,8 +1,8 @@
 """Running a Linear (gpu/weights.py) on the kernels chosen for it: y = x · Wᵀ, float32 in and out.
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
-for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py; a residual tail there
-where MULTI_TAIL), or on the int8 GEMM
+for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py; a residual after it by
+the norm kernel, or by its tail where MULTI_TAIL), or on the int8 GEMM
 gemm_mmq where it lists MMQ (x's pre-norm in its quantization, a residual and GLU unfused); on dp4a with x in int8
 for the Linears whose `dp4a` is set (a residual tail there where DP4A_TAIL), gemv_stream for
 `stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
@@ -87,7 +87,7 @@ class MatMul:
             if residual is not None:
                 residual.unfused(y, s)
             return
-        if multi and (residual is None or not self.tuning.gemv_tail):
+        if multi:  # a residual after it by the norm kernel (gemv.py's float GEMV with its tail: slower)
             gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
             if residual is not None:
                 residual.unfused(y, s)

@@ -232,11 +232,12 @@ DP4A_MIN_K = 2048
 # faster on Gemma 4 Q4_K_M (docs/EXPERIMENTS.md; the NVFP4 model, whose tails run on FP4's float
 # decoder without it, not measured yet); IMPNB_DP4A_TAIL=1 turns it on.
 DP4A_TAIL = False
-# A batch's T = 2..8 GEMVs before a residual update (Gemma's attn_output and down, their post-norm
-# too) on gemv_dp4a_multi with the residual tail (a warp a token in the last block) rather than
-# gemv.py's float GEMV with its tail: the float GEMV of eight rows took ~30 µs a launch on Gemma3's
-# 640-wide rows (docs/PERFORMANCE.md, 'Batched decode'); IMPNB_MULTI_TAIL=0 turns it off.
-MULTI_TAIL = True
+# A batch's T = 2..8 GEMVs before a residual update (Gemma's attn_output and down, with their
+# post-norm) take gemv_dp4a_multi, then the norm kernel; MULTI_TAIL: gemv_dp4a_multi's residual
+# tail instead (a warp a token in the last block, h's int8 form too). Off: slower on Gemma3 at
+# B = 8 (a step 1492 µs against 1046; docs/EXPERIMENTS.md, 'The real models at B = 8');
+# IMPNB_MULTI_TAIL=1 turns it on.
+MULTI_TAIL = False
 # A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
 # norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
 # no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): faster decode on

@@ -192,9 +192,10 @@ def test_real_models_batch_equals_alone(name, request):
     together give each one's logits alone (CudaEngine, its own contiguous cache) within 3e-2 of
     the largest (their GEMVs take int8 activations in the batch, gemv_dp4a_multi, and float ones
     alone; test_engine.py holds either to 5e-2 of the reference), and the same greedy tokens
-    where its top two are not a near-tie."""
+    where its top two are not a near-tie. Gemma3 within 5e-2: its attn_output and down, before
+    the post-norms, take int8 x̂ in the batch too."""
     mf = open_model_file(request.getfixturevalue(f"{name}_path"))
-    check_batch_equals_alone(mf, 1024, (600, 37, 530), 12, 9, 3e-2, name)
+    check_batch_equals_alone(mf, 1024, (600, 37, 530), 12, 9, 5e-2 if name == "gemma3" else 3e-2, name)
 
 
 def check_batch_equals_alone(mf, n_ctx, lengths, steps, seed, tol, name, before_batch=lambda: None):
