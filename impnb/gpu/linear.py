@@ -67,8 +67,8 @@ class MatMul:
         input's cast or quantization); accumulate adds into y; xq: x's int8 form, already written
         (attn_xq, or the combine's for a pair's V), for gemv_dp4a; ready: x's GEMM operand, already made (glu's, with `down`).
         residual (gemv_tail.Residual) is then applied to y: by the GEMV's tail (GEMV_TAIL), else
-        a norm kernel; where it has hq, h's int8 form is written there too (by gemv_dp4a_multi's
-        tail, else quantize_x after)."""
+        a norm kernel; where it has hq, h's int8 form is written there too (by the norm kernel or
+        gemv_dp4a_multi's tail, else by quantize_x after)."""
         w, s = lin.w, self.ctx.nb_stream
         assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
@@ -77,9 +77,10 @@ class MatMul:
             assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
             gemv_dp4a_multi_residual(w, xq if xq is not None else self.quantized(x), y, residual, s, multi)
             return
-        if residual is not None and residual.hq is not None:  # h's int8 form after the update, on its own
-            self.linear(x, lin, y, norm, accumulate, residual._replace(hq=None), xq, ready)
-            quantize_x(residual.h, residual.hq, s)
+        if multi and multi != MMQ:  # a residual after it by the norm kernel (hq there too)
+            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
+            if residual is not None:
+                residual.unfused(y, s)
             return
         if multi == MMQ:
             assert xq is None, "gemm_mmq quantizes its own x"
@@ -87,10 +88,10 @@ class MatMul:
             if residual is not None:
                 residual.unfused(y, s)
             return
-        if multi:  # a residual after it by the norm kernel (gemv.py's float GEMV with its tail: slower)
-            gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
-            if residual is not None:
-                residual.unfused(y, s)
+        if residual is not None and residual.hq is not None and x.shape[0] <= GEMV_MAX_ROWS:
+            # (a GEMV with its tail below, which writes h alone): h's int8 form after it
+            self.linear(x, lin, y, norm, accumulate, residual._replace(hq=None), xq, ready)
+            quantize_x(residual.h, residual.hq, s)
             return
         if xq is not None:
             assert norm is None and residual is None and x.shape[0] <= GEMV_MAX_ROWS

@@ -75,11 +75,24 @@ def check_rms_norm_add(rng, shape, std):
     assert_close(got, rms_norm_ref(x + h, w, EPS), 1e-5, 1e-6, f"rms_norm_add {shape} std {std}")
 
 
-def check_rms_norm_post_add(rng, shape, std):
+def check_rms_norm_post_add(rng, shape, std, quant=False):
+    """quant: out's int8 form too (into poisoned buffers a row longer), quantize_x_ref's of the
+    out written, bit for bit."""
+    from impnb.kernels.gemv.quant_x import QuantX, quantize_x_ref
+
     x, h = gauss(rng, shape, std), gauss(rng, shape, 3 * std)
     w_post, w = 1 + gauss(rng, shape[-1:], 0.3), 1 + gauss(rng, shape[-1:], 0.3)
     out = np.full(shape, np.nan, np.float32)
-    x_new, _, _, _, got = run(lambda s, *a: rms_norm_post_add(*a, EPS, s), x, h, w_post, w, out)
+    T, D = shape
+    poison = [np.full((T + 1, n), 0xFFFFFFFF, np.uint32) for n in (D // 4, D // 16, D // 16)]
+    if quant:
+        x_new, _, _, _, got, *oq = run(lambda s, *a: rms_norm_post_add(*a[:5], EPS, s, out_q=QuantX(*a[5:])),
+                                       x, h, w_post, w, out, poison[0], *(p.view(np.float32) for p in poison[1:]))
+        for name, g, r in zip("qds", oq, quantize_x_ref(got)):
+            assert np.array_equal(g[:T].view(np.uint32), r.view(np.uint32)), f"post_add out's int8 form: {name}"
+            assert (g[T].view(np.uint32) == 0xFFFFFFFF).all(), f"post_add out's int8 form past T rows ({name})"
+    else:
+        x_new, _, _, _, got = run(lambda s, *a: rms_norm_post_add(*a, EPS, s), x, h, w_post, w, out)
     n = rms_norm_ref(h.astype(np.float64), w_post, EPS)
     assert_close(x_new, x + n, 0, 1e-5 * (np.abs(x) + np.abs(n)) + 1e-6, f"post_add x {shape}")
     assert_close(got, rms_norm_ref(x_new, w, EPS), 1e-5, 1e-6, f"post_add out {shape} std {std}")
@@ -130,6 +143,8 @@ def test_rms_norm(T, D, std):
     check_rms_norm(rng, (T, D), std, in_place=True)
     check_rms_norm_add(rng, (T, D), std)
     check_rms_norm_post_add(rng, (T, D), std)
+    if D % 16 == 0:
+        check_rms_norm_post_add(rng, (T, D), std, quant=True)
 
 
 @pytest.mark.parametrize("std", STDS)

@@ -24,6 +24,13 @@ def test_rms_norm_fused(shape, std):
     check_rms_norm_post_add(rng, shape, std)
 
 
+@pytest.mark.parametrize("shape,std", [((2, 304), 1.0), ((3, 128), 10.0)], ids=str)
+def test_rms_norm_post_add_int8_output(shape, std):
+    """The post-norm's kernel writing out's int8 form: 304 columns (the last pass's warps partly,
+    one wholly, past the row) and one pass of 128."""
+    check_rms_norm_post_add(np.random.default_rng([shape[-1], 7]), shape, std, quant=True)
+
+
 @pytest.mark.parametrize("T,H,Hkv,D,n_rot,base,neox", [(3, 4, 2, 64, 64, 10000.0, False),  # adjacent pairs, all dims
                                                      (2, 2, 1, 16, 8, 1e6, True),         # halves, part rotated
                                                      (2, 2, 1, 16, 8, 1e6, False)])       # pairs, part rotated

@@ -9,6 +9,7 @@ from numba.core import types
 from impnb.kernels.common import ptx
 from impnb.kernels.common.warp import SIMULATOR, WARP, block_sum, warp_sum
 from impnb.kernels.elementwise.reference import rms_norm_ref  # noqa: F401
+from impnb.kernels.gemv.quant_x import GROUP, store_group_lanes
 from impnb.launch import launch
 
 WARP_ROWS_MAX_D = 256  # rows this short (per-head QK-norm) get a warp each, longer ones a block
@@ -103,6 +104,38 @@ def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
     write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
+# As _rms_norm_post_add_kernel, out written in quant_x's int8 form too (q, d, s: its groups of
+# GROUP columns, a half-warp a group, store_group_lanes: quantize_x's of out bit for bit) for the
+# dp4a GEMV that reads it next; D a multiple of GROUP, the block a whole number of warps.
+@cuda.jit
+def _rms_norm_post_add_q_kernel(x, h, w_post, w, out, eps, q, d, s):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x
+    D = x.shape[1]
+    red = cuda.shared.array(32, types.float32)
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = h[row, i]
+        acc += v * v
+    inv_h = inv_rms(block_sum(acc, red), D, eps)
+    acc = np.float32(0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = x[row, i] + h[row, i] * inv_h * w_post[i]
+        x[row, i] = v
+        acc += v * v
+    inv = inv_rms(block_sum(acc, red), D, eps)
+    warp0 = cuda.threadIdx.x & ~31
+    for c0 in range(0, D, cuda.blockDim.x):  # every lane, the shuffles' too
+        i = c0 + cuda.threadIdx.x
+        live = i < D
+        v = np.float32(0)
+        if live:
+            v = x[row, i] * inv * w[i]
+            out[row, i] = v
+        store_group_lanes(v, live, q, d, s, row, (c0 + warp0) // GROUP)
+
+
 # ---------------------------------------------------------------- launchers
 
 def _rows(a, D: int, name: str):
@@ -154,14 +187,22 @@ def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
                np.float32(eps))
 
 
-def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream) -> None:
-    """Gemma's x += rms_norm(h) * w_post in place, then out = rms_norm(x) * w; (T, D) float32."""
+def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream, out_q=None) -> None:
+    """Gemma's x += rms_norm(h) * w_post in place, then out = rms_norm(x) * w; (T, D) float32.
+    out_q (quant_x.QuantX, D a multiple of its GROUP): out's int8 form there too, quantize_x's."""
     D = w.shape[0]
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape and w_post.shape == (D,), "shapes differ"
-    if x2.shape[0]:
+    if not x2.shape[0]:
+        return
+    if out_q is None:
         launch(_rms_norm_post_add_kernel, x2.shape[0], block_threads(D), stream,
                x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
+        return
+    T = x2.shape[0]
+    assert D % GROUP == 0 and out_q.q.shape[0] >= T and out_q.q.shape[1] == D // 4 and out_q.d.shape[1] == D // GROUP
+    launch(_rms_norm_post_add_q_kernel, T, block_threads(D), stream, x2, h2, _weight(w_post), _weight(w), out2,
+           np.float32(eps), out_q.q[:T], out_q.d[:T], out_q.s[:T])
 
 
 _ROWS = types.float32[:, ::1]
@@ -176,4 +217,6 @@ def build_signatures() -> list:
         (_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
         (_rms_norm_add_kernel, (_ROWS, _ROWS, _W, _ROWS, types.float32), {"max_registers": 48}),
         (_rms_norm_post_add_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
+        (_rms_norm_post_add_q_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32, types.uint32[:, ::1], _ROWS,
+                                       _ROWS), {"max_registers": 48}),
     ]

@@ -23,7 +23,7 @@ from impnb.kernels.common.warp import block_sum, warp_sum
 from impnb.kernels.elementwise import norm
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.quant_x import GROUP, quantize16, store_group
+from impnb.kernels.gemv.quant_x import GROUP, quantize16, quantize_x, store_group
 
 ADD = 1
 POST_ADD = 2
@@ -68,11 +68,14 @@ class Residual(NamedTuple):
         return ADD if self.w_post is None else POST_ADD
 
     def unfused(self, y, stream) -> None:
-        """The same update by the norm kernel (after a GEMM, or where no tail runs)."""
+        """The same update by the norm kernel (after a GEMM, or where no tail runs); hq written by
+        the post-norm's kernel, or by quantize_x after the other."""
         if self.w_post is None:
             norm.rms_norm_add(self.x, y, self.w_next, self.h, self.eps, stream)
+            if self.hq is not None:
+                quantize_x(self.h, self.hq, stream)
         else:
-            norm.rms_norm_post_add(self.x, y, self.w_post, self.w_next, self.h, self.eps, stream)
+            norm.rms_norm_post_add(self.x, y, self.w_post, self.w_next, self.h, self.eps, stream, out_q=self.hq)
 
     def args(self, y) -> tuple:
         """The tail's kernel arguments after the GEMV's own."""
