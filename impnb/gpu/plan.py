@@ -91,7 +91,8 @@ class LoadPlan:
         the bucket of their window's keys where that is smaller (WINDOW_SHORT). One sequence
         takes the short kernel's measured cluster (tuning.short_cluster); a batch one block a
         row (its sequences fill the GPU) and splits for its size, and a batch of more than
-        tuning.SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel."""
+        tuning.SHORT_DECODE_MAX_BATCH sequences with shared KV heads the split kernel (of more
+        than SHORT_DECODE_MAX_BATCH_NO_MMA where attention_decode_mma does not take the heads)."""
         bucket = self.ctx_bucket(length)
         window = self.cfg.sliding_window
         keys = (min(bucket, self.ctx_bucket(window + n_tokens - 1))
@@ -107,7 +108,9 @@ class LoadPlan:
         """The short kernel's blocks a query row for contexts up to bucket keys, 0: the split kernel."""
         cfg, t = self.cfg, self.tuning
         if batch > 1:
-            short = bucket <= self.short_max and (batch <= t.short_decode_max_batch or cfg.n_head == cfg.n_head_kv)
+            mma = t.batch_mma_attention and attention_decode_mma.supports(self.head_dim, cfg.n_head, cfg.n_head_kv)
+            most = t.short_decode_max_batch if mma else max(t.short_decode_max_batch, t.short_decode_max_batch_no_mma)
+            short = bucket <= self.short_max and (batch <= most or cfg.n_head == cfg.n_head_kv)
             return 1 if short else 0
         row = next((b for b in DECODE_CTX_BUCKETS if b >= bucket), bucket)  # n_ctx may cut the bucket
         blocks = t.short_cluster if t.short_cluster is not None else short_cluster(self.head_dim, row, cfg.n_head)

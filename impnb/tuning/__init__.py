@@ -153,6 +153,11 @@ SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
 # Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster, B = 8 1.05x on
 # attention_decode_mma in one split; the Qwen3-30B-A3B's B = 8 level). IMPNB_SHORT_DECODE_MAX_BATCH.
 SHORT_DECODE_MAX_BATCH = 4
+# Where attention_decode_mma does not take the head dim (Gemma3's 256), a batch of up to this many
+# sequences keeps the short kernel (past it: the split kernel with qkv_post apart): Gemma3 270M at
+# B = 8 / 16 decoded 8559 / 11773 tok/s against 7793 / 10834 (docs/PERFORMANCE.md, 'Batched
+# decode'). IMPNB_SHORT_DECODE_MAX_BATCH_NO_MMA.
+SHORT_DECODE_MAX_BATCH_NO_MMA = 16
 # Sliding-window layers pick decode attention's kernel by the bucket of their window's keys (the
 # short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
 # window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
@@ -430,6 +435,7 @@ class Overrides:
     down_quant_tail: bool = DOWN_QUANT_TAIL  # the experts' dp4a down writes the next Q|K|V's int8 input
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_decode_max_batch: int = SHORT_DECODE_MAX_BATCH  # IMPNB_SHORT_DECODE_MAX_BATCH
+    short_decode_max_batch_no_mma: int = SHORT_DECODE_MAX_BATCH_NO_MMA  # IMPNB_SHORT_DECODE_MAX_BATCH_NO_MMA
     short_cluster: int | None = None  # IMPNB_SHORT_CLUSTER: every bucket's blocks a row
     window_short: bool = WINDOW_SHORT  # sliding-window layers' decode kernel by their window's keys
     wide_tiled: bool = WIDE_TILED  # attention_wide's decode on its tiled kernel
@@ -475,6 +481,8 @@ class Overrides:
                    down_quant_tail=switch("DOWN_QUANT_TAIL", DOWN_QUANT_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_decode_max_batch=int(env_number("IMPNB_SHORT_DECODE_MAX_BATCH", SHORT_DECODE_MAX_BATCH)),
+                   short_decode_max_batch_no_mma=int(env_number("IMPNB_SHORT_DECODE_MAX_BATCH_NO_MMA",
+                                                                SHORT_DECODE_MAX_BATCH_NO_MMA)),
                    short_cluster=cluster[0] if cluster else None, window_short=switch("WINDOW_SHORT", WINDOW_SHORT),
                    wide_tiled=switch("WIDE_TILED", WIDE_TILED), window_ring=switch("WINDOW_RING", WINDOW_RING),
                    fused_post_dims=env_ints("IMPNB_FUSED_POST_DIMS"),

@@ -72,6 +72,23 @@ def test_window_layers_decode_by_their_windows_keys(window_short):
     assert plan.prefill_step(40).short_for(1024) == 0
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_batches_keep_the_short_kernel_where_mma_takes_no_heads(head_dim):
+    """A batch past SHORT_DECODE_MAX_BATCH takes the split kernel (on attention_decode_mma) where
+    that takes the head dim; at 256 (Gemma3's) the short kernel up to SHORT_DECODE_MAX_BATCH_NO_MMA."""
+    from impnb.tuning import SHORT_DECODE_MAX_BATCH, SHORT_DECODE_MAX_BATCH_NO_MMA
+
+    plan = LoadPlan.make(cfg_of(head_dim, 4, 1), 1024, Overrides(), GEMMA)
+    most = SHORT_DECODE_MAX_BATCH if head_dim == 128 else SHORT_DECODE_MAX_BATCH_NO_MMA
+    assert SHORT_DECODE_MAX_BATCH < 8 <= SHORT_DECODE_MAX_BATCH_NO_MMA < 32
+    for batch in (2, SHORT_DECODE_MAX_BATCH, 8, SHORT_DECODE_MAX_BATCH_NO_MMA, 32):
+        step = plan.decode_step(200, 1, batch)
+        assert step.short_blocks == (1 if batch <= most else 0), batch
+        assert step.mma == (batch > SHORT_DECODE_MAX_BATCH and head_dim == 128)
+    plan = LoadPlan.make(cfg_of(256, 4, 1), 1024, Overrides(short_decode_max_batch_no_mma=0), GEMMA)
+    assert plan.decode_step(200, 1, 8).short_blocks == 0
+
+
 def test_step_plan_overrides():
     plan = LoadPlan.make(cfg_of(64), 4096, Overrides(short_decode_max=0), PRE_NORM)
     assert plan.decode_step(100).short_blocks == 0
