@@ -82,13 +82,10 @@ def _rms_norm_add_kernel(x, h, w, out, eps):
     write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
 
 
-# grid (R,), block NT: Gemma's post-norm residual. Pass 1 sums h², pass 2 writes
-# x += rms_norm(h) * w_post and sums the new x², pass 3 writes out = rms_norm(x) * w.
-@cuda.jit
-def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    row = cuda.blockIdx.x
+@cuda.jit(device=True, inline=True)
+def post_add_row(x, h, w_post, eps, row):
+    """Every thread of a block: x[row] += rms_norm(h[row]) * w_post (pass 1 sums h², pass 2 writes
+    x and sums its new squares); -> 1 / rms of the new x[row]."""
     D = x.shape[1]
     red = cuda.shared.array(32, types.float32)
     acc = np.float32(0)
@@ -101,7 +98,16 @@ def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
         v = x[row, i] + h[row, i] * inv_h * w_post[i]
         x[row, i] = v
         acc += v * v
-    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
+    return inv_rms(block_sum(acc, red), D, eps)
+
+
+# grid (R,), block NT: Gemma's post-norm residual (post_add_row), then out = rms_norm(x) * w.
+@cuda.jit
+def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+    ptx.grid_dep_launch()
+    row = cuda.blockIdx.x
+    write_normed(x, row, post_add_row(x, h, w_post, eps, row), w, out)
 
 
 # As _rms_norm_post_add_kernel, out written in quant_x's int8 form too (q, d, s: its groups of
@@ -113,18 +119,7 @@ def _rms_norm_post_add_q_kernel(x, h, w_post, w, out, eps, q, d, s):
     ptx.grid_dep_launch()
     row = cuda.blockIdx.x
     D = x.shape[1]
-    red = cuda.shared.array(32, types.float32)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = h[row, i]
-        acc += v * v
-    inv_h = inv_rms(block_sum(acc, red), D, eps)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = x[row, i] + h[row, i] * inv_h * w_post[i]
-        x[row, i] = v
-        acc += v * v
-    inv = inv_rms(block_sum(acc, red), D, eps)
+    inv = post_add_row(x, h, w_post, eps, row)
     warp0 = cuda.threadIdx.x & ~31
     for c0 in range(0, D, cuda.blockDim.x):  # every lane, the shuffles' too
         i = c0 + cuda.threadIdx.x
