@@ -142,7 +142,9 @@ def make_tail_rows(mode: int, quant: bool = False):
     lane its GROUP-column groups (lane, lane + 32, ...), so the rows go in parallel, summed by
     shuffles, with no block barrier a row. quant: h in int8 too (quant_x's form, quantize16's
     rounding of the same floats) into q, d, s for the dp4a GEMV that reads h next; else those are
-    not touched. Rows of a multiple of GROUP columns."""
+    not touched. Rows of a multiple of GROUP columns. A group's loads all go out before its stores:
+    a store to x or h between them would hold each next load (the arrays may alias) for a round
+    trip to L2."""
     assert mode in (ADD, POST_ADD)
 
     @cuda.jit(device=True, inline=True)
@@ -152,6 +154,7 @@ def make_tail_rows(mode: int, quant: bool = False):
         lane = cuda.threadIdx.x & 31
         D = x.shape[1]
         v = cuda.local.array(GROUP, float32)
+        u = cuda.local.array(GROUP, float32)
         for t in range(cuda.threadIdx.x >> 5, x.shape[0], cuda.blockDim.x >> 5):
             # -- POST_ADD: 1 / rms of y[t] --
             scale = float32(1.0)
@@ -166,19 +169,29 @@ def make_tail_rows(mode: int, quant: bool = False):
             ss = float32(0.0)
             for c in range(GROUP * lane, D, GROUP * 32):
                 for j in range(0, GROUP, 4):
-                    yv = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
-                    for i in range(4):
-                        u = yv[i]
-                        if mode == POST_ADD:
-                            u = u * scale * w_post[c + j + i]
-                        u += x[t, c + j + i]
-                        x[t, c + j + i] = u
-                        ss += u * u
+                    v[j], v[j + 1], v[j + 2], v[j + 3] = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
+                for i in range(GROUP):
+                    u[i] = x[t, c + i]
+                if mode == POST_ADD:
+                    for j in range(0, GROUP, 4):
+                        w0, w1, w2, w3 = qi.ldg_f32x4(w_post, c + j)
+                        v[j], v[j + 1], v[j + 2], v[j + 3] = (v[j] * scale * w0, v[j + 1] * scale * w1,
+                                                              v[j + 2] * scale * w2, v[j + 3] * scale * w3)
+                for i in range(GROUP):
+                    u[i] += v[i]
+                    ss += u[i] * u[i]
+                for i in range(GROUP):
+                    x[t, c + i] = u[i]
             inv = inv_rms(warp_sum(ss), D, eps)
             # -- h[t] = x[t] / rms * w_next (the lane's own columns of x), a group at a time --
             for c in range(GROUP * lane, D, GROUP * 32):
                 for i in range(GROUP):
-                    v[i] = x[t, c + i] * inv * w_next[c + i]
+                    u[i] = x[t, c + i]
+                for j in range(0, GROUP, 4):
+                    w0, w1, w2, w3 = qi.ldg_f32x4(w_next, c + j)
+                    v[j], v[j + 1], v[j + 2], v[j + 3] = (u[j] * inv * w0, u[j + 1] * inv * w1,
+                                                          u[j + 2] * inv * w2, u[j + 3] * inv * w3)
+                for i in range(GROUP):
                     h[t, c + i] = v[i]
                 if quant:
                     store_group(v, q, d, s, t, c // GROUP)
