@@ -7,7 +7,7 @@ from impnb.gpu.plan import LoadPlan
 from impnb.kernels.attention import attention_decode
 from impnb.models.config import ModelConfig
 from impnb.models.spec import LayerSpec
-from impnb.tuning import SHORT_DECODE_MAX_BATCH, Overrides
+from impnb.tuning import SHORT_DECODE_MAX_BATCH, SHORT_DECODE_MAX_BATCH_NO_MMA, Overrides
 
 LAYERS = (LayerSpec(),) * 2
 
@@ -27,14 +27,16 @@ def test_batch_buckets():
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("batch", [2, 8, 64, 256])
 def test_batch_decode_step(head_dim, batch):
-    """A batch of up to SHORT_DECODE_MAX_BATCH sequences takes the short kernel at one block a row
-    where one sequence would (its rows fill the GPU), a larger one (GQA here) the split kernel
-    always, at the split count for its size; one sequence is unchanged."""
+    """A batch of up to SHORT_DECODE_MAX_BATCH sequences (SHORT_DECODE_MAX_BATCH_NO_MMA at heads
+    attention_decode_mma does not take) takes the short kernel at one block a row where one
+    sequence would (its rows fill the GPU), a larger one (GQA here) the split kernel always, at
+    the split count for its size; one sequence is unchanged."""
     plan = LoadPlan.make(cfg_of(head_dim), 8192, Overrides(), LAYERS)
+    most = SHORT_DECODE_MAX_BATCH if head_dim in (64, 128) else SHORT_DECODE_MAX_BATCH_NO_MMA
     for length in (1, 300, 1025, 5000, 8192):
         one, many = plan.decode_step(length), plan.decode_step(length, 1, batch)
         assert (many.batch, many.n_tokens, many.rows, many.ctx_bucket) == (batch, 1, batch, one.ctx_bucket)
-        assert many.short_blocks == (1 if one.short_blocks and batch <= SHORT_DECODE_MAX_BATCH else 0)
+        assert many.short_blocks == (1 if one.short_blocks and batch <= most else 0)
         assert many.splits == attention_decode.num_splits(one.ctx_bucket, 32, 8, 1, batch, head_dim=head_dim)
         assert many.splits <= one.splits
         assert plan.decode_step(length, 1, 1) == one
