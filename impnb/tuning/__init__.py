@@ -10,29 +10,25 @@ integer ones are parsed by `env_ints` / `env_number`, a malformed value a Parame
 line from the CLI). The model-level ones are read when a model loads (`Overrides.from_env`),
 the kernel tables' (IMPNB_EXPERTS_T1, IMPNB_FOLD_T1) at import, as their builds need them; so are
 the paths of the measured tables (IMPNB_MOE_TABLE=PATH runs another moe_table.json).
-Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant.
+Variants are (span, unroll, rows) of kernels/gemv/gemv_variants.Variant. Decode attention's
+choices are in tuning/attention.py and the environment's readers in tuning/env.py, both read
+through this module.
 """
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
 from impnb.errors import ParameterError
-
-
-
-def env_path(name: str, default: Path) -> Path:
-    """IMPNB_<name> as a file's path (another measured table, for an A/B run), default where unset
-    or empty; ParameterError where no file is there."""
-    value = os.environ.get(f"IMPNB_{name}") or None
-    if value is None:
-        return default
-    if not Path(value).is_file():
-        raise ParameterError(f"IMPNB_{name}={value!r}: no such file")
-    return Path(value)
+# decode attention's choices, and the environment's readers, live in modules of their own
+from impnb.tuning.attention import (  # noqa: F401  (tuning.X is how the GPU path reads them)
+    BATCH_LOOKAHEAD, BATCH_MMA_ATTENTION, BATCH_MMA_DEEP_RING, BATCH_MMA_POST, BATCH_MMA_POST_PARTS, BATCH_MMA_WARPS,
+    DECODE_TC, FUSED_POST, SHORT_DECODE_CLUSTER, SHORT_DECODE_CLUSTER_HEADS, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH,
+    SHORT_DECODE_MAX_BATCH_NO_MMA, WGMMA_HEAD_DIMS, WIDE_TILED, WINDOW_RING, WINDOW_SHORT, fuses_post, short_cluster)
+from impnb.tuning.env import (  # noqa: F401
+    env_ints, env_number, env_path, env_table, env_types, env_variant, switch)
 
 
 TABLE_DIR = Path(__file__).parent
@@ -50,71 +46,6 @@ GEMV_ROWS_TABLE = env_path("GEMV_ROWS_TABLE", TABLE_DIR / "gemv_rows_table.json"
 GEMM_MARGIN = 1.03
 GEMM_SHORT_ROWS = 32
 GEMM_SHORT_FACTOR = 1.6
-
-
-def switch(name: str, default: bool = True) -> bool:
-    """A choice on by default (or off, default False): False where the environment sets
-    IMPNB_<name> to 0, True where it sets anything else."""
-    return os.environ.get(f"IMPNB_{name}", "1" if default else "0") != "0"
-
-
-def env_ints(name: str) -> tuple[int, ...] | None:
-    """The comma-separated integers of environment variable `name` (an A/B override), None where
-    it is unset; ParameterError where it is not integers."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise ParameterError(f"{name}={value!r}: expected integers separated by commas") from None
-
-
-def env_number(name: str, default: float) -> float:
-    """Environment variable `name` as a number (an A/B override), default where it is unset;
-    ParameterError where it is not a number."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ParameterError(f"{name}={value!r}: expected a number") from None
-
-
-def env_types(name: str, default: str) -> tuple:
-    """Environment variable `name` (default where unset) as GGML type names separated by commas,
-    empty for none; ParameterError where one is not a type's name."""
-    value = os.environ.get(name, default)
-    try:
-        return tuple(T[n.strip()] for n in value.split(",") if n.strip())
-    except KeyError:
-        raise ParameterError(f"{name}={value!r}: expected GGML type names separated by commas") from None
-
-
-def env_variant(name: str) -> str | None:
-    """Environment variable `name` as a gemv_dp4a_multi variant's name (s<span>u<depth>r<rows>) or
-    "mmq" (the int8 GEMM), None where unset or empty; ParameterError where it is neither."""
-    value = os.environ.get(name) or None
-    if value is not None and value != "mmq" and not re.fullmatch(r"s(32|64|128)u[12]r[248]", value):
-        raise ParameterError(f"{name}={value!r}: expected a variant such as s32u1r4, or mmq")
-    return value
-
-
-def env_table(name: str, default: dict) -> dict:
-    """A measured per-type variant table with its A/B override: default where IMPNB_<name> is
-    unset or 1, {} where 0, else its comma-separated TYPE=s<span>u<unroll>r<rows> entries (those
-    types alone); ParameterError where malformed."""
-    value = os.environ.get(f"IMPNB_{name}", "1")
-    if value == "1":
-        return default
-    out = {}
-    for entry in (e.strip() for e in value.split(",") if e.strip() and value != "0"):
-        m = re.fullmatch(r"([A-Z0-9_]+)=s(32|64|128)u([1-4])r(1|2|4|8)", entry)
-        if not m or m.group(1) not in T.__members__:
-            raise ParameterError(f"IMPNB_{name}={value!r}: expected 0, 1 or TYPE=s32u2r4 entries separated by commas")
-        out[T[m.group(1)]] = tuple(int(g) for g in m.groups()[1:])
-    return out
 
 
 # -- shapes of a step ------------------------------------------------------------------------
@@ -142,89 +73,6 @@ def prefill_chunk(cfg) -> int:
 # prompt decodes at 129..256 keys, where head dim 64's short kernel runs faster on two blocks a
 # row and 1..128 on one (SHORT_DECODE_CLUSTER).
 DECODE_CTX_BUCKETS = (128, 256, 1024, 4096, 16384, 65536, 262144)
-
-# -- decode attention ------------------------------------------------------------------------
-# Head dim: the largest context bucket whose decode attention takes the one-block-a-row short
-# kernel (faster than split-K up to there); IMPNB_SHORT_DECODE_MAX overrides (0: never).
-SHORT_DECODE_MAX = {64: 4096, 128: 1024, 256: 4096}
-# A batched decode step of more sequences than this takes the split kernel whatever the bucket
-# where KV heads are shared (GQA): its blocks own a KV head's query rows and read the K/V once,
-# where the short kernel's one block a query row reads them once a head (on the synthetic
-# Qwen3-8B at 128-256 keys, B = 64 / 128 decoded 1.26x / 1.34x faster, B = 8 1.05x on
-# attention_decode_mma in one split; the Qwen3-30B-A3B's B = 8 level). IMPNB_SHORT_DECODE_MAX_BATCH.
-SHORT_DECODE_MAX_BATCH = 4
-# Where attention_decode_mma does not take the head dim (Gemma3's 256), a batch of up to this many
-# sequences keeps the short kernel (past it: the split kernel with qkv_post apart): Gemma3 270M at
-# B = 8 / 16 decoded 8559 / 11773 tok/s against 7793 / 10834 (docs/PERFORMANCE.md, 'Batched
-# decode'). IMPNB_SHORT_DECODE_MAX_BATCH_NO_MMA.
-SHORT_DECODE_MAX_BATCH_NO_MMA = 16
-# Sliding-window layers pick decode attention's kernel by the bucket of their window's keys (the
-# short kernel where that is within SHORT_DECODE_MAX) rather than the context's, which past the
-# window sends them to the split kernel. IMPNB_WINDOW_SHORT=0 turns it off.
-WINDOW_SHORT = True
-# One sequence's sliding-window layers keep only their window's KV pages (gpu/kv.PagedKV's ring),
-# decoding as fast as with whole pools; IMPNB_WINDOW_RING=0 gives them every position's pages.
-WINDOW_RING = True
-# Decode attention at heads past the tiled kernels' (Gemma 4's 512) on attention_wide_tiled (K/V
-# widened to float32 once a block in shared memory) rather than attention_wide's kernel (each
-# warp widening them): faster at every context and split count bench_decode_attention.py
-# --wide-tiled measured; IMPNB_WIDE_TILED=0 turns it off.
-WIDE_TILED = True
-# Head dims whose one-sequence decode attention (a token a step) runs on FA2's tensor-core tiles in
-# their decode form (attention_fa2_decode.py: a block's tile rows the query heads of one KV head,
-# the keys split over the SMs, attention_wide's merge) rather than the CUDA-core kernels above:
-# Gemma 4's global heads of 512, where it made tg128 at depth 4096 faster than attention_wide_tiled;
-# not 256, where Gemma 4's sliding layers (1024 keys) run faster on the short kernel
-# (docs/EXPERIMENTS.md); IMPNB_DECODE_TC=256,512 picks head dims, IMPNB_DECODE_TC=0 none.
-DECODE_TC: tuple[int, ...] = (512,)
-# The batched engine queues its next decode step on the device's own inputs before the host reads
-# a step's tokens (engine_batch.py, "Look-ahead"): the host's work on a step (scheduler, stops,
-# streams) then runs beside the GPU's next one; IMPNB_BATCH_LOOKAHEAD=0 turns it off.
-BATCH_LOOKAHEAD = True
-# A batched decode step of more than SHORT_DECODE_MAX_BATCH sequences, where it would take the split
-# kernel, on the tensor-core kernel (attention_decode_mma.py: a block a sequence's KV head, its query
-# heads one m16 tile's rows): faster on the synthetic Qwen3-8B's batches of 16, 64 and 128 at 256
-# keys, level at 32; smaller batches, not measured on it, keep the split kernel past SHORT_DECODE_MAX.
-# IMPNB_BATCH_MMA_ATTENTION=0 keeps the split kernel.
-BATCH_MMA_ATTENTION = True
-# attention_decode_mma's warps keep four tiles in their rings at head dim 128 where a block owns an SM
-# (attention_decode_mma.ring_stages), not the two that three blocks an SM leave (STAGES): a batch of
-# few sequences has few blocks, each streaming its keys (the Qwen3-30B-A3B's B = 16 faster, the
-# Qwen3-8B's level). IMPNB_BATCH_MMA_DEEP_RING=0 keeps STAGES.
-BATCH_MMA_DEEP_RING = True
-# attention_decode_mma's blocks of eight warps rather than four where each block owns an SM
-# (attention_decode_mma.ring_plan; their rings three tiles deep at head dim 128): a warp's chain of
-# 16-key tiles half as long (the Qwen3-30B-A3B's B = 8 a little faster, its B = 16 and the Qwen3-8B's
-# level: docs/EXPERIMENTS.md). IMPNB_BATCH_MMA_WARPS=4 keeps four.
-BATCH_MMA_WARPS = 8
-# qkv_post in front of attention_decode_mma at a batch's decode step (its Post), in place of its
-# launch, the cached keys' first tiles sent before the kernel's wait (the Qwen3-8B's B = 16 and 32 and
-# the Qwen3-30B-A3B's 8 and 16 4-6% faster: docs/PERFORMANCE.md). IMPNB_BATCH_MMA_POST=0 keeps qkv_post.
-BATCH_MMA_POST = True
-# There, Q|K|V's split-K partial products (gemm_mmq, gemm_wgmma_rs and its pair) added up by the
-# attention kernel's qkv_post rather than by their reduce launch (both models' batches 2-5% faster:
-# docs/PERFORMANCE.md). IMPNB_BATCH_MMA_POST_PARTS=0 keeps the reduce.
-BATCH_MMA_POST_PARTS = True
-# (head dim, bucket): the short kernel's blocks a query row (a thread-block cluster splitting the
-# keys), 1 where not listed: clusters won at 1024-4096 keys, and two blocks at head dim 64's
-# 129..256 keys (SmolLM2); one block won at 1..128; IMPNB_SHORT_CLUSTER.
-SHORT_DECODE_CLUSTER = {(64, 256): 2, (64, 1024): 8, (64, 4096): 8, (128, 1024): 2, (256, 1024): 8,
-                        (256, 4096): 8}
-# (head dim, bucket, query heads): where a model's head count measured another cluster than the
-# table's above: Gemma-4-26B-A4B's sliding layers (16 heads on 8 KV heads of 256) run faster on 4
-# blocks a row than on 8, Gemma3's 4 heads on 8 (docs/EXPERIMENTS.md, WINDOW_SHORT).
-SHORT_DECODE_CLUSTER_HEADS = {(256, 1024, 16): 4}
-
-
-def short_cluster(head_dim: int, bucket: int, n_head: int) -> int:
-    """The short decode kernel's blocks a query row at this head dim, context bucket and head count."""
-    return SHORT_DECODE_CLUSTER_HEADS.get((head_dim, bucket, n_head), SHORT_DECODE_CLUSTER.get((head_dim, bucket), 1))
-# Head dim: the most query heads a KV head at which the short kernel takes qkv_post fused in
-# front (one launch a layer fewer); past it every block's norm and RoPE prologue costs more than
-# the launch. IMPNB_FUSED_POST_DIMS (head dims, any GQA) overrides it.
-FUSED_POST = {64: 32, 128: 4}
-# Prefill attention head dims on the wgmma kernel (sm_90 only): it beat FA2 at every length.
-WGMMA_HEAD_DIMS = (64, 128)
 
 # -- decode GEMVs ----------------------------------------------------------------------------
 # Weights of at least DP4A_MIN_MB and DP4A_MIN_K columns of a dp4a type run their decode GEMVs
@@ -504,8 +352,3 @@ class Overrides:
                    gemm_pair_rs=GEMM_PAIR_RS_ROWS if pair_rs is None else pair_rs,
                    gemm_pair_mmq=GEMM_PAIR_MMQ_ROWS if pair_mmq is None else pair_mmq,
                    w16_resident_mb=env_number("IMPNB_W16_RESIDENT_MB", W16_RESIDENT_MB))
-
-
-def fuses_post(head_dim: int, n_head: int, n_head_kv: int) -> bool:
-    """Whether decode attention takes qkv_post fused in front at this shape (FUSED_POST)."""
-    return n_head // n_head_kv <= FUSED_POST.get(head_dim, 0)
