@@ -123,8 +123,8 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
 
 def _h_int8(m, lin, n_tok: int) -> QuantX | None:
     """The buffers of h's int8 form where lin, the Linear that reads h next, takes gemv_dp4a_multi's
-    x̂ (T = 2..8, one rank): the residual update before writes it (gemv_dp4a_multi's tail, or a
-    quantize_x after it, the one lin would have launched); else None."""
+    x̂ (T = 2..8, one rank): the residual update before writes it (the post-norm's kernel; else a
+    quantize_x after the update, the launch lin would have made); else None."""
     if lin is None or n_tok == 1 or m.tp is not None or not m.mm.takes_int8(lin, n_tok):
         return None
     return m.mm.xq_buffers(n_tok, m.cfg.n_embd, "h_xq")

@@ -7,7 +7,9 @@ norm.rms_norm_post_add) are its reference:
   h[t]  = RMSNorm(x[t]) * w_next
 quant_tail, after a kernel that adds its rows into x itself (the routed experts' down): the last
 block writes the next layer's input in quantize_x's int8 form, RMSNorm(x[t]) * w_next, for the
-dp4a GEMV that takes it (no quantize_x launch between).
+dp4a GEMV that takes it (no quantize_x launch between). make_tail works the rows with the whole
+block, one after another (one token's GEMVs); make_tail_rows a warp a row (gemv_dp4a_multi's
+tokens), h's int8 form optional. Residual.unfused is the same update by the norm kernels.
 Every block publishes its rows of y (a threadfence) and takes a ticket from `counter` (an atomic
 increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
 block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
