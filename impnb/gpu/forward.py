@@ -97,15 +97,17 @@ def forward(m, step: StepPlan, last_only: bool = True, last_row=None):
     norm.rms_norm(x, m.blk[0].attn.norm, h, cfg.eps, s)
     hq = None  # h's int8 form, written by the residual update before (_h_int8)
     for il, (spec, lw) in enumerate(zip(m.layers, m.blk)):
+        xq = None  # attention's output in int8, written by the attention kernel for attn_output
         if spec.mixer == "gated_deltanet":
             mixed = deltanet_block(m, il, lw.attn, h, pos, step, lengths=lengths)
         else:
-            mixed = _attention_block(m, il, lw.attn, h, pos, step, xin=hq)
+            xq = _attn_int8(m, il, lw.attn, step)
+            mixed = _attention_block(m, il, lw.attn, h, pos, step, xq=xq, xin=hq)
         o = a.get("o", (T, D))
         dense = spec.ffn not in ("moe", "moe_shared")
         ffn_q = _h_int8(m, lw.ffn.gate_up if dense else None, T)
         res = residual_update(m, x, h, lw.attn.post_norm, lw.ffn.norm, ffn_q)
-        m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res))
+        m.mm.linear(mixed, lw.attn.o, o, residual=_local(m, res), xq=xq)
         _reduced(m, o, res)
         if il + 1 < len(m.layers):
             hq = _h_int8(m, None if m.layers[il + 1].mixer == "gated_deltanet" else m.blk[il + 1].attn.qkv, T)
@@ -128,6 +130,16 @@ def _h_int8(m, lin, n_tok: int) -> QuantX | None:
     if lin is None or n_tok == 1 or m.tp is not None or not m.mm.takes_int8(lin, n_tok):
         return None
     return m.mm.xq_buffers(n_tok, m.cfg.n_embd, "h_xq")
+
+
+def _attn_int8(m, il: int, att: Attention, step: StepPlan) -> QuantX | None:
+    """The buffers where decode attention writes its output's int8 form for attn_output, when
+    that GEMV is gemv_dp4a_multi at the step's T = 2..8 rows (MatMul.attn_xq's kernels; ungated:
+    a gate multiplies the float output first); else None (the GEMV quantizes it itself)."""
+    T = step.rows
+    if T == 1 or att.q_gate is not None or not m.mm.takes_int8(att.o, T):
+        return None
+    return m.mm.attn_xq(att.o, step, m.cfg.window(il), _mma_one_split(m, il, step))
 
 
 def _batch_fused(m, step: StepPlan) -> bool:

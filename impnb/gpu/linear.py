@@ -377,10 +377,12 @@ class MatMul:
         """Where decode attention of a layer of this window writes its output's int8 form for lin
         (attn_output) to take gemv_dp4a on it, its buffers; else None (ATTN_DP4A). The short kernel
         does, and a batch's attention_decode_mma where it runs in one split (one_split: forward's
-        _mma_one_split)."""
+        _mma_one_split). lin reads it on gemv_dp4a_multi at its T, or on gemv_dp4a where wide
+        enough for int8 (int8_x), not on gemm_mmq (which quantizes x its own way)."""
+        multi = lin.multi.get(step.rows)
         if (self.tuning.attn_dp4a and step.n_tokens <= attention_decode.MAX_T
                 and (step.short_for(window) or one_split)
-                and lin.int8_x and step.rows <= GEMV_MAX_ROWS and lin.multi.get(step.rows) != MMQ):
+                and (multi or lin.int8_x) and step.rows <= GEMV_MAX_ROWS and multi != MMQ):
             return self.xq_buffers(step.rows, lin.w.cols, "attn_xq")
         return None
 

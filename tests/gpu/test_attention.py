@@ -328,6 +328,19 @@ def test_decode_short_quant(post, cluster, T, L):
             check_decode(rng, [L], T, 32, 4, 128, std, short=True, cluster=cluster, quant=True)
 
 
+@pytest.mark.parametrize("post", (False, True))
+@pytest.mark.parametrize("T,L", ((1, 131), (3, 300)))
+def test_decode_short_quant_gemma3(post, T, L):
+    """The int8 form at Gemma3-270M's heads (H 4 over 1 KV head, D 256): one sequence with
+    qkv_post fused, or a batch of five at different lengths."""
+    rng = _seed(T, L, post, 256)
+    for std in STDS:
+        if post:
+            check_decode_post(rng, L, T, 4, 1, 256, std, quant=True)
+        else:
+            check_decode(rng, [L, 7, L + 33, 64, 1], T, 4, 1, 256, std, short=True, warps=8, quant=True)
+
+
 # -- the short kernel with a thread-block cluster of 2, 4 or 8 blocks a query row (key ranges
 #    split, merged in distributed shared memory): contexts shorter than the cluster (empty
 #    parts), odd lengths, windows, several tokens and block sizes, qkv_post fused --

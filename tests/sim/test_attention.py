@@ -100,3 +100,4 @@ def test_decode_short_quant():
     sequences of two tokens; one token with qkv_post fused."""
     check_decode(np.random.default_rng(9), [3, 40], 2, H, HKV, D, 1.0, short=True, warps=4, quant=True)
     check_decode_post(np.random.default_rng(10), 20, 1, H, HKV, 128, 1.0, warps=4, quant=True)
+    check_decode_post(np.random.default_rng(11), 9, 1, 4, 1, 256, 1.0, warps=8, quant=True)  # Gemma3's heads

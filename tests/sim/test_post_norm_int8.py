@@ -1,8 +1,8 @@
 """A batch's Gemma3 decode step on the simulator (launches recorded, none run): each post-norm
 residual update (attn_output's and the down's, on gemv_dp4a_multi at four sequences) writes the
 next normed input's int8 form itself, into the buffers the GEMV after it reads (the gate|up, the
-next layer's Q|K|V, the logits), so the step's only quantize_x launches are the first layer's
-Q|K|V input and each layer's attention output and activation. The kernels' numbers:
+next layer's Q|K|V, the logits), and the attention kernel its output's for attn_output, so the
+step's only quantize_x launches are the first layer's Q|K|V input and each layer's activation. The kernels' numbers:
 tests/sim/test_norm_rope_act.py and tests/gpu/test_norm_rope_act.py; the engine's:
 tests/gpu/test_engine_batch.py."""
 
@@ -48,4 +48,9 @@ def test_post_norms_write_the_next_gemvs_int8_input(gemma3_path, monkeypatch):
     for i in posts:
         _, reader = next((j, c) for j, c in enumerate(step[i + 1:]) if names[i + 1 + j].startswith("_gemv_dp4a"))
         assert reader["args"][1:4] == step[i]["args"][6:9], "the next GEMV reads other int8 buffers than the norm wrote"
-    assert names.count("_quantize_x_kernel") == 1 + 2 * n_layer, names
+    attns = [i for i, n in enumerate(names) if n.startswith("_decode_short_") and n.endswith("_quant_kernel")]
+    assert len(attns) == n_layer, names
+    for i in attns:
+        reader = next(c for j, c in enumerate(step[i + 1:]) if names[i + 1 + j].startswith("_gemv_dp4a"))
+        assert reader["args"][1:4] == step[i]["args"][10:13], "attn_output reads other int8 buffers than attention wrote"
+    assert names.count("_quantize_x_kernel") == 1 + n_layer, names

@@ -459,7 +459,8 @@ _POST_SIG = _SIG + (_Q, _Q, types.float32[:, ::1], types.int32, _F1, _F1, types.
 
 
 # Clusters in the build checks: 8 blocks (the most partials to merge) at each head dim, post and
-# quant; 2 blocks at each head dim, with and without post and quant (not every product).
+# quant; 2 blocks at each head dim, with and without post and quant (not every product). The int8
+# output at 128 and at Gemma3's 256 with qkv_post fused.
 CLUSTER_2 = ((64, False, False), (64, True, False), (128, True, True), (256, True, False))
 
 
@@ -472,4 +473,4 @@ def build_signatures() -> list:
               "ptx_contains": ("barrier.cluster.arrive", "mapa.shared::cluster") if S > 1 else ()})
             for key in KERNEL_KEYS for d, nw, _, post, S, quant in (key,)
             if (S == 1 or (nw == 8 and (S == 8 or (S == 2 and (d, post, quant) in CLUSTER_2))))
-            and (not quant or (d == 128 and nw in (8, 16)))]
+            and (not quant or (d == 128 and nw in (8, 16)) or (d == 256 and post and S == 1))]

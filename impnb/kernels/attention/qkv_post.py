@@ -64,11 +64,19 @@ def _qkv_post_kernel(q, k, v, pos, inv_freq, neox, q_norm, k_norm, eps, use_norm
     cuda.syncthreads()  # the rotation is in shared memory (every warp passes here)
     if j >= H + 2 * Hkv:
         return
-    if j >= H + Hkv:  # a v head: straight to the cache
+    if j >= H + Hkv:  # a v head: straight to the cache, its loads all before its stores (v, v_pool may alias)
         h = j - H - Hkv
         if page >= 0:
-            for d in range(lane, v.shape[2], 32):
-                v_pool[page, off, h, d] = types.float16(v[t, h, d])
+            Dv = v.shape[2]
+            vv = cuda.local.array(LANE_COLS, types.float32)
+            for m in range(LANE_COLS):
+                d = lane + 32 * m
+                if d < Dv:
+                    vv[m] = v[t, h, d]
+            for m in range(LANE_COLS):
+                d = lane + 32 * m
+                if d < Dv:
+                    v_pool[page, off, h, d] = types.float16(vv[m])
         return
     h = j if is_q else j - H
     xs = cuda.shared.array((HEADS, MAX_D), types.float32)
@@ -113,7 +121,7 @@ def qkv_post(q, k, v, pos, inv_freq, neox: bool, q_norm, k_norm, eps: float, blo
     assert pos.dtype == np.int32 and pos.shape == (R,) and block_table.dtype == np.int32
     assert R % block_table.shape[0] == 0, f"{R} rows are not a whole number a sequence of {block_table.shape[0]}"
     assert k_pool.shape[1] in PAGE_SIZES and k_pool.shape[2:] == (Hkv, D)
-    assert v_pool.shape[2:] == (Hkv, v.shape[2]) and 2 * inv_freq.shape[1] <= D
+    assert v_pool.shape[2:] == (Hkv, v.shape[2]) and v.shape[2] <= MAX_D and 2 * inv_freq.shape[1] <= D
     use_norm = q_norm is not None
     if use_norm:
         assert q_norm.shape == (D,) and k_norm.shape == (D,)

@@ -1,13 +1,15 @@
 """RMSNorm: numpy reference and the CUDA kernels (plain, per-head, fused residual add)."""
 
 import math
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 from numba.core import types
 
 from impnb.kernels.common import ptx
-from impnb.kernels.common.warp import SIMULATOR, WARP, block_sum, warp_sum
+from impnb.kernels.common.warp import WARP, block_sum, warp_sum
 from impnb.kernels.elementwise.reference import rms_norm_ref  # noqa: F401
 from impnb.kernels.gemv.quant_x import GROUP, store_group_lanes
 from impnb.launch import launch
@@ -30,22 +32,6 @@ def write_normed(x, row, inv, w, out):
         out[row, i] = x[row, i] * inv * w[i]
 
 
-# grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i, i + NT, ...
-# shared: red f32[32] (one partial sum per warp). Pass 2 re-reads the row (L1) to scale it.
-@cuda.jit
-def _rms_norm_kernel(x, w, out, eps):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    row = cuda.blockIdx.x
-    D = x.shape[1]
-    red = cuda.shared.array(32, types.float32)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = x[row, i]
-        acc += v * v
-    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
-
-
 # grid (ceil(R / 4),), block (32, 4): warp y owns row 4 * block + y; lane owns columns lane, lane + 32, ...
 # No shared memory. For per-head QK-norm (rows of head_dim) and other short rows.
 @cuda.jit
@@ -65,70 +51,151 @@ def _rms_norm_warp_kernel(x, w, out, eps):
         out[row, i] = x[row, i] * inv * w[i]
 
 
-# grid (R,), block NT: as _rms_norm_kernel; pass 1 writes x += h and sums its squares, pass 2
-# re-reads the new x (same thread, same columns) and writes out = rms_norm(x) * w.
-@cuda.jit
-def _rms_norm_add_kernel(x, h, w, out, eps):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    row = cuda.blockIdx.x
-    D = x.shape[1]
-    red = cuda.shared.array(32, types.float32)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = x[row, i] + h[row, i]
-        x[row, i] = v
-        acc += v * v
-    write_normed(x, row, inv_rms(block_sum(acc, red), D, eps), w, out)
+class RowKernels(NamedTuple):
+    norm: object  # out = rms_norm(x) * w
+    add: object  # x += h, then out = rms_norm(x) * w
+    post_add: object  # x += rms_norm(h) * w_post, then out = rms_norm(x) * w
+    post_add_q: object  # the same, out's int8 form written too
 
 
-@cuda.jit(device=True, inline=True)
-def post_add_row(x, h, w_post, eps, row):
-    """Every thread of a block: x[row] += rms_norm(h[row]) * w_post (pass 1 sums h², pass 2 writes
-    x and sums its new squares); -> 1 / rms of the new x[row]."""
-    D = x.shape[1]
-    red = cuda.shared.array(32, types.float32)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = h[row, i]
-        acc += v * v
-    inv_h = inv_rms(block_sum(acc, red), D, eps)
-    acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = x[row, i] + h[row, i] * inv_h * w_post[i]
-        x[row, i] = v
-        acc += v * v
-    return inv_rms(block_sum(acc, red), D, eps)
+@lru_cache(maxsize=None)
+def row_kernels(cols: int) -> RowKernels:
+    """The block-per-row kernels for rows of at most `cols` columns a thread (block_threads' NT)."""
 
+    @cuda.jit(device=True, inline=True)
+    def load_cols(a, row, v):
+        # -- v[c] = a[row, i + c NT], the thread's columns (0 past the row's end) --
+        D = a.shape[1]
+        for c in range(cols):
+            i = cuda.threadIdx.x + c * cuda.blockDim.x
+            v[c] = a[row, i] if i < D else np.float32(0)
 
-# grid (R,), block NT: Gemma's post-norm residual (post_add_row), then out = rms_norm(x) * w.
-@cuda.jit
-def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    row = cuda.blockIdx.x
-    write_normed(x, row, post_add_row(x, h, w_post, eps, row), w, out)
+    @cuda.jit(device=True, inline=True)
+    def load_weight(w, v):
+        D = w.shape[0]
+        for c in range(cols):
+            i = cuda.threadIdx.x + c * cuda.blockDim.x
+            v[c] = w[i] if i < D else np.float32(0)
 
+    @cuda.jit(device=True, inline=True)
+    def inv_rms_of(v, D, eps, red):
+        # -- 1 / rms of the block's row: the thread's squares in column order, then block_sum --
+        acc = np.float32(0)
+        for c in range(cols):
+            if cuda.threadIdx.x + c * cuda.blockDim.x < D:
+                acc += v[c] * v[c]
+        return inv_rms(block_sum(acc, red), D, eps)
 
-# As _rms_norm_post_add_kernel, out written in quant_x's int8 form too (q, d, s: its groups of
-# GROUP columns, a half-warp a group, store_group_lanes: quantize_x's of out bit for bit) for the
-# dp4a GEMV that reads it next; D a multiple of GROUP, the block a whole number of warps.
-@cuda.jit
-def _rms_norm_post_add_q_kernel(x, h, w_post, w, out, eps, q, d, s):
-    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-    ptx.grid_dep_launch()
-    row = cuda.blockIdx.x
-    D = x.shape[1]
-    inv = post_add_row(x, h, w_post, eps, row)
-    warp0 = cuda.threadIdx.x & ~31
-    for c0 in range(0, D, cuda.blockDim.x):  # every lane, the shuffles' too
-        i = c0 + cuda.threadIdx.x
-        live = i < D
-        v = np.float32(0)
-        if live:
-            v = x[row, i] * inv * w[i]
-            out[row, i] = v
-        store_group_lanes(v, live, q, d, s, row, (c0 + warp0) // GROUP)
+    @cuda.jit(device=True, inline=True)
+    def store_cols(v, a, row):
+        D = a.shape[1]
+        for c in range(cols):
+            i = cuda.threadIdx.x + c * cuda.blockDim.x
+            if i < D:
+                a[row, i] = v[c]
+
+    @cuda.jit(device=True, inline=True)
+    def store_normed(v, inv, wv, out, row):
+        D = out.shape[1]
+        for c in range(cols):
+            i = cuda.threadIdx.x + c * cuda.blockDim.x
+            if i < D:
+                out[row, i] = v[c] * inv * wv[c]
+
+    @cuda.jit(device=True, inline=True)
+    def post_add_row(x, h, wp, eps, row, xv, red):
+        # -- xv = x[row] + rms_norm(h[row]) * w_post (wp: the thread's columns of it), written
+        # back to x; -> 1 / rms of the new row --
+        D = x.shape[1]
+        hv = cuda.local.array(cols, types.float32)
+        load_cols(h, row, hv)
+        load_cols(x, row, xv)
+        inv_h = inv_rms_of(hv, D, eps, red)
+        for c in range(cols):
+            xv[c] = xv[c] + hv[c] * inv_h * wp[c]
+        inv = inv_rms_of(xv, D, eps, red)
+        store_cols(xv, x, row)
+        return inv
+
+    # grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i + c NT,
+    # c < cols, their values in registers: the norm weights loaded before griddepcontrol.wait (no
+    # kernel writes them), the row's inputs then all at once, the outputs stored after the last
+    # load (a store before a load would hold the load for its round trip: x, h and out may
+    # alias). Shared: red f32[32] (one partial sum a warp).
+    @cuda.jit
+    def _rms_norm_kernel(x, w, out, eps):
+        wv = cuda.local.array(cols, types.float32)
+        load_weight(w, wv)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        row = cuda.blockIdx.x
+        red = cuda.shared.array(32, types.float32)
+        xv = cuda.local.array(cols, types.float32)
+        load_cols(x, row, xv)
+        store_normed(xv, inv_rms_of(xv, x.shape[1], eps, red), wv, out, row)
+
+    # as _rms_norm_kernel after x += h (x written back)
+    @cuda.jit
+    def _rms_norm_add_kernel(x, h, w, out, eps):
+        wv = cuda.local.array(cols, types.float32)
+        load_weight(w, wv)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        row = cuda.blockIdx.x
+        red = cuda.shared.array(32, types.float32)
+        xv = cuda.local.array(cols, types.float32)
+        hv = cuda.local.array(cols, types.float32)
+        load_cols(x, row, xv)
+        load_cols(h, row, hv)
+        for c in range(cols):
+            xv[c] = xv[c] + hv[c]
+        inv = inv_rms_of(xv, x.shape[1], eps, red)
+        store_cols(xv, x, row)
+        store_normed(xv, inv, wv, out, row)
+
+    # as _rms_norm_kernel: Gemma's post-norm residual (post_add_row), then out = rms_norm(x) * w
+    @cuda.jit
+    def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
+        wp = cuda.local.array(cols, types.float32)
+        wv = cuda.local.array(cols, types.float32)
+        load_weight(w_post, wp)
+        load_weight(w, wv)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        row = cuda.blockIdx.x
+        red = cuda.shared.array(32, types.float32)
+        xv = cuda.local.array(cols, types.float32)
+        store_normed(xv, post_add_row(x, h, wp, eps, row, xv, red), wv, out, row)
+
+    # as _rms_norm_post_add_kernel, out written in quant_x's int8 form too (q, d, s: its groups of
+    # GROUP columns, a half-warp a group, store_group_lanes: quantize_x's of out bit for bit) for
+    # the dp4a GEMV that reads it next; D a multiple of GROUP, the block a whole number of warps
+    @cuda.jit
+    def _rms_norm_post_add_q_kernel(x, h, w_post, w, out, eps, q, d, s):
+        wp = cuda.local.array(cols, types.float32)
+        wv = cuda.local.array(cols, types.float32)
+        load_weight(w_post, wp)
+        load_weight(w, wv)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+        row = cuda.blockIdx.x
+        D = x.shape[1]
+        nt = cuda.blockDim.x
+        red = cuda.shared.array(32, types.float32)
+        xv = cuda.local.array(cols, types.float32)
+        inv = post_add_row(x, h, wp, eps, row, xv, red)
+        warp0 = cuda.threadIdx.x & ~31
+        for c in range(cols):  # every lane of a column block, the shuffles' too
+            if c * nt < D:
+                i = c * nt + cuda.threadIdx.x
+                live = i < D
+                v = np.float32(0)
+                if live:
+                    v = xv[c] * inv * wv[c]
+                    out[row, i] = v
+                store_group_lanes(v, live, q, d, s, row, (c * nt + warp0) // GROUP)
+
+    return RowKernels(_rms_norm_kernel, _rms_norm_add_kernel, _rms_norm_post_add_kernel, _rms_norm_post_add_q_kernel)
 
 
 # ---------------------------------------------------------------- launchers
@@ -154,6 +221,12 @@ def block_threads(D: int) -> int:
     return nt
 
 
+def _block_kernels(D: int) -> tuple[RowKernels, int]:
+    """(row_kernels for rows of D, threads a block)."""
+    nt = block_threads(D)
+    return row_kernels((D + nt - 1) // nt), nt
+
+
 def rms_norm(x, w, out, eps: float, stream) -> None:
     """out (..., D) = rms_norm(x (..., D)) * w (D,); float32. out may be x.
 
@@ -169,7 +242,8 @@ def rms_norm(x, w, out, eps: float, stream) -> None:
         launch(_rms_norm_warp_kernel, (R + 3) // 4, (WARP, 4), stream, x2, _weight(w), out2,
                np.float32(eps))
     else:
-        launch(_rms_norm_kernel, R, block_threads(D), stream, x2, _weight(w), out2, np.float32(eps))
+        kernels, nt = _block_kernels(D)
+        launch(kernels.norm, R, nt, stream, x2, _weight(w), out2, np.float32(eps))
 
 
 def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
@@ -178,8 +252,8 @@ def rms_norm_add(x, h, w, out, eps: float, stream) -> None:
     x2, h2, out2 = _rows(x, D, "x"), _rows(h, D, "h"), _rows(out, D, "out")
     assert x2.shape == h2.shape == out2.shape, "x, h, out differ in shape"
     if x2.shape[0]:
-        launch(_rms_norm_add_kernel, x2.shape[0], block_threads(D), stream, x2, h2, _weight(w), out2,
-               np.float32(eps))
+        kernels, nt = _block_kernels(D)
+        launch(kernels.add, x2.shape[0], nt, stream, x2, h2, _weight(w), out2, np.float32(eps))
 
 
 def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream, out_q=None) -> None:
@@ -190,13 +264,13 @@ def rms_norm_post_add(x, h, w_post, w, out, eps: float, stream, out_q=None) -> N
     assert x2.shape == h2.shape == out2.shape and w_post.shape == (D,), "shapes differ"
     if not x2.shape[0]:
         return
+    kernels, nt = _block_kernels(D)
     if out_q is None:
-        launch(_rms_norm_post_add_kernel, x2.shape[0], block_threads(D), stream,
-               x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
+        launch(kernels.post_add, x2.shape[0], nt, stream, x2, h2, _weight(w_post), _weight(w), out2, np.float32(eps))
         return
     T = x2.shape[0]
     assert D % GROUP == 0 and out_q.q.shape[0] >= T and out_q.q.shape[1] == D // 4 and out_q.d.shape[1] == D // GROUP
-    launch(_rms_norm_post_add_q_kernel, T, block_threads(D), stream, x2, h2, _weight(w_post), _weight(w), out2,
+    launch(kernels.post_add_q, T, nt, stream, x2, h2, _weight(w_post), _weight(w), out2,
            np.float32(eps), out_q.q[:T], out_q.d[:T], out_q.s[:T])
 
 
@@ -207,11 +281,9 @@ _W = types.float32[::1]
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
-    return [
-        (_rms_norm_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
-        (_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, types.float32), {"max_registers": 40}),
-        (_rms_norm_add_kernel, (_ROWS, _ROWS, _W, _ROWS, types.float32), {"max_registers": 48}),
-        (_rms_norm_post_add_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32), {"max_registers": 48}),
-        (_rms_norm_post_add_q_kernel, (_ROWS, _ROWS, _W, _W, _ROWS, types.float32, types.uint32[:, ::1], _ROWS,
-                                       _ROWS), {"max_registers": 48}),
-    ]
+    f32 = types.float32
+    sigs = RowKernels((_ROWS, _W, _ROWS, f32), (_ROWS, _ROWS, _W, _ROWS, f32), (_ROWS, _ROWS, _W, _W, _ROWS, f32),
+                      (_ROWS, _ROWS, _W, _W, _ROWS, f32, types.uint32[:, ::1], _ROWS, _ROWS))
+    # columns a thread: Gemma3-270M's 640 (5), the most (8: 87 registers in the post-norms)
+    return [(_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, f32), {"max_registers": 40})] + [
+        (kernel, sig, {"max_registers": 96}) for cols in (5, 8) for kernel, sig in zip(row_kernels(cols), sigs)]
