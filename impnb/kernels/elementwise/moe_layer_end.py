@@ -46,7 +46,8 @@ def _block_sum2(a, b, red):
 # grid (R,), block NT (128..1024): one block per row of D; thread i owns columns i + c NT, c < COLS,
 # their values in registers: the four norm weights loaded before griddepcontrol.wait (no kernel
 # writes them), then o, y and x in one go; the squares of o and y summed together, then z's, then
-# the new x's (three block sums, one round trip to memory). shared: red f32[64].
+# the new x's (three block sums, one round trip to memory), the stores after the last load (x and h
+# may alias). shared: red f32[64].
 @cuda.jit
 def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
     row = cuda.blockIdx.x
@@ -60,6 +61,7 @@ def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
     an = cuda.local.array(COLS, types.float32)
     ov = cuda.local.array(COLS, types.float32)
     yv = cuda.local.array(COLS, types.float32)
+    xv = cuda.local.array(COLS, types.float32)
     for c in range(COLS):
         i = t + c * nt
         if i < D:
@@ -76,6 +78,7 @@ def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
         if i < D:
             ov[c] = o[row, i]
             yv[c] = y[row, i]
+            xv[c] = x[row, i]
             so += ov[c] * ov[c]
             sy += yv[c] * yv[c]
     so, sy = _block_sum2(so, sy, red)
@@ -93,14 +96,14 @@ def _moe_layer_end_kernel(x, o, y, w1, w2, wf, scale, wn, h, eps):
     for c in range(COLS):
         i = t + c * nt
         if i < D:
-            v = (x[row, i] + ov[c] * iz * af[c]) * s
-            x[row, i] = v
+            v = (xv[c] + ov[c] * iz * af[c]) * s
             yv[c] = v
             sx += v * v
     ix = inv_rms(block_sum(sx, red), D, eps)
     for c in range(COLS):
         i = t + c * nt
         if i < D:
+            x[row, i] = yv[c]
             h[row, i] = yv[c] * ix * an[c]
 
 

@@ -25,30 +25,34 @@ def inv_rms(sum_sq, n, eps):
     return np.float32(1) / np.float32(math.sqrt(sum_sq / np.float32(n) + eps))
 
 
-@cuda.jit(device=True, inline=True)
-def write_normed(x, row, inv, w, out):
-    """Every thread of a block: out[row] = x[row] * inv * w, thread i on columns i, i + NT, ..."""
-    for i in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
-        out[row, i] = x[row, i] * inv * w[i]
+WARP_COLS = WARP_ROWS_MAX_D // WARP  # a lane's columns of a row in _rms_norm_warp_kernel
 
 
 # grid (ceil(R / 4),), block (32, 4): warp y owns row 4 * block + y; lane owns columns lane, lane + 32, ...
-# No shared memory. For per-head QK-norm (rows of head_dim) and other short rows.
+# (up to WARP_COLS), in registers: w loaded before griddepcontrol.wait, the row then at once, out
+# stored after (out may be x). No shared memory. For per-head QK-norm (rows of head_dim) and
+# other short rows.
 @cuda.jit
 def _rms_norm_warp_kernel(x, w, out, eps):
+    D = x.shape[1]
+    lane = cuda.threadIdx.x
+    wv = cuda.local.array(WARP_COLS, types.float32)
+    for c in range(WARP_COLS):
+        wv[c] = w[lane + WARP * c] if lane + WARP * c < D else np.float32(0)
     ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
     ptx.grid_dep_launch()
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
     if row >= x.shape[0]:  # the whole warp leaves together
         return
-    D = x.shape[1]
+    xv = cuda.local.array(WARP_COLS, types.float32)
     acc = np.float32(0)
-    for i in range(cuda.threadIdx.x, D, WARP):
-        v = x[row, i]
-        acc += v * v
+    for c in range(WARP_COLS):
+        xv[c] = x[row, lane + WARP * c] if lane + WARP * c < D else np.float32(0)
+        acc += xv[c] * xv[c]
     inv = inv_rms(warp_sum(acc), D, eps)
-    for i in range(cuda.threadIdx.x, D, WARP):
-        out[row, i] = x[row, i] * inv * w[i]
+    for c in range(WARP_COLS):
+        if lane + WARP * c < D:
+            out[row, lane + WARP * c] = xv[c] * inv * wv[c]
 
 
 class RowKernels(NamedTuple):
@@ -285,5 +289,5 @@ def build_signatures() -> list:
     sigs = RowKernels((_ROWS, _W, _ROWS, f32), (_ROWS, _ROWS, _W, _ROWS, f32), (_ROWS, _ROWS, _W, _W, _ROWS, f32),
                       (_ROWS, _ROWS, _W, _W, _ROWS, f32, types.uint32[:, ::1], _ROWS, _ROWS))
     # columns a thread: Gemma3-270M's 640 (5), the most (8: 87 registers in the post-norms)
-    return [(_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, f32), {"max_registers": 40})] + [
+    return [(_rms_norm_warp_kernel, (_ROWS, _W, _ROWS, f32), {"max_registers": 64})] + [
         (kernel, sig, {"max_registers": 96}) for cols in (5, 8) for kernel, sig in zip(row_kernels(cols), sigs)]
