@@ -107,10 +107,20 @@ def row_kernels(cols: int) -> RowKernels:
                 out[row, i] = v[c] * inv * wv[c]
 
     @cuda.jit(device=True, inline=True)
-    def post_add_row(x, h, wp, eps, row, xv, red):
-        # -- xv = x[row] + rms_norm(h[row]) * w_post (wp: the thread's columns of it), written
-        # back to x; -> 1 / rms of the new row --
+    def weight_then_wait(w, wv):
+        # -- the thread's columns of a norm weight (no kernel writes it), then the wait --
+        load_weight(w, wv)
+        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
+        ptx.grid_dep_launch()
+
+    @cuda.jit(device=True, inline=True)
+    def post_add_row(x, h, w_post, w, eps, row, xv, wv, red):
+        # -- the weights' columns (wv: w's), the wait, then xv = x[row] + rms_norm(h[row]) *
+        # w_post, written back to x; -> 1 / rms of the new row --
         D = x.shape[1]
+        wp = cuda.local.array(cols, types.float32)
+        load_weight(w_post, wp)
+        weight_then_wait(w, wv)
         hv = cuda.local.array(cols, types.float32)
         load_cols(h, row, hv)
         load_cols(x, row, xv)
@@ -129,70 +139,50 @@ def row_kernels(cols: int) -> RowKernels:
     @cuda.jit
     def _rms_norm_kernel(x, w, out, eps):
         wv = cuda.local.array(cols, types.float32)
-        load_weight(w, wv)
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
+        weight_then_wait(w, wv)
         row = cuda.blockIdx.x
-        red = cuda.shared.array(32, types.float32)
         xv = cuda.local.array(cols, types.float32)
         load_cols(x, row, xv)
-        store_normed(xv, inv_rms_of(xv, x.shape[1], eps, red), wv, out, row)
+        store_normed(xv, inv_rms_of(xv, x.shape[1], eps, cuda.shared.array(32, types.float32)), wv, out, row)
 
     # as _rms_norm_kernel after x += h (x written back)
     @cuda.jit
     def _rms_norm_add_kernel(x, h, w, out, eps):
         wv = cuda.local.array(cols, types.float32)
-        load_weight(w, wv)
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
-        row = cuda.blockIdx.x
-        red = cuda.shared.array(32, types.float32)
+        weight_then_wait(w, wv)
         xv = cuda.local.array(cols, types.float32)
         hv = cuda.local.array(cols, types.float32)
-        load_cols(x, row, xv)
-        load_cols(h, row, hv)
+        load_cols(x, cuda.blockIdx.x, xv)
+        load_cols(h, cuda.blockIdx.x, hv)
         for c in range(cols):
             xv[c] = xv[c] + hv[c]
-        inv = inv_rms_of(xv, x.shape[1], eps, red)
-        store_cols(xv, x, row)
-        store_normed(xv, inv, wv, out, row)
+        inv = inv_rms_of(xv, x.shape[1], eps, cuda.shared.array(32, types.float32))
+        store_cols(xv, x, cuda.blockIdx.x)
+        store_normed(xv, inv, wv, out, cuda.blockIdx.x)
 
     # as _rms_norm_kernel: Gemma's post-norm residual (post_add_row), then out = rms_norm(x) * w
     @cuda.jit
     def _rms_norm_post_add_kernel(x, h, w_post, w, out, eps):
-        wp = cuda.local.array(cols, types.float32)
         wv = cuda.local.array(cols, types.float32)
-        load_weight(w_post, wp)
-        load_weight(w, wv)
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
-        row = cuda.blockIdx.x
-        red = cuda.shared.array(32, types.float32)
         xv = cuda.local.array(cols, types.float32)
-        store_normed(xv, post_add_row(x, h, wp, eps, row, xv, red), wv, out, row)
+        inv = post_add_row(x, h, w_post, w, eps, cuda.blockIdx.x, xv, wv, cuda.shared.array(32, types.float32))
+        store_normed(xv, inv, wv, out, cuda.blockIdx.x)
 
     # as _rms_norm_post_add_kernel, out written in quant_x's int8 form too (q, d, s: its groups of
     # GROUP columns, a half-warp a group, store_group_lanes: quantize_x's of out bit for bit) for
     # the dp4a GEMV that reads it next; D a multiple of GROUP, the block a whole number of warps
     @cuda.jit
     def _rms_norm_post_add_q_kernel(x, h, w_post, w, out, eps, q, d, s):
-        wp = cuda.local.array(cols, types.float32)
-        wv = cuda.local.array(cols, types.float32)
-        load_weight(w_post, wp)
-        load_weight(w, wv)
-        ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished
-        ptx.grid_dep_launch()
         row = cuda.blockIdx.x
-        D = x.shape[1]
         nt = cuda.blockDim.x
-        red = cuda.shared.array(32, types.float32)
+        wv = cuda.local.array(cols, types.float32)
         xv = cuda.local.array(cols, types.float32)
-        inv = post_add_row(x, h, wp, eps, row, xv, red)
+        inv = post_add_row(x, h, w_post, w, eps, row, xv, wv, cuda.shared.array(32, types.float32))
         warp0 = cuda.threadIdx.x & ~31
         for c in range(cols):  # every lane of a column block, the shuffles' too
-            if c * nt < D:
+            if c * nt < x.shape[1]:
                 i = c * nt + cuda.threadIdx.x
-                live = i < D
+                live = i < x.shape[1]
                 v = np.float32(0)
                 if live:
                     v = xv[c] * inv * wv[c]
