@@ -212,7 +212,7 @@ def _abi_kernel(out, a, i8, u16, i64, f16, f64, flag):
 
 
 ABI_CASES = {
-    "norm": (norm._rms_norm_kernel, norm.build_signatures()[0][1]),
+    "norm": (norm._rms_norm_warp_kernel, norm.build_signatures()[0][1]),
     "gemv_q8_0_tuple": (gemv_q8(), _GEMV_SIG),
     "embedding_q4_k_tuple": (embedding.embedding_kernel(T.Q4_K), embedding.build_signatures()[1][1].args),
     "sample_push": (sample_penalty._push_kernel, sample_penalty.build_signatures()[1][1].args),
@@ -306,8 +306,8 @@ def programmatic_cases():
     pair = [c for c in gemv_stacked.build_signatures() if c[0].py_func.__name__ == "_gemv_pair_kernel"][:1]
     assert pair
     early = [qkv_post.build_signatures()[0], gemv_moe_dp4a.build_signatures()[0], *short, *pair,
-             *(m.build_signatures()[0] for m in (conv1d, gdn_decode, gdn_prefill))]
-    late = (norm.build_signatures()[:2] + attention_decode.build_signatures()[:1]
+             *(m.build_signatures()[0] for m in (conv1d, gdn_decode, gdn_prefill)), *norm.build_signatures()[:2]]
+    late = (attention_decode.build_signatures()[:1]
             + attention_fa2.build_signatures()[:1] + gemv_moe_dp4a.build_signatures()[1:2])
     cases = [(kernel, sig, True) for kernel, sig, _ in early] + [(kernel, sig, False) for kernel, sig, _ in late]
     return [pytest.param(*c, id=f"{i}-{c[0].py_func.__name__}") for i, c in enumerate(cases)]
@@ -325,11 +325,11 @@ def test_programmatic_launch_only_for_kernels_that_wait(kernel, sig, reads_early
     device function it calls (attention_decode_short's), waits on the grid before its first global
     store, and before its first global load unless it reads early only what the kernel just
     before cannot write (qkv_post: pos, the block table, the norm weight; the experts' down at
-    F <= 1024: the experts, their weights and W; short decode attention: pos, the block table and
-    the cache rows before the step's; gemv_pair, which waits in its halves' device function: its
-    first weight chunks; the DeltaNet kernels: slots, lengths, weights and the layer's conv or
-    delta-rule state, written by its kernels of an earlier step). A case a kernel, so that -n
-    spreads their builds."""
+    F <= 1024: the experts, their weights and W; the norms: their weights; short decode
+    attention: pos, the block table and the cache rows before the step's; gemv_pair, which waits
+    in its halves' device function: its first weight chunks; the DeltaNet kernels: slots, lengths,
+    weights and the layer's conv or delta-rule state, written by its kernels of an earlier step).
+    A case a kernel, so that -n spreads their builds."""
     from impnb.launch.launcher import waits_on_grid
 
     assert waits_on_grid(kernel), kernel.py_func.__name__
