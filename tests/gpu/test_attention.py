@@ -338,7 +338,7 @@ def test_decode_short_quant_gemma3(post, T, L):
         if post:
             check_decode_post(rng, L, T, 4, 1, 256, std, quant=True)
         else:
-            check_decode(rng, [L, 7, L + 33, 64, 1], T, 4, 1, 256, std, short=True, warps=8, quant=True)
+            check_decode(rng, [L, 7, L + 33, 64, T], T, 4, 1, 256, std, short=True, warps=8, quant=True)
 
 
 # -- the short kernel with a thread-block cluster of 2, 4 or 8 blocks a query row (key ranges
