@@ -87,9 +87,9 @@ DP4A_MIN_K = 2048
 DP4A_TAIL = False
 # A batch's T = 2..8 GEMVs before a residual update (Gemma's attn_output and down, with their
 # post-norm) take gemv_dp4a_multi, then the norm kernel; MULTI_TAIL: gemv_dp4a_multi's residual
-# tail instead (a warp a token in the last block, h's int8 form too). Off: as first written it
-# was slower on Gemma3 at B = 8 (a step 1492 µs against 1046), its loads since reordered and not
-# measured (docs/EXPERIMENTS.md, 'The real models at B = 8'); IMPNB_MULTI_TAIL=1 turns it on.
+# tail instead (a warp a token in the last block, h's int8 form too). Off: slower on Gemma3 at
+# B = 8, with its loads reordered too (6687 tok/s against the norm kernel's 10378, docs/
+# EXPERIMENTS.md, 'Loads before stores in the row kernels'); IMPNB_MULTI_TAIL=1 turns it on.
 MULTI_TAIL = False
 # A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
 # norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
