@@ -96,16 +96,9 @@ def inv_rms(ss, D, eps):
     return float32(1.0) / math.sqrt(ss / float32(D) + eps)
 
 
-CHUNKS = 4  # float4 chunks of a row a thread of make_tail holds in registers at a time
-CHUNK_FLOATS = 4 * CHUNKS
-
-
 def make_tail(mode: int):
     """Device function tail(y, x, w_post, w_next, h, eps, counter) for every block of a 1-D grid
-    of 32k threads a block, called after the block's stores of y; mode ADD or POST_ADD. A row at
-    a time, thread i on float4 chunks i, i + NT, ... of it, up to CHUNKS of them in registers: their
-    loads all go out before the stores (x, y, h may alias, so a store between would hold each next
-    load for a round trip to L2); rows past CHUNKS x 4 NT columns go in rounds, x re-read for h."""
+    of 32k threads a block, called after the block's stores of y; mode ADD or POST_ADD."""
     assert mode in (ADD, POST_ADD)
 
     @cuda.jit(device=True, inline=True)
@@ -116,9 +109,6 @@ def make_tail(mode: int):
         nt = cuda.blockDim.x
         red = cuda.shared.array(32, float32)
         D = x.shape[1]
-        span = 4 * nt * CHUNKS  # columns a round
-        xv = cuda.local.array(CHUNK_FLOATS, float32)
-        yv = cuda.local.array(CHUNK_FLOATS, float32)
         for t in range(x.shape[0]):
             # -- POST_ADD: 1 / rms of y[t] --
             scale = float32(1.0)
@@ -128,55 +118,22 @@ def make_tail(mode: int):
                     y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + i)
                     ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
                 scale = inv_rms(block_sum(ss, red), D, eps)
-            # -- x[t] += y[t] (scaled, times w_post), summing the new x²: a round's loads, then its stores --
+            # -- x[t] += y[t] (scaled, times w_post), summing the new x² --
             ss = float32(0.0)
-            for r0 in range(4 * tid, D, span):
-                for c in range(CHUNKS):
-                    i = r0 + 4 * nt * c
-                    if i < D:
-                        yv[4 * c], yv[4 * c + 1], yv[4 * c + 2], yv[4 * c + 3] = ptx.ld_global_cg_v4_f32(y, t * D + i)
-                        xv[4 * c], xv[4 * c + 1], xv[4 * c + 2], xv[4 * c + 3] = ptx.ld_global_cg_v4_f32(x, t * D + i)
-                for c in range(CHUNKS):
-                    i = r0 + 4 * nt * c
-                    if i < D:
-                        if mode == POST_ADD:
-                            w0, w1, w2, w3 = qi.ldg_f32x4(w_post, i)
-                            yv[4 * c] = yv[4 * c] * scale * w0
-                            yv[4 * c + 1] = yv[4 * c + 1] * scale * w1
-                            yv[4 * c + 2] = yv[4 * c + 2] * scale * w2
-                            yv[4 * c + 3] = yv[4 * c + 3] * scale * w3
-                        for j in range(4):
-                            v = yv[4 * c + j] + xv[4 * c + j]
-                            xv[4 * c + j] = v
-                            ss += v * v
-                for c in range(CHUNKS):
-                    i = r0 + 4 * nt * c
-                    if i < D:
-                        for j in range(4):
-                            x[t, i + j] = xv[4 * c + j]
+            for i in range(4 * tid, D, 4 * nt):
+                yv = ptx.ld_global_cg_v4_f32(y, t * D + i)
+                for j in range(4):
+                    v = yv[j]
+                    if mode == POST_ADD:
+                        v = v * scale * w_post[i + j]
+                    v += x[t, i + j]
+                    x[t, i + j] = v
+                    ss += v * v
             inv = inv_rms(block_sum(ss, red), D, eps)
-            # -- h[t] = x[t] / rms * w_next (the thread's own columns of x: still in registers
-            # where the row is one round) --
-            for r0 in range(4 * tid, D, span):
-                if D > span:
-                    for c in range(CHUNKS):
-                        i = r0 + 4 * nt * c
-                        if i < D:
-                            xv[4 * c], xv[4 * c + 1], xv[4 * c + 2], xv[4 * c + 3] = \
-                                ptx.ld_global_cg_v4_f32(x, t * D + i)
-                for c in range(CHUNKS):
-                    i = r0 + 4 * nt * c
-                    if i < D:
-                        w0, w1, w2, w3 = qi.ldg_f32x4(w_next, i)
-                        yv[4 * c] = xv[4 * c] * inv * w0
-                        yv[4 * c + 1] = xv[4 * c + 1] * inv * w1
-                        yv[4 * c + 2] = xv[4 * c + 2] * inv * w2
-                        yv[4 * c + 3] = xv[4 * c + 3] * inv * w3
-                for c in range(CHUNKS):
-                    i = r0 + 4 * nt * c
-                    if i < D:
-                        for j in range(4):
-                            h[t, i + j] = yv[4 * c + j]
+            # -- h[t] = x[t] / rms * w_next (the same thread's own columns of x) --
+            for i in range(4 * tid, D, 4 * nt):
+                for j in range(4):
+                    h[t, i + j] = x[t, i + j] * inv * w_next[i + j]
 
     return tail
 
