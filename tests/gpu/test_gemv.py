@@ -306,7 +306,7 @@ def check_residual_update(xr, y, x_new, h, w_post, w_next, eps):
 @pytest.mark.parametrize("n_tok", [1, 3, 8])
 def test_gemv_residual(ggml_type, rows, cols, post, n_tok):
     """Gemma3's attn_output / ffn_down (post-norm), Qwen3-30B-A3B's attn_output (wide K, add), odd
-    row counts, a grid of one block (12 rows), rows past one round of the tail's registers (2816,
-    Gemma-4's width); x at three magnitudes."""
+    row counts, a grid of one block (12 rows), Gemma-4's width (2816, several float4s a tail
+    thread); x at three magnitudes."""
     for i, std in enumerate((0.1, 1.0, 10.0)):
         check_gemv_residual(ggml_type, rows, cols, n_tok, post, std, seed=[rows, n_tok, i])

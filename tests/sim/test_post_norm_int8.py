@@ -2,9 +2,9 @@
 residual update (attn_output's and the down's, on gemv_dp4a_multi at four sequences) writes the
 next normed input's int8 form itself, into the buffers the GEMV after it reads (the gate|up, the
 next layer's Q|K|V, the logits), and the attention kernel its output's for attn_output, so the
-step's only quantize_x launches are the first layer's Q|K|V input and each layer's activation. The kernels' numbers:
-tests/sim/test_norm_rope_act.py and tests/gpu/test_norm_rope_act.py; the engine's:
-tests/gpu/test_engine_batch.py."""
+step's only quantize_x launches are the first layer's Q|K|V input and each layer's activation.
+The kernels' numbers: tests/sim/test_norm_rope_act.py and tests/gpu/test_norm_rope_act.py; the
+engine's: tests/gpu/test_engine_batch.py."""
 
 import types as pytypes
 
