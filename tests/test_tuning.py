@@ -42,7 +42,7 @@ def test_overrides_default(monkeypatch):
                  "SHORT_CLUSTER", "FUSED_POST_DIMS", "GEMV_ROWS", "GEMV_ROWS_FORCE", "MOE_GROUPED_ROWS",
                  "MOE_GROUPED_MIN_ROWS", "DP4A_ANY_SIZE", "DP4A_TAIL", "WINDOW_SHORT", "WIDE_TILED", "WINDOW_RING",
                  "BATCH_FUSED_NORMS", "BATCH_GLU_REDUCE", "GEMM_PAIR_RS_ROWS", "GEMM_PAIR_MMQ_ROWS",
-                 "ROUTER_BATCH_ROWS", "MOE_ACT_INT8", "MULTI_TAIL", "SHORT_DECODE_MAX_BATCH_NO_MMA"):
+                 "ROUTER_BATCH_ROWS", "MOE_ACT_INT8", "SHORT_DECODE_MAX_BATCH_NO_MMA"):
         monkeypatch.delenv(f"IMPNB_{name}", raising=False)
     assert tuning.Overrides.from_env() == tuning.Overrides()
 
@@ -76,11 +76,9 @@ def test_overrides_from_env(monkeypatch):
     monkeypatch.setenv("IMPNB_DOWN_EARLY", "0")
     monkeypatch.setenv("IMPNB_COMBINE_EARLY", "0")
     monkeypatch.setenv("IMPNB_MMQ_TRIGGER", "0")
-    monkeypatch.setenv("IMPNB_MULTI_TAIL", "1")
     monkeypatch.setenv("IMPNB_SHORT_DECODE_MAX_BATCH_NO_MMA", "4")
     o = tuning.Overrides.from_env()
     assert o.short_decode_max_batch_no_mma == 4 and tuning.Overrides().short_decode_max_batch_no_mma == 16
-    assert o.multi_tail and not tuning.Overrides().multi_tail
     assert not o.mmq_trigger and tuning.Overrides().mmq_trigger
     assert not (o.down_early or o.combine_early) and tuning.Overrides().down_early and tuning.Overrides().combine_early
     assert not (o.combine_next or o.combine_next_v) and tuning.Overrides().combine_next and tuning.Overrides().combine_next_v

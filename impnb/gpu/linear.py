@@ -2,8 +2,8 @@
 
 Up to GEMV_MAX_ROWS tokens a GEMV with fused dequantization: at T = 2..8 on gemv_dp4a_multi
 for the Linears whose `multi` lists T (measured: gpu/gemv_dispatch.py; a residual after it by
-the norm kernel, or by its tail where MULTI_TAIL), or on the int8 GEMM
-gemm_mmq where it lists MMQ (x's pre-norm in its quantization, a residual and GLU unfused); on dp4a with x in int8
+the norm kernel), or on the int8 GEMM gemm_mmq where it lists MMQ (x's pre-norm in its
+quantization, a residual and GLU unfused); on dp4a with x in int8
 for the Linears whose `dp4a` is set (a residual tail there where DP4A_TAIL), gemv_stream for
 `stream` ones at T = 1, else gemv.py (with the pre-norm, accumulation, a residual tail or a
 per-token gate fused where asked). Past that a
@@ -32,8 +32,7 @@ from impnb.kernels.gemm.gemm_tc_quant import gemm_quant
 from impnb.kernels.gemm.gemm_wgmma_quant import gemm_wgmma_quant
 from impnb.kernels.gemm.reduce_glu import reduce_glu
 from impnb.kernels.gemv import gemv, gemv_dp4a, gemv_gated, gemv_residual, gemv_stacked, gemv_stream
-from impnb.kernels.gemv.gemv_dp4a_multi import (gemv_dp4a_multi, gemv_dp4a_multi_residual, gemv_dp4a_multi_split,
-                                                takes_tail)
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_tail import Residual
 from impnb.kernels.gemv.quant_x import QuantX, arena_buffers, quantize_x
 from impnb.tuning import GEMV_MAX_ROWS, Overrides
@@ -72,11 +71,6 @@ class MatMul:
         w, s = lin.w, self.ctx.nb_stream
         assert ready is None or x.shape[0] > GEMV_MAX_ROWS, "a ready operand: GEMMs only"
         multi = lin.multi.get(x.shape[0])
-        if (multi and multi != MMQ and residual is not None and self.tuning.gemv_tail and self.tuning.multi_tail
-                and takes_tail(w.rows)):
-            assert norm is None and not accumulate, "GEMV tail: no fused norm or accumulation"
-            gemv_dp4a_multi_residual(w, xq if xq is not None else self.quantized(x), y, residual, s, multi)
-            return
         if multi and multi != MMQ:  # a residual after it by the norm kernel (hq there too)
             gemv_dp4a_multi(w, xq if xq is not None else self.quantized(x, norm), y, s, multi, accumulate)
             if residual is not None:

@@ -85,12 +85,6 @@ DP4A_MIN_K = 2048
 # faster on Gemma 4 Q4_K_M (docs/EXPERIMENTS.md; the NVFP4 model, whose tails run on FP4's float
 # decoder without it, not measured yet); IMPNB_DP4A_TAIL=1 turns it on.
 DP4A_TAIL = False
-# A batch's T = 2..8 GEMVs before a residual update (Gemma's attn_output and down, with their
-# post-norm) take gemv_dp4a_multi, then the norm kernel; MULTI_TAIL: gemv_dp4a_multi's residual
-# tail instead (a warp a token in the last block, h's int8 form too). Off: slower on Gemma3 at
-# B = 8, with its loads reordered too (6687 tok/s against the norm kernel's 10378, docs/
-# EXPERIMENTS.md, 'Loads before stores in the row kernels'); IMPNB_MULTI_TAIL=1 turns it on.
-MULTI_TAIL = False
 # A MoE layer's routed experts' down on dp4a writes the next layer's Q|K|V input, RMSNorm(x) * its
 # norm, in int8 from its grid's last block (gemv_tail.quant_tail) where that GEMV takes int8, so
 # no quantize_x launch comes between (the FP4 and Q8_0 models' Q|K|V on dp4a): faster decode on
@@ -279,7 +273,6 @@ class Overrides:
     dp4a_min_k: int = DP4A_MIN_K
     dp4a_any_size: tuple = DP4A_ANY_SIZE  # IMPNB_DP4A_ANY_SIZE: type names
     dp4a_tail: bool = DP4A_TAIL  # dp4a GEMVs with a residual tail on gemv_dp4a's tail kernel
-    multi_tail: bool = MULTI_TAIL  # a batch's T = 2..8 GEMVs with a residual tail on gemv_dp4a_multi's
     down_quant_tail: bool = DOWN_QUANT_TAIL  # the experts' dp4a down writes the next Q|K|V's int8 input
     short_decode_max: int | None = None  # IMPNB_SHORT_DECODE_MAX: every head dim's bound
     short_decode_max_batch: int = SHORT_DECODE_MAX_BATCH  # IMPNB_SHORT_DECODE_MAX_BATCH
@@ -325,7 +318,7 @@ class Overrides:
                    dp4a_min_mb=env_number("IMPNB_DP4A_MIN_MB", DP4A_MIN_MB),
                    dp4a_min_k=int(env_number("IMPNB_DP4A_MIN_K", DP4A_MIN_K)),
                    dp4a_any_size=env_types("IMPNB_DP4A_ANY_SIZE", ",".join(t.name for t in DP4A_ANY_SIZE)),
-                   dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL), multi_tail=switch("MULTI_TAIL", MULTI_TAIL),
+                   dp4a_tail=switch("DP4A_TAIL", DP4A_TAIL),
                    down_quant_tail=switch("DOWN_QUANT_TAIL", DOWN_QUANT_TAIL),
                    short_decode_max=short_max[0] if short_max else None,
                    short_decode_max_batch=int(env_number("IMPNB_SHORT_DECODE_MAX_BATCH", SHORT_DECODE_MAX_BATCH)),

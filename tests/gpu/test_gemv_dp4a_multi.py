@@ -14,8 +14,7 @@ from numba import cuda
 from impnb import tuning
 from impnb.kernels.common import ptx, ptx_sim
 from impnb.kernels.gemv.gemv_dp4a import SILU, GELU, gemv_dp4a_ref
-from impnb.kernels.gemv.gemv_dp4a_multi import (gemv_dp4a_grouped, gemv_dp4a_multi, gemv_dp4a_multi_residual,
-                                                gemv_dp4a_multi_split)
+from impnb.kernels.gemv.gemv_dp4a_multi import gemv_dp4a_grouped, gemv_dp4a_multi, gemv_dp4a_multi_split
 from impnb.kernels.gemv.gemv_dp4a_units import DP4A_TYPES
 from impnb.kernels.gemv.gemv_variants import Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, quantize_x_ref
@@ -47,11 +46,6 @@ GROUPED_INT8 = [(T.Q4_K, 2048, SILU), (T.Q6_K, 768, 0), (T.Q4_K, 512, GELU)]  # 
 # (type, K, variant) of the downs that read their tiles before the wait (early), a token a tile
 GROUPED_EARLY = [(T.Q6_K, 768, Variant(8, 2, 8)), (T.Q4_K, 768, Variant(8, 1, 8)), (T.Q6_K, 768, Variant(32, 1, 8))]
 PLAIN_L2 = [(T.Q4_K, 0), (T.Q6_K, 0), (T.Q4_K, SILU), (T.Q8_0, 0)]  # (type, glu) with the L2 prefetches, K 4096
-# (type, rows, K, T, variant, post) with the residual tail: Gemma3's attn_output (640 x 1024 Q4_K)
-# and down (640 x 2048 Q6_K) in the table's variant, odd T, a wide variant, no post-norm
-TAILS = [(T.Q4_K, 640, 1024, 8, Variant(32, 1, 2), True), (T.Q6_K, 640, 2048, 8, Variant(32, 1, 2), True),
-         (T.Q4_K, 640, 1024, 3, Variant(32, 1, 2), True), (T.Q6_K, 640, 2048, 5, Variant(64, 2, 4), True),
-         (T.Q8_0, 1008, 2048, 7, Variant(32, 1, 4), False), (T.Q4_1, 576, 1536, 2, Variant(32, 2, 4), True)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,10 +82,6 @@ def precompiled():
             i1, tiles = cuda.device_array(1, np.int32), cuda.device_array((1, 3), np.int32)
             gemv_dp4a_grouped(w, 16, quant_x_buffers(1, K), cuda.device_array((1, 16), np.float32),
                               tiles, i1, i1, 0, 0, v, 1, early=True)
-        for t, rows, K, n, v, post in TAILS:
-            w, xq, y, res = tail_launch_args(t, rows, K, n, post)
-            for hq in (None, quant_x_buffers(n, rows)):
-                gemv_dp4a_multi_residual(w, xq, y, res._replace(hq=hq), 0, v)
         for t, glu in PLAIN_L2:
             gemv_dp4a_multi(weight(t, 8, 4096)[2], quant_x_buffers(8, 4096),
                             cuda.device_array((8, 4 if glu else 8), np.float32), 0, Variant(32, 1, 4), glu=glu,
@@ -100,55 +90,6 @@ def precompiled():
     with open(cache_dir() / "test_gemv_dp4a_multi.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         compile_all(rec.missing())
-
-
-def tail_launch_args(t, rows, K, n, post) -> tuple:
-    """Arguments of a gemv_dp4a_multi_residual launch (the precompile's dry run): w, x̂, y, res."""
-    from impnb.kernels.gemv.gemv_tail import Residual
-    from impnb.kernels.gemv.quant_x import quant_x_buffers
-
-    f2, f1 = (cuda.device_array((n, rows), np.float32) for _ in range(3)), cuda.device_array(rows, np.float32)
-    y, x_res, h = f2
-    return (weight(t, rows, K)[2], quant_x_buffers(n, K), y,
-            Residual(x_res, h, f1, f1 if post else None, 1e-6, cuda.device_array(1, np.uint32)))
-
-
-def check_residual(ggml_type, rows, cols, n_tok, post, std, seed, variant, calls=2, quant=False):
-    """gemv_dp4a_multi_residual: y bit-equal to gemv_dp4a_multi's on the same x̂ (held to the
-    references by the tests above), then x_res and h as gemv_residual's test holds its tail
-    (test_gemv.tail_calls: float64 math on that y, the ticket counter back to zero); quant: h's
-    int8 form (into poisoned buffers a row longer) bit-equal to quantize_x_ref of the h written."""
-    from impnb.kernels.gemv.quant_x import quant_x_buffers, quantize_x
-    from tests.gpu.test_gemv import tail_calls
-
-    w = weight(ggml_type, rows, cols)[2]
-    plain = {}
-
-    def run(x, d_y, res, stream):
-        xq = quant_x_buffers(*x.shape)
-        quantize_x(cuda.to_device(x, stream=stream), xq, stream)
-        d_plain = cuda.to_device(np.full(d_y.shape, np.nan, np.float32), stream=stream)
-        gemv_dp4a_multi(w, xq, d_plain, stream, variant)
-        plain["y"], plain["res"] = d_plain, res
-        if quant:
-            hq = quant_x_buffers(n_tok + 1, rows)
-            for a in hq:
-                a.copy_to_device(np.full(a.shape, 0xFFFFFFFF, np.uint32).view(a.dtype), stream=stream)
-            res = plain["res"] = res._replace(hq=hq)
-        gemv_dp4a_multi_residual(w, xq, d_y, res, stream, variant)
-
-    def check_y(x, y):
-        want = plain["y"].copy_to_host()
-        assert np.isfinite(want).all() and np.array_equal(y.view(np.uint32), want.view(np.uint32))
-        if quant:
-            res = plain["res"]
-            ref = quantize_x_ref(res.h.copy_to_host())
-            for name, a, r in zip("qds", res.hq, ref):
-                got = a.copy_to_host()
-                assert np.array_equal(got[:n_tok].view(np.uint32), r.view(np.uint32)), f"h's int8 form: {name}"
-                assert (got[n_tok].view(np.uint32) == 0xFFFFFFFF).all(), f"h's int8 form past T rows ({name})"
-
-    tail_calls(run, check_y, rows, cols, n_tok, post, std, seed, calls)
 
 
 def multi(w, xq, y, stream, accumulate=False, variant=None, glu=0, l2=None):
@@ -259,14 +200,6 @@ def test_accumulate_shapes(ggml_type, rows, cols):
 def test_narrow_rows(ggml_type, rows, cols, n_tok, variant):
     """Rows of fewer 32-column chunks than a row group's lanes (the real models' widths)."""
     check_case(ggml_type, rows, cols, n_tok, 1.0, seed=rows + n_tok, variant=variant)
-
-
-@pytest.mark.parametrize("ggml_type,rows,cols,n_tok,variant,post", TAILS, ids=lambda a: str(a))
-@pytest.mark.parametrize("std,quant", [(0.1, False), (10.0, True), (1.0, True)])
-def test_residual_tail(ggml_type, rows, cols, n_tok, variant, post, std, quant):
-    """The residual tail after the plain rows, a warp a token in the last block, with and without
-    h's int8 form (two calls: the ticket counter wraps back to zero between them)."""
-    check_residual(ggml_type, rows, cols, n_tok, post, std, seed=rows + n_tok, variant=variant, quant=quant)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0])

@@ -23,14 +23,6 @@ def test_split_and_glu():
     g.check_glu(T.Q4_K, 3, 256, 2, SILU, seed=4, variant=Variant(64, 1, 2), run=m.multi)
 
 
-def test_residual_tail():
-    """The residual tail, a warp a token: with the post-norm over more tokens than the block's
-    warps (two rows a warp), and without it."""
-    m.check_residual(T.Q4_K, 16, 256, 6, True, 1.0, seed=30, variant=Variant(32, 1, 2), quant=True)
-    m.check_residual(T.Q8_0, 528, 32, 3, False, 10.0, seed=31, variant=Variant(32, 1, 8), quant=True)
-    m.check_residual(T.Q4_1, 48, 64, 2, True, 0.1, seed=32, variant=Variant(32, 1, 4))
-
-
 def test_grouped():
     m.check_grouped(T.Q4_K, 5, 2 * 3, 256, 7, 2, 3, SILU, Variant(32, 1, 2), seed=8)
     m.check_grouped(T.Q6_K, 4, 5, 256, 6, 3, 2, 0, Variant(32, 1, 4), seed=9, x_div=False, std=10.0)

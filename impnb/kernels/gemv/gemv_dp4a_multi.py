@@ -23,10 +23,8 @@ from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.prefetch import PREFETCH_OP, chunk_prefetcher
 from impnb.kernels.gemv.gemv_dp4a import kernel_args as t1_kernel_args
-from impnb.kernels.gemv.gemv_dp4a import tail_kernel_args
 from impnb.kernels.gemv.gemv_dp4a_units import DOTS, LOADS, block_reduce, chunk_loaders, dot_of, prepare_of, x_order_of
 from impnb.kernels.gemv.gemv_units import DECODERS, GLU_ACTS, NO_GLU, SILU
-from impnb.kernels.gemv.gemv_tail import ADD, POST_ADD, Residual, make_tail_rows
 from impnb.kernels.gemv.gemv_variants import BLOCK, Variant
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, store_group_lanes
 from impnb.launch import launch
@@ -49,8 +47,7 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False,
-          tail=0):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
@@ -175,18 +172,6 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     def _gemv_dp4a_multi_kernel(parts, xq, xd, xs, y0, y1, y2, n0, n1, n_rows, accumulate):
         plain_rows(parts, xq, xd, xs, y0, y1, y2, n0, n1, n_rows, accumulate)
 
-    # The residual tail (gemv_tail.py, a warp a token): plain rows into y, then the grid's last
-    # block updates the residual stream x_res and writes the next normed input h (and with quant
-    # h's int8 form into hq, hd, hs).
-    if tail:
-        residual_tail = make_tail_rows(tail, quant)
-
-        @cuda.jit
-        def _gemv_dp4a_multi_tail_kernel(parts, xq, xd, xs, y, n_rows, x_res, w_post, w_next, h, eps, counter,
-                                         hq, hd, hs):
-            plain_rows(parts, xq, xd, xs, y, y, y, n_rows, 0, n_rows, 0)
-            residual_tail(y, x_res, w_post, w_next, h, eps, counter, hq, hd, hs)
-
     # Grouped (the routed experts of a batch, moe.moe_group's tiles): grid (ceil(N_out / (R_out *
     # G)), max_tiles), block y = tile i = (e, r0, n) with n <= T; as above over expert e's rows
     # (e * n_rows ..), token t < n being grouped row r0 + t, whose x̂ row is order[r0 + t] // x_div
@@ -240,32 +225,27 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
             if t < n and row >= gi * out_rows:
                 y[r0 + t, row] = s
 
-    if tail:
-        return _gemv_dp4a_multi_tail_kernel
     return _gemv_dp4a_grouped_kernel if grouped else _gemv_dp4a_multi_kernel
 
 
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
                            depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False,
-                           early: bool = False, tail: int = 0):
+                           early: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
     tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
     its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
     into L2 before its wait (not grouped: a grouped block's rows are known only after it); early
-    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped);
-    tail (gemv_tail.ADD, POST_ADD): plain rows, then the residual tail (gemv_dp4a_multi_residual),
-    with quant writing the next input's int8 form too."""
+    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped)."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
-    assert depth in (1, 2) and (not quant or grouped and n_tok == 1 or tail)
+    assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
     assert not (l2 and grouped) and (grouped or not early)
-    assert not tail or (glu == NO_GLU and not grouped)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early, tail)
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -294,34 +274,6 @@ def gemv_dp4a_multi(w, x: QuantX, y, stream, variant: Variant, accumulate: bool 
     assert N == (w.rows // 2 if glu else w.rows) and not (glu and accumulate)
     assert glu == NO_GLU or variant.rows % 2 == 0, "GLU: an even number of rows a group"
     _launch(w, x, y, y, y, N, 0, N, stream, variant, accumulate, glu, l2)
-
-
-def gemv_dp4a_multi_residual(w, x: QuantX, y, res: Residual, stream, variant: Variant, l2: bool | None = None):
-    """y (T, N) float32 = W x̂ as gemv_dp4a_multi, then the grid's last block applies res to y:
-    res.x += y (or RMSNorm(y) * res.w_post), res.h = RMSNorm(res.x) * res.w_next (gemv_tail.py,
-    a warp a token), in place of a norm kernel after the GEMV; with res.hq, h's int8 form there
-    too (quantize_x's of h bit for bit), in place of a quantize_x launch before the next GEMV."""
-    n_tok, N = y.shape
-    K = w.cols
-    assert w.ggml_type in DOTS and MIN_T <= n_tok <= MAX_T and N == w.rows and takes_tail(N)
-    assert x.q.shape[1] == K // 4 and x.d.shape[1] == K // GROUP and x.q.shape[0] >= n_tok
-    assert y.dtype == np.float32 and y.is_c_contiguous() and variant.rows <= N
-    hq = res.hq
-    if hq is not None:
-        assert hq.q.shape[0] >= n_tok and hq.q.shape[1] == N // 4 and hq.d.shape[1] == hq.s.shape[1] == N // GROUP
-    per_block = variant.rows * (BLOCK // variant.span)
-    kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, NO_GLU, variant.unroll,
-                                    quant=hq is not None, l2=tuning.L2_PREFETCH_ROWS if l2 is None else l2,
-                                    tail=res.mode)
-    hq, hd, hs = (hq.q[:n_tok], hq.d[:n_tok], hq.s[:n_tok]) if hq is not None else (x.q, x.d, x.s)  # unread without
-    launch(kernel, ((N + per_block - 1) // per_block,), BLOCK, stream, w.parts, x.q[:n_tok], x.d[:n_tok],
-           x.s[:n_tok], y, np.int32(w.rows), *res.args(y), hq, hd, hs)
-
-
-def takes_tail(n_rows: int) -> bool:
-    """Whether gemv_dp4a_multi_residual takes a weight of n_rows rows (the residual stream's width):
-    whole GROUP-column groups, a lane's in the tail."""
-    return n_rows % GROUP == 0
 
 
 def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
@@ -414,7 +366,4 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)
-    ] + [(gemv_dp4a_multi_kernel(t, K, 8, 32, 2, NO_GLU, 1, quant=quant, tail=mode),  # tails: Gemma3's
-          types.void(*tail_kernel_args(t), *kernel_args(t)[1:4]), {"max_registers": 192})
-         for t, K, mode, quant in ((T.Q4_K, 1024, POST_ADD, True), (T.Q6_K, 2048, POST_ADD, True),
-                                   (T.Q4_0, 2048, ADD, False))]
+    ]

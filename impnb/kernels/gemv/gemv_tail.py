@@ -8,8 +8,7 @@ norm.rms_norm_post_add) are its reference:
 quant_tail, after a kernel that adds its rows into x itself (the routed experts' down): the last
 block writes the next layer's input in quantize_x's int8 form, RMSNorm(x[t]) * w_next, for the
 dp4a GEMV that takes it (no quantize_x launch between). make_tail works the rows with the whole
-block, one after another (one token's GEMVs); make_tail_rows a warp a row (gemv_dp4a_multi's
-tokens), h's int8 form optional. Residual.unfused is the same update by the norm kernels.
+block, one after another (one token's GEMVs). Residual.unfused is the same update by the norm kernels.
 Every block publishes its rows of y (a threadfence) and takes a ticket from `counter` (an atomic
 increment that wraps to 0 at the grid size, so the counter is zero again for the next use); the
 block holding the last ticket reads y through L2 (ld.global.cg: L1 is not coherent across SMs).
@@ -21,11 +20,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from impnb.kernels.common.warp import block_sum, warp_sum
+from impnb.kernels.common.warp import block_sum
 from impnb.kernels.elementwise import norm
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
-from impnb.kernels.gemv.quant_x import GROUP, quantize16, quantize_x, store_group
+from impnb.kernels.gemv.quant_x import GROUP, quantize16, quantize_x
 
 ADD = 1
 POST_ADD = 2
@@ -134,69 +133,6 @@ def make_tail(mode: int):
             for i in range(4 * tid, D, 4 * nt):
                 for j in range(4):
                     h[t, i + j] = x[t, i + j] * inv * w_next[i + j]
-
-    return tail
-
-
-def make_tail_rows(mode: int, quant: bool = False):
-    """make_tail's tail(y, x, w_post, w_next, h, eps, counter, q, d, s) for several rows of y (the
-    multi-token GEMVs): in the last block a warp takes a row (rows warp, warp + warps, ...) and a
-    lane its GROUP-column groups (lane, lane + 32, ...), so the rows go in parallel, summed by
-    shuffles, with no block barrier a row. quant: h in int8 too (quant_x's form, quantize16's
-    rounding of the same floats) into q, d, s for the dp4a GEMV that reads h next; else those are
-    not touched. Rows of a multiple of GROUP columns. A group's loads all go out before its stores:
-    a store to x or h between them would hold each next load (the arrays may alias) for a round
-    trip to L2."""
-    assert mode in (ADD, POST_ADD)
-
-    @cuda.jit(device=True, inline=True)
-    def tail(y, x, w_post, w_next, h, eps, counter, q, d, s):
-        if last_block(counter) == 0:
-            return
-        lane = cuda.threadIdx.x & 31
-        D = x.shape[1]
-        v = cuda.local.array(GROUP, float32)
-        u = cuda.local.array(GROUP, float32)
-        for t in range(cuda.threadIdx.x >> 5, x.shape[0], cuda.blockDim.x >> 5):
-            # -- POST_ADD: 1 / rms of y[t] --
-            scale = float32(1.0)
-            if mode == POST_ADD:
-                ss = float32(0.0)
-                for c in range(GROUP * lane, D, GROUP * 32):
-                    for j in range(0, GROUP, 4):
-                        y0, y1, y2, y3 = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
-                        ss += (y0 * y0 + y1 * y1) + (y2 * y2 + y3 * y3)
-                scale = inv_rms(warp_sum(ss), D, eps)
-            # -- x[t] += y[t] (scaled, times w_post), summing the new x² --
-            ss = float32(0.0)
-            for c in range(GROUP * lane, D, GROUP * 32):
-                for j in range(0, GROUP, 4):
-                    v[j], v[j + 1], v[j + 2], v[j + 3] = ptx.ld_global_cg_v4_f32(y, t * D + c + j)
-                for i in range(GROUP):
-                    u[i] = x[t, c + i]
-                if mode == POST_ADD:
-                    for j in range(0, GROUP, 4):
-                        w0, w1, w2, w3 = qi.ldg_f32x4(w_post, c + j)
-                        v[j], v[j + 1], v[j + 2], v[j + 3] = (v[j] * scale * w0, v[j + 1] * scale * w1,
-                                                              v[j + 2] * scale * w2, v[j + 3] * scale * w3)
-                for i in range(GROUP):
-                    u[i] += v[i]
-                    ss += u[i] * u[i]
-                for i in range(GROUP):
-                    x[t, c + i] = u[i]
-            inv = inv_rms(warp_sum(ss), D, eps)
-            # -- h[t] = x[t] / rms * w_next (the lane's own columns of x), a group at a time --
-            for c in range(GROUP * lane, D, GROUP * 32):
-                for i in range(GROUP):
-                    u[i] = x[t, c + i]
-                for j in range(0, GROUP, 4):
-                    w0, w1, w2, w3 = qi.ldg_f32x4(w_next, c + j)
-                    v[j], v[j + 1], v[j + 2], v[j + 3] = (u[j] * inv * w0, u[j + 1] * inv * w1,
-                                                          u[j + 2] * inv * w2, u[j + 3] * inv * w3)
-                for i in range(GROUP):
-                    h[t, c + i] = v[i]
-                if quant:
-                    store_group(v, q, d, s, t, c // GROUP)
 
     return tail
 
