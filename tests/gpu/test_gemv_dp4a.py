@@ -234,8 +234,9 @@ def test_gemv_dp4a_accumulate_and_variants(ggml_type):
         check_case(ggml_type, 37, 14336, 1, 1.0, seed=[9, v.span, v.unroll], variant=v)
 
 
-@pytest.mark.parametrize("n_tok,K", [(1, 576), (3, 2048), (8, 4096)])
+@pytest.mark.parametrize("n_tok,K", [(1, 576), (8, 576), (5, 960), (3, 2048), (8, 2064), (8, 4096)])
 def test_quantize_x_norm(n_tok, K):
+    """A block a row up to 2048 columns (SmolLM2's 576), rows over several blocks past it."""
     rng = np.random.default_rng([n_tok, K, 1])
     wn = (1 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     for std in (0.1, 1.0, 10.0):

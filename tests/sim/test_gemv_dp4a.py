@@ -41,8 +41,10 @@ def test_gemv_dp4a_loads_deeper():
 
 def test_quantize_x_norm_and_glu():
     rng = np.random.default_rng(3)
-    g.check_quantize_x_norm((rng.standard_normal((2, 64)) * 5).astype(np.float32),
-                            (1 + 0.3 * rng.standard_normal(64)).astype(np.float32), 1e-6)
+    # a block a row (rows up to 128 groups, 3 and 4 of them here), and a row over two blocks
+    for n_tok, K, std in ((2, 64, 5.0), (3, 48, 0.1), (2, 2064, 1.0)):
+        g.check_quantize_x_norm((rng.standard_normal((n_tok, K)) * std).astype(np.float32),
+                                (1 + 0.3 * rng.standard_normal(K)).astype(np.float32), 1e-6)
     g.check_glu(T.Q4_K, 5, 256, 1, SILU, seed=4)
     g.check_glu(T.Q8_0, 3, 64, 3, SILU, seed=5)
 

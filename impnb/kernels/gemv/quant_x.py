@@ -204,6 +204,46 @@ _quantize_x_kernel = _make_quantize_x(False)
 _quantize_x_norm_kernel = _make_quantize_x(True)
 
 
+@cuda.jit
+def _quantize_x_norm_row_kernel(x, wn, eps, q, d, s):
+    # grid (1, T), block 128, rows of at most THREADS groups (K <= 2048): thread g holds group g of
+    # token t = blockIdx.y in registers, its wn before the wait, the row's squares summed from them;
+    # one round trip to L2 after the wait where rms_scale's pass and the groups' wn take three
+    tid = cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    K = x.shape[1]
+    G = K // GROUP
+    g = min(tid, G - 1)
+    w = cuda.local.array(GROUP, float32)
+    v = cuda.local.array(GROUP, float32)
+    for j in range(WORDS):  # (no kernel writes wn)
+        w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3] = qi.ldg_f32x4(wn, GROUP * g + 4 * j)
+    ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (x)
+    ptx.grid_dep_launch()
+    for j in range(WORDS):
+        v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = qi.ldg_f32x4(x, t * K + GROUP * g + 4 * j)
+    sq = float32(0.0)
+    if tid < G:
+        for j in range(WORDS):
+            sq += (v[4 * j] * v[4 * j] + v[4 * j + 1] * v[4 * j + 1]) + (v[4 * j + 2] * v[4 * j + 2]
+                                                                         + v[4 * j + 3] * v[4 * j + 3])
+    red = cuda.shared.array(WARPS, float32)
+    scratch = cuda.shared.array(THREADS, float32)
+    sq = qi.warp_sum(sq, scratch)
+    if tid % 32 == 0:
+        red[tid // 32] = sq
+    cuda.syncthreads()
+    total = float32(0.0)
+    for i in range(WARPS):
+        total += red[i]
+    rms = float32(1.0) / math.sqrt(total / float32(K) + eps)
+    if tid >= G:
+        return
+    for i in range(GROUP):
+        v[i] = v[i] * rms * w[i]
+    store_group(v, q, d, s, t, g)
+
+
 def quant_x_buffers(n_tok: int, K: int) -> QuantX:
     """Device buffers for the int8 form of a (T, K) activation (allocation plan: load time)."""
     return QuantX(cuda.device_array((n_tok, K // 4), np.uint32), cuda.device_array((n_tok, K // GROUP), np.float32),
@@ -229,7 +269,9 @@ def quantize_x(x, out: QuantX, stream, norm: tuple | None = None) -> None:
         return
     wn, eps = norm
     assert wn.dtype == np.float32 and wn.shape == (K,)
-    launch(_quantize_x_norm_kernel, grid, THREADS, stream, x, wn, np.float32(eps), q, d, s)
+    row = K // GROUP <= THREADS  # a block holds the row: its squares summed from the groups it quantizes
+    launch(_quantize_x_norm_row_kernel if row else _quantize_x_norm_kernel, grid, THREADS, stream, x, wn,
+           np.float32(eps), q, d, s)
 
 
 F32_2D = types.Array(types.float32, 2, "C")
@@ -240,5 +282,5 @@ _SIG = types.void(F32_2D, types.Array(types.float32, 1, "C"), types.float32, typ
 def build_signatures() -> list:
     """(kernel, signature, checks) the build checks compile (tests/test_kernel_build.py); the
     kernels are made here, not at import."""
-    return [(_quantize_x_kernel, _SIG, {"max_registers": 64}),
-                        (_quantize_x_norm_kernel, _SIG, {"max_registers": 64})]
+    return [(_quantize_x_kernel, _SIG, {"max_registers": 64}), (_quantize_x_norm_kernel, _SIG, {"max_registers": 64}),
+            (_quantize_x_norm_row_kernel, _SIG, {"max_registers": 64})]
