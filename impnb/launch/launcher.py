@@ -93,7 +93,18 @@ class Plan:
                 c.sharedMemBytes, c.hStream = shared_bytes, stream
                 err, = driver.cuLaunchKernelEx(c, self.func, self.params, 0)
         if err != _SUCCESS:
-            raise RuntimeError(f"cuLaunchKernel({self.name[:80]}) failed: {err.name}")
+            raise RuntimeError(f"cuLaunchKernel({self.name[:80]}) failed: {err.name} ({self.fit(block, shared_bytes)})")
+
+    def fit(self, block, shared_bytes: int) -> str:
+        """What a failed launch asked of its build: the block's threads against the most this build
+        takes (its registers a thread bound it), and its shared memory."""
+        attr = driver.CUfunction_attribute
+        regs, most, static = (_check(driver.cuFuncGetAttribute(a, self.func), "cuFuncGetAttribute") for a in (
+            attr.CU_FUNC_ATTRIBUTE_NUM_REGS, attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES))
+        threads = block[0] * block[1] * block[2]
+        return (f"a block of {threads} threads, this build {regs} registers a thread and at most {most} threads a "
+                f"block; {static} bytes of static shared memory and {shared_bytes} dynamic")
 
 
 def waits_on_grid(kernel) -> bool:

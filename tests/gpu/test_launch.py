@@ -257,6 +257,17 @@ def test_dynamic_shared_memory_past_48k():
     assert np.array_equal(out.copy_to_host(), (x * 2)[::-1])
 
 
+def test_a_block_past_its_build_names_the_build():
+    """A block the build cannot take (more threads than the device's 1024) fails with its
+    registers, its most threads a block and its shared memory in the message, nothing launched."""
+    x = gauss(np.random.default_rng(10), 64)
+    out = cuda.to_device(np.full_like(x, np.nan))
+    with pytest.raises(RuntimeError, match=r"a block of 2048 threads, this build \d+ registers a thread and at "
+                                           r"most \d+ threads a block; \d+ bytes of static shared"):
+        launch(_reverse_double, 1, 2048, 0, cuda.to_device(x), out, shared_bytes=x.nbytes)
+    assert np.isnan(out.copy_to_host()).all()
+
+
 # ---------------------------------------------------------------- graphs and the disk cache
 
 def test_graph_replay_equals_eager():
