@@ -58,10 +58,10 @@ class Plan:
         module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.name = entry_name(cubin)
         self.func = _check(driver.cuModuleGetFunction(module, self.name.encode()), "cuModuleGetFunction")
-        static = _check(driver.cuFuncGetAttribute(
+        self.static_shared = _check(driver.cuFuncGetAttribute(
             driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.func),
             "cuFuncGetAttribute")
-        self.dynamic_shared_max = _DEFAULT_SHARED - static
+        self.dynamic_shared_max = _DEFAULT_SHARED - self.static_shared
         self.buf = (ctypes.c_char * max(size, 1))()
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*(base + off for off in offsets))
@@ -99,12 +99,11 @@ class Plan:
         """What a failed launch asked of its build: the block's threads against the most this build
         takes (its registers a thread bound it), and its shared memory."""
         attr = driver.CUfunction_attribute
-        regs, most, static = (_check(driver.cuFuncGetAttribute(a, self.func), "cuFuncGetAttribute") for a in (
-            attr.CU_FUNC_ATTRIBUTE_NUM_REGS, attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-            attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES))
+        regs, most = (_check(driver.cuFuncGetAttribute(a, self.func), "cuFuncGetAttribute")
+                      for a in (attr.CU_FUNC_ATTRIBUTE_NUM_REGS, attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
         threads = block[0] * block[1] * block[2]
         return (f"a block of {threads} threads, this build {regs} registers a thread and at most {most} threads a "
-                f"block; {static} bytes of static shared memory and {shared_bytes} dynamic")
+                f"block; {self.static_shared} bytes of static shared memory and {shared_bytes} dynamic")
 
 
 def waits_on_grid(kernel) -> bool:

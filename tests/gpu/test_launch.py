@@ -8,6 +8,7 @@ process with a warm disk cache that compiles nothing.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -262,9 +263,13 @@ def test_a_block_past_its_build_names_the_build():
     registers, its most threads a block and its shared memory in the message, nothing launched."""
     x = gauss(np.random.default_rng(10), 64)
     out = cuda.to_device(np.full_like(x, np.nan))
-    with pytest.raises(RuntimeError, match=r"a block of 2048 threads, this build \d+ registers a thread and at "
-                                           r"most \d+ threads a block; \d+ bytes of static shared"):
+    with pytest.raises(RuntimeError) as failed:
         launch(_reverse_double, 1, 2048, 0, cuda.to_device(x), out, shared_bytes=x.nbytes)
+    m = re.search(r"a block of 2048 threads, this build (\d+) registers a thread and at most (\d+) threads a "
+                  r"block; (\d+) bytes of static shared memory and 256 dynamic", str(failed.value))
+    assert m, str(failed.value)
+    regs, most, static = map(int, m.groups())
+    assert 0 < regs <= 255 and 32 <= most <= 1024 and static == 0  # its only shared array is the dynamic one
     assert np.isnan(out.copy_to_host()).all()
 
 
