@@ -173,6 +173,17 @@ def test_switch_defaults(monkeypatch):
     assert tuning.switch("X_ON") and tuning.switch("X_ON", default=False)
 
 
+def test_env_choice(monkeypatch):
+    monkeypatch.delenv("IMPNB_X_MODE", raising=False)
+    assert tuning.env_choice("X_MODE", (0, 1, 2), 1) == 1
+    monkeypatch.setenv("IMPNB_X_MODE", "2")
+    assert tuning.env_choice("X_MODE", (0, 1, 2), 1) == 2
+    for bad in ("3", "1.0", "own", ""):
+        monkeypatch.setenv("IMPNB_X_MODE", bad)
+        with pytest.raises(ParameterError, match="IMPNB_X_MODE=.*expected one of 0, 1, 2"):
+            tuning.env_choice("X_MODE", (0, 1, 2), 1)
+
+
 @pytest.mark.parametrize("value,want", [("1024", "1024"), ("8", "ParameterError"), ("x", "ParameterError")])
 def test_max_prefill_chunk_from_env(value, want):
     """IMPNB_MAX_PREFILL_CHUNK is read when impnb.tuning is imported: every model's prompt chunk,

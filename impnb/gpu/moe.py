@@ -208,11 +208,12 @@ def _grouped_routed(m, x, ex: Experts, norm: tuple, next32=None):
     paths = moe_dispatch.ffn_paths((ex.gate_up, ex.down), E, T)
     hq = arena_buffers(a, T, D, "moe_hq") if paths[0] in moe_dispatch.GEMV_PATHS else None
     w = ex.router.w
+    groups = int8_groupings(a, T * k, E, paths)
     router_batch.router_batch(x, norm, w.parts[0].view(np.float32).reshape(w.rows, w.cols), logits, k,
-                              cfg.expert_weights_norm, experts, weights, hq, int8_groupings(a, T * k, E, paths),
+                              cfg.expert_weights_norm, experts, weights, hq, groups,
                               a.zeros("router_batch_counter", (1,), np.uint32), s)
     y, rows = experts_int8(m, x, ex.gate_up, ex.down, experts.reshape(T * k), k, E, paths, gemv.SILU, norm,
-                           routed=True)
+                           routed=True, slot_order=router_batch.in_slot_order(groups))
     if next32 is not None:
         assert m.tp is None, "the next layer's input is of x all-reduced"
         # (the down's kernel, grouped GEMV or GEMM, waits for its inputs before it lets the combine launch)

@@ -78,12 +78,13 @@ def int8_groupings(a, S: int, n_expert: int, paths) -> list:
 
 
 def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: int, norm: tuple | None = None,
-                 routed: bool = False) -> tuple:
+                 routed: bool = False, slot_order: bool = False) -> tuple:
     """(y, rows) as experts_prefill's for the routed slots (S,) of h (T, D) float32 (norm (wn, eps):
     of RMSNorm(h) * wn) on int8 paths (gate|up's, down's; moe_dispatch.INT8_PATHS: the grouped dp4a
     GEMV, its x̂ in 16-column groups, or the grouped int8 GEMM, in 32); glu: gate's activation
     (gemv SILU or GELU). routed: router_batch has grouped the slots into int8_groupings' buffers
-    and, where gate|up takes the GEMV, written its x̂ (arena_buffers' "moe_hq")."""
+    and, where gate|up takes the GEMV, written its x̂ (arena_buffers' "moe_hq"); slot_order: in
+    slot order (router_batch.in_slot_order), the GEMVs' tiles fastest in launch order."""
     a, s = m.arena, m.ctx.nb_stream
     S, D = slots.shape[0], h.shape[1]
     F = down.cols
@@ -108,7 +109,7 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
             if not ready:
                 quantize_x(x, xq, s, norm)
             gemv_dp4a_grouped(w, n_rows, xq, out, g.tiles, g.n_tiles, order, x_div, s,
-                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q, early)
+                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q, early, slot_order and g.tm == 1)
 
     act = a.get("moe_gemv_act", (S, F))
     act_q = arena_buffers(a, S, F, "moe_actq") if act_int8(m, paths, F, glu) else None

@@ -28,7 +28,7 @@ from impnb.tuning.attention import (  # noqa: F401  (tuning.X is how the GPU pat
     DECODE_TC, FUSED_POST, SHORT_DECODE_CLUSTER, SHORT_DECODE_CLUSTER_HEADS, SHORT_DECODE_MAX, SHORT_DECODE_MAX_BATCH,
     SHORT_DECODE_MAX_BATCH_NO_MMA, WGMMA_HEAD_DIMS, WIDE_TILED, WINDOW_RING, WINDOW_SHORT, fuses_post, short_cluster)
 from impnb.tuning.env import (  # noqa: F401
-    env_ints, env_number, env_path, env_table, env_types, env_variant, switch)
+    env_choice, env_ints, env_number, env_path, env_table, env_types, env_variant, switch)
 
 
 TABLE_DIR = Path(__file__).parent
@@ -206,6 +206,13 @@ L2_PREFETCH_ROWS = switch("L2_PREFETCH_ROWS", True)
 # router_batch's threads load their first columns of the router's rows and of the norm's weights
 # into registers before griddepcontrol.wait (no kernel writes them). IMPNB_ROUTER_EARLY=0: after it.
 ROUTER_EARLY = switch("ROUTER_EARLY", True)
+# router_batch's grouping of a token a tile (router_batch.SCAN 0, OWN 1, RANKED 2). OWN: the slots in
+# their own order, each slot its own tile and row, written by the routing warps, in place of the
+# scans, and the grouped GEMVs then run their tiles fastest in launch order (gemv_dp4a_grouped's
+# tile_x); RANKED: by expert, each slot's row its rank. Neither measured clearly faster than the
+# scans at the 30B-A3B's B = 8 and 16 (docs/EXPERIMENTS.md, 'router_batch's grouping in slot order').
+# IMPNB_ROUTER_DIRECT overrides.
+ROUTER_DIRECT = env_choice("ROUTER_DIRECT", (0, 1, 2), 0)
 # The one-token dp4a dots of Q4_K (a row-chunk against one token: gemv_dp4a at T = 1, the routed
 # experts' GEMVs, the grouped ones at a token a tile) meet the high nibbles masked in place, one
 # shift a sum where the nibbles' shifts take four (gemv_dp4a_units.q4_k_dot_t1): the 30B-A3B's

@@ -52,6 +52,17 @@ def env_number(name: str, default: float) -> float:
         raise ParameterError(f"{name}={value!r}: expected a number") from None
 
 
+def env_choice(name: str, choices: tuple, default: int) -> int:
+    """IMPNB_<name> as one of the integers `choices`, default where it is unset; ParameterError
+    where it is anything else."""
+    value = os.environ.get(f"IMPNB_{name}")
+    if value is None:
+        return default
+    if value.strip() not in {str(c) for c in choices}:
+        raise ParameterError(f"IMPNB_{name}={value!r}: expected one of {', '.join(map(str, choices))}")
+    return int(value)
+
+
 def env_types(name: str, default: str) -> tuple:
     """Environment variable `name` (default where unset) as GGML type names separated by commas,
     empty for none; ParameterError where one is not a type's name."""

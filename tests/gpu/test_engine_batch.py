@@ -349,6 +349,30 @@ def test_router_batch_equals_its_kernels(tmp_path, monkeypatch, n_seqs):
     assert_routed_steps_agree(got[1], got[0], 1e-5, f"B{n_seqs}")
 
 
+@pytest.mark.parametrize("n_seqs", [8, 13])
+def test_router_slot_order_equals_grouped(tmp_path, monkeypatch, n_seqs):
+    """router_batch's slots in their own order (OWN: each slot its own tile and row, the grouped
+    GEMVs' tiles fastest in launch order) against the slots grouped by expert (SCAN), decode steps
+    of 8 and 13 rows of one layer of the synthetic Qwen3-30B-A3B Q4_K_M: each row of each expert
+    is the same computation wherever it sits, and the combine reads the rows by slot, so the logits
+    are equal bit for bit."""
+    from impnb import tuning
+    from impnb.gpu import moe
+    from impnb.kernels.moe import router_batch
+
+    mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
+    monkeypatch.setenv("IMPNB_ROUTER_FOLD", "0")
+    got = {}
+    for mode in (router_batch.OWN, router_batch.SCAN):
+        monkeypatch.setattr(tuning, "ROUTER_DIRECT", mode)
+
+        def check(engine):
+            assert moe._routes_in_one(engine.m, engine.m.blk[0].ffn, n_seqs)
+        got[mode] = moe_decode_logits(mf, n_seqs, check)
+    assert np.isfinite(got[router_batch.OWN]).all()
+    assert np.array_equal(got[router_batch.OWN], got[router_batch.SCAN])
+
+
 def test_combine_next_equals_combine_and_quantize(tmp_path, monkeypatch, n_seqs=8):
     """Decode steps of 8 rows of two layers of the synthetic Qwen3-30B-A3B Q4_K_M: layer 0's
     grouped MoE ending in moe_combine_next (the combine and layer 1's Q|K|V input in gemm_mmq's

@@ -219,14 +219,15 @@ def test_glu(glu, n_tok):
 
 
 def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, x_div=True, std=1.0, quant=False,
-                  early=False):
+                  early=False, slot_order=False):
     """The grouped GEMV over n_tok tokens' k routed slots (a third of the tokens sharing one
     token's experts, so some experts take several tiles), tiles of at most tm rows in expert
     order, the tile array's rows past n_tiles poisoned: each grouped row against its slot's
     expert (assert_expert_row). x_div: x̂ of the tokens (row order[r] // k), else of the grouped
     rows themselves (the down's act). Grouped rows are NaN-poisoned first. quant: the output's int8
     form too (poisoned first), equal bit for bit to quantize_x's of the output. early: the kernel
-    that reads its tiles before its wait."""
+    that reads its tiles before its wait. slot_order (tm 1): each slot its own tile and row
+    (router_batch's OWN), the tiles fastest in launch order (tile_x)."""
     raw, wabs, w = weight(ggml_type, E * n_rows, cols)
     rng = np.random.default_rng(seed)
     experts = np.argsort(rng.random((n_tok, E)), axis=1)[:, :k].astype(np.int32)
@@ -235,6 +236,10 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
     S = slots.shape[0]
     order = np.argsort(slots, kind="stable").astype(np.int32)
     _, tiles = group_ref(slots, E, tm)
+    if slot_order:
+        assert tm == 1
+        order = np.arange(S, dtype=np.int32)
+        tiles = np.stack([slots, order, np.ones(S, np.int32)], 1)
     padded = np.full((max_tiles(S, E, tm), 3), -1, np.int32)
     padded[:len(tiles)] = tiles
     x = (rng.standard_normal((n_tok if x_div else S, cols)) * std).astype(np.float32)
@@ -246,7 +251,7 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
         y_q = QuantX(cuda.to_device(np.full((S, out_rows // 4), 0xDEADBEEF, np.uint32)),
                      *(cuda.to_device(np.full((S, out_rows // GROUP), np.nan, np.float32)) for _ in "ds"))
     gemv_dp4a_grouped(w, n_rows, xq, d_y, cuda.to_device(padded), cuda.to_device(np.array([len(tiles)], np.int32)),
-                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q, early)
+                      cuda.to_device(order), k if x_div else 0, 0, variant, tm, glu, y_q, early, slot_order)
     y = d_y.copy_to_host()
     if quant:
         for name, a, want in zip("qds", y_q, quantize_x_ref(y)):
@@ -272,6 +277,18 @@ def test_grouped_int8_output_spans_within_a_warp(span):
     for i, std in enumerate((0.1, 1.0, 10.0)):
         check_grouped(T.Q4_K, 9, 2 * 128, 2048, 13, 4, 1, SILU, Variant(span, 1, 8), seed=i + span, std=std,
                       quant=True)
+
+
+@pytest.mark.parametrize("span", [8, 16, 32])
+def test_grouped_in_slot_order(span):
+    """The 30B-A3B's batch after router_batch's OWN grouping: gate|up (SILU, its int8 form too) and
+    the early down of each type over tiles in slot order, the tiles fastest in launch order."""
+    for i, std in enumerate((0.1, 1.0, 10.0)):
+        check_grouped(T.Q4_K, 9, 2 * 128, 2048, 13, 4, 1, SILU, Variant(span, 1, 8), seed=60 + i + span, std=std,
+                      quant=True, slot_order=True)
+        for j, ggml_type in enumerate((T.Q4_K, T.Q6_K)):
+            check_grouped(ggml_type, 9, 77, 768, 13, 4, 1, 0, Variant(span, 1 + j, 8), seed=70 + i + span, x_div=False,
+                          std=std, early=True, slot_order=True)
 
 
 @pytest.mark.parametrize("ggml_type,K,variant", GROUPED_EARLY, ids=lambda a: getattr(a, "name", str(a)))

@@ -26,12 +26,13 @@ from impnb.kernels.moe.gemv_moe_dp4a import NextInput, down_sum_dp4a_ref, expert
 from impnb.kernels.moe.moe import (Grouping, combine_ref, group_ref, max_tiles, moe_combine, moe_group, moe_route,
                                route_ref)
 from impnb.kernels.elementwise.norm import rms_norm_ref
-from impnb.kernels.moe.router_batch import router_batch, router_batch_ref
+from impnb.kernels.moe.router_batch import OWN, RANKED, SCAN, router_batch, router_batch_ref
 from impnb.kernels.moe.combine_next import combine_next_ref, moe_combine_next
 from impnb.kernels.gemm.quant_x32 import XGROUP, QuantX32, quantize_x32
 from impnb.kernels.gemv.quant_x import GROUP, QuantX, dequantize_x_ref, quant_x_buffers, quantize_x, quantize_x_ref
 from impnb.kernels.common.repack import repack
 from impnb.quants import dequantize
+from impnb import tuning
 from tests.gpu.test_gemm_tc import check as check_gemm
 from tests.gpu.test_gemv_dp4a import assert_normed_int8
 from tests.test_repack import make_weight
@@ -154,8 +155,14 @@ def check_router_batch(rng, E, D, T_, k, normalize, std, tms, quant=True, calls=
         ref_e, ref_w = route_ref(logits, k, normalize)
         assert np.array_equal(experts, ref_e), f"experts differ at {np.argwhere(experts != ref_e)[:4].tolist()}"
         np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-7)
+        own = tuning.ROUTER_DIRECT == OWN and tuple(tms) == (1,)
         for g in groups:
             order, slot_row, tiles, n_tiles = (a.copy_to_host() for a in g[1:])
+            if own:  # each slot its own tile and row
+                rows = np.arange(S)
+                assert n_tiles[0] == S and np.array_equal(order, rows) and np.array_equal(slot_row, rows)
+                assert np.array_equal(tiles, np.stack([experts.reshape(-1), rows, np.ones(S, int)], 1))
+                continue
             seg, ref_tiles = group_ref(experts.reshape(-1), E, g.tm)
             assert np.array_equal(tiles[:n_tiles[0]], ref_tiles), f"tm {g.tm}: tiles differ from group_ref"
             assert np.array_equal(np.sort(order), np.arange(S)) and np.array_equal(slot_row[order], np.arange(S))
@@ -482,6 +489,18 @@ def test_router_batch(E, D, T_, k, tms):
     for std, normalize in zip(STDS, (True, False, True)):
         check_router_batch(rng, E, D, T_, k, normalize, std, tms, quant=std != 10.0)
     check_router_batch(rng, E, D, T_, k, True, 1.0, tms, calls=1, ties=True)
+
+
+@pytest.mark.parametrize("direct", [SCAN, OWN, RANKED])
+@pytest.mark.parametrize("E,D,T_,k", [(128, 2048, 8, 8), (128, 2048, 16, 8), (256, 2048, 13, 8), (60, 640, 5, 4)])
+def test_router_batch_a_token_a_tile(E, D, T_, k, direct, monkeypatch):
+    """router_batch's one grouping of a token a tile by each of its ways (tuning.ROUTER_DIRECT):
+    moe_group's scans, the slots in their own order, by ranks."""
+    monkeypatch.setattr(tuning, "ROUTER_DIRECT", direct)
+    rng = np.random.default_rng([E, D, T_, direct])
+    for std, normalize in zip(STDS, (True, False, True)):
+        check_router_batch(rng, E, D, T_, k, normalize, std, (1,))
+    check_router_batch(rng, E, D, T_, k, True, 1.0, (1,), calls=1, ties=True)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.NVFP4,

@@ -28,6 +28,14 @@ def test_grouped():
     m.check_grouped(T.Q6_K, 4, 5, 256, 6, 3, 2, 0, Variant(32, 1, 4), seed=9, x_div=False, std=10.0)
 
 
+def test_grouped_in_slot_order():
+    """A token a tile over tiles in slot order, the tiles along the grid's x (tile_x)."""
+    m.check_grouped(T.Q4_K, 5, 2 * 16, 256, 7, 2, 1, SILU, Variant(32, 1, 8), seed=15, std=0.1, quant=True,
+                    slot_order=True)
+    m.check_grouped(T.Q6_K, 4, 40, 768, 6, 3, 1, 0, Variant(8, 2, 8), seed=16, x_div=False, std=10.0, early=True,
+                    slot_order=True)
+
+
 def test_grouped_int8_output():
     """A token a tile with its output's int8 form: gate|up's 16 outputs a block, the down's 32."""
     m.check_grouped(T.Q4_K, 5, 2 * 16, 256, 7, 2, 1, SILU, Variant(32, 1, 8), seed=10, std=0.1, quant=True)

@@ -1,9 +1,12 @@
 """MoE kernels in numba's CUDA simulator on tiny shapes, through tests/gpu/test_moe.py's checks."""
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as T
 
+from impnb import tuning
 from impnb.kernels.gemv.gemv import SILU
+from impnb.kernels.moe.router_batch import OWN, RANKED, SCAN
 from tests.gpu import test_moe as moe
 
 
@@ -37,8 +40,11 @@ def test_gemv_route_stacked():
     moe.check_gemv_route(rng, T.F32, 21, 64, 2, 8, False, 1.0, calls=1, ties=True, stacked=True)
 
 
-def test_router_batch():
-    """Fewer rows than a pass, two passes, two groupings, ties; with and without h in int8."""
+@pytest.mark.parametrize("direct", [SCAN, OWN, RANKED])
+def test_router_batch(direct, monkeypatch):
+    """Fewer rows than a pass, two passes, two groupings, ties; with and without h in int8; a
+    token a tile grouped by scans, each slot its own tile, or by ranks (direct)."""
+    monkeypatch.setattr(tuning, "ROUTER_DIRECT", direct)
     rng = np.random.default_rng(9)
     moe.check_router_batch(rng, 6, 64, 3, 2, True, 1.0, (2, 1), calls=1)
     moe.check_router_batch(rng, 5, 32, 9, 3, False, 3.0, (4,), quant=False, calls=1)

@@ -47,7 +47,8 @@ def unrolled(f, n):
     return cuda.jit(device=True, inline=True)(scope["g"])
 
 
-def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False):
+def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False,
+          tile_x=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
@@ -182,12 +183,14 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     # early: the tiles (and order) come from a kernel before the previous one, which waited for
     # them before it let this one launch (the down after gate|up's grouped GEMV): the tile's
     # metadata and its first W chunk are read before griddepcontrol.wait, x̂ after it.
+    # tile_x: grid (max_tiles, ceil(N_out / (R_out * G))), the tile block x.
     @cuda.jit
     def _gemv_dp4a_grouped_kernel(parts, xq, xd, xs, y, n_rows, tiles, n_tiles, order, x_div, oq, od, os):
         if not early:
             ptx.grid_dep_wait()  # programmatic launch: the previous kernel has finished (tiles, x̂)
             ptx.grid_dep_launch()
-        i = cuda.blockIdx.y
+        i = cuda.blockIdx.x if tile_x else cuda.blockIdx.y
+        bx = cuda.blockIdx.y if tile_x else cuda.blockIdx.x  # the block's row groups
         if i >= n_tiles[0]:
             return
         e = tiles[i, 0]
@@ -196,7 +199,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         tid = cuda.threadIdx.x
         group = tid // span
         n_out = n_rows // 2 if glu else n_rows
-        row0 = min((cuda.blockIdx.x * groups + group) * out_rows, n_out - out_rows)
+        row0 = min((bx * groups + group) * out_rows, n_out - out_rows)
         g0 = (e * n_rows + row0) * cpr
         a = (parts, g0, g0 + (n_out * cpr if glu else 0))
         c0 = tid - group * span
@@ -214,13 +217,13 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
             g, r, t, s = output_of(red, o)
             live = tid < outs
             if live:
-                y[r0, cuda.blockIdx.x * outs + o] = s
+                y[r0, bx * outs + o] = s
             store_group_lanes(s if live else float32(0.0), live, oq, od, os, r0,
-                              (cuda.blockIdx.x * outs) // GROUP + (tid >> 5) * 2)
+                              (bx * outs) // GROUP + (tid >> 5) * 2)
             return
         for o in range(tid, outs, BLOCK):
             g, r, t, s = output_of(red, o)
-            gi = cuda.blockIdx.x * groups + g
+            gi = bx * groups + g
             row = min(gi * out_rows, n_out - out_rows) + r
             if t < n and row >= gi * out_rows:
                 y[r0 + t, row] = s
@@ -231,21 +234,22 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
 @lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
                            depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False,
-                           early: bool = False):
+                           early: bool = False, tile_x: bool = False):
     """The kernel for one type, row length, T (2..8), row-group span, rows a group (R), epilogue
     (NO_GLU, or SILU / GELU of gate|up stacked rows) and load depth (1, or 2: the next chunk's
     loads during this one's dots); grouped: the routed experts' form (gemv_dp4a_grouped), T
     tokens a tile at most (1..8), at a token a tile also spans of 8 or 16 lanes (GROUP_SPANS); quant:
     its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
     into L2 before its wait (not grouped: a grouped block's rows are known only after it); early
-    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped)."""
+    (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped);
+    tile_x (grouped): the tiles along the grid's x, fastest in launch order."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
-    assert not (l2 and grouped) and (grouped or not early)
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early)
+    assert not (l2 and grouped) and (grouped or not (early or tile_x))
+    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early, tile_x)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -285,7 +289,8 @@ def gemv_dp4a_multi_split(w, x: QuantX, ys, stream, variant: Variant):
 
 
 def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div: int, stream, variant: Variant,
-                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None, early: bool = False):
+                      n_tok: int, glu: int = NO_GLU, y_q: QuantX | None = None, early: bool = False,
+                      tile_x: bool = False):
     """The routed experts of a batch grouped by expert (moe.moe_group's order, tiles (max_tiles, 3)
     of at most n_tok rows each, n_tiles): y (S, N) float32 row r0 + j of tile (e, r0, n), j < n, =
     W_e x̂[order[r0 + j] // x_div] (x_div 0: x̂[r0 + j]), or with glu (SILU, GELU) y (S, F) =
@@ -294,7 +299,9 @@ def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div
     (where writes_int8): y's int8 form too, quantize_x's of y bit for bit. early: tiles, n_tiles and
     order were written before the kernel before this one, which waits for its own inputs before it
     lets this one launch (programmatic launch), so this kernel reads them and its first W chunk
-    before its wait: only x̂ is that kernel's output."""
+    before its wait: only x̂ is that kernel's output. tile_x (a token a tile): the tiles fastest in
+    launch order, for tiles in slot order (router_batch's OWN), where one expert's tiles lie apart
+    and so read its rows at about the same time."""
     N = n_rows // 2 if glu else n_rows
     K = w.cols
     assert w.ggml_type in DOTS and w.rows % n_rows == 0 and 1 <= n_tok <= MAX_T and x_div >= 0
@@ -309,10 +316,12 @@ def gemv_dp4a_grouped(w, n_rows: int, x: QuantX, y, tiles, n_tiles, order, x_div
     if y_q is not None:
         assert writes_int8(variant, n_tok, n_rows, glu), "int8 output: a token a tile, whole groups a block"
         assert y_q.q.shape == (y.shape[0], N // 4) and y_q.d.shape == y_q.s.shape == (y.shape[0], N // GROUP)
+    assert n_tok == 1 or not tile_x
     kernel = gemv_dp4a_multi_kernel(w.ggml_type, K, n_tok, variant.span, variant.rows, glu, variant.unroll, True,
-                                    y_q is not None, early=early)
+                                    y_q is not None, early=early, tile_x=tile_x)
     oq, od, os_ = y_q or (y.view(np.uint32), y, y)  # unread without y_q
-    launch(kernel, ((N + per_block - 1) // per_block, tiles.shape[0]), BLOCK, stream, w.parts, x.q, x.d, x.s, y,
+    grid = ((N + per_block - 1) // per_block, tiles.shape[0])
+    launch(kernel, grid[::-1] if tile_x else grid, BLOCK, stream, w.parts, x.q, x.d, x.s, y,
            np.int32(n_rows), tiles, n_tiles, order, np.int32(x_div), oq, od, os_)
 
 
@@ -363,6 +372,10 @@ def build_signatures() -> list:
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, depth, True),  # the down over groups of 8 lanes
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255}) for depth in (1, 2)
     ] + [(gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, 2, True, early=True),  # the down reading tiles early
+          types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
+    ] + [(gemv_dp4a_multi_kernel(T.Q4_K, 2048, 1, 32, 8, SILU, 1, True, True, tile_x=True),  # in slot order
+          types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}),
+         (gemv_dp4a_multi_kernel(T.Q6_K, 768, 1, 8, 8, NO_GLU, 2, True, early=True, tile_x=True),
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)

@@ -22,13 +22,13 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types
+from numba import cuda, float32, int32, types
 
 from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.prefetch import PREFETCH_OP
-from impnb.kernels.common.warp import warp_sums_lanes
+from impnb.kernels.common.warp import warp_sums_lanes, warp_sync
 from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.gemv.gemv import aligned16
 from impnb.kernels.gemv.gemv_tail import last_block
@@ -47,17 +47,53 @@ SUMS = SQ + TC
 assert MAX_T % TC == 0 and SUMS <= 32
 
 _group_slots = make_group_slots(THREADS, MAX_E)
+SCAN, OWN, RANKED = 0, 1, 2  # a token a tile's grouping: moe_group's scans, slot order, ranks
+MAX_S = MAX_T * MAX_K  # slots a launch
+
+
+@cuda.jit(device=True, inline=True)
+def _rank_slots(slots, E, order, slot_row, tiles, n_tiles):
+    """moe_group's writes at a token a tile (tm 1) by every thread of the block, thread s the slot
+    s: its row is its rank among the S slots by (expert, slot), one tile a row; S <= THREADS.
+    slots: read after a barrier."""
+    tid = cuda.threadIdx.x
+    S = slots.shape[0]
+    se = cuda.shared.array(MAX_S, int32)
+    S4 = (S + 3) & ~3
+    if tid < S4:
+        se[tid] = slots[tid] if tid < S else E  # past S: after every slot
+    cuda.syncthreads()
+    if tid < S:
+        e = se[tid]
+        r0 = r1 = r2 = r3 = int32(0)
+        for j in range(0, S4, 4):
+            a0, a1, a2, a3 = se[j], se[j + 1], se[j + 2], se[j + 3]
+            r0 += int32(a0 < e or a0 == e and j < tid)
+            r1 += int32(a1 < e or a1 == e and j + 1 < tid)
+            r2 += int32(a2 < e or a2 == e and j + 2 < tid)
+            r3 += int32(a3 < e or a3 == e and j + 3 < tid)
+        r = (r0 + r1) + (r2 + r3)
+        order[r] = tid
+        slot_row[tid] = r
+        tiles[r, 0] = e
+        tiles[r, 1] = r
+        tiles[r, 2] = 1
+    if tid == 0:
+        n_tiles[0] = S
 
 
 @lru_cache(maxsize=None)
-def router_batch_kernel(l2_rows: bool = False, early: bool = False):
+def router_batch_kernel(l2_rows: bool = False, early: bool = False, direct: int = SCAN):
     """The kernel; l2_rows: each block's router rows prefetched into L2 before its wait; early: a
-    thread's first four columns of its rows and of wn loaded into registers before it."""
-    return cuda.jit(_make(l2_rows, early))
+    thread's first four columns of its rows and of wn loaded into registers before it; direct: how
+    a grouping of a token a tile (tm 1, no second) is made: SCAN, moe_group's scans; OWN, the slots
+    in their own order (slot s the tile s, its own row), written by the routing warps; RANKED, by
+    expert, each slot's row its rank (_rank_slots)."""
+    return cuda.jit(_make(l2_rows, early, direct))
 
 
-def _make(l2_rows: bool, early: bool = False):
-    """_router_batch_kernel's Python function for one setting of l2_rows and early."""
+def _make(l2_rows: bool, early: bool = False, direct: int = SCAN):
+    """_router_batch_kernel's Python function for one setting of l2_rows, early and direct."""
     def _router_batch_kernel(x, wn, eps, w, logits, k, normalize, experts, slots, weights, q, d, s, quant,
                              tm, order, slot_row, tiles, n_tiles, tm2, order2, slot_row2, tiles2, n_tiles2, counter):
         tid = cuda.threadIdx.x
@@ -132,8 +168,26 @@ def _make(l2_rows: bool, early: bool = False):
         # -- the last block: route each token, then group the slots --
         if last_block(counter):
             rows = cuda.shared.array((WARPS, MAX_E), float32)
+            own = direct == OWN and tm == 1 and tm2 == 0
             for t in range(warp, T, WARPS):
                 route_warp(logits, t, E, k, normalize, experts, weights, rows[warp], 0)
+                if own:  # slot t k + j (lane j) is tile t k + j: the warp's own choices, no barrier
+                    warp_sync()  # lane 0 wrote the choices
+                    if lane < k:
+                        sl = t * k + lane
+                        tiles[sl, 0] = experts[t, lane]
+                        tiles[sl, 1] = sl
+                        tiles[sl, 2] = 1
+                        order[sl] = sl
+                        slot_row[sl] = sl
+            if own:
+                if tid == 0:
+                    n_tiles[0] = T * k
+                return
+            cuda.syncthreads()  # experts written for the grouping's readers
+            if direct == RANKED and tm == 1 and tm2 == 0:
+                _rank_slots(slots, E, order, slot_row, tiles, n_tiles)
+                return
             cuda.syncthreads()  # experts written for the grouping's readers
             _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
             if tm2 > 0:
@@ -145,6 +199,12 @@ def _make(l2_rows: bool, early: bool = False):
 def takes(n_tok: int, n_expert: int, k: int) -> bool:
     """Whether router_batch takes a step of n_tok rows routing k of n_expert experts."""
     return 1 <= n_tok <= MAX_T and 1 <= k <= min(MAX_K, n_expert) and n_expert <= MAX_E
+
+
+def in_slot_order(groups: list) -> bool:
+    """Whether router_batch writes groups (moe.Grouping) in slot order: each slot its own tile and
+    row (OWN: one grouping, a token a tile)."""
+    return tuning.ROUTER_DIRECT == OWN and len(groups) == 1 and groups[0].tm == 1
 
 
 def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, weights, xq: QuantX | None,
@@ -172,7 +232,7 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
         assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
     q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
-    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS, tuning.ROUTER_EARLY), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
+    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS, tuning.ROUTER_EARLY, tuning.ROUTER_DIRECT), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
            logits, np.int32(k), np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
@@ -196,5 +256,5 @@ def build_signatures() -> list:
     sig = types.void(_F2, _F1, types.float32, _F2, _F2, types.int32, types.int32, _I2, _I1, _F2,
                      types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
                      types.Array(types.uint32, 1, "C"))
-    return [(router_batch_kernel(l2, l2), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
-            for l2 in (False, True)]  # (the engine's build: both on)
+    return [(router_batch_kernel(l2, l2, d), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
+            for l2, d in ((False, SCAN), (True, OWN), (True, RANKED))]
