@@ -14,7 +14,8 @@ reads all of x (from L2: T x D x 4 bytes a block, the router's rows once in all)
 TC dot products of x · wn with the rows and its TC sums of squares of x reduce over each warp at
 once (warp_sums_lanes), then over the block; logit = dot / rms. Each block then writes its share
 of h's int8 groups, items (t, g) = b, b + grid, ..., and the grid's last block routes the tokens
-(a warp a token) and groups the slots (a thread an expert).
+(a warp a token) and groups the slots (a thread an expert; at a token a tile also in slot order or
+by ranks, tuning.ROUTER_DIRECT).
 Numpy reference: router_batch_ref.
 """
 
@@ -188,7 +189,6 @@ def _make(l2_rows: bool, early: bool = False, direct: int = SCAN):
             if direct == RANKED and tm == 1 and tm2 == 0:
                 _rank_slots(slots, E, order, slot_row, tiles, n_tiles)
                 return
-            cuda.syncthreads()  # experts written for the grouping's readers
             _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
             if tm2 > 0:
                 _group_slots(slots, E, tm2, order2, slot_row2, tiles2, n_tiles2)
@@ -232,7 +232,8 @@ def router_batch(x, norm: tuple, w, logits, k: int, normalize: bool, experts, we
         assert xq.q.shape == (T, D // 4) and xq.d.shape == xq.s.shape == (T, D // GROUP)
     q, dd, ss = xq or (x.view(np.uint32), x, x)  # without xq: not written, any of the right types
     second = groups[-1] if len(groups) == 2 else groups[0]._replace(tm=0)
-    launch(router_batch_kernel(tuning.L2_PREFETCH_ROWS, tuning.ROUTER_EARLY, tuning.ROUTER_DIRECT), -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
+    kernel = router_batch_kernel(tuning.L2_PREFETCH_ROWS, tuning.ROUTER_EARLY, tuning.ROUTER_DIRECT)
+    launch(kernel, -(-E // ROWS), THREADS, stream, x, wn, np.float32(eps), w,
            logits, np.int32(k), np.int32(normalize), experts, experts.reshape(T * k), weights, q, dd, ss, np.int32(xq is not None),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(groups[0])),
            *(np.int32(a) if i == 0 else a for i, a in enumerate(second)), counter)
