@@ -258,4 +258,4 @@ def build_signatures() -> list:
                      types.Array(types.uint32, 2, "C"), _F2, _F2, types.int32, *_GROUPING, *_GROUPING,
                      types.Array(types.uint32, 1, "C"))
     return [(router_batch_kernel(l2, l2, d), sig, {"max_registers": 128, "ptx_contains": (PREFETCH_OP,) * l2})
-            for l2, d in ((False, SCAN), (True, OWN), (True, RANKED))]
+            for l2, d in ((False, SCAN), (True, SCAN), (True, OWN), (True, RANKED))]  # (the engine: l2 and early on)
