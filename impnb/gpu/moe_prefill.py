@@ -109,7 +109,7 @@ def experts_int8(m, h, gate_up, down, slots, k: int, n_expert: int, paths, glu: 
             if not ready:
                 quantize_x(x, xq, s, norm)
             gemv_dp4a_grouped(w, n_rows, xq, out, g.tiles, g.n_tiles, order, x_div, s,
-                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q, early, slot_order and g.tm == 1)
+                              moe_dispatch.GEMV_PATHS[path][1], g.tm, act, out_q, early, slot_order)
 
     act = a.get("moe_gemv_act", (S, F))
     act_q = arena_buffers(a, S, F, "moe_actq") if act_int8(m, paths, F, glu) else None

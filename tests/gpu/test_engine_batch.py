@@ -357,7 +357,7 @@ def test_router_slot_order_equals_grouped(tmp_path, monkeypatch, n_seqs):
     is the same computation wherever it sits, and the combine reads the rows by slot, so the logits
     are equal bit for bit."""
     from impnb import tuning
-    from impnb.gpu import moe
+    from impnb.gpu import moe, moe_dispatch
     from impnb.kernels.moe import router_batch
 
     mf = synthetic_layers(tmp_path, "qwen3-30b-a3b", 1)
@@ -367,7 +367,10 @@ def test_router_slot_order_equals_grouped(tmp_path, monkeypatch, n_seqs):
         monkeypatch.setattr(tuning, "ROUTER_DIRECT", mode)
 
         def check(engine):
-            assert moe._routes_in_one(engine.m, engine.m.blk[0].ffn, n_seqs)
+            ffn, cfg = engine.m.blk[0].ffn, engine.m.cfg
+            assert moe._routes_in_one(engine.m, ffn, n_seqs)
+            paths = moe_dispatch.ffn_paths((ffn.gate_up, ffn.down), cfg.n_expert, n_seqs)
+            assert {moe_dispatch.tile_tokens(p) for p in paths} == {1}, "OWN takes a token a tile alone"
         got[mode] = moe_decode_logits(mf, n_seqs, check)
     assert np.isfinite(got[router_batch.OWN]).all()
     assert np.array_equal(got[router_batch.OWN], got[router_batch.SCAN])
