@@ -29,7 +29,7 @@ from impnb import tuning
 from impnb.kernels.common import ptx
 from impnb.kernels.common import quant_intrinsics as qi
 from impnb.kernels.common.prefetch import PREFETCH_OP
-from impnb.kernels.common.warp import warp_sums_lanes, warp_sync
+from impnb.kernels.common.warp import shfl_xor, warp_sums_lanes, warp_sync
 from impnb.kernels.elementwise.norm import rms_norm_ref
 from impnb.kernels.gemv.gemv import aligned16
 from impnb.kernels.gemv.gemv_tail import last_block
@@ -54,28 +54,33 @@ MAX_S = MAX_T * MAX_K  # slots a launch
 
 @cuda.jit(device=True, inline=True)
 def _rank_slots(slots, E, order, slot_row, tiles, n_tiles):
-    """moe_group's writes at a token a tile (tm 1) by every thread of the block, thread s the slot
-    s: its row is its rank among the S slots by (expert, slot), one tile a row; S <= THREADS.
-    slots: read after a barrier."""
+    """moe_group's writes at a token a tile (tm 1) by every thread of the block: each slot's row is
+    its rank among the S slots by (expert, slot), one tile a row; S <= MAX_S. P threads a slot (the
+    largest power of two up to 32 with S P <= THREADS, lanes of one warp), each counting the slots
+    ahead among every P-th, their counts summed by shuffles. slots: read after a barrier."""
     tid = cuda.threadIdx.x
     S = slots.shape[0]
     se = cuda.shared.array(MAX_S, int32)
-    S4 = (S + 3) & ~3
-    if tid < S4:
-        se[tid] = slots[tid] if tid < S else E  # past S: after every slot
-    cuda.syncthreads()
     if tid < S:
-        e = se[tid]
-        r0 = r1 = r2 = r3 = int32(0)
-        for j in range(0, S4, 4):
-            a0, a1, a2, a3 = se[j], se[j + 1], se[j + 2], se[j + 3]
-            r0 += int32(a0 < e or a0 == e and j < tid)
-            r1 += int32(a1 < e or a1 == e and j + 1 < tid)
-            r2 += int32(a2 < e or a2 == e and j + 2 < tid)
-            r3 += int32(a3 < e or a3 == e and j + 3 < tid)
-        r = (r0 + r1) + (r2 + r3)
-        order[r] = tid
-        slot_row[tid] = r
+        se[tid] = slots[tid]
+    P = 32
+    while P > 1 and S * P > THREADS:
+        P >>= 1
+    s = tid // P
+    part = tid - s * P
+    cuda.syncthreads()
+    e = se[min(s, S - 1)]
+    r = int32(0)
+    for j in range(part, S, P):
+        a = se[j]
+        r += int32(a < e or a == e and j < s)
+    off = P >> 1
+    while off > 0:  # every lane of the warp: P divides 32, so a slot's lanes are one aligned group
+        r += shfl_xor(r, off)
+        off >>= 1
+    if part == 0 and s < S:
+        order[r] = s
+        slot_row[s] = r
         tiles[r, 0] = e
         tiles[r, 1] = r
         tiles[r, 2] = 1
