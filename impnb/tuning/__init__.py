@@ -218,6 +218,12 @@ ROUTER_DIRECT = env_choice("ROUTER_DIRECT", (0, 1, 2), 0)
 # shift a sum where the nibbles' shifts take four (gemv_dp4a_units.q4_k_dot_t1): the 30B-A3B's
 # B = 8 / 16 +0.3% (docs/EXPERIMENTS.md). IMPNB_NIBBLE_HI16=0: shifted nibbles.
 NIBBLE_HI16 = switch("NIBBLE_HI16", True)
+# The multi-token dp4a GEMV's x̂ scales and group sums read at flat offsets of the build's row
+# length (gemv_dp4a_multi's token_dots) rather than by 2-D indexing with the arrays' runtime
+# strides and negative-index wrap: fewer address instructions a chunk (the 30B-A3B's attn_output
+# at 8 rows and grouped gate|up, docs/EXPERIMENTS.md); the same loads, the same sums. Default off:
+# not yet measured on a GPU. IMPNB_X_FLAT=1: on.
+X_FLAT = switch("X_FLAT", False)
 # A batch's grouped MoE layer (router_batch's path) ends in one launch that adds the routed experts
 # into x and writes the next layer's Q|K|V input in gemm_mmq's int8 form (kernels/moe/combine_next.py)
 # where that layer's Q|K|V take gemm_mmq, in place of moe_combine and the next layer's quantize_x32:

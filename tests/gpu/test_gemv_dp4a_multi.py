@@ -260,6 +260,30 @@ def check_grouped(ggml_type, E, n_rows, cols, n_tok, k, tm, glu, variant, seed, 
         e = slots[order[r]]
         assert_expert_row(y[r], raw, wabs, ggml_type, e, n_rows, q, d, order[r] // k if x_div else r, glu,
                           f"grouped row {r} (slot {order[r]}, expert {e})")
+    return [y] + ([a.copy_to_host() for a in y_q] if quant else [])
+
+
+def plain_y(ggml_type, rows, cols, n_tok, std, seed, variant, glu=0):
+    """gemv_dp4a_multi's y (n_tok, rows, or rows / 2 with glu) of Gaussian x at std (NaN-poisoned
+    first), after check_case's checks of the same inputs."""
+    check_case(ggml_type, rows, cols, n_tok, std, seed, variant, glu=glu)
+    _, _, w = weight(ggml_type, rows, cols)
+    x = (np.random.default_rng(seed).standard_normal((n_tok, cols)) * std).astype(np.float32)
+    xq, _ = check_quantize_x(x)
+    d_y = cuda.to_device(np.full((n_tok, rows // 2 if glu else rows), np.nan, np.float32))
+    gemv_dp4a_multi(w, xq, d_y, 0, variant, glu=glu)
+    return [d_y.copy_to_host()]
+
+
+def check_x_flat(monkeypatch, run):
+    """run() (-> output arrays) with x̂'s scales and sums read at flat offsets (tuning.X_FLAT) and
+    by 2-D indexing: the outputs equal bit for bit."""
+    outs = []
+    for flat in (False, True):
+        monkeypatch.setattr(tuning, "X_FLAT", flat)
+        outs.append(run())
+    for a, b in zip(*outs):
+        assert a.tobytes() == b.tobytes(), "X_FLAT changed an output"
 
 
 @pytest.mark.parametrize("ggml_type,K,glu", GROUPED_INT8)
@@ -313,3 +337,21 @@ def test_plain_l2_prefetches(ggml_type, glu):
     block's clamped) and 8 tokens."""
     check_case(ggml_type, 2 * 1023 if glu else 2047, 4096, 8, 1.0, seed=50, variant=Variant(32, 1, 4), l2=True,
                glu=glu)
+
+
+@pytest.mark.parametrize("case", ["attn_output", "qkv_glu", "gate_up", "down_q6_k", "down_q4_k"])
+def test_x_flat_equals_indexed(case, monkeypatch):
+    """The 30B-A3B's shapes at a batch of 8: attn_output (Q4_K 2048 x 4096 at 8 rows), a GLU at 5
+    rows, the grouped gate|up with its int8 output and both downs over 8 lanes (the Q6_K one
+    reading its tiles early), with x̂'s scales read flat and indexed: the same bits."""
+    runs = {
+        "attn_output": lambda: plain_y(T.Q4_K, 2048, 4096, 8, 1.0, 31, Variant(32, 1, 2)),
+        "qkv_glu": lambda: plain_y(T.Q4_K, 2 * 96, 512, 5, 0.5, 32, Variant(32, 2, 4), glu=SILU),
+        "gate_up": lambda: check_grouped(T.Q4_K, 16, 2 * 768, 2048, 8, 8, 1, SILU, Variant(32, 1, 8), seed=33,
+                                         std=0.1, quant=True),
+        "down_q6_k": lambda: check_grouped(T.Q6_K, 16, 2048, 768, 8, 8, 1, 0, Variant(8, 2, 8), seed=34,
+                                           x_div=False, std=10.0, early=True),
+        "down_q4_k": lambda: check_grouped(T.Q4_K, 16, 2048, 768, 8, 8, 1, 0, Variant(8, 1, 8), seed=35,
+                                           x_div=False, early=True),
+    }
+    check_x_flat(monkeypatch, runs[case])

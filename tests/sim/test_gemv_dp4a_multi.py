@@ -65,3 +65,15 @@ def test_l2_prefetches():
     m.check_case(T.Q6_K, 13, 256, 2, 1.0, seed=27, variant=Variant(32, 2, 4), l2=True)
     m.check_case(T.Q5_0, 7, 64, 3, 1.0, seed=28, variant=Variant(64, 1, 2), l2=True)
     m.check_case(T.Q8_0, 5, 64, 2, 1.0, seed=29, variant=Variant(32, 1, 2), l2=False)  # none sent
+
+
+def test_x_flat_equals_indexed(monkeypatch):
+    """x̂'s scales and sums read at flat offsets (tuning.X_FLAT): the same outputs bit for bit, on
+    a plain build at 8 rows, a GLU, a grouped gate|up with its int8 output and a down reading its
+    tiles early over 8 lanes."""
+    m.check_x_flat(monkeypatch, lambda: m.plain_y(T.Q4_K, 5, 512, 8, 1.0, 41, Variant(32, 1, 2)))
+    m.check_x_flat(monkeypatch, lambda: m.plain_y(T.Q4_K, 2 * 3, 256, 3, 0.5, 42, Variant(32, 2, 2), glu=SILU))
+    m.check_x_flat(monkeypatch, lambda: m.check_grouped(T.Q4_K, 5, 2 * 16, 256, 7, 2, 1, SILU, Variant(32, 1, 8),
+                                                        seed=43, std=0.1, quant=True))
+    m.check_x_flat(monkeypatch, lambda: m.check_grouped(T.Q6_K, 4, 40, 768, 6, 3, 1, 0, Variant(8, 2, 8), seed=44,
+                                                        x_div=False, std=10.0, early=True))

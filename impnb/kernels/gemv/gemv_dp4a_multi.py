@@ -48,7 +48,7 @@ def unrolled(f, n):
 
 
 def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=False, l2=False, early=False,
-          tile_x=False):
+          tile_x=False, x_flat=False):
     _, _, col = DECODERS[ggml_type]
     load = LOADS[ggml_type]
     # grouped at T = 1 too: x̂ in the multi-token order (Q4_K's one-token dot takes it)
@@ -61,6 +61,7 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     out_rows = pairs if glu else rows
     cpr = cols // 32  # chunks a row
     K4 = cols // 4  # x̂ words a token
+    G16 = cols // GROUP  # x̂ groups (scales, sums) a token
     outs = groups * out_rows * n_tok  # outputs a block
 
     rows_chunk, chunk_or = chunk_loaders(load, rows, glu, cpr)
@@ -84,10 +85,16 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
         xt = xr[t] if grouped else t
         xw[0, 0], xw[0, 1], xw[0, 2], xw[0, 3] = qi.ldg_u32x4_l1(xq, xt * K4 + (k0 >> 2))
         xw[0, 4], xw[0, 5], xw[0, 6], xw[0, 7] = qi.ldg_u32x4_l1(xq, xt * K4 + (k1 >> 2))
-        xf[0, 0] = xd[xt, k0 >> 4]
-        xf[0, 1] = xd[xt, k1 >> 4]
-        xf[0, 2] = xs[xt, k0 >> 4]
-        xf[0, 3] = xs[xt, k1 >> 4]
+        if x_flat:  # flat offsets at the build's row length: no runtime strides, no negative-index wrap
+            xf[0, 0] = qi.as_f32(qi.ldg_u32_l1(xd, xt * G16 + (k0 >> 4)))
+            xf[0, 1] = qi.as_f32(qi.ldg_u32_l1(xd, xt * G16 + (k1 >> 4)))
+            xf[0, 2] = qi.as_f32(qi.ldg_u32_l1(xs, xt * G16 + (k0 >> 4)))
+            xf[0, 3] = qi.as_f32(qi.ldg_u32_l1(xs, xt * G16 + (k1 >> 4)))
+        else:
+            xf[0, 0] = xd[xt, k0 >> 4]
+            xf[0, 1] = xd[xt, k1 >> 4]
+            xf[0, 2] = xs[xt, k0 >> 4]
+            xf[0, 3] = xs[xt, k1 >> 4]
         x_order(xw, 0)
         for r in range(rows):
             acc[r, t] += dot(prepare(cur[r]), c8, xw, xf, 0)
@@ -231,7 +238,6 @@ def _make(ggml_type, n_tok, span, rows, glu, cols, depth, grouped=False, quant=F
     return _gemv_dp4a_grouped_kernel if grouped else _gemv_dp4a_multi_kernel
 
 
-@lru_cache(maxsize=None)
 def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows: int, glu: int = NO_GLU,
                            depth: int = 1, grouped: bool = False, quant: bool = False, l2: bool = False,
                            early: bool = False, tile_x: bool = False):
@@ -242,14 +248,20 @@ def gemv_dp4a_multi_kernel(ggml_type: T, cols: int, n_tok: int, span: int, rows:
     its outputs in int8 too (grouped, one token a tile); l2: each block's weight rows prefetched
     into L2 before its wait (not grouped: a grouped block's rows are known only after it); early
     (grouped): the tiles read and the first W chunk loaded before the wait (gemv_dp4a_grouped);
-    tile_x (grouped): the tiles along the grid's x, fastest in launch order."""
+    tile_x (grouped): the tiles along the grid's x, fastest in launch order. x̂'s scales read as
+    tuning.X_FLAT says."""
     assert ggml_type in DOTS and (1 if grouped else MIN_T) <= n_tok <= MAX_T
     assert span in (32, 64, BLOCK) and rows in VARIANT_ROWS or span in GROUP_SPANS and grouped and n_tok == 1
     assert span >= 32 or rows in VARIANT_ROWS and rows <= span
     assert cols % 256 == 0 or cols % 32 == 0 and ggml_type not in (T.Q4_K, T.Q5_K, T.Q6_K)
     assert depth in (1, 2) and (not quant or grouped and n_tok == 1)
     assert not (l2 and grouped) and (grouped or not (early or tile_x))
-    return _make(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early, tile_x)
+    return _built(T(ggml_type), n_tok, span, rows, glu, cols, depth, grouped, quant, l2, early, tile_x, tuning.X_FLAT)
+
+
+@lru_cache(maxsize=None)
+def _built(*args):
+    return _make(*args)
 
 
 def _launch(w, x: QuantX, y0, y1, y2, n0: int, n1: int, n_out: int, stream, variant: Variant, accumulate: bool,
@@ -379,4 +391,11 @@ def build_signatures() -> list:
           types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
     ] + [(gemv_dp4a_multi_kernel(t, 4096, 8, 32, 4, NO_GLU, 1, l2=True), types.void(*kernel_args(t)),  # prefetching
           {"max_registers": 192, "ptx_contains": (PREFETCH_OP,)}) for t in (T.Q4_K, T.Q6_K)
+    ] + [  # x̂'s scales read flat (tuning.X_FLAT): attn_output at 8 rows, gate|up and the Q6_K down grouped
+        (_built(T.Q4_K, 8, 32, 2, NO_GLU, 4096, 1, False, False, False, False, False, True),
+         types.void(*kernel_args(T.Q4_K)), {"max_registers": 192}),
+        (_built(T.Q4_K, 1, 32, 8, SILU, 2048, 1, True, True, False, False, False, True),
+         types.void(*grouped_kernel_args(T.Q4_K)), {"max_registers": 255}),
+        (_built(T.Q6_K, 1, 8, 8, NO_GLU, 768, 2, True, False, False, True, False, True),
+         types.void(*grouped_kernel_args(T.Q6_K)), {"max_registers": 255})
     ]
