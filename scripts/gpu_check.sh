@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one device call: GPU tests, end-to-end generation with and
 # without CUDA graphs, kernel benchmarks. Logs go under $OUT; a short table is printed last.
-#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|attn|decode|dp4a|blocks|startup|batch|
+#   bash scripts/gpu_check.sh [tests|e2e|smoke|bench|moe|llama|ncu|trace|attn|decode|dp4a|blocks|startup|batch|
 #                              serve|serve-soak|llama-server|serve-bench|all]
-#   (all: not moe, llama, ncu, attn, decode, dp4a, blocks, startup, batch, serve*, llama-server)
+#   (all: not moe, llama, ncu, trace, attn, decode, dp4a, blocks, startup, batch, serve*, llama-server)
 # decode tests and benches decode attention (vs torch SDPA); moe writes the full-size synthetic
 # Qwen3-30B-A3B Q4_K_M (18.6 GB, ~70 s) to /tmp and benches it, and times one layer's routed
 # experts at decode piece by piece (bench_moe_decode.py) and a megakernel's floor on its bytes
 # (bench_decode_floor.py); llama builds llama.cpp's llama-bench and times it beside impnb's bench
 # on the same GGUF (see its block); ncu profiles each kernel of one decode
-# step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); dp4a
+# step of that model (NCU_MODEL for another) and tabulates them (ncu_table.py, ~4 min); trace
+# records a batch's decode step in its graph (trace_batch.py: TRACE_MODELS, BATCHES); dp4a
 # benches the dp4a GEMV and a synthetic Qwen3-8B Q4_K_M with and without it (see its block for
 # DP4A_MB, DP4A_VARIANTS, DP4A_TYPES, BASE); blocks times how fast few blocks read from HBM
 # (bench_block_bandwidth.py).
@@ -105,6 +106,17 @@ if [[ $what == ncu ]]; then
   status[ncu]="rc=$? see ncu-table.txt"
   python3 scripts/ncu_table.py "$OUT/ncu.csv" --json "$OUT/ncu-table.json" > "$OUT/ncu-table.txt" 2>&1
   status[ncu-table]="rc=$? $(tail -n 1 "$OUT/ncu-table.txt")"
+fi
+
+if [[ $what == trace ]]; then  # a batch's decode step kernel by kernel in its graph (CUPTI; cupti-python in .dev/whl)
+  for m in ${TRACE_MODELS:-qwen3-30b-a3b}; do
+    f=/tmp/$m-q4_k_m.gguf
+    [ -f "$f" ] || timeout 200 python3 scripts/make_synthetic_full.py --model "$m" --quant Q4_K_M --out "$f" \
+      --workers 12 > "$OUT/make-$m.log" 2>&1
+    timeout 400 python3 scripts/trace_batch.py "$f" --batch "${BATCHES:-8}" --json "$OUT/trace-$m.json" \
+      > "$OUT/trace-$m.log" 2>&1
+    status[trace-$m]="rc=$? $(grep -m1 -E '^B=' "$OUT/trace-$m.log")"
+  done
 fi
 
 if [[ $what == decode ]]; then
