@@ -80,14 +80,24 @@ class Tracer:
 
 def steps_of(records: list, t0: int) -> list[list]:
     """The records after t0 grouped by graph launch (a correlation id each), in time order; only
-    launches of the step's full size (the most common count) are kept."""
+    launches of the step's full size (the most common count, the larger on a tie) are kept. Where
+    the records carry no launch's id in common (each kernel its own), a step starts at each kernel
+    of the graph's first node (the lowest node id)."""
     by_launch = defaultdict(list)
     for r in records:
         if r[0] >= t0:
             by_launch[r[2]].append(r)
     steps = sorted((sorted(v) for v in by_launch.values()), key=lambda s: s[0][0])
+    if steps and max(len(s) for s in steps) == 1:
+        flat = [s[0] for s in steps]
+        first = min(r[4] for r in flat)
+        steps = []
+        for r in flat:
+            if r[4] == first or not steps:
+                steps.append([])
+            steps[-1].append(r)
     sizes = [len(s) for s in steps]
-    full = max(set(sizes), key=sizes.count)
+    full = max(set(sizes), key=lambda n: (sizes.count(n), n))
     return [s for s in steps if len(s) == full]
 
 

@@ -38,3 +38,10 @@ def test_steps_and_exposed_times():
 def test_labels_dropped_when_counts_differ():
     out = trace_batch.analyse(trace_batch.steps_of(step(0, 1), 0), ["only one"])
     assert not out["labelled"] and [r["op"] for r in out["ops"]] == ["a_kernel", "gemv.gemv_dp4a_m", "c_kernel"]
+
+
+def test_steps_by_graph_node_where_launches_share_no_id():
+    """Records each with an id of its own: steps split where the first kernel's node recurs."""
+    records = [(t, e, i, n, node) for i, (t, e, _, n, node) in enumerate(step(0, 0) + step(10_000, 0))]
+    steps = trace_batch.steps_of(records, 3000)  # from within the first step: its rest left out
+    assert [len(s) for s in steps] == [3] and steps[0][0][0] == 10_000
