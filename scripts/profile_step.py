@@ -50,7 +50,11 @@ def ok(result):
 def kernel_name(params) -> str:
     """module.function of a numba kernel from its mangled symbol (_ZN5impnb7kernels...)."""
     raw = ok(driver.cuFuncGetName(params.func))
-    s = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return short_name(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+
+def short_name(s: str) -> str:
+    """module.function of a numba kernel's mangled symbol; other names as they are."""
     s = s[s.find("cudapy") + 6:] if "cudapy" in s else s.removeprefix("_ZN")
     words = []
     while (m := re.match(r"(\d+)", s)):

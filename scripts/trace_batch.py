@@ -28,21 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from profile_batch import Sequences, launch_labels, make_engine  # noqa: E402
-
-
-def short(name: str) -> str:
-    """module.function of a numba kernel's mangled name (profile_step.kernel_name's rule)."""
-    import re
-
-    s = name[name.find("cudapy") + 6:] if "cudapy" in name else name.removeprefix("_ZN")
-    words = []
-    while (m := re.match(r"(\d+)", s)):
-        n, s = int(m.group(1)), s[len(m.group(1)):]
-        words.append(s[:n])
-        s = s[n:]
-    if words[:2] == ["impnb", "kernels"]:
-        words = words[2:4]
-    return ".".join(words) or name[:60]
+from profile_step import short_name  # noqa: E402
 
 
 class Tracer:
@@ -118,7 +104,7 @@ def analyse(steps: list[list], ops: list[str]) -> dict:
         prev_end = s[0][0]
         sums = defaultdict(float)
         for i, (start, end, _, name, _) in enumerate(s):
-            key = f"{labels[i]} | {short(name)}" if labels[i] else short(name)
+            key = f"{labels[i]} | {short_name(name)}" if labels[i] else short_name(name)
             if key not in per:
                 order.append(key)
             exposed = max(end - last, 0) / 1e3
