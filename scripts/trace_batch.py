@@ -8,11 +8,10 @@ end to its start (negative where a programmatic launch overlaps them).
     python scripts/trace_batch.py MODEL [--batch 8] [--prompt 128] [--steps 16] [--json PATH]
 
 Needs cupti-python and a CUPTI library: the CUDA toolkit's ($CUDA_HOME/extras/CUPTI/lib64,
-CUDA_HOME /usr/local/cuda unless set) or the nvidia-cuda-cupti wheel's. For the GPU host, put the
-wheel beside the others before staging (`pip download --no-deps --only-binary=:all:
---python-version 3.12 --platform manylinux_2_28_x86_64 -d .dev/whl cupti-python`), which
-scripts/device_setup.sh installs. CUPTI adds its own cost a kernel: the step's length with
-tracing is printed beside the same steps' without.
+CUDA_HOME /usr/local/cuda unless set) or the nvidia-cuda-cupti wheel's. For the GPU host, stage
+the wheel with the others (`DEVICE_WHEELS="cupti-python==13.4.0" ../shared/tools/device-prep
+--models none`; scripts/device_setup.sh installs .dev/whl). CUPTI adds its own cost a kernel: the
+step's length with tracing is printed beside the same steps' without.
 """
 
 import argparse
