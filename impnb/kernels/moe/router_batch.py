@@ -53,7 +53,7 @@ MAX_S = MAX_T * MAX_K  # slots a launch
 
 
 @cuda.jit(device=True, inline=True)
-def _rank_slots(slots, E, order, slot_row, tiles, n_tiles):
+def _rank_slots(slots, order, slot_row, tiles, n_tiles):
     """moe_group's writes at a token a tile (tm 1) by every thread of the block: each slot's row is
     its rank among the S slots by (expert, slot), one tile a row; S <= MAX_S. P threads a slot (the
     largest power of two up to 32 with S P <= THREADS, lanes of one warp), each counting the slots
@@ -192,7 +192,7 @@ def _make(l2_rows: bool, early: bool = False, direct: int = SCAN):
                 return
             cuda.syncthreads()  # experts written for the grouping's readers
             if direct == RANKED and tm == 1 and tm2 == 0:
-                _rank_slots(slots, E, order, slot_row, tiles, n_tiles)
+                _rank_slots(slots, order, slot_row, tiles, n_tiles)
                 return
             _group_slots(slots, E, tm, order, slot_row, tiles, n_tiles)
             if tm2 > 0:
